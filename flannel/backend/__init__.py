@@ -1,0 +1,38 @@
+"""Backend registry: backend type names (lower-case, as in the network config) to classes.
+
+Backends are imported only when selected, so a node pays for the one it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from flannel.backend.base import Backend, BackendError
+
+_REGISTRY = {
+    "alloc": "flannel.backend.alloc:AllocBackend",
+}
+# Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
+_UPSTREAM_ONLY = ("vxlan", "host-gw", "udp", "ipip", "wireguard", "ipsec", "tencent-vpc",
+                  "extension")
+
+
+def supported() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def backend_class(backend_type: str) -> type[Backend]:
+    """The class for a backend type; BackendError names the supported types otherwise."""
+    target = _REGISTRY.get(backend_type)
+    if target is None:
+        known = ", ".join(supported())
+        if backend_type in _UPSTREAM_ONLY:
+            raise BackendError(f"backend type {backend_type!r} is not available in this "
+                               f"pyflannel build; available: {known}")
+        raise BackendError(f"unknown backend type: {backend_type}; set Backend.Type in the "
+                           f"network config to one of: {known}")
+    module_name, _, class_name = target.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+__all__ = ["Backend", "BackendError", "backend_class", "supported"]

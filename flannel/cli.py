@@ -1,0 +1,225 @@
+"""``flanneld`` command line: Go ``flag`` syntax, ``FLANNELD_*`` environment fallbacks.
+
+Owns the flag table (names, types, defaults of upstream's ``main.go``), the precedence
+command line > environment > default, and the checks that can be made before anything
+starts. Unlike Go flannel, an unknown flag or a bad value (on the command line or in the
+environment) exits non-zero with a message naming it.
+Must not touch: the store, the kernel (``main`` hands over to ``flannel.daemon``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flannel.version import __version__
+
+_UNSET = object()
+
+
+class UsageError(Exception):
+    """A flag or environment value is invalid; the message names it."""
+
+
+def parse_go_bool(text: str) -> bool:
+    """Go's strconv.ParseBool."""
+    if text in ("1", "t", "T", "TRUE", "true", "True"):
+        return True
+    if text in ("0", "f", "F", "FALSE", "false", "False"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (use true or false)")
+
+
+def parse_go_int(text: str) -> int:
+    """Go's flag int: decimal, or 0x/0o/0b prefixed."""
+    try:
+        return int(text, 0)
+    except ValueError:
+        return int(text, 10)
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_go_duration(text: str) -> float:
+    """Go's time.ParseDuration (``24h``, ``1h30m``, ``90s``), in seconds."""
+    if text == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(text):
+        match = _DURATION_PART.match(text, pos)
+        if match is None:
+            raise ValueError(f"{text!r} is not a duration such as 24h, 90m or 3600s")
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if not text:
+        raise ValueError("empty duration")
+    return total
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    kind: str  # "str", "int", "bool", "list", "duration"
+    default: Any
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace("-", "_").replace(".", "_")
+
+    @property
+    def env_name(self) -> str:
+        return "FLANNELD_" + self.name.upper().replace("-", "_").replace(".", "_")
+
+    def convert(self, text: str) -> Any:
+        converters: dict[str, Callable[[str], Any]] = {
+            "str": str, "list": str, "int": parse_go_int, "bool": parse_go_bool,
+            "duration": parse_go_duration,
+        }
+        return converters[self.kind](text)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("etcd-endpoints", "str", "http://127.0.0.1:4001,http://127.0.0.1:2379",
+         "a comma-delimited list of etcd endpoints"),
+    Flag("etcd-prefix", "str", "/coreos.com/network", "etcd prefix"),
+    Flag("etcd-keyfile", "str", "", "SSL key file used to secure etcd communication"),
+    Flag("etcd-certfile", "str", "", "SSL certification file used to secure etcd communication"),
+    Flag("etcd-cafile", "str", "", "SSL Certificate Authority file used to secure etcd "
+         "communication"),
+    Flag("etcd-username", "str", "", "username for BasicAuth to etcd"),
+    Flag("etcd-password", "str", "", "password for BasicAuth to etcd"),
+    Flag("iface", "list", (), "interface to use (IP or name) for inter-host communication; "
+         "can be specified multiple times to check each option in order"),
+    Flag("iface-regex", "list", (), "regex expression to match the first interface to use "
+         "(IP or name); can be specified multiple times, checked in order after --iface"),
+    Flag("iface-can-reach", "str", "", "detect the interface to use from the route to this IP"),
+    Flag("subnet-file", "str", "/run/flannel/subnet.env", "filename where env variables "
+         "(subnet, MTU, ...) will be written to"),
+    Flag("public-ip", "str", "", "IP accessible by other nodes for inter-host communication"),
+    Flag("public-ipv6", "str", "", "IPv6 accessible by other nodes for inter-host "
+         "communication"),
+    Flag("subnet-lease-renew-margin", "int", 60, "subnet lease renewal margin, in minutes, "
+         "ranging from 1 to 1439"),
+    Flag("subnet-lease-ttl", "duration", 24 * 3600.0, "TTL of the subnet lease in etcd "
+         "(Go duration; pyflannel extension, upstream fixes it at 24h)"),
+    Flag("ip-masq", "bool", False, "setup IP masquerade rule for traffic destined outside of "
+         "overlay network"),
+    Flag("ip-masq-fully-random-disable", "bool", False, "disable --random-fully in the "
+         "masquerade rules"),
+    Flag("kube-subnet-mgr", "bool", False, "contact the Kubernetes API for subnet assignment "
+         "instead of etcd"),
+    Flag("kube-api-url", "str", "", "Kubernetes API server URL. Does not need to be specified "
+         "if flannel is running in a pod"),
+    Flag("kube-annotation-prefix", "str", "flannel.alpha.coreos.com", "Kubernetes annotation "
+         "prefix. Can contain single slash \"/\", otherwise it will be appended at the end"),
+    Flag("kubeconfig-file", "str", "", "kubeconfig file location. Does not need to be "
+         "specified if flannel is running in a pod"),
+    Flag("version", "bool", False, "print version and exit"),
+    Flag("healthz-ip", "str", "0.0.0.0", "the IP address for healthz server to listen"),
+    Flag("healthz-port", "int", 0, "the port for healthz server to listen (0 to disable)"),
+    Flag("iptables-resync", "int", 5, "resync period for iptables rules, in seconds"),
+    Flag("iptables-forward-rules", "bool", True, "add default accept rules to FORWARD chain "
+         "in iptables"),
+    Flag("ip-blackhole-route", "bool", False, "keep a blackhole route for the local pod "
+         "subnet(s)"),
+    Flag("net-config-path", "str", "/etc/kube-flannel/net-conf.json", "path to the network "
+         "configuration file (kube mode)"),
+    Flag("set-node-network-unavailable", "bool", True, "set NetworkUnavailable=False on the "
+         "node when ready (kube mode)"),
+    Flag("v", "int", 0, "log level for V logs"),
+    Flag("vmodule", "str", "", "comma-separated list of pattern=N settings for file-filtered "
+         "logging (accepted for compatibility)"),
+    Flag("log_backtrace_at", "str", "", "when logging hits line file:N, emit a stack trace "
+         "(accepted for compatibility)"),
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="flanneld", usage="%(prog)s [OPTION]...", allow_abbrev=False)
+    for flag in FLAGS:
+        names = [f"-{flag.name}", f"--{flag.name}"]
+        help_text = f"{flag.help} (env {flag.env_name})"
+        if flag.kind == "bool":
+            parser.add_argument(*names, dest=flag.dest, nargs="?", const="true",
+                                type=flag.convert, default=_UNSET, help=help_text)
+        elif flag.kind == "list":
+            parser.add_argument(*names, dest=flag.dest, action="append", default=None,
+                                help=help_text)
+        else:
+            parser.add_argument(*names, dest=flag.dest, type=flag.convert, default=_UNSET,
+                                help=help_text)
+    return parser
+
+
+def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> argparse.Namespace:
+    """Parse flags, then fill unset ones from ``FLANNELD_*``, then defaults."""
+    environ = dict(os.environ if environ is None else environ)
+    parser = _build_parser()
+    args = parser.parse_args(list(argv))
+    if args.version is True:
+        # Honoured before the environment, as upstream: FLANNELD_VERSION has no effect.
+        return args
+    for flag in FLAGS:
+        value = getattr(args, flag.dest)
+        if value is None and flag.kind == "list":
+            value = _UNSET
+        if value is _UNSET and flag.name == "version":
+            value = False
+        elif value is _UNSET:
+            env_text = environ.get(flag.env_name, "")
+            if env_text:
+                try:
+                    converted = flag.convert(env_text)
+                except ValueError as err:
+                    raise UsageError(
+                        f"{flag.env_name}={env_text!r}: invalid value for --{flag.name}: {err}"
+                    ) from None
+                value = [converted] if flag.kind == "list" else converted
+            else:
+                value = list(flag.default) if flag.kind == "list" else flag.default
+        setattr(args, flag.dest, value)
+    margin = args.subnet_lease_renew_margin
+    if not 1 <= margin <= 1439:
+        raise UsageError("Invalid subnet-lease-renew-margin option, out of acceptable range "
+                         f"(got {margin}; give minutes from 1 to 1439)")
+    if args.subnet_lease_ttl <= margin * 60:
+        raise UsageError(
+            f"--subnet-lease-ttl ({args.subnet_lease_ttl:g}s) must be longer than "
+            f"--subnet-lease-renew-margin ({margin} min), or the lease would be renewed "
+            "continuously")
+    if args.healthz_port < 0 or args.healthz_port > 65535:
+        raise UsageError(f"--healthz-port: {args.healthz_port} is not a port (0 to 65535)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+    except UsageError as err:
+        print(f"flanneld: {err}", file=sys.stderr)
+        print("Run 'flanneld --help' for the list of flags.", file=sys.stderr)
+        return 2
+    if args.version is True:
+        print(__version__, file=sys.stderr)
+        return 0
+    from flannel import daemon
+
+    return daemon.main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

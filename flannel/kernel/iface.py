@@ -1,0 +1,286 @@
+"""External interface and public IP selection (upstream ``LookupExtIface`` and ``ipmatch``).
+
+Owns the choice of the interface other nodes reach us through and of its address:
+``--iface`` (name or IP, in order), ``--iface-regex``, ``--iface-can-reach``, ``--public-ip``,
+else the default route. The selection itself is pure (``select_external_interface`` over a
+``NetSnapshot``); ``read_snapshot`` is the only part that reads netlink, and it only reads.
+Must not touch: links, addresses or routes (no writes), the store.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv6Address
+
+IFA_F_TEMPORARY = 0x01
+IFA_F_DEPRECATED = 0x20
+IFA_F_PERMANENT = 0x80
+
+IPAddress = IPv4Address | IPv6Address
+
+
+class InterfaceError(Exception):
+    """No usable external interface; the message names the flag to fix."""
+
+
+@dataclass(frozen=True)
+class IfaceAddr:
+    address: IPAddress
+    prefixlen: int
+    flags: int = IFA_F_PERMANENT
+
+    @property
+    def usable(self) -> bool:
+        addr = self.address
+        if self.flags & IFA_F_DEPRECATED:
+            return False
+        return not (addr.is_unspecified or addr.is_loopback or addr.is_multicast)
+
+    def rank(self) -> tuple[int, int, int]:
+        """Sort key: global before link-local, permanent before dynamic, stable first."""
+        return (
+            1 if self.address.is_link_local else 0,
+            0 if self.flags & IFA_F_PERMANENT else 1,
+            1 if self.flags & IFA_F_TEMPORARY else 0,
+        )
+
+
+@dataclass(frozen=True)
+class Interface:
+    index: int
+    name: str
+    mtu: int
+    addrs: tuple[IfaceAddr, ...] = ()
+
+    def best_addr(self, version: int) -> IPAddress | None:
+        usable = [a for a in self.addrs if a.address.version == version and a.usable]
+        return min(usable, key=IfaceAddr.rank).address if usable else None
+
+    def has_addr(self, addr: IPAddress) -> bool:
+        return any(a.address == addr for a in self.addrs)
+
+
+@dataclass
+class NetSnapshot:
+    """What selection needs to know of the host's network (read once)."""
+
+    interfaces: list[Interface]
+    default_v4_ifindex: int | None = None
+    default_v6_ifindex: int | None = None
+    route_get: Callable[[IPAddress], tuple[int, IPAddress | None] | None] = field(
+        default=lambda _dst: None)
+
+    def by_index(self, index: int | None) -> Interface | None:
+        return next((i for i in self.interfaces if i.index == index), None)
+
+    def by_name(self, name: str) -> Interface | None:
+        return next((i for i in self.interfaces if i.name == name), None)
+
+    def by_ip(self, addr: IPAddress) -> Interface | None:
+        return next((i for i in self.interfaces if i.has_addr(addr)), None)
+
+
+@dataclass(frozen=True)
+class IfaceOptions:
+    ifaces: Sequence[str] = ()
+    iface_regexes: Sequence[str] = ()
+    iface_can_reach: str = ""
+    public_ip: str = ""
+    public_ipv6: str = ""
+
+
+@dataclass(frozen=True)
+class ExternalInterface:
+    """The selected interface, its own addresses and the public (published) addresses."""
+
+    name: str
+    index: int
+    mtu: int
+    iface_addr: IPv4Address | None
+    iface_v6_addr: IPv6Address | None
+    ext_addr: IPv4Address | None
+    ext_v6_addr: IPv6Address | None
+
+
+def _parse_ip(text: str, version: int, flag: str) -> IPAddress | None:
+    if not text:
+        return None
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        raise InterfaceError(f"{flag}: {text!r} is not an IP address") from None
+    if addr.version != version:
+        raise InterfaceError(f"{flag}: {text!r} is not an IPv{version} address")
+    return addr
+
+
+def _match_regexes(snapshot: NetSnapshot, patterns: Sequence[str], ipv4: bool, ipv6: bool
+                   ) -> tuple[Interface, IPAddress | None, IPAddress | None] | None:
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as err:
+            raise InterfaceError(f"--iface-regex: {pattern!r} is not a valid regex: {err}"
+                                 ) from None
+    for regex in compiled:
+        # Addresses first (a dual-stack node needs both families on one interface)...
+        for iface in snapshot.interfaces:
+            v4 = next((a.address for a in iface.addrs if a.address.version == 4 and a.usable
+                       and regex.search(str(a.address))), None) if ipv4 else None
+            v6 = next((a.address for a in iface.addrs if a.address.version == 6 and a.usable
+                       and regex.search(str(a.address))), None) if ipv6 else None
+            if (not ipv4 or v4) and (not ipv6 or v6):
+                return iface, v4, v6
+        # ...then names.
+        for iface in snapshot.interfaces:
+            if regex.search(iface.name):
+                return iface, None, None
+    return None
+
+
+def _pick(snapshot: NetSnapshot, opts: IfaceOptions, ipv4: bool, ipv6: bool,
+          public_ip: IPAddress | None, public_ipv6: IPAddress | None
+          ) -> tuple[Interface, IPAddress | None, IPAddress | None]:
+    if not (opts.ifaces or opts.iface_regexes or opts.iface_can_reach):
+        if public_ip is not None or public_ipv6 is not None:
+            wanted = public_ip if public_ip is not None else public_ipv6
+            iface = snapshot.by_ip(wanted)
+            if iface is None:
+                raise InterfaceError(
+                    f"Failed to find any valid interface to use: no interface holds the "
+                    f"public IP {wanted}; give --iface as well when the public IP is not local "
+                    "(NAT)")
+            return iface, (public_ip if ipv4 else None), (public_ipv6 if ipv6 else None)
+        v4_iface = snapshot.by_index(snapshot.default_v4_ifindex) if ipv4 else None
+        v6_iface = snapshot.by_index(snapshot.default_v6_ifindex) if ipv6 else None
+        if ipv4 and v4_iface is None:
+            raise InterfaceError("Failed to find any valid interface to use: no IPv4 default "
+                                 "route; add one or choose the interface with --iface")
+        if ipv6 and v6_iface is None:
+            raise InterfaceError("Failed to find any valid interface to use: no IPv6 default "
+                                 "route; add one or choose the interface with --iface")
+        if v4_iface is not None and v6_iface is not None and v4_iface.index != v6_iface.index:
+            raise InterfaceError(
+                f"v6 default route interface {v6_iface.name} must be the same with v4 default "
+                f"route interface {v4_iface.name}; choose one with --iface")
+        iface = v4_iface or v6_iface
+        assert iface is not None
+        return iface, None, None
+
+    for item in opts.ifaces:
+        try:
+            addr = ipaddress.ip_address(item)
+        except ValueError:
+            named = snapshot.by_name(item)
+            if named is not None:
+                return named, None, None
+            continue
+        holder = snapshot.by_ip(addr)
+        if holder is not None:
+            return holder, (addr if addr.version == 4 else None), (
+                addr if addr.version == 6 else None)
+    if opts.iface_regexes:
+        matched = _match_regexes(snapshot, opts.iface_regexes, ipv4, ipv6)
+        if matched is not None:
+            return matched
+    if opts.iface_can_reach:
+        if not _looks_ip(opts.iface_can_reach):
+            raise InterfaceError(
+                f"--iface-can-reach: {opts.iface_can_reach!r} is not an IP address")
+        target = ipaddress.ip_address(opts.iface_can_reach)
+        found = snapshot.route_get(target)
+        if found is not None:
+            iface = snapshot.by_index(found[0])
+            if iface is not None:
+                src = found[1]
+                return iface, (src if src is not None and src.version == 4 else None), (
+                    src if src is not None and src.version == 6 else None)
+    raise InterfaceError(
+        "Failed to find interface to use that matches the interfaces and/or regexes provided "
+        f"(--iface {list(opts.ifaces)}, --iface-regex {list(opts.iface_regexes)}, "
+        f"--iface-can-reach {opts.iface_can_reach!r})")
+
+
+def _looks_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def select_external_interface(snapshot: NetSnapshot, opts: IfaceOptions, *, ipv4: bool = True,
+                              ipv6: bool = False) -> ExternalInterface:
+    """Choose the external interface and the addresses to publish."""
+    public_ip = _parse_ip(opts.public_ip, 4, "--public-ip")
+    public_ipv6 = _parse_ip(opts.public_ipv6, 6, "--public-ipv6")
+    iface, v4, v6 = _pick(snapshot, opts, ipv4, ipv6, public_ip, public_ipv6)
+    if ipv4 and v4 is None:
+        v4 = iface.best_addr(4)
+        if v4 is None:
+            raise InterfaceError(f"failed to find IPv4 address for interface {iface.name}; "
+                                 "give it an address or choose another with --iface")
+    if ipv6 and v6 is None:
+        v6 = iface.best_addr(6)
+        if v6 is None:
+            raise InterfaceError(f"failed to find IPv6 address for interface {iface.name}; "
+                                 "give it an address or choose another with --iface")
+    if iface.mtu == 0:
+        raise InterfaceError(f"failed to determine MTU for {iface.name} interface")
+    return ExternalInterface(
+        name=iface.name,
+        index=iface.index,
+        mtu=iface.mtu,
+        iface_addr=v4 if ipv4 else None,
+        iface_v6_addr=v6 if ipv6 else None,
+        ext_addr=(public_ip or v4) if ipv4 else None,
+        ext_v6_addr=(public_ipv6 or v6) if ipv6 else None,
+    )
+
+
+def read_snapshot(netns: str | None = None) -> NetSnapshot:
+    """Read links, addresses and default routes over netlink (read-only)."""
+    from pyroute2 import IPRoute, NetlinkError
+
+    kwargs = {"netns": netns, "flags": 0} if netns else {}
+    with IPRoute(**kwargs) as ipr:
+        addrs: dict[int, list[IfaceAddr]] = {}
+        for msg in ipr.get_addr():
+            text = msg.get_attr("IFA_ADDRESS") or msg.get_attr("IFA_LOCAL")
+            if text is None:
+                continue
+            flags = msg.get_attr("IFA_FLAGS")
+            addrs.setdefault(msg["index"], []).append(IfaceAddr(
+                ipaddress.ip_address(text), msg["prefixlen"],
+                flags if flags is not None else msg["flags"]))
+        interfaces = [
+            Interface(link["index"], link.get_attr("IFLA_IFNAME"),
+                      link.get_attr("IFLA_MTU") or 0, tuple(addrs.get(link["index"], ())))
+            for link in ipr.get_links()
+        ]
+        defaults: dict[int, int | None] = {}
+        for family in (socket.AF_INET, socket.AF_INET6):
+            defaults[family] = next(
+                (route.get_attr("RTA_OIF") for route in ipr.get_routes(family=family, table=254)
+                 if route["dst_len"] == 0 and route.get_attr("RTA_OIF") is not None), None)
+
+    def route_get(dst: IPAddress) -> tuple[int, IPAddress | None] | None:
+        with IPRoute(**kwargs) as lookup:
+            try:
+                found = lookup.route("get", dst=str(dst))
+            except NetlinkError:
+                return None
+        for route in found:
+            oif = route.get_attr("RTA_OIF")
+            src = route.get_attr("RTA_PREFSRC")
+            if oif is not None:
+                return oif, ipaddress.ip_address(src) if src else None
+        return None
+
+    return NetSnapshot(interfaces, defaults[socket.AF_INET], defaults[socket.AF_INET6],
+                       route_get)

@@ -1,0 +1,191 @@
+"""Leases: a node's subnet(s) and the attributes it publishes, as they appear on the wire.
+
+Owns the subnet key format (``10.5.34.0-24``, dual-stack ``10.5.34.0-24&fd00:1::-64``), the
+lease value JSON (byte-compatible with Go flannel's ``LeaseAttrs``), and the lease events.
+Must not touch: the store, files, the kernel.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import Any
+
+from flannel import gojson
+
+
+class LeaseDecodeError(ValueError):
+    """A lease value that is not a valid flannel lease."""
+
+
+_SUBNET_KEY = re.compile(r"(\d+\.\d+.\d+.\d+)-(\d+)(?:&([a-f\d:]+)-(\d+))?$", re.ASCII)
+
+
+def make_subnet_key(subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None = None) -> str:
+    """The etcd key suffix of a lease: ``<v4 base>-<len>`` with ``&<v6 base>-<len>`` appended."""
+    parts = []
+    if subnet is not None:
+        parts.append(f"{subnet.network_address}-{subnet.prefixlen}")
+    if ipv6_subnet is not None:
+        parts.append(f"{ipv6_subnet.network_address.compressed}-{ipv6_subnet.prefixlen}")
+    return "&".join(parts)
+
+
+def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
+    """Parse a subnet key as upstream does (regex anchored at the end only); None if invalid."""
+    match = _SUBNET_KEY.search(key)
+    if match is None:
+        return None
+    v4_text, v4_len, v6_text, v6_len = match.groups()
+    try:
+        v4_addr = IPv4Address(v4_text)
+        v4_prefix = int(v4_len)
+        if v4_prefix > 31:
+            return None
+        subnet = IPv4Network((v4_addr, v4_prefix), strict=False)
+        if v6_text is None:
+            return subnet, None
+        v6_prefix = int(v6_len)
+        if v6_prefix > 127:
+            return None
+        v6_addr = IPv6Address(v6_text)
+        return subnet, IPv6Network((v6_addr, v6_prefix), strict=False)
+    except ValueError:
+        return None
+
+
+def go_string(text: str) -> str:
+    """A JSON string literal as Go's encoder writes it (HTML-safe, UTF-8 kept)."""
+    return gojson.compact(json.dumps(text, ensure_ascii=False))
+
+
+@dataclass(frozen=True)
+class LeaseAttrs:
+    """What a node publishes with its subnet. Backend data are raw JSON text (or None)."""
+
+    public_ip: IPv4Address | None = None
+    public_ipv6: IPv6Address | None = None
+    backend_type: str = ""
+    backend_data: str | None = None
+    backend_v6_data: str | None = None
+
+    def to_json(self) -> str:
+        """Encode exactly as Go flannel does (field order, omitted empty fields, compaction)."""
+        public_ip = str(self.public_ip) if self.public_ip is not None else "0.0.0.0"
+        fields = [f'"PublicIP":{go_string(public_ip)}']
+        v6 = go_string(self.public_ipv6.compressed) if self.public_ipv6 is not None else "null"
+        fields.append(f'"PublicIPv6":{v6}')
+        if self.backend_type:
+            fields.append(f'"BackendType":{go_string(self.backend_type)}')
+        if self.backend_data:
+            fields.append(f'"BackendData":{gojson.compact(self.backend_data)}')
+        if self.backend_v6_data:
+            fields.append(f'"BackendV6Data":{gojson.compact(self.backend_v6_data)}')
+        return "{" + ",".join(fields) + "}"
+
+    def backend_json(self, v6: bool = False) -> Any:
+        """The decoded backend data of one family, or None."""
+        raw = self.backend_v6_data if v6 else self.backend_data
+        return json.loads(raw) if raw else None
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> LeaseAttrs:
+        """Decode a lease value; field names match case-insensitively as in Go."""
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise LeaseDecodeError(f"lease value is not JSON: {err}") from None
+        if not isinstance(doc, dict):
+            raise LeaseDecodeError(
+                f"lease value must be a JSON object, got {gojson.type_name(doc)}")
+        members = gojson.fold_keys(doc, {name.lower(): name for name in (
+            "PublicIP", "PublicIPv6", "BackendType", "BackendData", "BackendV6Data")})
+        return cls(
+            public_ip=_decode_ip(members.get("PublicIP"), "PublicIP", 4),
+            public_ipv6=_decode_ip(members.get("PublicIPv6"), "PublicIPv6", 6),
+            backend_type=_decode_str(members.get("BackendType"), "BackendType"),
+            backend_data=_raw(members, "BackendData"),
+            backend_v6_data=_raw(members, "BackendV6Data"),
+        )
+
+
+def _decode_ip(value: Any, name: str, version: int) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise LeaseDecodeError(f"lease field {name}: expected a string, got "
+                               f"{gojson.type_name(value)}")
+    try:
+        addr = ipaddress.ip_address(value)
+    except ValueError:
+        raise LeaseDecodeError(f"lease field {name}: {value!r} is not an IP address") from None
+    if addr.version != version:
+        raise LeaseDecodeError(f"lease field {name}: {value!r} is not an IPv{version} address")
+    if version == 4 and int(addr) == 0:
+        return None
+    return addr
+
+
+def _decode_str(value: Any, name: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise LeaseDecodeError(f"lease field {name}: expected a string, got "
+                               f"{gojson.type_name(value)}")
+    return value
+
+
+def _raw(members: dict[str, Any], name: str) -> str | None:
+    if name not in members:
+        return None
+    return json.dumps(members[name], separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A subnet lease. ``expiration`` is a Unix time, None for a reservation (no TTL)."""
+
+    subnet: IPv4Network | None
+    ipv6_subnet: IPv6Network | None = None
+    attrs: LeaseAttrs = field(default_factory=LeaseAttrs)
+    expiration: float | None = None
+    etcd_lease_id: int = 0
+
+    @property
+    def key(self) -> str:
+        return make_subnet_key(self.subnet, self.ipv6_subnet)
+
+    @property
+    def enable_ipv4(self) -> bool:
+        return self.subnet is not None
+
+    @property
+    def enable_ipv6(self) -> bool:
+        return self.ipv6_subnet is not None
+
+    @property
+    def is_reservation(self) -> bool:
+        return self.etcd_lease_id == 0
+
+    def same_subnet(self, other: Lease) -> bool:
+        """Upstream's identity rule: compare the families both leases carry."""
+        if self.subnet is not None and other.subnet is not None:
+            if self.ipv6_subnet is not None and other.ipv6_subnet is not None:
+                return self.subnet == other.subnet and self.ipv6_subnet == other.ipv6_subnet
+            return self.subnet == other.subnet
+        return self.ipv6_subnet is not None and self.ipv6_subnet == other.ipv6_subnet
+
+
+class EventType(enum.Enum):
+    ADDED = "added"
+    REMOVED = "removed"
+
+
+@dataclass(frozen=True)
+class Event:
+    type: EventType
+    lease: Lease

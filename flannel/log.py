@@ -1,0 +1,38 @@
+"""Logging in klog's line format (``I1121 15:04:19.123456   4242 file.py:42] message``).
+
+Owns the root logger's handler and level. Must not touch: anything else.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+_LEVEL_LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W",
+                 logging.ERROR: "E", logging.CRITICAL: "F"}
+
+
+class KlogFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = time.strftime("%m%d %H:%M:%S", time.localtime(record.created))
+        micros = int((record.created % 1) * 1_000_000)
+        letter = _LEVEL_LETTER.get(record.levelno, "I")
+        line = (f"{letter}{stamp}.{micros:06d} {os.getpid():7d} "
+                f"{record.filename}:{record.lineno}] {record.getMessage()}")
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def setup(verbosity: int = 0) -> None:
+    """Send every record to stderr (klog's logtostderr); ``-v`` >= 1 adds debug records."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(KlogFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
+    # gRPC and pyroute2 are chatty at INFO; their warnings still come through.
+    for noisy in ("grpc", "pyroute2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

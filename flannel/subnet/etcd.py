@@ -1,0 +1,378 @@
+"""The etcd v3 subnet manager: config, lease acquisition, renewal and the lease watch.
+
+Owns the key layout under ``<prefix>`` (``config``, ``subnets/<key>``), the acquisition
+order of upstream (reuse by public IP, previous subnet, random free subnet), lease renewal,
+and a watch that resumes from the last seen revision and relists after compaction.
+Deliberate improvements over Go flannel, documented in docs/architecture.md: a lost creation
+race is retried in-process; a key without an etcd lease is a reservation that is honoured
+and never converted into a TTL lease.
+Must not touch: the kernel, files (subnet.env is the daemon's business).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
+from ipaddress import IPv4Network, IPv6Network
+
+from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
+from flannel.lease import (
+    Event,
+    EventType,
+    Lease,
+    LeaseAttrs,
+    LeaseDecodeError,
+    parse_subnet_key,
+)
+from flannel.subnet.etcdclient import (
+    EtcdClient,
+    EtcdCompacted,
+    EtcdError,
+    KeyValue,
+    WatchEvent,
+)
+from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PREFIX = "/coreos.com/network"
+DEFAULT_LEASE_TTL = 24 * 3600
+MAX_CANDIDATES = 100
+ACQUIRE_ATTEMPTS = 10
+
+
+class ConfigNotFound(EtcdError):
+    """There is no network config under the prefix (or it was written with the v2 API)."""
+
+
+class AcquireError(Exception):
+    """No lease could be acquired; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class PreviousSubnets:
+    """The subnets this node had before the restart (from the old subnet.env)."""
+
+    subnet: IPv4Network | None = None
+    ipv6_subnet: IPv6Network | None = None
+
+
+def _merged(nets: Sequence[IPv4Network | IPv6Network]) -> list[list[int]]:
+    """The address ranges covered by ``nets``, sorted and merged."""
+    merged: list[list[int]] = []
+    for start, end in sorted((int(n.network_address), int(n.broadcast_address)) for n in nets):
+        if merged and start <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return merged
+
+
+def free_candidates(network_type: type, subnet_len: int, bits: int, subnet_min: object,
+                    subnet_max: object, taken: Sequence[IPv4Network | IPv6Network],
+                    limit: int = MAX_CANDIDATES) -> list:
+    """Up to ``limit`` free subnets from SubnetMin to SubnetMax, skipping overlaps."""
+    size = 1 << (bits - subnet_len)
+    ranges = _merged(taken)
+    out = []
+    base, last_base, i = int(subnet_min), int(subnet_max), 0
+    while base <= last_base and len(out) < limit:
+        while i < len(ranges) and ranges[i][1] < base:
+            i += 1
+        if i < len(ranges) and ranges[i][0] < base + size:
+            # Jump past the taken range instead of stepping through it.
+            base = -(-(ranges[i][1] + 1) // size) * size
+            continue
+        out.append(network_type((base, subnet_len)))
+        base += size
+    return out
+
+
+def subnet_fits(cfg: NetworkConfig, subnet: IPv4Network | None,
+                ipv6_subnet: IPv6Network | None) -> bool:
+    """Whether a (previous or existing) lease is valid under the current config."""
+    if cfg.enable_ipv4:
+        if subnet is None or subnet.prefixlen != cfg.subnet_len:
+            return False
+        if not cfg.subnet_min <= subnet.network_address <= cfg.subnet_max:
+            return False
+    if not cfg.enable_ipv6:
+        return ipv6_subnet is None
+    if ipv6_subnet is None or ipv6_subnet.prefixlen != cfg.ipv6_subnet_len:
+        return False
+    return cfg.ipv6_subnet_min <= ipv6_subnet.network_address <= cfg.ipv6_subnet_max
+
+
+class EtcdSubnetManager:
+    """Leases in etcd v3, wire-compatible with Go flannel."""
+
+    name = "etcd"
+
+    def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX, *,
+                 lease_ttl: int = DEFAULT_LEASE_TTL,
+                 previous: PreviousSubnets | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.client = client
+        self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+        self.lease_ttl = lease_ttl
+        self.previous = previous or PreviousSubnets()
+        self._clock = clock
+
+    @property
+    def config_key(self) -> bytes:
+        return f"{self.prefix}/config".encode()
+
+    @property
+    def subnets_prefix(self) -> bytes:
+        return f"{self.prefix}/subnets/".encode()
+
+    def lease_key(self, lease_key: str) -> bytes:
+        return self.subnets_prefix + lease_key.encode()
+
+    async def get_network_config(self) -> NetworkConfig:
+        """Read and validate ``<prefix>/config``."""
+        kv, _ = await self.client.get(self.config_key)
+        if kv is None:
+            raise ConfigNotFound(
+                "flannel config not found in etcd store. Did you create your config using "
+                f"etcdv3 API? (expected key {self.config_key.decode()}, e.g. "
+                f"ETCDCTL_API=3 etcdctl put {self.config_key.decode()} "
+                "'{\"Network\": \"10.244.0.0/16\", \"Backend\": {\"Type\": \"vxlan\"}}')")
+        cfg = parse_config(kv.value)
+        check_network_config(cfg)
+        return cfg
+
+    def _decode(self, kv: KeyValue) -> Lease | None:
+        key = kv.key[len(self.subnets_prefix):].decode(errors="replace")
+        subnets = parse_subnet_key(key)
+        if subnets is None:
+            log.warning("ignoring %s: %r is not a subnet", kv.key.decode(errors="replace"), key)
+            return None
+        try:
+            attrs = LeaseAttrs.from_json(kv.value)
+        except LeaseDecodeError as err:
+            log.warning("ignoring lease %s: %s", key, err)
+            return None
+        return Lease(subnets[0], subnets[1], attrs, etcd_lease_id=kv.lease)
+
+    async def list_leases(self) -> tuple[list[Lease], int]:
+        """Every valid lease and the revision of the listing; bad entries are skipped."""
+        kvs, revision = await self.client.get_prefix(self.subnets_prefix)
+        leases = [lease for kv in kvs if (lease := self._decode(kv)) is not None]
+        return leases, revision
+
+    async def _write(self, subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None,
+                     attrs: LeaseAttrs, *, create: bool, reservation: bool = False
+                     ) -> Lease | None:
+        """Write our lease; with ``create``, only if absent. None when the race was lost."""
+        lease = Lease(subnet, ipv6_subnet, attrs)
+        key, value = self.lease_key(lease.key), attrs.to_json().encode()
+        if reservation:
+            if create and not await self.client.create(key, value):
+                return None
+            if not create:
+                await self.client.put(key, value)
+            return lease
+        lease_id, ttl = await self.client.grant(self.lease_ttl)
+        try:
+            if create:
+                written = await self.client.create(key, value, lease_id)
+            else:
+                await self.client.put(key, value, lease_id)
+                written = True
+        except BaseException:
+            await self._revoke_quietly(lease_id)
+            raise
+        if not written:
+            await self._revoke_quietly(lease_id)
+            return None
+        return replace(lease, expiration=self._clock() + ttl, etcd_lease_id=lease_id)
+
+    async def _revoke_quietly(self, lease_id: int) -> None:
+        try:
+            await self.client.revoke(lease_id)
+        except EtcdError as err:
+            log.warning("could not revoke unused etcd lease %x: %s", lease_id, err)
+
+    async def acquire_lease(self, attrs: LeaseAttrs) -> Lease:
+        """Acquire a subnet for this node (upstream order, lost races retried)."""
+        for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
+            cfg = await self.get_network_config()
+            lease = await self._try_acquire(cfg, attrs)
+            if lease is not None:
+                return lease
+            delay = random.uniform(0.01, 0.05 * attempt)
+            log.info("another node took the subnet first; retrying (attempt %d of %d)",
+                     attempt, ACQUIRE_ATTEMPTS)
+            await asyncio.sleep(delay)
+        raise AcquireError(
+            f"max retries reached trying to acquire a subnet ({ACQUIRE_ATTEMPTS} lost races); "
+            "many nodes are starting at once, the process can simply be restarted")
+
+    async def _try_acquire(self, cfg: NetworkConfig, attrs: LeaseAttrs) -> Lease | None:
+        leases, _ = await self.list_leases()
+
+        if attrs.public_ip is not None:
+            for existing in leases:
+                if existing.attrs.public_ip != attrs.public_ip:
+                    continue
+                if subnet_fits(cfg, existing.subnet, existing.ipv6_subnet):
+                    log.info("Found lease (ip: %s/%d) for current IP (%s), reusing",
+                             existing.subnet.network_address, existing.subnet.prefixlen,
+                             attrs.public_ip)
+                    return await self._write(existing.subnet, existing.ipv6_subnet, attrs,
+                                             create=False,
+                                             reservation=existing.is_reservation)
+                if existing.is_reservation:
+                    log.warning("reservation %s for %s does not fit the network config; "
+                                "leaving it alone and allocating another subnet",
+                                existing.key, attrs.public_ip)
+                    continue
+                log.info("Found lease (%s) for current IP (%s) but not compatible with "
+                         "current config, deleting it", existing.key, attrs.public_ip)
+                await self.client.delete(self.lease_key(existing.key))
+                leases = [lease for lease in leases if lease is not existing]
+
+        subnet, ipv6_subnet = self._previous_if_free(cfg, leases)
+        if subnet is None and ipv6_subnet is None:
+            subnet, ipv6_subnet = self._allocate(cfg, leases)
+        else:
+            log.info("Found previously leased subnet (%s), reusing", subnet or ipv6_subnet)
+        lease = await self._write(subnet, ipv6_subnet, attrs, create=True)
+        if lease is not None:
+            log.info("Allocated lease (%s) to current node (%s)", lease.key, attrs.public_ip)
+        return lease
+
+    def _previous_if_free(self, cfg: NetworkConfig, leases: list[Lease]
+                          ) -> tuple[IPv4Network | None, IPv6Network | None]:
+        prev = self.previous
+        wanted_v6 = prev.ipv6_subnet if cfg.enable_ipv6 else None
+        if prev.subnet is None and wanted_v6 is None:
+            return None, None
+        if not subnet_fits(cfg, prev.subnet if cfg.enable_ipv4 else None, wanted_v6):
+            return None, None
+        for lease in leases:
+            if prev.subnet is not None and lease.subnet is not None \
+                    and lease.subnet.overlaps(prev.subnet):
+                return None, None
+            if wanted_v6 is not None and lease.ipv6_subnet is not None \
+                    and lease.ipv6_subnet.overlaps(wanted_v6):
+                return None, None
+        return (prev.subnet if cfg.enable_ipv4 else None), wanted_v6
+
+    def _allocate(self, cfg: NetworkConfig, leases: list[Lease]
+                  ) -> tuple[IPv4Network | None, IPv6Network | None]:
+        subnet = ipv6_subnet = None
+        if cfg.enable_ipv4:
+            free = free_candidates(IPv4Network, cfg.subnet_len, 32, cfg.subnet_min,
+                                   cfg.subnet_max, [x.subnet for x in leases if x.subnet])
+            if not free:
+                raise AcquireError(self._out_of_subnets(cfg, len(leases)))
+            subnet = random.choice(free)
+        if cfg.enable_ipv6:
+            free6 = free_candidates(IPv6Network, cfg.ipv6_subnet_len, 128, cfg.ipv6_subnet_min,
+                                    cfg.ipv6_subnet_max,
+                                    [x.ipv6_subnet for x in leases if x.ipv6_subnet])
+            if not free6:
+                raise AcquireError(self._out_of_subnets(cfg, len(leases), v6=True))
+            ipv6_subnet = random.choice(free6)
+        return subnet, ipv6_subnet
+
+    def _out_of_subnets(self, cfg: NetworkConfig, count: int, v6: bool = False) -> str:
+        if v6:
+            span = f"{cfg.ipv6_subnet_min} to {cfg.ipv6_subnet_max} (/{cfg.ipv6_subnet_len})"
+        else:
+            span = f"{cfg.subnet_min} to {cfg.subnet_max} (/{cfg.subnet_len})"
+        return (f"out of subnets: every subnet from {span} is taken by one of {count} leases; "
+                "enlarge the Network, raise SubnetLen, or delete leases of nodes that are gone "
+                f"under {self.subnets_prefix.decode()}")
+
+    async def renew_lease(self, lease: Lease) -> Lease:
+        """Re-put our key with a fresh etcd lease (a reservation is left as it is)."""
+        if lease.is_reservation:
+            return lease
+        renewed = await self._write(lease.subnet, lease.ipv6_subnet, lease.attrs, create=False)
+        assert renewed is not None
+        # The old etcd lease no longer holds a key; revoke it rather than let it linger.
+        await self._revoke_quietly(lease.etcd_lease_id)
+        return renewed
+
+    def _event(self, raw: WatchEvent) -> Event | None:
+        if raw.deleted:
+            key = raw.kv.key[len(self.subnets_prefix):].decode(errors="replace")
+            subnets = parse_subnet_key(key)
+            if subnets is None:
+                return None
+            return Event(EventType.REMOVED, Lease(subnets[0], subnets[1]))
+        lease = self._decode(raw.kv)
+        return Event(EventType.ADDED, lease) if lease is not None else None
+
+    async def watch_leases(self, *, max_backoff: float = 5.0) -> AsyncIterator[LeaseUpdate]:
+        """A snapshot, then changes; survives disconnects and relists after compaction."""
+        leases, revision = await self._retrying(self.list_leases, max_backoff)
+        yield Snapshot(leases)
+        backoff = 0.1
+        while True:
+            try:
+                async for batch in self.client.watch(self.subnets_prefix, revision + 1):
+                    revision = batch.revision
+                    backoff = 0.1
+                    events = [ev for raw in batch.events if (ev := self._event(raw)) is not None]
+                    if events:
+                        yield Changes(events)
+            except EtcdCompacted as err:
+                log.warning("watch resumed from a compacted revision (%d < %d); relisting",
+                            revision + 1, err.compact_revision)
+                leases, revision = await self._retrying(self.list_leases, max_backoff)
+                yield Snapshot(leases)
+            except EtcdError as err:
+                log.warning("lease watch interrupted (%s); resuming from revision %d in %.1fs",
+                            err, revision + 1, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, max_backoff)
+
+    async def _retrying(self, operation: Callable, max_backoff: float) -> tuple:
+        backoff = 0.1
+        while True:
+            try:
+                return await operation()
+            except EtcdError as err:
+                log.warning("etcd request failed (%s); retrying in %.1fs", err, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, max_backoff)
+
+    async def keep_lease(self, lease: Lease, renew_margin: float, *,
+                         retry_interval: float = 60.0,
+                         on_renewed: Callable[[Lease], None] | None = None) -> None:
+        """Renew ``lease`` ``renew_margin`` seconds before each expiry, forever."""
+        while lease.expiration is not None:
+            delay = max(0.0, lease.expiration - renew_margin - self._clock())
+            await asyncio.sleep(delay)
+            try:
+                lease = await self.renew_lease(lease)
+            except EtcdError as err:
+                log.error("Error renewing lease (trying again in %s): %s",
+                          _seconds_text(retry_interval), err)
+                await asyncio.sleep(retry_interval)
+                continue
+            log.info("Lease renewed, new expiration: %s",
+                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lease.expiration)))
+            if on_renewed is not None:
+                on_renewed(lease)
+
+
+def _seconds_text(seconds: float) -> str:
+    return "1 min" if seconds == 60 else f"{seconds:g} s"
+
+
+__all__ = [
+    "AcquireError",
+    "ConfigError",
+    "ConfigNotFound",
+    "EtcdSubnetManager",
+    "PreviousSubnets",
+]

@@ -1,0 +1,384 @@
+"""A thin asyncio etcd v3 client: the few RPCs flannel needs, over aetcd's gRPC stubs.
+
+Owns the gRPC channel (plain or TLS with client certificates), failover across several
+endpoints, password authentication and re-authentication when the token expires, per-call
+deadlines, and watch streams that report compaction. aetcd's own ``Client`` is not used
+because it hard-codes an insecure channel and never re-authenticates.
+Must not touch: flannel semantics (keys, lease JSON) and the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import grpc
+from aetcd import rpc
+
+log = logging.getLogger(__name__)
+
+
+class EtcdError(Exception):
+    """An etcd request failed for a reason retrying the same request will not fix."""
+
+
+class EtcdUnavailable(EtcdError):
+    """No endpoint answered (down, unreachable, or no leader)."""
+
+
+class EtcdCompacted(EtcdError):
+    """A watch asked for a revision that etcd has compacted away."""
+
+    def __init__(self, compact_revision: int) -> None:
+        super().__init__(f"revision compacted; oldest available is {compact_revision}")
+        self.compact_revision = compact_revision
+
+
+class _Unreachable(Exception):
+    """The current endpoint could not be reached while opening a channel."""
+
+
+class EtcdOptionError(ValueError):
+    """An etcd connection option is malformed."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    scheme: str
+    host: str
+    port: int
+
+    @property
+    def target(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.target}"
+
+
+def parse_endpoints(text: str) -> list[Endpoint]:
+    """Split ``--etcd-endpoints`` on commas; each item is ``http(s)://host:port``."""
+    endpoints = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        parts = urlsplit(item if "://" in item else f"http://{item}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise EtcdOptionError(
+                f"--etcd-endpoints: {item!r} is not an endpoint such as http://127.0.0.1:2379")
+        try:
+            port = parts.port or 2379
+        except ValueError:
+            raise EtcdOptionError(f"--etcd-endpoints: {item!r} has a bad port") from None
+        endpoints.append(Endpoint(parts.scheme, parts.hostname, port))
+    if not endpoints:
+        raise EtcdOptionError("--etcd-endpoints: no endpoint given, e.g. http://127.0.0.1:2379")
+    return endpoints
+
+
+@dataclass(frozen=True)
+class EtcdOptions:
+    endpoints: Sequence[Endpoint]
+    cafile: str = ""
+    certfile: str = ""
+    keyfile: str = ""
+    username: str = ""
+    password: str = ""
+    timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: bytes
+    value: bytes
+    lease: int
+    create_revision: int
+    mod_revision: int
+
+    @classmethod
+    def from_pb(cls, kv: rpc.KeyValue) -> KeyValue:
+        return cls(kv.key, kv.value, kv.lease, kv.create_revision, kv.mod_revision)
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    deleted: bool
+    kv: KeyValue
+
+
+@dataclass(frozen=True)
+class WatchBatch:
+    """Events of one watch response and the last revision the watcher has fully seen."""
+
+    events: list[WatchEvent]
+    revision: int
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The range end that selects every key starting with ``prefix``."""
+    end = bytearray(prefix)
+    for i in range(len(end) - 1, -1, -1):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[: i + 1])
+    return b"\0"
+
+
+_RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_CHANNEL_OPTIONS = (
+    # Reconnect quickly after an etcd restart instead of gRPC's default 1 s..120 s backoff.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    # Detect a dead peer under a silent watch stream (etcd permits pings every 5 s).
+    ("grpc.keepalive_time_ms", 10000),
+    ("grpc.keepalive_timeout_ms", 5000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+
+
+class EtcdClient:
+    """One logical connection to an etcd cluster, failing over between endpoints."""
+
+    def __init__(self, options: EtcdOptions) -> None:
+        self._options = options
+        self._index = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._token: str | None = None
+        self._lock = asyncio.Lock()
+        self._credentials = self._load_credentials()
+
+    def _load_credentials(self) -> grpc.ChannelCredentials | None:
+        opts = self._options
+        if bool(opts.certfile) != bool(opts.keyfile):
+            raise EtcdOptionError(
+                "--etcd-certfile and --etcd-keyfile must be given together for TLS")
+        wants_tls = bool(opts.certfile) or any(e.scheme == "https" for e in opts.endpoints)
+        if not wants_tls:
+            return None
+
+        def read(path: str, flag: str) -> bytes | None:
+            if not path:
+                return None
+            try:
+                return Path(path).read_bytes()
+            except OSError as err:
+                raise EtcdOptionError(f"{flag}: cannot read {path}: {err.strerror}") from None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(opts.cafile, "--etcd-cafile"),
+            private_key=read(opts.keyfile, "--etcd-keyfile"),
+            certificate_chain=read(opts.certfile, "--etcd-certfile"),
+        )
+
+    @property
+    def endpoint(self) -> Endpoint:
+        return self._options.endpoints[self._index]
+
+    def _metadata(self, require_leader: bool = False) -> tuple[tuple[str, str], ...]:
+        md: list[tuple[str, str]] = []
+        if self._token:
+            md.append(("token", self._token))
+        if require_leader:
+            md.append(("hasleader", "true"))
+        return tuple(md)
+
+    async def _channel_and_metadata(
+            self, require_leader: bool) -> tuple[grpc.aio.Channel, tuple[tuple[str, str], ...]]:
+        async with self._lock:
+            if self._channel is None:
+                target = self.endpoint.target
+                if self._credentials is not None:
+                    channel = grpc.aio.secure_channel(
+                        target, self._credentials, options=_CHANNEL_OPTIONS)
+                else:
+                    channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
+                self._channel = channel
+                if self._options.username:
+                    try:
+                        await self._authenticate(channel)
+                    except grpc.aio.AioRpcError as err:
+                        await self._discard(channel, failover=True)
+                        raise _Unreachable(f"{self.endpoint}: {err.details()}") from None
+            return self._channel, self._metadata(require_leader)
+
+    async def _authenticate(self, channel: grpc.aio.Channel) -> None:
+        request = rpc.AuthenticateRequest(
+            name=self._options.username, password=self._options.password)
+        try:
+            response = await rpc.AuthStub(channel).Authenticate(
+                request, timeout=self._options.timeout)
+        except grpc.aio.AioRpcError as err:
+            if err.code() in _RETRY_ELSEWHERE:
+                raise
+            raise EtcdError(
+                f"etcd authentication as {self._options.username!r} failed: {err.details()}; "
+                "check --etcd-username and --etcd-password") from None
+        self._token = response.token
+
+    async def _reauthenticate(self, channel: grpc.aio.Channel, stale_token: str | None) -> None:
+        async with self._lock:
+            # Several callers may see the same expired token; only the first renews it.
+            if self._channel is channel and self._token == stale_token:
+                log.info("etcd auth token expired or invalid; re-authenticating")
+                await self._authenticate(channel)
+
+    async def _discard(self, channel: grpc.aio.Channel, failover: bool) -> None:
+        """Forget ``channel`` if it is still the current one; move to the next endpoint."""
+        if self._channel is not channel:
+            return
+        self._channel, self._token = None, None
+        if failover:
+            self._index = (self._index + 1) % len(self._options.endpoints)
+        await channel.close()
+
+    async def call(self, stub: type, method: str, request: object, *,
+                   require_leader: bool = False) -> object:
+        """Run one unary RPC: fail over on unavailability, re-authenticate on token expiry."""
+        attempts = len(self._options.endpoints)
+        reauthed = False
+        last_error = ""
+        while attempts > 0:
+            try:
+                channel, metadata = await self._channel_and_metadata(require_leader)
+            except _Unreachable as err:
+                last_error = str(err)
+                attempts -= 1
+                continue
+            try:
+                return await getattr(stub(channel), method)(
+                    request, timeout=self._options.timeout, metadata=metadata)
+            except grpc.aio.AioRpcError as err:
+                code = err.code()
+                if code == grpc.StatusCode.UNAUTHENTICATED and self._options.username \
+                        and not reauthed:
+                    reauthed = True
+                    try:
+                        await self._reauthenticate(channel, dict(metadata).get("token"))
+                    except grpc.aio.AioRpcError as auth_err:
+                        last_error = f"{self.endpoint}: {auth_err.details()}"
+                    continue
+                if code in _RETRY_ELSEWHERE:
+                    last_error = f"{self.endpoint}: {err.details()}"
+                    async with self._lock:
+                        await self._discard(channel, failover=True)
+                    attempts -= 1
+                    continue
+                if code == grpc.StatusCode.CANCELLED and self._channel is not channel:
+                    # Another task replaced the channel under this call: retry on the new one.
+                    continue
+                raise EtcdError(f"etcd {method} failed: {code.name}: {err.details()}") from None
+        raise EtcdUnavailable(f"no etcd endpoint answered (last error: {last_error})")
+
+    async def close(self) -> None:
+        async with self._lock:
+            if self._channel is not None:
+                await self._discard(self._channel, failover=False)
+
+    async def get(self, key: bytes) -> tuple[KeyValue | None, int]:
+        response = await self.call(rpc.KVStub, "Range", rpc.RangeRequest(key=key))
+        kvs = [KeyValue.from_pb(kv) for kv in response.kvs]
+        return (kvs[0] if kvs else None), response.header.revision
+
+    async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
+        response = await self.call(rpc.KVStub, "Range", rpc.RangeRequest(
+            key=prefix, range_end=prefix_range_end(prefix)))
+        return [KeyValue.from_pb(kv) for kv in response.kvs], response.header.revision
+
+    async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+        response = await self.call(rpc.KVStub, "Put", rpc.PutRequest(
+            key=key, value=value, lease=lease))
+        return response.header.revision
+
+    async def delete(self, key: bytes) -> int:
+        response = await self.call(rpc.KVStub, "DeleteRange", rpc.DeleteRangeRequest(key=key))
+        return response.deleted
+
+    async def create(self, key: bytes, value: bytes, lease: int = 0) -> bool:
+        """Put ``key`` only if it does not exist (a create-if-absent transaction)."""
+        request = rpc.TxnRequest(
+            compare=[rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.VERSION,
+                                 key=key, version=0)],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value,
+                                                              lease=lease))],
+        )
+        response = await self.call(rpc.KVStub, "Txn", request)
+        return bool(response.succeeded)
+
+    async def grant(self, ttl: int) -> tuple[int, int]:
+        """Grant a lease; returns its ID and the TTL etcd actually granted."""
+        response = await self.call(rpc.LeaseStub, "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl))
+        if response.error:
+            raise EtcdError(f"etcd refused a {ttl} s lease: {response.error}")
+        return response.ID, response.TTL
+
+    async def revoke(self, lease_id: int) -> None:
+        try:
+            await self.call(rpc.LeaseStub, "LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease_id))
+        except EtcdError as err:
+            if "not found" not in str(err):
+                raise
+
+    async def time_to_live(self, lease_id: int) -> int:
+        """Seconds left on a lease; -1 when it does not exist."""
+        response = await self.call(rpc.LeaseStub, "LeaseTimeToLive",
+                                   rpc.LeaseTimeToLiveRequest(ID=lease_id))
+        return response.TTL
+
+    async def compact(self, revision: int) -> None:
+        await self.call(rpc.KVStub, "Compact", rpc.CompactionRequest(
+            revision=revision, physical=True))
+
+    async def watch(self, key: bytes, start_revision: int, *,
+                    prefix: bool = True) -> AsyncIterator[WatchBatch]:
+        """Stream the changes of ``key`` (or every key under it) from ``start_revision``.
+
+        Raises EtcdCompacted when the revision is gone, EtcdUnavailable when the stream breaks,
+        EtcdError when etcd cancels the watch. Progress notifications keep ``revision`` fresh.
+        """
+        try:
+            channel, metadata = await self._channel_and_metadata(require_leader=True)
+        except _Unreachable as err:
+            raise EtcdUnavailable(f"cannot watch: {err}") from None
+        create = rpc.WatchCreateRequest(key=key, start_revision=start_revision,
+                                        progress_notify=True)
+        if prefix:
+            create.range_end = prefix_range_end(key)
+        call = rpc.WatchStub(channel).Watch(metadata=metadata)
+        try:
+            await call.write(rpc.WatchRequest(create_request=create))
+            while True:
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    raise EtcdUnavailable("etcd closed the watch stream")
+                if response.compact_revision:
+                    raise EtcdCompacted(response.compact_revision)
+                if response.canceled:
+                    raise EtcdError(f"etcd cancelled the watch: {response.cancel_reason}")
+                if response.created:
+                    # Its header revision is the store's, not how far this watch has read.
+                    continue
+                events = [WatchEvent(ev.type == rpc.Event.DELETE, KeyValue.from_pb(ev.kv))
+                          for ev in response.events]
+                revision = events[-1].kv.mod_revision if events else response.header.revision
+                yield WatchBatch(events, revision)
+        except grpc.aio.AioRpcError as err:
+            code = err.code()
+            if code in _RETRY_ELSEWHERE:
+                async with self._lock:
+                    await self._discard(channel, failover=True)
+            elif code == grpc.StatusCode.UNAUTHENTICATED and self._options.username:
+                await self._reauthenticate(channel, dict(metadata).get("token"))
+            if code in (*_RETRY_ELSEWHERE, grpc.StatusCode.UNAUTHENTICATED,
+                        grpc.StatusCode.CANCELLED):
+                raise EtcdUnavailable(f"watch stream broken: {err.details()}") from None
+            raise EtcdError(f"watch failed: {code.name}: {err.details()}") from None
+        finally:
+            call.cancel()

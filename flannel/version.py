@@ -1,0 +1,3 @@
+"""The pyflannel version string (printed by ``flanneld --version``)."""
+
+__version__ = "0.1.0"

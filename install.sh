@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what pyflannel needs on a Debian machine, idempotently:
+# the system packages (a real etcd, the CNI plugins, the kernel tools) and a
+# virtualenv at .venv holding pyflannel with its test extras.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+packages=(
+    etcd-server etcd-client containernetworking-plugins iproute2 iptables nftables
+    iputils-ping iperf3 wireguard-tools wireguard-go openssl
+)
+missing=()
+for pkg in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'

@@ -1,0 +1,107 @@
+"""flanneld flags: Go flag syntax, FLANNELD_* fallbacks, and errors that name the flag."""
+
+import pytest
+
+from flannel.cli import FLAGS, UsageError, main, parse_args, parse_go_duration
+
+
+def parse(*argv, env=None):
+    return parse_args(list(argv), environ=env or {})
+
+
+def test_defaults_match_upstream():
+    args = parse()
+    assert args.etcd_endpoints == "http://127.0.0.1:4001,http://127.0.0.1:2379"
+    assert args.etcd_prefix == "/coreos.com/network"
+    assert args.subnet_file == "/run/flannel/subnet.env"
+    assert args.subnet_lease_renew_margin == 60
+    assert args.iptables_resync == 5
+    assert args.iptables_forward_rules is True
+    assert args.healthz_ip == "0.0.0.0" and args.healthz_port == 0
+    assert args.kube_annotation_prefix == "flannel.alpha.coreos.com"
+    assert args.set_node_network_unavailable is True
+    assert args.iface == [] and args.ip_masq is False
+    assert args.subnet_lease_ttl == 86400
+
+
+@pytest.mark.parametrize("argv", [
+    ["-iface=eth0"], ["--iface=eth0"], ["--iface", "eth0"], ["-iface", "eth0"],
+])
+def test_go_flag_forms(argv):
+    assert parse(*argv).iface == ["eth0"]
+
+
+def test_repeatable_iface_keeps_order():
+    assert parse("--iface", "eth1", "-iface=10.0.0.1", "--iface=eth0").iface == [
+        "eth1", "10.0.0.1", "eth0"]
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--ip-masq"], True), (["--ip-masq=false"], False), (["-ip-masq=true"], True),
+    (["--ip-masq=0"], False), (["--ip-masq=T"], True), ([], False),
+])
+def test_bool_forms(argv, expected):
+    assert parse(*argv).ip_masq is expected
+
+
+def test_klog_flags():
+    args = parse("-v=2", "-vmodule=x=1")
+    assert args.v == 2 and args.vmodule == "x=1"
+
+
+def test_env_fallback_and_precedence():
+    env = {"FLANNELD_ETCD_ENDPOINTS": "http://10.0.0.1:2379", "FLANNELD_IFACE": "eth9",
+           "FLANNELD_IP_MASQ": "true", "FLANNELD_PUBLIC_IP": "", "FLANNELD_V": "3"}
+    args = parse("--etcd-endpoints=http://127.0.0.1:1", env=env)
+    assert args.etcd_endpoints == "http://127.0.0.1:1"  # command line wins
+    assert args.iface == ["eth9"]  # one value from env for a repeatable flag
+    assert args.ip_masq is True and args.v == 3
+    assert args.public_ip == ""  # empty env values are ignored
+
+
+def test_every_flag_has_an_env_name():
+    names = {flag.env_name for flag in FLAGS}
+    assert {"FLANNELD_ETCD_ENDPOINTS", "FLANNELD_KUBE_SUBNET_MGR", "FLANNELD_IP_MASQ",
+            "FLANNELD_SUBNET_LEASE_RENEW_MARGIN", "FLANNELD_LOG_BACKTRACE_AT"} <= names
+
+
+@pytest.mark.parametrize(("argv", "env", "needle"), [
+    (["--bogus"], {}, "--bogus"),
+    (["--healthz-port=abc"], {}, "healthz-port"),
+    (["--ip-masq=maybe"], {}, "ip-masq"),
+    (["extra"], {}, "extra"),
+    ([], {"FLANNELD_HEALTHZ_PORT": "x"}, "FLANNELD_HEALTHZ_PORT"),
+    (["--subnet-lease-renew-margin=0"], {}, "subnet-lease-renew-margin"),
+    (["--subnet-lease-renew-margin=1440"], {}, "out of acceptable range"),
+    (["--subnet-lease-ttl=30m"], {}, "--subnet-lease-ttl"),
+    (["--subnet-lease-ttl=soon"], {}, "subnet-lease-ttl"),
+])
+def test_bad_input_names_the_flag(argv, env, needle):
+    with pytest.raises(UsageError, match=needle):
+        parse(*argv, env=env)
+
+
+def test_main_exits_nonzero_on_unknown_flag(capsys):
+    assert main(["--no-such-flag"]) == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_version_goes_to_stderr_and_ignores_env(capsys, monkeypatch):
+    monkeypatch.setenv("FLANNELD_VERSION", "true")
+    assert main(["--version"]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.strip()
+    assert parse(env={"FLANNELD_VERSION": "true"}).version is False
+
+
+def test_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as caught:
+        parse("--help")
+    assert caught.value.code == 0
+    assert "Usage: flanneld [OPTION]..." in capsys.readouterr().out.replace("usage", "Usage")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("24h", 86400), ("1h30m", 5400), ("90s", 90), ("1.5h", 5400), ("0", 0)])
+def test_durations(text, seconds):
+    assert parse_go_duration(text) == seconds

@@ -1,0 +1,75 @@
+"""subnet.env: the vectors of the compat reference, section 5."""
+
+import os
+import stat
+from ipaddress import IPv4Network, IPv6Network
+
+from flannel.subnet.envfile import (
+    SubnetEnv,
+    cidrs_of,
+    parse_dotenv,
+    read_env,
+    single_cidr,
+    write_subnet_env,
+)
+
+
+def test_running_md_vector(tmp_path):
+    path = tmp_path / "run" / "flannel" / "subnet.env"
+    env = SubnetEnv(IPv4Network("10.5.0.0/16"), IPv4Network("10.5.72.0/24"), None, None,
+                    1450, False)
+    old_umask = os.umask(0o077)
+    try:
+        write_subnet_env(path, env)
+    finally:
+        os.umask(old_umask)
+    assert path.read_text() == ("FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.72.1/24\n"
+                                "FLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755
+    assert [p.name for p in path.parent.iterdir()] == ["subnet.env"]
+
+
+def test_dual_stack_order():
+    env = SubnetEnv(IPv4Network("10.1.0.0/16"), IPv4Network("10.1.74.0/24"),
+                    IPv6Network("2001:cafe:42::/56"), IPv6Network("2001:cafe:42::/64"), 1472, True)
+    assert env.render() == (
+        "FLANNEL_NETWORK=10.1.0.0/16\nFLANNEL_SUBNET=10.1.74.1/24\n"
+        "FLANNEL_IPV6_NETWORK=2001:cafe:42::/56\nFLANNEL_IPV6_SUBNET=2001:cafe:42::1/64\n"
+        "FLANNEL_MTU=1472\nFLANNEL_IPMASQ=true\n")
+
+
+def test_ipv6_only():
+    env = SubnetEnv(None, None, IPv6Network("fc00::/48"), IPv6Network("fc00:0:0:5::/64"),
+                    1450, False)
+    assert env.render().splitlines()[:2] == ["FLANNEL_IPV6_NETWORK=fc00::/48",
+                                             "FLANNEL_IPV6_SUBNET=fc00:0:0:5::1/64"]
+
+
+def test_rewrite_replaces_atomically(tmp_path):
+    path = tmp_path / "subnet.env"
+    path.write_text("old")
+    inode = path.stat().st_ino
+    write_subnet_env(path, SubnetEnv(IPv4Network("10.1.0.0/16"), IPv4Network("10.1.74.0/24"),
+                                     None, None, 1472, False))
+    assert path.stat().st_ino != inode  # a new file renamed over the old one
+    assert "FLANNEL_SUBNET=10.1.74.1/24" in path.read_text()
+
+
+def test_reading_back_masks_and_skips_garbage():
+    values = parse_dotenv("FLANNEL_SUBNET=10.244.1.0/24,not-a-cidr,10.244.2.0/24\n")
+    assert cidrs_of(values, "FLANNEL_SUBNET") == [IPv4Network("10.244.1.0/24"),
+                                                  IPv4Network("10.244.2.0/24")]
+    assert single_cidr(values, "FLANNEL_SUBNET", 4) is None
+    assert single_cidr(parse_dotenv("FLANNEL_SUBNET=not-a-cidr"), "FLANNEL_SUBNET", 4) is None
+    assert single_cidr(parse_dotenv("FLANNEL_SUBNET=10.5.72.1/24"), "FLANNEL_SUBNET", 4) == \
+        IPv4Network("10.5.72.0/24")
+
+
+def test_dotenv_syntax():
+    values = parse_dotenv('# comment\nexport A="x y"\nB=\'q\'\nC=v # trailing\nnoequals\n')
+    assert values == {"A": "x y", "B": "q", "C": "v"}
+
+
+def test_missing_file_reads_as_empty(tmp_path):
+    assert read_env(tmp_path / "absent.env") == {}

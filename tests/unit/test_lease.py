@@ -1,0 +1,86 @@
+"""Subnet keys and lease values: the vectors of the compat reference, sections 3.2 and 3.3."""
+
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+
+import pytest
+
+from flannel.lease import Lease, LeaseAttrs, LeaseDecodeError, make_subnet_key, parse_subnet_key
+
+
+@pytest.mark.parametrize(("key", "v4", "v6"), [
+    ("10.12.13.0-24", "10.12.13.0/24", None),
+    ("10.12.13.0-24&fd00:12:13::-56", "10.12.13.0/24", "fd00:12:13::/56"),
+    ("10.5.34.0-24", "10.5.34.0/24", None),
+    ("0.0.0.0-0", "0.0.0.0/0", None),
+])
+def test_valid_subnet_keys(key, v4, v6):
+    parsed = parse_subnet_key(key)
+    assert parsed == (IPv4Network(v4), IPv6Network(v6) if v6 else None)
+    assert make_subnet_key(*parsed) == key
+
+
+@pytest.mark.parametrize("key", [
+    "10", "10.12.13.0", "10.12.13-24", "10.12.13.300-24", "10.12.13.0-24hi", "&2001::-56",
+    "10.12.13.0-24&:12:13:-56", "10.12.13.0-24&20011::-56", "10.12.13.0-24&2001-56",
+    "10.12.13.0-24&2001::", "10.12.13.0-24&2001::-56hi", "10.12.13.0-32",
+    "10.12.13.0-24&fd00::-128", "10.12.13.0-24&FD00::-64",
+])
+def test_invalid_subnet_keys(key):
+    assert parse_subnet_key(key) is None
+
+
+def test_key_uses_canonical_ipv6_text():
+    key = make_subnet_key(IPv4Network("10.1.0.0/24"), IPv6Network("fd00:0:0:0:0:0:0:0/64"))
+    assert key == "10.1.0.0-24&fd00::-64"
+
+
+def test_registry_vector_is_byte_identical():
+    attrs = LeaseAttrs(public_ip=IPv4Address("1.2.3.4"))
+    assert attrs.to_json() == '{"PublicIP":"1.2.3.4","PublicIPv6":null}'
+
+
+def test_reservations_doc_vector_round_trips():
+    raw = ('{"PublicIP":"192.168.64.3","PublicIPv6":null,"BackendType":"vxlan",'
+           '"BackendData":{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}}')
+    attrs = LeaseAttrs.from_json(raw)
+    assert attrs.public_ip == IPv4Address("192.168.64.3")
+    assert attrs.backend_type == "vxlan"
+    assert attrs.backend_json() == {"VNI": 1, "VtepMAC": "c6:d2:32:6f:8f:44"}
+    assert attrs.to_json() == raw
+
+
+def test_dual_stack_value_and_compaction_of_backend_data():
+    attrs = LeaseAttrs(public_ip=IPv4Address("10.0.0.1"), public_ipv6=IPv6Address("fd00::1"),
+                       backend_type="vxlan", backend_data='{ "VNI": 1,\n "VtepMAC": "a<b" }',
+                       backend_v6_data='{"VNI":1}')
+    assert attrs.to_json() == (
+        '{"PublicIP":"10.0.0.1","PublicIPv6":"fd00::1","BackendType":"vxlan",'
+        '"BackendData":{"VNI":1,"VtepMAC":"a\\u003cb"},"BackendV6Data":{"VNI":1}}')
+
+
+def test_missing_public_ip_is_written_as_zero_address():
+    assert LeaseAttrs().to_json() == '{"PublicIP":"0.0.0.0","PublicIPv6":null}'
+
+
+def test_decoding_is_case_insensitive():
+    attrs = LeaseAttrs.from_json('{"publicip":"1.2.3.4","BACKENDTYPE":"host-gw"}')
+    assert attrs.public_ip == IPv4Address("1.2.3.4") and attrs.backend_type == "host-gw"
+
+
+@pytest.mark.parametrize("raw", [
+    b"not json", b"[1]", b'{"PublicIP": 5}', b'{"PublicIP": "1.2.3"}',
+    b'{"PublicIP": "fd00::1"}', b'{"PublicIP":"1.2.3.4","PublicIPv6":"1.2.3.4"}',
+    b'{"PublicIP":"1.2.3.4","BackendType":7}', b"\xff\xfe",
+])
+def test_foreign_values_raise_a_decode_error(raw):
+    with pytest.raises(LeaseDecodeError):
+        LeaseAttrs.from_json(raw)
+
+
+def test_same_subnet_compares_the_families_both_carry():
+    v4 = Lease(IPv4Network("10.1.1.0/24"))
+    dual = Lease(IPv4Network("10.1.1.0/24"), IPv6Network("fd00:1::/64"))
+    other_v6 = Lease(IPv4Network("10.1.1.0/24"), IPv6Network("fd00:2::/64"))
+    assert v4.same_subnet(dual) and dual.same_subnet(v4)
+    assert not dual.same_subnet(other_v6)
+    assert not v4.same_subnet(Lease(IPv4Network("10.1.2.0/24")))
