@@ -110,8 +110,8 @@ def parse_backend_type(present: bool, backend: Any) -> str:
     if not isinstance(backend, dict):
         raise ConfigError(
             "error decoding Backend property of config: cannot unmarshal "
-            f"{gojson.type_name(backend)} into an object; write \"Backend\": {{\"Type\": \"vxlan\"}}"
-        )
+            f"{gojson.type_name(backend)} into an object",
+            'write "Backend": {"Type": "vxlan"}')
     members = gojson.fold_keys(backend, {"type": "Type"})
     type_value = members.get("Type")
     if type_value is None:

@@ -19,8 +19,12 @@ from dataclasses import dataclass
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, backend_class
 from flannel.config import ConfigError, NetworkConfig
-from flannel.kernel.iface import IfaceOptions, InterfaceError, read_snapshot, \
-    select_external_interface
+from flannel.kernel.iface import (
+    IfaceOptions,
+    InterfaceError,
+    read_snapshot,
+    select_external_interface,
+)
 from flannel.lease import EventType, Lease, LeaseAttrs
 from flannel.subnet.envfile import SubnetEnv, read_env, single_cidr, write_subnet_env
 from flannel.subnet.etcd import AcquireError, EtcdSubnetManager, PreviousSubnets
@@ -31,7 +35,7 @@ from flannel.subnet.etcdclient import (
     EtcdOptions,
     parse_endpoints,
 )
-from flannel.subnet.watch import LeaseWatcher
+from flannel.subnet.watch import LeaseWatcher, Snapshot
 
 log = logging.getLogger("flanneld")
 
@@ -131,11 +135,13 @@ class Daemon:
                  config.network, f", IPv6 network {config.ipv6_network}"
                  if config.enable_ipv6 else "")
         try:
-            ext = select_external_interface(
-                read_snapshot(),
-                IfaceOptions(args.iface, args.iface_regex, args.iface_can_reach,
-                             args.public_ip, args.public_ipv6),
-                ipv4=config.enable_ipv4, ipv6=config.enable_ipv6)
+            # pyroute2's synchronous API runs its own event loop: keep it off ours.
+            ext = await asyncio.to_thread(
+                lambda: select_external_interface(
+                    read_snapshot(),
+                    IfaceOptions(args.iface, args.iface_regex, args.iface_can_reach,
+                                 args.public_ip, args.public_ipv6),
+                    ipv4=config.enable_ipv4, ipv6=config.enable_ipv6))
             backend: Backend = backend_class(config.backend_type)(ext, config)
         except (InterfaceError, BackendError) as err:
             raise StartupError(str(err)) from None
@@ -211,6 +217,8 @@ class Daemon:
                 log.warning("Lease has been revoked. Shutting down daemon.")
                 self.request_stop(Outcome("own lease revoked", 0))
                 return
+            if isinstance(update, Snapshot):
+                log.info("Lease snapshot: %d remote subnet(s) known", len(watcher.leases))
             await backend.sync_peers(watcher.leases)
 
 

@@ -1,6 +1,6 @@
 """Network config parsing and validation: the vectors of the compat reference, section 2."""
 
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
 
 import pytest
 

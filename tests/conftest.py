@@ -1,0 +1,66 @@
+"""Shared fixtures: a real etcd per session (and private ones on demand), unique key prefixes,
+and a sweep that removes any network namespace this run left behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+from tests.support import netns
+from tests.support.etcd import EtcdServer
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd-server")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.geteuid() == 0 and shutil.which("ip"):
+        netns.sweep()
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    if shutil.which("etcd") is None:
+        pytest.skip("needs etcd-server")
+    with EtcdServer(tmp_path_factory.mktemp("etcd")) as server:
+        yield server
+
+
+@pytest.fixture
+def private_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    """An etcd of the test's own, for tests that stop, restart or reconfigure it."""
+    if shutil.which("etcd") is None:
+        pytest.skip("needs etcd-server")
+    with EtcdServer(tmp_path / "etcd") as server:
+        yield server
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix no other test uses, so tests can share one etcd."""
+    return f"/test-{uuid.uuid4().hex[:12]}/network"
+
+
+@pytest.fixture
+async def client(etcd: EtcdServer) -> AsyncIterator[EtcdClient]:
+    etcd_client = EtcdClient(EtcdOptions(parse_endpoints(etcd.endpoint)))
+    yield etcd_client
+    await etcd_client.close()
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    """A fresh network namespace with loopback up, removed afterwards even on failure."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    name = netns.create()
+    try:
+        yield name
+    finally:
+        netns.delete(name)

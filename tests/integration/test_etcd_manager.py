@@ -1,0 +1,365 @@
+"""The etcd subnet manager against a real etcd: acquisition, renewal, reservations, watch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
+
+import pytest
+
+from flannel.config import ConfigError
+from flannel.lease import EventType, Lease, LeaseAttrs
+from flannel.subnet.etcd import (
+    AcquireError,
+    ConfigNotFound,
+    EtcdSubnetManager,
+    PreviousSubnets,
+)
+from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.watch import Changes, LeaseWatcher, Snapshot
+from tests.support.proxy import CuttableProxy
+from tests.support.waiting import async_wait_until
+
+CONFIG = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.25.0" }'
+
+
+def attrs(ip: str = "1.2.3.4") -> LeaseAttrs:
+    return LeaseAttrs(public_ip=IPv4Address(ip))
+
+
+async def setup(client: EtcdClient, prefix: str, config: str = CONFIG, **kwargs
+                ) -> EtcdSubnetManager:
+    await client.put(f"{prefix}/config".encode(), config.encode())
+    return EtcdSubnetManager(client, prefix, **kwargs)
+
+
+async def raw_value(client: EtcdClient, key: str):
+    kv, _ = await client.get(key.encode())
+    return kv
+
+
+class Collector:
+    """Consumes watch_leases() in the background through a LeaseWatcher."""
+
+    def __init__(self, sm: EtcdSubnetManager, own: Lease | None) -> None:
+        self.watcher = LeaseWatcher(own)
+        self.events: list[tuple[EventType, str]] = []
+        self.updates: list[object] = []
+        self.own_removed = False
+        self.task = asyncio.create_task(self._run(sm))
+
+    async def _run(self, sm: EtcdSubnetManager) -> None:
+        async for update in sm.watch_leases(max_backoff=0.5):
+            self.updates.append(update)
+            result = self.watcher.apply(update)
+            self.events += [(e.type, e.lease.key) for e in result.events]
+            self.own_removed |= result.own_lease_removed
+
+    async def wait_for(self, event: tuple[EventType, str], timeout: float = 10.0) -> None:
+        async def seen() -> bool:
+            return event in self.events
+        await async_wait_until(seen, timeout, what=f"event {event}; got {self.events}")
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+async def test_config_not_found_gives_the_v3_hint(client, prefix):
+    sm = EtcdSubnetManager(client, prefix)
+    with pytest.raises(ConfigNotFound, match="Did you create your config using etcdv3 API"):
+        await sm.get_network_config()
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ('{"Network": "10.3.0.0/16"', "not valid JSON"),
+    ('{"Network": "10.3.0.0/29"}', "network is too small"),
+    ('{"Network": "10.3.0.0/16", "SubnetMin": "10.9.0.0"}', "SubnetMin is not in the range"),
+])
+async def test_bad_config_is_a_clear_error(client, prefix, config, message):
+    sm = await setup(client, prefix, config)
+    with pytest.raises(ConfigError, match=message):
+        await sm.acquire_lease(attrs())
+
+
+async def test_first_acquisition_writes_go_compatible_key_and_value(client, prefix):
+    sm = await setup(client, prefix)
+    for third in (1, 2, 4, 5, 31):
+        await client.put(f"{prefix}/subnets/10.3.{third}.0-24".encode(),
+                         b'{"PublicIP":"9.9.9.%d","PublicIPv6":null}' % third)
+    lease = await sm.acquire_lease(attrs())
+    assert lease.subnet.prefixlen == 24
+    assert IPv4Address("10.3.1.0") <= lease.subnet.network_address <= IPv4Address("10.3.25.0")
+    assert lease.subnet.network_address.packed[2] not in (1, 2, 4, 5)
+    kv = await raw_value(client, f"{prefix}/subnets/{lease.key}")
+    assert kv.value == b'{"PublicIP":"1.2.3.4","PublicIPv6":null}'
+    assert kv.lease == lease.etcd_lease_id != 0
+    ttl = await client.time_to_live(kv.lease)
+    assert 86300 < ttl <= 86400
+
+
+async def test_same_public_ip_reuses_the_lease(client, prefix):
+    sm = await setup(client, prefix)
+    first = await sm.acquire_lease(attrs())
+    second = await sm.acquire_lease(attrs())
+    assert second.subnet == first.subnet
+    leases, _ = await sm.list_leases()
+    assert [x.key for x in leases] == [first.key]
+
+
+async def test_previous_subnet_is_reused_when_compatible(client, prefix):
+    sm = await setup(client, prefix,
+                     previous=PreviousSubnets(IPv4Network("10.3.6.0/24")))
+    assert (await sm.acquire_lease(attrs())).subnet == IPv4Network("10.3.6.0/24")
+
+
+async def test_previous_subnet_outside_the_network_is_not_reused(client, prefix):
+    sm = await setup(client, prefix, previous=PreviousSubnets(IPv4Network("10.4.1.0/24")))
+    assert (await sm.acquire_lease(attrs())).subnet != IPv4Network("10.4.1.0/24")
+
+
+async def test_previous_subnet_taken_by_another_node_is_not_reused(client, prefix):
+    sm = await setup(client, prefix, previous=PreviousSubnets(IPv4Network("10.3.6.0/24")))
+    await client.put(f"{prefix}/subnets/10.3.6.0-24".encode(),
+                     b'{"PublicIP":"5.5.5.5","PublicIPv6":null}')
+    assert (await sm.acquire_lease(attrs())).subnet != IPv4Network("10.3.6.0/24")
+
+
+async def test_config_change_forces_a_new_lease_and_drops_the_old(client, prefix):
+    sm = await setup(client, prefix)
+    old = await sm.acquire_lease(attrs())
+    await client.put(f"{prefix}/config".encode(), b'{ "Network": "10.4.0.0/16" }')
+    new = await sm.acquire_lease(attrs())
+    assert new.subnet.subnet_of(IPv4Network("10.4.0.0/16"))
+    assert await raw_value(client, f"{prefix}/subnets/{old.key}") is None
+
+
+async def test_reservation_is_honoured_and_never_gets_a_ttl(client, prefix):
+    sm = await setup(client, prefix)
+    key = f"{prefix}/subnets/10.3.7.0-24"
+    await client.put(key.encode(), b'{"PublicIP":"1.2.3.4","PublicIPv6":null}')
+    lease = await sm.acquire_lease(attrs())
+    assert lease.subnet == IPv4Network("10.3.7.0/24") and lease.is_reservation
+    renewed = await sm.renew_lease(lease)
+    kv = await raw_value(client, key)
+    assert kv.lease == 0 and renewed.expiration is None
+
+
+async def test_reservation_of_another_node_is_never_allocated(client, prefix):
+    config = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.2.0" }'
+    sm = await setup(client, prefix, config)
+    await client.put(f"{prefix}/subnets/10.3.1.0-24".encode(),
+                     b'{"PublicIP":"7.7.7.7","PublicIPv6":null}')
+    assert (await sm.acquire_lease(attrs())).subnet == IPv4Network("10.3.2.0/24")
+
+
+async def test_out_of_subnets_is_a_clear_error(client, prefix):
+    config = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.2.0" }'
+    sm = await setup(client, prefix, config)
+    await sm.acquire_lease(attrs("1.1.1.1"))
+    await sm.acquire_lease(attrs("1.1.1.2"))
+    with pytest.raises(AcquireError, match=r"out of subnets.*10\.3\.1\.0 to 10\.3\.2\.0"):
+        await sm.acquire_lease(attrs("1.1.1.3"))
+
+
+async def test_renewal_keeps_the_value_byte_identical(client, prefix):
+    sm = await setup(client, prefix, lease_ttl=600)
+    mine = LeaseAttrs(public_ip=IPv4Address("1.2.3.4"), backend_type="vxlan",
+                      backend_data='{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}')
+    lease = await sm.acquire_lease(mine)
+    before = await raw_value(client, f"{prefix}/subnets/{lease.key}")
+    renewed = await sm.renew_lease(lease)
+    after = await raw_value(client, f"{prefix}/subnets/{lease.key}")
+    assert after.value == before.value
+    assert after.lease == renewed.etcd_lease_id != lease.etcd_lease_id
+    assert 590 < await client.time_to_live(after.lease) <= 600
+    assert await client.time_to_live(lease.etcd_lease_id) == -1  # old one revoked
+
+
+async def test_keep_lease_renews_before_expiry(client, prefix):
+    sm = await setup(client, prefix, lease_ttl=3)
+    lease = await sm.acquire_lease(attrs())
+    renewed: list[Lease] = []
+    task = asyncio.create_task(sm.keep_lease(lease, renew_margin=2,
+                                             on_renewed=renewed.append))
+    try:
+        async def twice() -> bool:
+            return len(renewed) >= 2
+        await async_wait_until(twice, timeout=10, what="two renewals")
+        kv = await raw_value(client, f"{prefix}/subnets/{lease.key}")
+        assert kv is not None and kv.lease == renewed[-1].etcd_lease_id
+    finally:
+        task.cancel()
+
+
+async def test_foreign_entries_are_skipped_not_fatal(client, prefix):
+    sm = await setup(client, prefix)
+    await client.put(f"{prefix}/subnets/10.3.9.0-24".encode(), b"this is not json")
+    await client.put(f"{prefix}/subnets/not-a-subnet".encode(),
+                     b'{"PublicIP":"9.9.9.9","PublicIPv6":null}')
+    await client.put(f"{prefix}/subnets/10.3.8.0-24".encode(),
+                     b'{"PublicIP":"8.8.8.8","PublicIPv6":null}')
+    leases, _ = await sm.list_leases()
+    assert [x.key for x in leases] == ["10.3.8.0-24"]
+    lease = await sm.acquire_lease(attrs())
+    assert lease.subnet not in (IPv4Network("10.3.8.0/24"),)
+    collector = Collector(sm, lease)
+    try:
+        await client.put(f"{prefix}/subnets/10.3.11.0-24".encode(), b"[garbage")
+        await client.put(f"{prefix}/subnets/10.3.12.0-24".encode(),
+                         b'{"PublicIP":"6.6.6.6","PublicIPv6":null}')
+        await collector.wait_for((EventType.ADDED, "10.3.12.0-24"))
+        assert (EventType.ADDED, "10.3.11.0-24") not in collector.events
+    finally:
+        await collector.stop()
+
+
+async def test_other_nodes_appear_and_expire(client, prefix):
+    sm = await setup(client, prefix)
+    own = await sm.acquire_lease(attrs())
+    collector = Collector(sm, own)
+    try:
+        other = await setup(client, prefix, lease_ttl=2)
+        theirs = await other.acquire_lease(attrs("5.6.7.8"))
+        await collector.wait_for((EventType.ADDED, theirs.key))
+        # Nobody renews it: etcd expires it and the watch reports the removal.
+        await collector.wait_for((EventType.REMOVED, theirs.key), timeout=15)
+        assert all(key != own.key for _, key in collector.events)
+        removed = [e for e in collector.watcher.leases if e.key == theirs.key]
+        assert removed == []
+    finally:
+        await collector.stop()
+
+
+async def test_own_lease_deletion_is_reported(client, prefix):
+    sm = await setup(client, prefix)
+    own = await sm.acquire_lease(attrs())
+    collector = Collector(sm, own)
+    try:
+        async def snapshot_seen() -> bool:
+            return bool(collector.updates)
+        await async_wait_until(snapshot_seen)
+        await client.delete(f"{prefix}/subnets/{own.key}".encode())
+
+        async def flagged() -> bool:
+            return collector.own_removed
+        await async_wait_until(flagged, what="own lease removal")
+    finally:
+        await collector.stop()
+
+
+async def test_watch_resumes_from_last_revision_after_a_partition(etcd, prefix):
+    proxy = CuttableProxy(etcd.client_port)
+    await proxy.start()
+    direct = EtcdClient(EtcdOptions(parse_endpoints(etcd.endpoint)))
+    via_proxy = EtcdClient(EtcdOptions(parse_endpoints(proxy.endpoint), timeout=2))
+    try:
+        sm = await setup(via_proxy, prefix)
+        own = await sm.acquire_lease(attrs())
+        collector = Collector(sm, own)
+        await direct.put(f"{prefix}/subnets/10.3.20.0-24".encode(),
+                         b'{"PublicIP":"2.2.2.2","PublicIPv6":null}')
+        await collector.wait_for((EventType.ADDED, "10.3.20.0-24"))
+        await proxy.cut()
+        await direct.put(f"{prefix}/subnets/10.3.21.0-24".encode(),
+                         b'{"PublicIP":"2.2.2.3","PublicIPv6":null}')
+        await direct.delete(f"{prefix}/subnets/10.3.20.0-24".encode())
+        await proxy.restore()
+        await collector.wait_for((EventType.ADDED, "10.3.21.0-24"))
+        await collector.wait_for((EventType.REMOVED, "10.3.20.0-24"))
+        # Resumed, not relisted: the events came as changes after the first snapshot.
+        assert sum(isinstance(u, Snapshot) for u in collector.updates) == 1
+        await collector.stop()
+    finally:
+        await proxy.cut()
+        await direct.close()
+        await via_proxy.close()
+
+
+async def test_watch_relists_and_diffs_after_compaction(etcd, prefix):
+    proxy = CuttableProxy(etcd.client_port)
+    await proxy.start()
+    direct = EtcdClient(EtcdOptions(parse_endpoints(etcd.endpoint)))
+    via_proxy = EtcdClient(EtcdOptions(parse_endpoints(proxy.endpoint), timeout=2))
+    try:
+        sm = await setup(via_proxy, prefix)
+        own = await sm.acquire_lease(attrs())
+        collector = Collector(sm, own)
+        await direct.put(f"{prefix}/subnets/10.3.20.0-24".encode(),
+                         b'{"PublicIP":"2.2.2.2","PublicIPv6":null}')
+        await direct.put(f"{prefix}/subnets/10.3.22.0-24".encode(),
+                         b'{"PublicIP":"2.2.2.4","PublicIPv6":null}')
+        await collector.wait_for((EventType.ADDED, "10.3.22.0-24"))
+        await proxy.cut()
+        await direct.delete(f"{prefix}/subnets/10.3.20.0-24".encode())
+        await direct.put(f"{prefix}/subnets/10.3.21.0-24".encode(),
+                         b'{"PublicIP":"2.2.2.3","PublicIPv6":null}')
+        revision = await direct.put(b"/compaction-marker", b"x")
+        await direct.compact(revision)
+        collector.events.clear()
+        await proxy.restore()
+        await collector.wait_for((EventType.ADDED, "10.3.21.0-24"))
+        await collector.wait_for((EventType.REMOVED, "10.3.20.0-24"))
+        # The diff reports only what changed: the untouched lease is not re-added.
+        assert (EventType.ADDED, "10.3.22.0-24") not in collector.events
+        assert isinstance(collector.updates[-1], Snapshot | Changes)
+        assert sum(isinstance(u, Snapshot) for u in collector.updates) == 2
+        await collector.stop()
+    finally:
+        await proxy.cut()
+        await direct.close()
+        await via_proxy.close()
+
+
+async def test_watch_survives_an_etcd_restart(private_etcd, prefix):
+    client = EtcdClient(EtcdOptions(parse_endpoints(private_etcd.endpoint), timeout=2))
+    try:
+        sm = await setup(client, prefix)
+        own = await sm.acquire_lease(attrs())
+        collector = Collector(sm, own)
+        await asyncio.sleep(0)
+        await asyncio.to_thread(private_etcd.restart)
+        await asyncio.to_thread(private_etcd.ctl, "put", f"{prefix}/subnets/10.3.23.0-24",
+                                '{"PublicIP":"3.3.3.3","PublicIPv6":null}')
+        await collector.wait_for((EventType.ADDED, "10.3.23.0-24"), timeout=20)
+        # The lease survived the restart and is still renewable.
+        renewed = await sm.renew_lease(own)
+        assert renewed.subnet == own.subnet
+        await collector.stop()
+    finally:
+        await client.close()
+
+
+async def test_fifty_concurrent_acquirers_get_distinct_subnets(etcd, prefix):
+    clients = [EtcdClient(EtcdOptions(parse_endpoints(etcd.endpoint))) for _ in range(50)]
+    try:
+        await clients[0].put(f"{prefix}/config".encode(), b'{"Network": "10.8.0.0/16"}')
+        managers = [EtcdSubnetManager(c, prefix) for c in clients]
+        leases = await asyncio.gather(*(
+            sm.acquire_lease(attrs(f"192.0.2.{i + 1}")) for i, sm in enumerate(managers)))
+        subnets = [lease.subnet for lease in leases]
+        assert len(set(subnets)) == 50
+        for i, a in enumerate(subnets):
+            assert not any(a.overlaps(b) for b in subnets[i + 1:])
+        stored, _ = await managers[0].list_leases()
+        by_key = {x.key: x.attrs.public_ip for x in stored}
+        assert {by_key[lease.key] for lease in leases} == {
+            IPv4Address(f"192.0.2.{i + 1}") for i in range(50)}
+    finally:
+        await asyncio.gather(*(c.close() for c in clients))
+
+
+async def test_dual_stack_lease_key_and_value(client, prefix):
+    config = json.dumps({"Network": "10.3.0.0/16", "EnableIPv6": True,
+                         "IPv6Network": "fd00:10::/56"})
+    sm = await setup(client, prefix, config)
+    mine = LeaseAttrs(public_ip=IPv4Address("1.2.3.4"),
+                      public_ipv6=IPv6Address("fd00::4"))
+    lease = await sm.acquire_lease(mine)
+    assert lease.ipv6_subnet is not None and lease.ipv6_subnet.prefixlen == 64
+    assert "&fd00:10:0:" in lease.key
+    kv = await raw_value(client, f"{prefix}/subnets/{lease.key}")
+    assert kv.value == b'{"PublicIP":"1.2.3.4","PublicIPv6":"fd00::4"}'

@@ -1,0 +1,137 @@
+"""flanneld as a process: a node in its own network namespace with its own etcd."""
+
+from __future__ import annotations
+
+import json
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import netns
+from tests.support.etcd import EtcdServer
+from tests.support.flanneld import FLANNELD, Flanneld
+from tests.support.waiting import wait_until
+
+PREFIX = "/coreos.com/network"
+CONFIG = {"Network": "10.5.0.0/16", "Backend": {"Type": "alloc"}}
+
+
+@pytest.fixture
+def node(ns, tmp_path):
+    """A host: veth0 with 10.99.0.2-4/24 and a default route, and a real etcd inside."""
+    netns.ip("link", "add", "veth0", "type", "veth", "peer", "name", "veth1", netns=ns)
+    for address in ("10.99.0.2/24", "10.99.0.3/24", "10.99.0.4/24"):
+        netns.ip("addr", "add", address, "dev", "veth0", netns=ns)
+    netns.ip("link", "set", "veth0", "up", netns=ns)
+    netns.ip("link", "set", "veth1", "up", netns=ns)
+    netns.ip("route", "add", "default", "via", "10.99.0.1", "dev", "veth0", netns=ns)
+    with EtcdServer(tmp_path / "etcd", netns=ns) as server:
+        yield ns, server
+
+
+def flanneld(tmp_path: Path, ns: str, server: EtcdServer, *extra: str, name: str = "flanneld",
+             subnet_file: Path | None = None) -> Flanneld:
+    subnet_file = subnet_file or tmp_path / name / "subnet.env"
+    return Flanneld(tmp_path, [f"--etcd-endpoints={server.endpoint}",
+                               f"--subnet-file={subnet_file}", *extra], netns=ns, name=name)
+
+
+def leases(server: EtcdServer) -> dict[str, str]:
+    out = server.ctl("get", "--prefix", f"{PREFIX}/subnets/").stdout.splitlines()
+    return {out[i].rsplit("/", 1)[1]: out[i + 1] for i in range(0, len(out), 2)}
+
+
+def read_env(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+
+
+def test_lease_subnet_env_peers_and_hitless_restart(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_path = tmp_path / "a" / "subnet.env"
+    first = flanneld(tmp_path, ns, server, name="a", subnet_file=env_path).start()
+    try:
+        wait_until(env_path.exists, what="subnet.env")
+        env = read_env(env_path)
+        assert env["FLANNEL_NETWORK"] == "10.5.0.0/16"
+        assert env["FLANNEL_SUBNET"].endswith(".1/24")
+        assert (env["FLANNEL_MTU"], env["FLANNEL_IPMASQ"]) == ("1500", "false")
+        assert stat.S_IMODE(env_path.stat().st_mode) == 0o644
+        key = env["FLANNEL_SUBNET"].replace(".1/24", ".0-24")
+        assert leases(server) == {key: '{"PublicIP":"10.99.0.2","PublicIPv6":null}'}
+
+        second = flanneld(tmp_path, ns, server, "--public-ip=10.99.0.3", name="b").start()
+        try:
+            first.wait_log("Subnet added")
+            wait_until(lambda: len(leases(server)) == 2, what="second lease")
+        finally:
+            second.stop()
+
+        first.signal(signal.SIGTERM)
+        assert first.wait_exit() == 0
+        assert key in leases(server)  # the lease outlives the process
+
+        restarted = flanneld(tmp_path, ns, server, name="a", subnet_file=env_path)
+        env_path.unlink()
+        restarted.start()
+        try:
+            wait_until(env_path.exists, what="subnet.env after restart")
+            assert read_env(env_path)["FLANNEL_SUBNET"] == env["FLANNEL_SUBNET"]
+        finally:
+            restarted.stop()
+    finally:
+        first.stop()
+
+
+def test_waits_for_config_then_starts(node, tmp_path):
+    ns, server = node
+    env_path = tmp_path / "subnet.env"
+    proc = flanneld(tmp_path, ns, server, subnet_file=env_path).start()
+    try:
+        proc.wait_log("Did you create your config using etcdv3 API?")
+        assert proc.proc.poll() is None  # still waiting, not dead
+        server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+        wait_until(env_path.exists, what="subnet.env once the config exists")
+    finally:
+        proc.stop()
+
+
+def test_exits_zero_when_its_lease_is_deleted(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_path = tmp_path / "subnet.env"
+    proc = flanneld(tmp_path, ns, server, subnet_file=env_path).start()
+    try:
+        wait_until(env_path.exists, what="subnet.env")
+        proc.wait_log("Lease snapshot")
+        server.ctl("del", "--prefix", f"{PREFIX}/subnets/")
+        assert proc.wait_exit() == 0
+        assert "Lease has been revoked. Shutting down daemon." in proc.log
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize(("config", "needle"), [
+    ({"Network": "10.5.0.0/16", "SubnetMin": "10.6.0.0", "Backend": {"Type": "alloc"}},
+     "SubnetMin is not in the range of the Network"),
+    ({"Network": "10.5.0.0/16", "Backend": {"Type": "bogus"}}, "unknown backend type: bogus"),
+    ({"Network": "10.5.0.0/30"}, "network is too small"),
+])
+def test_bad_config_exits_one_with_a_clear_message(node, tmp_path, config, needle):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(config))
+    proc = flanneld(tmp_path, ns, server).start()
+    assert proc.wait_exit() == 1
+    assert needle in proc.log
+    assert leases(server) == {}
+    assert not (tmp_path / "flanneld" / "subnet.env").exists()
+
+
+def test_unknown_flag_exits_nonzero_naming_it():
+    result = subprocess.run([FLANNELD, "--etcd-endpointz=x"], capture_output=True, text=True,
+                            timeout=30, check=False)
+    assert result.returncode == 2
+    assert "--etcd-endpointz" in result.stderr

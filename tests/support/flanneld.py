@@ -1,0 +1,60 @@
+"""Runs the installed ``flanneld`` console script as a real process, optionally in a netns."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.waiting import wait_until
+
+FLANNELD = str(Path(sys.executable).parent / "flanneld")
+
+
+class Flanneld:
+    def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
+                 name: str = "flanneld") -> None:
+        self.workdir = workdir
+        self.args = args
+        self.netns = netns
+        self.log_path = workdir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Flanneld:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([*prefix, FLANNELD, *self.args], stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_log(self, needle: str, timeout: float = 15.0) -> None:
+        wait_until(lambda: needle in self.log, timeout, what=f"{needle!r} in log:\n{self.log}")
+
+    def wait_exit(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"flanneld still running after {timeout}s:\n{self.log}") from None
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            self.proc.wait(timeout=10)
