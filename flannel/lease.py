@@ -8,6 +8,7 @@ Must not touch: the store, files, the kernel.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import json
 import re
@@ -35,6 +36,7 @@ def make_subnet_key(subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None 
     return "&".join(parts)
 
 
+@functools.lru_cache(maxsize=16384)
 def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
     """Parse a subnet key as upstream does (regex anchored at the end only); None if invalid."""
     match = _SUBNET_KEY.search(key)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from flannel.lab.etcd import EtcdServer
 from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
 from tests.support import netns
-from tests.support.etcd import EtcdServer
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd-server")

@@ -146,8 +146,11 @@ class EtcdSubnetManager:
         check_network_config(cfg)
         return cfg
 
+    def _key_name(self, kv: KeyValue) -> str:
+        return kv.key[len(self.subnets_prefix):].decode(errors="replace")
+
     def _decode(self, kv: KeyValue) -> Lease | None:
-        key = kv.key[len(self.subnets_prefix):].decode(errors="replace")
+        key = self._key_name(kv)
         subnets = parse_subnet_key(key)
         if subnets is None:
             log.warning("ignoring %s: %r is not a subnet", kv.key.decode(errors="replace"), key)
@@ -165,31 +168,20 @@ class EtcdSubnetManager:
         leases = [lease for kv in kvs if (lease := self._decode(kv)) is not None]
         return leases, revision
 
-    async def _write(self, subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None,
-                     attrs: LeaseAttrs, *, create: bool, reservation: bool = False
-                     ) -> Lease | None:
-        """Write our lease; with ``create``, only if absent. None when the race was lost."""
+    async def _put(self, subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None,
+                   attrs: LeaseAttrs, *, reservation: bool = False) -> Lease:
+        """Write our lease unconditionally: with a fresh etcd lease, or none (reservation)."""
         lease = Lease(subnet, ipv6_subnet, attrs)
         key, value = self.lease_key(lease.key), attrs.to_json().encode()
         if reservation:
-            if create and not await self.client.create(key, value):
-                return None
-            if not create:
-                await self.client.put(key, value)
+            await self.client.put(key, value)
             return lease
         lease_id, ttl = await self.client.grant(self.lease_ttl)
         try:
-            if create:
-                written = await self.client.create(key, value, lease_id)
-            else:
-                await self.client.put(key, value, lease_id)
-                written = True
+            await self.client.put(key, value, lease_id)
         except BaseException:
             await self._revoke_quietly(lease_id)
             raise
-        if not written:
-            await self._revoke_quietly(lease_id)
-            return None
         return replace(lease, expiration=self._clock() + ttl, etcd_lease_id=lease_id)
 
     async def _revoke_quietly(self, lease_id: int) -> None:
@@ -199,53 +191,69 @@ class EtcdSubnetManager:
             log.warning("could not revoke unused etcd lease %x: %s", lease_id, err)
 
     async def acquire_lease(self, attrs: LeaseAttrs) -> Lease:
-        """Acquire a subnet for this node (upstream order, lost races retried)."""
-        for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
-            cfg = await self.get_network_config()
-            lease = await self._try_acquire(cfg, attrs)
-            if lease is not None:
-                return lease
-            delay = random.uniform(0.01, 0.05 * attempt)
-            log.info("another node took the subnet first; retrying (attempt %d of %d)",
-                     attempt, ACQUIRE_ATTEMPTS)
-            await asyncio.sleep(delay)
+        """Acquire a subnet for this node: reuse by public IP, previous subnet, or a new one.
+
+        A lost creation race is retried in-process: the failed transaction returns the fresh
+        listing, so each retry costs one round trip.
+        """
+        cfg, (leases, _) = await asyncio.gather(self.get_network_config(), self.list_leases())
+        reused = await self._reuse_by_public_ip(cfg, attrs, leases)
+        if isinstance(reused, Lease):
+            return reused
+        leases = reused
+        value = attrs.to_json().encode()
+        lease_id, ttl = await self.client.grant(self.lease_ttl)
+        acquired = False
+        try:
+            for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
+                subnet, ipv6_subnet = self._previous_if_free(cfg, leases)
+                if subnet is None and ipv6_subnet is None:
+                    subnet, ipv6_subnet = self._allocate(cfg, leases)
+                else:
+                    log.info("Found previously leased subnet (%s), reusing",
+                             subnet or ipv6_subnet)
+                lease = Lease(subnet, ipv6_subnet, attrs, etcd_lease_id=lease_id)
+                acquired, fresh = await self.client.create(
+                    self.lease_key(lease.key), value, lease_id, else_list=self.subnets_prefix)
+                if acquired:
+                    log.info("Allocated lease (%s) to current node (%s)", lease.key,
+                             attrs.public_ip)
+                    return replace(lease, expiration=self._clock() + ttl)
+                log.info("another node took the subnet first (%s); choosing again "
+                         "(attempt %d of %d)", lease.key, attempt, ACQUIRE_ATTEMPTS)
+                leases = [Lease(*subnets) for kv in fresh
+                          if (subnets := parse_subnet_key(self._key_name(kv))) is not None]
+        finally:
+            if not acquired:
+                await self._revoke_quietly(lease_id)
         raise AcquireError(
             f"max retries reached trying to acquire a subnet ({ACQUIRE_ATTEMPTS} lost races); "
             "many nodes are starting at once, the process can simply be restarted")
 
-    async def _try_acquire(self, cfg: NetworkConfig, attrs: LeaseAttrs) -> Lease | None:
-        leases, _ = await self.list_leases()
-
-        if attrs.public_ip is not None:
-            for existing in leases:
-                if existing.attrs.public_ip != attrs.public_ip:
-                    continue
-                if subnet_fits(cfg, existing.subnet, existing.ipv6_subnet):
-                    log.info("Found lease (ip: %s/%d) for current IP (%s), reusing",
-                             existing.subnet.network_address, existing.subnet.prefixlen,
-                             attrs.public_ip)
-                    return await self._write(existing.subnet, existing.ipv6_subnet, attrs,
-                                             create=False,
-                                             reservation=existing.is_reservation)
-                if existing.is_reservation:
-                    log.warning("reservation %s for %s does not fit the network config; "
-                                "leaving it alone and allocating another subnet",
-                                existing.key, attrs.public_ip)
-                    continue
-                log.info("Found lease (%s) for current IP (%s) but not compatible with "
-                         "current config, deleting it", existing.key, attrs.public_ip)
-                await self.client.delete(self.lease_key(existing.key))
-                leases = [lease for lease in leases if lease is not existing]
-
-        subnet, ipv6_subnet = self._previous_if_free(cfg, leases)
-        if subnet is None and ipv6_subnet is None:
-            subnet, ipv6_subnet = self._allocate(cfg, leases)
-        else:
-            log.info("Found previously leased subnet (%s), reusing", subnet or ipv6_subnet)
-        lease = await self._write(subnet, ipv6_subnet, attrs, create=True)
-        if lease is not None:
-            log.info("Allocated lease (%s) to current node (%s)", lease.key, attrs.public_ip)
-        return lease
+    async def _reuse_by_public_ip(self, cfg: NetworkConfig, attrs: LeaseAttrs,
+                                  leases: list[Lease]) -> Lease | list[Lease]:
+        """Our existing lease, rewritten with our attrs; else the leases left after dropping
+        our incompatible ones."""
+        if attrs.public_ip is None:
+            return leases
+        for existing in leases:
+            if existing.attrs.public_ip != attrs.public_ip:
+                continue
+            if subnet_fits(cfg, existing.subnet, existing.ipv6_subnet):
+                log.info("Found lease (%s) for current IP (%s), reusing", existing.key,
+                         attrs.public_ip)
+                return await self._put(existing.subnet, existing.ipv6_subnet, attrs,
+                                       reservation=existing.is_reservation)
+            if existing.is_reservation:
+                log.warning("reservation %s for %s does not fit the network config; leaving "
+                            "it alone and allocating another subnet", existing.key,
+                            attrs.public_ip)
+                continue
+            log.info("Found lease (%s) for current IP (%s) but not compatible with current "
+                     "config, deleting it", existing.key, attrs.public_ip)
+            await self.client.delete(self.lease_key(existing.key))
+            leases = [lease for lease in leases if lease is not existing]
+        return leases
 
     def _previous_if_free(self, cfg: NetworkConfig, leases: list[Lease]
                           ) -> tuple[IPv4Network | None, IPv6Network | None]:
@@ -295,16 +303,14 @@ class EtcdSubnetManager:
         """Re-put our key with a fresh etcd lease (a reservation is left as it is)."""
         if lease.is_reservation:
             return lease
-        renewed = await self._write(lease.subnet, lease.ipv6_subnet, lease.attrs, create=False)
-        assert renewed is not None
+        renewed = await self._put(lease.subnet, lease.ipv6_subnet, lease.attrs)
         # The old etcd lease no longer holds a key; revoke it rather than let it linger.
         await self._revoke_quietly(lease.etcd_lease_id)
         return renewed
 
     def _event(self, raw: WatchEvent) -> Event | None:
         if raw.deleted:
-            key = raw.kv.key[len(self.subnets_prefix):].decode(errors="replace")
-            subnets = parse_subnet_key(key)
+            subnets = parse_subnet_key(self._key_name(raw.kv))
             if subnets is None:
                 return None
             return Event(EventType.REMOVED, Lease(subnets[0], subnets[1]))

@@ -301,16 +301,30 @@ class EtcdClient:
         response = await self.call(rpc.KVStub, "DeleteRange", rpc.DeleteRangeRequest(key=key))
         return response.deleted
 
-    async def create(self, key: bytes, value: bytes, lease: int = 0) -> bool:
-        """Put ``key`` only if it does not exist (a create-if-absent transaction)."""
+    async def create(self, key: bytes, value: bytes, lease: int = 0, *,
+                     else_list: bytes | None = None) -> tuple[bool, list[KeyValue]]:
+        """Put ``key`` only if it does not exist (a create-if-absent transaction).
+
+        With ``else_list``, a failed transaction also returns every key (names only) under
+        that prefix, so a caller that lost a race sees what is taken without another round
+        trip.
+        """
+        failure = []
+        if else_list is not None:
+            failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(
+                key=else_list, range_end=prefix_range_end(else_list), keys_only=True)))
         request = rpc.TxnRequest(
             compare=[rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.VERSION,
                                  key=key, version=0)],
             success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value,
                                                               lease=lease))],
+            failure=failure,
         )
         response = await self.call(rpc.KVStub, "Txn", request)
-        return bool(response.succeeded)
+        listed = [KeyValue.from_pb(kv) for op in response.responses
+                  if op.WhichOneof("response") == "response_range"
+                  for kv in op.response_range.kvs]
+        return bool(response.succeeded), listed
 
     async def grant(self, ttl: int) -> tuple[int, int]:
         """Grant a lease; returns its ID and the TTL etcd actually granted."""

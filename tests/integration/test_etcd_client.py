@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from flannel.lab.etcd import EtcdServer, free_port
 from flannel.subnet.etcdclient import (
     EtcdClient,
     EtcdError,
@@ -15,7 +16,7 @@ from flannel.subnet.etcdclient import (
     EtcdUnavailable,
     parse_endpoints,
 )
-from tests.support.etcd import EtcdServer, free_port, make_tls_files
+from tests.support.tls import make_tls_files
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from flannel.lab.etcd import EtcdServer
 from tests.support import netns
-from tests.support.etcd import EtcdServer
 from tests.support.flanneld import FLANNELD, Flanneld
 from tests.support.waiting import wait_until
 

@@ -1,7 +1,9 @@
-"""A real etcd (Debian ``etcd-server``) for tests: free loopback ports, a temp data dir.
+"""A throw-away etcd (Debian ``etcd-server``) for the lab, the tests and the benchmarks.
 
-Optionally inside a network namespace, with TLS client-certificate auth, or with a short
-auth-token TTL. Every wait is bounded; ``stop`` always reaps the process.
+Owns one etcd process: free ports, a data dir of the caller's, optionally inside a network
+namespace, with TLS client-certificate auth or a short auth-token TTL. Every wait is
+bounded; ``stop`` always reaps the process. Must not touch: anything outside its data dir
+and its own process.
 """
 
 from __future__ import annotations
@@ -34,40 +36,16 @@ class TlsFiles:
     client_key: Path
 
 
-def make_tls_files(directory: Path) -> TlsFiles:
-    """A throw-away CA, a server cert for 127.0.0.1 and a client cert, made with openssl."""
-    directory.mkdir(parents=True, exist_ok=True)
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-    ca_key, ca = directory / "ca.key", directory / "ca.pem"
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-        "-keyout", str(ca_key), "-out", str(ca))
-    files = {}
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-                      ("client", "extendedKeyUsage=clientAuth")):
-        key, csr, cert = (directory / f"{name}.key", directory / f"{name}.csr",
-                          directory / f"{name}.pem")
-        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(key),
-            "-out", str(csr))
-        extfile = directory / f"{name}.ext"
-        extfile.write_text(ext + "\n")
-        run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
-            "-CAcreateserial", "-days", "2", "-extfile", str(extfile), "-out", str(cert))
-        files[name] = (cert, key)
-    return TlsFiles(ca, files["server"][0], files["server"][1], files["client"][0],
-                    files["client"][1])
-
-
 class EtcdServer:
     def __init__(self, workdir: Path, *, tls: TlsFiles | None = None,
-                 auth_token_ttl: int | None = None, netns: str | None = None) -> None:
+                 auth_token_ttl: int | None = None, netns: str | None = None,
+                 host: str = "127.0.0.1") -> None:
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.tls = tls
         self.auth_token_ttl = auth_token_ttl
         self.netns = netns
+        self.host = host
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -79,14 +57,14 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.scheme}://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     def _prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.netns] if self.netns else []
 
     def start(self, timeout: float = 20.0) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
         cmd = [*self._prefix(), ETCD, "--name", "test", "--data-dir", str(self.data_dir),
                "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
