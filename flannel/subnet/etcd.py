@@ -15,7 +15,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 
@@ -196,19 +196,22 @@ class EtcdSubnetManager:
         A lost creation race is retried in-process: the failed transaction returns the fresh
         listing, so each retry costs one round trip.
         """
-        cfg, (leases, _) = await asyncio.gather(self.get_network_config(), self.list_leases())
-        reused = await self._reuse_by_public_ip(cfg, attrs, leases)
-        if isinstance(reused, Lease):
+        cfg, (kvs, _) = await asyncio.gather(self.get_network_config(),
+                                             self.client.get_prefix(self.subnets_prefix))
+        leases = [lease for kv in kvs if (lease := self._decode(kv)) is not None]
+        reused, deleted = await self._reuse_by_public_ip(cfg, attrs, leases)
+        if reused is not None:
             return reused
-        leases = reused
+        # Every key that names a subnet is taken, even one whose value we cannot read.
+        taken = self._taken(kv for kv in kvs if self._key_name(kv) not in deleted)
         value = attrs.to_json().encode()
         lease_id, ttl = await self.client.grant(self.lease_ttl)
         acquired = False
         try:
             for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
-                subnet, ipv6_subnet = self._previous_if_free(cfg, leases)
+                subnet, ipv6_subnet = self._previous_if_free(cfg, taken)
                 if subnet is None and ipv6_subnet is None:
-                    subnet, ipv6_subnet = self._allocate(cfg, leases)
+                    subnet, ipv6_subnet = self._allocate(cfg, taken)
                 else:
                     log.info("Found previously leased subnet (%s), reusing",
                              subnet or ipv6_subnet)
@@ -221,8 +224,7 @@ class EtcdSubnetManager:
                     return replace(lease, expiration=self._clock() + ttl)
                 log.info("another node took the subnet first (%s); choosing again "
                          "(attempt %d of %d)", lease.key, attempt, ACQUIRE_ATTEMPTS)
-                leases = [Lease(*subnets) for kv in fresh
-                          if (subnets := parse_subnet_key(self._key_name(kv))) is not None]
+                taken = self._taken(fresh)
         finally:
             if not acquired:
                 await self._revoke_quietly(lease_id)
@@ -230,12 +232,18 @@ class EtcdSubnetManager:
             f"max retries reached trying to acquire a subnet ({ACQUIRE_ATTEMPTS} lost races); "
             "many nodes are starting at once, the process can simply be restarted")
 
+    def _taken(self, kvs: Iterable[KeyValue]) -> list[Lease]:
+        """The subnets named by keys (values are not read)."""
+        return [Lease(*subnets) for kv in kvs
+                if (subnets := parse_subnet_key(self._key_name(kv))) is not None]
+
     async def _reuse_by_public_ip(self, cfg: NetworkConfig, attrs: LeaseAttrs,
-                                  leases: list[Lease]) -> Lease | list[Lease]:
-        """Our existing lease, rewritten with our attrs; else the leases left after dropping
-        our incompatible ones."""
+                                  leases: list[Lease]) -> tuple[Lease | None, set[str]]:
+        """Our existing lease rewritten with our attrs, or None and the keys of our leases
+        that no longer fit the config (deleted)."""
+        deleted: set[str] = set()
         if attrs.public_ip is None:
-            return leases
+            return None, deleted
         for existing in leases:
             if existing.attrs.public_ip != attrs.public_ip:
                 continue
@@ -243,7 +251,7 @@ class EtcdSubnetManager:
                 log.info("Found lease (%s) for current IP (%s), reusing", existing.key,
                          attrs.public_ip)
                 return await self._put(existing.subnet, existing.ipv6_subnet, attrs,
-                                       reservation=existing.is_reservation)
+                                       reservation=existing.is_reservation), deleted
             if existing.is_reservation:
                 log.warning("reservation %s for %s does not fit the network config; leaving "
                             "it alone and allocating another subnet", existing.key,
@@ -252,8 +260,8 @@ class EtcdSubnetManager:
             log.info("Found lease (%s) for current IP (%s) but not compatible with current "
                      "config, deleting it", existing.key, attrs.public_ip)
             await self.client.delete(self.lease_key(existing.key))
-            leases = [lease for lease in leases if lease is not existing]
-        return leases
+            deleted.add(existing.key)
+        return None, deleted
 
     def _previous_if_free(self, cfg: NetworkConfig, leases: list[Lease]
                           ) -> tuple[IPv4Network | None, IPv6Network | None]:

@@ -367,22 +367,20 @@ class EtcdClient:
             create.range_end = prefix_range_end(key)
         call = rpc.WatchStub(channel).Watch(metadata=metadata)
         try:
-            await call.write(rpc.WatchRequest(create_request=create))
+            try:
+                # A stream that never confirms creation would hang silently: bound it.
+                async with asyncio.timeout(self._options.timeout):
+                    await call.write(rpc.WatchRequest(create_request=create))
+                    response = await call.read()
+            except TimeoutError:
+                raise EtcdUnavailable(
+                    f"{self.endpoint}: watch not confirmed within {self._options.timeout:g}s"
+                ) from None
             while True:
+                batch = _watch_batch(response)
+                if batch is not None:
+                    yield batch
                 response = await call.read()
-                if response is grpc.aio.EOF:
-                    raise EtcdUnavailable("etcd closed the watch stream")
-                if response.compact_revision:
-                    raise EtcdCompacted(response.compact_revision)
-                if response.canceled:
-                    raise EtcdError(f"etcd cancelled the watch: {response.cancel_reason}")
-                if response.created:
-                    # Its header revision is the store's, not how far this watch has read.
-                    continue
-                events = [WatchEvent(ev.type == rpc.Event.DELETE, KeyValue.from_pb(ev.kv))
-                          for ev in response.events]
-                revision = events[-1].kv.mod_revision if events else response.header.revision
-                yield WatchBatch(events, revision)
         except grpc.aio.AioRpcError as err:
             code = err.code()
             if code in _RETRY_ELSEWHERE:
@@ -396,3 +394,20 @@ class EtcdClient:
             raise EtcdError(f"watch failed: {code.name}: {err.details()}") from None
         finally:
             call.cancel()
+
+
+def _watch_batch(response: rpc.WatchResponse | object) -> WatchBatch | None:
+    """The events of one watch response; None for the creation confirmation."""
+    if response is grpc.aio.EOF:
+        raise EtcdUnavailable("etcd closed the watch stream")
+    if response.compact_revision:
+        raise EtcdCompacted(response.compact_revision)
+    if response.canceled:
+        raise EtcdError(f"etcd cancelled the watch: {response.cancel_reason}")
+    if response.created:
+        # Its header revision is the store's, not how far this watch has read.
+        return None
+    events = [WatchEvent(ev.type == rpc.Event.DELETE, KeyValue.from_pb(ev.kv))
+              for ev in response.events]
+    revision = events[-1].kv.mod_revision if events else response.header.revision
+    return WatchBatch(events, revision)

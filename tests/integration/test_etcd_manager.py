@@ -23,6 +23,7 @@ from tests.support.proxy import CuttableProxy
 from tests.support.waiting import async_wait_until
 
 CONFIG = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.25.0" }'
+# Leases that tests write by hand lie above SubnetMax, so they never collide with ours.
 
 
 def attrs(ip: str = "1.2.3.4") -> LeaseAttrs:
@@ -196,7 +197,8 @@ async def test_keep_lease_renews_before_expiry(client, prefix):
 
 
 async def test_foreign_entries_are_skipped_not_fatal(client, prefix):
-    sm = await setup(client, prefix)
+    config = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.8.0", "SubnetMax": "10.3.10.0" }'
+    sm = await setup(client, prefix, config)
     await client.put(f"{prefix}/subnets/10.3.9.0-24".encode(), b"this is not json")
     await client.put(f"{prefix}/subnets/not-a-subnet".encode(),
                      b'{"PublicIP":"9.9.9.9","PublicIPv6":null}')
@@ -204,15 +206,16 @@ async def test_foreign_entries_are_skipped_not_fatal(client, prefix):
                      b'{"PublicIP":"8.8.8.8","PublicIPv6":null}')
     leases, _ = await sm.list_leases()
     assert [x.key for x in leases] == ["10.3.8.0-24"]
+    # A key with an unreadable value still holds its subnet: the only free one is 10.3.10.0.
     lease = await sm.acquire_lease(attrs())
-    assert lease.subnet not in (IPv4Network("10.3.8.0/24"),)
+    assert lease.subnet == IPv4Network("10.3.10.0/24")
     collector = Collector(sm, lease)
     try:
-        await client.put(f"{prefix}/subnets/10.3.11.0-24".encode(), b"[garbage")
-        await client.put(f"{prefix}/subnets/10.3.12.0-24".encode(),
+        await client.put(f"{prefix}/subnets/10.3.200.0-24".encode(), b"[garbage")
+        await client.put(f"{prefix}/subnets/10.3.201.0-24".encode(),
                          b'{"PublicIP":"6.6.6.6","PublicIPv6":null}')
-        await collector.wait_for((EventType.ADDED, "10.3.12.0-24"))
-        assert (EventType.ADDED, "10.3.11.0-24") not in collector.events
+        await collector.wait_for((EventType.ADDED, "10.3.201.0-24"))
+        assert (EventType.ADDED, "10.3.200.0-24") not in collector.events
     finally:
         await collector.stop()
 
@@ -260,16 +263,16 @@ async def test_watch_resumes_from_last_revision_after_a_partition(etcd, prefix):
         sm = await setup(via_proxy, prefix)
         own = await sm.acquire_lease(attrs())
         collector = Collector(sm, own)
-        await direct.put(f"{prefix}/subnets/10.3.20.0-24".encode(),
+        await direct.put(f"{prefix}/subnets/10.3.220.0-24".encode(),
                          b'{"PublicIP":"2.2.2.2","PublicIPv6":null}')
-        await collector.wait_for((EventType.ADDED, "10.3.20.0-24"))
+        await collector.wait_for((EventType.ADDED, "10.3.220.0-24"))
         await proxy.cut()
-        await direct.put(f"{prefix}/subnets/10.3.21.0-24".encode(),
+        await direct.put(f"{prefix}/subnets/10.3.221.0-24".encode(),
                          b'{"PublicIP":"2.2.2.3","PublicIPv6":null}')
-        await direct.delete(f"{prefix}/subnets/10.3.20.0-24".encode())
+        await direct.delete(f"{prefix}/subnets/10.3.220.0-24".encode())
         await proxy.restore()
-        await collector.wait_for((EventType.ADDED, "10.3.21.0-24"))
-        await collector.wait_for((EventType.REMOVED, "10.3.20.0-24"))
+        await collector.wait_for((EventType.ADDED, "10.3.221.0-24"))
+        await collector.wait_for((EventType.REMOVED, "10.3.220.0-24"))
         # Resumed, not relisted: the events came as changes after the first snapshot.
         assert sum(isinstance(u, Snapshot) for u in collector.updates) == 1
         await collector.stop()
@@ -288,23 +291,24 @@ async def test_watch_relists_and_diffs_after_compaction(etcd, prefix):
         sm = await setup(via_proxy, prefix)
         own = await sm.acquire_lease(attrs())
         collector = Collector(sm, own)
-        await direct.put(f"{prefix}/subnets/10.3.20.0-24".encode(),
+        await direct.put(f"{prefix}/subnets/10.3.220.0-24".encode(),
                          b'{"PublicIP":"2.2.2.2","PublicIPv6":null}')
-        await direct.put(f"{prefix}/subnets/10.3.22.0-24".encode(),
+        await direct.put(f"{prefix}/subnets/10.3.222.0-24".encode(),
                          b'{"PublicIP":"2.2.2.4","PublicIPv6":null}')
-        await collector.wait_for((EventType.ADDED, "10.3.22.0-24"))
+        await collector.wait_for((EventType.ADDED, "10.3.222.0-24"))
         await proxy.cut()
-        await direct.delete(f"{prefix}/subnets/10.3.20.0-24".encode())
-        await direct.put(f"{prefix}/subnets/10.3.21.0-24".encode(),
+        await direct.delete(f"{prefix}/subnets/10.3.220.0-24".encode())
+        await direct.put(f"{prefix}/subnets/10.3.221.0-24".encode(),
                          b'{"PublicIP":"2.2.2.3","PublicIPv6":null}')
         revision = await direct.put(b"/compaction-marker", b"x")
         await direct.compact(revision)
-        collector.events.clear()
+        seen_before_restore = list(collector.events)
+        assert seen_before_restore[-1] == (EventType.ADDED, "10.3.222.0-24"), collector.events
         await proxy.restore()
-        await collector.wait_for((EventType.ADDED, "10.3.21.0-24"))
-        await collector.wait_for((EventType.REMOVED, "10.3.20.0-24"))
+        await collector.wait_for((EventType.ADDED, "10.3.221.0-24"))
+        await collector.wait_for((EventType.REMOVED, "10.3.220.0-24"))
         # The diff reports only what changed: the untouched lease is not re-added.
-        assert (EventType.ADDED, "10.3.22.0-24") not in collector.events
+        assert collector.events.count((EventType.ADDED, "10.3.222.0-24")) == 1
         assert isinstance(collector.updates[-1], Snapshot | Changes)
         assert sum(isinstance(u, Snapshot) for u in collector.updates) == 2
         await collector.stop()
@@ -322,9 +326,9 @@ async def test_watch_survives_an_etcd_restart(private_etcd, prefix):
         collector = Collector(sm, own)
         await asyncio.sleep(0)
         await asyncio.to_thread(private_etcd.restart)
-        await asyncio.to_thread(private_etcd.ctl, "put", f"{prefix}/subnets/10.3.23.0-24",
+        await asyncio.to_thread(private_etcd.ctl, "put", f"{prefix}/subnets/10.3.223.0-24",
                                 '{"PublicIP":"3.3.3.3","PublicIPv6":null}')
-        await collector.wait_for((EventType.ADDED, "10.3.23.0-24"), timeout=20)
+        await collector.wait_for((EventType.ADDED, "10.3.223.0-24"), timeout=20)
         # The lease survived the restart and is still renewable.
         renewed = await sm.renew_lease(own)
         assert renewed.subnet == own.subnet
