@@ -1,0 +1,416 @@
+"""A small rtnetlink client for the bulk work: routes, neighbours and FDB entries.
+
+Owns a raw NETLINK_ROUTE socket (optionally opened inside a named network namespace), the
+binary encoding of the few message types flannel needs, pipelined batches (many requests in
+flight, every ACK checked), dumps, and an event socket. pyroute2 costs ~260 us per request;
+batching here makes a 5000-peer snapshot as cheap as ``ip -batch``.
+Must not touch: links and addresses (``kernel/device.py`` uses pyroute2 for those), the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import socket
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address, ip_address
+
+NETLINK_ROUTE = 0
+SOL_NETLINK = 270
+NETLINK_CAP_ACK = 10
+NETLINK_EXT_ACK = 11
+NETLINK_GET_STRICT_CHK = 12
+
+NLMSG_ERROR, NLMSG_DONE = 2, 3
+NLM_F_REQUEST, NLM_F_MULTI, NLM_F_ACK = 0x1, 0x2, 0x4
+NLM_F_DUMP, NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE, NLM_F_APPEND = 0x300, 0x100, 0x200, \
+    0x400, 0x800
+
+RTM_NEWLINK, RTM_DELLINK = 16, 17
+RTM_NEWADDR, RTM_DELADDR = 20, 21
+RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
+RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
+
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
+NDA_DST, NDA_LLADDR, NDA_PROTOCOL = 1, 2, 12
+IFLA_IFNAME = 3
+
+RT_TABLE_MAIN = 254
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
+RTN_UNICAST, RTN_BLACKHOLE = 1, 6
+RTNH_F_ONLINK = 4
+NUD_PERMANENT = 0x80
+NTF_SELF = 0x02
+AF_BRIDGE = 7
+
+RTMGRP_LINK, RTMGRP_NEIGH, RTMGRP_IPV4_IFADDR = 0x1, 0x4, 0x10
+RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE = 0x40, 0x100, 0x400
+
+#: The route (and neighbour) protocol that marks what flannel installed (see rt_protos).
+RTPROT_FLANNEL = 151
+
+_NLMSGHDR = struct.Struct("=IHHII")
+_RTMSG = struct.Struct("=BBBBBBBBI")
+_NDMSG = struct.Struct("=BBHiHBB")
+_IFINFOMSG = struct.Struct("=BBHiII")
+_RTATTR = struct.Struct("=HH")
+_NLMSGERR = struct.Struct("=i")
+
+IPAddress = IPv4Address | IPv6Address
+
+
+class NetlinkError(OSError):
+    """A request the kernel refused; ``request`` says which."""
+
+    def __init__(self, code: int, request: str) -> None:
+        super().__init__(code, f"{os.strerror(code)} ({request})")
+        self.request = request
+
+
+def _attr(kind: int, data: bytes) -> bytes:
+    length = _RTATTR.size + len(data)
+    return _RTATTR.pack(length, kind) + data + b"\0" * (-length % 4)
+
+
+def _family(addr: IPAddress) -> int:
+    return socket.AF_INET if addr.version == 4 else socket.AF_INET6
+
+
+def _packed(text: str) -> tuple[int, bytes]:
+    """(family, packed address) of an IP in text form, without ipaddress' overhead."""
+    family = socket.AF_INET6 if ":" in text else socket.AF_INET
+    return family, socket.inet_pton(family, text)
+
+
+def mac_bytes(mac: str) -> bytes:
+    return bytes(int(part, 16) for part in mac.split(":"))
+
+
+def mac_text(raw: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+@dataclass(frozen=True, order=True)
+class Route:
+    """A unicast route in the main table: ``dst via gateway dev oif [onlink]``."""
+
+    dst: str  # CIDR text, e.g. "10.5.1.0/24"
+    gateway: str | None
+    oif: int
+    onlink: bool = False
+    kind: int = RTN_UNICAST
+
+    @property
+    def family(self) -> int:
+        return socket.AF_INET6 if ":" in self.dst else socket.AF_INET
+
+
+@dataclass(frozen=True, order=True)
+class Neighbour:
+    """A permanent neighbour (ARP/NDP) entry."""
+
+    ifindex: int
+    ip: str
+    mac: str
+
+
+@dataclass(frozen=True, order=True)
+class FdbEntry:
+    """A permanent ``self`` FDB entry of a vxlan device: frames for ``mac`` go to ``dst``."""
+
+    ifindex: int
+    mac: str
+    dst: str
+
+
+def encode_route(route: Route, msg_type: int, flags: int, seq: int) -> bytes:
+    dst_text, _, plen = route.dst.partition("/")
+    family, dst = _packed(dst_text)
+    if msg_type == RTM_DELROUTE:
+        scope = RT_SCOPE_UNIVERSE
+    elif route.kind == RTN_BLACKHOLE or route.gateway is not None:
+        scope = RT_SCOPE_UNIVERSE
+    else:
+        scope = RT_SCOPE_LINK
+    body = _RTMSG.pack(family, int(plen), 0, 0, RT_TABLE_MAIN, RTPROT_FLANNEL, scope,
+                       route.kind, RTNH_F_ONLINK if route.onlink else 0)
+    attrs = _attr(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN)) + _attr(RTA_DST, dst)
+    if route.gateway is not None:
+        attrs += _attr(RTA_GATEWAY, _packed(route.gateway)[1])
+    if route.oif:
+        attrs += _attr(RTA_OIF, struct.pack("=i", route.oif))
+    payload = body + attrs
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
+
+
+def encode_neighbour(neigh: Neighbour, msg_type: int, flags: int, seq: int) -> bytes:
+    family, addr = _packed(neigh.ip)
+    body = _NDMSG.pack(family, 0, 0, neigh.ifindex, NUD_PERMANENT, 0, RTN_UNICAST)
+    attrs = _attr(NDA_DST, addr)
+    if msg_type == RTM_NEWNEIGH:
+        attrs += _attr(NDA_LLADDR, mac_bytes(neigh.mac)) + _attr(NDA_PROTOCOL,
+                                                                   bytes([RTPROT_FLANNEL]))
+    payload = body + attrs
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
+
+
+def encode_fdb(entry: FdbEntry, msg_type: int, flags: int, seq: int) -> bytes:
+    body = _NDMSG.pack(AF_BRIDGE, 0, 0, entry.ifindex, NUD_PERMANENT, NTF_SELF, 0)
+    attrs = _attr(NDA_LLADDR, mac_bytes(entry.mac)) + _attr(NDA_DST, _packed(entry.dst)[1])
+    payload = body + attrs
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
+
+
+def _parse_attrs(data: bytes, offset: int) -> dict[int, bytes]:
+    attrs: dict[int, bytes] = {}
+    while offset + _RTATTR.size <= len(data):
+        length, kind = _RTATTR.unpack_from(data, offset)
+        if length < _RTATTR.size:
+            break
+        attrs[kind & 0x3FFF] = data[offset + _RTATTR.size: offset + length]
+        offset += (length + 3) & ~3
+    return attrs
+
+
+def iter_messages(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
+    """(type, flags, seq, body) of each message in a netlink datagram."""
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, msg_type, flags, seq, _pid = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size:
+            break
+        yield msg_type, flags, seq, data[offset + _NLMSGHDR.size: offset + length]
+        offset += (length + 3) & ~3
+
+
+def decode_route(body: bytes) -> tuple[Route, int, int] | None:
+    """A route message as (Route, protocol, table); None for multipath and other shapes."""
+    family, dst_len, _src_len, _tos, table, protocol, _scope, kind, flags = \
+        _RTMSG.unpack_from(body)
+    attrs = _parse_attrs(body, _RTMSG.size)
+    table = struct.unpack("=I", attrs[RTA_TABLE])[0] if RTA_TABLE in attrs else table
+    if family == socket.AF_INET:
+        zero = "0.0.0.0"
+        to_ip = IPv4Address
+    elif family == socket.AF_INET6:
+        zero = "::"
+        to_ip = IPv6Address
+    else:
+        return None
+    dst = str(to_ip(attrs[RTA_DST])) if RTA_DST in attrs else zero
+    gateway = str(to_ip(attrs[RTA_GATEWAY])) if RTA_GATEWAY in attrs else None
+    oif = struct.unpack("=i", attrs[RTA_OIF])[0] if RTA_OIF in attrs else 0
+    route = Route(f"{dst}/{dst_len}", gateway, oif, bool(flags & RTNH_F_ONLINK), kind)
+    return route, protocol, table
+
+
+def decode_neighbour(body: bytes) -> tuple[Neighbour | FdbEntry, int, int] | None:
+    """A neighbour message as (entry, state, flags); FdbEntry for AF_BRIDGE."""
+    family, _p1, _p2, ifindex, state, ntf_flags, _kind = _NDMSG.unpack_from(body)
+    attrs = _parse_attrs(body, _NDMSG.size)
+    lladdr = attrs.get(NDA_LLADDR)
+    dst = attrs.get(NDA_DST)
+    if family == AF_BRIDGE:
+        if lladdr is None or dst is None or len(lladdr) != 6:
+            return None
+        return FdbEntry(ifindex, mac_text(lladdr), str(ip_address(dst))), state, ntf_flags
+    if family not in (socket.AF_INET, socket.AF_INET6) or dst is None:
+        return None
+    mac = mac_text(lladdr) if lladdr and len(lladdr) == 6 else ""
+    return Neighbour(ifindex, str(ip_address(dst)), mac), state, ntf_flags
+
+
+def decode_link_name(body: bytes) -> tuple[int, str | None]:
+    index = _IFINFOMSG.unpack_from(body)[3]
+    name = _parse_attrs(body, _IFINFOMSG.size).get(IFLA_IFNAME)
+    return index, name.rstrip(b"\0").decode() if name else None
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+@contextlib.contextmanager
+def in_netns(name: str | None) -> Iterator[None]:
+    """Run the block with the calling thread inside network namespace ``name``.
+
+    Sockets created inside stay bound to that namespace after the block.
+    """
+    if not name:
+        yield
+        return
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"setns into {name}: {os.strerror(code)}")
+        try:
+            yield
+        finally:
+            if _libc.setns(own, CLONE_NEWNET) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"setns back: {os.strerror(code)}")
+    finally:
+        os.close(own)
+        os.close(target)
+
+
+def open_socket(netns: str | None = None, groups: int = 0, rcvbuf: int = 8 << 20
+                ) -> socket.socket:
+    with in_netns(netns):
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+    try:
+        for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK, NETLINK_GET_STRICT_CHK):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(SOL_NETLINK, option, 1)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, 33, rcvbuf)  # SO_RCVBUFFORCE (root)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        sock.bind((0, groups))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass(frozen=True)
+class Op:
+    """One request of a batch: what to send and how to describe it in errors."""
+
+    data: bytes
+    what: str
+    ignore: tuple[int, ...] = ()
+
+
+class Rtnl:
+    """Synchronous request socket for batches, dumps and lookups."""
+
+    def __init__(self, netns: str | None = None) -> None:
+        self.sock = open_socket(netns)
+        self._seq = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def next_seq(self) -> int:
+        self._seq = (self._seq + 1) & 0x7FFFFFFF or 1
+        return self._seq
+
+    def run(self, ops: Iterable[tuple[str, object]], chunk: int = 256) -> list[NetlinkError]:
+        """Apply (verb, object) pairs: verb is ``replace``, ``add``, ``append`` or ``delete``.
+
+        Every request is attempted; the failures are returned (ESRCH/ENOENT on delete are not
+        failures: already gone). Only the last request of each chunk asks for an ACK: the
+        kernel handles rtnetlink requests synchronously in ``send``, so once that ACK is read
+        every error of the chunk has been read too.
+        """
+        failures: list[NetlinkError] = []
+        batch: list[tuple[str, object]] = []
+        for item in ops:
+            batch.append(item)
+            if len(batch) == chunk:
+                self._run_chunk(batch, failures)
+                batch.clear()
+        if batch:
+            self._run_chunk(batch, failures)
+        return failures
+
+    def _run_chunk(self, batch: list[tuple[str, object]], failures: list[NetlinkError]) -> None:
+        pending: dict[int, Op] = {}
+        parts = []
+        last = len(batch) - 1
+        for i, (verb, obj) in enumerate(batch):
+            seq = self.next_seq()
+            op = self._encode(verb, obj, seq, ack=i == last)
+            pending[seq] = op
+            parts.append(op.data)
+        self.sock.sendall(b"".join(parts))
+        while seq in pending:
+            data = self.sock.recv(1 << 20)
+            for msg_type, _flags, msg_seq, body in iter_messages(data):
+                if msg_type != NLMSG_ERROR:
+                    continue
+                op = pending.pop(msg_seq, None)
+                code = -_NLMSGERR.unpack_from(body)[0]
+                if op is not None and code and code not in op.ignore:
+                    failures.append(NetlinkError(code, op.what))
+
+    def _encode(self, verb: str, obj: object, seq: int, ack: bool = True) -> Op:
+        base = NLM_F_REQUEST | (NLM_F_ACK if ack else 0)
+        flags = {"replace": base | NLM_F_CREATE | NLM_F_REPLACE,
+                 "add": base | NLM_F_CREATE | NLM_F_EXCL,
+                 "append": base | NLM_F_CREATE | NLM_F_APPEND,
+                 "delete": base}[verb]
+        gone = (errno.ESRCH, errno.ENOENT) if verb == "delete" else ()
+        if isinstance(obj, Route):
+            msg = RTM_DELROUTE if verb == "delete" else RTM_NEWROUTE
+            return Op(encode_route(obj, msg, flags, seq), f"{verb} route {obj.dst}", gone)
+        if isinstance(obj, Neighbour):
+            msg = RTM_DELNEIGH if verb == "delete" else RTM_NEWNEIGH
+            return Op(encode_neighbour(obj, msg, flags, seq), f"{verb} neighbour {obj.ip}",
+                      gone)
+        if isinstance(obj, FdbEntry):
+            msg = RTM_DELNEIGH if verb == "delete" else RTM_NEWNEIGH
+            return Op(encode_fdb(obj, msg, flags, seq), f"{verb} fdb {obj.mac}", gone)
+        raise TypeError(f"cannot encode {obj!r}")
+
+    def dump(self, msg_type: int, header: bytes) -> list[tuple[int, bytes]]:
+        """(type, body) of every message of a dump request."""
+        seq = self.next_seq()
+        length = _NLMSGHDR.size + len(header)
+        self.sock.sendall(_NLMSGHDR.pack(length, msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, 0)
+                          + header)
+        out: list[tuple[int, bytes]] = []
+        while True:
+            data = self.sock.recv(1 << 20)
+            for kind, _flags, msg_seq, body in iter_messages(data):
+                if msg_seq != seq:
+                    continue
+                if kind == NLMSG_DONE:
+                    return out
+                if kind == NLMSG_ERROR:
+                    code = -_NLMSGERR.unpack_from(body)[0]
+                    if code:
+                        if code == errno.EINTR:
+                            # The dump was interrupted by a change: start over.
+                            return self.dump(msg_type, header)
+                        raise NetlinkError(code, f"dump {msg_type}")
+                    continue
+                out.append((kind, body))
+
+    def routes(self, family: int) -> list[tuple[Route, int, int]]:
+        header = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+        return [decoded for kind, body in self.dump(RTM_GETROUTE, header)
+                if kind == RTM_NEWROUTE and (decoded := decode_route(body)) is not None]
+
+    def neighbours(self, family: int, ifindex: int = 0) -> list[tuple[Neighbour | FdbEntry,
+                                                                       int, int]]:
+        header = _NDMSG.pack(family, 0, 0, 0, 0, 0, 0)
+        entries = [decoded for kind, body in self.dump(RTM_GETNEIGH, header)
+                   if kind == RTM_NEWNEIGH and (decoded := decode_neighbour(body)) is not None]
+        if ifindex:
+            entries = [e for e in entries if e[0].ifindex == ifindex]
+        return entries
+
+    def route_get(self, dst: IPAddress) -> Route | None:
+        """The route the kernel would use for ``dst`` (like ``ip route get``)."""
+        seq = self.next_seq()
+        body = _RTMSG.pack(_family(dst), dst.max_prefixlen, 0, 0, 0, 0, 0, 0, 0) + _attr(
+            RTA_DST, dst.packed)
+        self.sock.sendall(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETROUTE,
+                                         NLM_F_REQUEST, seq, 0) + body)
+        while True:
+            data = self.sock.recv(65536)
+            for kind, _flags, msg_seq, reply in iter_messages(data):
+                if msg_seq != seq:
+                    continue
+                if kind == NLMSG_ERROR:
+                    return None
+                decoded = decode_route(reply)
+                return decoded[0] if decoded else None
