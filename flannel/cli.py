@@ -125,6 +125,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("version", "bool", False, "print version and exit"),
     Flag("healthz-ip", "str", "0.0.0.0", "the IP address for healthz server to listen"),
     Flag("healthz-port", "int", 0, "the port for healthz server to listen (0 to disable)"),
+    Flag("reconcile-interval", "int", 30, "period of the full kernel state resync, in seconds "
+         "(netlink events trigger repairs sooner; pyflannel extension)"),
     Flag("iptables-resync", "int", 5, "resync period for iptables rules, in seconds"),
     Flag("iptables-forward-rules", "bool", True, "add default accept rules to FORWARD chain "
          "in iptables"),
@@ -200,6 +202,9 @@ def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ar
             f"--subnet-lease-ttl ({args.subnet_lease_ttl:g}s) must be longer than "
             f"--subnet-lease-renew-margin ({margin} min), or the lease would be renewed "
             "continuously")
+    if args.reconcile_interval < 1:
+        raise UsageError(f"--reconcile-interval: {args.reconcile_interval} must be at least 1 "
+                         "second")
     if args.healthz_port < 0 or args.healthz_port > 65535:
         raise UsageError(f"--healthz-port: {args.healthz_port} is not a port (0 to 65535)")
     return args

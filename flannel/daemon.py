@@ -17,7 +17,7 @@ import signal
 from dataclasses import dataclass
 
 from flannel import log as flannel_log
-from flannel.backend import Backend, BackendError, backend_class
+from flannel.backend import Backend, BackendError, BackendOptions, backend_class
 from flannel.config import ConfigError, NetworkConfig
 from flannel.kernel.iface import (
     IfaceOptions,
@@ -142,7 +142,8 @@ class Daemon:
                     IfaceOptions(args.iface, args.iface_regex, args.iface_can_reach,
                                  args.public_ip, args.public_ipv6),
                     ipv4=config.enable_ipv4, ipv6=config.enable_ipv6))
-            backend: Backend = backend_class(config.backend_type)(ext, config)
+            backend: Backend = backend_class(config.backend_type)(
+                ext, config, BackendOptions(reconcile_interval=args.reconcile_interval))
         except (InterfaceError, BackendError) as err:
             raise StartupError(str(err)) from None
         log.info("Using interface with name %s and address %s", ext.name,
@@ -151,7 +152,10 @@ class Daemon:
                  if ext.ext_addr == ext.iface_addr else "Using public address %s",
                  ext.ext_addr or ext.ext_v6_addr)
 
-        local = await backend.prepare()
+        try:
+            local = await backend.prepare()
+        except BackendError as err:
+            raise StartupError(str(err)) from None
         attrs = LeaseAttrs(public_ip=ext.ext_addr, public_ipv6=ext.ext_v6_addr,
                            backend_type=local.backend_type, backend_data=local.backend_data,
                            backend_v6_data=local.backend_v6_data)
@@ -162,7 +166,10 @@ class Daemon:
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None
         self.lease = lease
-        await backend.activate(lease)
+        try:
+            await backend.activate(lease)
+        except BackendError as err:
+            raise StartupError(str(err)) from None
         env = SubnetEnv(
             network=config.network if lease.subnet is not None else None,
             subnet=lease.subnet,

@@ -72,3 +72,27 @@ def compact(raw: bytes | str) -> str:
         elif ch not in " \t\r\n":
             out.append(ch)
     return "".join(out)
+
+
+def decode_fields(obj: Mapping[str, Any], spec: Mapping[str, tuple[type, Any]],
+                  context: str) -> dict[str, Any]:
+    """Decode a JSON object into typed fields the way Go decodes into a struct.
+
+    ``spec`` maps canonical field names to (type, default); member names match
+    case-insensitively, unknown members are ignored, null leaves the default, a wrong type
+    raises ValueError naming ``context`` and the field.
+    """
+    members = fold_keys(obj, {name.lower(): name for name in spec})
+    out = {name: default for name, (_kind, default) in spec.items()}
+    for name, value in members.items():
+        if value is None:
+            continue
+        kind = spec[name][0]
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{context}: {name} must be an integer, got {type_name(value)} "
+                             f"{json.dumps(value)}")
+        if kind is not int and not isinstance(value, kind):
+            raise ValueError(f"{context}: {name} must be a {kind.__name__}, got "
+                             f"{type_name(value)} {json.dumps(value)}")
+        out[name] = value
+    return out

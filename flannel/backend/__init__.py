@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import importlib
 
-from flannel.backend.base import Backend, BackendError
+from flannel.backend.base import Backend, BackendError, BackendOptions
 
 _REGISTRY = {
     "alloc": "flannel.backend.alloc:AllocBackend",
+    "host-gw": "flannel.backend.hostgw:HostGwBackend",
+    "vxlan": "flannel.backend.vxlan:VxlanBackend",
 }
 # Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("vxlan", "host-gw", "udp", "ipip", "wireguard", "ipsec", "tencent-vpc",
-                  "extension")
+_UPSTREAM_ONLY = ("udp", "ipip", "wireguard", "ipsec", "tencent-vpc", "extension")
 
 
 def supported() -> list[str]:
@@ -35,4 +36,4 @@ def backend_class(backend_type: str) -> type[Backend]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-__all__ = ["Backend", "BackendError", "backend_class", "supported"]
+__all__ = ["Backend", "BackendError", "BackendOptions", "backend_class", "supported"]

@@ -17,6 +17,14 @@ from flannel.lease import Lease
 
 
 @dataclass(frozen=True)
+class BackendOptions:
+    """Daemon settings backends need. ``netns``: program a named namespace (tests, bench)."""
+
+    reconcile_interval: float = 30.0
+    netns: str | None = None
+
+
+@dataclass(frozen=True)
 class LocalNetwork:
     """What a prepared backend publishes in our lease and the MTU pods must use."""
 
@@ -36,9 +44,11 @@ class Backend(ABC):
     #: The BackendType this backend publishes and acts on ("" for alloc and udp).
     backend_type: str = ""
 
-    def __init__(self, ext: ExternalInterface, config: NetworkConfig) -> None:
+    def __init__(self, ext: ExternalInterface, config: NetworkConfig,
+                 options: BackendOptions | None = None) -> None:
         self.ext = ext
         self.config = config
+        self.options = options or BackendOptions()
 
     @abstractmethod
     async def prepare(self) -> LocalNetwork:
@@ -52,6 +62,10 @@ class Backend(ABC):
 
     async def close(self) -> None:
         """Release resources held by the process; kernel state stays for a hitless restart."""
+
+    def programmed(self) -> tuple[bool, str]:
+        """Whether the kernel holds what the latest peer set needs, and if not, why."""
+        return True, ""
 
     def wants(self, lease: Lease) -> bool:
         """Whether a remote lease belongs to this backend (upstream filters on BackendType)."""

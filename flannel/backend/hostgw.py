@@ -1,0 +1,39 @@
+"""The host-gw backend: plain routes to each peer's subnet via the peer's public IP.
+
+Needs every node on one L2 segment. Owns one route per peer (and family) on the external
+interface, tagged with our route protocol. Must not touch: the store; foreign routes.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+
+from flannel.backend.base import BackendError, LocalNetwork
+from flannel.backend.routed import RoutedBackend
+from flannel.kernel.reconcile import DesiredState
+from flannel.kernel.rtnl import Route
+from flannel.lease import Lease
+
+
+class HostGwBackend(RoutedBackend):
+    backend_type = "host-gw"
+
+    async def prepare(self) -> LocalNetwork:
+        ext = self.ext
+        if ext.ext_addr != ext.iface_addr or ext.ext_v6_addr != ext.iface_v6_addr:
+            raise BackendError("your PublicIP differs from interface IP, meaning that probably "
+                               "you're on a NAT, which is not supported by host-gw backend")
+        return LocalNetwork("host-gw", ext.mtu)
+
+    def desired_state(self, peers: Sequence[Lease], route_get: Callable) -> DesiredState:
+        routes = set()
+        for peer in peers:
+            if self.config.enable_ipv4 and peer.subnet and peer.attrs.public_ip:
+                routes.add(Route(str(peer.subnet), str(peer.attrs.public_ip), self.ext.index))
+            if self.config.enable_ipv6 and peer.ipv6_subnet and peer.attrs.public_ipv6:
+                routes.add(Route(str(peer.ipv6_subnet), str(peer.attrs.public_ipv6),
+                                 self.ext.index))
+        families = tuple(f for f, on in ((socket.AF_INET, self.config.enable_ipv4),
+                                         (socket.AF_INET6, self.config.enable_ipv6)) if on)
+        return DesiredState(frozenset(routes), families=families)

@@ -1,0 +1,169 @@
+"""The vxlan backend (the default): an overlay over UDP, wire-compatible with Go flannel.
+
+Owns the backend config (VNI, Port, MTU, GBP, Learning, DirectRouting), the devices
+``flannel.<VNI>`` / ``flannel-v6.<VNI>``, the lease data ``{"VNI":n,"VtepMAC":"..."}``, and
+per peer: a permanent neighbour (peer subnet base -> peer VTEP MAC), a permanent FDB entry
+(peer VTEP MAC -> peer public IP) and an onlink route via the peer's subnet base; with
+DirectRouting, a plain route via the peer's public IP when it is on-link.
+Must not touch: the store; routes of other protocols; other devices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address, ip_address
+
+from flannel import gojson
+from flannel.backend.base import BackendError, LocalNetwork
+from flannel.backend.routed import RoutedBackend
+from flannel.kernel import device
+from flannel.kernel.reconcile import DesiredState
+from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
+from flannel.lease import Lease
+
+log = logging.getLogger(__name__)
+
+ENCAP_OVERHEAD = 50
+
+
+@dataclass(frozen=True)
+class VxlanConfig:
+    vni: int = 1
+    port: int = 0
+    mtu: int = 0
+    gbp: bool = False
+    learning: bool = False
+    direct_routing: bool = False
+
+    @classmethod
+    def parse(cls, backend: dict) -> VxlanConfig:
+        try:
+            fields = gojson.decode_fields(backend, {
+                "VNI": (int, 1), "Port": (int, 0), "MTU": (int, 0), "GBP": (bool, False),
+                "Learning": (bool, False), "DirectRouting": (bool, False),
+            }, "error decoding VXLAN backend config")
+        except ValueError as err:
+            raise BackendError(str(err)) from None
+        cfg = cls(fields["VNI"], fields["Port"], fields["MTU"], fields["GBP"],
+                  fields["Learning"], fields["DirectRouting"])
+        if not 0 <= cfg.vni < 1 << 24:
+            raise BackendError(f"error decoding VXLAN backend config: VNI {cfg.vni} is out of "
+                               "range; use 0 to 16777215")
+        if not 0 <= cfg.port <= 65535:
+            raise BackendError(f"error decoding VXLAN backend config: Port {cfg.port} is not "
+                               "a UDP port; use 0 for the kernel default (8472)")
+        if cfg.mtu and cfg.mtu <= ENCAP_OVERHEAD + 68:
+            raise BackendError(f"error decoding VXLAN backend config: MTU {cfg.mtu} leaves no "
+                               f"room for the {ENCAP_OVERHEAD}-byte vxlan header")
+        return cfg
+
+
+@dataclass
+class _Family:
+    version: int
+    name: str
+    spec: device.VxlanSpec
+    index: int = 0
+    mac: str = ""
+
+
+class VxlanBackend(RoutedBackend):
+    backend_type = "vxlan"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.vxlan = VxlanConfig.parse(self.config.backend)
+        self.families: dict[int, _Family] = {}
+        self._warned: set[str] = set()
+
+    @property
+    def mtu(self) -> int:
+        return (self.vxlan.mtu or self.ext.mtu) - ENCAP_OVERHEAD
+
+    def _spec(self, version: int, local: IPv4Address | IPv6Address, public: object,
+              mac: str) -> device.VxlanSpec:
+        suffix = "" if version == 4 else "-v6"
+        return device.VxlanSpec(
+            name=f"flannel{suffix}.{self.vxlan.vni}", vni=self.vxlan.vni, port=self.vxlan.port,
+            local=local, underlay_index=self.ext.index, learning=self.vxlan.learning,
+            gbp=self.vxlan.gbp, mtu=self.mtu, mac=mac)
+
+    async def prepare(self) -> LocalNetwork:
+        wanted = []
+        if self.config.enable_ipv4:
+            wanted.append((4, self.ext.iface_addr, self.ext.ext_addr))
+        if self.config.enable_ipv6:
+            wanted.append((6, self.ext.iface_v6_addr, self.ext.ext_v6_addr))
+        for version, local, public in wanted:
+            if local is None or public is None:
+                raise BackendError(f"vxlan needs an IPv{version} address on {self.ext.name}")
+            spec = self._spec(version, local, public, device.vtep_mac(self.vxlan.vni, public))
+            family = _Family(version, spec.name, spec)
+            try:
+                dev = await asyncio.to_thread(device.ensure_vxlan, spec, self.options.netns)
+            except device.DeviceError as err:
+                raise BackendError(str(err)) from None
+            family.index, family.mac = dev.index, dev.mac
+            # Keep the MAC we publish (a reused device keeps its own) across re-creations.
+            family.spec = self._spec(version, local, public, dev.mac)
+            self.families[version] = family
+        data = {v: json.dumps({"VNI": self.vxlan.vni, "VtepMAC": f.mac}, separators=(",", ":"))
+                for v, f in self.families.items()}
+        return LocalNetwork("vxlan", self.mtu, data.get(4), data.get(6))
+
+    def ensure_local(self) -> None:
+        assert self.lease is not None
+        for version, family in self.families.items():
+            dev = device.ensure_vxlan(family.spec, self.options.netns)
+            family.index = dev.index
+            subnet = self.lease.subnet if version == 4 else self.lease.ipv6_subnet
+            network = self.config.network if version == 4 else self.config.ipv6_network
+            if subnet is not None:
+                device.ensure_address(dev.index, subnet.network_address, network,
+                                      self.options.netns)
+
+    def _peer_mac(self, peer: Lease, version: int) -> str | None:
+        try:
+            data = peer.attrs.backend_json(v6=version == 6)
+            mac = data["VtepMAC"] if isinstance(data, dict) else None
+            if isinstance(mac, str) and len(mac.split(":")) == 6:
+                return mac.lower()
+        except (ValueError, KeyError):
+            pass
+        if peer.key not in self._warned:
+            self._warned.add(peer.key)
+            log.warning("ignoring peer %s: its IPv%d backend data has no valid VtepMAC",
+                        peer.key, version)
+        return None
+
+    def desired_state(self, peers: Sequence[Lease], route_get: Callable) -> DesiredState:
+        routes: set[Route] = set()
+        neighbours: set[Neighbour] = set()
+        fdb: set[FdbEntry] = set()
+        for version, family in self.families.items():
+            for peer in peers:
+                subnet = peer.subnet if version == 4 else peer.ipv6_subnet
+                public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
+                if subnet is None or public is None:
+                    continue
+                if self.vxlan.direct_routing:
+                    direct = route_get(ip_address(public))
+                    if direct is not None and direct.gateway is None:
+                        routes.add(Route(str(subnet), str(public), direct.oif))
+                        continue
+                mac = self._peer_mac(peer, version)
+                if mac is None:
+                    continue
+                base = str(subnet.network_address)
+                neighbours.add(Neighbour(family.index, base, mac))
+                fdb.add(FdbEntry(family.index, mac, str(public)))
+                routes.add(Route(str(subnet), base, family.index, onlink=True))
+        return DesiredState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
+                            frozenset(f.index for f in self.families.values()),
+                            families=tuple(socket.AF_INET if v == 4 else socket.AF_INET6
+                                           for v in sorted(self.families)))

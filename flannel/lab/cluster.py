@@ -1,0 +1,320 @@
+"""A throw-away flannel cluster on one machine, built from network namespaces.
+
+Owns, for one lab name: an underlay namespace ``<name>-ul`` holding the underlay bridges (one
+per underlay subnet, routed between each other) and a real etcd; node namespaces
+``<name>-n<i>``, each wired to an underlay bridge by a veth pair and running ``flanneld``;
+the lab directory (etcd data, logs, subnet files, ``state.json``) under the lab root.
+Everything is created in namespaces whose names start with the lab name, so two labs and
+the tests coexist, and ``down`` finds everything again from ``state.json`` or the names.
+Must not touch: the root namespace's links, routes or firewall.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from flannel.lab.etcd import EtcdServer
+
+DEFAULT_ROOT = Path("/run/flannel-lab")
+ETCD_PREFIX = "/coreos.com/network"
+UNDERLAYS = (("192.168.111", "fd00:111"), ("192.168.112", "fd00:112"))
+FLANNELD = str(Path(sys.executable).parent / "flanneld")
+
+
+class LabError(Exception):
+    """A lab step failed; the message says which and why."""
+
+
+def run(cmd: list[str], *, check: bool = True, timeout: float = 30.0
+        ) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise LabError(f"{' '.join(cmd)}: {result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+def ip(netns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(["ip", "-n", netns, *args], check=check)
+
+
+def in_ns(netns: str, *cmd: str, check: bool = True, timeout: float = 30.0
+          ) -> subprocess.CompletedProcess:
+    return run(["ip", "netns", "exec", netns, *cmd], check=check, timeout=timeout)
+
+
+def sysctl(netns: str, key: str, value: str) -> None:
+    in_ns(netns, "sysctl", "-q", "-w", f"{key}={value}")
+
+
+@dataclass
+class Node:
+    index: int
+    netns: str
+    underlay: int
+    address: str
+    address6: str
+    subnet_file: str
+    log_file: str
+    pid: int = 0
+    extra_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LabState:
+    name: str
+    directory: str
+    etcd_endpoint: str = ""
+    etcd_pid: int = 0
+    ipv6: bool = False
+    nodes: list[Node] = field(default_factory=list)
+
+    def save(self) -> None:
+        path = Path(self.directory) / "state.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, directory: Path) -> LabState | None:
+        try:
+            data = json.loads((directory / "state.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        data["nodes"] = [Node(**node) for node in data.get("nodes", [])]
+        return cls(**data)
+
+
+class Lab:
+    def __init__(self, name: str = "fl-lab", root: Path = DEFAULT_ROOT,
+                 progress: Callable[[str], None] | None = None) -> None:
+        if not name or len(name) > 20 or not all(c.isalnum() or c in "-_" for c in name):
+            raise LabError(f"lab name {name!r}: use up to 20 letters, digits, '-' or '_'")
+        self.name = name
+        self.directory = root / name
+        self.progress = progress or (lambda _msg: None)
+        self.state = LabState.load(self.directory) or LabState(name, str(self.directory))
+        self.etcd: EtcdServer | None = None
+
+    @property
+    def underlay_ns(self) -> str:
+        return f"{self.name}-ul"
+
+    def node_ns(self, index: int) -> str:
+        return f"{self.name}-n{index}"
+
+    def node(self, index: int) -> Node:
+        for node in self.state.nodes:
+            if node.index == index:
+                return node
+        raise LabError(f"lab {self.name} has no node {index}")
+
+    # -- building ---------------------------------------------------------------------
+
+    def create_underlay(self, underlays: int = 1, ipv6: bool = False) -> None:
+        if self.state.etcd_pid or Path(f"/run/netns/{self.underlay_ns}").exists():
+            raise LabError(f"lab {self.name} already exists; run 'flannel-lab down --name "
+                           f"{self.name}' first")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.directory, 0o755)
+        self.state.ipv6 = ipv6
+        self.state.save()
+        ul = self.underlay_ns
+        self.progress(f"creating underlay namespace {ul}")
+        run(["ip", "netns", "add", ul])
+        ip(ul, "link", "set", "lo", "up")
+        sysctl(ul, "net.ipv4.ip_forward", "1")
+        if ipv6:
+            sysctl(ul, "net.ipv6.conf.all.forwarding", "1")
+        for k in range(underlays):
+            v4, v6 = UNDERLAYS[k]
+            bridge = f"br{k}"
+            ip(ul, "link", "add", bridge, "type", "bridge")
+            ip(ul, "addr", "add", f"{v4}.1/24", "dev", bridge)
+            if ipv6:
+                ip(ul, "addr", "add", f"{v6}::1/64", "dev", bridge, "nodad")
+            ip(ul, "link", "set", bridge, "up")
+        self.progress("starting etcd")
+        self.etcd = EtcdServer(self.directory / "etcd", netns=ul,
+                               host=f"{UNDERLAYS[0][0]}.1")
+        self.etcd.start()
+        self.state.etcd_endpoint = self.etcd.endpoint
+        self.state.etcd_pid = self.etcd.proc.pid if self.etcd.proc else 0
+        self.state.save()
+
+    def add_node(self, index: int, underlay: int = 0) -> Node:
+        ns = self.node_ns(index)
+        v4, v6 = UNDERLAYS[underlay]
+        node = Node(index, ns, underlay, f"{v4}.{10 + index}", f"{v6}::{10 + index}",
+                    str(self.directory / f"n{index}" / "subnet.env"),
+                    str(self.directory / f"n{index}" / "flanneld.log"))
+        (self.directory / f"n{index}").mkdir(parents=True, exist_ok=True)
+        self.progress(f"creating node {index} ({ns}, {node.address})")
+        run(["ip", "netns", "add", ns])
+        self.state.nodes.append(node)
+        self.state.save()
+        ip(ns, "link", "set", "lo", "up")
+        ip(ns, "link", "add", "eth0", "type", "veth", "peer", "name", f"n{index}", "netns",
+           self.underlay_ns)
+        ip(self.underlay_ns, "link", "set", f"n{index}", "master", f"br{underlay}", "up")
+        ip(ns, "addr", "add", f"{node.address}/24", "dev", "eth0")
+        if self.state.ipv6:
+            ip(ns, "addr", "add", f"{node.address6}/64", "dev", "eth0", "nodad")
+        ip(ns, "link", "set", "eth0", "up")
+        ip(ns, "route", "add", "default", "via", f"{v4}.1")
+        if self.state.ipv6:
+            ip(ns, "-6", "route", "add", "default", "via", f"{v6}::1")
+        sysctl(ns, "net.ipv4.ip_forward", "1")
+        if self.state.ipv6:
+            sysctl(ns, "net.ipv6.conf.all.forwarding", "1")
+        return node
+
+    def put_config(self, config: dict | str) -> None:
+        text = config if isinstance(config, str) else json.dumps(config)
+        self.etcdctl("put", f"{ETCD_PREFIX}/config", text)
+
+    def etcdctl(self, *args: str) -> str:
+        cmd = ["etcdctl", "--endpoints", self.state.etcd_endpoint, "--command-timeout", "5s",
+               "--dial-timeout", "2s", *args]
+        env_cmd = ["env", "ETCDCTL_API=3", *cmd]
+        return in_ns(self.underlay_ns, *env_cmd).stdout
+
+    def leases(self) -> dict[str, str]:
+        lines = self.etcdctl("get", "--prefix", f"{ETCD_PREFIX}/subnets/").splitlines()
+        return {lines[i].rsplit("/", 1)[1]: lines[i + 1] for i in range(0, len(lines) - 1, 2)}
+
+    # -- flanneld ---------------------------------------------------------------------
+
+    def start_flanneld(self, index: int, *extra: str) -> Node:
+        node = self.node(index)
+        if extra:
+            node.extra_args = list(extra)
+        args = [FLANNELD, f"--etcd-endpoints={self.state.etcd_endpoint}",
+                f"--subnet-file={node.subnet_file}", "--iface=eth0", *node.extra_args]
+        with open(node.log_file, "ab") as log:
+            proc = subprocess.Popen(["ip", "netns", "exec", node.netns, *args], stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        node.pid = proc.pid
+        self.state.save()
+        return node
+
+    def stop_flanneld(self, index: int, sig: int = signal.SIGTERM,
+                      timeout: float = 15.0) -> int | None:
+        node = self.node(index)
+        if not node.pid:
+            return None
+        code = _stop_pid(node.pid, sig, timeout)
+        node.pid = 0
+        self.state.save()
+        return code
+
+    def wait_subnet_env(self, index: int, timeout: float = 30.0) -> dict[str, str]:
+        node = self.node(index)
+        path = Path(node.subnet_file)
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            if node.pid and not _alive(node.pid):
+                raise LabError(f"flanneld on node {index} exited:\n{self.log(index)[-3000:]}")
+            if time.monotonic() > deadline:
+                raise LabError(f"node {index}: no subnet.env after {timeout}s:\n"
+                               f"{self.log(index)[-3000:]}")
+            time.sleep(0.05)
+        return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+    def attach_pod_bridge(self, index: int) -> None:
+        """Put the node's first pod address on a bridge ``cni0`` (as upstream's tests do)."""
+        env = self.wait_subnet_env(index)
+        ns = self.node_ns(index)
+        if ip(ns, "link", "show", "cni0", check=False).returncode != 0:
+            ip(ns, "link", "add", "cni0", "type", "bridge")
+        ip(ns, "addr", "flush", "dev", "cni0")
+        ip(ns, "addr", "add", env["FLANNEL_SUBNET"], "dev", "cni0")
+        if "FLANNEL_IPV6_SUBNET" in env:
+            ip(ns, "addr", "add", env["FLANNEL_IPV6_SUBNET"], "dev", "cni0", "nodad")
+        ip(ns, "link", "set", "cni0", "up")
+
+    def pod_address(self, index: int, v6: bool = False) -> str:
+        env = self.wait_subnet_env(index)
+        return env["FLANNEL_IPV6_SUBNET" if v6 else "FLANNEL_SUBNET"].split("/")[0]
+
+    def log(self, index: int) -> str:
+        path = Path(self.node(index).log_file)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def ping(self, src: int, dst: int, v6: bool = False, count: int = 1,
+             timeout: float = 1.0) -> bool:
+        result = in_ns(self.node_ns(src), "ping", "-6" if v6 else "-4", "-c", str(count),
+                       "-W", f"{timeout:g}", "-I", self.pod_address(src, v6),
+                       self.pod_address(dst, v6), check=False,
+                       timeout=count * timeout + 10)
+        return result.returncode == 0
+
+    # -- teardown ---------------------------------------------------------------------
+
+    def down(self) -> None:
+        """Remove every process, namespace and file of this lab; safe to run twice."""
+        for node in self.state.nodes:
+            if node.pid:
+                _stop_pid(node.pid, signal.SIGTERM, 10.0)
+        if self.etcd is not None:
+            self.etcd.stop()
+        elif self.state.etcd_pid:
+            _stop_pid(self.state.etcd_pid, signal.SIGTERM, 10.0)
+        listing = run(["ip", "netns", "list"], check=False).stdout
+        for line in listing.splitlines():
+            name = line.split()[0] if line.strip() else ""
+            if name == self.underlay_ns or name.startswith(f"{self.name}-n"):
+                _kill_netns_pids(name)
+                run(["ip", "netns", "del", name], check=False)
+        shutil.rmtree(self.directory, ignore_errors=True)
+        self.state = LabState(self.name, str(self.directory))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(ChildProcessError):
+        done, _status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return False
+    return True
+
+
+def _stop_pid(pid: int, sig: int, timeout: float) -> int | None:
+    """Signal ``pid`` and wait for it; SIGKILL after ``timeout``. Its exit code if a child."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            if not _alive(pid):
+                return None
+        else:
+            if done:
+                return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    return None
+
+
+def _kill_netns_pids(netns: str) -> None:
+    pids = run(["ip", "netns", "pids", netns], check=False).stdout.split()
+    for pid in pids:
+        _stop_pid(int(pid), signal.SIGTERM, 5.0)
