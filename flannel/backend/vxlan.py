@@ -28,7 +28,10 @@ from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
 
-ENCAP_OVERHEAD = 50
+# Outer Ethernet is not counted: IPv4 (20) + UDP (8) + vxlan (8) + inner Ethernet (14).
+# Over an IPv6 underlay the outer IP header is 40 bytes, so 70. Go flannel uses 50 for both,
+# which leaves IPv6-underlay pods with an MTU the kernel will not carry.
+ENCAP_OVERHEAD = {4: 50, 6: 70}
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,9 @@ class VxlanConfig:
         if not 0 <= cfg.port <= 65535:
             raise BackendError(f"error decoding VXLAN backend config: Port {cfg.port} is not "
                                "a UDP port; use 0 for the kernel default (8472)")
-        if cfg.mtu and cfg.mtu <= ENCAP_OVERHEAD + 68:
-            raise BackendError(f"error decoding VXLAN backend config: MTU {cfg.mtu} leaves no "
-                               f"room for the {ENCAP_OVERHEAD}-byte vxlan header")
+        if cfg.mtu and cfg.mtu < ENCAP_OVERHEAD[4] + 68:
+            raise BackendError(f"error decoding VXLAN backend config: MTU {cfg.mtu} is too "
+                               "small for vxlan; give the underlay MTU (e.g. 1500)")
         return cfg
 
 
@@ -81,17 +84,16 @@ class VxlanBackend(RoutedBackend):
         self.families: dict[int, _Family] = {}
         self._warned: set[str] = set()
 
-    @property
-    def mtu(self) -> int:
-        return (self.vxlan.mtu or self.ext.mtu) - ENCAP_OVERHEAD
+    def device_mtu(self, version: int) -> int:
+        return (self.vxlan.mtu or self.ext.mtu) - ENCAP_OVERHEAD[version]
 
-    def _spec(self, version: int, local: IPv4Address | IPv6Address, public: object,
-              mac: str) -> device.VxlanSpec:
+    def _spec(self, version: int, local: IPv4Address | IPv6Address, mac: str
+              ) -> device.VxlanSpec:
         suffix = "" if version == 4 else "-v6"
         return device.VxlanSpec(
             name=f"flannel{suffix}.{self.vxlan.vni}", vni=self.vxlan.vni, port=self.vxlan.port,
             local=local, underlay_index=self.ext.index, learning=self.vxlan.learning,
-            gbp=self.vxlan.gbp, mtu=self.mtu, mac=mac)
+            gbp=self.vxlan.gbp, mtu=self.device_mtu(version), mac=mac)
 
     async def prepare(self) -> LocalNetwork:
         wanted = []
@@ -102,7 +104,7 @@ class VxlanBackend(RoutedBackend):
         for version, local, public in wanted:
             if local is None or public is None:
                 raise BackendError(f"vxlan needs an IPv{version} address on {self.ext.name}")
-            spec = self._spec(version, local, public, device.vtep_mac(self.vxlan.vni, public))
+            spec = self._spec(version, local, device.vtep_mac(self.vxlan.vni, public))
             family = _Family(version, spec.name, spec)
             try:
                 dev = await asyncio.to_thread(device.ensure_vxlan, spec, self.options.netns)
@@ -110,11 +112,13 @@ class VxlanBackend(RoutedBackend):
                 raise BackendError(str(err)) from None
             family.index, family.mac = dev.index, dev.mac
             # Keep the MAC we publish (a reused device keeps its own) across re-creations.
-            family.spec = self._spec(version, local, public, dev.mac)
+            family.spec = self._spec(version, local, dev.mac)
             self.families[version] = family
         data = {v: json.dumps({"VNI": self.vxlan.vni, "VtepMAC": f.mac}, separators=(",", ":"))
                 for v, f in self.families.items()}
-        return LocalNetwork("vxlan", self.mtu, data.get(4), data.get(6))
+        # Pods get one MTU, so it must fit the tightest family.
+        mtu = min(self.device_mtu(version) for version in self.families)
+        return LocalNetwork("vxlan", mtu, data.get(4), data.get(6))
 
     def ensure_local(self) -> None:
         assert self.lease is not None

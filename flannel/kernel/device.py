@@ -124,7 +124,11 @@ def ensure_vxlan(spec: VxlanSpec, netns: str | None = None) -> Device:
         index = ipr.link_lookup(ifname=spec.name)[0]
         link = ipr.get_links(index)[0]
         if link.get_attr("IFLA_MTU") != spec.mtu:
-            ipr.link("set", index=index, mtu=spec.mtu)
+            try:
+                ipr.link("set", index=index, mtu=spec.mtu)
+            except NetlinkError as err:
+                raise DeviceError(f"cannot set MTU {spec.mtu} on {spec.name}: {err}; lower "
+                                  "the vxlan MTU option or raise the underlay MTU") from None
         if not link["flags"] & IFF_UP:
             ipr.link("set", index=index, state="up")
         # Something (e.g. systemd-networkd) may have changed the MAC: peers only know ours.

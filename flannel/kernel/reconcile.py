@@ -102,6 +102,8 @@ def drift(desired: DesiredState, event: events.KernelEvent) -> str:
             return f"route {obj.dst} deleted" if obj in desired.routes else ""
         if obj not in desired.routes and obj.dst in desired.route_dsts:
             return f"route {obj.dst} changed"
+        if obj not in desired.routes and event.protocol == rtnl.RTPROT_FLANNEL:
+            return f"stray route {obj.dst} with our protocol"
         return ""
     if isinstance(obj, Neighbour):
         if obj.ifindex not in desired.devices:

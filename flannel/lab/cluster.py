@@ -125,7 +125,7 @@ class Lab:
             raise LabError(f"lab {self.name} already exists; run 'flannel-lab down --name "
                            f"{self.name}' first")
         self.directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.directory, 0o755)
+        os.chmod(self.directory, 0o755)  # noqa: S103 - logs and subnet files are for reading
         self.state.ipv6 = ipv6
         self.state.save()
         ul = self.underlay_ns

@@ -1,0 +1,226 @@
+"""``flannel-lab``: build, inspect and tear down throw-away flannel clusters on one machine.
+
+Owns the command line of the lab and what it prints. Every lab lives in namespaces named
+after it, so several labs and the test suite coexist; ``down`` is idempotent.
+Must not touch: the root namespace's links, routes or firewall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, in_ns, ip
+
+DEMO_CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 20, "SubnetMin": "10.10.0.0",
+               "SubnetMax": "10.99.0.0", "Backend": {"Type": "vxlan", "VNI": 100, "Port": 8472}}
+
+
+def say(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def network_config(args: argparse.Namespace) -> dict:
+    if args.config:
+        return json.loads(args.config)
+    backend: dict = {"Type": args.backend}
+    if args.direct_routing:
+        backend["DirectRouting"] = True
+    config: dict = {"Network": "10.244.0.0/16", "Backend": backend}
+    if args.ipv6:
+        config.update(EnableIPv6=True, IPv6Network="fd00:10:244::/56")
+    return config
+
+
+def wait_for_mesh(lab: Lab, nodes: list[int], ipv6: bool, timeout: float = 30.0) -> float:
+    """Seconds until every node pings every other node's pod address."""
+    start = time.monotonic()
+    pending = {(a, b) for a in nodes for b in nodes if a != b}
+    while pending:
+        pending = {(a, b) for a, b in pending
+                   if not (lab.ping(a, b) and (not ipv6 or lab.ping(a, b, v6=True)))}
+        if pending and time.monotonic() - start > timeout:
+            raise LabError(f"no connectivity after {timeout:g}s between {sorted(pending)}")
+    return time.monotonic() - start
+
+
+def build(lab: Lab, nodes: int, config: dict, *, second_underlay_from: int = 0,
+          flanneld_args: tuple[str, ...] = ()) -> list[int]:
+    ipv6 = bool(config.get("EnableIPv6"))
+    lab.create_underlay(2 if second_underlay_from else 1, ipv6=ipv6)
+    lab.put_config(config)
+    indexes = list(range(1, nodes + 1))
+    for index in indexes:
+        lab.add_node(index, 1 if second_underlay_from and index >= second_underlay_from else 0)
+    for index in indexes:
+        say(f"starting flanneld on node {index}")
+        lab.start_flanneld(index, *flanneld_args)
+    for index in indexes:
+        lab.attach_pod_bridge(index)
+    return indexes
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    lab = Lab(args.name, args.root, progress=say)
+    config = network_config(args)
+    try:
+        indexes = build(lab, args.nodes, config, second_underlay_from=args.second_underlay)
+        say("waiting for every node to reach every other")
+        took = wait_for_mesh(lab, indexes, bool(config.get("EnableIPv6")))
+    except (LabError, ValueError) as err:
+        print(f"flannel-lab: {err}", file=sys.stderr)
+        lab.down()
+        return 1
+    say(f"lab {lab.name} is up: {len(indexes)} nodes, connected in {took:.2f}s; "
+        f"'flannel-lab status --name {lab.name}' shows it, 'flannel-lab down --name "
+        f"{lab.name}' removes it")
+    return 0
+
+
+def print_node_state(lab: Lab, index: int) -> None:
+    node = lab.node(index)
+    ns = node.netns
+    env = lab.wait_subnet_env(index, timeout=0.1) if Path(node.subnet_file).exists() else {}
+    print(f"\n--- node {index} ({ns}, {node.address}) subnet {env.get('FLANNEL_SUBNET', '?')} "
+          f"MTU {env.get('FLANNEL_MTU', '?')}")
+    for link in json.loads(ip(ns, "-j", "-d", "link", "show").stdout or "[]"):
+        info = link.get("linkinfo", {})
+        if info.get("info_kind") == "vxlan":
+            data = info.get("info_data", {})
+            print(f"device {link['ifname']}: vxlan id {data.get('id')} port {data.get('port')} "
+                  f"{'learning' if data.get('learning') else 'nolearning'} mtu {link['mtu']} "
+                  f"mac {link.get('address')}")
+    for family in ("-4", "-6") if lab.state.ipv6 else ("-4",):
+        print(f"routes ({family}):")
+        for line in ip(ns, family, "route", "show", "proto", "151").stdout.splitlines():
+            print(f"  {line}")
+        print(f"neighbours ({family}):")
+        for line in ip(ns, family, "neigh", "show", "proto", "151").stdout.splitlines():
+            print(f"  {line}")
+    print("fdb:")
+    for line in in_ns(ns, "bridge", "fdb", "show").stdout.splitlines():
+        if "self permanent" in line and "dst" in line:
+            print(f"  {line}")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    lab = Lab(args.name, args.root)
+    if not lab.state.nodes:
+        print(f"flannel-lab: no lab named {args.name}", file=sys.stderr)
+        return 1
+    print(f"lab {lab.name}: etcd {lab.state.etcd_endpoint}")
+    print("leases:")
+    for key, value in sorted(lab.leases().items()):
+        print(f"  {key} {value}")
+    for node in lab.state.nodes:
+        print_node_state(lab, node.index)
+    return 0
+
+
+def ping_table(lab: Lab, v6: bool = False) -> tuple[str, bool]:
+    indexes = [n.index for n in lab.state.nodes]
+    rows = ["from\\to " + " ".join(f"n{j:<4}" for j in indexes)]
+    all_ok = True
+    for i in indexes:
+        cells = []
+        for j in indexes:
+            if i == j:
+                cells.append("-    ")
+                continue
+            ok = lab.ping(i, j, v6=v6)
+            all_ok &= ok
+            cells.append("ok   " if ok else "FAIL ")
+        rows.append(f"n{i:<6} " + " ".join(cells))
+    return "\n".join(rows), all_ok
+
+
+def cmd_ping(args: argparse.Namespace) -> int:
+    lab = Lab(args.name, args.root)
+    if not lab.state.nodes:
+        print(f"flannel-lab: no lab named {args.name}", file=sys.stderr)
+        return 1
+    ok = True
+    for v6 in (False, True) if lab.state.ipv6 else (False,):
+        table, family_ok = ping_table(lab, v6)
+        print(f"IPv{6 if v6 else 4} pod-to-pod ping:\n{table}")
+        ok &= family_ok
+    return 0 if ok else 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    Lab(args.name, args.root).down()
+    say(f"lab {args.name} removed")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    lab = Lab(args.name, args.root, progress=say)
+    lab.down()
+    try:
+        say("etcd config: " + json.dumps(DEMO_CONFIG))
+        build(lab, 2, DEMO_CONFIG)
+        say("waiting until node 1 reaches node 2")
+        took = wait_for_mesh(lab, [1, 2], False)
+        for index in (1, 2):
+            print_node_state(lab, index)
+        src, dst = lab.pod_address(1), lab.pod_address(2)
+        say(f"ping from node 1 ({src}) to node 2 ({dst}), connected after {took:.2f}s")
+        result = in_ns(lab.node_ns(1), "ping", "-c", "3", "-i", "0.2", "-I", src, dst,
+                       check=False)
+        print(result.stdout.strip())
+        if result.returncode != 0:
+            print("flannel-lab: the ping failed", file=sys.stderr)
+            return 1
+        return 0
+    except LabError as err:
+        print(f"flannel-lab: {err}", file=sys.stderr)
+        return 1
+    finally:
+        say("removing the demo lab")
+        lab.down()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flannel-lab", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
+                        help="where labs keep their state (default %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_name(p: argparse.ArgumentParser, default: str = "fl-lab") -> None:
+        p.add_argument("--name", default=default, help="lab name (default %(default)s)")
+
+    up = sub.add_parser("up", help="build a lab and start flanneld on every node")
+    with_name(up)
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--backend", default="vxlan", choices=["vxlan", "host-gw", "alloc"])
+    up.add_argument("--ipv6", action="store_true", help="dual-stack network")
+    up.add_argument("--direct-routing", action="store_true", help="vxlan DirectRouting")
+    up.add_argument("--second-underlay", type=int, default=0, metavar="K",
+                    help="nodes K and above sit on a second, routed underlay subnet")
+    up.add_argument("--config", help="network config JSON (overrides the options above)")
+    up.set_defaults(func=cmd_up)
+    for name, func, text in (("status", cmd_status, "leases, routes, neighbours, FDB"),
+                             ("ping", cmd_ping, "pod-to-pod ping matrix"),
+                             ("down", cmd_down, "remove the lab (idempotent)")):
+        p = sub.add_parser(name, help=text)
+        with_name(p)
+        p.set_defaults(func=func)
+    demo = sub.add_parser("demo", help="the classic two-node vxlan walkthrough")
+    with_name(demo, "fl-demo")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "up" and args.nodes < 1:
+        print("flannel-lab: --nodes must be at least 1", file=sys.stderr)
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
