@@ -55,7 +55,7 @@ class RoutedBackend(Backend):
     async def sync_peers(self, peers: Sequence[Lease]) -> None:
         self.peers = tuple(p for p in peers if self.wants(p))
         self._peers_version += 1
-        self.reconciler.trigger("lease change")
+        self.reconciler.trigger("lease change", check_local=False)
 
     def programmed(self) -> tuple[bool, str]:
         """Whether the kernel holds the latest peer set (for readiness)."""

@@ -12,7 +12,6 @@ Must not touch: the store; links and addresses (the backend's ``ensure_local`` d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import functools
 import logging
@@ -146,26 +145,26 @@ class Reconciler:
         self.netns = netns
         self.stats = ReconcileStats()
         self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
+        self._check_local = True
         self._sock: rtnl.Rtnl | None = None
         self._last: DesiredState = DesiredState()
 
-    def trigger(self, why: str = "") -> None:
-        """Ask for a pass soon (coalesced with other requests)."""
+    def trigger(self, why: str = "", check_local: bool = True) -> None:
+        """Ask for a pass soon (coalesced with other requests).
+
+        ``check_local=False`` (a lease change) skips re-checking local devices, which costs
+        more than the rest of a pass.
+        """
         if why:
             log.debug("reconcile requested: %s", why)
-        self._idle.clear()
+        self._check_local |= check_local
         self._wake.set()
 
-    async def wait_idle(self) -> None:
-        """Until a pass has run after the latest trigger."""
-        await self._idle.wait()
-
-    def run_once(self) -> int:
+    def run_once(self, check_local: bool = True) -> int:
         """One synchronous pass; returns how many changes it made."""
         if self._sock is None:
             self._sock = rtnl.Rtnl(self.netns)
-        if self._ensure_local is not None:
+        if check_local and self._ensure_local is not None:
             self._ensure_local()
         desired = self._desired(self._sock.route_get)
         self._last = desired
@@ -182,13 +181,16 @@ class Reconciler:
         backoff = 0.1
         self.trigger("start")
         while True:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+            except TimeoutError:
+                self._check_local = True
             self._wake.clear()
+            check_local, self._check_local = self._check_local, False
             started = time.monotonic()
             self.stats.runs += 1
             try:
-                changes = await asyncio.to_thread(self.run_once)
+                changes = await asyncio.to_thread(self.run_once, check_local)
             except Exception as err:
                 self.stats.errors += 1
                 self.stats.in_sync = False
@@ -197,7 +199,7 @@ class Reconciler:
                 self._close()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-                self._wake.set()
+                self.trigger()
                 continue
             backoff = 0.1
             self.stats.last_duration = time.monotonic() - started
@@ -208,8 +210,6 @@ class Reconciler:
                 self.stats.repairs += changes
                 log.info("reconciled: %d change(s) in %.1f ms", changes,
                          self.stats.last_duration * 1000)
-            if not self._wake.is_set():
-                self._idle.set()
 
     def on_kernel_event(self, event: events.KernelEvent) -> None:
         """Trigger a pass when an event shows the kernel drifting from desired state."""
