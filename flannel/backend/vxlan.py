@@ -107,7 +107,8 @@ class VxlanBackend(RoutedBackend):
             spec = self._spec(version, local, device.vtep_mac(self.vxlan.vni, public))
             family = _Family(version, spec.name, spec)
             try:
-                dev = await asyncio.to_thread(device.ensure_vxlan, spec, self.options.netns)
+                dev = await asyncio.to_thread(device.ensure_vxlan, spec, self.options.netns,
+                                              adopt_mac=True)
             except device.DeviceError as err:
                 raise BackendError(str(err)) from None
             family.index, family.mac = dev.index, dev.mac

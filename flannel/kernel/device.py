@@ -91,15 +91,21 @@ def incompatibility(link: object, spec: VxlanSpec) -> str | None:
     return None
 
 
-def ensure_vxlan(spec: VxlanSpec, netns: str | None = None) -> Device:
-    """Reuse a compatible device (keeping its MAC) or create one; set MTU, bring it up."""
+def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool = False
+                 ) -> Device:
+    """Reuse a compatible device or create one; set MTU and MAC, bring it up.
+
+    With ``adopt_mac`` (at start-up) a reused device keeps its MAC, which is what peers
+    already know; otherwise the device is made to carry ``spec.mac``.
+    """
     with _open(netns) as ipr:
         links = ipr.get_links(ifname=spec.name) if ipr.link_lookup(ifname=spec.name) else []
         mac = spec.mac
         if links:
             reason = incompatibility(links[0], spec)
             if reason is None:
-                mac = links[0].get_attr("IFLA_ADDRESS")
+                if adopt_mac:
+                    mac = links[0].get_attr("IFLA_ADDRESS")
             else:
                 log.warning("%s exists but is incompatible (%s); recreating it", spec.name,
                             reason)

@@ -93,8 +93,9 @@ def drift(desired: DesiredState, event: events.KernelEvent) -> str:
     """Why ``event`` means the kernel no longer matches ``desired`` ("" when it does not)."""
     obj = event.obj
     if isinstance(obj, events.LinkEvent):
-        if obj.index in desired.devices and (event.deleted or not obj.up):
-            return f"device {obj.name or obj.index} {'deleted' if event.deleted else 'down'}"
+        # Deleted, down, MAC or MTU changed: the device check will tell and repair.
+        if obj.index in desired.devices:
+            return f"device {obj.name or obj.index} {'deleted' if event.deleted else 'changed'}"
         return ""
     if isinstance(obj, Route):
         if event.deleted:

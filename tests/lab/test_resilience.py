@@ -133,6 +133,11 @@ def test_tampering_is_repaired_within_a_second(lab3):
     ip(ns, "route", "add", "10.244.250.0/24", "via", "10.244.250.0", "dev", "flannel.1",
        "onlink", "proto", "151")
     repaired_within(1.0, "stray route of ours removed")
+    lease_mac = json.loads(next(v for v in lab.leases().values()
+                                if lab.node(1).address in v))["BackendData"]["VtepMAC"]
+    ip(ns, "link", "set", "flannel.1", "address", "02:11:22:33:44:55")
+    wait_until(lambda: f"link/ether {lease_mac}" in ip(ns, "link", "show", "flannel.1").stdout,
+               2, interval=0.02, what="VTEP MAC restored to the published one")
     ip(ns, "route", "add", "172.31.5.0/24", "via", "192.168.111.1")
     ip(ns, "link", "del", "flannel.1")
     repaired_within(1.0, "vxlan device and its entries restored")
