@@ -4,18 +4,17 @@ Owns the CNI protocol side (environment, netconf on stdin, result or error JSON 
 reading subnet.env, building the delegate config exactly as Go flannel's plugin does, saving
 it under ``dataDir/<containerID>`` before the delegate runs (DEL uses that copy, never
 subnet.env), and exec'ing the delegate from ``CNI_PATH``.
-It is exec'ed once per pod, so it imports nothing beyond the standard library's json, os and
-ipaddress. Must not touch: anything but its data dir and the delegate it runs.
+It is exec'ed once per pod, so it imports only ``os``, ``sys`` and ``flannel.cni.lite``
+(no json, ipaddress, subprocess or re: the delegate is started with posix_spawn).
+Must not touch: anything but its data dir and the delegate it runs.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import os
-import re
-import subprocess
 import sys
+
+from flannel.cni import lite
 
 SUPPORTED_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 DEFAULT_SUBNET_FILE = "/run/flannel/subnet.env"
@@ -26,7 +25,7 @@ PROGRAM_VERSION = "0.1.0"
 INCOMPATIBLE_VERSION, INVALID_ENV, IO_FAILURE, DECODING_FAILURE = 1, 4, 5, 6
 INVALID_NETWORK_CONFIG, TRY_AGAIN_LATER, INTERNAL = 7, 11, 999
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,254}$")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 class CniError(Exception):
@@ -46,7 +45,10 @@ class DelegateFailed(Exception):
 
 
 def parse_subnet_env(path: str) -> dict:
-    """Read subnet.env as the Go plugin does; CniError names what is missing."""
+    """Read subnet.env as the Go plugin does; CniError names what is missing.
+
+    Networks and subnets are canonical CIDR strings, masked.
+    """
     try:
         with open(path) as handle:
             text = handle.read()
@@ -69,12 +71,12 @@ def parse_subnet_env(path: str) -> dict:
             if key in ("FLANNEL_NETWORK", "FLANNEL_IPV6_NETWORK"):
                 target = env["networks" if key == "FLANNEL_NETWORK" else "ipv6_networks"]
                 for item in value.split(","):
-                    net = ipaddress.ip_network(item, strict=False)
+                    net = lite.parse_cidr(item)
                     if net not in target:
                         target.append(net)
             elif key in ("FLANNEL_SUBNET", "FLANNEL_IPV6_SUBNET"):
                 env["subnet" if key == "FLANNEL_SUBNET" else "ipv6_subnet"] = \
-                    ipaddress.ip_network(value, strict=False)
+                    lite.parse_cidr(value)
             elif key == "FLANNEL_MTU":
                 if not value.isdigit():
                     raise ValueError(f"FLANNEL_MTU={value!r} is not an unsigned integer")
@@ -102,8 +104,8 @@ def parse_subnet_env(path: str) -> dict:
 
 def load_netconf(raw: bytes) -> dict:
     try:
-        conf = json.loads(raw)
-    except ValueError as err:
+        conf = lite.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
         raise CniError(DECODING_FAILURE, f"failed to load netconf: {err}") from None
     if not isinstance(conf, dict):
         raise CniError(DECODING_FAILURE, "failed to load netconf: not a JSON object")
@@ -137,10 +139,10 @@ def _routes(ipam: dict) -> list:
         out = []
         for route in routes:
             if not isinstance(route, dict) or not isinstance(route.get("dst"), str):
-                raise ValueError(f"{json.dumps(route)} has no \"dst\" string")
-            entry = {"dst": str(ipaddress.ip_network(route["dst"], strict=False))}
+                raise ValueError(f"{lite.dumps(route)} has no \"dst\" string")
+            entry = {"dst": lite.parse_cidr(route["dst"])}
             if route.get("gw") is not None:
-                entry["gw"] = str(ipaddress.ip_address(route["gw"]))
+                entry["gw"] = lite.canonical_ip(route["gw"])
             out.append(entry)
         return out
     except (TypeError, ValueError) as err:
@@ -163,9 +165,9 @@ def build_delegate(conf: dict, env: dict) -> dict:
         delegate["runtimeConfig"] = conf["runtimeConfig"]
     ipam = dict(conf.get("ipam") or {})
     ipam.setdefault("type", "host-local")
-    ipam["ranges"] = [[{"subnet": str(net)}] for net in (env["subnet"], env["ipv6_subnet"])
+    ipam["ranges"] = [[{"subnet": net}] for net in (env["subnet"], env["ipv6_subnet"])
                       if net is not None]
-    ipam["routes"] = _routes(ipam) + [{"dst": str(net)} for net in
+    ipam["routes"] = _routes(ipam) + [{"dst": net} for net in
                                       env["networks"] + env["ipv6_networks"]]
     delegate["ipam"] = ipam
     return delegate
@@ -173,11 +175,13 @@ def build_delegate(conf: dict, env: dict) -> dict:
 
 def encode(doc: dict) -> bytes:
     """JSON as Go marshals a map: sorted keys, compact."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return lite.dumps(doc).encode()
 
 
 def _check_name(what: str, name: str) -> None:
-    if not _SAFE_NAME.match(name) or name in (".", ".."):
+    safe = 0 < len(name) <= 255 and name[0].isascii() and name[0].isalnum() \
+        and _NAME_CHARS.issuperset(name)
+    if not safe:
         raise CniError(INVALID_ENV if what == "container ID" else INVALID_NETWORK_CONFIG,
                        f"{what} {name!r} is not a safe file name: use letters, digits, '_', '.' "
                        "and '-', starting with a letter or digit")
@@ -215,14 +219,39 @@ def find_plugin(plugin_type: str, cni_path: str) -> str:
                              "directory of CNI_PATH")
 
 
+def spawn(path: str, data: bytes, env: dict) -> tuple[int, bytes]:
+    """Run ``path`` with ``data`` on stdin; (exit status, stdout). Stderr is inherited."""
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    try:
+        pid = os.posix_spawn(path, [path], env, file_actions=[
+            (os.POSIX_SPAWN_DUP2, in_read, 0), (os.POSIX_SPAWN_DUP2, out_write, 1),
+            (os.POSIX_SPAWN_CLOSE, in_write), (os.POSIX_SPAWN_CLOSE, out_read)])
+    finally:
+        os.close(in_read)
+        os.close(out_write)
+    try:
+        # Configs are far below the pipe's capacity: write all, then read the result.
+        os.write(in_write, data)
+    finally:
+        os.close(in_write)
+    chunks = []
+    try:
+        while chunk := os.read(out_read, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(out_read)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), b"".join(chunks)
+
+
 def delegate(command: str, conf: bytes, plugin_type: str, environ: dict) -> bytes:
     """Exec the delegate with the CNI environment; its stdout is the result."""
     path = find_plugin(plugin_type, environ.get("CNI_PATH", ""))
-    env = dict(environ, CNI_COMMAND=command)
-    proc = subprocess.run([path], input=conf, env=env, stdout=subprocess.PIPE, check=False)
-    if proc.returncode != 0:
-        raise DelegateFailed(proc.stdout)
-    return proc.stdout
+    code, output = spawn(path, conf, dict(environ, CNI_COMMAND=command))
+    if code != 0:
+        raise DelegateFailed(output)
+    return output
 
 
 def _require(environ: dict, *names: str) -> None:
@@ -259,8 +288,8 @@ def cmd_del(conf: dict, environ: dict) -> bytes:
     except FileNotFoundError:
         return b""  # never added, or already deleted: DEL is idempotent
     try:
-        plugin_type = json.loads(data)["type"]
-    except (ValueError, KeyError, TypeError) as err:
+        plugin_type = lite.loads(data)["type"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
         print(f"flannel: ignoring unparsable saved config {path}: {err}", file=sys.stderr)
         return b""
     output = delegate("DEL", data, plugin_type, environ)
@@ -271,7 +300,7 @@ def cmd_del(conf: dict, environ: dict) -> bytes:
 
 
 def version_result(conf_version: str | None) -> bytes:
-    return json.dumps({"cniVersion": conf_version or SUPPORTED_VERSIONS[-1],
+    return lite.dumps({"cniVersion": conf_version or SUPPORTED_VERSIONS[-1],
                        "supportedVersions": list(SUPPORTED_VERSIONS)}).encode()
 
 
@@ -279,8 +308,8 @@ def run(environ: dict, stdin: bytes) -> bytes:
     command = environ.get("CNI_COMMAND", "")
     if command == "VERSION":
         try:
-            conf_version = json.loads(stdin).get("cniVersion") if stdin.strip() else None
-        except (ValueError, AttributeError):
+            conf_version = lite.loads(stdin).get("cniVersion") if stdin.strip() else None
+        except (ValueError, AttributeError, UnicodeDecodeError):
             conf_version = None
         return version_result(conf_version)
     if not command:
@@ -306,8 +335,8 @@ def main() -> int:
     stdin = sys.stdin.buffer.read() if not sys.stdin.isatty() else b""
     version = SUPPORTED_VERSIONS[-1]
     try:
-        version = (json.loads(stdin).get("cniVersion") or version) if stdin.strip() else version
-    except (ValueError, AttributeError):
+        version = (lite.loads(stdin).get("cniVersion") or version) if stdin.strip() else version
+    except (ValueError, AttributeError, UnicodeDecodeError):
         pass
     try:
         output = run(dict(os.environ), stdin)
@@ -315,7 +344,7 @@ def main() -> int:
         error = {"cniVersion": version, "code": err.code, "msg": err.msg}
         if err.details:
             error["details"] = err.details
-        sys.stdout.write(json.dumps(error) + "\n")
+        sys.stdout.write(lite.dumps(error) + "\n")
         return 1
     except DelegateFailed as err:
         sys.stdout.buffer.write(err.output)
