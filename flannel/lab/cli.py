@@ -67,9 +67,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     lab = Lab(args.name, args.root, progress=say)
     config = network_config(args)
     try:
-        indexes = build(lab, args.nodes, config, second_underlay_from=args.second_underlay)
+        indexes = build(lab, args.nodes, config, second_underlay_from=args.second_underlay,
+                        flanneld_args=("--ip-masq",))
         say("waiting for every node to reach every other")
         took = wait_for_mesh(lab, indexes, bool(config.get("EnableIPv6")))
+        for index in indexes:
+            for _ in range(args.pods_per_node):
+                pod = lab.add_pod(index)
+                say(f"pod {pod.name} on node {index}: {pod.address} {pod.address6}".rstrip())
     except (LabError, ValueError) as err:
         print(f"flannel-lab: {err}", file=sys.stderr)
         lab.down()
@@ -121,19 +126,31 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def ping_table(lab: Lab, v6: bool = False) -> tuple[str, bool]:
-    indexes = [n.index for n in lab.state.nodes]
-    rows = ["from\\to " + " ".join(f"n{j:<4}" for j in indexes)]
+    """A matrix of pings: between pods if the lab has pods, else between node pod bridges."""
+    if lab.state.pods:
+        names = [p.name for p in lab.state.pods]
+        targets = {p.name: (p.address6 if v6 else p.address) for p in lab.state.pods}
+
+        def probe(i: str, j: str) -> bool:
+            return lab.pod_ping(next(p for p in lab.state.pods if p.name == i), targets[j])
+    else:
+        names = [f"n{n.index}" for n in lab.state.nodes]
+
+        def probe(i: str, j: str) -> bool:
+            return lab.ping(int(i[1:]), int(j[1:]), v6=v6)
+    width = max(len(name) for name in names) + 2
+    rows = ["from\\to".ljust(width) + "".join(name.ljust(width) for name in names)]
     all_ok = True
-    for i in indexes:
+    for i in names:
         cells = []
-        for j in indexes:
+        for j in names:
             if i == j:
-                cells.append("-    ")
+                cells.append("-".ljust(width))
                 continue
-            ok = lab.ping(i, j, v6=v6)
+            ok = probe(i, j)
             all_ok &= ok
-            cells.append("ok   " if ok else "FAIL ")
-        rows.append(f"n{i:<6} " + " ".join(cells))
+            cells.append(("ok" if ok else "FAIL").ljust(width))
+        rows.append(i.ljust(width) + "".join(cells))
     return "\n".join(rows), all_ok
 
 
@@ -145,7 +162,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
     ok = True
     for v6 in (False, True) if lab.state.ipv6 else (False,):
         table, family_ok = ping_table(lab, v6)
-        print(f"IPv{6 if v6 else 4} pod-to-pod ping:\n{table}")
+        print(f"IPv{6 if v6 else 4} {'pod' if lab.state.pods else 'node'} ping matrix:\n{table}")
         ok &= family_ok
     return 0 if ok else 1
 
@@ -161,14 +178,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     lab.down()
     try:
         say("etcd config: " + json.dumps(DEMO_CONFIG))
-        build(lab, 2, DEMO_CONFIG)
+        build(lab, 2, DEMO_CONFIG, flanneld_args=("--ip-masq",))
         say("waiting until node 1 reaches node 2")
         took = wait_for_mesh(lab, [1, 2], False)
+        pods = []
+        for index in (1, 2):
+            pods.append(lab.add_pod(index))
+            say(f"pod {pods[-1].name} attached by the flannel CNI plugin: {pods[-1].address}")
         for index in (1, 2):
             print_node_state(lab, index)
-        src, dst = lab.pod_address(1), lab.pod_address(2)
-        say(f"ping from node 1 ({src}) to node 2 ({dst}), connected after {took:.2f}s")
-        result = in_ns(lab.node_ns(1), "ping", "-c", "3", "-i", "0.2", "-I", src, dst,
+        say(f"ping from pod {pods[0].name} ({pods[0].address}) to pod {pods[1].name} "
+            f"({pods[1].address}) across the vxlan overlay (nodes connected after {took:.2f}s)")
+        result = in_ns(pods[0].netns, "ping", "-c", "3", "-i", "0.2", pods[1].address,
                        check=False)
         print(result.stdout.strip())
         if result.returncode != 0:
@@ -201,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--second-underlay", type=int, default=0, metavar="K",
                     help="nodes K and above sit on a second, routed underlay subnet")
     up.add_argument("--config", help="network config JSON (overrides the options above)")
+    up.add_argument("--pods-per-node", type=int, default=0, metavar="K",
+                    help="attach K pods per node through the flannel CNI plugin")
     up.set_defaults(func=cmd_up)
     for name, func, text in (("status", cmd_status, "leases, routes, neighbours, FDB"),
                              ("ping", cmd_ping, "pod-to-pod ping matrix"),

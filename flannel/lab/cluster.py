@@ -70,6 +70,15 @@ class Node:
 
 
 @dataclass
+class Pod:
+    node: int
+    name: str
+    netns: str
+    address: str
+    address6: str = ""
+
+
+@dataclass
 class LabState:
     name: str
     directory: str
@@ -77,6 +86,7 @@ class LabState:
     etcd_pid: int = 0
     ipv6: bool = False
     nodes: list[Node] = field(default_factory=list)
+    pods: list[Pod] = field(default_factory=list)
 
     def save(self) -> None:
         path = Path(self.directory) / "state.json"
@@ -91,6 +101,7 @@ class LabState:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         data["nodes"] = [Node(**node) for node in data.get("nodes", [])]
+        data["pods"] = [Pod(**pod) for pod in data.get("pods", [])]
         return cls(**data)
 
 
@@ -246,6 +257,75 @@ class Lab:
     def pod_address(self, index: int, v6: bool = False) -> str:
         env = self.wait_subnet_env(index)
         return env["FLANNEL_IPV6_SUBNET" if v6 else "FLANNEL_SUBNET"].split("/")[0]
+
+    # -- pods, through the real CNI plugin -------------------------------------------
+
+    @property
+    def cni_bin(self) -> Path:
+        return self.directory / "cni-bin"
+
+    def netconf(self, index: int) -> dict:
+        """The conflist's flannel entry (upstream's cbr0), with per-node state paths."""
+        node_dir = self.directory / f"n{index}"
+        return {"cniVersion": "1.0.0", "name": "cbr0", "type": "flannel",
+                "subnetFile": self.node(index).subnet_file, "dataDir": str(node_dir / "cni"),
+                "ipam": {"dataDir": str(node_dir / "ipam")},
+                "delegate": {"hairpinMode": True, "isDefaultGateway": True}}
+
+    def cni(self, command: str, pod: Pod) -> dict:
+        from flannel.cni.install import install_plugin
+
+        plugin = self.cni_bin / "flannel"
+        if not plugin.exists():
+            install_plugin(self.cni_bin)
+        env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "CNI_COMMAND": command,
+               "CNI_CONTAINERID": pod.name, "CNI_NETNS": f"/run/netns/{pod.netns}",
+               "CNI_IFNAME": "eth0", "CNI_PATH": f"{self.cni_bin}:/usr/lib/cni"}
+        proc = subprocess.run(["ip", "netns", "exec", self.node_ns(pod.node), str(plugin)],
+                              input=json.dumps(self.netconf(pod.node)).encode(), env=env,
+                              capture_output=True, timeout=60, check=False)
+        if proc.returncode != 0:
+            raise LabError(f"CNI {command} of {pod.name} on node {pod.node} failed: "
+                           f"{proc.stdout.decode().strip()} {proc.stderr.decode().strip()}")
+        return json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+    def add_pod(self, index: int) -> Pod:
+        """A pod: a namespace attached to node ``index`` by the flannel CNI plugin."""
+        self.wait_subnet_env(index)
+        number = 1 + max((int(p.name.rsplit("p", 1)[1]) for p in self.state.pods
+                          if p.node == index), default=0)
+        name = f"n{index}p{number}"
+        pod = Pod(index, name, f"{self.name}-{name}", "")
+        run(["ip", "netns", "add", pod.netns])
+        self.state.pods.append(pod)
+        self.state.save()
+        result = self.cni("ADD", pod)
+        for entry in result.get("ips", []):
+            address = entry["address"].split("/")[0]
+            if ":" in address:
+                pod.address6 = address
+            else:
+                pod.address = address
+        self.state.save()
+        return pod
+
+    def delete_pod(self, pod: Pod) -> None:
+        self.cni("DEL", pod)
+        run(["ip", "netns", "del", pod.netns], check=False)
+        self.state.pods = [p for p in self.state.pods if p.name != pod.name]
+        self.state.save()
+
+    def ipam_reservations(self, index: int) -> list[str]:
+        """Addresses host-local holds on node ``index`` (one file each)."""
+        store = self.directory / f"n{index}" / "ipam" / "cbr0"
+        if not store.exists():
+            return []
+        return sorted(p.name for p in store.iterdir() if p.name[0].isdigit() or ":" in p.name)
+
+    def pod_ping(self, pod: Pod, target: str, count: int = 1, timeout: float = 1.0) -> bool:
+        result = in_ns(pod.netns, "ping", "-c", str(count), "-W", f"{timeout:g}", target,
+                       check=False, timeout=count * timeout + 10)
+        return result.returncode == 0
 
     def log(self, index: int) -> str:
         path = Path(self.node(index).log_file)
