@@ -48,11 +48,14 @@ class NetworkConfig:
     ipv6_subnet_max: IPv6Address | None = None
     backend_type: str = "udp"
     backend: dict[str, Any] = field(default_factory=dict)
+    #: pyflannel extension: destinations pod traffic reaches without masquerade.
+    non_masquerade: tuple[IPv4Network | IPv6Network, ...] = ()
 
 
 _FIELDS = {name.lower(): name for name in (
     "Network", "IPv6Network", "EnableIPv4", "EnableIPv6", "EnableNFTables", "SubnetLen",
     "SubnetMin", "SubnetMax", "IPv6SubnetLen", "IPv6SubnetMin", "IPv6SubnetMax", "Backend",
+    "NonMasqueradeCIDRs",
 )}
 
 
@@ -99,6 +102,19 @@ def _address(name: str, value: Any, version: int) -> IPv4Address | IPv6Address:
     if addr.version != version:
         raise ConfigError(f"config field {name!r}: {text!r} is not an IPv{version} address")
     return addr
+
+
+def _cidr_list(name: str, value: Any) -> tuple[IPv4Network | IPv6Network, ...]:
+    items = _typed(name, value, list, "a list of CIDR strings")
+    out = []
+    for item in items:
+        text = _typed(name, item, str, "a CIDR string")
+        try:
+            out.append(ipaddress.ip_network(text, strict=False))
+        except ValueError:
+            raise ConfigError(f"config field {name!r}: {text!r} is not a CIDR such as "
+                              "192.168.0.0/16") from None
+    return tuple(out)
 
 
 def parse_backend_type(present: bool, backend: Any) -> str:
@@ -151,6 +167,8 @@ def parse_config(raw: bytes | str) -> NetworkConfig:
             cfg, "ipv6_subnet_min", _address("IPv6SubnetMin", v, 6)),
         "IPv6SubnetMax": lambda v: setattr(
             cfg, "ipv6_subnet_max", _address("IPv6SubnetMax", v, 6)),
+        "NonMasqueradeCIDRs": lambda v: setattr(
+            cfg, "non_masquerade", _cidr_list("NonMasqueradeCIDRs", v)),
     }
     for name, value in members.items():
         # Go leaves a field untouched when its JSON value is null.

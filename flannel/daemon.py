@@ -1,10 +1,11 @@
 """flanneld: wires a subnet manager (the lease store) to a backend (the data plane).
 
-Owns the startup order of upstream (config, interface, backend, lease, subnet.env, watch,
-renewal), the lease-to-backend data flow (the full set of remote leases is handed to the
-backend after every change, so the backend reconciles rather than patches), and shutdown:
-a signal stops the process and leaves the lease and every kernel object in place so that a
-restart is hitless; a second signal exits at once.
+Owns the startup order of upstream (health server, config, interface, backend, lease, traffic
+rules, subnet.env, lease watch, renewal), the lease-to-backend data flow (the full set of
+remote leases is handed to the backend after every change, so the backend reconciles rather
+than patches), readiness (subnet.env written, rules installed, peers programmed; systemd is
+told once), and shutdown: a signal stops the process and leaves the lease, subnet.env, the
+rules and every kernel object in place so that a restart is hitless; a second signal kills.
 Must not touch: store internals or kernel internals beyond the interfaces it calls.
 """
 
@@ -19,13 +20,21 @@ from dataclasses import dataclass
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, BackendOptions, backend_class
 from flannel.config import ConfigError, NetworkConfig
+from flannel.health import HealthServer
+from flannel.kernel.blackhole import keep_blackholes
 from flannel.kernel.iface import (
+    ExternalInterface,
     IfaceOptions,
     InterfaceError,
     read_snapshot,
     select_external_interface,
 )
 from flannel.lease import EventType, Lease, LeaseAttrs
+from flannel.rules import iptables, nftables
+from flannel.rules.iptables import RulesError
+from flannel.rules.manager import TrafficManager, check_br_netfilter
+from flannel.rules.spec import FamilyRules
+from flannel.sdnotify import notify
 from flannel.subnet.envfile import SubnetEnv, read_env, single_cidr, write_subnet_env
 from flannel.subnet.etcd import AcquireError, EtcdSubnetManager, PreviousSubnets
 from flannel.subnet.etcdclient import (
@@ -35,6 +44,7 @@ from flannel.subnet.etcdclient import (
     EtcdOptions,
     parse_endpoints,
 )
+from flannel.subnet.manager import SubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 
 log = logging.getLogger("flanneld")
@@ -72,14 +82,21 @@ def make_etcd_manager(args: argparse.Namespace) -> EtcdSubnetManager:
                                  single_cidr(previous, "FLANNEL_IPV6_SUBNET", 6)))
 
 
-async def wait_for_config(sm: EtcdSubnetManager, stop: asyncio.Event) -> NetworkConfig | None:
-    """Fetch the network config, retrying every second (a config may be written later)."""
+def make_manager(args: argparse.Namespace) -> SubnetManager:
+    if args.kube_subnet_mgr:
+        from flannel.subnet.kube import make_kube_manager
+
+        return make_kube_manager(args)
+    return make_etcd_manager(args)
+
+
+async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConfig | None:
+    """Fetch the network config, retrying every second while the store cannot give it."""
     while not stop.is_set():
         try:
             return await sm.get_network_config()
         except ConfigError as err:
-            raise StartupError(f"invalid network config at {sm.config_key.decode()}: "
-                               f"{err.describe()}") from None
+            raise StartupError(f"invalid network config: {err.describe()}") from None
         except EtcdError as err:
             log.error("Couldn't fetch network config: %s", err)
         try:
@@ -89,17 +106,53 @@ async def wait_for_config(sm: EtcdSubnetManager, stop: asyncio.Event) -> Network
     return None
 
 
+def traffic_rules(args: argparse.Namespace, config: NetworkConfig, lease: Lease
+                  ) -> TrafficManager:
+    families = []
+    for version, network, subnet in ((4, config.network, lease.subnet),
+                                     (6, config.ipv6_network, lease.ipv6_subnet)):
+        if network is None or subnet is None:
+            continue
+        if config.enable_nftables:
+            fully_random = nftables.supports_fully_random()
+        else:
+            fully_random = iptables.supports_random_fully(version)
+        families.append(FamilyRules(
+            version, network, subnet, masquerade=args.ip_masq,
+            forward=args.iptables_forward_rules,
+            fully_random=fully_random and not args.ip_masq_fully_random_disable,
+            non_masquerade=tuple(n for n in config.non_masquerade if n.version == version)))
+    return TrafficManager(families, config.enable_nftables, resync=args.iptables_resync)
+
+
 class Daemon:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.stop = asyncio.Event()
         self.outcome = Outcome("stopped by signal")
         self.lease: Lease | None = None
+        self.phase = "waiting for the network config"
+        self.subnet_env_written = False
+        self.backend: Backend | None = None
+        self.traffic: TrafficManager | None = None
+        self._was_ready = False
+        self._failures: list[BaseException] = []
 
     def request_stop(self, outcome: Outcome) -> None:
         if not self.stop.is_set():
             self.outcome = outcome
             self.stop.set()
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.subnet_env_written:
+            return False, self.phase
+        if self.traffic is not None and not self.traffic.status.installed:
+            return False, self.traffic.status.reason
+        if self.backend is not None:
+            programmed, why = self.backend.programmed()
+            if not programmed:
+                return False, f"data plane not programmed: {why}"
+        return True, ""
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -116,17 +169,41 @@ class Daemon:
 
     async def run(self) -> int:
         self._install_signals()
-        args = self.args
-        if args.kube_subnet_mgr:
-            raise StartupError("--kube-subnet-mgr is not available in this pyflannel build; "
-                               "use the etcd subnet manager (--etcd-endpoints)")
-        sm = make_etcd_manager(args)
+        health = None
+        if self.args.healthz_port:
+            health = HealthServer(self.readiness)
+            try:
+                await health.start(self.args.healthz_ip, self.args.healthz_port)
+            except OSError as err:
+                raise StartupError(f"--healthz-ip/--healthz-port {self.args.healthz_ip}:"
+                                   f"{self.args.healthz_port}: {err.strerror}") from None
         try:
-            return await self._run_with(sm)
+            sm = make_manager(self.args)
+            try:
+                return await self._run_with(sm)
+            finally:
+                await sm.close()
         finally:
-            await sm.client.close()
+            if health is not None:
+                await health.stop()
 
-    async def _run_with(self, sm: EtcdSubnetManager) -> int:
+    async def _external_interface(self, sm: SubnetManager, config: NetworkConfig
+                                  ) -> ExternalInterface:
+        args = self.args
+        public_v4, public_v6 = await sm.public_ip_overrides()
+        options = IfaceOptions(args.iface, args.iface_regex, args.iface_can_reach,
+                               str(public_v4) if public_v4 else args.public_ip,
+                               str(public_v6) if public_v6 else args.public_ipv6)
+        try:
+            # pyroute2's synchronous API runs its own event loop: keep it off ours.
+            return await asyncio.to_thread(
+                lambda: select_external_interface(read_snapshot(), options,
+                                                  ipv4=config.enable_ipv4,
+                                                  ipv6=config.enable_ipv6))
+        except InterfaceError as err:
+            raise StartupError(str(err)) from None
+
+    async def _run_with(self, sm: SubnetManager) -> int:
         args = self.args
         config = await wait_for_config(sm, self.stop)
         if config is None:
@@ -134,85 +211,109 @@ class Daemon:
         log.info("Network config: backend %r, network %s%s", config.backend_type,
                  config.network, f", IPv6 network {config.ipv6_network}"
                  if config.enable_ipv6 else "")
-        try:
-            # pyroute2's synchronous API runs its own event loop: keep it off ours.
-            ext = await asyncio.to_thread(
-                lambda: select_external_interface(
-                    read_snapshot(),
-                    IfaceOptions(args.iface, args.iface_regex, args.iface_can_reach,
-                                 args.public_ip, args.public_ipv6),
-                    ipv4=config.enable_ipv4, ipv6=config.enable_ipv6))
-            backend: Backend = backend_class(config.backend_type)(
-                ext, config, BackendOptions(reconcile_interval=args.reconcile_interval))
-        except (InterfaceError, BackendError) as err:
-            raise StartupError(str(err)) from None
+        if not config.enable_nftables and (args.ip_masq or args.iptables_forward_rules):
+            try:
+                check_br_netfilter([v for v, on in ((4, config.enable_ipv4),
+                                                    (6, config.enable_ipv6)) if on])
+            except RulesError as err:
+                raise StartupError(str(err)) from None
+        self.phase = "selecting the external interface"
+        ext = await self._external_interface(sm, config)
         log.info("Using interface with name %s and address %s", ext.name,
                  ext.iface_addr or ext.iface_v6_addr)
         log.info("Defaulting external address to interface address (%s)"
                  if ext.ext_addr == ext.iface_addr else "Using public address %s",
                  ext.ext_addr or ext.ext_v6_addr)
-
         try:
+            backend = backend_class(config.backend_type)(
+                ext, config, BackendOptions(reconcile_interval=args.reconcile_interval))
+            self.phase = f"setting up the {config.backend_type} backend"
             local = await backend.prepare()
+            attrs = LeaseAttrs(public_ip=ext.ext_addr, public_ipv6=ext.ext_v6_addr,
+                               backend_type=local.backend_type,
+                               backend_data=local.backend_data,
+                               backend_v6_data=local.backend_v6_data)
+            self.phase = "acquiring a lease"
+            lease = await sm.acquire_lease(attrs)
+            self.lease = lease
+            await backend.activate(lease)
         except BackendError as err:
             raise StartupError(str(err)) from None
-        attrs = LeaseAttrs(public_ip=ext.ext_addr, public_ipv6=ext.ext_v6_addr,
-                           backend_type=local.backend_type, backend_data=local.backend_data,
-                           backend_v6_data=local.backend_v6_data)
-        try:
-            lease = await sm.acquire_lease(attrs)
         except AcquireError as err:
             raise StartupError(f"failed to acquire lease: {err}") from None
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None
-        self.lease = lease
+        self.backend = backend
+        tasks: list[asyncio.Task] = []
         try:
-            await backend.activate(lease)
-        except BackendError as err:
-            raise StartupError(str(err)) from None
-        env = SubnetEnv(
-            network=config.network if lease.subnet is not None else None,
-            subnet=lease.subnet,
-            ipv6_network=config.ipv6_network if lease.ipv6_subnet is not None else None,
-            ipv6_subnet=lease.ipv6_subnet, mtu=local.mtu, ip_masq=args.ip_masq)
-        try:
-            write_subnet_env(args.subnet_file, env)
-        except OSError as err:
-            log.error("could not write %s: %s; pods on this node will not start until it "
-                      "exists", args.subnet_file, err)
-        log.info("Wrote %s: subnet %s, MTU %d", args.subnet_file, lease.key, local.mtu)
-
-        tasks = [
-            asyncio.create_task(self._follow_leases(sm, backend, lease), name="leases"),
-            asyncio.create_task(sm.keep_lease(lease, args.subnet_lease_renew_margin * 60,
-                                              on_renewed=self._renewed), name="renew"),
-        ]
-        failures: list[BaseException] = []
-
-        def supervise(task: asyncio.Task) -> None:
-            if not task.cancelled() and task.exception() is not None:
-                failures.append(task.exception())
-                self.request_stop(Outcome(f"{task.get_name()} failed", 1))
-
-        for task in tasks:
-            task.add_done_callback(supervise)
-        try:
+            self.phase = "installing traffic rules"
+            self.traffic = traffic_rules(args, config, lease)
+            await self.traffic.start()
+            tasks.append(asyncio.create_task(self.traffic.run(), name="traffic rules"))
+            if args.ip_blackhole_route:
+                subnets = [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
+                tasks.append(asyncio.create_task(
+                    keep_blackholes(subnets, args.iptables_resync), name="blackhole"))
+            self._write_subnet_env(config, lease, local.mtu)
+            tasks += [
+                asyncio.create_task(self._follow_leases(sm, backend, lease), name="leases"),
+                asyncio.create_task(sm.complete_lease(
+                    lease, args.subnet_lease_renew_margin * 60, self._renewed), name="lease"),
+                asyncio.create_task(self._watch_readiness(), name="readiness"),
+            ]
+            for task in tasks:
+                task.add_done_callback(self._supervise)
             await self.stop.wait()
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await backend.close()
-        if failures:
-            log.error("Exiting: %s: %s", self.outcome.reason, failures[0])
+        if self._failures:
+            log.error("Exiting: %s: %s", self.outcome.reason, self._failures[0])
             return 1
         log.info("Exiting: %s", self.outcome.reason)
         return self.outcome.exit_code
 
+    def _supervise(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._failures.append(task.exception())
+            self.request_stop(Outcome(f"{task.get_name()} failed", 1))
+
+    def _write_subnet_env(self, config: NetworkConfig, lease: Lease, mtu: int) -> None:
+        env = SubnetEnv(
+            network=config.network if lease.subnet is not None else None,
+            subnet=lease.subnet,
+            ipv6_network=config.ipv6_network if lease.ipv6_subnet is not None else None,
+            ipv6_subnet=lease.ipv6_subnet, mtu=mtu, ip_masq=self.args.ip_masq)
+        try:
+            write_subnet_env(self.args.subnet_file, env)
+        except OSError as err:
+            self.phase = f"could not write {self.args.subnet_file}: {err.strerror}"
+            log.error("could not write %s: %s; pods on this node will not start until it "
+                      "exists", self.args.subnet_file, err)
+            return
+        self.subnet_env_written = True
+        log.info("Wrote %s: subnet %s, MTU %d", self.args.subnet_file, lease.key, mtu)
+
     def _renewed(self, lease: Lease) -> None:
         self.lease = lease
 
-    async def _follow_leases(self, sm: EtcdSubnetManager, backend: Backend, own: Lease) -> None:
+    async def _watch_readiness(self) -> None:
+        """Log every readiness change; tell systemd the first time the node is ready."""
+        while True:
+            ready, why = self.readiness()
+            if ready != self._was_ready:
+                if ready:
+                    log.info("Ready: subnet.env written, rules installed, peers programmed")
+                    if notify("READY=1"):
+                        log.info("Notified systemd: READY=1")
+                else:
+                    log.warning("Not ready: %s", why)
+                self._was_ready = ready
+            await asyncio.sleep(0.1)
+
+    async def _follow_leases(self, sm: SubnetManager, backend: Backend, own: Lease) -> None:
         watcher = LeaseWatcher(own)
         async for update in sm.watch_leases():
             result = watcher.apply(update)

@@ -20,6 +20,12 @@ from flannel.lease import Lease
 log = logging.getLogger(__name__)
 
 
+def _report_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s stopped: %s; periodic resyncs continue", task.get_name(),
+                  task.exception())
+
+
 class RoutedBackend(Backend):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
@@ -29,7 +35,7 @@ class RoutedBackend(Backend):
                                      interval=self.options.reconcile_interval,
                                      netns=self.options.netns)
         self._tasks: list[asyncio.Task] = []
-        self._peers_version = 0
+        self._peers_version = -1  # no lease set handed over yet
         self._programmed_version = -1
 
     def ensure_local(self) -> None:
@@ -47,19 +53,27 @@ class RoutedBackend(Backend):
     async def activate(self, lease: Lease) -> None:
         self.lease = lease
         await asyncio.to_thread(self.ensure_local)
-        self._tasks = [
-            asyncio.create_task(self.reconciler.run(), name="reconcile"),
-            asyncio.create_task(self.reconciler.watch_kernel(), name="netlink-events"),
-        ]
 
     async def sync_peers(self, peers: Sequence[Lease]) -> None:
         self.peers = tuple(p for p in peers if self.wants(p))
         self._peers_version += 1
-        self.reconciler.trigger("lease change", check_local=False)
+        if not self._tasks:
+            # Reconcile only once the full lease set is known: a pass over an empty peer
+            # set would delete every peer's entries left by the previous run.
+            self._tasks = [
+                asyncio.create_task(self.reconciler.run(), name="reconcile"),
+                asyncio.create_task(self.reconciler.watch_kernel(), name="netlink-events"),
+            ]
+            for task in self._tasks:
+                task.add_done_callback(_report_failure)
+        else:
+            self.reconciler.trigger("lease change", check_local=False)
 
     def programmed(self) -> tuple[bool, str]:
         """Whether the kernel holds the latest peer set (for readiness)."""
         stats = self.reconciler.stats
+        if self._peers_version < 0:
+            return False, "waiting for the first lease snapshot"
         if not stats.in_sync:
             return False, stats.last_error or "data plane not programmed yet"
         if self._programmed_version < self._peers_version:

@@ -55,7 +55,8 @@ class ActualState:
 def read_actual(sock: rtnl.Rtnl, desired: DesiredState) -> ActualState:
     routes = frozenset(
         route for family in desired.families for route, proto, table in sock.routes(family)
-        if proto == rtnl.RTPROT_FLANNEL and table == rtnl.RT_TABLE_MAIN)
+        if proto == rtnl.RTPROT_FLANNEL and table == rtnl.RT_TABLE_MAIN
+        and route.kind == rtnl.RTN_UNICAST)
     neighbours: set[Neighbour] = set()
     fdb: set[FdbEntry] = set()
     if desired.devices:
@@ -98,6 +99,8 @@ def drift(desired: DesiredState, event: events.KernelEvent) -> str:
             return f"device {obj.name or obj.index} {'deleted' if event.deleted else 'changed'}"
         return ""
     if isinstance(obj, Route):
+        if obj.kind != rtnl.RTN_UNICAST:
+            return ""  # blackhole routes are kernel/blackhole.py's
         if event.deleted:
             return f"route {obj.dst} deleted" if obj in desired.routes else ""
         if obj not in desired.routes and obj.dst in desired.route_dsts:
@@ -216,6 +219,9 @@ class Reconciler:
         """Trigger a pass when an event shows the kernel drifting from desired state."""
         why = drift(self._last, event)
         if why:
+            log.info("kernel drifted from desired state (%s); repairing", why)
+            self.stats.in_sync = False
+            self.stats.last_error = f"repairing: {why}"
             self.trigger(why)
 
     async def watch_kernel(self) -> None:

@@ -103,6 +103,7 @@ class Route:
     oif: int
     onlink: bool = False
     kind: int = RTN_UNICAST
+    metric: int = 0
 
     @property
     def family(self) -> int:
@@ -143,6 +144,8 @@ def encode_route(route: Route, msg_type: int, flags: int, seq: int) -> bytes:
         attrs += _attr(RTA_GATEWAY, _packed(route.gateway)[1])
     if route.oif:
         attrs += _attr(RTA_OIF, struct.pack("=i", route.oif))
+    if route.metric:
+        attrs += _attr(RTA_PRIORITY, struct.pack("=I", route.metric))
     payload = body + attrs
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
 
@@ -204,7 +207,10 @@ def decode_route(body: bytes) -> tuple[Route, int, int] | None:
     dst = str(to_ip(attrs[RTA_DST])) if RTA_DST in attrs else zero
     gateway = str(to_ip(attrs[RTA_GATEWAY])) if RTA_GATEWAY in attrs else None
     oif = struct.unpack("=i", attrs[RTA_OIF])[0] if RTA_OIF in attrs else 0
-    route = Route(f"{dst}/{dst_len}", gateway, oif, bool(flags & RTNH_F_ONLINK), kind)
+    metric = struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else 0
+    if family == socket.AF_INET6 and metric == 1024:
+        metric = 0  # the kernel's default IPv6 metric: what a route added without one gets
+    route = Route(f"{dst}/{dst_len}", gateway, oif, bool(flags & RTNH_F_ONLINK), kind, metric)
     return route, protocol, table
 
 

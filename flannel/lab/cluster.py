@@ -205,7 +205,8 @@ class Lab:
 
     # -- flanneld ---------------------------------------------------------------------
 
-    def start_flanneld(self, index: int, *extra: str) -> Node:
+    def start_flanneld(self, index: int, *extra: str, env: dict[str, str] | None = None
+                       ) -> Node:
         node = self.node(index)
         if extra:
             node.extra_args = list(extra)
@@ -214,7 +215,8 @@ class Lab:
         with open(node.log_file, "ab") as log:
             proc = subprocess.Popen(["ip", "netns", "exec", node.netns, *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    env={**os.environ, **(env or {})})
         node.pid = proc.pid
         self.state.save()
         return node

@@ -359,6 +359,16 @@ class EtcdSubnetManager:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, max_backoff)
 
+    async def public_ip_overrides(self) -> tuple[None, None]:
+        return None, None
+
+    async def complete_lease(self, lease: Lease, renew_margin: float,
+                             on_renewed: Callable[[Lease], None]) -> None:
+        await self.keep_lease(lease, renew_margin, on_renewed=on_renewed)
+
+    async def close(self) -> None:
+        await self.client.close()
+
     async def keep_lease(self, lease: Lease, renew_margin: float, *,
                          retry_interval: float = 60.0,
                          on_renewed: Callable[[Lease], None] | None = None) -> None:

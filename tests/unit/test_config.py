@@ -151,3 +151,13 @@ def test_backend_type_rule(backend, expected):
 def test_null_members_leave_defaults():
     cfg = parse_config('{"Network": "10.0.0.0/8", "EnableIPv4": null, "SubnetLen": null}')
     assert cfg.enable_ipv4 is True and cfg.subnet_len == 0
+
+
+def test_non_masquerade_cidrs_extension():
+    cfg = parse_config('{"Network": "10.0.0.0/8", "nonMasqueradeCIDRs": ["192.168.1.7/16", '
+                       '"fd00:9::/64"]}')
+    assert [str(n) for n in cfg.non_masquerade] == ["192.168.0.0/16", "fd00:9::/64"]
+    with pytest.raises(ConfigError, match="NonMasqueradeCIDRs"):
+        parse_config('{"Network": "10.0.0.0/8", "NonMasqueradeCIDRs": ["nope"]}')
+    with pytest.raises(ConfigError, match="NonMasqueradeCIDRs"):
+        parse_config('{"Network": "10.0.0.0/8", "NonMasqueradeCIDRs": "10.0.0.0/8"}')

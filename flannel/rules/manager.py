@@ -1,0 +1,105 @@
+"""Chooses the rule mode, cleans the other mode's leftovers, and keeps the rules in place.
+
+Owns the start-up clean-up (nftables tables in iptables mode, iptables chains in nftables
+mode), the br_netfilter check of iptables mode, and the ensure loop: every
+``--iptables-resync`` seconds the rules are checked and re-applied when anything is missing
+(both modes; Go flannel never re-checks nftables). Rules are never removed on exit.
+Must not touch: the store; rules that are not flannel's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from flannel.rules import iptables, nftables
+from flannel.rules.iptables import RulesError
+from flannel.rules.spec import FamilyRules
+
+log = logging.getLogger(__name__)
+
+BR_NETFILTER = {4: "bridge-nf-call-iptables", 6: "bridge-nf-call-ip6tables"}
+
+
+@dataclass
+class RulesStatus:
+    installed: bool = False
+    reason: str = "traffic rules not installed yet"
+    repairs: int = 0
+
+
+def check_br_netfilter(versions: list[int], proc: Path = Path("/proc")) -> None:
+    for version in versions:
+        path = proc / "sys" / "net" / "bridge" / BR_NETFILTER[version]
+        if not path.exists():
+            raise RulesError(
+                f"Failed to check br_netfilter: {path} does not exist; load the module with "
+                "'modprobe br_netfilter' and make it permanent in /etc/modules-load.d/, or "
+                "set EnableNFTables in the network config")
+
+
+class TrafficManager:
+    def __init__(self, families: list[FamilyRules], nftables_mode: bool,
+                 resync: float = 5.0, netns: str | None = None) -> None:
+        self.families = [f for f in families if f.masquerade or f.forward]
+        self.nftables_mode = nftables_mode
+        self.resync = resync
+        self.netns = netns
+        self.status = RulesStatus()
+        self.rules = (nftables.NftablesRules(self.families, netns) if nftables_mode
+                      else iptables.IptablesRules(self.families, netns))
+
+    @property
+    def mode(self) -> str:
+        return "nftables" if self.nftables_mode else "iptables"
+
+    def prepare(self) -> None:
+        """Clean the other mode's leftovers (synchronous; run it in a worker thread)."""
+        if self.nftables_mode:
+            iptables.remove_all(self.netns)
+        else:
+            nftables.remove_all(self.netns)
+
+    def ensure(self) -> bool:
+        """Install the rules if anything is missing; True if it had to (synchronous)."""
+        if not self.families:
+            return False
+        missing = self.rules.missing()
+        if not missing:
+            return False
+        if self.status.installed:
+            log.warning("Some %s rules are missing (%s); deleting and recreating rules",
+                        self.mode, missing)
+        self.rules.apply()
+        still = self.rules.missing()
+        if still:
+            raise RulesError(f"{self.mode} rules still differ after applying them: {still}")
+        return True
+
+    async def _attempt(self) -> None:
+        try:
+            changed = await asyncio.to_thread(self.ensure)
+        except RulesError as err:
+            if self.status.installed or self.status.reason != f"traffic rules not installed: {err}":
+                log.error("%s", err)
+            self.status.installed = False
+            self.status.reason = f"traffic rules not installed: {err}"
+            return
+        if changed:
+            self.status.repairs += 1
+            log.info("%s rules installed", self.mode)
+        self.status.installed = True
+        self.status.reason = ""
+
+    async def start(self) -> None:
+        """Clean the other mode, then one attempt at installing the rules."""
+        await asyncio.to_thread(self.prepare)
+        await self._attempt()
+
+    async def run(self) -> None:
+        """Re-check (and repair) every ``resync`` seconds, forever."""
+        while True:
+            await asyncio.sleep(self.resync)
+            await self._attempt()
