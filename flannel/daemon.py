@@ -113,10 +113,11 @@ def traffic_rules(args: argparse.Namespace, config: NetworkConfig, lease: Lease
                                      (6, config.ipv6_network, lease.ipv6_subnet)):
         if network is None or subnet is None:
             continue
-        if config.enable_nftables:
-            fully_random = nftables.supports_fully_random()
-        else:
-            fully_random = iptables.supports_random_fully(version)
+        try:
+            fully_random = (nftables.supports_fully_random() if config.enable_nftables
+                            else iptables.supports_random_fully(version))
+        except RulesError:
+            fully_random = False  # the binary is missing: installing will say so
         families.append(FamilyRules(
             version, network, subnet, masquerade=args.ip_masq,
             forward=args.iptables_forward_rules,

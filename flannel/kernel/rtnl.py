@@ -207,6 +207,8 @@ def decode_route(body: bytes) -> tuple[Route, int, int] | None:
     dst = str(to_ip(attrs[RTA_DST])) if RTA_DST in attrs else zero
     gateway = str(to_ip(attrs[RTA_GATEWAY])) if RTA_GATEWAY in attrs else None
     oif = struct.unpack("=i", attrs[RTA_OIF])[0] if RTA_OIF in attrs else 0
+    if kind != RTN_UNICAST:
+        oif = 0  # the kernel puts IPv6 blackholes on lo; they belong to no device
     metric = struct.unpack("=I", attrs[RTA_PRIORITY])[0] if RTA_PRIORITY in attrs else 0
     if family == socket.AF_INET6 and metric == 1024:
         metric = 0  # the kernel's default IPv6 metric: what a route added without one gets

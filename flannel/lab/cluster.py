@@ -29,6 +29,7 @@ DEFAULT_ROOT = Path("/run/flannel-lab")
 ETCD_PREFIX = "/coreos.com/network"
 UNDERLAYS = (("192.168.111", "fd00:111"), ("192.168.112", "fd00:112"))
 FLANNELD = str(Path(sys.executable).parent / "flanneld")
+IP = shutil.which("ip") or "/usr/sbin/ip"  # absolute: flanneld may get a PATH of its own
 
 
 class LabError(Exception):
@@ -213,7 +214,7 @@ class Lab:
         args = [FLANNELD, f"--etcd-endpoints={self.state.etcd_endpoint}",
                 f"--subnet-file={node.subnet_file}", "--iface=eth0", *node.extra_args]
         with open(node.log_file, "ab") as log:
-            proc = subprocess.Popen(["ip", "netns", "exec", node.netns, *args], stdout=log,
+            proc = subprocess.Popen([IP, "netns", "exec", node.netns, *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True,
                                     env={**os.environ, **(env or {})})

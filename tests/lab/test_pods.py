@@ -4,37 +4,11 @@ S1 same node, S2 across nodes, S3 host to pod, S12 delete and re-create without 
 from __future__ import annotations
 
 import subprocess
-import sys
 
 from flannel.lab.cli import build
+from tests.support.traffic import source_seen
 
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
-UDP_SOURCE = """
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("0.0.0.0", 9999))
-s.settimeout(10)
-print("ready", flush=True)
-data, peer = s.recvfrom(100)
-print(peer[0], flush=True)
-"""
-
-
-def source_seen(src_ns: str, dst_ns: str, dst_ip: str) -> str:
-    """The source address a UDP datagram from ``src_ns`` carries when it reaches ``dst_ns``."""
-    listener = subprocess.Popen(["ip", "netns", "exec", dst_ns, sys.executable, "-c",
-                                 UDP_SOURCE], stdout=subprocess.PIPE, text=True)
-    try:
-        assert listener.stdout.readline().strip() == "ready"
-        subprocess.run(["ip", "netns", "exec", src_ns, sys.executable, "-c",
-                        f"import socket; socket.socket(2, 2).sendto(b'x', ({dst_ip!r}, 9999))"],
-                       check=True, timeout=30)
-        out, _ = listener.communicate(timeout=15)
-        return out.strip()
-    finally:
-        listener.kill()
-
-
 def test_pods_reach_each_other_and_keep_their_addresses(make_lab):
     lab = make_lab()
     nodes = build(lab, 3, CONFIG, flanneld_args=("--ip-masq",))
