@@ -44,6 +44,7 @@ from flannel.subnet.etcdclient import (
     EtcdOptions,
     parse_endpoints,
 )
+from flannel.subnet.kube import KubeError
 from flannel.subnet.manager import SubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 
@@ -86,7 +87,10 @@ def make_manager(args: argparse.Namespace) -> SubnetManager:
     if args.kube_subnet_mgr:
         from flannel.subnet.kube import make_kube_manager
 
-        return make_kube_manager(args)
+        try:
+            return make_kube_manager(args)
+        except KubeError as err:
+            raise StartupError(str(err)) from None
     return make_etcd_manager(args)
 
 
@@ -182,6 +186,8 @@ class Daemon:
             sm = make_manager(self.args)
             try:
                 return await self._run_with(sm)
+            except KubeError as err:
+                raise StartupError(str(err)) from None
             finally:
                 await sm.close()
         finally:

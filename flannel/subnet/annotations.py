@@ -1,0 +1,164 @@
+"""Kubernetes node annotations: names, what we publish, and node -> lease.
+
+Owns the annotation prefix rules of Go flannel (compat reference 4.2), the annotations this
+node publishes for its lease (4.3) and the decoding of other nodes' annotations into leases
+(4.4). Pure functions over plain dicts; no API calls.
+Must not touch: the API server, the kernel.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import Any
+
+from flannel.lease import Lease, LeaseAttrs
+
+_PREFIX = re.compile(r"(?:[a-z0-9_-]+\.)+[a-z0-9_-]+/(?:[a-z0-9_-]+-)?$")
+
+
+class AnnotationError(ValueError):
+    """An annotation prefix or a node's annotations are unusable."""
+
+
+@dataclass(frozen=True)
+class Annotations:
+    """The full annotation names for one prefix."""
+
+    prefix: str
+
+    @classmethod
+    def for_prefix(cls, raw: str) -> Annotations:
+        if raw.count("/") > 1:
+            raise AnnotationError("subnet/kube: prefix can contain at most single slash")
+        prefix = raw if "/" in raw else raw + "/"
+        if not prefix.endswith(("/", "-")):
+            prefix += "-"
+        if not _PREFIX.match(prefix):
+            raise AnnotationError("subnet/kube: prefix must be in a format: fqdn/[0-9a-z-_]*")
+        return cls(prefix)
+
+    def name(self, suffix: str) -> str:
+        return self.prefix + suffix
+
+    @property
+    def subnet_manager(self) -> str:
+        return self.name("kube-subnet-manager")
+
+    @property
+    def backend_type(self) -> str:
+        return self.name("backend-type")
+
+    @property
+    def backend_data(self) -> str:
+        return self.name("backend-data")
+
+    @property
+    def backend_v6_data(self) -> str:
+        return self.name("backend-v6-data")
+
+    @property
+    def public_ip(self) -> str:
+        return self.name("public-ip")
+
+    @property
+    def public_ipv6(self) -> str:
+        return self.name("public-ipv6")
+
+    @property
+    def public_ip_overwrite(self) -> str:
+        return self.name("public-ip-overwrite")
+
+    @property
+    def public_ipv6_overwrite(self) -> str:
+        return self.name("public-ipv6-overwrite")
+
+    @property
+    def node_public_ip(self) -> str:
+        return self.name("node-public-ip")
+
+    @property
+    def node_public_ipv6(self) -> str:
+        return self.name("node-public-ipv6")
+
+
+def published(names: Annotations, attrs: LeaseAttrs, existing: dict[str, str],
+              ipv4: bool, ipv6: bool) -> dict[str, str]:
+    """The annotations this node must carry for ``attrs`` (upstream's AcquireLease)."""
+    out = {names.backend_type: attrs.backend_type, names.subnet_manager: "true"}
+    kind = attrs.backend_type
+    if ipv4 and not (kind == "vxlan" and attrs.backend_data is None):
+        out[names.backend_data] = attrs.backend_data or "null"
+        overwrite = existing.get(names.public_ip_overwrite, "")
+        out[names.public_ip] = overwrite or (str(attrs.public_ip) if attrs.public_ip else "")
+    has_v6_ip = attrs.public_ipv6 is not None
+    if ipv6 and (
+            (kind == "vxlan" and attrs.backend_v6_data is not None)
+            or (kind == "wireguard" and attrs.backend_v6_data is not None and has_v6_ip)
+            or (kind in ("host-gw", "extension") and has_v6_ip)):
+        out[names.backend_v6_data] = attrs.backend_v6_data or "null"
+        overwrite = existing.get(names.public_ipv6_overwrite, "")
+        out[names.public_ipv6] = overwrite or str(attrs.public_ipv6)
+    return out
+
+
+def pod_cidrs(name: str, spec: dict[str, Any]) -> tuple[IPv4Network | None,
+                                                          IPv6Network | None]:
+    """The node's pod CIDRs by family; AnnotationError with upstream's texts."""
+    cidrs = list(spec.get("podCIDRs") or [])
+    if not cidrs and spec.get("podCIDR"):
+        cidrs = [spec["podCIDR"]]
+    if not cidrs:
+        raise AnnotationError(f'node "{name}" pod cidr not assigned')
+    if len(cidrs) > 2:
+        raise AnnotationError(f'node "{name}" pod cidrs should be IPv4/IPv6 only or dualstack')
+    v4 = v6 = None
+    for text in cidrs:
+        try:
+            net = ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise AnnotationError(f'node "{name}": pod CIDR {text!r} is not a CIDR') from None
+        if net.version == 4:
+            v4 = v4 or net
+        else:
+            v6 = v6 or net
+    return v4, v6
+
+
+def _raw_json(text: str | None) -> str | None:
+    if text is None or text in ("", "null"):
+        return None
+    json.loads(text)
+    return text
+
+
+def node_lease(node: dict[str, Any], names: Annotations, ipv4: bool, ipv6: bool) -> Lease:
+    """The lease another node publishes; AnnotationError if it publishes none or a bad one."""
+    meta = node.get("metadata") or {}
+    name = meta.get("name", "?")
+    annotations = meta.get("annotations") or {}
+    if annotations.get(names.subnet_manager) != "true":
+        raise AnnotationError(f"node {name} is not managed by flannel")
+    v4, v6 = pod_cidrs(name, node.get("spec") or {})
+    try:
+        public_ip = public_ipv6 = None
+        data = data6 = None
+        if ipv4:
+            if v4 is None:
+                raise AnnotationError("missing IPv4 address on n.Spec.PodCIDRs")
+            public_ip = IPv4Address(annotations.get(names.public_ip, ""))
+            data = _raw_json(annotations.get(names.backend_data))
+        if ipv6:
+            if v6 is None:
+                raise AnnotationError("missing IPv6 address on n.Spec.PodCIDRs")
+            public_ipv6 = IPv6Address(annotations.get(names.public_ipv6, ""))
+            data6 = _raw_json(annotations.get(names.backend_v6_data))
+    except ValueError as err:
+        raise AnnotationError(f"node {name}: {err}") from None
+    attrs = LeaseAttrs(public_ip=public_ip, public_ipv6=public_ipv6,
+                       backend_type=annotations.get(names.backend_type, ""),
+                       backend_data=data, backend_v6_data=data6)
+    return Lease(v4 if ipv4 else None, v6 if ipv6 else None, attrs)

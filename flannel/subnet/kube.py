@@ -1,0 +1,411 @@
+"""The Kubernetes subnet manager (``--kube-subnet-mgr``), compatible with kube-flannel.
+
+Owns: the API client config (``--kube-api-url`` / ``--kubeconfig-file`` / in-cluster), the
+node name (``NODE_NAME`` or the pod's ``spec.nodeName``), the network config file, this
+node's lease (its podCIDR(s), published as annotations with a strategic-merge patch of
+``nodes/<name>/status``), the ``NetworkUnavailable=False`` condition, and the node
+list+watch: resumed from the last resourceVersion after a cut, relisted after 410 Gone,
+with a bounded wait for the first sync. Node changes are coalesced per node in a buffer of
+at most ``EVENT_QUEUE_DEPTH`` nodes (beyond that the consumer gets one snapshot instead),
+so the watch never blocks and the latest state of every node is never lost.
+Must not touch: the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
+from typing import Any
+
+from flannel.config import ConfigError, NetworkConfig, parse_config
+from flannel.lease import Event, EventType, Lease, LeaseAttrs
+from flannel.subnet.annotations import (
+    AnnotationError,
+    Annotations,
+    node_lease,
+    pod_cidrs,
+    published,
+)
+from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EVENT_QUEUE_DEPTH = 5000
+FIRST_SYNC_TIMEOUT = 600.0
+
+
+class KubeError(Exception):
+    """The API server cannot give what flannel needs; the message says what to fix."""
+
+
+def _node_dict(node: Any) -> dict[str, Any]:
+    return node.to_dict() if hasattr(node, "to_dict") else node
+
+
+def _triple(lease: Lease) -> tuple:
+    attrs = lease.attrs
+    return (lease.subnet, lease.ipv6_subnet, attrs.backend_type, attrs.backend_data,
+            attrs.backend_v6_data, attrs.public_ip, attrs.public_ipv6)
+
+
+def event_queue_depth(environ: dict[str, str]) -> int:
+    text = environ.get("EVENT_QUEUE_DEPTH", "")
+    if not text:
+        return DEFAULT_EVENT_QUEUE_DEPTH
+    try:
+        depth = int(text)
+    except ValueError as err:
+        raise KubeError(f"env EVENT_QUEUE_DEPTH={text} format error: {err}") from None
+    return depth if depth > 0 else DEFAULT_EVENT_QUEUE_DEPTH
+
+
+class KubeSubnetManager:
+    name = "kube"
+
+    def __init__(self, client: Any, node_name: str, names: Annotations,
+                 net_config_path: str, *, environ: dict[str, str] | None = None,
+                 set_node_network_unavailable: bool = True,
+                 queue_depth: int = DEFAULT_EVENT_QUEUE_DEPTH,
+                 first_sync_timeout: float = FIRST_SYNC_TIMEOUT,
+                 continue_when_cache_not_ready: bool = False,
+                 patch_timeout: float = 30.0, retry_interval: float = 3.0) -> None:
+        self.client = client
+        self.node_name = node_name
+        self.environ = environ or {}
+        self.names = names
+        self.net_config_path = net_config_path
+        self.set_node_network_unavailable = set_node_network_unavailable
+        self.queue_depth = queue_depth
+        self.first_sync_timeout = first_sync_timeout
+        self.continue_when_cache_not_ready = continue_when_cache_not_ready
+        self.patch_timeout = patch_timeout
+        self.retry_interval = retry_interval
+        self.config: NetworkConfig | None = None
+        # The watch cache: node name -> node dict, and what changed since the consumer looked.
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self._dirty: dict[str, None] = {}
+        self._resync = False
+        self._changed = asyncio.Event()
+        self._synced = asyncio.Event()
+        self._watch_task: asyncio.Task | None = None
+        self.resource_version = ""
+        self.relists = 0
+
+    # -- config and own node ----------------------------------------------------------
+
+    async def get_network_config(self) -> NetworkConfig:
+        if not self.node_name:
+            self.node_name = await node_name_from_env(self.client, self.environ)
+        try:
+            text = await asyncio.to_thread(Path(self.net_config_path).read_text)
+        except OSError as err:
+            raise ConfigError(f"failed to read net conf: {err}",
+                              f"mount the flannel ConfigMap at {self.net_config_path} or set "
+                              "--net-config-path") from None
+        try:
+            self.config = parse_config(text)
+        except ConfigError as err:
+            raise ConfigError(f"error parsing subnet config: {err}", err.hint) from None
+        if not self.config.enable_ipv4 and not self.config.enable_ipv6:
+            raise ConfigError("none defined stack", "set EnableIPv4 or EnableIPv6 to true")
+        return self.config
+
+    async def get_node(self) -> dict[str, Any]:
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        try:
+            return _node_dict(await self.client.get(Node, self.node_name))
+        except ApiError as err:
+            raise KubeError(f"cannot get node {self.node_name!r}: {err.status.message}"
+                            ) from None
+
+    async def public_ip_overrides(self) -> tuple[IPv4Address | None, IPv6Address | None]:
+        annotations = (await self._wait_for_own_node())["metadata"].get("annotations") or {}
+        try:
+            v4 = annotations.get(self.names.node_public_ip)
+            v6 = annotations.get(self.names.node_public_ipv6)
+            return (IPv4Address(v4) if v4 else None, IPv6Address(v6) if v6 else None)
+        except ValueError as err:
+            raise KubeError(f"node {self.node_name}: annotation {self.names.node_public_ip} "
+                            f"is not an IP address: {err}") from None
+
+    async def _wait_for_own_node(self) -> dict[str, Any]:
+        deadline = time.monotonic() + self.patch_timeout
+        while True:
+            try:
+                return await self.get_node()
+            except (KubeError, OSError) as err:
+                if time.monotonic() > deadline:
+                    raise KubeError(f"timeout contacting kube-api, failed to patch node "
+                                    f'"{self.node_name}". Error: {err}') from None
+                await asyncio.sleep(self.retry_interval)
+
+    async def _patch_status(self, body: dict[str, Any]) -> None:
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        deadline = time.monotonic() + self.patch_timeout
+        while True:
+            try:
+                await self.client.patch(Node.Status, self.node_name, body,
+                                        patch_type=PatchType.STRATEGIC)
+                return
+            except Exception as err:
+                if time.monotonic() > deadline:
+                    raise KubeError(f"timeout contacting kube-api, failed to patch node "
+                                    f'"{self.node_name}". Error: {err}') from None
+                log.warning("patching node %s failed (%s); retrying", self.node_name, err)
+                await asyncio.sleep(self.retry_interval)
+
+    async def acquire_lease(self, attrs: LeaseAttrs) -> Lease:
+        assert self.config is not None, "get_network_config first"
+        cfg = self.config
+        node = await self._wait_for_own_node()
+        try:
+            v4, v6 = pod_cidrs(self.node_name, node.get("spec") or {})
+        except AnnotationError as err:
+            raise KubeError(f"{err}; assign pod CIDRs to nodes (kube-controller-manager "
+                            "--allocate-node-cidrs=true --cluster-cidr=<Network>) or set the "
+                            "node's spec.podCIDR") from None
+        if cfg.enable_ipv4:
+            if v4 is None:
+                raise KubeError(f'node "{self.node_name}" has no IPv4 pod CIDR but the flannel '
+                                "config enables IPv4")
+            if cfg.network is None or not v4.subnet_of(cfg.network):
+                raise KubeError(f'subnet "{cfg.network}" specified in the flannel net config '
+                                f'doesn\'t contain "{v4}" PodCIDR of the "{self.node_name}" '
+                                "node; make Network match the cluster CIDR")
+        if cfg.enable_ipv6:
+            if v6 is None:
+                raise KubeError(f'node "{self.node_name}" has no IPv6 pod CIDR but the flannel '
+                                "config enables IPv6")
+            if cfg.ipv6_network is None or not v6.subnet_of(cfg.ipv6_network):
+                raise KubeError(f'subnet "{cfg.ipv6_network}" specified in the flannel net '
+                                f'config doesn\'t contain "{v6}" IPv6 PodCIDR of the '
+                                f'"{self.node_name}" node; make IPv6Network match the cluster '
+                                "CIDR")
+        existing = node["metadata"].get("annotations") or {}
+        wanted = published(self.names, attrs, existing, cfg.enable_ipv4, cfg.enable_ipv6)
+        changes = {k: v for k, v in wanted.items() if existing.get(k) != v}
+        if changes:
+            await self._patch_status({"metadata": {"annotations": changes}})
+            log.info("published %d annotation(s) on node %s", len(changes), self.node_name)
+        dual = attrs.backend_type in ("vxlan", "host-gw", "wireguard")
+        return Lease(v4 if cfg.enable_ipv4 else None,
+                     v6 if cfg.enable_ipv6 and dual else None, attrs,
+                     expiration=time.time() + 24 * 3600)
+
+    async def complete_lease(self, lease: Lease, renew_margin: float,
+                             on_renewed: Callable[[Lease], None]) -> None:
+        """Set NetworkUnavailable=False once (kube leases are not renewed)."""
+        if self.set_node_network_unavailable:
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            await self._patch_status({"status": {"conditions": [{
+                "type": "NetworkUnavailable", "status": "False", "reason": "FlannelIsUp",
+                "message": "Flannel is running on this node", "lastHeartbeatTime": now,
+                "lastTransitionTime": now}]}})
+            log.info("node %s: NetworkUnavailable=False (FlannelIsUp)", self.node_name)
+        await asyncio.Event().wait()
+
+    # -- the node watch ---------------------------------------------------------------
+
+    def _store(self, node: dict[str, Any]) -> None:
+        name = node["metadata"]["name"]
+        self.nodes[name] = node
+        self._mark(name)
+
+    def _mark(self, name: str) -> None:
+        if not self._resync:
+            self._dirty[name] = None
+            if len(self._dirty) > self.queue_depth:
+                # Too many distinct pending nodes: hand over one snapshot instead.
+                self._dirty.clear()
+                self._resync = True
+        self._changed.set()
+
+    async def _relist(self) -> None:
+        from lightkube.resources.core_v1 import Node
+
+        listing = self.client.list(Node)
+        nodes = [_node_dict(node) async for node in listing]
+        self.resource_version = listing.resourceVersion
+        self.nodes = {n["metadata"]["name"]: n for n in nodes}
+        self._dirty.clear()
+        self._resync = True
+        self._changed.set()
+        self.relists += 1
+        self._synced.set()
+
+    async def _watch(self) -> None:
+        """List, then watch from the listed version; resume after cuts, relist after 410."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        backoff = 0.1
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    await self._relist()
+                    need_list = False
+                async for kind, node in self.client.watch(
+                        Node, resource_version=self.resource_version):
+                    data = _node_dict(node)
+                    self.resource_version = data["metadata"].get("resourceVersion",
+                                                                 self.resource_version)
+                    if kind == "DELETED":
+                        name = data["metadata"]["name"]
+                        self.nodes.pop(name, None)
+                        self._mark(name)
+                    elif kind in ("ADDED", "MODIFIED"):
+                        self._store(data)
+                    backoff = 0.1
+            except ApiError as err:
+                if err.status.code == 410:
+                    log.info("node watch: resourceVersion %s is gone; relisting",
+                             self.resource_version)
+                    need_list = True
+                    continue
+                log.warning("node watch failed (%s); retrying in %.1fs", err.status.message,
+                            backoff)
+            except Exception as err:
+                log.warning("node watch interrupted (%s); resuming from resourceVersion %s "
+                            "in %.1fs", err, self.resource_version or "(list)", backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _lease_of(self, node: dict[str, Any]) -> Lease | None:
+        assert self.config is not None
+        try:
+            return node_lease(node, self.names, self.config.enable_ipv4,
+                              self.config.enable_ipv6)
+        except AnnotationError:
+            return None
+
+    async def watch_leases(self) -> AsyncIterator[LeaseUpdate]:
+        assert self.config is not None, "get_network_config first"
+        if self.config.backend_type == "alloc":
+            # Someone else routes: upstream disables the informer entirely.
+            yield Snapshot([])
+            await asyncio.Event().wait()
+        self._watch_task = asyncio.create_task(self._watch(), name="node watch")
+        try:
+            await asyncio.wait_for(self._synced.wait(), self.first_sync_timeout)
+        except TimeoutError:
+            if not self.continue_when_cache_not_ready:
+                raise KubeError(f"the node cache did not sync within "
+                                f"{self.first_sync_timeout:g}s; is the API server reachable "
+                                "and may this service account list nodes? (set "
+                                "CONT_WHEN_CACHE_NOT_READY=true to go on regardless)") from None
+            log.warning("node cache not synced; continuing (CONT_WHEN_CACHE_NOT_READY=true)")
+        emitted: dict[str, Lease] = {}
+        try:
+            while True:
+                await self._changed.wait()
+                self._changed.clear()
+                if self._resync:
+                    self._resync = False
+                    emitted = {name: lease for name, node in self.nodes.items()
+                               if (lease := self._lease_of(node)) is not None}
+                    yield Snapshot(list(emitted.values()))
+                    continue
+                names, self._dirty = list(self._dirty), {}
+                events = []
+                for name in names:
+                    node = self.nodes.get(name)
+                    lease = self._lease_of(node) if node is not None else None
+                    before = emitted.get(name)
+                    if lease is None:
+                        if before is not None:
+                            events.append(Event(EventType.REMOVED, emitted.pop(name)))
+                    elif before is None or _triple(before) != _triple(lease):
+                        if before is not None and not before.same_subnet(lease):
+                            events.append(Event(EventType.REMOVED, before))
+                        emitted[name] = lease
+                        events.append(Event(EventType.ADDED, lease))
+                if events:
+                    yield Changes(events)
+        finally:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.client.close()
+
+
+async def node_name_from_env(client: Any, environ: dict[str, str]) -> str:
+    name = environ.get("NODE_NAME", "")
+    if name:
+        return name
+    pod, namespace = environ.get("POD_NAME", ""), environ.get("POD_NAMESPACE", "")
+    if not pod or not namespace:
+        raise KubeError("env variables POD_NAME and POD_NAMESPACE must be set (or NODE_NAME)")
+    from lightkube import ApiError
+    from lightkube.resources.core_v1 import Pod
+
+    try:
+        found = _node_dict(await client.get(Pod, pod, namespace=namespace))
+    except ApiError as err:
+        raise KubeError(f"error retrieving pod spec for '{namespace}/{pod}': "
+                        f"{err.status.message}") from None
+    node_name = (found.get("spec") or {}).get("nodeName")
+    if not node_name:
+        raise KubeError(f"node name not present in pod spec '{namespace}/{pod}'")
+    return node_name
+
+
+def client_config(api_url: str, kubeconfig_file: str) -> Any:
+    """lightkube config: the kubeconfig file; else the in-cluster service account (with
+    ``api_url`` as the server if given); else ``api_url`` without credentials."""
+    from lightkube import KubeConfig
+    from lightkube.config.models import Cluster, User
+    from lightkube.core.exceptions import ConfigError as KubeConfigError
+
+    try:
+        if kubeconfig_file:
+            return KubeConfig.from_file(kubeconfig_file)
+        try:
+            in_cluster = KubeConfig.from_service_account()
+        except (KubeConfigError, KeyError):
+            in_cluster = None
+        if in_cluster is not None:
+            if not api_url:
+                return in_cluster
+            single = in_cluster.get()
+            return KubeConfig.from_one(
+                cluster=Cluster(server=api_url,
+                                certificate_auth=single.cluster.certificate_auth),
+                user=single.user, namespace=single.namespace)
+        if api_url:
+            return KubeConfig.from_one(cluster=Cluster(server=api_url), user=User())
+    except (KubeConfigError, OSError) as err:
+        raise KubeError(f"cannot build the Kubernetes client config: {err}") from None
+    raise KubeError("not running in a cluster: give --kubeconfig-file or --kube-api-url")
+
+
+def make_kube_manager(args: argparse.Namespace) -> KubeSubnetManager:
+    from lightkube import AsyncClient
+
+    config = client_config(args.kube_api_url, args.kubeconfig_file)
+    environ = dict(os.environ)
+    try:
+        names = Annotations.for_prefix(args.kube_annotation_prefix)
+    except AnnotationError as err:
+        raise KubeError(f"--kube-annotation-prefix: {err}") from None
+    client = AsyncClient(config=config)
+    return KubeSubnetManager(
+        client, environ.get("NODE_NAME", ""), names, args.net_config_path, environ=environ,
+        set_node_network_unavailable=args.set_node_network_unavailable,
+        queue_depth=event_queue_depth(environ),
+        continue_when_cache_not_ready=environ.get("CONT_WHEN_CACHE_NOT_READY") == "true")

@@ -1,0 +1,269 @@
+"""The kube subnet manager against the API-server test double (tests/support/kubeapi.py),
+through the real lightkube client over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from ipaddress import IPv4Address, IPv6Address
+
+import pytest
+from lightkube import AsyncClient
+
+from flannel.lease import EventType, LeaseAttrs
+from flannel.subnet.annotations import Annotations
+from flannel.subnet.kube import KubeError, KubeSubnetManager, client_config, event_queue_depth
+from flannel.subnet.watch import LeaseWatcher, Snapshot
+from tests.support.kubeapi import FakeKubeAPI
+from tests.support.waiting import async_wait_until
+
+P = "flannel.alpha.coreos.com/"
+NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
+VXLAN = LeaseAttrs(public_ip=IPv4Address("10.0.0.1"), backend_type="vxlan",
+                   backend_data='{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}')
+
+
+@pytest.fixture
+async def api():
+    server = FakeKubeAPI()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+def manager(api: FakeKubeAPI, tmp_path, config: dict | None = None, node: str = "node1",
+            **kwargs) -> KubeSubnetManager:
+    conf = tmp_path / "net-conf.json"
+    conf.write_text(json.dumps(config or {"Network": "10.244.0.0/16",
+                                          "Backend": {"Type": "vxlan"}}))
+    client = AsyncClient(config=client_config(api.url, ""))
+    return KubeSubnetManager(client, node, NAMES, str(conf), patch_timeout=2,
+                             retry_interval=0.1, **kwargs)
+
+
+def remote(api: FakeKubeAPI, name: str, cidr: str, ip: str, mac: str = "0e:00:00:00:00:02"):
+    return api.put_node(name, [cidr], {
+        P + "kube-subnet-manager": "true", P + "backend-type": "vxlan",
+        P + "backend-data": json.dumps({"VNI": 1, "VtepMAC": mac}), P + "public-ip": ip})
+
+
+class Follower:
+    def __init__(self, sm: KubeSubnetManager, own) -> None:
+        self.watcher = LeaseWatcher(own)
+        self.events: list[tuple[EventType, str]] = []
+        self.updates: list = []
+        self.task = asyncio.create_task(self._run(sm))
+
+    async def _run(self, sm):
+        async for update in sm.watch_leases():
+            self.updates.append(update)
+            self.events += [(e.type, e.lease.key) for e in self.watcher.apply(update).events]
+
+    async def wait_for(self, count: int, timeout: float = 10.0):
+        async def enough():
+            return len(self.events) >= count
+        await async_wait_until(enough, timeout, what=f"{count} events, got {self.events}")
+        return self.events[:count]
+
+    async def stop(self):
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+async def test_acquire_from_pod_cidr_publishes_annotations(api, tmp_path):
+    api.put_node("node1", ["10.244.5.0/24"])
+    sm = manager(api, tmp_path)
+    try:
+        await sm.get_network_config()
+        lease = await sm.acquire_lease(VXLAN)
+        assert str(lease.subnet) == "10.244.5.0/24" and lease.ipv6_subnet is None
+        assert len(api.patches) == 1
+        name, patch = api.patches[0]
+        assert name == "node1" and list(patch) == ["metadata"]
+        assert api.nodes["node1"]["metadata"]["annotations"] == {
+            P + "backend-type": "vxlan", P + "kube-subnet-manager": "true",
+            P + "backend-data": '{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}',
+            P + "public-ip": "10.0.0.1"}
+        await sm.acquire_lease(VXLAN)
+        assert len(api.patches) == 1  # nothing changed: no second patch
+    finally:
+        await sm.close()
+
+
+async def test_host_gw_dual_stack_and_overwrites(api, tmp_path):
+    api.put_node("node1", ["10.244.5.0/24", "fd00:10:244:5::/64"], {
+        P + "public-ip-overwrite": "172.18.0.2", P + "node-public-ip": "10.0.0.9"})
+    sm = manager(api, tmp_path, {"Network": "10.244.0.0/16", "EnableIPv6": True,
+                                 "IPv6Network": "fd00:10:244::/56",
+                                 "Backend": {"Type": "host-gw"}})
+    try:
+        await sm.get_network_config()
+        assert await sm.public_ip_overrides() == (IPv4Address("10.0.0.9"), None)
+        attrs = LeaseAttrs(public_ip=IPv4Address("10.0.0.9"),
+                           public_ipv6=IPv6Address("fd00::9"), backend_type="host-gw")
+        lease = await sm.acquire_lease(attrs)
+        assert str(lease.ipv6_subnet) == "fd00:10:244:5::/64"
+        annotations = api.nodes["node1"]["metadata"]["annotations"]
+        assert annotations[P + "public-ip"] == "172.18.0.2"
+        assert annotations[P + "backend-data"] == "null"
+        assert annotations[P + "backend-v6-data"] == "null"
+        assert annotations[P + "public-ipv6"] == "fd00::9"
+    finally:
+        await sm.close()
+
+
+async def test_missing_pod_cidr_and_mismatched_network_say_what_to_fix(api, tmp_path):
+    api.put_node("node1", [])
+    sm = manager(api, tmp_path)
+    try:
+        await sm.get_network_config()
+        with pytest.raises(KubeError, match=r'node "node1" pod cidr not assigned.*'
+                                            r"allocate-node-cidrs"):
+            await sm.acquire_lease(VXLAN)
+        api.put_node("node1", ["10.9.0.0/24"])
+        with pytest.raises(KubeError, match=re.escape(
+                'subnet "10.244.0.0/16" specified in the flannel net config doesn\'t contain')):
+            await sm.acquire_lease(VXLAN)
+    finally:
+        await sm.close()
+
+
+async def test_node_condition_is_patched(api, tmp_path):
+    api.put_node("node1", ["10.244.5.0/24"])
+    sm = manager(api, tmp_path)
+    try:
+        await sm.get_network_config()
+        lease = await sm.acquire_lease(VXLAN)
+        task = asyncio.create_task(sm.complete_lease(lease, 0, lambda _lease: None))
+
+        async def patched():
+            return len(api.patches) == 2
+        await async_wait_until(patched)
+        task.cancel()
+        condition = api.nodes["node1"]["status"]["conditions"][0]
+        assert {k: condition[k] for k in ("type", "status", "reason", "message")} == {
+            "type": "NetworkUnavailable", "status": "False", "reason": "FlannelIsUp",
+            "message": "Flannel is running on this node"}
+    finally:
+        await sm.close()
+
+
+async def test_node_name_from_the_pod(api, tmp_path):
+    api.put_node("worker-3", ["10.244.3.0/24"])
+    api.put_pod("kube-flannel", "kube-flannel-ds-abc", "worker-3")
+    sm = manager(api, tmp_path, node="", environ={"POD_NAME": "kube-flannel-ds-abc",
+                                                   "POD_NAMESPACE": "kube-flannel"})
+    try:
+        await sm.get_network_config()
+        assert sm.node_name == "worker-3"
+    finally:
+        await sm.close()
+    sm = manager(api, tmp_path, node="", environ={})
+    try:
+        with pytest.raises(KubeError, match="POD_NAME and POD_NAMESPACE must be set"):
+            await sm.get_network_config()
+    finally:
+        await sm.close()
+
+
+async def test_other_nodes_added_changed_deleted_and_quiet_resyncs(api, tmp_path):
+    api.put_node("node1", ["10.244.1.0/24"])
+    sm = manager(api, tmp_path)
+    follower = None
+    try:
+        await sm.get_network_config()
+        own = await sm.acquire_lease(VXLAN)
+        follower = Follower(sm, own)
+        remote(api, "node2", "10.244.2.0/24", "10.0.0.2")
+        assert await follower.wait_for(1) == [(EventType.ADDED, "10.244.2.0-24")]
+        remote(api, "node2", "10.244.2.0/24", "10.0.0.2", mac="0e:00:00:00:00:22")
+        await follower.wait_for(2)
+        # An update that leaves the published triple alone (heartbeat, other annotation).
+        api.put_node("node2", annotations={"unrelated": "x"})
+        api.delete_node("node2")
+        events = await follower.wait_for(3)
+        assert events == [(EventType.ADDED, "10.244.2.0-24"), (EventType.ADDED,
+                          "10.244.2.0-24"), (EventType.REMOVED, "10.244.2.0-24")]
+        await asyncio.sleep(0.2)
+        assert len(follower.events) == 3  # the unrelated change produced nothing
+    finally:
+        if follower:
+            await follower.stop()
+        await sm.close()
+
+
+async def test_cut_watch_resumes_and_410_relists(api, tmp_path):
+    api.put_node("node1", ["10.244.1.0/24"])
+    sm = manager(api, tmp_path)
+    follower = None
+    try:
+        await sm.get_network_config()
+        own = await sm.acquire_lease(VXLAN)
+        follower = Follower(sm, own)
+        remote(api, "node2", "10.244.2.0/24", "10.0.0.2")
+        await follower.wait_for(1)
+        # Cut mid-stream; the changes made meanwhile arrive after the resume, no relist.
+        api.cut_watches()
+        remote(api, "node3", "10.244.3.0/24", "10.0.0.3")
+        api.delete_node("node2")
+        await follower.wait_for(3)
+        assert sm.relists == 1
+        # Cut again and compact: the resume gets 410 Gone and relists; the diff is exact.
+        api.cut_watches()
+        remote(api, "node4", "10.244.4.0/24", "10.0.0.4")
+        api.delete_node("node3")
+        api.compact()
+        events = await follower.wait_for(5)
+        assert set(events[3:]) == {(EventType.ADDED, "10.244.4.0-24"),
+                                   (EventType.REMOVED, "10.244.3.0-24")}
+        assert sm.relists == 2
+        assert any("resourceVersion" in r and "watch" in r for r in api.requests)
+    finally:
+        if follower:
+            await follower.stop()
+        await sm.close()
+
+
+async def test_six_thousand_quick_updates_never_block_the_watch(api, tmp_path):
+    api.put_node("node1", ["10.244.1.0/24"])
+    for i in range(2, 22):
+        remote(api, f"node{i}", f"10.244.{i}.0/24", f"10.0.0.{i}")
+    sm = manager(api, tmp_path, queue_depth=10)
+    try:
+        await sm.get_network_config()
+        own = await sm.acquire_lease(VXLAN)
+        updates = sm.watch_leases()
+        first = await anext(updates)
+        assert isinstance(first, Snapshot) and len(first.leases) == 21  # ours included
+        # Nobody consumes while 6000 updates land: the watch must keep up regardless.
+        for n in range(6000):
+            i = 2 + n % 20
+            remote(api, f"node{i}", f"10.244.{i}.0/24", f"10.0.0.{i}",
+                   mac=f"0e:00:00:00:{n // 256 % 256:02x}:{n % 256:02x}")
+
+        async def caught_up():
+            return sm.resource_version == str(api.rv)
+        await async_wait_until(caught_up, 60, what="the watch to keep up")
+        watcher = LeaseWatcher(own)
+        watcher.apply(first)
+        update = await asyncio.wait_for(anext(updates), 10)
+        watcher.apply(update)
+        final = {lease.key: json.loads(lease.attrs.backend_data)["VtepMAC"]
+                 for lease in watcher.leases}
+        for n in range(5980, 6000):
+            i = 2 + n % 20
+            assert final[f"10.244.{i}.0-24"] == f"0e:00:00:00:{n // 256 % 256:02x}:{n % 256:02x}"
+        await updates.aclose()
+    finally:
+        await sm.close()
+
+
+def test_event_queue_depth_env():
+    assert event_queue_depth({}) == 5000
+    assert event_queue_depth({"EVENT_QUEUE_DEPTH": "100"}) == 100
+    assert event_queue_depth({"EVENT_QUEUE_DEPTH": "-3"}) == 5000
+    with pytest.raises(KubeError, match="env EVENT_QUEUE_DEPTH=abc format error"):
+        event_queue_depth({"EVENT_QUEUE_DEPTH": "abc"})

@@ -1,0 +1,265 @@
+"""A test double of the Kubernetes API server, for the subset flannel uses.
+
+There is no kube-apiserver on these machines, so the kube subnet manager is tested against
+this server. It speaks real HTTP/1.1 (keep-alive, chunked watch streams) and models, as the
+real API server does:
+
+- nodes (cluster-scoped) and pods (namespaced) as JSON objects; every write bumps one global
+  resourceVersion (as etcd revisions do) and stamps it on the object;
+- ``GET /api/v1/nodes``: a NodeList whose ``metadata.resourceVersion`` is the current one;
+- ``GET /api/v1/nodes?watch=true&resourceVersion=N``: newline-delimited watch events
+  (``ADDED``/``MODIFIED``/``DELETED``) for every change after N, then live ones; N older than
+  the retained history gives one ``ERROR`` event carrying a ``Status`` with code 410, reason
+  ``Expired`` ("too old resource version"), and the stream ends; without N, synthetic
+  ``ADDED`` events for every current node come first; ``timeoutSeconds`` ends the stream;
+- ``GET /api/v1/nodes/<name>`` and ``GET /api/v1/namespaces/<ns>/pods/<name>``, with a 404
+  ``Status`` (reason ``NotFound``) for unknown objects;
+- ``PATCH /api/v1/nodes/<name>/status`` with ``application/strategic-merge-patch+json``:
+  maps (``metadata.annotations``, ``metadata.labels``) merge key by key (null deletes),
+  ``status.conditions`` merges by its patch merge key ``type``, other fields are replaced;
+  other patch types get 415.
+
+Not modelled: authentication and RBAC, other resources and verbs over HTTP, label/field
+selectors, chunked lists, bookmarks. Tests change nodes through the Python methods
+(``put_node``, ``delete_node``; synchronous, so a test can change several things with no
+watcher running in between), compact the history (``compact``) and cut watch streams
+(``cut_watches``); ``python -m tests.support.kubeapi`` runs it standalone for the lab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def strategic_merge(target: dict[str, Any], patch: dict[str, Any], path: str = "") -> None:
+    for key, value in patch.items():
+        here = f"{path}.{key}" if path else key
+        if value is None:
+            target.pop(key, None)
+        elif here == "status.conditions" and isinstance(value, list):
+            merged = {c.get("type"): c for c in target.get(key) or []}
+            for condition in value:
+                merged[condition.get("type")] = {**merged.get(condition.get("type"), {}),
+                                                 **condition}
+            target[key] = list(merged.values())
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            strategic_merge(target[key], value, here)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+class FakeKubeAPI:
+    def __init__(self) -> None:
+        self.rv = 1
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.history: list[tuple[int, str, dict[str, Any]]] = []
+        self.oldest = 1  # watches from before this resourceVersion get 410
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+        self.requests: list[str] = []
+        self._changed = asyncio.Condition()
+        self._watch_writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    # -- test controls ------------------------------------------------------------------
+
+    def _record(self, kind: str, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append((self.rv, kind, copy.deepcopy(obj)))
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def put_node(self, name: str, pod_cidrs: list[str] | None = None,
+                       annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        existing = name in self.nodes
+        node = self.nodes.get(name) or {
+            "kind": "Node", "apiVersion": "v1",
+            "metadata": {"name": name, "uid": f"uid-{name}", "annotations": {}},
+            "spec": {}, "status": {"conditions": []}}
+        if pod_cidrs is not None:
+            node["spec"]["podCIDR"] = pod_cidrs[0] if pod_cidrs else ""
+            node["spec"]["podCIDRs"] = list(pod_cidrs)
+        if annotations is not None:
+            node["metadata"]["annotations"].update(annotations)
+        self.nodes[name] = node
+        self._record("MODIFIED" if existing else "ADDED", node)
+        return node
+
+    def delete_node(self, name: str) -> None:
+        node = self.nodes.pop(name)
+        self._record("DELETED", node)
+
+    def put_pod(self, namespace: str, name: str, node_name: str) -> None:
+        self.pods[(namespace, name)] = {"kind": "Pod", "apiVersion": "v1",
+                                        "metadata": {"name": name, "namespace": namespace},
+                                        "spec": {"nodeName": node_name, "containers": [
+                                            {"name": "kube-flannel", "image": "pyflannel"}]}}
+
+    def compact(self) -> None:
+        """Forget the event history, as etcd compaction does (old watches get 410)."""
+        self.history.clear()
+        self.oldest = self.rv + 1
+
+    def cut_watches(self) -> None:
+        for writer in list(self._watch_writers):
+            writer.transport.abort()
+
+    # -- HTTP -------------------------------------------------------------------------
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = await asyncio.start_server(self._connection, host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def stop(self) -> None:
+        self.cut_watches()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                method, target, _ = line.decode().split(" ", 2)
+                headers = {}
+                while (header := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    key, _, value = header.decode().partition(":")
+                    headers[key.strip().lower()] = value.strip()
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                self.requests.append(f"{method} {target}")
+                url = urlsplit(target)
+                query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+                if method == "GET" and url.path == "/api/v1/nodes" and \
+                        query.get("watch") in ("true", "1"):
+                    await self._watch(writer, query)
+                    return
+                code, doc = await self._handle(method, url.path, headers, body)
+                data = json.dumps(doc).encode()
+                writer.write(f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError,
+                asyncio.CancelledError):
+            return  # a client went away, or the server is shutting down
+        finally:
+            writer.close()
+
+    async def _handle(self, method: str, path: str, headers: dict[str, str], body: bytes
+                      ) -> tuple[int, dict[str, Any]]:
+        parts = path.strip("/").split("/")
+        if method == "GET" and path == "/api/v1/nodes":
+            return 200, {"kind": "NodeList", "apiVersion": "v1",
+                         "metadata": {"resourceVersion": str(self.rv)},
+                         "items": [copy.deepcopy(n) for n in self.nodes.values()]}
+        if parts[:3] == ["api", "v1", "nodes"] and len(parts) >= 4:
+            name = parts[3]
+            if name not in self.nodes:
+                return 404, _status(404, "NotFound", f'nodes "{name}" not found')
+            if method == "GET" and len(parts) == 4:
+                return 200, copy.deepcopy(self.nodes[name])
+            if method == "PATCH" and parts[4:] == ["status"]:
+                if headers.get("content-type") != "application/strategic-merge-patch+json":
+                    return 415, _status(415, "UnsupportedMediaType",
+                                        "the body of the request was in an unknown format")
+                patch = json.loads(body)
+                self.patches.append((name, patch))
+                strategic_merge(self.nodes[name], patch)
+                self._record("MODIFIED", self.nodes[name])
+                return 200, copy.deepcopy(self.nodes[name])
+        if method == "GET" and parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 \
+                and parts[4] == "pods":
+            pod = self.pods.get((parts[3], parts[5]))
+            if pod is None:
+                return 404, _status(404, "NotFound", f'pods "{parts[5]}" not found')
+            return 200, copy.deepcopy(pod)
+        return 404, _status(404, "NotFound", f"the server could not find {method} {path}")
+
+    async def _watch(self, writer: asyncio.StreamWriter, query: dict[str, str]) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        self._watch_writers.add(writer)
+
+        def send(kind: str, obj: dict[str, Any]) -> None:
+            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+            writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+
+        try:
+            since = int(query.get("resourceVersion") or 0)
+            timeout = float(query.get("timeoutSeconds") or 3600)
+            if since == 0:
+                for node in self.nodes.values():
+                    send("ADDED", copy.deepcopy(node))
+                since = self.rv
+            elif since < self.oldest - 1:
+                send("ERROR", _status(410, "Expired", f"too old resource version: {since} "
+                                                      f"({self.oldest})"))
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                return
+            deadline = asyncio.get_running_loop().time() + timeout
+            while True:
+                for rv, kind, obj in self.history:
+                    if rv > since:
+                        send(kind, obj)
+                        since = rv
+                await writer.drain()
+                remaining = deadline - asyncio.get_running_loop().time()
+                if remaining <= 0:
+                    break
+                async with self._changed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), remaining)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            self._watch_writers.discard(writer)
+
+
+async def _serve(host: str, port: int, nodes: list[str]) -> None:
+    api = FakeKubeAPI()
+    for spec in nodes:
+        name, _, cidrs = spec.partition("=")
+        api.put_node(name, cidrs.split(","))
+    await api.start(host, port)
+    print(f"listening on {host}:{api.port}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a test double of the Kubernetes API server")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--node", action="append", default=[],
+                        help="NAME=CIDR[,CIDR]: a node and its pod CIDRs")
+    args = parser.parse_args()
+    asyncio.run(_serve(args.host, args.port, args.node))
+
+
+if __name__ == "__main__":
+    main()
