@@ -15,7 +15,7 @@ from flannel.cni.install import InstallError, install_conflist, install_plugin
 
 def cmd_install_cni(args: argparse.Namespace) -> int:
     try:
-        plugin = install_plugin(args.bin_dir)
+        plugin = install_plugin(args.bin_dir, args.python)
         conflist = install_conflist(args.conf_dir, args.conflist)
     except (InstallError, OSError) as err:
         print(f"flannelctl install-cni: {err}", file=sys.stderr)
@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="CNI plugin directory (default %(default)s)")
     install.add_argument("--conf-dir", type=Path, default=Path("/etc/cni/net.d"),
                          help="CNI config directory (default %(default)s)")
+    install.add_argument("--python", default=sys.executable,
+                         help="Python (>= 3.11) the runtime will run the plugin with, as seen "
+                              "from the host (default: this interpreter, %(default)s)")
     install.add_argument("--conflist", type=Path, default=None,
                          help="network config list to install (default: the cbr0 one of the "
                               "upstream manifest)")

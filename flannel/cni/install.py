@@ -1,8 +1,11 @@
 """Installs the CNI plugin executable (as ``flannel``) and the CNI network config list.
 
-Owns the launcher written into the CNI bin directory (it starts Python without site
-processing, so that a pod ADD pays for the plugin only) and the atomic conflist write, like
-upstream's install step. Must not touch: files other than the two it installs.
+Owns what goes into the CNI bin directory: a copy of the plugin's modules (standard library
+only) under ``.flannel-cni/`` and the ``flannel`` launcher that runs them with the given
+Python without site processing (a pod ADD pays for the plugin only, and the plugin does not
+depend on where pyflannel itself is installed, e.g. inside a container image). Also the
+atomic conflist write, like upstream's install step.
+Must not touch: files other than those it installs.
 """
 
 from __future__ import annotations
@@ -29,18 +32,25 @@ class InstallError(Exception):
     """The installation cannot proceed; the message names the file or option to fix."""
 
 
-def launcher_text(python: str = sys.executable) -> str:
-    package_root = Path(flannel.__file__).resolve().parent.parent
+PLUGIN_MODULES = ("__init__.py", "cni/__init__.py", "cni/plugin.py", "cni/lite.py")
+
+
+def launcher_text(python: str, library: Path) -> str:
     return (f"#!{python} -IS\n"
             "import sys\n"
-            f"sys.path.insert(0, {str(package_root)!r})\n"
+            f"sys.path.insert(0, {str(library)!r})\n"
             "from flannel.cni.plugin import main\n"
             "sys.exit(main())\n")
 
 
-def install_plugin(bin_dir: Path) -> Path:
+def install_plugin(bin_dir: Path, python: str = sys.executable) -> Path:
+    """Copy the plugin modules and write the ``flannel`` launcher (Python >= 3.11)."""
+    library = bin_dir.resolve() / ".flannel-cni"
+    source = Path(flannel.__file__).resolve().parent
+    for module in PLUGIN_MODULES:
+        write_atomic(library / "flannel" / module, (source / module).read_bytes(), mode=0o644)
     target = bin_dir / "flannel"
-    write_atomic(target, launcher_text().encode(), mode=0o755)
+    write_atomic(target, launcher_text(python, library).encode(), mode=0o755)
     return target
 
 
