@@ -15,6 +15,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
 from flannel import gojson
+from flannel.netutil import parse_ip
 
 
 class ConfigError(ValueError):
@@ -96,12 +97,9 @@ def _cidr(name: str, value: Any, version: int) -> IPv4Network | IPv6Network:
 def _address(name: str, value: Any, version: int) -> IPv4Address | IPv6Address:
     text = _typed(name, value, str, "an IP address string")
     try:
-        addr = ipaddress.ip_address(text)
-    except ValueError:
-        raise ConfigError(f"config field {name!r}: {text!r} is not an IP address") from None
-    if addr.version != version:
-        raise ConfigError(f"config field {name!r}: {text!r} is not an IPv{version} address")
-    return addr
+        return parse_ip(text, version)
+    except ValueError as err:
+        raise ConfigError(f"config field {name!r}: {err}") from None
 
 
 def _cidr_list(name: str, value: Any) -> tuple[IPv4Network | IPv6Network, ...]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import ipaddress
 import json
 import re
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
 from flannel import gojson
+from flannel.netutil import parse_ip
 
 
 class LeaseDecodeError(ValueError):
@@ -122,11 +122,9 @@ def _decode_ip(value: Any, name: str, version: int) -> Any:
         raise LeaseDecodeError(f"lease field {name}: expected a string, got "
                                f"{gojson.type_name(value)}")
     try:
-        addr = ipaddress.ip_address(value)
-    except ValueError:
-        raise LeaseDecodeError(f"lease field {name}: {value!r} is not an IP address") from None
-    if addr.version != version:
-        raise LeaseDecodeError(f"lease field {name}: {value!r} is not an IPv{version} address")
+        addr = parse_ip(value, version)
+    except ValueError as err:
+        raise LeaseDecodeError(f"lease field {name}: {err}") from None
     if version == 4 and int(addr) == 0:
         return None
     return addr

@@ -106,6 +106,3 @@ def parse_cidr(text: str) -> str:
     network = (int.from_bytes(packed, "big") & mask).to_bytes(len(packed), "big")
     return f"{format_ip(family, network)}/{prefix}"
 
-
-def is_ipv6(cidr: str) -> bool:
-    return ":" in cidr

@@ -179,9 +179,3 @@ def ensure_address(index: int, address: IPv4Address | IPv6Address,
             # leave it tentative (unusable) for a second.
             ipr.addr("add", index=index, address=str(address), prefixlen=prefixlen,
                      flags=IFA_F_NODAD if address.version == 6 else 0)
-
-
-def link_index(name: str, netns: str | None = None) -> int | None:
-    with _open(netns) as ipr:
-        found = ipr.link_lookup(ifname=name)
-    return found[0] if found else None

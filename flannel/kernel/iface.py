@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 
+from flannel.netutil import parse_ip
+
 IFA_F_TEMPORARY = 0x01
 IFA_F_DEPRECATED = 0x20
 IFA_F_PERMANENT = 0x80
@@ -110,12 +112,9 @@ def _parse_ip(text: str, version: int, flag: str) -> IPAddress | None:
     if not text:
         return None
     try:
-        addr = ipaddress.ip_address(text)
-    except ValueError:
-        raise InterfaceError(f"{flag}: {text!r} is not an IP address") from None
-    if addr.version != version:
-        raise InterfaceError(f"{flag}: {text!r} is not an IPv{version} address")
-    return addr
+        return parse_ip(text, version)
+    except ValueError as err:
+        raise InterfaceError(f"{flag}: {err}") from None
 
 
 def _match_regexes(snapshot: NetSnapshot, patterns: Sequence[str], ipv4: bool, ipv6: bool

@@ -200,7 +200,7 @@ class Reconciler:
                 self.stats.in_sync = False
                 self.stats.last_error = str(err)
                 log.error("reconcile failed (retrying in %.1fs): %s", backoff, err)
-                self._close()
+                self.close()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self.trigger()
@@ -230,9 +230,6 @@ class Reconciler:
                            self.netns)
 
     def close(self) -> None:
-        self._close()
-
-    def _close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -357,7 +357,7 @@ class Lab:
         for line in listing.splitlines():
             name = line.split()[0] if line.strip() else ""
             if name == self.underlay_ns or name.startswith(f"{self.name}-n"):
-                _kill_netns_pids(name)
+                kill_netns_processes(name)
                 run(["ip", "netns", "del", name], check=False)
         shutil.rmtree(self.directory, ignore_errors=True)
         self.state = LabState(self.name, str(self.directory))
@@ -397,7 +397,8 @@ def _stop_pid(pid: int, sig: int, timeout: float) -> int | None:
     return None
 
 
-def _kill_netns_pids(netns: str) -> None:
+def kill_netns_processes(netns: str) -> None:
+    """Stop every process that runs in ``netns`` (SIGTERM, then SIGKILL)."""
     pids = run(["ip", "netns", "pids", netns], check=False).stdout.split()
     for pid in pids:
         _stop_pid(int(pid), signal.SIGTERM, 5.0)

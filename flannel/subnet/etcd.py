@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 
-from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
+from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
     Event,
     EventType,
@@ -392,11 +392,3 @@ class EtcdSubnetManager:
 def _seconds_text(seconds: float) -> str:
     return "1 min" if seconds == 60 else f"{seconds:g} s"
 
-
-__all__ = [
-    "AcquireError",
-    "ConfigError",
-    "ConfigNotFound",
-    "EtcdSubnetManager",
-    "PreviousSubnets",
-]

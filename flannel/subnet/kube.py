@@ -176,23 +176,19 @@ class KubeSubnetManager:
             raise KubeError(f"{err}; assign pod CIDRs to nodes (kube-controller-manager "
                             "--allocate-node-cidrs=true --cluster-cidr=<Network>) or set the "
                             "node's spec.podCIDR") from None
-        if cfg.enable_ipv4:
-            if v4 is None:
-                raise KubeError(f'node "{self.node_name}" has no IPv4 pod CIDR but the flannel '
-                                "config enables IPv4")
-            if cfg.network is None or not v4.subnet_of(cfg.network):
-                raise KubeError(f'subnet "{cfg.network}" specified in the flannel net config '
-                                f'doesn\'t contain "{v4}" PodCIDR of the "{self.node_name}" '
-                                "node; make Network match the cluster CIDR")
-        if cfg.enable_ipv6:
-            if v6 is None:
-                raise KubeError(f'node "{self.node_name}" has no IPv6 pod CIDR but the flannel '
-                                "config enables IPv6")
-            if cfg.ipv6_network is None or not v6.subnet_of(cfg.ipv6_network):
-                raise KubeError(f'subnet "{cfg.ipv6_network}" specified in the flannel net '
-                                f'config doesn\'t contain "{v6}" IPv6 PodCIDR of the '
-                                f'"{self.node_name}" node; make IPv6Network match the cluster '
-                                "CIDR")
+        for enabled, subnet, network, family, pod_cidr in (
+                (cfg.enable_ipv4, v4, cfg.network, "IPv4", "PodCIDR"),
+                (cfg.enable_ipv6, v6, cfg.ipv6_network, "IPv6", "IPv6 PodCIDR")):
+            if not enabled:
+                continue
+            if subnet is None:
+                raise KubeError(f'node "{self.node_name}" has no {family} pod CIDR but the '
+                                f"flannel config enables {family}")
+            if network is None or not subnet.subnet_of(network):
+                raise KubeError(f'subnet "{network}" specified in the flannel net config '
+                                f'doesn\'t contain "{subnet}" {pod_cidr} of the '
+                                f'"{self.node_name}" node; make the config\'s {family} network '
+                                "match the cluster CIDR")
         existing = node["metadata"].get("annotations") or {}
         wanted = published(self.names, attrs, existing, cfg.enable_ipv4, cfg.enable_ipv6)
         changes = {k: v for k, v in wanted.items() if existing.get(k) != v}

@@ -267,3 +267,35 @@ def test_event_queue_depth_env():
     assert event_queue_depth({"EVENT_QUEUE_DEPTH": "-3"}) == 5000
     with pytest.raises(KubeError, match="env EVENT_QUEUE_DEPTH=abc format error"):
         event_queue_depth({"EVENT_QUEUE_DEPTH": "abc"})
+
+
+async def test_first_sync_is_bounded_unless_told_to_continue(api, tmp_path):
+    from flannel.lab.etcd import free_port
+
+    dead = FakeKubeAPI()
+    dead.port = free_port()  # nothing listens there
+    sm = manager(dead, tmp_path, first_sync_timeout=0.5)
+    try:
+        await sm.get_network_config()
+        with pytest.raises(KubeError, match="CONT_WHEN_CACHE_NOT_READY"):
+            await anext(sm.watch_leases())
+    finally:
+        await sm.close()
+
+    late = FakeKubeAPI()
+    late.port = free_port()
+    sm = manager(late, tmp_path, first_sync_timeout=0.3, continue_when_cache_not_ready=True)
+    updates = sm.watch_leases()
+    try:
+        await sm.get_network_config()
+        first = asyncio.create_task(anext(updates))
+        await asyncio.sleep(0.6)  # past the sync timeout: still waiting, not failed
+        assert not first.done()
+        late.put_node("node9", ["10.244.9.0/24"])
+        await late.start(port=late.port)
+        snapshot = await asyncio.wait_for(first, 10)
+        assert isinstance(snapshot, Snapshot)
+    finally:
+        await updates.aclose()
+        await late.stop()
+        await sm.close()

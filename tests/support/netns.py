@@ -6,11 +6,10 @@ and a sweep at the end of the session can find leftovers of this run only.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
-import time
+
+from flannel.lab.cluster import kill_netns_processes
 
 RUN_PREFIX = f"pft{os.getpid() % 100000}x"
 _counter = 0
@@ -33,35 +32,10 @@ def create(tag: str = "") -> str:
     return name
 
 
-def pids(name: str) -> list[int]:
-    result = ip("netns", "pids", name, check=False)
-    return [int(p) for p in result.stdout.split()]
-
-
 def delete(name: str) -> None:
-    """Kill what still runs inside, then remove the namespace (bounded)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        running = pids(name)
-        for pid in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 5
-        while running and time.monotonic() < deadline:
-            running = [p for p in running if _alive(p)]
-            time.sleep(0.05)
-        if not running:
-            break
+    """Stop what still runs inside, then remove the namespace (bounded)."""
+    kill_netns_processes(name)
     ip("netns", "del", name, check=False)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    return True
 
 
 def sweep() -> None:

@@ -135,3 +135,15 @@ def test_version_lists_every_supported_version():
     out = json.loads(plugin.run({"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"0.4.0"}'))
     assert out == {"cniVersion": "0.4.0", "supportedVersions": [
         "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}
+
+
+@pytest.mark.parametrize("command", ["CHECK", "GC", "STATUS"])
+def test_check_gc_status_succeed_quietly(command):
+    conf = {**INPUT, "cniVersion": "1.1.0"}
+    assert plugin.run({"CNI_COMMAND": command}, json.dumps(conf).encode()) == b""
+
+
+def test_unknown_command_is_an_env_error():
+    with pytest.raises(CniError) as caught:
+        plugin.run({"CNI_COMMAND": "FROB"}, json.dumps(INPUT).encode())
+    assert caught.value.code == plugin.INVALID_ENV
