@@ -42,6 +42,7 @@ class LeaseWatcher:
     def __init__(self, own: Lease | None) -> None:
         self.own = own
         self._leases: dict[str, Lease] = {}
+        self._by_subnet: dict[str, str] = {}
 
     @property
     def leases(self) -> list[Lease]:
@@ -52,12 +53,27 @@ class LeaseWatcher:
         return self.own is not None and self.own.same_subnet(lease)
 
     def _find(self, lease: Lease) -> str | None:
+        """The cached lease with the same subnet(s), in O(1): by key, else by either subnet
+        (a dual-stack lease and a single-stack one can be the same node's)."""
         if lease.key in self._leases:
             return lease.key
-        for key, cached in self._leases.items():
-            if cached.same_subnet(lease):
-                return key
+        for key in (Lease(lease.subnet).key if lease.subnet else None,
+                    Lease(None, lease.ipv6_subnet).key if lease.ipv6_subnet else None):
+            candidate = self._by_subnet.get(key) if key else None
+            if candidate in self._leases and self._leases[candidate].same_subnet(lease):
+                return candidate
         return None
+
+    def _index(self) -> None:
+        self._by_subnet = {}
+        for key, lease in self._leases.items():
+            self._index_one(key, lease)
+
+    def _index_one(self, key: str, lease: Lease) -> None:
+        if lease.subnet is not None:
+            self._by_subnet[Lease(lease.subnet).key] = key
+        if lease.ipv6_subnet is not None:
+            self._by_subnet[Lease(None, lease.ipv6_subnet).key] = key
 
     def apply(self, update: LeaseUpdate) -> WatchResult:
         if isinstance(update, Snapshot):
@@ -73,6 +89,7 @@ class LeaseWatcher:
         batch += [Event(EventType.REMOVED, lease) for key, lease in self._leases.items()
                   if key not in fresh]
         self._leases = fresh
+        self._index()
         return batch
 
     def _changes(self, events: Iterable[Event]) -> WatchResult:
@@ -88,6 +105,7 @@ class LeaseWatcher:
                 if found is not None:
                     del self._leases[found]
                 self._leases[lease.key] = lease
+                self._index_one(lease.key, lease)
                 result.events.append(event)
             elif found is not None:
                 result.events.append(Event(EventType.REMOVED, self._leases.pop(found)))

@@ -67,3 +67,19 @@ def test_own_lease_missing_from_relist_is_flagged():
     watcher = LeaseWatcher(OWN)
     watcher.apply(Snapshot([OWN, lease(2)]))
     assert watcher.apply(Snapshot([lease(2)])).own_lease_removed
+
+
+def test_a_node_gaining_an_ipv6_subnet_replaces_its_lease():
+    from ipaddress import IPv6Network
+
+    watcher = LeaseWatcher(OWN)
+    watcher.apply(Changes([Event(EventType.ADDED, lease(2))]))
+    dual = Lease(IPv4Network("10.1.2.0/24"), IPv6Network("fd00:2::/64"),
+                 attrs=LeaseAttrs(public_ip=IPv4Address("192.168.0.1")))
+    watcher.apply(Changes([Event(EventType.ADDED, dual)]))
+    assert watcher.leases == [dual]
+    removed = watcher.apply(Changes([Event(EventType.REMOVED, Lease(IPv4Network("10.1.2.0/24"),
+                                                                      IPv6Network(
+                                                                          "fd00:2::/64")))]))
+    assert removed.events == [Event(EventType.REMOVED, dual)] and watcher.leases == []
+
