@@ -26,19 +26,27 @@ class LeaseDecodeError(ValueError):
 _SUBNET_KEY = re.compile(r"(\d+\.\d+.\d+.\d+)-(\d+)(?:&([a-f\d:]+)-(\d+))?$", re.ASCII)
 
 
+NO_IPV4 = IPv4Network("0.0.0.0/0")
+
+
 def make_subnet_key(subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None = None) -> str:
-    """The etcd key suffix of a lease: ``<v4 base>-<len>`` with ``&<v6 base>-<len>`` appended."""
-    parts = []
-    if subnet is not None:
-        parts.append(f"{subnet.network_address}-{subnet.prefixlen}")
+    """The etcd key suffix of a lease: ``<v4 base>-<len>`` with ``&<v6 base>-<len>`` appended.
+
+    An IPv6-only lease has the IPv4 part ``0.0.0.0-0``, as Go flannel writes its zero value.
+    """
+    v4 = subnet or NO_IPV4
+    key = f"{v4.network_address}-{v4.prefixlen}"
     if ipv6_subnet is not None:
-        parts.append(f"{ipv6_subnet.network_address.compressed}-{ipv6_subnet.prefixlen}")
-    return "&".join(parts)
+        key += f"&{ipv6_subnet.network_address.compressed}-{ipv6_subnet.prefixlen}"
+    return key
 
 
 @functools.lru_cache(maxsize=16384)
 def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
-    """Parse a subnet key as upstream does (regex anchored at the end only); None if invalid."""
+    """Parse a subnet key as upstream does (regex anchored at the end only); None if invalid.
+
+    The IPv4 part of an IPv6-only key comes back as ``NO_IPV4`` (0.0.0.0/0).
+    """
     match = _SUBNET_KEY.search(key)
     if match is None:
         return None

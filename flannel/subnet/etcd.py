@@ -21,6 +21,7 @@ from ipaddress import IPv4Network, IPv6Network
 
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
+    NO_IPV4,
     Event,
     EventType,
     Lease,
@@ -149,9 +150,15 @@ class EtcdSubnetManager:
     def _key_name(self, kv: KeyValue) -> str:
         return kv.key[len(self.subnets_prefix):].decode(errors="replace")
 
+    def _subnets(self, kv: KeyValue) -> tuple[IPv4Network | None, IPv6Network | None] | None:
+        subnets = parse_subnet_key(self._key_name(kv))
+        if subnets is None:
+            return None
+        return (None if subnets[0] == NO_IPV4 else subnets[0]), subnets[1]
+
     def _decode(self, kv: KeyValue) -> Lease | None:
         key = self._key_name(kv)
-        subnets = parse_subnet_key(key)
+        subnets = self._subnets(kv)
         if subnets is None:
             log.warning("ignoring %s: %r is not a subnet", kv.key.decode(errors="replace"), key)
             return None
@@ -234,31 +241,31 @@ class EtcdSubnetManager:
 
     def _taken(self, kvs: Iterable[KeyValue]) -> list[Lease]:
         """The subnets named by keys (values are not read)."""
-        return [Lease(*subnets) for kv in kvs
-                if (subnets := parse_subnet_key(self._key_name(kv))) is not None]
+        return [Lease(*subnets) for kv in kvs if (subnets := self._subnets(kv)) is not None]
 
     async def _reuse_by_public_ip(self, cfg: NetworkConfig, attrs: LeaseAttrs,
                                   leases: list[Lease]) -> tuple[Lease | None, set[str]]:
         """Our existing lease rewritten with our attrs, or None and the keys of our leases
         that no longer fit the config (deleted)."""
         deleted: set[str] = set()
-        if attrs.public_ip is None:
+        # Upstream matches the IPv4 public IP; an IPv6-only node is known by its IPv6 one.
+        mine = attrs.public_ip or attrs.public_ipv6
+        if mine is None:
             return None, deleted
         for existing in leases:
-            if existing.attrs.public_ip != attrs.public_ip:
+            theirs = existing.attrs.public_ip if attrs.public_ip else existing.attrs.public_ipv6
+            if theirs != mine:
                 continue
             if subnet_fits(cfg, existing.subnet, existing.ipv6_subnet):
-                log.info("Found lease (%s) for current IP (%s), reusing", existing.key,
-                         attrs.public_ip)
+                log.info("Found lease (%s) for current IP (%s), reusing", existing.key, mine)
                 return await self._put(existing.subnet, existing.ipv6_subnet, attrs,
                                        reservation=existing.is_reservation), deleted
             if existing.is_reservation:
                 log.warning("reservation %s for %s does not fit the network config; leaving "
-                            "it alone and allocating another subnet", existing.key,
-                            attrs.public_ip)
+                            "it alone and allocating another subnet", existing.key, mine)
                 continue
             log.info("Found lease (%s) for current IP (%s) but not compatible with current "
-                     "config, deleting it", existing.key, attrs.public_ip)
+                     "config, deleting it", existing.key, mine)
             await self.client.delete(self.lease_key(existing.key))
             deleted.add(existing.key)
         return None, deleted
@@ -318,7 +325,7 @@ class EtcdSubnetManager:
 
     def _event(self, raw: WatchEvent) -> Event | None:
         if raw.deleted:
-            subnets = parse_subnet_key(self._key_name(raw.kv))
+            subnets = self._subnets(raw.kv)
             if subnets is None:
                 return None
             return Event(EventType.REMOVED, Lease(subnets[0], subnets[1]))

@@ -363,3 +363,19 @@ async def test_dual_stack_lease_key_and_value(client, prefix):
     assert "&fd00:10:0:" in lease.key
     kv = await raw_value(client, f"{prefix}/subnets/{lease.key}")
     assert kv.value == b'{"PublicIP":"1.2.3.4","PublicIPv6":"fd00::4"}'
+
+
+async def test_ipv6_only_lease_key_is_go_compatible(client, prefix):
+    config = json.dumps({"EnableIPv4": False, "EnableIPv6": True,
+                         "IPv6Network": "fc00::/48"})
+    sm = await setup(client, prefix, config)
+    lease = await sm.acquire_lease(LeaseAttrs(public_ipv6=IPv6Address("fd00::4")))
+    assert lease.subnet is None and lease.ipv6_subnet.prefixlen == 64
+    assert lease.key.startswith("0.0.0.0-0&fc00:0:0:")
+    stored, _ = await sm.list_leases()
+    assert [(x.subnet, x.ipv6_subnet) for x in stored] == [(None, lease.ipv6_subnet)]
+    assert (await sm.acquire_lease(LeaseAttrs(public_ipv6=IPv6Address("fd00::5")))
+            ).ipv6_subnet != lease.ipv6_subnet
+    # The same IPv6-only node restarting gets its subnet back.
+    assert (await sm.acquire_lease(LeaseAttrs(public_ipv6=IPv6Address("fd00::4")))
+            ).ipv6_subnet == lease.ipv6_subnet
