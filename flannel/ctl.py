@@ -25,7 +25,8 @@ def cmd_install_cni(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flannelctl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="flannelctl",
+                                     description="Operator commands around flanneld.")
     sub = parser.add_subparsers(dest="command", required=True)
     install = sub.add_parser("install-cni", help="install the CNI plugin and conflist")
     install.add_argument("--bin-dir", type=Path, default=Path("/opt/cni/bin"),

@@ -205,7 +205,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="flannel-lab", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="flannel-lab",
+        description="Build, inspect and tear down throw-away flannel clusters on one machine.")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
                         help="where labs keep their state (default %(default)s)")
     sub = parser.add_subparsers(dest="command", required=True)
