@@ -320,7 +320,10 @@ async def test_watch_survives_an_etcd_restart(private_etcd, prefix):
         sm = await setup(client, prefix)
         own = await sm.acquire_lease(attrs())
         collector = Collector(sm, own)
-        await asyncio.sleep(0)
+
+        async def watching() -> bool:
+            return bool(collector.updates)
+        await async_wait_until(watching, what="the first snapshot")
         await asyncio.to_thread(private_etcd.restart)
         await asyncio.to_thread(private_etcd.ctl, "put", f"{prefix}/subnets/10.3.223.0-24",
                                 '{"PublicIP":"3.3.3.3","PublicIPv6":null}')

@@ -24,6 +24,15 @@ def readyz(lab, index: int) -> tuple[int, str]:
     return http_get(lab.node_ns(index), "http://127.0.0.1:8081/readyz")
 
 
+def one_node(make_lab):
+    """A lab with one node and the network config in etcd; flanneld not started yet."""
+    lab = make_lab()
+    lab.create_underlay()
+    lab.add_node(1)
+    lab.put_config(CONFIG)
+    return lab
+
+
 def test_pod_traffic_to_the_outside_is_masqueraded_pod_to_pod_is_not(make_lab):
     lab = make_lab()
     build(lab, 2, CONFIG, flanneld_args=("--ip-masq",))
@@ -94,10 +103,7 @@ def test_health_and_readiness(make_lab):
 
 
 def test_missing_iptables_binary_keeps_the_node_unready(make_lab, tmp_path):
-    lab = make_lab()
-    lab.create_underlay()
-    lab.add_node(1)
-    lab.put_config(CONFIG)
+    lab = one_node(make_lab)
     empty = tmp_path / "empty-bin"
     empty.mkdir()
     lab.start_flanneld(1, "--ip-masq", *HEALTH, env={"PATH": str(empty)})
@@ -107,10 +113,7 @@ def test_missing_iptables_binary_keeps_the_node_unready(make_lab, tmp_path):
 
 
 def test_systemd_is_notified_when_ready(make_lab, tmp_path):
-    lab = make_lab()
-    lab.create_underlay()
-    lab.add_node(1)
-    lab.put_config(CONFIG)
+    lab = one_node(make_lab)
     path = tmp_path / "notify.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(str(path))
