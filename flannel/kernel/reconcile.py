@@ -123,13 +123,10 @@ def drift(desired: DesiredState, event: events.KernelEvent) -> str:
 
 @dataclass
 class ReconcileStats:
-    runs: int = 0
-    repairs: int = 0
-    errors: int = 0
-    last_success: float = 0.0
-    last_duration: float = 0.0
-    last_error: str = ""
+    """What readiness needs: is the kernel in sync, and if not, why."""
+
     in_sync: bool = False
+    last_error: str = ""
 
 
 class Reconciler:
@@ -192,11 +189,9 @@ class Reconciler:
             self._wake.clear()
             check_local, self._check_local = self._check_local, False
             started = time.monotonic()
-            self.stats.runs += 1
             try:
                 changes = await asyncio.to_thread(self.run_once, check_local)
             except Exception as err:
-                self.stats.errors += 1
                 self.stats.in_sync = False
                 self.stats.last_error = str(err)
                 log.error("reconcile failed (retrying in %.1fs): %s", backoff, err)
@@ -206,14 +201,12 @@ class Reconciler:
                 self.trigger()
                 continue
             backoff = 0.1
-            self.stats.last_duration = time.monotonic() - started
-            self.stats.last_success = time.time()
-            self.stats.in_sync = True
+            # Drift seen or peers changed during the pass: the next pass decides.
+            self.stats.in_sync = not self._wake.is_set()
             self.stats.last_error = ""
             if changes:
-                self.stats.repairs += changes
                 log.info("reconciled: %d change(s) in %.1f ms", changes,
-                         self.stats.last_duration * 1000)
+                         (time.monotonic() - started) * 1000)
 
     def on_kernel_event(self, event: events.KernelEvent) -> None:
         """Trigger a pass when an event shows the kernel drifting from desired state."""

@@ -27,7 +27,6 @@ BR_NETFILTER = {4: "bridge-nf-call-iptables", 6: "bridge-nf-call-ip6tables"}
 class RulesStatus:
     installed: bool = False
     reason: str = "traffic rules not installed yet"
-    repairs: int = 0
 
 
 def check_br_netfilter(versions: list[int], proc: Path = Path("/proc")) -> None:
@@ -88,7 +87,6 @@ class TrafficManager:
             self.status.reason = f"traffic rules not installed: {err}"
             return
         if changed:
-            self.status.repairs += 1
             log.info("%s rules installed", self.mode)
         self.status.installed = True
         self.status.reason = ""
