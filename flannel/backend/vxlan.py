@@ -23,7 +23,7 @@ from flannel.backend.base import BackendError, LocalNetwork
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel import device
 from flannel.kernel.reconcile import DesiredState
-from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
+from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, mac_bytes
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,8 @@ class VxlanConfig:
 
 @dataclass
 class _Family:
-    version: int
-    name: str
+    """One vxlan device (one per IP family) and what it was last found as."""
+
     spec: device.VxlanSpec
     index: int = 0
     mac: str = ""
@@ -105,7 +105,7 @@ class VxlanBackend(RoutedBackend):
             if local is None or public is None:
                 raise BackendError(f"vxlan needs an IPv{version} address on {self.ext.name}")
             spec = self._spec(version, local, device.vtep_mac(self.vxlan.vni, public))
-            family = _Family(version, spec.name, spec)
+            family = _Family(spec)
             try:
                 dev = await asyncio.to_thread(device.ensure_vxlan, spec, self.options.netns,
                                               adopt_mac=True)
@@ -136,7 +136,7 @@ class VxlanBackend(RoutedBackend):
         try:
             data = peer.attrs.backend_json(v6=version == 6)
             mac = data["VtepMAC"] if isinstance(data, dict) else None
-            if isinstance(mac, str) and len(mac.split(":")) == 6:
+            if isinstance(mac, str) and len(mac_bytes(mac)) == 6:
                 return mac.lower()
         except (ValueError, KeyError):
             pass
