@@ -192,15 +192,18 @@ class Reconciler:
             try:
                 changes = await asyncio.to_thread(self.run_once, check_local)
             except Exception as err:
+                if str(err) != self.stats.last_error:  # once per distinct failure, not per retry
+                    log.error("reconcile failed (retrying with backoff): %s", err)
                 self.stats.in_sync = False
                 self.stats.last_error = str(err)
-                log.error("reconcile failed (retrying in %.1fs): %s", backoff, err)
                 self.close()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self.trigger()
                 continue
             backoff = 0.1
+            if self.stats.last_error and not self.stats.last_error.startswith("repairing"):
+                log.info("reconcile recovered")
             # Drift seen or peers changed during the pass: the next pass decides.
             self.stats.in_sync = not self._wake.is_set()
             self.stats.last_error = ""
