@@ -7,7 +7,7 @@ cd "$(dirname "$0")"
 
 packages=(
     etcd-server etcd-client containernetworking-plugins iproute2 iptables nftables
-    iputils-ping iperf3 wireguard-tools wireguard-go openssl
+    iputils-ping iperf3 wireguard-tools wireguard-go openssl procps
 )
 missing=()
 for pkg in "${packages[@]}"; do
