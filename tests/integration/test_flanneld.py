@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -135,3 +137,24 @@ def test_unknown_flag_exits_nonzero_naming_it():
                             timeout=30, check=False)
     assert result.returncode == 2
     assert "--etcd-endpointz" in result.stderr
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    """The first SIGTERM starts a clean stop (which may wait on a slow etcd); a second one
+    ends the process immediately."""
+    with socket.socket() as silent:  # accepts TCP connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proc = Flanneld(tmp_path, [f"--etcd-endpoints={endpoint}",
+                                   f"--subnet-file={tmp_path / 'subnet.env'}"]).start()
+        try:
+            proc.wait_log("etcd TLS is off")  # started, now blocked on the silent etcd
+            proc.signal(signal.SIGTERM)
+            proc.wait_log("send it again to exit immediately")
+            started = time.monotonic()
+            proc.signal(signal.SIGTERM)
+            assert proc.wait_exit(timeout=3) == -signal.SIGTERM
+            assert time.monotonic() - started < 3
+        finally:
+            proc.stop()
