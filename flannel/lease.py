@@ -168,14 +168,6 @@ class Lease:
         return make_subnet_key(self.subnet, self.ipv6_subnet)
 
     @property
-    def enable_ipv4(self) -> bool:
-        return self.subnet is not None
-
-    @property
-    def enable_ipv6(self) -> bool:
-        return self.ipv6_subnet is not None
-
-    @property
     def is_reservation(self) -> bool:
         return self.etcd_lease_id == 0
 

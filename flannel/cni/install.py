@@ -32,7 +32,8 @@ class InstallError(Exception):
     """The installation cannot proceed; the message names the file or option to fix."""
 
 
-PLUGIN_MODULES = ("__init__.py", "cni/__init__.py", "cni/plugin.py", "cni/lite.py")
+PLUGIN_MODULES = ("__init__.py", "version.py", "cni/__init__.py", "cni/plugin.py",
+                  "cni/lite.py")
 
 
 def launcher_text(python: str, library: Path) -> str:

@@ -15,11 +15,11 @@ import os
 import sys
 
 from flannel.cni import lite
+from flannel.version import __version__
 
 SUPPORTED_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 DEFAULT_SUBNET_FILE = "/run/flannel/subnet.env"
 DEFAULT_DATA_DIR = "/var/lib/cni/flannel"
-PROGRAM_VERSION = "0.1.0"
 
 # CNI error codes (spec "Error codes").
 INCOMPATIBLE_VERSION, INVALID_ENV, IO_FAILURE, DECODING_FAILURE = 1, 4, 5, 6
@@ -328,7 +328,7 @@ def run(environ: dict, stdin: bytes) -> bytes:
 def about() -> str:
     machine = os.uname().machine
     arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
-    return f"CNI Plugin flannel version {PROGRAM_VERSION} (linux/{arch}) commit pyflannel"
+    return f"CNI Plugin flannel version {__version__} (linux/{arch}) commit pyflannel"
 
 
 def main() -> int:

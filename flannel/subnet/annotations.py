@@ -44,45 +44,16 @@ class Annotations:
     def name(self, suffix: str) -> str:
         return self.prefix + suffix
 
-    @property
-    def subnet_manager(self) -> str:
-        return self.name("kube-subnet-manager")
-
-    @property
-    def backend_type(self) -> str:
-        return self.name("backend-type")
-
-    @property
-    def backend_data(self) -> str:
-        return self.name("backend-data")
-
-    @property
-    def backend_v6_data(self) -> str:
-        return self.name("backend-v6-data")
-
-    @property
-    def public_ip(self) -> str:
-        return self.name("public-ip")
-
-    @property
-    def public_ipv6(self) -> str:
-        return self.name("public-ipv6")
-
-    @property
-    def public_ip_overwrite(self) -> str:
-        return self.name("public-ip-overwrite")
-
-    @property
-    def public_ipv6_overwrite(self) -> str:
-        return self.name("public-ipv6-overwrite")
-
-    @property
-    def node_public_ip(self) -> str:
-        return self.name("node-public-ip")
-
-    @property
-    def node_public_ipv6(self) -> str:
-        return self.name("node-public-ipv6")
+    subnet_manager = property(lambda self: self.name("kube-subnet-manager"))
+    backend_type = property(lambda self: self.name("backend-type"))
+    backend_data = property(lambda self: self.name("backend-data"))
+    backend_v6_data = property(lambda self: self.name("backend-v6-data"))
+    public_ip = property(lambda self: self.name("public-ip"))
+    public_ipv6 = property(lambda self: self.name("public-ipv6"))
+    public_ip_overwrite = property(lambda self: self.name("public-ip-overwrite"))
+    public_ipv6_overwrite = property(lambda self: self.name("public-ipv6-overwrite"))
+    node_public_ip = property(lambda self: self.name("node-public-ip"))
+    node_public_ipv6 = property(lambda self: self.name("node-public-ipv6"))
 
 
 def published(names: Annotations, attrs: LeaseAttrs, existing: dict[str, str],
