@@ -151,16 +151,3 @@ def test_version_command(runtime):
                           capture_output=True, timeout=30, check=True)
     assert json.loads(proc.stdout)["supportedVersions"][-1] == "1.1.0"
 
-
-def test_installed_plugin_does_not_need_the_package(tmp_path):
-    """The launcher runs the copied modules, not pyflannel's install location."""
-    from flannel.cni.install import install_plugin
-
-    plugin = install_plugin(tmp_path / "bin")
-    assert str(tmp_path / "bin") in plugin.read_text()
-    proc = subprocess.run([str(plugin)], input=b"{}", env={"CNI_COMMAND": "VERSION"},
-                          capture_output=True, timeout=30, check=True, cwd="/")
-    assert b"supportedVersions" in proc.stdout
-    library = tmp_path / "bin" / ".flannel-cni" / "flannel" / "cni"
-    assert sorted(p.name for p in library.glob("*.py")) == ["__init__.py", "lite.py",
-                                                            "plugin.py"]
