@@ -1,0 +1,172 @@
+"""``flannelctl install-cni``: which interpreters it refuses (and that it then writes nothing),
+the installed layout, pruning of old library directories, and the conflist."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flannel.cni.install import LIBRARY_DIR, launcher_text
+from flannel.ctl import main
+from flannel.version import __version__
+from tests.support.pythons import HOST_PYTHON, python_or_skip, without_json
+
+FIX = ("the flannel CNI plugin runs with this interpreter on the host: pass --python with a "
+       "CPython >= 3.9 that has _json and _socket, or use upstream's static flannel plugin and "
+       "--plugin none")
+
+
+def install(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    """Run flannelctl as an operator would (a process of its own)."""
+    argv = ["install-cni", "--bin-dir", str(tmp_path / "bin"), "--conf-dir",
+            str(tmp_path / "conf"), *extra]
+    return subprocess.run([sys.executable, "-m", "flannel.ctl", *argv], capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
+def refused(tmp_path: Path, python: str) -> str:
+    proc = install(tmp_path, "--python", python)
+    assert proc.returncode == 1, proc.stdout
+    assert not (tmp_path / "bin").exists() and not (tmp_path / "conf").exists()
+    return proc.stderr
+
+
+def library_dirs(bin_dir: Path) -> list[str]:
+    return sorted(p.name for p in (bin_dir / LIBRARY_DIR).iterdir() if p.name != ".lock")
+
+
+def test_refuses_a_missing_interpreter(tmp_path):
+    missing = str(tmp_path / "no" / "python3")
+    assert refused(tmp_path, missing) == \
+        f"flannelctl install-cni: --python {missing}: no such file; {FIX}\n"
+
+
+@pytest.mark.parametrize("version", ["3.8.18", "3.6.15"])
+def test_refuses_a_python_too_old(tmp_path, version):
+    python = python_or_skip(version)
+    assert refused(tmp_path, python) == \
+        f"flannelctl install-cni: --python {python} is Python {version}, too old: {FIX}\n"
+
+
+def test_refuses_a_python_without_json(tmp_path):
+    python = without_json(python_or_skip("host"), tmp_path / "python-minimal")
+    version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True, timeout=30,
+                             check=True).stdout.strip()
+    minor = ".".join(version.split(".")[:2])
+    assert refused(tmp_path, python) == (
+        f"flannelctl install-cni: --python {python} (Python {version}) lacks _json: {FIX} "
+        f"(Debian, Ubuntu: install libpython{minor}-stdlib)\n")
+
+
+def test_refuses_python2(tmp_path):
+    python = python_or_skip("2.7.18")
+    message = refused(tmp_path, python)
+    assert f"--python {python}: failed to report its version as '{python} -I -S' " \
+           "(exit status 2: Unknown option: -I" in message
+
+
+@pytest.mark.parametrize("python", ["python3", "/usr/bin/python3 -E", "/" + "p" * 130])
+def test_refuses_what_cannot_be_a_shebang(tmp_path, python):
+    assert "give an absolute path without spaces, at most 120 bytes" in refused(tmp_path, python)
+
+
+def test_layout_modes_and_default_interpreter(tmp_path):
+    python_or_skip("host")
+    proc = install(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    bin_dir = tmp_path / "bin"
+    assert proc.stdout == (f"installed {bin_dir}/flannel (run by {HOST_PYTHON}) and "
+                           f"{tmp_path}/conf/10-flannel.conflist\n")
+    launcher = bin_dir / "flannel"
+    assert launcher.read_text().splitlines()[0] == f"#!{HOST_PYTHON} -IS"
+    assert stat.S_IMODE(launcher.stat().st_mode) == 0o755
+    [name] = library_dirs(bin_dir)
+    assert re.fullmatch(rf"{re.escape(__version__)}-[0-9a-f]{{12}}", name)
+    assert f'LIBRARY = "{name}"' in launcher.read_text()
+    library = bin_dir / LIBRARY_DIR / name
+    modules = sorted(str(p.relative_to(library)) for p in library.rglob("*.py"))
+    assert modules == ["flannel/__init__.py", "flannel/cni/__init__.py", "flannel/cni/lite.py",
+                       "flannel/cni/plugin.py", "flannel/version.py"]
+    for module in modules:
+        assert stat.S_IMODE((library / module).stat().st_mode) == 0o644
+    assert stat.S_IMODE((library / "flannel" / "cni").stat().st_mode) == 0o755
+    assert sorted(p.name for p in bin_dir.iterdir()) == [LIBRARY_DIR, "flannel"]
+
+
+def test_reinstall_keeps_the_previous_library_only(tmp_path):
+    python_or_skip("host")
+    bin_dir = tmp_path / "bin"
+    root = bin_dir / LIBRARY_DIR
+    assert install(tmp_path).returncode == 0
+    [current] = library_dirs(bin_dir)
+    # An older install: its launcher and library, an even older library, and the leftover
+    # of an install that died while writing.
+    (bin_dir / "flannel").write_text(launcher_text(HOST_PYTHON, "0.0.8-aaaaaaaaaaaa"))
+    for leftover in ("0.0.8-aaaaaaaaaaaa", "0.0.7-bbbbbbbbbbbb", ".0.1.0-cccc.x1y2.tmp"):
+        (root / leftover / "flannel").mkdir(parents=True)
+
+    assert install(tmp_path).returncode == 0
+    assert library_dirs(bin_dir) == sorted(["0.0.8-aaaaaaaaaaaa", current])
+    assert install(tmp_path).returncode == 0
+    assert library_dirs(bin_dir) == [current]
+
+
+def test_a_damaged_library_is_rewritten(tmp_path):
+    python_or_skip("host")
+    assert install(tmp_path).returncode == 0
+    [name] = library_dirs(tmp_path / "bin")
+    plugin = tmp_path / "bin" / LIBRARY_DIR / name / "flannel" / "cni" / "plugin.py"
+    original = plugin.read_bytes()
+    plugin.write_bytes(original[:100])
+    assert install(tmp_path).returncode == 0
+    assert plugin.read_bytes() == original
+    assert library_dirs(tmp_path / "bin") == [name]
+
+
+def test_plugin_none_installs_the_conflist_only(tmp_path):
+    source = tmp_path / "cni-conf.json"
+    source.write_text(json.dumps({"name": "cbr0", "cniVersion": "1.0.0",
+                                  "plugins": [{"type": "flannel"}]}))
+    proc = install(tmp_path, "--plugin", "none", "--conflist", str(source))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"installed {tmp_path}/conf/10-flannel.conflist\n"
+    assert not (tmp_path / "bin").exists()
+    written = tmp_path / "conf" / "10-flannel.conflist"
+    assert json.loads(written.read_text())["plugins"] == [{"type": "flannel"}]
+    assert stat.S_IMODE(written.stat().st_mode) == 0o644
+
+
+def test_plugin_none_rejects_python(tmp_path, capsys):
+    assert main(["install-cni", "--bin-dir", str(tmp_path), "--conf-dir", str(tmp_path),
+                 "--plugin", "none", "--python", HOST_PYTHON]) == 2
+    assert capsys.readouterr().err == \
+        "flannelctl install-cni: --python applies to --plugin python only\n"
+
+
+def test_a_bad_conflist_is_refused(tmp_path):
+    source = tmp_path / "cni-conf.json"
+    source.write_text('{"name": "cbr0"}')
+    proc = install(tmp_path, "--plugin", "none", "--conflist", str(source))
+    assert proc.returncode == 1
+    assert proc.stderr == (f"flannelctl install-cni: --conflist {source}: not a CNI network "
+                           "config list (it needs a \"plugins\" array)\n")
+    assert not (tmp_path / "conf" / "10-flannel.conflist").exists()
+
+
+def test_help_says_what_is_installed(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit):
+        main(["install-cni", "--help"])
+    text = capsys.readouterr().out
+    assert "installs pyflannel's own plugin: the launcher 'flannel' and its modules under " \
+           ".flannel-cni/<version>-<hash>/" in text
+    assert "--plugin none installs only the conflist" in text
+    assert "(default /usr/bin/python3: the distribution's own, not pyflannel's virtualenv" \
+        in text
