@@ -259,8 +259,10 @@ def _place_library(root: Path, name: str, files: dict[str, bytes]) -> bool:
         for directory in written:
             _fsync_dir(directory)
         os.chmod(staging, DIR_MODE)
-        if target.exists() or target.is_symlink():
-            # Damaged: move it aside; pruning removes it with the other unnamed entries.
+        if target.is_symlink() or target.is_file():
+            os.unlink(target)
+        elif target.exists():
+            # Damaged: move it aside (onto an empty directory); pruning removes it.
             os.rename(target, tempfile.mkdtemp(prefix=".damaged.", dir=root))
         os.rename(staging, target)
     except BaseException:
@@ -348,6 +350,8 @@ def install_plugin(bin_dir: Path, python: str = sys.executable) -> Path:
     files = _plugin_files()
     name = library_name(files)
     _mkdir_parents(bin_dir)
+    if not bin_dir.is_dir():
+        raise InstallError(f"--bin-dir {bin_dir}: not a directory")
     root = bin_dir / LIBRARY_DIR
     created_root = not (root.exists() or root.is_symlink())
     if created_root:

@@ -4,7 +4,9 @@ the installed layout, pruning of old library directories, and the conflist."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.cni.install import LIBRARY_DIR, launcher_text
+import flannel
+from flannel.cni.install import LIBRARY_DIR, launcher_library, launcher_text
 from flannel.ctl import main
 from flannel.version import __version__
 from tests.support.pythons import HOST_PYTHON, python_or_skip, without_json
@@ -170,3 +173,51 @@ def test_help_says_what_is_installed(capsys, monkeypatch):
     assert "--plugin none installs only the conflist" in text
     assert "(default /usr/bin/python3: the distribution's own, not pyflannel's virtualenv" \
         in text
+
+
+def test_a_bin_dir_that_is_a_file_is_refused(tmp_path):
+    python_or_skip("host")
+    (tmp_path / "bin").write_text("")
+    proc = install(tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr == f"flannelctl install-cni: --bin-dir {tmp_path}/bin: not a directory\n"
+
+
+_NOEXEC_INSTALL = """import os, subprocess, sys
+directory = sys.argv[1]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec", "tmpfs", directory], check=True)
+sys.path.insert(0, sys.argv[2])
+from flannel.ctl import main
+status = main(["install-cni", "--bin-dir", directory + "/bin", "--conf-dir",
+               directory + "/conf", "--python", sys.argv[3]])
+print(sorted(os.listdir(directory + "/bin")), status)
+"""
+
+
+def test_refused_when_the_plugin_cannot_run_from_the_bin_dir(tmp_path):
+    """A noexec bin dir (in a mount namespace of the test's own): the new launcher fails its
+    VERSION call, so nothing stays behind and no conflist is written."""
+    python = python_or_skip("host")
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and util-linux unshare")
+    root = str(Path(flannel.__file__).resolve().parent.parent)
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable,
+                           "-c", _NOEXEC_INSTALL, str(tmp_path), root, python],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.stdout == "[] 1\n", proc.stderr
+    assert proc.stderr == (f"flannelctl install-cni: {tmp_path}/bin: cannot run the plugin from "
+                           "it: Permission denied (is it mounted noexec?)\n")
+
+
+def test_concurrent_installs_leave_one_consistent_install(tmp_path):
+    python_or_skip("host")
+    procs = [subprocess.Popen([sys.executable, "-m", "flannel.ctl", "install-cni", "--bin-dir",
+                               str(tmp_path / "bin"), "--conf-dir", str(tmp_path / "conf")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for _ in range(3)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    [name] = library_dirs(tmp_path / "bin")
+    assert launcher_library(tmp_path / "bin" / "flannel") == name
+    assert sorted(p.name for p in (tmp_path / "bin").iterdir()) == [LIBRARY_DIR, "flannel"]
