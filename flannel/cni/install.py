@@ -11,7 +11,8 @@ Owns what goes into the CNI bin directory for the Python plugin:
 Before anything is written the interpreter is probed (version, ``_json``, ``_socket``); the new
 launcher must answer a VERSION call under a temporary name before it replaces the old one.
 A library directory is removed once neither the launcher nor its predecessor names it, so a
-call in flight during an upgrade finishes with the files it started with.
+call in flight during an upgrade finishes with the files it started with. Installs into one
+bin dir take turns (a lock on the directory).
 Also the atomic conflist write, like upstream's install step.
 Must not touch: files other than those it installs.
 """
@@ -56,7 +57,6 @@ LOCK_TIMEOUT = 30.0
 MAX_PYTHON_PATH = 120
 # What kubelet typically passes; the probe must not depend on the installer's environment.
 RUN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-_LOCK_NAME = ".lock"
 _LIBRARY_LINE = "LIBRARY = "
 _MARK = "# flannel CNI plugin launcher, written by pyflannel's flannelctl install-cni."
 _FIX = ("the flannel CNI plugin runs with this interpreter on the host: pass --python with a "
@@ -299,10 +299,10 @@ def _check_launcher(launcher: Path, python: str, version: str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(root: Path):
-    """One install at a time per bin dir (bounded wait)."""
-    fd = os.open(root / _LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
+def _locked(bin_dir: Path):
+    """One install at a time per bin dir (a bounded wait on a lock of the directory itself,
+    so that no lock file is left behind)."""
+    fd = os.open(bin_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         deadline = time.monotonic() + LOCK_TIMEOUT
         while True:
@@ -311,7 +311,7 @@ def _locked(root: Path):
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise InstallError(f"{root}: another install-cni has held its lock for "
+                    raise InstallError(f"{bin_dir}: another install-cni has held its lock for "
                                        f"{LOCK_TIMEOUT:.0f} s; retry when it is done") from None
                 time.sleep(0.05)
         yield
@@ -322,7 +322,7 @@ def _locked(root: Path):
 def _prune(root: Path, keep: set[str]) -> None:
     """Remove what no launcher names; a failure leaves it for the next install."""
     for entry in os.scandir(root):
-        if entry.name in keep or entry.name == _LOCK_NAME:
+        if entry.name in keep:
             continue
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
@@ -353,13 +353,12 @@ def install_plugin(bin_dir: Path, python: str = sys.executable) -> Path:
     if not bin_dir.is_dir():
         raise InstallError(f"--bin-dir {bin_dir}: not a directory")
     root = bin_dir / LIBRARY_DIR
-    created_root = not (root.exists() or root.is_symlink())
-    if created_root:
-        _mkdir(root)
-    elif root.is_symlink() or not root.is_dir():
-        raise InstallError(f"{root} is not a directory: remove it and re-run install-cni")
     target = bin_dir / LAUNCHER_NAME
-    with _locked(root):
+    with _locked(bin_dir):
+        with contextlib.suppress(FileExistsError):
+            _mkdir(root)
+        if root.is_symlink() or not root.is_dir():
+            raise InstallError(f"{root} is not a directory: remove it and re-run install-cni")
         previous = launcher_library(target)
         written = False
         fd, tmp_name = tempfile.mkstemp(prefix=f".{LAUNCHER_NAME}.", suffix=".tmp", dir=bin_dir)
@@ -375,10 +374,10 @@ def install_plugin(bin_dir: Path, python: str = sys.executable) -> Path:
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp_name)
-            if created_root:
-                shutil.rmtree(root, ignore_errors=True)
-            elif written and name != previous:
+            if written and name != previous:
                 shutil.rmtree(root / name, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                root.rmdir()  # only when empty: nothing was installed here before
             raise
         _fsync_dir(bin_dir)
         _prune(root, {name, previous} if previous else {name})
