@@ -187,10 +187,12 @@ def test_launcher_answers_error_json(tmp_path, version):
     assert answer["msg"].endswith("; re-run flannelctl install-cni")
 
     shutil.rmtree(tmp_path / "bin" / LIBRARY_DIR)
-    assert error_call(plugin, *run) == {
-        "cniVersion": "1.1.0", "code": 999,
-        "msg": f"flannel CNI plugin library missing at {library}; re-run flannelctl "
-               "install-cni"}
+    missing = {"cniVersion": "1.1.0", "code": 999,
+               "msg": f"flannel CNI plugin library missing at {library}; re-run flannelctl "
+                      "install-cni"}
+    assert error_call(plugin, *run) == missing
+    code, out = call(plugin, "ADD")  # exec'ed as a runtime does: its #! line's Python
+    assert (code, json.loads(out)) == (1, missing)
 
 
 def test_launcher_under_a_python_too_old_or_without_json(tmp_path):
