@@ -118,7 +118,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except LabExists as err:  # another 'up' claimed the name first: not ours to remove
         print(f"flannel-lab: {err}", file=sys.stderr)
         return 1
-    except LabError as err:
+    except (LabError, OSError) as err:
         print(f"flannel-lab: {err}", file=sys.stderr)
         lab.down()
         return 1
@@ -306,11 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
-    except LabError as err:
+    except (LabError, OSError) as err:
+        if isinstance(err, BrokenPipeError):  # output piped into head and the like
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
         print(f"flannel-lab: {err}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # output piped into head and the like
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
 
 

@@ -47,7 +47,11 @@ class LabExists(LabError):
 
 def run(cmd: list[str], *, check: bool = True, timeout: float = 30.0
         ) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                check=False)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"{' '.join(cmd)}: no answer after {timeout:g}s") from None
     if check and result.returncode != 0:
         raise LabError(f"{' '.join(cmd)}: {result.stderr.strip() or result.stdout.strip()}")
     return result
@@ -111,7 +115,8 @@ class LabState:
         """The recorded state; None without a state file; LabError if it is unusable."""
         path = directory / STATE_FILE
         try:
-            data = json.loads(path.read_bytes()[:1 << 20])
+            with path.open("rb") as file:
+                data = json.loads(file.read(1 << 20))
             data["nodes"] = [Node(**node) for node in data.get("nodes", [])]
             data["pods"] = [Pod(**pod) for pod in data.get("pods", [])]
             state = cls(**data)
@@ -200,7 +205,10 @@ class Lab:
         self.progress("starting etcd")
         self.etcd = EtcdServer(self.directory / "etcd", netns=ul,
                                host=f"{UNDERLAYS[0][0]}.1")
-        self.etcd.start()
+        try:
+            self.etcd.start()
+        except RuntimeError as err:
+            raise LabError(str(err)) from None
         self.state.etcd_endpoint = self.etcd.endpoint
         self.state.etcd_pid = self.etcd.proc.pid if self.etcd.proc else 0
         self.state.etcd_started = _start_ticks(self.state.etcd_pid)
