@@ -149,6 +149,10 @@ class Lab:
         """Whether something (a lab, or a leftover) holds this lab's directory."""
         return self.directory.exists()
 
+    def exists_error(self) -> LabExists:
+        return LabExists(f"lab {self.name} already exists ({self.directory}); it is left as "
+                         f"it is: 'flannel-lab down --name {self.name}' removes it")
+
     @property
     def underlay_ns(self) -> str:
         return f"{self.name}-ul"
@@ -170,9 +174,7 @@ class Lab:
         try:
             self.directory.mkdir()
         except FileExistsError:
-            raise LabExists(f"lab {self.name} already exists ({self.directory}); it is left "
-                            f"as it is: 'flannel-lab down --name {self.name}' removes "
-                            "it") from None
+            raise self.exists_error() from None
         self.owns_directory = True
         os.chmod(self.directory, 0o755)  # noqa: S103 - logs and subnet files are for reading
         self.state.save()
