@@ -205,7 +205,7 @@ def check_values(args: argparse.Namespace, from_env: set[str]) -> None:
             raise UsageError(f"{_flag_value(name, value, from_env)}: out of acceptable range; "
                              f"give {unit.format(low, high)}")
     ttl = args.subnet_lease_ttl
-    shown = _flag_value("subnet-lease-ttl", f"{ttl:g}s", from_env)
+    shown = _flag_value("subnet-lease-ttl", f"{ttl:.15g}s", from_env)
     if not ttl <= ETCD_MAX_LEASE_TTL:  # also catches inf and nan
         raise UsageError(f"{shown}: longer than etcd allows; give at most "
                          f"{ETCD_MAX_LEASE_TTL}s")

@@ -26,7 +26,7 @@ HINT = "Run 'flanneld --help' for the list of flags."
      "flanneld: --public-ip=0.0.0.0: the unspecified address, which other nodes cannot "
      "reach; give this node's address on the network between the nodes"),
     (["--subnet-lease-ttl=100000000000s"], {},
-     "flanneld: --subnet-lease-ttl=1e+11s: longer than etcd allows; give at most "
+     "flanneld: --subnet-lease-ttl=100000000000s: longer than etcd allows; give at most "
      "9000000000s"),
     (["--healthz-ip=flannel.invalid"], {},
      "flanneld: --healthz-ip=flannel.invalid: not an IP address; give the address to listen "

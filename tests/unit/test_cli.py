@@ -137,7 +137,7 @@ GIVE_ADDRESS = "give this node's address on the network between the nodes"
      "--subnet-lease-ttl=0s: must be longer than --subnet-lease-renew-margin (60 min), or "
      "the lease would be renewed continuously"),
     (["--subnet-lease-ttl=9000000001s"], {},
-     "--subnet-lease-ttl=9e+09s: longer than etcd allows; give at most 9000000000s"),
+     "--subnet-lease-ttl=9000000001s: longer than etcd allows; give at most 9000000000s"),
     (["--subnet-lease-ttl=" + "9" * 400 + "h"], {},
      "--subnet-lease-ttl=infs: longer than etcd allows; give at most 9000000000s"),
     (["--subnet-lease-ttl=90000.5s"], {},
