@@ -10,6 +10,7 @@ Must not touch: the store, the kernel (``main`` hands over to ``flannel.daemon``
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 import sys
@@ -109,7 +110,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("subnet-lease-renew-margin", "int", 60, "subnet lease renewal margin, in minutes, "
          "ranging from 1 to 1439"),
     Flag("subnet-lease-ttl", "duration", 24 * 3600.0, "TTL of the subnet lease in etcd "
-         "(Go duration; pyflannel extension, upstream fixes it at 24h)"),
+         "(Go duration in whole seconds, longer than the renew margin, at most 9000000000s; "
+         "pyflannel extension, upstream fixes it at 24h)"),
     Flag("ip-masq", "bool", False, "setup IP masquerade rule for traffic destined outside of "
          "overlay network"),
     Flag("ip-masq-fully-random-disable", "bool", False, "disable --random-fully in the "
@@ -123,11 +125,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("kubeconfig-file", "str", "", "kubeconfig file location. Does not need to be "
          "specified if flannel is running in a pod"),
     Flag("version", "bool", False, "print version and exit"),
-    Flag("healthz-ip", "str", "0.0.0.0", "the IP address for healthz server to listen"),
-    Flag("healthz-port", "int", 0, "the port for healthz server to listen (0 to disable)"),
+    Flag("healthz-ip", "str", "0.0.0.0", "the IP address for healthz server to listen; the "
+         "default answers /healthz and /readyz on every address of the host, give "
+         "127.0.0.1 or a private address to limit who can read them"),
+    Flag("healthz-port", "int", 0, "the port for healthz server to listen, 1 to 65535 "
+         "(0 to disable)"),
     Flag("reconcile-interval", "int", 30, "period of the full kernel state resync, in seconds "
-         "(netlink events trigger repairs sooner; pyflannel extension)"),
-    Flag("iptables-resync", "int", 5, "resync period for iptables rules, in seconds"),
+         "from 1 to 86400 (netlink events trigger repairs sooner; pyflannel extension)"),
+    Flag("iptables-resync", "int", 5, "resync period for iptables rules, in seconds from 1 "
+         "to 86400"),
     Flag("iptables-forward-rules", "bool", True, "add default accept rules to FORWARD chain "
          "in iptables"),
     Flag("ip-blackhole-route", "bool", False, "keep a blackhole route for the local pod "
@@ -136,12 +142,93 @@ FLAGS: tuple[Flag, ...] = (
          "configuration file (kube mode)"),
     Flag("set-node-network-unavailable", "bool", True, "set NetworkUnavailable=False on the "
          "node when ready (kube mode)"),
-    Flag("v", "int", 0, "log level for V logs"),
+    Flag("v", "int", 0, "log level for V logs, 0 to 10"),
     Flag("vmodule", "str", "", "comma-separated list of pattern=N settings for file-filtered "
          "logging (accepted for compatibility)"),
     Flag("log_backtrace_at", "str", "", "when logging hits line file:N, emit a stack trace "
          "(accepted for compatibility)"),
 )
+
+
+#: etcd's MaxLeaseTTL (lessor): the longest lease, in seconds, a LeaseGrant is given.
+ETCD_MAX_LEASE_TTL = 9_000_000_000
+
+#: Integer flags and the values that make sense: (lowest, highest, what to give).
+_INT_RANGES: dict[str, tuple[int, int, str]] = {
+    "subnet-lease-renew-margin": (1, 1439, "minutes from {} to {}"),
+    "healthz-port": (0, 65535, "a port from {} to {} (0 turns the health server off)"),
+    "reconcile-interval": (1, 86400, "seconds from {} to {}"),
+    "iptables-resync": (1, 86400, "seconds from {} to {}"),
+    "v": (0, 10, "a log level from {} to {}"),
+}
+
+
+def _flag_value(name: str, value: object, from_env: set[str]) -> str:
+    """``--name=value``, saying when the value came from the environment."""
+    dashes = "-" if len(name) == 1 else "--"
+    source = ""
+    if name in from_env:
+        source = " (from FLANNELD_" + name.upper().replace("-", "_") + ")"
+    return f"{dashes}{name}={value}{source}"
+
+
+_GIVE_NODE_ADDRESS = "give this node's address on the network between the nodes"
+
+
+def _unusable_address(text: str, version: int) -> str | None:
+    """Why ``text`` cannot be published as this node's address (and the fix), or None."""
+    try:
+        addr = ipaddress.ip_address(text)
+    except ValueError:
+        return f"not an IPv{version} address; {_GIVE_NODE_ADDRESS}"
+    if addr.version != version:
+        return (f"an IPv{addr.version} address; give it with "
+                f"{'--public-ipv6' if version == 4 else '--public-ip'}")
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped:
+        return "an IPv4-mapped address; give the IPv4 address with --public-ip"
+    for kind, bad in (("the unspecified address", addr.is_unspecified),
+                      ("a loopback address", addr.is_loopback),
+                      ("a multicast address", addr.is_multicast),
+                      ("a link-local address", addr.is_link_local),
+                      ("the broadcast address", text == "255.255.255.255"),
+                      ("an address with a zone index", "%" in text)):
+        if bad:
+            return f"{kind}, which other nodes cannot reach; {_GIVE_NODE_ADDRESS}"
+    return None
+
+
+def check_values(args: argparse.Namespace, from_env: set[str]) -> None:
+    """Refuse values that would hurt once running; each message names the flag and the fix."""
+    for name, (low, high, unit) in _INT_RANGES.items():
+        value = getattr(args, name.replace("-", "_"))
+        if not low <= value <= high:
+            raise UsageError(f"{_flag_value(name, value, from_env)}: out of acceptable range; "
+                             f"give {unit.format(low, high)}")
+    ttl = args.subnet_lease_ttl
+    shown = _flag_value("subnet-lease-ttl", f"{ttl:.15g}s", from_env)
+    if not ttl <= ETCD_MAX_LEASE_TTL:  # also catches inf and nan
+        raise UsageError(f"{shown}: longer than etcd allows; give at most "
+                         f"{ETCD_MAX_LEASE_TTL}s")
+    if ttl != int(ttl):
+        raise UsageError(f"{shown}: etcd leases last whole seconds; give a whole number of "
+                         "seconds, such as 24h or 90000s")
+    margin = args.subnet_lease_renew_margin
+    if ttl <= margin * 60:
+        raise UsageError(
+            f"{shown}: must be longer than --subnet-lease-renew-margin ({margin} min), or "
+            "the lease would be renewed continuously")
+    for name, version in (("public-ip", 4), ("public-ipv6", 6)):
+        text = getattr(args, name.replace("-", "_"))
+        why = _unusable_address(text, version) if text else None
+        if why:
+            raise UsageError(f"{_flag_value(name, text, from_env)}: {why}")
+    try:
+        ipaddress.ip_address(args.healthz_ip)
+    except ValueError:
+        raise UsageError(
+            f"{_flag_value('healthz-ip', args.healthz_ip, from_env)}: not an IP address; "
+            "give the address to listen on, such as 127.0.0.1, or 0.0.0.0 for every "
+            "address") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -169,6 +256,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> argparse.Namespace:
     """Parse flags, then fill unset ones from ``FLANNELD_*``, then defaults."""
     environ = dict(os.environ if environ is None else environ)
+    from_env: set[str] = set()
     parser = _build_parser()
     args = parser.parse_args(list(argv))
     if args.version is True:
@@ -190,23 +278,11 @@ def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ar
                         f"{flag.env_name}={env_text!r}: invalid value for --{flag.name}: {err}"
                     ) from None
                 value = [converted] if flag.kind == "list" else converted
+                from_env.add(flag.name)
             else:
                 value = list(flag.default) if flag.kind == "list" else flag.default
         setattr(args, flag.dest, value)
-    margin = args.subnet_lease_renew_margin
-    if not 1 <= margin <= 1439:
-        raise UsageError("Invalid subnet-lease-renew-margin option, out of acceptable range "
-                         f"(got {margin}; give minutes from 1 to 1439)")
-    if args.subnet_lease_ttl <= margin * 60:
-        raise UsageError(
-            f"--subnet-lease-ttl ({args.subnet_lease_ttl:g}s) must be longer than "
-            f"--subnet-lease-renew-margin ({margin} min), or the lease would be renewed "
-            "continuously")
-    if args.reconcile_interval < 1:
-        raise UsageError(f"--reconcile-interval: {args.reconcile_interval} must be at least 1 "
-                         "second")
-    if args.healthz_port < 0 or args.healthz_port > 65535:
-        raise UsageError(f"--healthz-port: {args.healthz_port} is not a port (0 to 65535)")
+    check_values(args, from_env)
     return args
 
 

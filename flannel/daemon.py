@@ -73,9 +73,9 @@ def make_etcd_manager(args: argparse.Namespace) -> EtcdSubnetManager:
         client = EtcdClient(options)
     except EtcdOptionError as err:
         raise StartupError(str(err)) from None
-    if not args.etcd_certfile:
-        log.warning("etcd TLS is off: pass --etcd-certfile, --etcd-keyfile and --etcd-cafile "
-                    "to secure the connection")
+    if not args.etcd_certfile and all(e.scheme == "http" for e in options.endpoints):
+        log.warning("etcd TLS is off: use https:// etcd endpoints with --etcd-cafile (and "
+                    "--etcd-certfile, --etcd-keyfile if etcd wants client certificates)")
     previous = read_env(args.subnet_file)
     return EtcdSubnetManager(
         client, args.etcd_prefix, lease_ttl=int(args.subnet_lease_ttl),

@@ -1,17 +1,20 @@
 """``mk-docker-opts``: turn subnet.env into Docker daemon options (upstream mk-docker-opts.sh).
 
 Owns the option letters (-f -d -i -c -m -k), the output format and exit codes of the upstream
-script. Reads subnet.env as data (never through a shell). Must not touch: files other than
-the output file.
+script. Reads subnet.env as data (never through a shell), bounded, and refuses what would not
+be a Docker option; writes the output atomically (a new temp file, then rename).
+Must not touch: files other than the output file and its temp sibling.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import re
+import stat
 import subprocess
 import sys
-from pathlib import Path
 
 from flannel.fileutil import write_atomic
 from flannel.subnet.envfile import parse_dotenv
@@ -26,6 +29,59 @@ USAGE = ("Usage: mk-docker-opts [-f FLANNEL-ENV-FILE] [-d DOCKER-ENV-FILE] [-i] 
          "\t-c\tOutput combined Docker options into DOCKER_OPTS var\n"
          "\t-k\tSet the combined options key to this value (default DOCKER_OPTS=)\n"
          "\t-m\tDo not output --ip-masq (useful for older Docker version)\n")
+
+
+MAX_INPUT = 64 * 1024  # a subnet.env is a few hundred bytes
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class InputError(Exception):
+    """The input cannot be used; the message names the file or value and the fix."""
+
+
+def read_flannel_env(path: str) -> dict[str, str]:
+    """The values of the flannel env file at ``path``, read as bounded UTF-8 text."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise InputError(f"cannot read {path}: {err.strerror}") from None
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"cannot read {path}: not a regular file; give the subnet.env "
+                             "flanneld writes")
+        try:
+            data = file.read(MAX_INPUT + 1)
+        except OSError as err:
+            raise InputError(f"cannot read {path}: {err.strerror}") from None
+    if len(data) > MAX_INPUT:
+        raise InputError(f"cannot read {path}: larger than {MAX_INPUT} bytes; give the "
+                         "subnet.env flanneld writes")
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as err:
+        raise InputError(f"cannot read {path}: not UTF-8 text (byte 0x{data[err.start]:02x} "
+                         f"at offset {err.start}); give the subnet.env flanneld writes"
+                         ) from None
+    values = parse_dotenv(text)
+    subnet, mtu = values.get("FLANNEL_SUBNET", ""), values.get("FLANNEL_MTU", "")
+    if subnet:
+        try:
+            ipaddress.IPv4Interface(subnet)
+        except ValueError:
+            raise InputError(f"Invalid value of FLANNEL_SUBNET in {path}: {subnet!r} is not "
+                             "an IPv4 address/prefix such as 10.1.74.1/24") from None
+    if mtu and not (mtu.isascii() and mtu.isdigit() and len(mtu) <= 6):
+        raise InputError(f"Invalid value of FLANNEL_MTU in {path}: {mtu!r} is not a number")
+    return values
+
+
+def write_output(path: str, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (mode 0644)."""
+    try:
+        write_atomic(path, text.encode(), mode=0o644)
+    except OSError as err:
+        raise InputError(f"cannot write {path}: {err.strerror or err}; give -d a file in a "
+                         "writable directory") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -83,20 +139,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.help:
         print(USAGE, file=sys.stderr, end="")
         return 1
-    try:
-        values = parse_dotenv(Path(args.flannel_env).read_text())
-    except OSError as err:
-        print(f"mk-docker-opts: cannot read {args.flannel_env}: {err.strerror}",
-              file=sys.stderr)
+    if not _KEY.fullmatch(args.key):
+        print(f"mk-docker-opts: -k {args.key!r}: not a variable name; use letters, digits "
+              "and '_', such as DOCKER_OPTS", file=sys.stderr)
         return 1
     try:
+        values = read_flannel_env(args.flannel_env)
         text = render(values, individual=args.individual, combined=args.combined,
                       no_ipmasq=args.no_ipmasq, key=args.key,
                       existing=os.environ.get(args.key, ""))
+        write_output(args.docker_env, text)
+    except InputError as err:
+        print(f"mk-docker-opts: {err}", file=sys.stderr)
+        return 1
     except ValueError as err:
         print(err, file=sys.stderr)
         return 1
-    write_atomic(args.docker_env, text.encode(), mode=0o644)
     subnet = values.get("FLANNEL_SUBNET", "")
     if subnet:
         address, _, plen = subnet.partition("/")

@@ -1,7 +1,11 @@
 """``flannel-lab``: build, inspect and tear down throw-away flannel clusters on one machine.
 
 Owns the command line of the lab and what it prints. Every lab lives in namespaces named
-after it, so several labs and the test suite coexist; ``down`` is idempotent.
+after it, so several labs and the test suite coexist. ``up`` never builds over a lab that
+exists; ``down`` removes what the lab recorded creating and says when there is no such lab.
+The network config (``--config``) is read with flanneld's own decoder, so it means what it
+means to flanneld (case-insensitive member names); with the ``alloc`` backend, which
+reserves subnets but programs no data path, the lab stops at the leases.
 Must not touch: the root namespace's links, routes or firewall.
 """
 
@@ -9,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, in_ns, ip
+from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
+from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
 
+MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
 DEMO_CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 20, "SubnetMin": "10.10.0.0",
                "SubnetMax": "10.99.0.0", "Backend": {"Type": "vxlan", "VNI": 100, "Port": 8472}}
 
@@ -23,16 +30,30 @@ def say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def network_config(args: argparse.Namespace) -> dict:
+def network_config(args: argparse.Namespace) -> str:
+    """The config JSON to put in etcd: ``--config`` as given, or built from the options."""
     if args.config:
-        return json.loads(args.config)
+        return args.config
     backend: dict = {"Type": args.backend}
     if args.direct_routing:
         backend["DirectRouting"] = True
     config: dict = {"Network": "10.244.0.0/16", "Backend": backend}
     if args.ipv6:
         config.update(EnableIPv6=True, IPv6Network="fd00:10:244::/56")
-    return config
+    return json.dumps(config)
+
+
+def decode_config(config: dict | str) -> tuple[str, NetworkConfig]:
+    """The JSON text and what flanneld will make of it (ConfigError as flanneld says it)."""
+    text = config if isinstance(config, str) else json.dumps(config)
+    decoded = parse_config(text)
+    check_network_config(decoded)
+    return text, decoded
+
+
+def has_data_path(lab: Lab) -> bool:
+    """Whether the lab's backend connects nodes (alloc only reserves subnets)."""
+    return lab.state.backend != "alloc"
 
 
 def wait_for_mesh(lab: Lab, nodes: list[int], ipv6: bool, timeout: float = 30.0) -> float:
@@ -47,11 +68,17 @@ def wait_for_mesh(lab: Lab, nodes: list[int], ipv6: bool, timeout: float = 30.0)
     return time.monotonic() - start
 
 
-def build(lab: Lab, nodes: int, config: dict, *, second_underlay_from: int = 0,
+def build(lab: Lab, nodes: int, config: dict | str, *, second_underlay_from: int = 0,
           flanneld_args: tuple[str, ...] = ()) -> list[int]:
-    ipv6 = bool(config.get("EnableIPv6"))
-    lab.create_underlay(2 if second_underlay_from else 1, ipv6=ipv6)
-    lab.put_config(config)
+    text = config if isinstance(config, str) else json.dumps(config)
+    try:
+        _, decoded = decode_config(text)
+    except ConfigError:  # put as given: flanneld says what is wrong (tests rely on that)
+        decoded = NetworkConfig()
+    lab.create_underlay(2 if second_underlay_from else 1, ipv6=decoded.enable_ipv6)
+    lab.state.backend = decoded.backend_type
+    lab.state.save()
+    lab.put_config(text)
     indexes = list(range(1, nodes + 1))
     for index in indexes:
         lab.add_node(index, 1 if second_underlay_from and index >= second_underlay_from else 0)
@@ -65,21 +92,36 @@ def build(lab: Lab, nodes: int, config: dict, *, second_underlay_from: int = 0,
 
 def cmd_up(args: argparse.Namespace) -> int:
     lab = Lab(args.name, args.root, progress=say)
-    config = network_config(args)
+    text = network_config(args)
     try:
-        indexes = build(lab, args.nodes, config, second_underlay_from=args.second_underlay,
+        _, decoded = decode_config(text)
+    except ConfigError as err:
+        print(f"flannel-lab: --config: {err.describe()}", file=sys.stderr)
+        return 2
+    if lab.exists:
+        print(f"flannel-lab: {lab.exists_error()}", file=sys.stderr)
+        return 1
+    try:
+        indexes = build(lab, args.nodes, text, second_underlay_from=args.second_underlay,
                         flanneld_args=("--ip-masq",))
-        say("waiting for every node to reach every other")
-        took = wait_for_mesh(lab, indexes, bool(config.get("EnableIPv6")))
+        if has_data_path(lab):
+            say("waiting for every node to reach every other")
+            took = wait_for_mesh(lab, indexes, decoded.enable_ipv6)
+            done = f"connected in {took:.2f}s"
+        else:
+            done = "leases only: the alloc backend programs no data path"
         for index in indexes:
             for _ in range(args.pods_per_node):
                 pod = lab.add_pod(index)
                 say(f"pod {pod.name} on node {index}: {pod.address} {pod.address6}".rstrip())
-    except (LabError, ValueError) as err:
+    except LabExists as err:  # another 'up' claimed the name first: not ours to remove
+        print(f"flannel-lab: {err}", file=sys.stderr)
+        return 1
+    except (LabError, OSError) as err:
         print(f"flannel-lab: {err}", file=sys.stderr)
         lab.down()
         return 1
-    say(f"lab {lab.name} is up: {len(indexes)} nodes, connected in {took:.2f}s; "
+    say(f"lab {lab.name} is up: {len(indexes)} nodes, {done}; "
         f"'flannel-lab status --name {lab.name}' shows it, 'flannel-lab down --name "
         f"{lab.name}' removes it")
     return 0
@@ -159,6 +201,10 @@ def cmd_ping(args: argparse.Namespace) -> int:
     if not lab.state.nodes:
         print(f"flannel-lab: no lab named {args.name}", file=sys.stderr)
         return 1
+    if not has_data_path(lab):
+        say(f"lab {lab.name} uses the alloc backend, which programs no data path: nothing to "
+            f"ping; 'flannel-lab status --name {lab.name}' shows the leases")
+        return 0
     ok = True
     for v6 in (False, True) if lab.state.ipv6 else (False,):
         table, family_ok = ping_table(lab, v6)
@@ -168,14 +214,24 @@ def cmd_ping(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    Lab(args.name, args.root).down()
+    lab = Lab(args.name, args.root)
+    if not lab.exists:
+        say(f"no lab named {args.name} under {args.root}: nothing to remove")
+        return 0
+    if not lab.owns_directory:
+        print(f"flannel-lab: {lab.directory} holds no lab state; it is left as it is "
+              "(remove it by hand if it is a leftover)", file=sys.stderr)
+        return 1
+    lab.down()
     say(f"lab {args.name} removed")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     lab = Lab(args.name, args.root, progress=say)
-    lab.down()
+    if lab.exists:
+        print(f"flannel-lab: {lab.exists_error()}", file=sys.stderr)
+        return 1
     try:
         say("etcd config: " + json.dumps(DEMO_CONFIG))
         build(lab, 2, DEMO_CONFIG, flanneld_args=("--ip-masq",))
@@ -200,8 +256,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"flannel-lab: {err}", file=sys.stderr)
         return 1
     finally:
-        say("removing the demo lab")
-        lab.down()
+        if lab.owns_directory:
+            say("removing the demo lab")
+            lab.down()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -218,18 +275,20 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="build a lab and start flanneld on every node")
     with_name(up)
     up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--backend", default="vxlan", choices=["vxlan", "host-gw", "alloc"])
+    up.add_argument("--backend", default="vxlan", choices=["vxlan", "host-gw", "alloc"],
+                    help="alloc reserves subnets only: the lab shows leases, pings nothing")
     up.add_argument("--ipv6", action="store_true", help="dual-stack network")
     up.add_argument("--direct-routing", action="store_true", help="vxlan DirectRouting")
     up.add_argument("--second-underlay", type=int, default=0, metavar="K",
                     help="nodes K and above sit on a second, routed underlay subnet")
-    up.add_argument("--config", help="network config JSON (overrides the options above)")
+    up.add_argument("--config", help="network config JSON, read as flanneld reads it "
+                    "(overrides the options above)")
     up.add_argument("--pods-per-node", type=int, default=0, metavar="K",
                     help="attach K pods per node through the flannel CNI plugin")
     up.set_defaults(func=cmd_up)
     for name, func, text in (("status", cmd_status, "leases, routes, neighbours, FDB"),
                              ("ping", cmd_ping, "pod-to-pod ping matrix"),
-                             ("down", cmd_down, "remove the lab (idempotent)")):
+                             ("down", cmd_down, "remove what the lab created (idempotent)")):
         p = sub.add_parser(name, help=text)
         with_name(p)
         p.set_defaults(func=func)
@@ -241,10 +300,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "up" and args.nodes < 1:
-        print("flannel-lab: --nodes must be at least 1", file=sys.stderr)
+    if args.command == "up" and not 1 <= args.nodes <= MAX_NODES:
+        print(f"flannel-lab: --nodes={args.nodes}: give 1 to {MAX_NODES}", file=sys.stderr)
         return 2
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (LabError, OSError) as err:
+        if isinstance(err, BrokenPipeError):  # output piped into head and the like
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        print(f"flannel-lab: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

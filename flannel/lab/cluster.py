@@ -4,9 +4,12 @@ Owns, for one lab name: an underlay namespace ``<name>-ul`` holding the underlay
 per underlay subnet, routed between each other) and a real etcd; node namespaces
 ``<name>-n<i>``, each wired to an underlay bridge by a veth pair and running ``flanneld``;
 the lab directory (etcd data, logs, subnet files, ``state.json``) under the lab root.
-Everything is created in namespaces whose names start with the lab name, so two labs and
-the tests coexist, and ``down`` finds everything again from ``state.json`` or the names.
-Must not touch: the root namespace's links, routes or firewall.
+``state.json`` records every namespace and process the lab created (a process by pid and
+start time, so a reused pid is never signalled); ``down`` removes exactly those and the lab
+directory, never something that merely has a lab-like name. Creating the lab directory is
+the claim on the name: a lab that exists is never built over.
+Must not touch: the root namespace's links, routes or firewall; namespaces, processes and
+files it did not record creating.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from flannel.fileutil import write_atomic
 from flannel.lab.etcd import EtcdServer
 
 DEFAULT_ROOT = Path("/run/flannel-lab")
+STATE_FILE = "state.json"
 ETCD_PREFIX = "/coreos.com/network"
 UNDERLAYS = (("192.168.111", "fd00:111"), ("192.168.112", "fd00:112"))
 FLANNELD = str(Path(sys.executable).parent / "flanneld")
@@ -36,9 +41,17 @@ class LabError(Exception):
     """A lab step failed; the message says which and why."""
 
 
+class LabExists(LabError):
+    """A lab of that name exists already; it is left as it is."""
+
+
 def run(cmd: list[str], *, check: bool = True, timeout: float = 30.0
         ) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                check=False)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"{' '.join(cmd)}: no answer after {timeout:g}s") from None
     if check and result.returncode != 0:
         raise LabError(f"{' '.join(cmd)}: {result.stderr.strip() or result.stdout.strip()}")
     return result
@@ -67,6 +80,7 @@ class Node:
     subnet_file: str
     log_file: str
     pid: int = 0
+    started: int = 0  # the process's start time (clock ticks since boot), with pid
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -85,25 +99,35 @@ class LabState:
     directory: str
     etcd_endpoint: str = ""
     etcd_pid: int = 0
+    etcd_started: int = 0
     ipv6: bool = False
+    backend: str = ""
+    namespaces: list[str] = field(default_factory=list)  # created by the lab, in order
     nodes: list[Node] = field(default_factory=list)
     pods: list[Pod] = field(default_factory=list)
 
     def save(self) -> None:
-        path = Path(self.directory) / "state.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        os.replace(tmp, path)
+        write_atomic(Path(self.directory) / STATE_FILE,
+                     json.dumps(asdict(self), indent=2).encode(), mode=0o644)
 
     @classmethod
-    def load(cls, directory: Path) -> LabState | None:
+    def load(cls, name: str, directory: Path) -> LabState | None:
+        """The recorded state; None without a state file; LabError if it is unusable."""
+        path = directory / STATE_FILE
         try:
-            data = json.loads((directory / "state.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            with path.open("rb") as file:
+                data = json.loads(file.read(1 << 20))
+            data["nodes"] = [Node(**node) for node in data.get("nodes", [])]
+            data["pods"] = [Pod(**pod) for pod in data.get("pods", [])]
+            state = cls(**data)
+        except FileNotFoundError:
             return None
-        data["nodes"] = [Node(**node) for node in data.get("nodes", [])]
-        data["pods"] = [Pod(**pod) for pod in data.get("pods", [])]
-        return cls(**data)
+        except (OSError, ValueError, TypeError, AttributeError) as err:
+            raise LabError(f"lab {name}: cannot use {path} ({err}); remove the lab's "
+                           "namespaces and that directory by hand") from None
+        if state.name != name or not all(isinstance(n, str) for n in state.namespaces):
+            raise LabError(f"lab {name}: {path} describes another lab; remove it by hand")
+        return state
 
 
 class Lab:
@@ -114,8 +138,20 @@ class Lab:
         self.name = name
         self.directory = root / name
         self.progress = progress or (lambda _msg: None)
-        self.state = LabState.load(self.directory) or LabState(name, str(self.directory))
+        loaded = LabState.load(name, self.directory)
+        #: Whether the lab directory is this lab's: recorded before, or claimed here.
+        self.owns_directory = loaded is not None
+        self.state = loaded or LabState(name, str(self.directory))
         self.etcd: EtcdServer | None = None
+
+    @property
+    def exists(self) -> bool:
+        """Whether something (a lab, or a leftover) holds this lab's directory."""
+        return self.directory.exists()
+
+    def exists_error(self) -> LabExists:
+        return LabExists(f"lab {self.name} already exists ({self.directory}); it is left as "
+                         f"it is: 'flannel-lab down --name {self.name}' removes it")
 
     @property
     def underlay_ns(self) -> str:
@@ -132,17 +168,30 @@ class Lab:
 
     # -- building ---------------------------------------------------------------------
 
-    def create_underlay(self, underlays: int = 1, ipv6: bool = False) -> None:
-        if self.state.etcd_pid or Path(f"/run/netns/{self.underlay_ns}").exists():
-            raise LabError(f"lab {self.name} already exists; run 'flannel-lab down --name "
-                           f"{self.name}' first")
-        self.directory.mkdir(parents=True, exist_ok=True)
+    def _claim(self) -> None:
+        """Create the lab directory; LabExists if it is there already (nothing touched)."""
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.directory.mkdir()
+        except FileExistsError:
+            raise self.exists_error() from None
+        self.owns_directory = True
         os.chmod(self.directory, 0o755)  # noqa: S103 - logs and subnet files are for reading
+        self.state.save()
+
+    def _add_netns(self, netns: str) -> None:
+        """Create ``netns`` and record it as the lab's (only once it is really ours)."""
+        run(["ip", "netns", "add", netns])
+        self.state.namespaces.append(netns)
+        self.state.save()
+
+    def create_underlay(self, underlays: int = 1, ipv6: bool = False) -> None:
+        self._claim()
         self.state.ipv6 = ipv6
         self.state.save()
         ul = self.underlay_ns
         self.progress(f"creating underlay namespace {ul}")
-        run(["ip", "netns", "add", ul])
+        self._add_netns(ul)
         ip(ul, "link", "set", "lo", "up")
         sysctl(ul, "net.ipv4.ip_forward", "1")
         if ipv6:
@@ -158,9 +207,13 @@ class Lab:
         self.progress("starting etcd")
         self.etcd = EtcdServer(self.directory / "etcd", netns=ul,
                                host=f"{UNDERLAYS[0][0]}.1")
-        self.etcd.start()
+        try:
+            self.etcd.start()
+        except RuntimeError as err:
+            raise LabError(str(err)) from None
         self.state.etcd_endpoint = self.etcd.endpoint
         self.state.etcd_pid = self.etcd.proc.pid if self.etcd.proc else 0
+        self.state.etcd_started = _start_ticks(self.state.etcd_pid)
         self.state.save()
 
     def add_node(self, index: int, underlay: int = 0) -> Node:
@@ -171,7 +224,7 @@ class Lab:
                     str(self.directory / f"n{index}" / "flanneld.log"))
         (self.directory / f"n{index}").mkdir(parents=True, exist_ok=True)
         self.progress(f"creating node {index} ({ns}, {node.address})")
-        run(["ip", "netns", "add", ns])
+        self._add_netns(ns)
         self.state.nodes.append(node)
         self.state.save()
         ip(ns, "link", "set", "lo", "up")
@@ -218,7 +271,7 @@ class Lab:
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True,
                                     env={**os.environ, **(env or {})})
-        node.pid = proc.pid
+        node.pid, node.started = proc.pid, _start_ticks(proc.pid)
         self.state.save()
         return node
 
@@ -227,8 +280,8 @@ class Lab:
         node = self.node(index)
         if not node.pid:
             return None
-        code = _stop_pid(node.pid, sig, timeout)
-        node.pid = 0
+        code = _stop_pid(node.pid, node.started, sig, timeout)
+        node.pid = node.started = 0
         self.state.save()
         return code
 
@@ -299,7 +352,7 @@ class Lab:
                           if p.node == index), default=0)
         name = f"n{index}p{number}"
         pod = Pod(index, name, f"{self.name}-{name}", "")
-        run(["ip", "netns", "add", pod.netns])
+        self._add_netns(pod.netns)
         self.state.pods.append(pod)
         self.state.save()
         result = self.cni("ADD", pod)
@@ -316,6 +369,7 @@ class Lab:
         self.cni("DEL", pod)
         run(["ip", "netns", "del", pod.netns], check=False)
         self.state.pods = [p for p in self.state.pods if p.name != pod.name]
+        self.state.namespaces = [n for n in self.state.namespaces if n != pod.netns]
         self.state.save()
 
     def ipam_reservations(self, index: int) -> list[str]:
@@ -345,22 +399,32 @@ class Lab:
     # -- teardown ---------------------------------------------------------------------
 
     def down(self) -> None:
-        """Remove every process, namespace and file of this lab; safe to run twice."""
+        """Stop the processes, remove the namespaces and the directory this lab recorded
+        creating, and nothing else; safe to run twice."""
         for node in self.state.nodes:
             if node.pid:
-                _stop_pid(node.pid, signal.SIGTERM, 10.0)
+                _stop_pid(node.pid, node.started, signal.SIGTERM, 10.0)
         if self.etcd is not None:
             self.etcd.stop()
         elif self.state.etcd_pid:
-            _stop_pid(self.state.etcd_pid, signal.SIGTERM, 10.0)
-        listing = run(["ip", "netns", "list"], check=False).stdout
-        for line in listing.splitlines():
-            name = line.split()[0] if line.strip() else ""
-            if name == self.underlay_ns or name.startswith(f"{self.name}-n"):
-                kill_netns_processes(name)
-                run(["ip", "netns", "del", name], check=False)
-        shutil.rmtree(self.directory, ignore_errors=True)
+            _stop_pid(self.state.etcd_pid, self.state.etcd_started, signal.SIGTERM, 10.0)
+        for netns in reversed(self.state.namespaces):
+            if netns.startswith(f"{self.name}-"):  # a state file edited by hand stays harmless
+                run(["ip", "netns", "del", netns], check=False)
+        if self.owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self.owns_directory = False
         self.state = LabState(self.name, str(self.directory))
+
+
+def _start_ticks(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot); 0 if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    # The command name (field 2) may hold spaces and parentheses: count from its end.
+    return int(stat[stat.rindex(")") + 2:].split()[19])
 
 
 def _alive(pid: int) -> bool:
@@ -375,30 +439,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _stop_pid(pid: int, sig: int, timeout: float) -> int | None:
-    """Signal ``pid`` and wait for it; SIGKILL after ``timeout``. Its exit code if a child."""
+def _signal_own(pid: int, started: int, sig: int) -> bool:
+    """Send ``sig`` if ``pid`` is still the process that started at ``started``."""
+    if not started or _start_ticks(pid) != started:
+        return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
+    return True
+
+
+def _stop_pid(pid: int, started: int, sig: int, timeout: float) -> int | None:
+    """Signal our process ``pid`` and wait for it; SIGKILL after ``timeout``. Its exit code
+    if it is a child of this process; nothing happens if ``pid`` is now someone else's."""
+    if not _signal_own(pid, started, sig):
+        return None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            if not _alive(pid):
+            if _start_ticks(pid) != started:
                 return None
         else:
             if done:
                 return os.waitstatus_to_exitcode(status)
         time.sleep(0.02)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    _signal_own(pid, started, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
     return None
-
-
-def kill_netns_processes(netns: str) -> None:
-    """Stop every process that runs in ``netns`` (SIGTERM, then SIGKILL)."""
-    pids = run(["ip", "netns", "pids", netns], check=False).stdout.split()
-    for pid in pids:
-        _stop_pid(int(pid), signal.SIGTERM, 5.0)

@@ -1,7 +1,12 @@
-"""Lab fixtures: every lab gets a name from this test run's prefix and is always torn down."""
+"""Lab fixtures: every lab gets a name from this test run's prefix and is always torn down.
+
+A lab built by a ``flannel-lab`` process is torn down from the state file it recorded, so
+teardown removes only what the lab created, as ``flannel-lab down`` does.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -10,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cluster import Lab
+from flannel.lab.cluster import Lab, LabError
 from tests.support import netns
 
 _numbers = itertools.count(1)
@@ -21,9 +26,10 @@ def make_lab(tmp_path: Path) -> Iterator:
     if os.geteuid() != 0 or shutil.which("etcd") is None:
         pytest.skip("needs root and etcd-server")
     labs: list[Lab] = []
+    root = tmp_path / "labs"
 
     def factory() -> Lab:
-        lab = Lab(f"{netns.RUN_PREFIX}L{next(_numbers)}", root=tmp_path / "labs")
+        lab = Lab(f"{netns.RUN_PREFIX}L{next(_numbers)}", root=root)
         labs.append(lab)
         return lab
 
@@ -32,3 +38,6 @@ def make_lab(tmp_path: Path) -> Iterator:
     finally:
         for lab in labs:
             lab.down()
+            if lab.exists:  # built by a flannel-lab process: its state file says what it made
+                with contextlib.suppress(LabError):
+                    Lab(lab.name, root=root).down()

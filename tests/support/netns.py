@@ -1,18 +1,21 @@
-"""Network namespaces for tests: unique names per test run, always removed.
+"""Network namespaces for tests: names no one else can share, always removed.
 
-Every namespace is named ``<run prefix><n>`` so that parallel runs and the lab never clash
-and a sweep at the end of the session can find leftovers of this run only.
+Every namespace is named ``<run prefix><n>``; the prefix holds a random token, so parallel
+runs, the lab and anyone else never clash. The session-end sweep removes only namespaces
+this run recorded creating and still exist, never anything matched by a name pattern.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
+import signal
 import subprocess
+import time
 
-from flannel.lab.cluster import kill_netns_processes
-
-RUN_PREFIX = f"pft{os.getpid() % 100000}x"
+RUN_PREFIX = f"pft{secrets.token_hex(4)}x"
 _counter = 0
+_created: list[str] = []
 
 
 def ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -28,21 +31,41 @@ def create(tag: str = "") -> str:
     _counter += 1
     name = f"{RUN_PREFIX}{_counter}{tag}"
     ip("netns", "add", name)
+    _created.append(name)
     ip("link", "set", "lo", "up", netns=name)
     return name
 
 
+def kill_processes(name: str, timeout: float = 5.0) -> None:
+    """Stop what runs inside our namespace ``name``: SIGTERM, then SIGKILL after ``timeout``."""
+    def pids() -> list[int]:
+        return [int(pid) for pid in ip("netns", "pids", name, check=False).stdout.split()]
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                continue
+        deadline = time.monotonic() + timeout
+        while pids() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
 def delete(name: str) -> None:
     """Stop what still runs inside, then remove the namespace (bounded)."""
-    kill_netns_processes(name)
+    kill_processes(name)
     ip("netns", "del", name, check=False)
+    if name in _created:
+        _created.remove(name)
 
 
 def sweep() -> None:
-    """Remove every namespace of this run that a test failed to remove."""
-    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                             timeout=20, check=False).stdout
-    for line in listing.splitlines():
-        name = line.split()[0] if line.strip() else ""
-        if name.startswith(RUN_PREFIX):
+    """Remove the namespaces this run created and a test failed to remove."""
+    listed = {line.split()[0] for line in ip("netns", "list", check=False).stdout.splitlines()
+              if line.strip()}
+    for name in list(_created):
+        if name in listed:
             delete(name)
+        else:
+            _created.remove(name)

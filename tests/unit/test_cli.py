@@ -71,9 +71,6 @@ def test_every_flag_has_an_env_name():
     (["--ip-masq=maybe"], {}, "ip-masq"),
     (["extra"], {}, "extra"),
     ([], {"FLANNELD_HEALTHZ_PORT": "x"}, "FLANNELD_HEALTHZ_PORT"),
-    (["--subnet-lease-renew-margin=0"], {}, "subnet-lease-renew-margin"),
-    (["--subnet-lease-renew-margin=1440"], {}, "out of acceptable range"),
-    (["--subnet-lease-ttl=30m"], {}, "--subnet-lease-ttl"),
     (["--subnet-lease-ttl=soon"], {}, "subnet-lease-ttl"),
 ])
 def test_bad_input_names_the_flag(argv, env, needle):
@@ -105,3 +102,107 @@ def test_help_exits_zero(capsys):
     ("24h", 86400), ("1h30m", 5400), ("90s", 90), ("1.5h", 5400), ("0", 0)])
 def test_durations(text, seconds):
     assert parse_go_duration(text) == seconds
+
+
+GIVE_ADDRESS = "give this node's address on the network between the nodes"
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--iptables-resync=0"], {},
+     "--iptables-resync=0: out of acceptable range; give seconds from 1 to 86400"),
+    (["--iptables-resync=-5"], {},
+     "--iptables-resync=-5: out of acceptable range; give seconds from 1 to 86400"),
+    ([], {"FLANNELD_IPTABLES_RESYNC": "0"},
+     "--iptables-resync=0 (from FLANNELD_IPTABLES_RESYNC): out of acceptable range; give "
+     "seconds from 1 to 86400"),
+    (["--healthz-port=65536"], {},
+     "--healthz-port=65536: out of acceptable range; give a port from 0 to 65535 (0 turns "
+     "the health server off)"),
+    (["--healthz-port=-1"], {},
+     "--healthz-port=-1: out of acceptable range; give a port from 0 to 65535 (0 turns "
+     "the health server off)"),
+    (["--subnet-lease-renew-margin=0"], {},
+     "--subnet-lease-renew-margin=0: out of acceptable range; give minutes from 1 to 1439"),
+    (["--subnet-lease-renew-margin=1440"], {},
+     "--subnet-lease-renew-margin=1440: out of acceptable range; give minutes from 1 to "
+     "1439"),
+    (["--reconcile-interval=0"], {},
+     "--reconcile-interval=0: out of acceptable range; give seconds from 1 to 86400"),
+    (["-v=11"], {}, "-v=11: out of acceptable range; give a log level from 0 to 10"),
+    (["-v=-1"], {}, "-v=-1: out of acceptable range; give a log level from 0 to 10"),
+    (["--subnet-lease-ttl=30m"], {},
+     "--subnet-lease-ttl=1800s: must be longer than --subnet-lease-renew-margin (60 min), or "
+     "the lease would be renewed continuously"),
+    (["--subnet-lease-ttl=0"], {},
+     "--subnet-lease-ttl=0s: must be longer than --subnet-lease-renew-margin (60 min), or "
+     "the lease would be renewed continuously"),
+    (["--subnet-lease-ttl=9000000001s"], {},
+     "--subnet-lease-ttl=9000000001s: longer than etcd allows; give at most 9000000000s"),
+    (["--subnet-lease-ttl=" + "9" * 400 + "h"], {},
+     "--subnet-lease-ttl=infs: longer than etcd allows; give at most 9000000000s"),
+    (["--subnet-lease-ttl=90000.5s"], {},
+     "--subnet-lease-ttl=90000.5s: etcd leases last whole seconds; give a whole number of "
+     "seconds, such as 24h or 90000s"),
+    (["--public-ip=0.0.0.0"], {},
+     f"--public-ip=0.0.0.0: the unspecified address, which other nodes cannot reach; "
+     f"{GIVE_ADDRESS}"),
+    (["--public-ip=127.0.0.2"], {},
+     f"--public-ip=127.0.0.2: a loopback address, which other nodes cannot reach; "
+     f"{GIVE_ADDRESS}"),
+    (["--public-ip=239.1.1.1"], {},
+     f"--public-ip=239.1.1.1: a multicast address, which other nodes cannot reach; "
+     f"{GIVE_ADDRESS}"),
+    (["--public-ip=169.254.3.4"], {},
+     f"--public-ip=169.254.3.4: a link-local address, which other nodes cannot reach; "
+     f"{GIVE_ADDRESS}"),
+    (["--public-ip=255.255.255.255"], {},
+     f"--public-ip=255.255.255.255: the broadcast address, which other nodes cannot "
+     f"reach; {GIVE_ADDRESS}"),
+    (["--public-ip=node1"], {}, f"--public-ip=node1: not an IPv4 address; {GIVE_ADDRESS}"),
+    (["--public-ip=fd00::1"], {},
+     "--public-ip=fd00::1: an IPv6 address; give it with --public-ipv6"),
+    ([], {"FLANNELD_PUBLIC_IP": "0.0.0.0"},
+     f"--public-ip=0.0.0.0 (from FLANNELD_PUBLIC_IP): the unspecified address, which other "
+     f"nodes cannot reach; {GIVE_ADDRESS}"),
+    (["--public-ipv6=::"], {},
+     f"--public-ipv6=::: the unspecified address, which other nodes cannot reach; "
+     f"{GIVE_ADDRESS}"),
+    (["--public-ipv6=::1"], {},
+     f"--public-ipv6=::1: a loopback address, which other nodes cannot reach; "
+     f"{GIVE_ADDRESS}"),
+    (["--public-ipv6=ff02::1"], {},
+     f"--public-ipv6=ff02::1: a multicast address, which other nodes cannot reach; "
+     f"{GIVE_ADDRESS}"),
+    (["--public-ipv6=fe80::1"], {},
+     f"--public-ipv6=fe80::1: a link-local address, which other nodes cannot reach; "
+     f"{GIVE_ADDRESS}"),
+    (["--public-ipv6=fd00::1%eth0"], {},
+     f"--public-ipv6=fd00::1%eth0: an address with a zone index, which other nodes cannot "
+     f"reach; {GIVE_ADDRESS}"),
+    (["--public-ipv6=10.0.0.1"], {},
+     "--public-ipv6=10.0.0.1: an IPv4 address; give it with --public-ip"),
+    (["--public-ipv6=::ffff:10.0.0.1"], {},
+     "--public-ipv6=::ffff:10.0.0.1: an IPv4-mapped address; give the IPv4 address with "
+     "--public-ip"),
+    (["--healthz-ip=localhost"], {},
+     "--healthz-ip=localhost: not an IP address; give the address to listen on, such as "
+     "127.0.0.1, or 0.0.0.0 for every address"),
+    (["--healthz-ip="], {},
+     "--healthz-ip=: not an IP address; give the address to listen on, such as 127.0.0.1, "
+     "or 0.0.0.0 for every address"),
+])
+def test_values_that_hurt_are_refused_with_the_flag_and_range(argv, env, message):
+    with pytest.raises(UsageError) as caught:
+        parse(*argv, env=env)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("argv", [
+    ["--public-ip=192.0.2.10", "--public-ipv6=2001:db8::10"],
+    ["--public-ip=10.1.2.3", "--healthz-ip=::1", "--healthz-port=65535"],
+    ["--iptables-resync=1", "--reconcile-interval=86400", "-v=10"],
+    ["--subnet-lease-ttl=61m", "--subnet-lease-renew-margin=60"],
+    ["--subnet-lease-ttl=9000000000s", "--subnet-lease-renew-margin=1439"],
+])
+def test_sensible_values_pass(argv):
+    parse(*argv)

@@ -1,0 +1,177 @@
+"""flannel-lab as an operator runs it: it never builds over a lab, removes only what it
+created, says when there is no lab, reads --config as flanneld does, and with the alloc
+backend stops at the leases. Also: /readyz says what is wrong, not where."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from flannel.lab.cli import build
+from flannel.lab.cluster import Lab
+from tests.support.traffic import http_get
+from tests.support.waiting import wait_until
+
+FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
+
+
+def lab_cli(lab: Lab, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
+                           "--name", lab.name, *argv[1:]], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def netns_names() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20,
+                         check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def recorded(lab: Lab) -> Lab:
+    """The lab as its state file describes it (what a later flannel-lab command sees)."""
+    return Lab(lab.name, root=lab.directory.parent)
+
+
+def test_up_on_an_existing_lab_refuses_and_leaves_it_running(make_lab):
+    lab = make_lab()
+    first = lab_cli(lab, "up", "--nodes", "2", "--backend", "alloc")
+    assert first.returncode == 0, first.stderr
+    assert (f"==> lab {lab.name} is up: 2 nodes, leases only: the alloc backend programs no "
+            "data path;") in first.stdout
+    before = recorded(lab).state
+    assert len(recorded(lab).leases()) == 2
+
+    again = lab_cli(lab, "up", "--nodes", "1")
+    assert again.returncode == 1
+    assert again.stderr == (f"flannel-lab: lab {lab.name} already exists ({lab.directory}); it "
+                            f"is left as it is: 'flannel-lab down --name {lab.name}' removes "
+                            "it\n")
+    after = recorded(lab)
+    assert after.state == before
+    assert set(before.namespaces) <= netns_names()
+    assert all(alive(node.pid) for node in before.nodes) and alive(before.etcd_pid)
+    assert len(after.leases()) == 2
+
+    ping = lab_cli(lab, "ping")
+    assert (ping.returncode, ping.stdout) == (0, (
+        f"==> lab {lab.name} uses the alloc backend, which programs no data path: nothing to "
+        f"ping; 'flannel-lab status --name {lab.name}' shows the leases\n"))
+
+
+def test_down_removes_only_what_the_lab_created(make_lab):
+    lab = make_lab()
+    assert lab_cli(lab, "up", "--nodes", "1", "--backend", "alloc").returncode == 0
+    state = recorded(lab).state
+    stranger = f"{lab.name}-n9"  # named like the lab's nodes, but not the lab's
+    subprocess.run(["ip", "netns", "add", stranger], check=True, timeout=20)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", stranger, "sleep", "300"])
+    try:
+        wait_until(lambda: str(sleeper.pid) in subprocess.run(
+            ["ip", "netns", "pids", stranger], capture_output=True, text=True,
+            timeout=20).stdout.split(), 10, what="a process in the stranger namespace")
+        down = lab_cli(lab, "down")
+        assert (down.returncode, down.stdout) == (0, f"==> lab {lab.name} removed\n")
+        assert stranger in netns_names() and sleeper.poll() is None
+        assert not set(state.namespaces) & netns_names()
+        assert not any(alive(n.pid) for n in state.nodes) and not alive(state.etcd_pid)
+        assert not lab.directory.exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)
+        subprocess.run(["ip", "netns", "del", stranger], check=False, timeout=20)
+
+
+def test_up_that_fails_removes_only_what_it_made(make_lab):
+    lab = make_lab()
+    taken = f"{lab.name}-n2"
+    subprocess.run(["ip", "netns", "add", taken], check=True, timeout=20)
+    try:
+        result = lab_cli(lab, "up", "--nodes", "2", "--backend", "alloc")
+        assert result.returncode == 1
+        assert result.stderr.startswith(f"flannel-lab: ip netns add {taken}: ")
+        assert taken in netns_names()
+        assert not {f"{lab.name}-ul", f"{lab.name}-n1"} & netns_names()
+        assert not lab.directory.exists()
+    finally:
+        subprocess.run(["ip", "netns", "del", taken], check=False, timeout=20)
+
+
+def test_down_of_a_missing_lab_says_so(make_lab, tmp_path):
+    lab = make_lab()
+    result = lab_cli(lab, "down")
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, f"==> no lab named {lab.name} under {lab.directory.parent}: nothing to remove\n", "")
+    lab.directory.mkdir(parents=True)
+    (lab.directory / "notes").write_text("not a lab\n")
+    result = lab_cli(lab, "down")
+    assert result.returncode == 1
+    assert result.stderr == (f"flannel-lab: {lab.directory} holds no lab state; it is left as "
+                             "it is (remove it by hand if it is a leftover)\n")
+    assert (lab.directory / "notes").read_text() == "not a lab\n"
+    (lab.directory / "notes").unlink()
+    lab.directory.rmdir()
+
+
+def test_bad_config_is_refused_before_anything_is_built(make_lab):
+    lab = make_lab()
+    for config, message in (
+            ('{"Network": ', "network config is not valid JSON: Expecting value: line 1 "
+                             "column 13 (char 12)"),
+            ('{"Backend": {"Type": "vxlan"}}', "please define a correct Network parameter in "
+             'the flannel config; set "Network" to the cluster CIDR, e.g. 10.244.0.0/16')):
+        result = lab_cli(lab, "up", "--config", config)
+        assert (result.returncode, result.stdout) == (2, "")
+        assert result.stderr == f"flannel-lab: --config: {message}\n"
+        assert not lab.directory.exists()
+
+
+def test_config_members_are_case_insensitive_as_for_flanneld(make_lab):
+    lab = make_lab()
+    result = lab_cli(lab, "up", "--nodes", "1", "--config", json.dumps(
+        {"network": "10.244.0.0/16", "backend": {"type": "ALLOC"}}))
+    assert result.returncode == 0, result.stderr
+    assert "leases only: the alloc backend programs no data path" in result.stdout
+    assert lab_cli(lab, "down").returncode == 0
+
+    dual = make_lab()
+    build(dual, 2, json.dumps({"network": "10.244.0.0/16", "enableipv6": True,
+                               "ipv6network": "fd00:10:244::/56",
+                               "backend": {"type": "vxlan"}}))
+    assert dual.state.ipv6
+    assert "FLANNEL_IPV6_SUBNET" in dual.wait_subnet_env(1)
+    dual.attach_pod_bridge(1)
+    dual.attach_pod_bridge(2)
+    wait_until(lambda: dual.ping(1, 2, v6=True), 20, what="IPv6 across the overlay")
+
+
+def test_readyz_names_what_is_wrong_but_no_path(make_lab, tmp_path):
+    lab = make_lab()
+    lab.create_underlay()
+    lab.add_node(1)
+    lab.put_config({"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}})
+    broken = tmp_path / "broken-bin"
+    broken.mkdir()
+    for name in ("iptables", "iptables-restore", "iptables-save", "nft"):
+        (broken / name).write_bytes(b"\x7fELF broken\n")
+        os.chmod(broken / name, 0o700)
+    lab.start_flanneld(1, "--ip-masq", "--healthz-ip=127.0.0.1", "--healthz-port=8081",
+                       env={"PATH": str(broken)})
+
+    def readyz() -> tuple[int, str]:
+        return http_get(lab.node_ns(1), "http://127.0.0.1:8081/readyz")
+
+    wait_until(lambda: "traffic rules not installed" in readyz()[1], 20,
+               what="503 naming the traffic rules")
+    status, body = readyz()
+    assert status == 503 and "iptables" in body
+    assert str(broken) in lab.log(1)  # the log has the whole story
+    assert str(tmp_path) not in body
+    assert not re.search(r"(?<![\w.:])/\w", body), body
