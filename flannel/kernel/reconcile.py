@@ -398,7 +398,8 @@ class Reconciler:
             log.info("kernel drifted from desired state (%s); repairing", why)
             self.stats.last_error = f"repairing: {why}"
         self.stats.in_sync = False
-        self.trigger(why)
+        # Only a device or its address needs the (costlier) device check.
+        self.trigger(why, check_local=isinstance(event.obj, (rtnl.Link, rtnl.Address)))
 
     async def watch_kernel(self) -> None:
         """Follow netlink events; repair drift as soon as it is seen."""
