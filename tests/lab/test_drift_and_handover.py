@@ -1,0 +1,108 @@
+"""Tampering with a node's FDB while traffic flows (repaired within a second, said in the log
+meanwhile), and a handover from Go flannel: routes it left for peers that vanished while no
+daemon ran are taken over and removed, foreign routes stay."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+import pytest
+
+from flannel.lab.cli import build, wait_for_mesh
+from flannel.lab.cluster import in_ns, ip
+from tests.support.waiting import wait_until
+
+CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
+
+
+@pytest.fixture
+def lab3(make_lab):
+    lab = make_lab()
+    nodes = build(lab, 3, CONFIG, flanneld_args=("--reconcile-interval=300",))
+    wait_for_mesh(lab, nodes, ipv6=False, timeout=20)
+    return lab
+
+
+def fdb(lab, index: int) -> list[str]:
+    shown = in_ns(lab.node_ns(index), "bridge", "fdb", "show", "dev", "flannel.1").stdout
+    return sorted(line for line in shown.splitlines() if "permanent" in line)
+
+
+def vtep_mac(lab, index: int) -> str:
+    value = next(v for v in lab.leases().values() if lab.node(index).address in v)
+    return json.loads(value)["BackendData"]["VtepMAC"]
+
+
+def test_fdb_tampering_is_repaired_within_a_second_while_traffic_flows(lab3):
+    lab = lab3
+    healthy = fdb(lab, 1)
+    peer_mac, peer_ip = vtep_mac(lab, 2), lab.node(2).address
+    assert f"{peer_mac} dst {peer_ip} self permanent" in healthy
+    log_start = len(lab.log(1))
+    pinger = subprocess.Popen(
+        ["ip", "netns", "exec", lab.node_ns(1), "ping", "-i", "0.05", "-c", "60", "-W", "1",
+         "-I", lab.pod_address(1), lab.pod_address(2)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    repair_times = {}
+    try:
+        for what, command in (
+            ("wrong dst", ["replace", peer_mac, "dev", "flannel.1", "dst", "192.168.111.99",
+                           "self", "permanent"]),
+            ("stray entry", ["add", "0e:00:00:00:77:77", "dev", "flannel.1", "dst",
+                             "192.168.111.77", "self", "permanent"]),
+        ):
+            in_ns(lab.node_ns(1), "bridge", "fdb", *command)
+            started = time.monotonic()
+            wait_until(lambda: fdb(lab, 1) == healthy, 3, interval=0.02, what=f"{what} repaired")
+            repair_times[what] = time.monotonic() - started
+        output, _ = pinger.communicate(timeout=30)
+    finally:
+        pinger.kill()
+    print("\nFDB repair times: " + ", ".join(f"{k} {v * 1000:.0f} ms"
+                                              for k, v in repair_times.items()))
+    assert all(took < 1.0 for took in repair_times.values()), repair_times
+    received = int(re.search(r"(\d+) received", output).group(1))
+    assert received >= 57, output  # at most a ping or so per repair window
+    log = lab.log(1)[log_start:]
+    assert (f"kernel drifted from desired state (fdb entry {peer_mac} changed "
+            "(dst 192.168.111.99)); repairing") in log
+    assert ("kernel drifted from desired state (stray fdb entry 0e:00:00:00:77:77 dst "
+            "192.168.111.77); repairing") in log
+    assert lab.ping(1, 2) and lab.ping(2, 1)
+
+
+def test_routes_go_flannel_left_for_vanished_peers_are_taken_over(lab3):
+    lab = lab3
+    ns = lab.node_ns(1)
+    base, plen = lab.wait_subnet_env(2)["FLANNEL_SUBNET"].split("/")
+    peer_base = f"{base.rsplit('.', 1)[0]}.0"
+    peer_subnet = f"{peer_base}/{plen}"
+    assert lab.stop_flanneld(1) == 0
+    # What Go flannel leaves: routes with the default protocol, for peers long gone.
+    ip(ns, "route", "replace", peer_subnet, "via", peer_base, "dev", "flannel.1", "onlink",
+       "proto", "boot")
+    left = [["10.244.77.0/24", "via", "10.244.77.0", "dev", "flannel.1", "onlink"],
+            ["10.244.78.0/24", "via", "192.168.111.78", "dev", "eth0"]]
+    foreign = [["172.31.5.0/24", "via", "10.244.77.0", "dev", "flannel.1", "onlink"],
+               ["10.244.79.0/24", "dev", "cni0"],
+               ["blackhole", "10.244.80.0/24"]]
+    for route in left + foreign:
+        ip(ns, "route", "add", *route)
+    before = ip(ns, "route").stdout
+    lab.start_flanneld(1)
+    started = time.monotonic()
+    wait_until(lambda: not any(r[0] in ip(ns, "route").stdout for r in left), 10,
+               what="the routes of vanished peers removed")
+    took = time.monotonic() - started
+    print(f"\nroutes of vanished peers removed {took:.2f}s after flanneld started")
+    after = ip(ns, "route").stdout
+    for route in foreign:
+        line = next(line for line in before.splitlines() if line.startswith(route[0]))
+        assert line in after, f"{line!r} was touched:\n{after}"
+    assert f"{peer_subnet} via {peer_base} dev flannel.1 proto 151 onlink" in after
+    assert "taking over 3 route(s) of another protocol that a previous flannel left" in \
+        lab.log(1)
+    assert lab.ping(1, 2) and lab.ping(2, 1) and lab.ping(1, 3)
