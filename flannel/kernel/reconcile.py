@@ -285,7 +285,14 @@ class ReconcileStats:
 
 
 class ReconcileError(Exception):
-    """A pass that could not make every change; the message says which and, if known, why."""
+    """A pass that could not make every change; the message says which and, if known, why.
+
+    ``cause`` is the message without the counts, which change from retry to retry.
+    """
+
+    def __init__(self, failed: int, attempted: int, cause: str) -> None:
+        super().__init__(f"{failed} of {attempted} changes failed, first: {cause}")
+        self.cause = cause
 
 
 class Reconciler:
@@ -343,12 +350,13 @@ class Reconciler:
         if failures:
             first = failures[0]
             hint = self._hint(first) if self._hint is not None else ""
-            raise ReconcileError(f"{len(failures)} of {len(ops)} changes failed, first: "
+            raise ReconcileError(len(failures), len(ops),
                                  f"{first.strerror}{'; ' + hint if hint else ''}")
         return len(ops)
 
     async def run(self) -> None:
         backoff = 0.1
+        logged_cause = ""
         self.trigger("start")
         while True:
             try:
@@ -361,8 +369,10 @@ class Reconciler:
             try:
                 changes = await asyncio.to_thread(self.run_once, check_local)
             except Exception as err:
-                if str(err) != self.stats.last_error:  # once per distinct failure, not per retry
+                cause = getattr(err, "cause", str(err))
+                if cause != logged_cause:  # once per distinct failure, not per retry
                     log.error("reconcile failed (retrying with backoff): %s", err)
+                    logged_cause = cause
                 self.stats.in_sync = False
                 self.stats.last_error = str(err)
                 self.close()
@@ -371,9 +381,10 @@ class Reconciler:
                 self.trigger()
                 continue
             backoff = 0.1
-            repairing = self.stats.last_error.startswith("repairing")
-            if self.stats.last_error and not repairing:
+            if logged_cause:
                 log.info("reconcile recovered")
+                logged_cause = ""
+            repairing = self.stats.last_error.startswith("repairing")
             # Drift seen or peers changed during the pass: the next pass decides, and
             # readiness keeps saying why meanwhile.
             self.stats.in_sync = not self._wake.is_set()

@@ -179,6 +179,7 @@ async def test_adopts_routes_a_previous_flannel_left_and_nothing_else(ns):
         "vanished peer, static": ["10.244.78.0/24", "via", "10.244.78.0", "dev", "flannel.1",
                                   "onlink", "proto", "static"],
         "vanished host-gw peer": ["10.244.79.0/24", "via", "192.168.50.79", "dev", "eth0"],
+        "link scope, by hand": ["10.244.76.0/24", "dev", "flannel.1"],
     }
     foreign = {
         "outside the network on our device": ["172.16.9.0/24", "via", "10.244.77.0", "dev",
@@ -201,7 +202,7 @@ async def test_adopts_routes_a_previous_flannel_left_and_nothing_else(ns):
     finally:
         await backend.close()
     assert "10.244.2.0/24 via 10.244.2.0 dev flannel.1 proto 151 onlink" in after
-    for gone in ("10.244.77.0/24", "10.244.78.0/24", "10.244.79.0/24"):
+    for gone in ("10.244.76.0/24", "10.244.77.0/24", "10.244.78.0/24", "10.244.79.0/24"):
         assert gone in before and gone not in after, after
     for line in [line for line in before.splitlines()
                  if any(line.startswith(f"{r[0]} ") or line.startswith(" ".join(r[:2]))

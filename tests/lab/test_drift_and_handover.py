@@ -106,3 +106,30 @@ def test_routes_go_flannel_left_for_vanished_peers_are_taken_over(lab3):
     assert "taking over 3 route(s) of another protocol that a previous flannel left" in \
         lab.log(1)
     assert lab.ping(1, 2) and lab.ping(2, 1) and lab.ping(1, 3)
+
+
+def readyz(lab, index: int) -> str:
+    return in_ns(lab.node_ns(index), "curl", "-s", "-m", "2", "http://127.0.0.1:8081/readyz",
+                 check=False).stdout
+
+
+def test_host_gw_across_a_router_says_it_needs_one_l2_segment(make_lab):
+    lab = make_lab()
+    build(lab, 3, {"Network": "10.244.0.0/16", "Backend": {"Type": "host-gw"}},
+          second_underlay_from=3, flanneld_args=("--healthz-port=8081",))
+    far = lab.node(3).address
+    wait_until(lambda: "Network is unreachable" in readyz(lab, 1), 20,
+               what="node 1 to report the unreachable peer")
+    base = lab.wait_subnet_env(3)["FLANNEL_SUBNET"].split("/")[0].rsplit(".", 1)[0]
+    reason = (f"flanneld is not ready yet: data plane not programmed: 1 of 1 changes failed, "
+              f"first: Network is unreachable (replace route {base}.0/24 via {far}); host-gw "
+              "needs every node on one L2 segment: a peer's public IP must be directly "
+              "reachable on eth0, with no router in between; across routed networks use the "
+              "vxlan backend (DirectRouting keeps direct routes for the peers on the same "
+              "segment)\n")
+    assert readyz(lab, 1) == reason
+    wait_until(lambda: lab.log(1).count("host-gw needs every node on one L2 segment") >= 1, 5,
+               what="the advice in the log")
+    assert lab.ping(1, 2) and lab.ping(2, 1)  # the peers on the same segment still work
+    log = lab.log(1)
+    assert log.count("host-gw needs every node on one L2 segment") == 1, log  # logged once
