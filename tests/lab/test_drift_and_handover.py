@@ -129,8 +129,10 @@ def test_host_gw_across_a_router_says_it_needs_one_l2_segment(make_lab):
     # 1 of 1, or 1 of 2 while node 2's route is still being added.
     assert re.fullmatch(r"flanneld is not ready yet: data plane not programmed: 1 of [12] "
                         r"changes failed, " + re.escape(reason), readyz(lab, 1))
-    wait_until(lambda: lab.log(1).count("host-gw needs every node on one L2 segment") >= 1, 5,
-               what="the advice in the log")
     assert lab.ping(1, 2) and lab.ping(2, 1)  # the peers on the same segment still work
     log = lab.log(1)
-    assert log.count("host-gw needs every node on one L2 segment") == 1, log  # logged once
+    # The reconcile error is logged once, not once per retry (the daemon may add one "Not
+    # ready" line with the same reason when the node was ready before node 3 joined).
+    failures = [line for line in log.splitlines() if "reconcile failed" in line]
+    assert len(failures) == 1 and "host-gw needs every node on one L2 segment" in failures[0], \
+        log
