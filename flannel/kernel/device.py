@@ -1,8 +1,8 @@
 """Links and addresses flannel owns: the vxlan devices and the addresses on them.
 
-Owns creating (or reusing when compatible) a vxlan device, its MTU, state and VTEP MAC, and
-the lease address on it. Uses pyroute2's synchronous API, so call it from a worker thread
-(``asyncio.to_thread``), never from the event loop thread.
+Owns creating (or reusing when compatible) a vxlan device, its MTU, state, VTEP MAC and
+``accept_ra`` sysctl, and the lease address on it. Uses pyroute2's synchronous API, so call
+it from a worker thread (``asyncio.to_thread``), never from the event loop thread.
 Must not touch: routes, neighbours, FDB entries (``kernel/reconcile.py``), other links.
 """
 
