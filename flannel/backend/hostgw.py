@@ -6,13 +6,14 @@ interface, tagged with our route protocol. Must not touch: the store; foreign ro
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Callable, Sequence
 
 from flannel.backend.base import BackendError, LocalNetwork
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel.reconcile import DesiredState
-from flannel.kernel.rtnl import Route
+from flannel.kernel.rtnl import NetlinkError, Route
 from flannel.lease import Lease
 
 
@@ -36,4 +37,13 @@ class HostGwBackend(RoutedBackend):
                                  self.ext.index))
         families = tuple(f for f, on in ((socket.AF_INET, self.config.enable_ipv4),
                                          (socket.AF_INET6, self.config.enable_ipv6)) if on)
-        return DesiredState(frozenset(routes), families=families)
+        return DesiredState(frozenset(routes), families=families, **self.ownership())
+
+    def failure_hint(self, failure: NetlinkError) -> str:
+        if failure.errno not in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return ""
+        # Part of the reconcile error, which is logged once and is the readiness reason.
+        return (f"host-gw needs every node on one L2 segment: a peer's public IP must be "
+                f"directly reachable on {self.ext.name}, with no router in between; across "
+                "routed networks use the vxlan backend (DirectRouting keeps direct routes "
+                "for the peers on the same segment)")

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 from flannel.backend.base import Backend
 from flannel.kernel.reconcile import DesiredState, Reconciler
+from flannel.kernel.rtnl import NetlinkError
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class RoutedBackend(Backend):
         self.lease: Lease | None = None
         self.reconciler = Reconciler(self._desired, self.ensure_local,
                                      interval=self.options.reconcile_interval,
-                                     netns=self.options.netns)
+                                     netns=self.options.netns, hint=self.failure_hint)
         self._tasks: list[asyncio.Task] = []
         self._peers_version = -1  # no lease set handed over yet
         self._programmed_version = -1
@@ -43,6 +44,20 @@ class RoutedBackend(Backend):
 
     def desired_state(self, peers: Sequence[Lease], route_get: Callable) -> DesiredState:
         raise NotImplementedError
+
+    def failure_hint(self, failure: NetlinkError) -> str:
+        """Advice for an operator when the kernel refused one of our changes ("" if none)."""
+        return ""
+
+    def ownership(self) -> dict[str, object]:
+        """The bounds of route adoption for ``DesiredState``: our Network(s), our own
+        subnet(s) (never adopted) and the external interface."""
+        networks = tuple(n for n in (self.config.network, self.config.ipv6_network)
+                         if n is not None)
+        lease = self.lease
+        own = tuple(s for s in (lease.subnet, lease.ipv6_subnet) if s is not None) \
+            if lease is not None else ()
+        return {"networks": networks, "local_subnets": own, "underlay": self.ext.index}
 
     def _desired(self, route_get: Callable) -> DesiredState:
         version = self._peers_version

@@ -22,7 +22,7 @@ from flannel import gojson
 from flannel.backend.base import BackendError, LocalNetwork
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel import device
-from flannel.kernel.reconcile import DesiredState
+from flannel.kernel.reconcile import DesiredState, LinkState
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, mac_bytes
 from flannel.lease import Lease
 
@@ -60,9 +60,16 @@ class VxlanConfig:
         if not 0 <= cfg.port <= 65535:
             raise BackendError(f"error decoding VXLAN backend config: Port {cfg.port} is not "
                                "a UDP port; use 0 for the kernel default (8472)")
-        if cfg.mtu and cfg.mtu < ENCAP_OVERHEAD[4] + 68:
+        if cfg.mtu and cfg.mtu < ENCAP_OVERHEAD[4] + device.MIN_MTU:
             raise BackendError(f"error decoding VXLAN backend config: MTU {cfg.mtu} is too "
                                "small for vxlan; give the underlay MTU (e.g. 1500)")
+        if cfg.mtu > device.MAX_MTU:
+            raise BackendError(
+                f"error decoding VXLAN backend config: MTU {cfg.mtu} is too large: it is the "
+                f"underlay MTU, at most {device.MAX_MTU}, and the vxlan device gets it minus "
+                f"{ENCAP_OVERHEAD[4]} bytes of encapsulation (at most "
+                f"{device.MAX_MTU - ENCAP_OVERHEAD[4]}); give the underlay MTU (e.g. 1500 or "
+                "9000)")
         return cfg
 
 
@@ -96,6 +103,10 @@ class VxlanBackend(RoutedBackend):
             gbp=self.vxlan.gbp, mtu=self.device_mtu(version), mac=mac)
 
     async def prepare(self) -> LocalNetwork:
+        if self.vxlan.mtu > self.ext.mtu:
+            log.warning("the vxlan MTU option (%d) exceeds %s's MTU (%d): encapsulated packets "
+                        "larger than %d bytes will not fit the underlay", self.vxlan.mtu,
+                        self.ext.name, self.ext.mtu, self.ext.mtu)
         wanted = []
         if self.config.enable_ipv4:
             wanted.append((4, self.ext.iface_addr, self.ext.ext_addr))
@@ -171,4 +182,20 @@ class VxlanBackend(RoutedBackend):
         return DesiredState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
                             frozenset(f.index for f in self.families.values()),
                             families=tuple(socket.AF_INET if v == 4 else socket.AF_INET6
-                                           for v in sorted(self.families)))
+                                           for v in sorted(self.families)),
+                            links=frozenset(LinkState(f.index, f.spec.name, f.spec.mtu,
+                                                      f.spec.mac)
+                                            for f in self.families.values()),
+                            addresses=self._addresses(), **self.ownership())
+
+    def _addresses(self) -> frozenset[tuple[int, str]]:
+        """The lease address on each device, as ``ensure_local`` puts it."""
+        if self.lease is None:
+            return frozenset()
+        out = set()
+        for version, family in self.families.items():
+            subnet = self.lease.subnet if version == 4 else self.lease.ipv6_subnet
+            if subnet is not None:
+                base = subnet.network_address
+                out.add((family.index, f"{base}/{base.max_prefixlen}"))
+        return frozenset(out)

@@ -1,20 +1,24 @@
 """Links and addresses flannel owns: the vxlan devices and the addresses on them.
 
-Owns creating (or reusing when compatible) a vxlan device, its MTU, state and VTEP MAC, and
-the lease address on it. Uses pyroute2's synchronous API, so call it from a worker thread
-(``asyncio.to_thread``), never from the event loop thread.
+Owns creating (or reusing when compatible) a vxlan device, its MTU, state, VTEP MAC and
+``accept_ra`` sysctl, and the lease address on it. Uses pyroute2's synchronous API, so call
+it from a worker thread (``asyncio.to_thread``), never from the event loop thread.
 Must not touch: routes, neighbours, FDB entries (``kernel/reconcile.py``), other links.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
+import os
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 from pathlib import Path
 
 from pyroute2 import IPRoute, NetlinkError
+
+from flannel.kernel.rtnl import in_netns
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +95,24 @@ def incompatibility(link: object, spec: VxlanSpec) -> str | None:
     return None
 
 
+#: What the kernel accepts as a link MTU (ETH_MIN_MTU, ETH_MAX_MTU).
+MIN_MTU, MAX_MTU = 68, 65535
+
+
+def _create_error(spec: VxlanSpec, err: NetlinkError) -> DeviceError:
+    """Name the likely cause of a refused ``link add``; the kernel gives only an errno."""
+    if err.code == errno.EEXIST:
+        cause = (f"another device already uses VNI {spec.vni} on port "
+                 f"{spec.port or DEFAULT_VXLAN_PORT}; remove it or choose another VNI")
+    elif err.code == errno.EINVAL:
+        cause = (f"the kernel refused the settings (device MTU {spec.mtu}, VNI {spec.vni}, "
+                 f"local {spec.local}); check the backend's MTU, VNI and Port options")
+    else:
+        cause = "check the backend options and the external interface"
+    return DeviceError(f"cannot create vxlan device {spec.name}: {os.strerror(err.code)}; "
+                       f"{cause}")
+
+
 def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool = False
                  ) -> Device:
     """Reuse a compatible device or create one; set MTU and MAC, bring it up.
@@ -98,6 +120,11 @@ def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool =
     With ``adopt_mac`` (at start-up) a reused device keeps its MAC, which is what peers
     already know; otherwise the device is made to carry ``spec.mac``.
     """
+    if not MIN_MTU <= spec.mtu <= MAX_MTU:
+        raise DeviceError(f"cannot create vxlan device {spec.name}: its MTU would be "
+                          f"{spec.mtu}, and a link MTU must be {MIN_MTU} to {MAX_MTU}; set "
+                          "the vxlan MTU option (or the external interface's MTU) so that "
+                          "MTU minus the vxlan overhead fits")
     with _open(netns) as ipr:
         links = ipr.get_links(ifname=spec.name) if ipr.link_lookup(ifname=spec.name) else []
         mac = spec.mac
@@ -123,9 +150,7 @@ def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool =
                          vxlan_link=spec.underlay_index, vxlan_learning=int(spec.learning),
                          address=mac, mtu=spec.mtu, **kwargs)
             except NetlinkError as err:
-                raise DeviceError(f"cannot create vxlan device {spec.name}: {err}; is another "
-                                  f"device already using VNI {spec.vni} and port "
-                                  f"{spec.port or DEFAULT_VXLAN_PORT}?") from None
+                raise _create_error(spec, err) from None
             log.info("created %s (VNI %d, MAC %s, MTU %d)", spec.name, spec.vni, mac, spec.mtu)
         index = ipr.link_lookup(ifname=spec.name)[0]
         link = ipr.get_links(index)[0]
@@ -133,10 +158,10 @@ def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool =
             try:
                 ipr.link("set", index=index, mtu=spec.mtu)
             except NetlinkError as err:
-                raise DeviceError(f"cannot set MTU {spec.mtu} on {spec.name}: {err}; lower "
-                                  "the vxlan MTU option or raise the underlay MTU") from None
-        if not link["flags"] & IFF_UP:
-            ipr.link("set", index=index, state="up")
+                raise DeviceError(f"cannot set MTU {spec.mtu} on {spec.name}: "
+                                  f"{os.strerror(err.code)}; the underlay device's MTU minus "
+                                  "the vxlan overhead is the most it can carry: lower the vxlan "
+                                  "MTU option or raise the underlay MTU") from None
         # Something (e.g. systemd-networkd) may have changed the MAC: peers only know ours.
         current = ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
         if current != mac:
@@ -145,19 +170,38 @@ def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool =
             current = ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
             if current != mac:
                 raise DeviceError(f"{spec.name} MAC stays {current}, expected {mac}")
-    if spec.local.version == 6:
-        _write_sysctl(f"/proc/sys/net/ipv6/conf/{spec.name}/accept_ra", "0", netns)
+        if not link["flags"] & IFF_UP:
+            try:
+                ipr.link("set", index=index, state="up")
+            except NetlinkError as err:
+                raise DeviceError(f"cannot bring {spec.name} up: {os.strerror(err.code)}; is "
+                                  f"another program using UDP port "
+                                  f"{spec.port or DEFAULT_VXLAN_PORT}?") from None
+    # Routes on our devices are ours alone (as Go flannel does on every vxlan device).
+    _disable_accept_ra(spec.name, netns)
     return Device(index, mac)
 
 
-def _write_sysctl(path: str, value: str, netns: str | None) -> None:
-    if netns:
-        # /proc/sys/net follows the reader's namespace; tests that pass netns skip it.
-        return
+_ra_warned: set[str] = set()
+
+
+def _disable_accept_ra(name: str, netns: str | None) -> None:
+    """Set net.ipv6.conf.<name>.accept_ra to 0 inside ``netns``, writing only on change.
+
+    Missing when IPv6 is disabled; then there is nothing to refuse.
+    """
+    path = Path(f"/proc/sys/net/ipv6/conf/{name}/accept_ra")
     try:
-        Path(path).write_text(value)
+        # /proc/sys/net shows the namespace of the thread that opens it.
+        with in_netns(netns):
+            if path.read_text().strip() != "0":
+                path.write_text("0")
+    except FileNotFoundError:
+        return
     except OSError as err:
-        log.warning("could not set %s: %s", path, err)
+        if name not in _ra_warned:
+            _ra_warned.add(name)
+            log.warning("could not set %s to 0: %s", path, err.strerror)
 
 
 def ensure_address(index: int, address: IPv4Address | IPv6Address,

@@ -1,8 +1,8 @@
-"""Netlink notifications: the kernel telling us a route, neighbour or link changed.
+"""Netlink notifications: the kernel telling us a route, neighbour, address or link changed.
 
 Owns an event socket (separate from the request socket, as rtnetlink requires) subscribed to
-link, neighbour and route groups, decoding of those events, and overrun detection (ENOBUFS
-means events were lost, so the caller must resync in full).
+link, address, neighbour and route groups, decoding of those events, and overrun detection
+(ENOBUFS means events were lost, so the caller must resync in full).
 Must not touch: kernel state (it only listens).
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,24 +19,22 @@ from flannel.kernel import rtnl
 log = logging.getLogger(__name__)
 
 GROUPS = (rtnl.RTMGRP_LINK | rtnl.RTMGRP_NEIGH | rtnl.RTMGRP_IPV4_ROUTE
-          | rtnl.RTMGRP_IPV6_ROUTE)
-_IFINFOMSG = struct.Struct("=BBHiII")
-
-
-@dataclass(frozen=True)
-class LinkEvent:
-    index: int
-    name: str | None
-    up: bool
+          | rtnl.RTMGRP_IPV6_ROUTE | rtnl.RTMGRP_IPV4_IFADDR | rtnl.RTMGRP_IPV6_IFADDR)
 
 
 @dataclass(frozen=True)
 class KernelEvent:
-    """One decoded notification: ``deleted`` says DEL* rather than NEW*."""
+    """One decoded notification: ``deleted`` says DEL* rather than NEW*.
+
+    ``protocol`` is a route's; ``state`` and ``flags`` a neighbour's or FDB entry's
+    (NUD_* and NTF_*).
+    """
 
     deleted: bool
-    obj: rtnl.Route | rtnl.Neighbour | rtnl.FdbEntry | LinkEvent
+    obj: rtnl.Route | rtnl.Neighbour | rtnl.FdbEntry | rtnl.Link | rtnl.Address
     protocol: int = 0
+    state: int = 0
+    flags: int = 0
 
 
 def decode(msg_type: int, body: bytes) -> KernelEvent | None:
@@ -50,11 +47,13 @@ def decode(msg_type: int, body: bytes) -> KernelEvent | None:
         neigh = rtnl.decode_neighbour(body)
         if neigh is None:
             return None
-        return KernelEvent(msg_type == rtnl.RTM_DELNEIGH, neigh[0])
+        entry, state, flags = neigh
+        return KernelEvent(msg_type == rtnl.RTM_DELNEIGH, entry, state=state, flags=flags)
     if msg_type in (rtnl.RTM_NEWLINK, rtnl.RTM_DELLINK):
-        flags = _IFINFOMSG.unpack_from(body)[4]
-        index, name = rtnl.decode_link_name(body)
-        return KernelEvent(msg_type == rtnl.RTM_DELLINK, LinkEvent(index, name, bool(flags & 1)))
+        return KernelEvent(msg_type == rtnl.RTM_DELLINK, rtnl.decode_link(body))
+    if msg_type in (rtnl.RTM_NEWADDR, rtnl.RTM_DELADDR):
+        addr = rtnl.decode_address(body)
+        return None if addr is None else KernelEvent(msg_type == rtnl.RTM_DELADDR, addr)
     return None
 
 

@@ -19,7 +19,9 @@ from ipaddress import IPv4Address, IPv6Address
 from flannel.netutil import parse_ip
 
 IFA_F_TEMPORARY = 0x01
+IFA_F_DADFAILED = 0x08
 IFA_F_DEPRECATED = 0x20
+IFA_F_TENTATIVE = 0x40
 IFA_F_PERMANENT = 0x80
 
 IPAddress = IPv4Address | IPv6Address
@@ -36,16 +38,32 @@ class IfaceAddr:
     flags: int = IFA_F_PERMANENT
 
     @property
-    def usable(self) -> bool:
-        addr = self.address
-        if self.flags & IFA_F_DEPRECATED:
-            return False
-        return not (addr.is_unspecified or addr.is_loopback or addr.is_multicast)
+    def unusable_because(self) -> str:
+        """Why other nodes cannot reach us at this address ("" when they can).
 
-    def rank(self) -> tuple[int, int, int]:
-        """Sort key: global before link-local, permanent before dynamic, stable first."""
+        Link-local addresses are refused although Go flannel falls back to them: peers on
+        another link cannot use one, and they refuse a lease that publishes it.
+        """
+        addr = self.address
+        if addr.is_unspecified or addr.is_loopback or addr.is_multicast:
+            return "not a unicast address"
+        if addr.is_link_local:
+            return "link-local"
+        if self.flags & IFA_F_DADFAILED:
+            return "a duplicate: duplicate address detection failed"
+        if self.flags & IFA_F_TENTATIVE:
+            return "tentative: duplicate address detection has not finished"
+        if self.flags & IFA_F_DEPRECATED:
+            return "deprecated"
+        return ""
+
+    @property
+    def usable(self) -> bool:
+        return not self.unusable_because
+
+    def rank(self) -> tuple[int, int]:
+        """Sort key: permanent before dynamic, stable before temporary."""
         return (
-            1 if self.address.is_link_local else 0,
             0 if self.flags & IFA_F_PERMANENT else 1,
             1 if self.flags & IFA_F_TEMPORARY else 0,
         )
@@ -64,6 +82,19 @@ class Interface:
 
     def has_addr(self, addr: IPAddress) -> bool:
         return any(a.address == addr for a in self.addrs)
+
+    def no_address_error(self, version: int) -> InterfaceError:
+        """Why this interface has no address to publish in ``version``, and what to do."""
+        refused = [a for a in self.addrs if a.address.version == version and not a.usable]
+        found = "none" if not refused else "only unusable ones (" + "; ".join(
+            f"{a.address} is {a.unusable_because}" for a in refused) + ")"
+        wait = " (or wait for duplicate address detection to finish)" if any(
+            a.unusable_because.startswith("tentative") for a in refused) else ""
+        kind = "a global" if version == 6 else "an"
+        return InterfaceError(
+            f"failed to find IPv{version} address for interface {self.name}: it has {found}; "
+            f"other nodes must reach this node at {kind} IPv{version} address: give "
+            f"{self.name} one{wait} or choose another interface with --iface")
 
 
 @dataclass
@@ -181,6 +212,11 @@ def _pick(snapshot: NetSnapshot, opts: IfaceOptions, ipv4: bool, ipv6: bool,
             continue
         holder = snapshot.by_ip(addr)
         if holder is not None:
+            why = next(a.unusable_because for a in holder.addrs if a.address == addr)
+            if why:
+                raise InterfaceError(f"--iface {item}: that address of {holder.name} is {why}; "
+                                     "other nodes cannot reach this node there: give a usable "
+                                     "address or the interface name")
             return holder, (addr if addr.version == 4 else None), (
                 addr if addr.version == 6 else None)
     if opts.iface_regexes:
@@ -222,13 +258,11 @@ def select_external_interface(snapshot: NetSnapshot, opts: IfaceOptions, *, ipv4
     if ipv4 and v4 is None:
         v4 = iface.best_addr(4)
         if v4 is None:
-            raise InterfaceError(f"failed to find IPv4 address for interface {iface.name}; "
-                                 "give it an address or choose another with --iface")
+            raise iface.no_address_error(4)
     if ipv6 and v6 is None:
         v6 = iface.best_addr(6)
         if v6 is None:
-            raise InterfaceError(f"failed to find IPv6 address for interface {iface.name}; "
-                                 "give it an address or choose another with --iface")
+            raise iface.no_address_error(6)
     if iface.mtu == 0:
         raise InterfaceError(f"failed to determine MTU for {iface.name} interface")
     return ExternalInterface(

@@ -1,62 +1,140 @@
 """Reconciliation: make the kernel's routes, neighbours and FDB entries match desired state.
 
 Owns the diff between what a backend wants (derived from the current lease set) and what the
-kernel has, the batched apply of that diff, and when it runs: at start, after every lease
-change, on netlink events that show drift (within a second) and periodically. Everything we
-install carries ``RTPROT_FLANNEL`` (routes) or sits on a device we own (neighbours, FDB), so
-stale entries left by peers that went away while we were down are removed and nothing
-foreign is touched.
-Must not touch: the store; links and addresses (the backend's ``ensure_local`` does those).
+kernel has, the batched apply of that diff, the ownership rules that say which kernel entries
+are ours, and when passes run: at start, after every lease change, on netlink events that
+show drift (within a second) and periodically.
+
+Ours are: routes with ``RTPROT_FLANNEL``; every permanent neighbour and ``self`` FDB entry on
+a device we own; and, adopted from a previous flannel (Go flannel installs its routes with
+the default protocol), unicast routes of protocol unspec/boot/static in the main table whose
+destination lies strictly inside a configured Network, outside our own subnet, and that
+either sit on a device we own or go via a gateway on the external interface (host-gw and
+DirectRouting routes). Adopted routes are replaced with ours when wanted and deleted when
+not; nothing else is touched.
+Must not touch: the store; links and addresses (the backend's ``ensure_local`` does those;
+here they are only compared, to notice drift).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import logging
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
 
 log = logging.getLogger(__name__)
 
+IPNetwork = IPv4Network | IPv6Network
+
+#: Protocols of routes a hand or Go flannel (netlink's default) installs; routes of any other
+#: protocol (kernel, ra, dhcp, routing daemons) are never adopted.
+ADOPTABLE_PROTOCOLS = frozenset({rtnl.RTPROT_UNSPEC, rtnl.RTPROT_BOOT, rtnl.RTPROT_STATIC})
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """A device we own and the attributes it must keep."""
+
+    index: int
+    name: str
+    mtu: int
+    mac: str
+
 
 @dataclass(frozen=True)
 class DesiredState:
-    """What the kernel must hold. Neighbours/FDB are managed only on ``devices``."""
+    """What the kernel must hold. Neighbours/FDB are managed only on ``devices``.
+
+    ``links`` and ``addresses`` (``(ifindex, "ip/len")``) describe our devices, so that a
+    change to them is noticed; ``networks`` (the configured Network(s)), ``local_subnets``
+    (our own lease) and ``underlay`` (the external interface's index) bound route adoption.
+    """
 
     routes: frozenset[Route] = frozenset()
     neighbours: frozenset[Neighbour] = frozenset()
     fdb: frozenset[FdbEntry] = frozenset()
     devices: frozenset[int] = frozenset()
     families: tuple[int, ...] = (socket.AF_INET,)
+    links: frozenset[LinkState] = frozenset()
+    addresses: frozenset[tuple[int, str]] = frozenset()
+    networks: tuple[IPNetwork, ...] = ()
+    local_subnets: tuple[IPNetwork, ...] = ()
+    underlay: int = 0
 
     @functools.cached_property
-    def route_dsts(self) -> frozenset[str]:
-        return frozenset(r.dst for r in self.routes)
+    def route_keys(self) -> frozenset[tuple[str, int]]:
+        """(dst, metric): what the kernel's replace matches on, so a route's identity."""
+        return frozenset((r.dst, r.metric) for r in self.routes)
 
     @functools.cached_property
     def neighbour_keys(self) -> frozenset[tuple[int, str]]:
         return frozenset((n.ifindex, n.ip) for n in self.neighbours)
 
+    @functools.cached_property
+    def fdb_keys(self) -> frozenset[tuple[int, str]]:
+        return frozenset((f.ifindex, f.mac) for f in self.fdb)
+
+    @functools.cached_property
+    def link_by_index(self) -> dict[int, LinkState]:
+        return {link.index: link for link in self.links}
+
+    def device_name(self, index: int) -> str:
+        link = self.link_by_index.get(index)
+        return link.name if link else f"device {index}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _network(cidr: str) -> IPNetwork:
+    return ip_network(cidr, strict=False)
+
+
+def adoptable(route: Route, protocol: int, desired: DesiredState) -> bool:
+    """Whether a route of another protocol is ours all the same (see the module docstring).
+
+    Only strictly inside a Network: a route for a whole Network (or wider) is never a peer's.
+    """
+    if protocol not in ADOPTABLE_PROTOCOLS or route.kind != rtnl.RTN_UNICAST:
+        return False
+    if not (route.oif in desired.devices
+            or (desired.underlay and route.oif == desired.underlay and route.gateway)):
+        return False
+    dst = _network(route.dst)
+    if not any(dst.version == net.version and dst.prefixlen > net.prefixlen
+               and dst.subnet_of(net) for net in desired.networks):
+        return False
+    return not any(dst.version == own.version and dst.overlaps(own)
+                   for own in desired.local_subnets)
+
 
 @dataclass(frozen=True)
 class ActualState:
+    """Our entries in the kernel; ``adopted``: routes of another protocol that are ours."""
+
     routes: frozenset[Route]
     neighbours: frozenset[Neighbour]
     fdb: frozenset[FdbEntry]
+    adopted: frozenset[Route] = frozenset()
 
 
 def read_actual(sock: rtnl.Rtnl, desired: DesiredState) -> ActualState:
-    routes = frozenset(
-        route for family in desired.families for route, proto, table in sock.routes(family)
-        if proto == rtnl.RTPROT_FLANNEL and table == rtnl.RT_TABLE_MAIN
-        and route.kind == rtnl.RTN_UNICAST)
+    routes: set[Route] = set()
+    adopted: set[Route] = set()
+    for family in desired.families:
+        for route, proto, table in sock.routes(family):
+            if table != rtnl.RT_TABLE_MAIN or route.kind != rtnl.RTN_UNICAST:
+                continue
+            if proto == rtnl.RTPROT_FLANNEL:
+                routes.add(route)
+            elif adoptable(route, proto, desired):
+                adopted.add(route)
     neighbours: set[Neighbour] = set()
     fdb: set[FdbEntry] = set()
     if desired.devices:
@@ -68,22 +146,25 @@ def read_actual(sock: rtnl.Rtnl, desired: DesiredState) -> ActualState:
             if entry.ifindex in desired.devices and state & rtnl.NUD_PERMANENT \
                     and flags & rtnl.NTF_SELF:
                 fdb.add(entry)
-    return ActualState(routes, frozenset(neighbours), frozenset(fdb))
+    return ActualState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
+                       frozenset(adopted))
 
 
 def plan(desired: DesiredState, actual: ActualState) -> list[tuple[str, object]]:
     """The requests that turn ``actual`` into ``desired``: adds first, in the order traffic
     needs them (neighbour, FDB, route), then deletions of what is no longer wanted.
 
-    An entry is deleted only if nothing desired shares its identity, so that a replaced
-    route or neighbour is never deleted after its replacement went in.
+    A wanted route held under another protocol (adopted) is replaced, which makes it ours.
+    An entry is deleted only if nothing desired shares its identity (a route's destination
+    and metric, a neighbour's device and IP), so that a replaced route or neighbour is never
+    deleted after its replacement went in.
     """
     ops: list[tuple[str, object]] = []
     ops += [("replace", n) for n in sorted(desired.neighbours - actual.neighbours)]
     ops += [("replace", f) for f in sorted(desired.fdb - actual.fdb)]
     ops += [("replace", r) for r in sorted(desired.routes - actual.routes)]
-    ops += [("delete", r) for r in sorted(actual.routes - desired.routes)
-            if r.dst not in desired.route_dsts]
+    ops += [("delete", r) for r in sorted((actual.routes | actual.adopted) - desired.routes)
+            if (r.dst, r.metric) not in desired.route_keys]
     ops += [("delete", f) for f in sorted(actual.fdb - desired.fdb)]
     ops += [("delete", n) for n in sorted(actual.neighbours - desired.neighbours)
             if (n.ifindex, n.ip) not in desired.neighbour_keys]
@@ -91,34 +172,108 @@ def plan(desired: DesiredState, actual: ActualState) -> list[tuple[str, object]]
 
 
 def drift(desired: DesiredState, event: events.KernelEvent) -> str:
-    """Why ``event`` means the kernel no longer matches ``desired`` ("" when it does not)."""
+    """Why ``event`` means the kernel no longer matches ``desired`` ("" when it does not).
+
+    The same ownership rules as ``read_actual``: whatever a pass would change, an event
+    showing it is drift; our own changes (which match ``desired``) are not.
+    """
     obj = event.obj
-    if isinstance(obj, events.LinkEvent):
-        # Deleted, down, MAC or MTU changed: the device check will tell and repair.
-        if obj.index in desired.devices:
-            return f"device {obj.name or obj.index} {'deleted' if event.deleted else 'changed'}"
-        return ""
+    if isinstance(obj, rtnl.Link):
+        return _link_drift(desired, obj, event.deleted)
+    if isinstance(obj, rtnl.Address):
+        return _address_drift(desired, obj, event.deleted)
     if isinstance(obj, Route):
-        if obj.kind != rtnl.RTN_UNICAST:
-            return ""  # blackhole routes are kernel/blackhole.py's
-        if event.deleted:
-            return f"route {obj.dst} deleted" if obj in desired.routes else ""
-        if obj not in desired.routes and obj.dst in desired.route_dsts:
-            return f"route {obj.dst} changed"
-        if obj not in desired.routes and event.protocol == rtnl.RTPROT_FLANNEL:
-            return f"stray route {obj.dst} with our protocol"
-        return ""
+        return _route_drift(desired, obj, event.deleted, event.protocol)
     if isinstance(obj, Neighbour):
-        if obj.ifindex not in desired.devices:
-            return ""
-        if event.deleted:
-            return f"neighbour {obj.ip} deleted" if obj in desired.neighbours else ""
-        if obj not in desired.neighbours and (obj.ifindex, obj.ip) in desired.neighbour_keys:
-            return f"neighbour {obj.ip} changed"
+        return _neighbour_drift(desired, obj, event.deleted, event.state)
+    return _fdb_drift(desired, obj, event.deleted, event.state, event.flags)
+
+
+def _link_drift(desired: DesiredState, link: rtnl.Link, deleted: bool) -> str:
+    if link.index not in desired.devices:
         return ""
-    if obj.ifindex in desired.devices and event.deleted and obj in desired.fdb:
-        return f"fdb entry {obj.mac} deleted"
+    name = link.name or desired.device_name(link.index)
+    if deleted:
+        return f"device {name} deleted"
+    want = desired.link_by_index.get(link.index)
+    if want is None:
+        return f"device {name} changed"
+    if link.name and link.name != want.name:
+        return f"device {want.name} renamed to {link.name}"
+    if not link.up:
+        return f"device {name} down"
+    if link.mtu and link.mtu != want.mtu:
+        return f"device {name} MTU changed to {link.mtu} (want {want.mtu})"
+    if link.mac and link.mac != want.mac:
+        return f"device {name} MAC changed to {link.mac} (want {want.mac})"
     return ""
+
+
+def _address_drift(desired: DesiredState, addr: rtnl.Address, deleted: bool) -> str:
+    if addr.index not in desired.devices:
+        return ""
+    where = desired.device_name(addr.index)
+    wanted = (addr.index, addr.cidr) in desired.addresses
+    if deleted:
+        return f"address {addr.cidr} removed from {where}" if wanted else ""
+    if wanted:
+        return ""
+    ip = ip_address(addr.cidr.partition("/")[0])
+    if any(ip in net for net in desired.networks):
+        return f"stray address {addr.cidr} on {where}"
+    return ""
+
+
+def _route_drift(desired: DesiredState, route: Route, deleted: bool, protocol: int) -> str:
+    if route.kind != rtnl.RTN_UNICAST:
+        return ""  # blackhole routes are kernel/blackhole.py's
+    wanted = route in desired.routes
+    if deleted:
+        return f"route {route.dst} deleted" if wanted else ""
+    if wanted:
+        return "" if protocol == rtnl.RTPROT_FLANNEL else \
+            f"route {route.dst} replaced by one of protocol {protocol}"
+    if (route.dst, route.metric) in desired.route_keys:
+        return f"route {route.dst} changed (via {route.gateway} dev {route.oif})"
+    if protocol == rtnl.RTPROT_FLANNEL:
+        return f"stray route {route.dst} with our protocol"
+    if adoptable(route, protocol, desired):
+        return f"stray route {route.dst} (protocol {protocol}) for a subnet of the network"
+    return ""
+
+
+def _neighbour_drift(desired: DesiredState, neigh: Neighbour, deleted: bool, state: int
+                     ) -> str:
+    if neigh.ifindex not in desired.devices:
+        return ""
+    if deleted:
+        return f"neighbour {neigh.ip} deleted" if neigh in desired.neighbours else ""
+    permanent = bool(state & rtnl.NUD_PERMANENT)
+    if (neigh.ifindex, neigh.ip) in desired.neighbour_keys:
+        if permanent and neigh in desired.neighbours:
+            return ""
+        return f"neighbour {neigh.ip} changed ({neigh.mac or 'no MAC'}" + (
+            ")" if permanent else ", not permanent)")
+    if permanent:
+        return f"stray neighbour {neigh.ip} on {desired.device_name(neigh.ifindex)}"
+    return ""  # resolution attempts of the kernel's own
+
+
+def _fdb_drift(desired: DesiredState, entry: FdbEntry, deleted: bool, state: int, flags: int
+               ) -> str:
+    if entry.ifindex not in desired.devices:
+        return ""
+    if deleted:
+        return f"fdb entry {entry.mac} deleted" if entry in desired.fdb else ""
+    ours = bool(state & rtnl.NUD_PERMANENT and flags & rtnl.NTF_SELF)
+    if (entry.ifindex, entry.mac) in desired.fdb_keys:
+        if ours and entry in desired.fdb:
+            return ""
+        return f"fdb entry {entry.mac} changed (dst {entry.dst}" + (
+            ")" if ours else ", not permanent)")
+    if ours:
+        return f"stray fdb entry {entry.mac} dst {entry.dst}"
+    return ""  # learned entries (Learning on) come and go
 
 
 @dataclass
@@ -129,19 +284,33 @@ class ReconcileStats:
     last_error: str = ""
 
 
+class ReconcileError(Exception):
+    """A pass that could not make every change; the message says which and, if known, why.
+
+    ``cause`` is the message without the counts, which change from retry to retry.
+    """
+
+    def __init__(self, failed: int, attempted: int, cause: str) -> None:
+        super().__init__(f"{failed} of {attempted} changes failed, first: {cause}")
+        self.cause = cause
+
+
 class Reconciler:
     """Runs reconciliation passes in a worker thread, serialised, on demand and periodically.
 
     ``ensure_local`` (may be None) recreates local devices and returns nothing; ``desired``
     computes the state to enforce after it, given a route lookup function. Both run in the
-    worker thread.
+    worker thread. ``hint`` (may be None) turns a failed request into advice for the
+    operator ("" when it has none).
     """
 
     def __init__(self, desired: Callable[[Callable], DesiredState],
                  ensure_local: Callable[[], None] | None = None, *,
-                 interval: float = 30.0, netns: str | None = None) -> None:
+                 interval: float = 30.0, netns: str | None = None,
+                 hint: Callable[[rtnl.NetlinkError], str] | None = None) -> None:
         self._desired = desired
         self._ensure_local = ensure_local
+        self._hint = hint
         self.interval = interval
         self.netns = netns
         self.stats = ReconcileStats()
@@ -171,15 +340,23 @@ class Reconciler:
         self._last = desired
         actual = read_actual(self._sock, desired)
         ops = plan(desired, actual)
+        if actual.adopted:
+            taken = sorted(r for verb, r in ops if isinstance(r, Route) and r in actual.adopted)
+            if taken:
+                log.info("taking over %d route(s) of another protocol that a previous flannel "
+                         "left in the network, e.g. %s via %s", len(taken), taken[0].dst,
+                         taken[0].gateway)
         failures = self._sock.run(ops) if ops else []
         if failures:
-            raise rtnl.NetlinkError(failures[0].errno or errno.EIO,
-                                    f"{len(failures)} of {len(ops)} changes failed, first: "
-                                    f"{failures[0]}")
+            first = failures[0]
+            hint = self._hint(first) if self._hint is not None else ""
+            raise ReconcileError(len(failures), len(ops),
+                                 f"{first.strerror}{'; ' + hint if hint else ''}")
         return len(ops)
 
     async def run(self) -> None:
         backoff = 0.1
+        logged_cause = ""
         self.trigger("start")
         while True:
             try:
@@ -192,8 +369,10 @@ class Reconciler:
             try:
                 changes = await asyncio.to_thread(self.run_once, check_local)
             except Exception as err:
-                if str(err) != self.stats.last_error:  # once per distinct failure, not per retry
+                cause = getattr(err, "cause", str(err))
+                if cause != logged_cause:  # once per distinct failure, not per retry
                     log.error("reconcile failed (retrying with backoff): %s", err)
+                    logged_cause = cause
                 self.stats.in_sync = False
                 self.stats.last_error = str(err)
                 self.close()
@@ -202,23 +381,36 @@ class Reconciler:
                 self.trigger()
                 continue
             backoff = 0.1
-            if self.stats.last_error and not self.stats.last_error.startswith("repairing"):
+            if logged_cause:
                 log.info("reconcile recovered")
-            # Drift seen or peers changed during the pass: the next pass decides.
+                logged_cause = ""
+            repairing = self.stats.last_error.startswith("repairing")
+            # Drift seen or peers changed during the pass: the next pass decides, and
+            # readiness keeps saying why meanwhile.
             self.stats.in_sync = not self._wake.is_set()
-            self.stats.last_error = ""
+            if self.stats.in_sync or not repairing:
+                self.stats.last_error = ""
             if changes:
                 log.info("reconciled: %d change(s) in %.1f ms", changes,
                          (time.monotonic() - started) * 1000)
 
     def on_kernel_event(self, event: events.KernelEvent) -> None:
-        """Trigger a pass when an event shows the kernel drifting from desired state."""
+        """Trigger a pass when an event shows the kernel drifting from desired state.
+
+        Readiness reports the drift until a pass has repaired it. Logged once per repair,
+        not once per event (a flushed table sends one event per entry).
+        """
         why = drift(self._last, event)
-        if why:
+        if not why:
+            return
+        if self.stats.last_error.startswith("repairing"):
+            log.debug("kernel drifted from desired state (%s)", why)
+        else:
             log.info("kernel drifted from desired state (%s); repairing", why)
-            self.stats.in_sync = False
             self.stats.last_error = f"repairing: {why}"
-            self.trigger(why)
+        self.stats.in_sync = False
+        # Only a device or its address needs the (costlier) device check.
+        self.trigger(why, check_local=isinstance(event.obj, (rtnl.Link, rtnl.Address)))
 
     async def watch_kernel(self) -> None:
         """Follow netlink events; repair drift as soon as it is seen."""

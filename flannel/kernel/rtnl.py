@@ -31,30 +31,37 @@ NLM_F_DUMP, NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE, NLM_F_APPEND = 0x300, 0x100
     0x400, 0x800
 
 RTM_NEWLINK, RTM_DELLINK = 16, 17
+RTM_NEWADDR, RTM_DELADDR = 20, 21
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
 
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
-NDA_DST, NDA_LLADDR, NDA_PROTOCOL = 1, 2, 12
-IFLA_IFNAME = 3
+NDA_DST, NDA_LLADDR, NDA_PORT, NDA_VNI, NDA_IFINDEX, NDA_PROTOCOL = 1, 2, 6, 7, 8, 12
+IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU = 1, 3, 4
+IFA_ADDRESS, IFA_LOCAL = 1, 2
+IFF_UP = 0x1
 
 RT_TABLE_MAIN = 254
-RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 RTN_UNICAST, RTN_BLACKHOLE = 1, 6
 RTNH_F_ONLINK = 4
 NUD_PERMANENT = 0x80
 NTF_SELF = 0x02
 AF_BRIDGE = 7
 
-RTMGRP_LINK, RTMGRP_NEIGH, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_ROUTE = 0x1, 0x4, 0x40, 0x400
+RTMGRP_LINK, RTMGRP_NEIGH, RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE = 0x1, 0x4, 0x10, 0x40
+RTMGRP_IPV6_IFADDR, RTMGRP_IPV6_ROUTE = 0x100, 0x400
 
 #: The route (and neighbour) protocol that marks what flannel installed (see rt_protos).
 RTPROT_FLANNEL = 151
+#: Protocols of routes added by hand or by Go flannel (netlink's default): unspec, boot, static.
+RTPROT_UNSPEC, RTPROT_KERNEL, RTPROT_BOOT, RTPROT_STATIC = 0, 2, 3, 4
 
 _NLMSGHDR = struct.Struct("=IHHII")
 _RTMSG = struct.Struct("=BBBBBBBBI")
 _NDMSG = struct.Struct("=BBHiHBB")
 _IFINFOMSG = struct.Struct("=BBHiII")
+_IFADDRMSG = struct.Struct("=BBBBi")
 _RTATTR = struct.Struct("=HH")
 _NLMSGERR = struct.Struct("=i")
 
@@ -119,23 +126,34 @@ class Neighbour:
 
 @dataclass(frozen=True, order=True)
 class FdbEntry:
-    """A permanent ``self`` FDB entry of a vxlan device: frames for ``mac`` go to ``dst``."""
+    """A permanent ``self`` FDB entry of a vxlan device: frames for ``mac`` go to ``dst``.
+
+    ``port``, ``vni`` and ``via`` (an underlay ifindex) are 0 when the entry uses the
+    device's own settings, which is how flannel installs them (the kernel then omits them).
+    """
 
     ifindex: int
     mac: str
     dst: str
+    port: int = 0
+    vni: int = 0
+    via: int = 0
 
 
 def encode_route(route: Route, msg_type: int, flags: int, seq: int) -> bytes:
     dst_text, _, plen = route.dst.partition("/")
     family, dst = _packed(dst_text)
+    protocol = RTPROT_FLANNEL
     if msg_type == RTM_DELROUTE:
-        scope = RT_SCOPE_UNIVERSE
+        # The kernel matches a delete's protocol and scope exactly unless they are wildcards.
+        # What we delete was chosen as ours from a dump, adopted routes of other protocols
+        # and link-scope routes included.
+        protocol, scope = RTPROT_UNSPEC, RT_SCOPE_NOWHERE
     elif route.kind == RTN_BLACKHOLE or route.gateway is not None:
         scope = RT_SCOPE_UNIVERSE
     else:
         scope = RT_SCOPE_LINK
-    body = _RTMSG.pack(family, int(plen), 0, 0, RT_TABLE_MAIN, RTPROT_FLANNEL, scope,
+    body = _RTMSG.pack(family, int(plen), 0, 0, RT_TABLE_MAIN, protocol, scope,
                        route.kind, RTNH_F_ONLINK if route.onlink else 0)
     attrs = _attr(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN)) + _attr(RTA_DST, dst)
     if route.gateway is not None:
@@ -162,6 +180,13 @@ def encode_neighbour(neigh: Neighbour, msg_type: int, flags: int, seq: int) -> b
 def encode_fdb(entry: FdbEntry, msg_type: int, flags: int, seq: int) -> bytes:
     body = _NDMSG.pack(AF_BRIDGE, 0, 0, entry.ifindex, NUD_PERMANENT, NTF_SELF, 0)
     attrs = _attr(NDA_LLADDR, mac_bytes(entry.mac)) + _attr(NDA_DST, _packed(entry.dst)[1])
+    # Only a delete names them: it must hit exactly that remote, not the one a replace fixed.
+    if entry.port:
+        attrs += _attr(NDA_PORT, struct.pack("!H", entry.port))
+    if entry.vni:
+        attrs += _attr(NDA_VNI, struct.pack("=I", entry.vni))
+    if entry.via:
+        attrs += _attr(NDA_IFINDEX, struct.pack("=I", entry.via))
     payload = body + attrs
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
 
@@ -223,17 +248,55 @@ def decode_neighbour(body: bytes) -> tuple[Neighbour | FdbEntry, int, int] | Non
     if family == AF_BRIDGE:
         if lladdr is None or dst is None or len(lladdr) != 6:
             return None
-        return FdbEntry(ifindex, mac_text(lladdr), str(ip_address(dst))), state, ntf_flags
+        port = struct.unpack("!H", attrs[NDA_PORT][:2])[0] if NDA_PORT in attrs else 0
+        vni = struct.unpack("=I", attrs[NDA_VNI][:4])[0] if NDA_VNI in attrs else 0
+        via = struct.unpack("=I", attrs[NDA_IFINDEX][:4])[0] if NDA_IFINDEX in attrs else 0
+        return (FdbEntry(ifindex, mac_text(lladdr), str(ip_address(dst)), port, vni, via),
+                state, ntf_flags)
     if family not in (socket.AF_INET, socket.AF_INET6) or dst is None:
         return None
     mac = mac_text(lladdr) if lladdr and len(lladdr) == 6 else ""
     return Neighbour(ifindex, str(ip_address(dst)), mac), state, ntf_flags
 
 
-def decode_link_name(body: bytes) -> tuple[int, str | None]:
-    index = _IFINFOMSG.unpack_from(body)[3]
-    name = _parse_attrs(body, _IFINFOMSG.size).get(IFLA_IFNAME)
-    return index, name.rstrip(b"\0").decode() if name else None
+@dataclass(frozen=True)
+class Link:
+    """What a link message says about a device; ``mtu`` 0 and ``mac`` "" when absent."""
+
+    index: int
+    name: str | None
+    up: bool
+    mtu: int = 0
+    mac: str = ""
+
+
+def decode_link(body: bytes) -> Link:
+    _family, _pad, _kind, index, flags, _change = _IFINFOMSG.unpack_from(body)
+    attrs = _parse_attrs(body, _IFINFOMSG.size)
+    name = attrs.get(IFLA_IFNAME)
+    mtu = attrs.get(IFLA_MTU)
+    mac = attrs.get(IFLA_ADDRESS)
+    return Link(index, name.rstrip(b"\0").decode(errors="replace") if name else None,
+                bool(flags & IFF_UP), struct.unpack("=I", mtu[:4])[0] if mtu else 0,
+                mac_text(mac) if mac and len(mac) == 6 else "")
+
+
+@dataclass(frozen=True)
+class Address:
+    """An interface address: ``cidr`` is ``address/prefixlen`` text."""
+
+    index: int
+    cidr: str
+
+
+def decode_address(body: bytes) -> Address | None:
+    family, prefixlen, _flags, _scope, index = _IFADDRMSG.unpack_from(body)
+    attrs = _parse_attrs(body, _IFADDRMSG.size)
+    # IPv4: IFA_LOCAL is our address (IFA_ADDRESS is the peer's on point-to-point links).
+    raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
+    if family not in (socket.AF_INET, socket.AF_INET6) or raw is None:
+        return None
+    return Address(index, f"{ip_address(raw)}/{prefixlen}")
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -356,7 +419,8 @@ class Rtnl:
         gone = (errno.ESRCH, errno.ENOENT) if verb == "delete" else ()
         if isinstance(obj, Route):
             msg = RTM_DELROUTE if verb == "delete" else RTM_NEWROUTE
-            return Op(encode_route(obj, msg, flags, seq), f"{verb} route {obj.dst}", gone)
+            via = f" via {obj.gateway}" if obj.gateway else ""
+            return Op(encode_route(obj, msg, flags, seq), f"{verb} route {obj.dst}{via}", gone)
         if isinstance(obj, Neighbour):
             msg = RTM_DELNEIGH if verb == "delete" else RTM_NEWNEIGH
             return Op(encode_neighbour(obj, msg, flags, seq), f"{verb} neighbour {obj.ip}",

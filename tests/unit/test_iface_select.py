@@ -5,9 +5,11 @@ from ipaddress import ip_address
 import pytest
 
 from flannel.kernel.iface import (
+    IFA_F_DADFAILED,
     IFA_F_DEPRECATED,
     IFA_F_PERMANENT,
     IFA_F_TEMPORARY,
+    IFA_F_TENTATIVE,
     IfaceAddr,
     IfaceOptions,
     Interface,
@@ -133,3 +135,43 @@ def test_interface_without_address_or_mtu():
     no_mtu = Interface(7, "br0", 0, (addr("10.0.0.1"),))
     with pytest.raises(InterfaceError, match="MTU"):
         select(IfaceOptions(ifaces=["br0"]), snapshot(interfaces=[no_mtu]))
+
+
+@pytest.mark.parametrize(("flags", "text", "why"), [
+    (IFA_F_PERMANENT, "fe80::5", "fe80::5 is link-local"),
+    (IFA_F_PERMANENT | IFA_F_TENTATIVE, "2001:db8::5",
+     "2001:db8::5 is tentative: duplicate address detection has not finished"),
+    (IFA_F_PERMANENT | IFA_F_DADFAILED | IFA_F_TENTATIVE, "2001:db8::5",
+     "2001:db8::5 is a duplicate: duplicate address detection failed"),
+])
+def test_no_usable_ipv6_address_is_refused_naming_the_interface(flags, text, why):
+    iface = Interface(5, "eth0", 1500, (addr("192.168.1.10"), addr(text, flags)))
+    with pytest.raises(InterfaceError) as caught:
+        select(IfaceOptions(), NetSnapshot([iface], 5, 5), ipv6=True)
+    message = str(caught.value)
+    assert message.startswith(f"failed to find IPv6 address for interface eth0: it has only "
+                              f"unusable ones ({why}); other nodes must reach this node at a "
+                              "global IPv6 address: give eth0 one")
+    assert message.endswith("or choose another interface with --iface")
+    assert ("wait for duplicate address detection" in message) == why.endswith("finished")
+
+
+def test_a_usable_address_wins_over_tentative_and_link_local_ones():
+    iface = Interface(5, "eth0", 1500, (addr("fe80::5"), addr("2001:db8::1", IFA_F_TENTATIVE),
+                                        addr("2001:db8::2", 0)))
+    ext = select(IfaceOptions(), NetSnapshot([iface], 5, 5), ipv4=False, ipv6=True)
+    assert str(ext.ext_v6_addr) == "2001:db8::2"
+
+
+def test_ipv4_link_local_is_not_published():
+    iface = Interface(5, "eth0", 1500, (addr("169.254.3.4"),))
+    with pytest.raises(InterfaceError, match=r"it has only unusable ones \(169.254.3.4 is "
+                                             r"link-local\); other nodes must reach this node "
+                                             r"at an IPv4 address"):
+        select(IfaceOptions(), NetSnapshot([iface], 5, None))
+
+
+def test_iface_naming_an_unusable_address_is_refused():
+    with pytest.raises(InterfaceError, match=r"^--iface fe80::1: that address of eth0 is "
+                                             r"link-local; other nodes cannot reach"):
+        select(IfaceOptions(ifaces=["fe80::1"]), ipv4=False, ipv6=True)

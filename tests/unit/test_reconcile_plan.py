@@ -1,7 +1,7 @@
 """The reconciler's diff and drift rules, on synthetic states."""
 
-from flannel.kernel import events, rtnl
-from flannel.kernel.reconcile import ActualState, DesiredState, drift, plan
+from flannel.kernel import rtnl
+from flannel.kernel.reconcile import ActualState, DesiredState, plan
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
 
 R1 = Route("10.5.1.0/24", "10.5.1.0", 7, onlink=True)
@@ -32,23 +32,22 @@ def test_a_replaced_entry_is_not_deleted_afterwards():
     assert not any(verb == "delete" for verb, _ in ops)
 
 
-def event(obj, deleted=False, protocol=0):
-    return events.KernelEvent(deleted, obj, protocol)
+def test_adopted_routes_are_retagged_when_wanted_and_deleted_when_not():
+    go_wanted = R1  # the same route, held under another protocol
+    go_stale = Route("10.5.9.0/24", "10.5.9.0", 7, onlink=True)
+    go_other_gateway = Route("10.5.1.0/24", "192.168.1.1", 2)  # same identity as R1
+    actual = ActualState(frozenset(), frozenset({N1}), frozenset({F1}),
+                         adopted=frozenset({go_wanted, go_stale}))
+    assert plan(DESIRED, actual) == [("replace", R1), ("delete", go_stale)]
+    actual = ActualState(frozenset(), frozenset({N1}), frozenset({F1}),
+                         adopted=frozenset({go_other_gateway}))
+    assert plan(DESIRED, actual) == [("replace", R1)]  # the replace overwrites it
 
 
-def test_drift_rules():
-    assert drift(DESIRED, event(R1, deleted=True))
-    assert not drift(DESIRED, event(R2, deleted=True))  # our own clean-up
-    assert drift(DESIRED, event(Route("10.5.1.0/24", "1.1.1.1", 3)))  # replaced by someone
-    assert drift(DESIRED, event(R2, protocol=rtnl.RTPROT_FLANNEL))  # stray route of ours
-    assert not drift(DESIRED, event(Route("172.16.0.0/24", "1.1.1.1", 3)))  # foreign
-    assert not drift(DESIRED, event(R1, protocol=rtnl.RTPROT_FLANNEL))  # our own add
-    assert drift(DESIRED, event(N1, deleted=True))
-    assert drift(DESIRED, event(Neighbour(7, "10.5.1.0", "0e:00:00:00:00:99")))
-    assert not drift(DESIRED, event(Neighbour(9, "10.5.1.0", "0e:00:00:00:00:99")))
-    assert drift(DESIRED, event(F1, deleted=True))
-    assert drift(DESIRED, event(events.LinkEvent(7, "flannel.1", True), deleted=True))
-    assert not drift(DESIRED, event(events.LinkEvent(2, "eth0", False)))
+def test_a_route_of_ours_with_another_metric_is_not_kept_by_its_destination():
+    old_metric = Route("10.5.1.0/24", "10.5.1.0", 7, onlink=True, metric=100)
+    actual = ActualState(frozenset({R1, old_metric}), frozenset({N1}), frozenset({F1}))
+    assert plan(DESIRED, actual) == [("delete", old_metric)]
 
 
 def test_route_codec_round_trip():
@@ -61,7 +60,9 @@ def test_route_codec_round_trip():
 
 
 def test_neighbour_and_fdb_codec_round_trip():
-    for entry, encode in ((N1, rtnl.encode_neighbour), (F1, rtnl.encode_fdb)):
+    with_options = FdbEntry(7, "0e:00:00:00:00:01", "192.168.1.1", port=9999, vni=5, via=3)
+    for entry, encode in ((N1, rtnl.encode_neighbour), (F1, rtnl.encode_fdb),
+                          (with_options, rtnl.encode_fdb)):
         (_, _, _, body), = rtnl.iter_messages(encode(entry, rtnl.RTM_NEWNEIGH, 0, 1))
         decoded, state, _flags = rtnl.decode_neighbour(body)
         assert decoded == entry and state == rtnl.NUD_PERMANENT

@@ -1,13 +1,20 @@
-"""The vxlan backend's desired state for a peer set (no kernel involved)."""
+"""The vxlan and host-gw backends' desired state, config checks and advice (no kernel
+involved)."""
 
+import errno
 import json
 from ipaddress import IPv4Address, IPv4Network
 
-from flannel.backend.vxlan import VxlanBackend, _Family
+import pytest
+
+from flannel.backend.base import BackendError
+from flannel.backend.hostgw import HostGwBackend
+from flannel.backend.vxlan import VxlanBackend, VxlanConfig, _Family
 from flannel.config import check_network_config, parse_config
 from flannel.kernel.device import VxlanSpec
 from flannel.kernel.iface import ExternalInterface
-from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
+from flannel.kernel.reconcile import LinkState
+from flannel.kernel.rtnl import FdbEntry, Neighbour, NetlinkError, Route
 from flannel.lease import Lease, LeaseAttrs
 
 EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.168.1.1"), None,
@@ -64,3 +71,37 @@ def test_direct_routing_uses_the_underlay_for_on_link_peers():
     assert Route("10.244.2.0/24", "192.168.1.2", 2) in state.routes
     assert Route("10.244.9.0/24", "10.244.9.0", 7, onlink=True) in state.routes
     assert {n.ip for n in state.neighbours} == {"10.244.9.0"}
+
+
+def test_device_attributes_address_and_adoption_bounds_are_part_of_the_desired_state():
+    vxlan = backend()
+    vxlan.lease = Lease(IPv4Network("10.244.7.0/24"))
+    state = vxlan.desired_state([], lambda _ip: None)
+    assert state.links == {LinkState(7, "flannel.1", 1450, "0e:00:00:00:00:01")}
+    assert state.addresses == {(7, "10.244.7.0/32")}
+    assert state.networks == (IPv4Network("10.244.0.0/16"),)
+    assert state.local_subnets == (IPv4Network("10.244.7.0/24"),)
+    assert state.underlay == EXT.index
+
+
+@pytest.mark.parametrize("mtu", [65536, 100000])
+def test_an_mtu_above_the_kernel_limit_is_refused_naming_the_limit(mtu):
+    with pytest.raises(BackendError) as caught:
+        VxlanConfig.parse({"Type": "vxlan", "MTU": mtu})
+    assert str(caught.value) == (
+        f"error decoding VXLAN backend config: MTU {mtu} is too large: it is the underlay "
+        "MTU, at most 65535, and the vxlan device gets it minus 50 bytes of encapsulation (at "
+        "most 65485); give the underlay MTU (e.g. 1500 or 9000)")
+    assert VxlanConfig.parse({"Type": "vxlan", "MTU": 65535}).mtu == 65535
+
+
+def test_host_gw_explains_an_unreachable_peer():
+    config = parse_config(json.dumps({"Network": "10.244.0.0/16",
+                                      "Backend": {"Type": "host-gw"}}))
+    hostgw = HostGwBackend(EXT, config)
+    unreachable = NetlinkError(errno.ENETUNREACH, "replace route 10.244.2.0/24 via 10.9.0.2")
+    assert hostgw.failure_hint(unreachable) == (
+        "host-gw needs every node on one L2 segment: a peer's public IP must be directly "
+        "reachable on eth0, with no router in between; across routed networks use the vxlan "
+        "backend (DirectRouting keeps direct routes for the peers on the same segment)")
+    assert hostgw.failure_hint(NetlinkError(errno.EEXIST, "replace route x")) == ""

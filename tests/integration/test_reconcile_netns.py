@@ -1,0 +1,256 @@
+"""The vxlan and host-gw backends against a real kernel in a namespace: drift of every kind
+of owned state repaired within a second (readiness says so meanwhile), adoption of routes a
+previous flannel left, accept_ra, and the errors an operator sees for an unusable setup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+
+import pytest
+
+from flannel.backend.base import BackendError, BackendOptions
+from flannel.backend.hostgw import HostGwBackend
+from flannel.backend.routed import RoutedBackend
+from flannel.backend.vxlan import VxlanBackend
+from flannel.config import check_network_config, parse_config
+from flannel.kernel.iface import IfaceOptions, read_snapshot, select_external_interface
+from flannel.lease import Lease, LeaseAttrs
+from tests.support import netns
+from tests.support.waiting import async_wait_until
+
+OWN = Lease(IPv4Network("10.244.1.0/24"), IPv6Network("fd00:244:0:1::/64"))
+PEER_MAC = "0e:00:00:00:00:02"
+PEER = Lease(IPv4Network("10.244.2.0/24"), IPv6Network("fd00:244:0:2::/64"), LeaseAttrs(
+    public_ip=IPv4Address("192.168.50.3"), public_ipv6=IPv6Address("fd00:50::3"),
+    backend_type="vxlan", backend_data=json.dumps({"VNI": 1, "VtepMAC": PEER_MAC}),
+    backend_v6_data=json.dumps({"VNI": 1, "VtepMAC": "0e:00:00:00:06:02"})))
+
+
+def underlay(ns: str) -> None:
+    """eth0 (192.168.50.2/24, fd00:50::2/64) with a default route."""
+    netns.ip("link", "add", "eth0", "type", "veth", "peer", "name", "eth1", netns=ns)
+    netns.ip("addr", "add", "192.168.50.2/24", "dev", "eth0", netns=ns)
+    netns.ip("addr", "add", "fd00:50::2/64", "dev", "eth0", "nodad", netns=ns)
+    netns.ip("link", "set", "eth0", "up", netns=ns)
+    netns.ip("link", "set", "eth1", "up", netns=ns)
+    netns.ip("route", "add", "default", "via", "192.168.50.1", netns=ns)
+
+
+async def make_backend(ns: str, backend: dict, ipv6: bool = False) -> RoutedBackend:
+    doc = {"Network": "10.244.0.0/16", "Backend": backend}
+    if ipv6:
+        doc.update(EnableIPv6=True, IPv6Network="fd00:244::/48")
+    config = parse_config(json.dumps(doc))
+    check_network_config(config)
+    # pyroute2's synchronous API runs its own event loop: keep it off ours.
+    snapshot = await asyncio.to_thread(read_snapshot, ns)
+    ext = select_external_interface(snapshot, IfaceOptions(ifaces=["eth0"]), ipv6=ipv6)
+    cls = VxlanBackend if backend["Type"] == "vxlan" else HostGwBackend
+    return cls(ext, config, BackendOptions(reconcile_interval=300, netns=ns))
+
+
+def readiness_recorder(backend: RoutedBackend) -> list[tuple[bool, str]]:
+    """What readiness said right after each drift event (before any repair could run)."""
+    seen: list[tuple[bool, str]] = []
+    reconciler = backend.reconciler
+    on_event = reconciler.on_kernel_event
+
+    def recording(event) -> None:
+        on_event(event)
+        if reconciler.stats.last_error.startswith("repairing"):
+            seen.append(backend.programmed())
+
+    reconciler.on_kernel_event = recording
+    return seen
+
+
+async def programmed(backend: RoutedBackend, timeout: float = 10.0) -> None:
+    await async_wait_until(lambda: asyncio.sleep(0, backend.programmed()[0]), timeout,
+                           what=f"programmed: {backend.programmed()}")
+
+
+@pytest.fixture
+async def vxlan(ns) -> AsyncIterator[tuple[str, VxlanBackend, list]]:
+    """A running vxlan backend with our lease and one peer, fully programmed."""
+    underlay(ns)
+    backend = await make_backend(ns, {"Type": "vxlan"})
+    await backend.prepare()
+    await backend.activate(OWN)
+    seen = readiness_recorder(backend)
+    await backend.sync_peers([PEER])
+    try:
+        await programmed(backend)
+        yield ns, backend, seen
+    finally:
+        await backend.close()
+
+
+def kernel_state(ns: str) -> tuple[str, str]:
+    """What we own in the namespace, as iproute2 shows it (two processes, so polls are
+    cheap): routes in the network, permanent neighbours, the device and its IPv4 addresses,
+    and the FDB."""
+    shown = subprocess.run(["ip", "-4", "-d", "-n", ns, "-batch", "-"], input="\n".join([
+        "route show 10.244.0.0/16", "neigh show dev flannel.1 nud permanent",
+        "link show flannel.1", "addr show dev flannel.1"]) + "\n", capture_output=True,
+        text=True, timeout=20, check=True).stdout
+    fdb = subprocess.run(["bridge", "-n", ns, "fdb", "show", "dev", "flannel.1"],
+                         capture_output=True, text=True, timeout=20, check=True).stdout
+    return shown, fdb
+
+
+TAMPERING: list[tuple[str, list[str], str]] = [
+    ("fdb entry replaced with a wrong dst",
+     ["bridge", "fdb", "replace", PEER_MAC, "dev", "flannel.1", "dst", "192.168.50.99", "self",
+      "permanent"], f"fdb entry {PEER_MAC} changed (dst 192.168.50.99)"),
+    ("fdb entry given another port",
+     ["bridge", "fdb", "replace", PEER_MAC, "dev", "flannel.1", "dst", "192.168.50.3", "port",
+      "9999", "self", "permanent"], f"fdb entry {PEER_MAC} changed"),
+    ("stray permanent fdb entry",
+     ["bridge", "fdb", "add", "0e:00:00:00:00:77", "dev", "flannel.1", "dst", "192.168.50.77",
+      "self", "permanent"], "stray fdb entry 0e:00:00:00:00:77 dst 192.168.50.77"),
+    ("stray flood entry",
+     ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", "flannel.1", "dst",
+      "192.168.50.77", "self", "permanent"], "stray fdb entry 00:00:00:00:00:00"),
+    ("fdb entry deleted",
+     ["bridge", "fdb", "del", PEER_MAC, "dev", "flannel.1", "dst", "192.168.50.3", "self"],
+     f"fdb entry {PEER_MAC} deleted"),
+    ("neighbour changed",
+     ["ip", "neigh", "replace", "10.244.2.0", "lladdr", "0e:00:00:00:00:99", "dev",
+      "flannel.1", "nud", "permanent"], "neighbour 10.244.2.0 changed (0e:00:00:00:00:99)"),
+    ("stray permanent neighbour",
+     ["ip", "neigh", "add", "10.244.77.0", "lladdr", "0e:00:00:00:00:77", "dev", "flannel.1",
+      "nud", "permanent"], "stray neighbour 10.244.77.0 on flannel.1"),
+    ("route changed",
+     ["ip", "route", "replace", "10.244.2.0/24", "via", "192.168.50.99", "dev", "eth0"],
+     "route 10.244.2.0/24 changed (via 192.168.50.99"),
+    ("Go-style route added by hand",
+     ["ip", "route", "add", "10.244.77.0/24", "via", "10.244.77.0", "dev", "flannel.1",
+      "onlink"], "stray route 10.244.77.0/24 (protocol 3)"),
+    ("device MTU changed", ["ip", "link", "set", "flannel.1", "mtu", "1300"],
+     "device flannel.1 MTU changed to 1300 (want 1450)"),
+    ("device MAC changed", ["ip", "link", "set", "flannel.1", "address", "02:11:22:33:44:55"],
+     "device flannel.1 MAC changed to 02:11:22:33:44:55"),
+    ("device down", ["ip", "link", "set", "flannel.1", "down"], "device flannel.1 down"),
+    ("lease address removed", ["ip", "addr", "del", "10.244.1.0/32", "dev", "flannel.1"],
+     "address 10.244.1.0/32 removed from flannel.1"),
+    ("stray address in the network", ["ip", "addr", "add", "10.244.9.9/32", "dev",
+                                      "flannel.1"], "stray address 10.244.9.9/32"),
+]
+
+
+@pytest.mark.parametrize(("command", "reason"), [(c, r) for _, c, r in TAMPERING],
+                         ids=[name for name, _, _ in TAMPERING])
+async def test_tampering_is_repaired_within_a_second(vxlan, command, reason):
+    ns, backend, seen = vxlan
+    healthy = await asyncio.to_thread(kernel_state, ns)
+    await asyncio.to_thread(netns.ip, "netns", "exec", ns, *command)
+    started = time.monotonic()
+    assert await asyncio.to_thread(kernel_state, ns) != healthy or seen, "tampering had no effect"
+
+    async def repaired() -> bool:
+        return await asyncio.to_thread(kernel_state, ns) == healthy and backend.programmed()[0]
+
+    await async_wait_until(repaired, 3.0, interval=0.02, what=f"repair after {command}")
+    took = time.monotonic() - started
+    print(f"\n{reason}: repaired in {took * 1000:.0f} ms")
+    assert took < 1.0
+    assert seen and seen[0][0] is False
+    assert seen[0][1].startswith(f"repairing: {reason}"), seen
+
+
+async def test_adopts_routes_a_previous_flannel_left_and_nothing_else(ns):
+    underlay(ns)
+    netns.ip("link", "add", "dummy0", "type", "bridge", netns=ns)
+    netns.ip("link", "set", "dummy0", "up", netns=ns)
+    netns.ip("link", "add", "cni0", "type", "bridge", netns=ns)
+    netns.ip("addr", "add", "10.244.1.1/24", "dev", "cni0", netns=ns)
+    netns.ip("link", "set", "cni0", "up", netns=ns)
+    backend = await make_backend(ns, {"Type": "vxlan"})
+    await backend.prepare()  # the device Go flannel left is reused; now its routes:
+    left = {
+        "live peer": ["10.244.2.0/24", "via", "10.244.2.0", "dev", "flannel.1", "onlink"],
+        "vanished peer": ["10.244.77.0/24", "via", "10.244.77.0", "dev", "flannel.1",
+                          "onlink"],
+        "vanished peer, static": ["10.244.78.0/24", "via", "10.244.78.0", "dev", "flannel.1",
+                                  "onlink", "proto", "static"],
+        "vanished host-gw peer": ["10.244.79.0/24", "via", "192.168.50.79", "dev", "eth0"],
+        "link scope, by hand": ["10.244.76.0/24", "dev", "flannel.1"],
+    }
+    foreign = {
+        "outside the network on our device": ["172.16.9.0/24", "via", "10.244.77.0", "dev",
+                                              "flannel.1", "onlink"],
+        "another device": ["10.244.80.0/24", "dev", "dummy0"],
+        "the whole network": ["10.244.0.0/16", "via", "192.168.50.1", "dev", "eth0",
+                              "metric", "500"],
+        "a routing daemon's": ["10.244.81.0/24", "via", "10.244.81.0", "dev", "flannel.1",
+                               "onlink", "proto", "bird"],
+        "blackhole": ["blackhole", "10.244.82.0/24"],
+    }
+    for route in (*left.values(), *foreign.values()):
+        netns.ip("route", "add", *route, netns=ns)
+    before = netns.ip("route", "show", netns=ns).stdout
+    await backend.activate(OWN)
+    await backend.sync_peers([PEER])
+    try:
+        await programmed(backend)
+        after = netns.ip("route", "show", netns=ns).stdout
+    finally:
+        await backend.close()
+    assert "10.244.2.0/24 via 10.244.2.0 dev flannel.1 proto 151 onlink" in after
+    for gone in ("10.244.76.0/24", "10.244.77.0/24", "10.244.78.0/24", "10.244.79.0/24"):
+        assert gone in before and gone not in after, after
+    for line in [line for line in before.splitlines()
+                 if any(line.startswith(f"{r[0]} ") or line.startswith(" ".join(r[:2]))
+                        for r in foreign.values())] + [
+            "10.244.1.0/24 dev cni0 proto kernel scope link src 10.244.1.1"]:
+        assert line in after, f"{line!r} was touched:\n{after}"
+
+
+async def test_accept_ra_is_off_on_every_vxlan_device(ns):
+    underlay(ns)
+    backend = await make_backend(ns, {"Type": "vxlan"}, ipv6=True)
+    await backend.prepare()
+    for device in ("flannel.1", "flannel-v6.1"):
+        value = netns.ip("netns", "exec", ns, "cat",
+                         f"/proc/sys/net/ipv6/conf/{device}/accept_ra").stdout.strip()
+        assert value == "0", device
+
+
+async def test_host_gw_across_a_router_says_it_needs_one_segment(ns):
+    underlay(ns)
+    backend = await make_backend(ns, {"Type": "host-gw"})
+    await backend.prepare()
+    await backend.activate(OWN)
+    routed_peer = Lease(IPv4Network("10.244.2.0/24"), attrs=LeaseAttrs(
+        public_ip=IPv4Address("10.9.0.2"), backend_type="host-gw"))
+    await backend.sync_peers([routed_peer])
+    try:
+        await async_wait_until(lambda: asyncio.sleep(0, "Network" in backend.programmed()[1]),
+                               5, what="the reconcile error")
+        ready, why = backend.programmed()
+    finally:
+        await backend.close()
+    assert not ready
+    assert why == (
+        "1 of 1 changes failed, first: Network is unreachable (replace route 10.244.2.0/24 via "
+        "10.9.0.2); host-gw needs every node on one L2 segment: a peer's public IP must be "
+        "directly reachable on eth0, with no router in between; across routed networks use "
+        "the vxlan backend (DirectRouting keeps direct routes for the peers on the same "
+        "segment)")
+
+
+async def test_a_vni_already_in_use_is_named(ns):
+    underlay(ns)
+    netns.ip("link", "add", "vx-other", "type", "vxlan", "id", "1", "dev", "eth0", "dstport",
+             "8472", netns=ns)
+    backend = await make_backend(ns, {"Type": "vxlan"})
+    with pytest.raises(BackendError) as caught:
+        await backend.prepare()
+    assert str(caught.value) == (
+        "cannot create vxlan device flannel.1: File exists; another device already uses VNI 1 "
+        "on port 8472; remove it or choose another VNI")
