@@ -128,6 +128,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("reconcile-interval", "int", 30, "period of the full kernel state resync, in seconds "
          "(netlink events trigger repairs sooner; pyflannel extension)"),
     Flag("iptables-resync", "int", 5, "resync period for iptables rules, in seconds"),
+    Flag("iptables-mode", "str", "auto", "iptables backend for the rules: auto (the one "
+         "holding kubelet/kube-proxy chains, else the one with more rules, else nft), legacy "
+         "or nft (pyflannel extension)"),
     Flag("iptables-forward-rules", "bool", True, "add default accept rules to FORWARD chain "
          "in iptables"),
     Flag("ip-blackhole-route", "bool", False, "keep a blackhole route for the local pod "
@@ -205,6 +208,9 @@ def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ar
     if args.reconcile_interval < 1:
         raise UsageError(f"--reconcile-interval: {args.reconcile_interval} must be at least 1 "
                          "second")
+    if args.iptables_mode not in ("auto", "legacy", "nft"):
+        raise UsageError(f"--iptables-mode: {args.iptables_mode!r} is not one of auto, legacy, "
+                         "nft")
     if args.healthz_port < 0 or args.healthz_port > 65535:
         raise UsageError(f"--healthz-port: {args.healthz_port} is not a port (0 to 65535)")
     return args

@@ -96,7 +96,8 @@ def traffic_rules(args: argparse.Namespace, config: NetworkConfig, lease: Lease
             forward=args.iptables_forward_rules,
             fully_random=fully_random and not args.ip_masq_fully_random_disable,
             non_masquerade=tuple(n for n in config.non_masquerade if n.version == version)))
-    return TrafficManager(families, config.enable_nftables, resync=args.iptables_resync)
+    return TrafficManager(families, config.enable_nftables, resync=args.iptables_resync,
+                          iptables_mode=args.iptables_mode)
 
 
 class Daemon:
