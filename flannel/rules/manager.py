@@ -69,7 +69,8 @@ class TrafficManager:
             self._log_removed(iptables.remove_all(self.netns))
         else:
             variant, why = choose_variant(self.iptables_mode, self.netns)
-            log.info("Using %s for the traffic rules: %s", variant.label, why)
+            if self.families:
+                log.info("Using %s for the traffic rules: %s", variant.label, why)
             # Same package, but ask the binary that will run the rules.
             families = [replace(f, fully_random=f.fully_random and
                                 iptables.supports_random_fully(f.version, variant))
