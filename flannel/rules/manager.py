@@ -58,9 +58,7 @@ class TrafficManager:
 
     @property
     def mode(self) -> str:
-        if isinstance(self.rules, iptables.IptablesRules):
-            return self.rules.variant.label
-        return "nftables"
+        return "nftables" if self.nftables_mode else "iptables"
 
     def prepare(self) -> None:
         """Choose the iptables backend, clean the other modes' leftovers (synchronous; run

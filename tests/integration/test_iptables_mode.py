@@ -97,7 +97,7 @@ def test_rules_land_in_the_chosen_backend_and_leave_the_other(ns):
 
     traffic = TrafficManager([V4], False, netns=ns)
     traffic.prepare()
-    assert traffic.mode == "iptables-legacy"
+    assert traffic.rules.variant == LEGACY
     assert traffic.ensure() is True
     legacy = saved(ns, LEGACY)
     assert ":FLANNEL-POSTRTG" in legacy and ":FLANNEL-FWD" in legacy
