@@ -5,6 +5,7 @@ rule flanneld writes lands in the chosen backend (read back with that backend's 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from ipaddress import ip_network
 
@@ -12,7 +13,7 @@ import pytest
 
 from flannel.cli import UsageError, parse_args
 from flannel.lab.etcd import EtcdServer
-from flannel.rules.iptables import LEGACY, NFT, Variant
+from flannel.rules.iptables import LEGACY, NFT, RulesError, Variant
 from flannel.rules.manager import TrafficManager
 from flannel.rules.mode import BackendScan, choose_variant, decide, scan
 from flannel.rules.spec import FamilyRules
@@ -104,6 +105,23 @@ def test_rules_land_in_the_chosen_backend_and_leave_the_other(ns):
     assert "-A FORWARD -m comment --comment \"flanneld forward\" -j FLANNEL-FWD" in legacy
     assert "FLANNEL" not in saved(ns, NFT)  # the copy in the other backend was removed
     assert traffic.ensure() is False
+
+
+def test_with_one_backend_installed_it_is_used_and_forcing_the_other_says_what_is_missing(
+        tmp_path, monkeypatch):
+    only_nft = tmp_path / "bin"
+    only_nft.mkdir()
+    for version in (4, 6):
+        for tool in ("", "save", "restore"):
+            name = NFT.command(version, tool)
+            (only_nft / name).symlink_to(shutil.which(name))
+    monkeypatch.setenv("PATH", str(only_nft))
+    assert choose_variant("auto") == (NFT, "only iptables-nft is installed")
+    with pytest.raises(RulesError) as refused:
+        choose_variant("legacy")
+    assert str(refused.value) == ("--iptables-mode=legacy: iptables-legacy (with -save and "
+                                  "-restore) not found in PATH; install it or use "
+                                  "--iptables-mode=auto")
 
 
 @pytest.mark.parametrize("value", ["iptables", "LEGACY", "nftables"])
