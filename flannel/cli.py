@@ -134,6 +134,9 @@ FLAGS: tuple[Flag, ...] = (
          "from 1 to 86400 (netlink events trigger repairs sooner; pyflannel extension)"),
     Flag("iptables-resync", "int", 5, "resync period for iptables rules, in seconds from 1 "
          "to 86400"),
+    Flag("iptables-mode", "str", "auto", "iptables backend for the rules: auto (the one "
+         "holding kubelet/kube-proxy chains, else the one with more rules, else nft), legacy "
+         "or nft (pyflannel extension)"),
     Flag("iptables-forward-rules", "bool", True, "add default accept rules to FORWARD chain "
          "in iptables"),
     Flag("ip-blackhole-route", "bool", False, "keep a blackhole route for the local pod "
@@ -222,6 +225,9 @@ def check_values(args: argparse.Namespace, from_env: set[str]) -> None:
         why = _unusable_address(text, version) if text else None
         if why:
             raise UsageError(f"{_flag_value(name, text, from_env)}: {why}")
+    if args.iptables_mode not in ("auto", "legacy", "nft"):
+        raise UsageError(f"{_flag_value('iptables-mode', args.iptables_mode, from_env)}: "
+                         "not one of auto, legacy, nft")
     try:
         ipaddress.ip_address(args.healthz_ip)
     except ValueError:

@@ -1,7 +1,8 @@
 """``flannelctl``: operator commands around flanneld.
 
-Owns the command line of the operator tool. Subcommands so far: ``install-cni``.
-Must not touch: kernel state.
+Owns the command line of the operator tool: ``install-cni``, and ``cleanup`` (whose inventory
+of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command).
+Must not touch: kernel state outside ``cleanup``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,44 @@ def cmd_install_cni(args: argparse.Namespace) -> int:
         return 1
     print(f"installed {' and '.join(installed)}")
     return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from flannel import cleanup
+
+    refusal = cleanup.check_not_running(args.force)
+    if refusal:
+        print(f"flannelctl cleanup: {refusal}", file=sys.stderr)
+        return 1
+    try:
+        found = cleanup.inventory(args.subnet_file,
+                                  args.cni_bin_dir or [Path("/opt/cni/bin")],
+                                  args.cni_conf_dir or [Path("/etc/cni/net.d")])
+    except OSError as err:
+        print(f"flannelctl cleanup: cannot read this node's state: {err}", file=sys.stderr)
+        return 1
+    try:
+        for kept in found.kept:
+            print(f"kept (not flannel's): {kept}")
+        if not found.items:
+            print("nothing of flannel's found")
+            return 0
+        if args.dry_run:
+            for item in found.items:
+                print(f"would remove: {item.what}")
+            print(f"{len(found.items)} object(s) would be removed (dry run: nothing changed)")
+            return 0
+        failures = cleanup.remove(found)
+        failed = {id(item) for item, _ in failures}
+        for item in found.items:
+            if id(item) not in failed:
+                print(f"removed: {item.what}")
+        for item, reason in failures:
+            print(f"flannelctl cleanup: could not remove {item.what}: {reason}",
+                  file=sys.stderr)
+        return 1 if failures else 0
+    finally:
+        found.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
                          help="network config list to install (default: the cbr0 one of the "
                               "upstream manifest)")
     install.set_defaults(func=cmd_install_cni)
+    clean = sub.add_parser("cleanup", help="remove everything flannel created on this node")
+    clean.add_argument("--dry-run", action="store_true",
+                       help="list every object that would be removed, remove nothing")
+    clean.add_argument("--force", action="store_true",
+                       help="clean up even while flanneld runs in this network namespace")
+    clean.add_argument("--subnet-file", type=Path, default=Path("/run/flannel/subnet.env"),
+                       help="the subnet.env flanneld wrote (default %(default)s)")
+    clean.add_argument("--cni-bin-dir", type=Path, action="append",
+                       help="CNI plugin directory; repeat for several (default /opt/cni/bin)")
+    clean.add_argument("--cni-conf-dir", type=Path, action="append",
+                       help="CNI config directory; repeat for several (default /etc/cni/net.d)")
+    clean.set_defaults(func=cmd_cleanup)
     return parser
 
 

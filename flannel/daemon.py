@@ -35,15 +35,8 @@ from flannel.rules.iptables import RulesError
 from flannel.rules.manager import TrafficManager, check_br_netfilter
 from flannel.rules.spec import FamilyRules
 from flannel.sdnotify import notify
-from flannel.subnet.envfile import SubnetEnv, read_env, single_cidr, write_subnet_env
-from flannel.subnet.etcd import AcquireError, EtcdSubnetManager, PreviousSubnets
-from flannel.subnet.etcdclient import (
-    EtcdClient,
-    EtcdError,
-    EtcdOptionError,
-    EtcdOptions,
-    parse_endpoints,
-)
+from flannel.subnet import StoreOpenError, open_store, store_errors
+from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.kube import KubeError
 from flannel.subnet.manager import SubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
@@ -63,35 +56,11 @@ class Outcome:
     exit_code: int = 0
 
 
-def make_etcd_manager(args: argparse.Namespace) -> EtcdSubnetManager:
-    try:
-        options = EtcdOptions(
-            endpoints=parse_endpoints(args.etcd_endpoints),
-            cafile=args.etcd_cafile, certfile=args.etcd_certfile, keyfile=args.etcd_keyfile,
-            username=args.etcd_username, password=args.etcd_password,
-        )
-        client = EtcdClient(options)
-    except EtcdOptionError as err:
-        raise StartupError(str(err)) from None
-    if not args.etcd_certfile and all(e.scheme == "http" for e in options.endpoints):
-        log.warning("etcd TLS is off: use https:// etcd endpoints with --etcd-cafile (and "
-                    "--etcd-certfile, --etcd-keyfile if etcd wants client certificates)")
-    previous = read_env(args.subnet_file)
-    return EtcdSubnetManager(
-        client, args.etcd_prefix, lease_ttl=int(args.subnet_lease_ttl),
-        previous=PreviousSubnets(single_cidr(previous, "FLANNEL_SUBNET", 4),
-                                 single_cidr(previous, "FLANNEL_IPV6_SUBNET", 6)))
-
-
 def make_manager(args: argparse.Namespace) -> SubnetManager:
-    if args.kube_subnet_mgr:
-        from flannel.subnet.kube import make_kube_manager
-
-        try:
-            return make_kube_manager(args)
-        except KubeError as err:
-            raise StartupError(str(err)) from None
-    return make_etcd_manager(args)
+    try:
+        return open_store(args)
+    except StoreOpenError as err:
+        raise StartupError(str(err)) from None
 
 
 async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConfig | None:
@@ -101,7 +70,7 @@ async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConf
             return await sm.get_network_config()
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None
-        except EtcdError as err:
+        except store_errors("etcdclient.EtcdError") as err:
             log.error("Couldn't fetch network config: %s", err)
         try:
             await asyncio.wait_for(stop.wait(), timeout=1.0)
@@ -127,7 +96,8 @@ def traffic_rules(args: argparse.Namespace, config: NetworkConfig, lease: Lease
             forward=args.iptables_forward_rules,
             fully_random=fully_random and not args.ip_masq_fully_random_disable,
             non_masquerade=tuple(n for n in config.non_masquerade if n.version == version)))
-    return TrafficManager(families, config.enable_nftables, resync=args.iptables_resync)
+    return TrafficManager(families, config.enable_nftables, resync=args.iptables_resync,
+                          iptables_mode=args.iptables_mode)
 
 
 class Daemon:
@@ -246,7 +216,7 @@ class Daemon:
             await backend.activate(lease)
         except BackendError as err:
             raise StartupError(str(err)) from None
-        except AcquireError as err:
+        except store_errors("etcd.AcquireError") as err:
             raise StartupError(f"failed to acquire lease: {err}") from None
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None

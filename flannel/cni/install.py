@@ -58,7 +58,7 @@ MAX_PYTHON_PATH = 120
 # What kubelet typically passes; the probe must not depend on the installer's environment.
 RUN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 _LIBRARY_LINE = "LIBRARY = "
-_MARK = "# flannel CNI plugin launcher, written by pyflannel's flannelctl install-cni."
+LAUNCHER_MARK = "# flannel CNI plugin launcher, written by pyflannel's flannelctl install-cni."
 _FIX = ("the flannel CNI plugin runs with this interpreter on the host: pass --python with a "
         f"CPython >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]} that has {' and '.join(REQUIRED_MODULES)}, "
         "or use upstream's static flannel plugin and --plugin none")
@@ -181,7 +181,7 @@ def launcher_library(path: Path) -> str | None:
             head = handle.read(4096).decode(errors="replace")
     except OSError:
         return None
-    if _MARK not in head:
+    if LAUNCHER_MARK not in head:
         return None
     for line in head.splitlines():
         if line.startswith(_LIBRARY_LINE):
@@ -190,7 +190,7 @@ def launcher_library(path: Path) -> str | None:
 
 
 def launcher_text(python: str, library: str) -> str:
-    return (_LAUNCHER.replace("@PYTHON@", python).replace("@MARK@", _MARK)
+    return (_LAUNCHER.replace("@PYTHON@", python).replace("@MARK@", LAUNCHER_MARK)
             .replace("@LIBRARY@", library))
 
 

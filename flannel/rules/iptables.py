@@ -11,6 +11,7 @@ Must not touch: chains other than ours, except the one jump rule in POSTROUTING 
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -72,12 +73,36 @@ def render(args: tuple[str, ...]) -> str:
     return " ".join(out)
 
 
-def _binary(version: int, restore: bool = False) -> str:
-    name = ("ip6tables" if version == 6 else "iptables") + ("-restore" if restore else "")
+@dataclass(frozen=True)
+class Variant:
+    """One iptables implementation. Since iptables 1.8 both exist side by side as
+    ``iptables-legacy*`` (the kernel's x_tables) and ``iptables-nft*`` (nf_tables); ``""`` is
+    the plain ``iptables*`` names, for builds without the suffixed ones."""
+
+    name: str
+
+    def command(self, version: int, tool: str = "") -> str:
+        """The binary name: ``tool`` is "", "save" or "restore"."""
+        base = "ip6tables" if version == 6 else "iptables"
+        return "-".join(part for part in (base, self.name, tool) if part)
+
+    @property
+    def label(self) -> str:
+        return self.command(4)
+
+
+PLAIN = Variant("")
+LEGACY = Variant("legacy")
+NFT = Variant("nft")
+
+
+def _binary(version: int, tool: str = "", variant: Variant = PLAIN) -> str:
+    name = variant.command(version, tool)
     path = shutil.which(name)
     if path is None:
         raise RulesError(f"{name} not found in PATH; install iptables (Debian package "
-                         "'iptables') or set EnableNFTables in the network config")
+                         "'iptables'), choose another --iptables-mode, or set EnableNFTables "
+                         "in the network config")
     return path
 
 
@@ -94,29 +119,34 @@ def _run(cmd: list[str], data: str | None = None, netns: str | None = None
 _VERSION = re.compile(r"v(\d+)\.(\d+)\.(\d+)")
 
 
-def iptables_version(version: int = 4) -> tuple[int, int, int]:
-    match = _VERSION.search(_run([_binary(version), "--version"]).stdout)
+def iptables_version(version: int = 4, variant: Variant = PLAIN) -> tuple[int, int, int]:
+    match = _VERSION.search(_run([_binary(version, variant=variant), "--version"]).stdout)
     if match is None:
         raise RulesError("cannot tell the iptables version from 'iptables --version'")
     return (int(match.group(1)), int(match.group(2)), int(match.group(3)))
 
 
-def supports_random_fully(version: int = 4) -> bool:
+def supports_random_fully(version: int = 4, variant: Variant = PLAIN) -> bool:
     """``--random-fully`` exists from iptables 1.6.2 (upstream's check)."""
-    return iptables_version(version) >= (1, 6, 2)
+    return iptables_version(version, variant) >= (1, 6, 2)
 
 
 class IptablesRules:
-    def __init__(self, families: list[FamilyRules], netns: str | None = None) -> None:
+    def __init__(self, families: list[FamilyRules], netns: str | None = None,
+                 variant: Variant = PLAIN) -> None:
         self.families = families
         self.netns = netns
+        self.variant = variant
+
+    def _binary(self, version: int, tool: str = "") -> str:
+        return _binary(version, tool, self.variant)
 
     def chains(self, spec: FamilyRules) -> list[ChainRules]:
         return ([masq_chain(spec)] if spec.masquerade else []) + (
             [forward_chain(spec)] if spec.forward else [])
 
     def _has_jump(self, version: int, chain: ChainRules) -> bool:
-        return _run([_binary(version), "-w", "-t", chain.table, "-C", chain.parent,
+        return _run([self._binary(version), "-w", "-t", chain.table, "-C", chain.parent,
                      *chain.jump], netns=self.netns).returncode == 0
 
     def apply(self) -> None:
@@ -132,17 +162,17 @@ class IptablesRules:
                     if not self._has_jump(spec.version, chain):
                         lines.append(f"-A {chain.parent} {render(chain.jump)}")
                 lines.append("COMMIT")
-                result = _run([_binary(spec.version, restore=True), "--noflush", "--wait"],
+                result = _run([self._binary(spec.version, "restore"), "--noflush", "--wait"],
                               "\n".join(lines) + "\n", self.netns)
                 if result.returncode != 0:
-                    raise RulesError(f"{'ip6tables' if spec.version == 6 else 'iptables'}"
-                                     f"-restore ({table}) failed: {result.stderr.strip()}")
+                    raise RulesError(f"{self.variant.command(spec.version, 'restore')} ({table}) "
+                                     f"failed: {result.stderr.strip()}")
 
     def missing(self) -> str:
         """What is missing or different ("" when every rule is in place)."""
         for spec in self.families:
             for chain in self.chains(spec):
-                listed = _run([_binary(spec.version), "-w", "-t", chain.table, "-S",
+                listed = _run([self._binary(spec.version), "-w", "-t", chain.table, "-S",
                                chain.chain], netns=self.netns)
                 want = [f"-A {chain.chain} {render(rule)}" for rule in chain.rules]
                 have = [line for line in listed.stdout.splitlines() if line.startswith("-A ")]
@@ -153,20 +183,80 @@ class IptablesRules:
         return ""
 
 
-def remove_all(netns: str | None = None) -> None:
-    """Remove every flannel chain and jump, both families (used when nftables takes over)."""
-    for version in (4, 6):
-        try:
-            binary = _binary(version)
-        except RulesError:
-            continue
-        for table, parent, chain, comment in (("nat", "POSTROUTING", MASQ_CHAIN, MASQ_COMMENT),
-                                              ("filter", "FORWARD", FORWARD_CHAIN,
-                                               FORWARD_COMMENT)):
-            jump = [*_comment(comment), "-j", chain]
-            for _ in range(16):  # bounded: one jump normally, a few after old bugs
-                if _run([binary, "-w", "-t", table, "-D", parent, *jump],
-                        netns=netns).returncode != 0:
-                    break
-            _run([binary, "-w", "-t", table, "-F", chain], netns=netns)
-            _run([binary, "-w", "-t", table, "-X", chain], netns=netns)
+OWN_CHAINS = {MASQ_CHAIN: ("nat", "POSTROUTING"), FORWARD_CHAIN: ("filter", "FORWARD")}
+
+
+@dataclass(frozen=True)
+class FoundChain:
+    """One of our chains as a ``*-save`` listing shows it, with every rule jumping to it."""
+
+    variant: Variant
+    version: int
+    table: str
+    chain: str
+    jumps: tuple[tuple[str, tuple[str, ...]], ...]  # (parent chain, rule spec)
+
+    def describe(self) -> str:
+        return (f"{self.variant.command(self.version)} {self.table} chain {self.chain} "
+                f"(and {len(self.jumps)} jump rule(s) to it)")
+
+
+def save_listing(variant: Variant, version: int, netns: str | None = None) -> str:
+    """Every table's rules (``*-save`` without ``-t``: listing a table would create it in
+    the legacy backend). "" when the binary is missing or cannot read the kernel."""
+    try:
+        binary = _binary(version, "save", variant)
+    except RulesError:
+        return ""
+    result = _run([binary], netns=netns)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def find_own_chains(listing: str, variant: Variant, version: int) -> list[FoundChain]:
+    found = []
+    table = ""
+    declared: set[tuple[str, str]] = set()
+    jumps: dict[tuple[str, str], list[tuple[str, tuple[str, ...]]]] = {}
+    for line in listing.splitlines():
+        if line.startswith("*"):
+            table = line[1:].strip()
+        elif line.startswith(":") and len(line) > 1:
+            declared.add((table, line[1:].split()[0]))
+        elif line.startswith("-A "):
+            try:
+                words = shlex.split(line)
+            except ValueError:
+                continue  # unbalanced quotes: not a rule we wrote
+            target = words[words.index("-j") + 1] if "-j" in words[:-1] else ""
+            if target in OWN_CHAINS and len(words) > 2:
+                jumps.setdefault((table, target), []).append((words[1], tuple(words[2:])))
+    for (table_name, chain) in sorted(declared):
+        if chain in OWN_CHAINS and OWN_CHAINS[chain][0] == table_name:
+            found.append(FoundChain(variant, version, table_name, chain,
+                                    tuple(jumps.get((table_name, chain), ()))))
+    return found
+
+
+def remove_chain(found: FoundChain, netns: str | None = None) -> None:
+    """Delete the jump rules, then flush and delete the chain."""
+    binary = _binary(found.version, variant=found.variant)
+    for parent, spec in found.jumps:
+        _run([binary, "-w", "-t", found.table, "-D", parent, *spec], netns=netns)
+    for verb in ("-F", "-X"):
+        result = _run([binary, "-w", "-t", found.table, verb, found.chain], netns=netns)
+        if result.returncode != 0:
+            raise RulesError(f"{found.describe()}: {verb} failed: {result.stderr.strip()}")
+
+
+def remove_all(netns: str | None = None, variants: tuple[Variant, ...] = (LEGACY, NFT, PLAIN)
+               ) -> list[FoundChain]:
+    """Remove every flannel chain and its jumps, both families, in the given variants (used
+    when nftables takes over, and for the variant not chosen). Returns what was removed."""
+    removed = []
+    for variant in variants:
+        for version in (4, 6):
+            for found in find_own_chains(save_listing(variant, version, netns), variant,
+                                         version):
+                remove_chain(found, netns)
+                removed.append(found)
+    return removed

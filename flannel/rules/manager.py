@@ -1,7 +1,8 @@
 """Chooses the rule mode, cleans the other mode's leftovers, and keeps the rules in place.
 
 Owns the start-up clean-up (nftables tables in iptables mode, iptables chains in nftables
-mode), the br_netfilter check of iptables mode, and the ensure loop: every
+mode, our chains in the iptables backend not chosen by ``rules/mode.py``), the br_netfilter
+check of iptables mode, and the ensure loop: every
 ``--iptables-resync`` seconds the rules are checked and re-applied when anything is missing
 (both modes; Go flannel never re-checks nftables). Rules are never removed on exit.
 Must not touch: the store; rules that are not flannel's.
@@ -11,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from flannel.rules import iptables, nftables
-from flannel.rules.iptables import RulesError
+from flannel.rules.iptables import LEGACY, NFT, PLAIN, RulesError
+from flannel.rules.mode import choose_variant
 from flannel.rules.spec import FamilyRules
 
 log = logging.getLogger(__name__)
@@ -41,25 +43,46 @@ def check_br_netfilter(versions: list[int], proc: Path = Path("/proc")) -> None:
 
 class TrafficManager:
     def __init__(self, families: list[FamilyRules], nftables_mode: bool,
-                 resync: float = 5.0, netns: str | None = None) -> None:
+                 resync: float = 5.0, netns: str | None = None,
+                 iptables_mode: str = "auto") -> None:
         self.families = [f for f in families if f.masquerade or f.forward]
         self.nftables_mode = nftables_mode
         self.resync = resync
         self.netns = netns
+        self.iptables_mode = iptables_mode
         self.status = RulesStatus()
-        self.rules = (nftables.NftablesRules(self.families, netns) if nftables_mode
-                      else iptables.IptablesRules(self.families, netns))
+        self.prepared = False
+        self.rules: iptables.IptablesRules | nftables.NftablesRules = (
+            nftables.NftablesRules(self.families, netns) if nftables_mode
+            else iptables.IptablesRules(self.families, netns))
 
     @property
     def mode(self) -> str:
         return "nftables" if self.nftables_mode else "iptables"
 
     def prepare(self) -> None:
-        """Clean the other mode's leftovers (synchronous; run it in a worker thread)."""
+        """Choose the iptables backend, clean the other modes' leftovers (synchronous; run
+        it in a worker thread)."""
         if self.nftables_mode:
-            iptables.remove_all(self.netns)
+            self._log_removed(iptables.remove_all(self.netns))
         else:
+            variant, why = choose_variant(self.iptables_mode, self.netns)
+            if self.families:
+                log.info("Using %s for the traffic rules: %s", variant.label, why)
+            # Same package, but ask the binary that will run the rules.
+            families = [replace(f, fully_random=f.fully_random and
+                                iptables.supports_random_fully(f.version, variant))
+                        for f in self.families]
+            self.rules = iptables.IptablesRules(families, self.netns, variant)
+            others = tuple(v for v in (LEGACY, NFT) if v != variant) if variant != PLAIN else ()
+            self._log_removed(iptables.remove_all(self.netns, others))
             nftables.remove_all(self.netns)
+        self.prepared = True
+
+    @staticmethod
+    def _log_removed(removed: list[iptables.FoundChain]) -> None:
+        for found in removed:
+            log.info("Removed %s left from another mode", found.describe())
 
     def ensure(self) -> bool:
         """Install the rules if anything is missing; True if it had to (synchronous)."""
@@ -77,9 +100,14 @@ class TrafficManager:
             raise RulesError(f"{self.mode} rules still differ after applying them: {still}")
         return True
 
+    def _prepare_and_ensure(self) -> bool:
+        if not self.prepared:
+            self.prepare()
+        return self.ensure()
+
     async def _attempt(self) -> None:
         try:
-            changed = await asyncio.to_thread(self.ensure)
+            changed = await asyncio.to_thread(self._prepare_and_ensure)
         except RulesError as err:
             if self.status.installed or self.status.reason != f"traffic rules not installed: {err}":
                 log.error("%s", err)
@@ -93,7 +121,6 @@ class TrafficManager:
 
     async def start(self) -> None:
         """Clean the other mode, then one attempt at installing the rules."""
-        await asyncio.to_thread(self.prepare)
         await self._attempt()
 
     async def run(self) -> None:

@@ -113,11 +113,25 @@ class NftablesRules:
         return ""
 
 
+def find_tables(netns: str | None = None) -> list[tuple[str, str]]:
+    """Our tables present, as (family keyword, table name); none when nft is missing."""
+    try:
+        listed = _nft(["list", "tables"], netns=netns)
+    except RulesError:
+        return []
+    ours = {table_of(version)[:2] for version in (4, 6)}
+    present = {tuple(line.split()[1:3]) for line in listed.stdout.splitlines()
+               if line.startswith("table ") and len(line.split()) == 3}
+    return sorted(present & ours)
+
+
+def remove_table(family: str, table: str, netns: str | None = None) -> None:
+    result = _nft(["delete", "table", family, table], netns=netns)
+    if result.returncode != 0:
+        raise RulesError(f"nft delete table {family} {table}: {result.stderr.strip()}")
+
+
 def remove_all(netns: str | None = None) -> None:
     """Delete both flannel tables (used when iptables mode takes over)."""
-    for version in (4, 6):
-        family, table, _ = table_of(version)
-        try:
-            _nft(["delete", "table", family, table], netns=netns)
-        except RulesError:
-            return
+    for family, table in find_tables(netns):
+        remove_table(family, table, netns)

@@ -1,4 +1,51 @@
 """Subnet managers: where leases live (etcd v3 or the Kubernetes API) and how they are watched.
 
+Owns the choice of store and its lazy import: the etcd client (grpc, aetcd) is loaded only in
+etcd mode and the Kubernetes client (lightkube) only in kube mode, so a node pays in memory
+and start-up time for the one store it uses.
 Nothing in this package touches the kernel.
 """
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flannel.subnet.manager import SubnetManager
+
+
+class StoreOpenError(Exception):
+    """The store options are unusable; the message names the option and what to fix."""
+
+
+def open_store(args: argparse.Namespace) -> SubnetManager:
+    """The subnet manager the flags ask for, importing only that store's client."""
+    if args.kube_subnet_mgr:
+        from flannel.subnet.kube import KubeError, make_kube_manager
+
+        try:
+            return make_kube_manager(args)
+        except KubeError as err:
+            raise StoreOpenError(str(err)) from None
+    from flannel.subnet.etcd import make_etcd_manager
+    from flannel.subnet.etcdclient import EtcdOptionError
+
+    try:
+        return make_etcd_manager(args)
+    except EtcdOptionError as err:
+        raise StoreOpenError(str(err)) from None
+
+
+def store_errors(*names: str) -> tuple[type[BaseException], ...]:
+    """The named exception classes (``"etcdclient.EtcdError"``) of the store modules that are
+    loaded, for ``except`` clauses: a store that was never opened cannot have raised, so its
+    client library is not imported just to name its errors."""
+    found = []
+    for name in names:
+        module_name, _, cls = name.rpartition(".")
+        module = sys.modules.get(f"{__name__}.{module_name}")
+        if module is not None:
+            found.append(getattr(module, cls))
+    return tuple(found)

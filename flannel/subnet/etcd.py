@@ -11,6 +11,7 @@ Must not touch: the kernel, files (subnet.env is the daemon's business).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import random
@@ -29,12 +30,15 @@ from flannel.lease import (
     LeaseDecodeError,
     parse_subnet_key,
 )
+from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.etcdclient import (
     EtcdClient,
     EtcdCompacted,
     EtcdError,
+    EtcdOptions,
     KeyValue,
     WatchEvent,
+    parse_endpoints,
 )
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 
@@ -399,3 +403,21 @@ class EtcdSubnetManager:
 def _seconds_text(seconds: float) -> str:
     return "1 min" if seconds == 60 else f"{seconds:g} s"
 
+
+
+def make_etcd_manager(args: argparse.Namespace) -> EtcdSubnetManager:
+    """The etcd subnet manager of the ``--etcd-*`` flags; EtcdOptionError names a bad one."""
+    options = EtcdOptions(
+        endpoints=parse_endpoints(args.etcd_endpoints),
+        cafile=args.etcd_cafile, certfile=args.etcd_certfile, keyfile=args.etcd_keyfile,
+        username=args.etcd_username, password=args.etcd_password,
+    )
+    client = EtcdClient(options)
+    if not args.etcd_certfile and all(e.scheme == "http" for e in options.endpoints):
+        log.warning("etcd TLS is off: use https:// etcd endpoints with --etcd-cafile (and "
+                    "--etcd-certfile, --etcd-keyfile if etcd wants client certificates)")
+    previous = read_env(args.subnet_file)
+    return EtcdSubnetManager(
+        client, args.etcd_prefix, lease_ttl=int(args.subnet_lease_ttl),
+        previous=PreviousSubnets(single_cidr(previous, "FLANNEL_SUBNET", 4),
+                                 single_cidr(previous, "FLANNEL_IPV6_SUBNET", 6)))
