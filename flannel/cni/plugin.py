@@ -336,9 +336,11 @@ def _open_component(parent: int, name: str, path: str) -> int:
     try:
         return os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
     except OSError as err:
-        if err.errno != errno.ELOOP:
+        if err.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
-    link = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        link = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if not stat.S_ISLNK(link.st_mode):
+            raise
     holder = os.fstat(parent)
     if link.st_uid in (0, _EUID) and not holder.st_mode & 0o022:
         return os.open(name, _DIR_FLAGS, dir_fd=parent)
