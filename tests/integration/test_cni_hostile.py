@@ -349,3 +349,12 @@ def test_plugin_runs_on_other_pythons(node, version):
     assert node.call("DEL", python=python).code == 0 and node.files() == []
     answer = run_plugin(b'{"cniVersion":"0.4.0"}', {"CNI_COMMAND": "VERSION"}, python=python)
     assert answer.doc["cniVersion"] == "0.4.0"
+
+
+def test_add_and_del_stay_on_the_light_import_path(node):
+    report = ("import atexit; atexit.register(lambda: sys.stderr.write('heavy=%s' % sorted("
+              "m for m in ('json', 're', 'ipaddress', 'subprocess', 'select', 'enum') "
+              "if m in sys.modules))); ")
+    for command in ("ADD", "DEL"):
+        answer = run_plugin(node.conf(), node.env(command), before=report)
+        assert answer.code == 0 and answer.stderr.endswith("heavy=[]"), answer

@@ -20,7 +20,7 @@ def test_plugin_executable_answers_cni_json_on_any_input(case):
     BY_NAME["cni stdin+env"].run(case)
 
 
-@settings(max_examples=500, deadline=None, database=None,
+@settings(max_examples=300, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(BY_NAME["cni subnet.env"].inputs)
 def test_subnet_env_reader_refuses_only_with_cni_errors(data):
