@@ -642,7 +642,10 @@ def cmd_del(conf: dict, environ: dict) -> bytes:
                  "namespace)")
         # Removed only once done with, so that a retried DEL can still clean up (Go flannel
         # removes it even when the delegate fails transiently, leaking the address).
-        os.unlink(container_id, dir_fd=dir_fd)
+        try:
+            os.unlink(container_id, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass  # a concurrent DEL of the same pod got there first
     except OSError as err:
         raise CniError(IO_FAILURE, f"failed to remove the saved config {path}: "
                                    f"{err.strerror}") from None

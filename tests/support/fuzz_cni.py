@@ -1,7 +1,8 @@
 """Fuzz targets for the CNI plugin (shape: tests/support/fuzzing.py).
 
 - "cni stdin+env": the real plugin executable in a fresh ``python -I -S`` process, with
-  hostile stdin (bytes, broken JSON, netconfs with hostile values) and environment. It must
+  hostile stdin (bytes, broken JSON, netconfs with hostile values), environment and saved
+  config (what DEL finds). It must
   answer a result (exit 0) or a valid CNI error object (non-zero exit), and write nothing in
   its sandbox outside the dataDir it was given. The delegate is a recording script in the
   sandbox: nothing touches the network.
@@ -131,6 +132,15 @@ _stdins = st.one_of(st.binary(max_size=200),
                     st.sampled_from([b"", b"{", b'{"name":"cbr0","delegate":{"mtu":1e400}}']))
 
 
+_saved_configs = st.one_of(
+    st.binary(max_size=100),
+    st.fixed_dictionaries({"type": st.one_of(st.sampled_from(["bridge", "missing", "../x"]),
+                                             _json_values)},
+                          optional={"name": _names, "cniVersion": _versions,
+                                    "mtu": _json_values, "ipam": _ipams})
+    .map(lambda doc: json.dumps(doc).encode()))
+
+
 def _mostly(valid: list, hostile: st.SearchStrategy) -> st.SearchStrategy:
     """Mostly one of ``valid`` (so that runs get past the first check); at times hostile or
     absent (None)."""
@@ -148,7 +158,8 @@ _cni_inputs = st.tuples(
         "CNI_NETNS": _mostly(["/run/netns/fuzz"] * 8, _env_values),
         "CNI_ARGS": st.one_of(st.none(), _env_values),
     }).map(lambda env: {k: v for k, v in env.items() if v is not None}),
-    st.sampled_from([True, True, True, False]))  # whether CNI_PATH names the delegates
+    st.sampled_from([True, True, True, False]),  # whether CNI_PATH names the delegates
+    st.one_of(st.none(), _saved_configs))  # a saved config for c1, as DEL would find it
 
 
 # ---- runs ---------------------------------------------------------------------------------
@@ -157,9 +168,12 @@ def _tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-def run_cni(case: tuple[bytes, dict, bool]) -> None:
-    stdin, env, with_path = case
+def run_cni(case: tuple[bytes, dict, bool, bytes | None]) -> None:
+    stdin, env, with_path, saved = case
     root = sandbox()
+    if saved is not None:
+        (root / "data").mkdir(mode=0o700)
+        (root / "data" / "c1").write_bytes(saved)
     full_env: dict = {"PATH": "/usr/bin:/bin", **env}
     if with_path:
         full_env["CNI_PATH"] = str(root / "bin")
@@ -182,7 +196,7 @@ def run_cni(case: tuple[bytes, dict, bool]) -> None:
             assert proc.stdout.endswith(b"\n"), proc.stdout
             check_error_object(json.loads(proc.stdout))
     except (AssertionError, ValueError) as err:
-        raise AssertionError(f"{err}\nstdin={stdin[:300]!r}\nenv={env!r}\nexit="
+        raise AssertionError(f"{err}\nstdin={stdin[:300]!r}\nenv={env!r}\nsaved={saved!r}\nexit="
                              f"{proc.returncode}\nstdout={proc.stdout[:500]!r}\nstderr="
                              f"{proc.stderr[-800:]!r}") from None
     finally:
