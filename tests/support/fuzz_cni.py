@@ -2,10 +2,9 @@
 
 - "cni stdin+env": the real plugin executable in a fresh ``python -I -S`` process, with
   hostile stdin (bytes, broken JSON, netconfs with hostile values), environment and saved
-  config (what DEL finds). It must
-  answer a result (exit 0) or a valid CNI error object (non-zero exit), and write nothing in
-  its sandbox outside the dataDir it was given. The delegate is a recording script in the
-  sandbox: nothing touches the network.
+  config (what DEL finds). It must answer a result (exit 0) or a valid CNI error object
+  (non-zero exit), and write nothing in its sandbox outside the dataDir it was given. The
+  delegate is a recording script in the sandbox: nothing touches the network.
 - "cni subnet.env": the plugin's subnet.env reader on hostile bytes, in-process: it returns
   the parsed values or raises CniError.
 
@@ -172,7 +171,7 @@ def run_cni(case: tuple[bytes, dict, bool, bytes | None]) -> None:
     stdin, env, with_path, saved = case
     root = sandbox()
     if saved is not None:
-        (root / "data").mkdir(mode=0o700)
+        (root / "data").mkdir(mode=0o700, exist_ok=True)
         (root / "data" / "c1").write_bytes(saved)
     full_env: dict = {"PATH": "/usr/bin:/bin", **env}
     if with_path:
@@ -186,7 +185,7 @@ def run_cni(case: tuple[bytes, dict, bool, bytes | None]) -> None:
         made = {p for p in _tree(root) - before if not p.startswith("data")}
         assert not made, f"files written outside dataDir: {sorted(made)}"
         if proc.returncode == 0:
-            command = env["CNI_COMMAND"]
+            command = env.get("CNI_COMMAND")
             if command in ("DEL", "CHECK", "GC", "STATUS"):
                 assert proc.stdout == b"", proc.stdout
             else:
