@@ -168,10 +168,10 @@ def _string_field(conf: dict, field: str, code: int = INVALID_NETWORK_CONFIG) ->
     return value
 
 
-def _object_field(conf: dict, field: str, where: str = "") -> dict | None:
+def _object_field(conf: dict, field: str) -> dict | None:
     value = conf.get(field)
     if value is not None and not isinstance(value, dict):
-        raise CniError(INVALID_NETWORK_CONFIG, f"'{where}{field}' must be a JSON object, not "
+        raise CniError(INVALID_NETWORK_CONFIG, f"'{field}' must be a JSON object, not "
                                                f"{lite.dumps(value)[:60]}")
     return value
 
