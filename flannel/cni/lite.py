@@ -3,7 +3,11 @@
 Importing ``json`` pulls in ``re``, ``enum`` and ``functools`` (~11 ms per pod ADD), and
 ``ipaddress`` ~4 ms more. This module uses the C parts directly (``_json``'s scanner,
 ``_socket``'s inet_pton/inet_ntop, whose IPv6 text is RFC 5952 like Go's) and a small
-encoder producing what ``json.dumps(doc, sort_keys=True, separators=(",", ":"))`` produces.
+encoder producing what Go's ``json.Marshal`` of a decoded map produces: sorted keys, compact,
+numbers as Go prints a float64 (``1400.0`` -> ``1400``), integers kept exact.
+Decoding is bounded (nesting depth, digits of a number) and refuses what Go's decoder refuses
+(NaN, Infinity, numbers beyond float64), always with ValueError.
+Runs on Python 3.9 and later (the plugin may be launched by an older system Python).
 Must not touch: anything outside parsing and formatting.
 """
 
@@ -11,31 +15,72 @@ from __future__ import annotations
 
 import _json
 import _socket
-import math
+import sys
 
 AF_INET, AF_INET6 = _socket.AF_INET, _socket.AF_INET6
+MAX_DEPTH = 64  # CNI configs nest about 5 deep; _json's scanner recurses per level
+_MAX_NUMBER_CHARS = 400  # float64 tops out at 309 digits; int() of huge text is quadratic
+_FLOAT_MAX = sys.float_info.max
+_INF = float("inf")
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if value in (_INF, -_INF):
+        raise ValueError(f"number {text[:40]} is out of range (Go's float64)")
+    return value
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > _MAX_NUMBER_CHARS or abs(int(text)) > _FLOAT_MAX:
+        raise ValueError(f"number {text[:40]}... is out of range (Go's float64)")
+    return int(text)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
 
 
 class _ScanContext:
     strict = True
     object_hook = None
     object_pairs_hook = None
-    parse_float = float
-    parse_int = int
+    parse_float = staticmethod(_parse_float)
+    parse_int = staticmethod(_parse_int)
+    parse_constant = staticmethod(_refuse_constant)
     memo: dict = {}
-
-    @staticmethod
-    def parse_constant(name: str) -> float:
-        return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
 
 
 _scan = _json.make_scanner(_ScanContext())
 _WHITESPACE = " \t\n\r"
 
 
-def loads(data: bytes | str) -> object:
-    """Decode JSON text; ValueError (like json.JSONDecodeError) when it is not JSON."""
-    text = data.decode() if isinstance(data, bytes) else data
+def check_depth(text: str, limit: int = MAX_DEPTH) -> None:
+    """ValueError when arrays/objects nest deeper than ``limit`` (outside strings)."""
+    if text.count("[") + text.count("{") <= limit:
+        return  # cannot nest deeper: the common case costs two C-level counts
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                raise ValueError(f"JSON nested deeper than {limit} levels")
+        elif char in "]}":
+            depth -= 1
+
+
+def _decode(text: str) -> object:
     start = len(text) - len(text.lstrip(_WHITESPACE))
     try:
         value, end = _scan(text, start)
@@ -48,8 +93,56 @@ def loads(data: bytes | str) -> object:
     return value
 
 
+def loads(data: bytes | str) -> object:
+    """Decode JSON text; ValueError (like json.JSONDecodeError) when it is not JSON.
+
+    Bytes that are not UTF-8 are replaced by U+FFFD, as Go's decoder does inside strings
+    (outside strings they are a syntax error either way).
+    """
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    check_depth(text)
+    try:
+        return _decode(text)
+    except ValueError:
+        raise
+    except (SystemError, ImportError):
+        # The scanner builds its error from json.decoder, and on some Python versions fails
+        # (SystemError) when that module is not loaded yet: load it on this error path only.
+        import json.decoder  # noqa: F401
+
+        return _decode(text)
+
+
+def format_float(value: float) -> str:
+    """A float64 as Go's encoding/json prints it (shortest digits, ``1e+21``, ``1e-7``)."""
+    if value != value or value in (_INF, -_INF):
+        raise ValueError(f"{value} is not JSON")
+    text = float.__repr__(value)
+    sign = "-" if text.startswith("-") else ""
+    mantissa, _, exponent = text.lstrip("-").partition("e")
+    whole, _, fraction = mantissa.partition(".")
+    fraction = "" if fraction == "0" and not exponent else fraction
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return f"{sign}0"
+    # value == 0.<digits> * 10**point
+    point = len(whole) + (int(exponent) if exponent else 0) - (len(whole + fraction)
+                                                               - len(digits))
+    digits = digits.rstrip("0")
+    magnitude = abs(value)
+    if magnitude < 1e-6 or magnitude >= 1e21:
+        exp = point - 1
+        body = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{sign}{body}e{'-' if exp < 0 else '+'}{abs(exp):02d}".replace("e-0", "e-")
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    if point >= len(digits):
+        return f"{sign}{digits}{'0' * (point - len(digits))}"
+    return f"{sign}{digits[:point]}.{digits[point:]}"
+
+
 def dumps(value: object) -> str:
-    """Compact JSON with sorted keys (how Go marshals a map)."""
+    """Compact JSON with sorted keys (how Go marshals a decoded map)."""
     if value is None:
         return "null"
     if value is True:
@@ -61,14 +154,12 @@ def dumps(value: object) -> str:
     if isinstance(value, int):
         return int.__repr__(value)
     if isinstance(value, float):
-        if value != value or value in (math.inf, -math.inf):
-            raise ValueError(f"{value} is not JSON")
-        return float.__repr__(value)
+        return format_float(value)
     if isinstance(value, dict):
         items = sorted(value.items())
         return "{" + ",".join(f"{_json.encode_basestring_ascii(str(k))}:{dumps(v)}"
                               for k, v in items) + "}"
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return "[" + ",".join(dumps(v) for v in value) + "]"
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
@@ -91,18 +182,29 @@ def canonical_ip(text: str) -> str:
     return format_ip(*parse_ip(text))
 
 
+def _split_cidr(text: str) -> tuple[int, bytes, int]:
+    address, sep, length = text.partition("/")
+    if not sep or not length.isdigit() or not length.isascii() or len(length) > 3:
+        raise ValueError(f"{text!r} is not a CIDR such as 10.1.0.0/16")
+    family, packed = parse_ip(address)
+    prefix = int(length)
+    if prefix > len(packed) * 8:
+        raise ValueError(f"{text!r}: prefix length {prefix} exceeds {len(packed) * 8}")
+    return family, packed, prefix
+
+
 def parse_cidr(text: str) -> str:
     """``addr/len`` masked to its network, in canonical text (``10.1.17.1/24`` ->
     ``10.1.17.0/24``); ValueError when it is not a CIDR."""
-    address, sep, length = text.partition("/")
-    if not sep or not length.isdigit() or not length.isascii():
-        raise ValueError(f"{text!r} is not a CIDR such as 10.1.0.0/16")
-    family, packed = parse_ip(address)
+    family, packed, prefix = _split_cidr(text)
     bits = len(packed) * 8
-    prefix = int(length)
-    if prefix > bits:
-        raise ValueError(f"{text!r}: prefix length {prefix} exceeds {bits}")
     mask = ((1 << bits) - 1) ^ ((1 << (bits - prefix)) - 1)
     network = (int.from_bytes(packed, "big") & mask).to_bytes(len(packed), "big")
     return f"{format_ip(family, network)}/{prefix}"
 
+
+def canonical_cidr(text: str) -> str:
+    """``addr/len`` in canonical text, host bits kept (how CNI's route ``dst`` round-trips:
+    ``10.96.0.5/12`` stays ``10.96.0.5/12``); ValueError when it is not a CIDR."""
+    family, packed, prefix = _split_cidr(text)
+    return f"{format_ip(family, packed)}/{prefix}"

@@ -25,9 +25,7 @@ from tests.support.waiting import wait_until
 CNI_DIR = Path("/usr/lib/cni")
 SUBNET_ENV = "FLANNEL_NETWORK=10.78.0.0/16\nFLANNEL_SUBNET=10.78.3.1/24\nFLANNEL_MTU=1450\n" \
              "FLANNEL_IPMASQ=true\n"
-PY39_XFAIL = pytest.mark.xfail(
-    strict=False, reason="plugin modules become 3.9-compatible in the plugin robustness change")
-PYTHONS = ["host", pytest.param("3.9.18", marks=PY39_XFAIL), "3.13.0"]
+PYTHONS = ["host", "3.9.18", "3.13.0"]
 needs_plugins = pytest.mark.skipif(not (CNI_DIR / "bridge").exists(),
                                    reason="needs Debian containernetworking-plugins")
 

@@ -13,6 +13,7 @@ import pytest
 
 from flannel.cni.install import install_plugin
 from tests.support import netns
+from tests.support.cniexec import write_delegate
 
 CNI_DIR = Path("/usr/lib/cni")
 ENV_V4 = "FLANNEL_NETWORK=10.77.0.0/16\nFLANNEL_SUBNET=10.77.5.1/24\nFLANNEL_MTU=1450\n" \
@@ -35,6 +36,7 @@ class Runtime:
         self.data_dir = tmp_path / "flannel-data"
         self.ipam_dir = tmp_path / "ipam"
         self.pods: list[str] = []
+        self.stderr = ""
 
     def netconf(self, **extra: object) -> dict:
         return {"cniVersion": "1.0.0", "name": "cbr0", "type": "flannel",
@@ -55,6 +57,7 @@ class Runtime:
         proc = subprocess.run(["ip", "netns", "exec", self.host_ns, str(self.plugin)],
                               input=json.dumps(conf or self.netconf()).encode(), env=env,
                               capture_output=True, timeout=60, check=False)
+        self.stderr = proc.stderr.decode(errors="replace")
         out = proc.stdout.decode().strip()
         return proc.returncode, json.loads(out) if out else None
 
@@ -151,3 +154,112 @@ def test_version_command(runtime):
                           capture_output=True, timeout=30, check=True)
     assert json.loads(proc.stdout)["supportedVersions"][-1] == "1.1.0"
 
+
+# ---- DEL converges (a saved config the delegate will always refuse) ------------------------
+
+def _rewrite_saved(path: Path, **changes: object) -> None:
+    doc = json.loads(path.read_text())
+    doc.update(changes)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("changes", [{"mtu": "abc"}, {"type": 7}, {"cniVersion": "1.1.0"}])
+def test_del_of_a_config_refused_for_good_frees_the_address_and_succeeds(runtime, changes):
+    runtime.subnet_file.write_text(ENV_V4)
+    pod = runtime.pod()
+    code, result = runtime.call("ADD", pod, "pod-bad")
+    assert code == 0, result
+    assert len(runtime.reservations()) == 1
+    saved = runtime.data_dir / "pod-bad"
+    _rewrite_saved(saved, **changes)
+    assert runtime.call("DEL", pod, "pod-bad") == (0, None)
+    assert not saved.exists()
+    assert f"DEL pod-bad: the saved config {saved}" in runtime.stderr
+    assert "removed the saved config" in runtime.stderr
+    if "cniVersion" in changes:  # host-local refuses 1.1.0 as well: said, and left
+        assert "failed too (code 1: incompatible CNI versions): free it by hand" \
+            in runtime.stderr
+    else:
+        assert "its address was released through host-local" in runtime.stderr
+        assert runtime.reservations() == []
+    assert runtime.call("DEL", pod, "pod-bad") == (0, None)
+
+
+def test_del_keeps_the_saved_config_when_the_delegate_fails_transiently(runtime):
+    runtime.subnet_file.write_text(ENV_V4)
+    pod = runtime.pod()
+    assert runtime.call("ADD", pod, "pod-busy")[0] == 0
+    busy = runtime.tmp / "busy"
+    write_delegate(busy, "bridge", 'cat >/dev/null; echo \'{"code":11,"msg":"busy"}\'; exit 1\n')
+    code, error = runtime.call("DEL", pod, "pod-busy", cni_path=f"{busy}:{CNI_DIR}")
+    assert (code, error["code"], error["msg"]) == (1, 11, "busy")
+    assert (runtime.data_dir / "pod-busy").exists() and len(runtime.reservations()) == 1
+    assert runtime.call("DEL", pod, "pod-busy") == (0, None)  # the retry cleans up
+    assert runtime.reservations() == [] and not (runtime.data_dir / "pod-busy").exists()
+
+
+def test_del_of_a_config_saved_with_a_float_mtu_succeeds_normally(runtime):
+    runtime.subnet_file.write_text(ENV_V4)
+    pod = runtime.pod()
+    assert runtime.call("ADD", pod, "pod-float")[0] == 0
+    saved = runtime.data_dir / "pod-float"
+    saved.write_text(saved.read_text().replace('"mtu":1450', '"mtu":1450.0'))
+    assert runtime.call("DEL", pod, "pod-float") == (0, None)
+    assert runtime.stderr == "" and runtime.reservations() == []
+
+
+# ---- golden: the saved delegate config equals upstream's (compat reference section 10) ----
+
+V4_GOLDEN = ('{{{version}"ipMasq":{masq},"ipam":{{"dataDir":"{ipam}","ranges":'
+             '[[{{"subnet":"10.77.5.0/24"}}]{v6range}],"routes":[{{"dst":"10.77.0.0/16"}}'
+             '{v6route}],"type":"host-local"}},{mid}"isGateway":true,"mtu":{mtu},"name":"cbr0",'
+             '{extra}"type":"bridge"}}')
+
+
+def golden(runtime: Runtime, version: str | None = "1.0.0", masq: str = "false",
+           dual: bool = False, mtu: int = 1450, extra: str = "", front: str = "",
+           mid: str = "") -> str:
+    return V4_GOLDEN.format(
+        version=(f'"cniVersion":"{version}",' if version else "") + front, masq=masq,
+        ipam=runtime.ipam_dir, mtu=mtu, extra=extra, mid=mid,
+        v6range=',[{"subnet":"fd00:77:0:5::/64"}]' if dual else "",
+        v6route=',{"dst":"fd00:77::/56"}' if dual else "")
+
+
+GOLDEN_CASES = {
+    "ipv4": ({}, ENV_V4, {}),
+    "ipmasq false": ({}, ENV_V4.replace("=true", "=false"), {"masq": "true"}),
+    "dual-stack": ({}, ENV_V4 + ENV_V6, {"dual": True}),
+    "no cniVersion": ({"cniVersion": None}, ENV_V4, {"version": None}),
+    "custom delegate fields": (
+        {"delegate": {"hairpinMode": True, "isDefaultGateway": True, "ipMasq": True,
+                      "mtu": 1400.0}}, ENV_V4,
+        {"masq": "true", "mtu": 1400, "front": '"hairpinMode":true,',
+         "mid": '"isDefaultGateway":true,'}),
+    "portMappings": (
+        {"runtimeConfig": {"portMappings": [{"hostPort": 8080, "containerPort": 80,
+                                             "protocol": "tcp"}]}}, ENV_V4,
+        {"extra": '"runtimeConfig":{"portMappings":[{"containerPort":80,"hostPort":8080,'
+                  '"protocol":"tcp"}]},'}),
+    **{f"cniVersion {v}": ({"cniVersion": v}, ENV_V4, {"version": v})
+       for v in ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")},
+}
+
+
+@pytest.mark.parametrize("case", GOLDEN_CASES)
+def test_saved_delegate_config_is_upstreams(runtime, case):
+    overrides, env_text, expect = GOLDEN_CASES[case]
+    runtime.subnet_file.write_text(env_text)
+    runtime.data_dir = runtime.tmp / "custom" / "data"  # a nested, custom dataDir
+    conf = {k: v for k, v in {**runtime.netconf(delegate={}), **overrides}.items()
+            if v is not None}
+    pod = runtime.pod()
+    code, result = runtime.call("ADD", pod, "pod-g", conf=conf)
+    saved = runtime.data_dir / "pod-g"
+    assert saved.read_text() == golden(runtime, **expect)
+    if overrides.get("cniVersion") == "1.1.0":  # Debian's bridge stops at 1.0.0
+        assert (code, result["code"]) == (1, 1)
+    else:
+        assert code == 0, result
+    assert runtime.call("DEL", pod, "pod-g", conf=conf) == (0, None)
+    assert not saved.exists()

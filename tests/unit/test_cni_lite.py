@@ -39,3 +39,30 @@ def test_cidrs_match_ipaddress(text):
 def test_bad_cidrs_raise(text):
     with pytest.raises(ValueError):
         lite.parse_cidr(text)
+
+
+@pytest.mark.parametrize(("value", "go"), [
+    (1400.0, "1400"), (1.5, "1.5"), (-0.0, "-0"), (1e21, "1e+21"),
+    (1e20, "100000000000000000000"), (1.2345678901234567e20, "123456789012345670000"),
+    (1e-7, "1e-7"), (1e-6, "0.000001"), (-2.5e-8, "-2.5e-8"), (5e-324, "5e-324"),
+    (1e16, "10000000000000000"), (0.1, "0.1"), (1.5e300, "1.5e+300")])
+def test_floats_are_printed_as_go_prints_a_float64(value, go):
+    assert lite.dumps(value) == go
+
+
+@pytest.mark.parametrize("bad", ["NaN", "[Infinity]", "-Infinity", "1e400", "[-1e999]",
+                                 "9" * 500, "[" * 65 + "]" * 65])
+def test_what_go_refuses_is_refused(bad):
+    with pytest.raises(ValueError):
+        lite.loads(bad)
+
+
+def test_depth_limit_ignores_brackets_inside_strings():
+    deep_text = '["' + "[" * 200 + '"]'
+    assert lite.loads(deep_text) == ["[" * 200]
+    assert lite.loads("[" * 64 + "]" * 64) is not None
+
+
+def test_routes_keep_their_host_bits():
+    assert lite.canonical_cidr("10.96.0.5/12") == "10.96.0.5/12"
+    assert lite.canonical_cidr("FD00:0:0::1/64") == "fd00::1/64"

@@ -140,7 +140,9 @@ def test_version_lists_every_supported_version():
 @pytest.mark.parametrize("command", ["CHECK", "GC", "STATUS"])
 def test_check_gc_status_succeed_quietly(command):
     conf = {**INPUT, "cniVersion": "1.1.0"}
-    assert plugin.run({"CNI_COMMAND": command}, json.dumps(conf).encode()) == b""
+    environ = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/x",
+               "CNI_IFNAME": "eth0", "CNI_PATH": "/usr/lib/cni"}
+    assert plugin.run(environ, json.dumps(conf).encode()) == b""
 
 
 def test_unknown_command_is_an_env_error():
