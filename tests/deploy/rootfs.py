@@ -23,7 +23,7 @@ MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
 # Like Debian's slim images: documentation and translations are not needed to run anything.
 TRIMMED = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale",
-           "var/cache/apt/archives", "var/lib/apt/lists")
+           "var/cache/apt", "var/lib/apt/lists")
 DEBOOTSTRAP_TIMEOUT = 900
 
 
@@ -58,6 +58,9 @@ def ensure_base_tarball() -> Path:
         subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."],
                        check=True, timeout=300)
         os.replace(partial, tarball)
+    for stale in cache_dir().glob("rootfs-*.tar"):
+        if stale != tarball:
+            stale.unlink()
     return tarball
 
 
