@@ -108,7 +108,7 @@ install() {
         [ -f "$ca_bundle" ] && [ -r "$ca_bundle" ] || die "--ca-bundle $ca_bundle is not a readable file"
         export PIP_CERT="$ca_bundle"
     fi
-    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore
+    export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
     local version name
     version="$(sed -n 's/^__version__ = "\([0-9A-Za-z.+-]*\)"$/\1/p' "$source_dir/flannel/version.py")"
