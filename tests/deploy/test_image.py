@@ -13,7 +13,7 @@ import pytest
 
 from flannel.version import __version__
 from tests.deploy import images
-from tests.unit.test_manifests import BASE, documents, pod_spec
+from tests.deploy.manifests import BASE, documents, pod_spec
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
