@@ -8,6 +8,8 @@ cd "$(dirname "$0")"
 packages=(
     etcd-server etcd-client containernetworking-plugins iproute2 iptables nftables
     iputils-ping iperf3 wireguard-tools wireguard-go openssl procps
+    # The image and plain-host tests: buildah builds from a debootstrap base, in a chroot.
+    buildah debootstrap util-linux ca-certificates
 )
 missing=()
 for pkg in "${packages[@]}"; do

@@ -1,46 +1,181 @@
-"""The deployment manifest loads into lightkube's typed models and says what kube-flannel
-says (RBAC, ConfigMap keys, probes, environment)."""
+"""The kustomize base and overlays: they render with kubectl, validate against the Kubernetes
+schemas offline, say what kube-flannel v0.28.9 says, and each overlay changes only its part.
+deploy/kube-flannel.yml is the rendered base, kept identical to it."""
 
+import copy
 import json
-from pathlib import Path
+import os
 
+import kubernetes_validate
+import pytest
+import yaml
 from lightkube import codecs
 
-MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kube-flannel.yml"
+from flannel.version import __version__
+from tests.deploy.manifests import (
+    BASE,
+    KUBERNETES_VERSIONS,
+    KUSTOMIZE,
+    OVERLAYS,
+    RENDERED,
+    documents,
+    kustomize,
+    pod_spec,
+)
 
 
-def objects():
-    with MANIFEST.open() as handle:
-        return {f"{o.kind}/{o.metadata.name}": o for o in codecs.load_all_yaml(handle)}
+def net_conf(docs: dict[str, dict]) -> dict:
+    return json.loads(docs["ConfigMap/kube-flannel-cfg"]["data"]["net-conf.json"])
+
+
+def volume_paths(docs: dict[str, dict]) -> dict[str, str]:
+    return {v["name"]: v["hostPath"]["path"] for v in pod_spec(docs)["volumes"]
+            if "hostPath" in v}
+
+
+def test_rendered_manifest_is_the_base():
+    lines = RENDERED.read_text().splitlines(keepends=True)
+    header = 0
+    while header < len(lines) and lines[header].startswith("#"):
+        header += 1
+    assert "Generated" in "".join(lines[:header])
+    assert "".join(lines[header:]) == kustomize(BASE), (
+        "deploy/kube-flannel.yml is out of date: keep its leading comment lines and replace the "
+        "rest with the output of `kubectl kustomize deploy/kustomize/base`")
+
+
+@pytest.mark.parametrize("name", ("base", *OVERLAYS))
+def test_renders_and_validates_against_the_schemas(name):
+    directory = BASE if name == "base" else KUSTOMIZE / "overlays" / name
+    rendered = list(yaml.safe_load_all(kustomize(directory)))
+    assert len(rendered) == 6
+    for version in KUBERNETES_VERSIONS:
+        for document in rendered:
+            kubernetes_validate.validate(document, version, strict=True)
+
+
+def test_schema_validation_catches_a_misspelt_field():
+    daemonset = copy.deepcopy(documents(BASE)["DaemonSet/kube-flannel-ds"])
+    pod_spec({"DaemonSet/kube-flannel-ds": daemonset})["hostNetwrk"] = True
+    with pytest.raises(kubernetes_validate.ValidationError, match="hostNetwrk"):
+        kubernetes_validate.validate(daemonset, KUBERNETES_VERSIONS[-1], strict=True)
 
 
 def test_manifest_loads_into_typed_models():
-    assert set(objects()) == {
-        "Namespace/kube-flannel", "ServiceAccount/flannel", "ClusterRole/flannel",
-        "ClusterRoleBinding/flannel", "ConfigMap/kube-flannel-cfg",
-        "DaemonSet/kube-flannel-ds"}
+    with RENDERED.open() as handle:
+        kinds = {f"{o.kind}/{o.metadata.name}" for o in codecs.load_all_yaml(handle)}
+    assert kinds == {"Namespace/kube-flannel", "ServiceAccount/flannel", "ClusterRole/flannel",
+                     "ClusterRoleBinding/flannel", "ConfigMap/kube-flannel-cfg",
+                     "DaemonSet/kube-flannel-ds"}
 
 
 def test_rbac_is_what_flanneld_needs():
-    rules = {(tuple(r.resources), tuple(r.verbs)) for r in objects()["ClusterRole/flannel"].rules}
+    rules = {(tuple(r["resources"]), tuple(r["verbs"]))
+             for r in documents(BASE)["ClusterRole/flannel"]["rules"]}
     assert rules == {(("pods",), ("get",)), (("nodes",), ("get", "list", "watch")),
                      (("nodes/status",), ("patch",))}
 
 
 def test_configmap_is_the_upstream_default():
-    data = objects()["ConfigMap/kube-flannel-cfg"].data
-    assert json.loads(data["net-conf.json"]) == {"Network": "10.244.0.0/16",
-                                                 "EnableNFTables": False,
-                                                 "Backend": {"Type": "vxlan"}}
-    assert json.loads(data["cni-conf.json"])["name"] == "cbr0"
+    docs = documents(BASE)
+    assert net_conf(docs) == {"Network": "10.244.0.0/16", "EnableNFTables": False,
+                              "Backend": {"Type": "vxlan"}}
+    assert json.loads(docs["ConfigMap/kube-flannel-cfg"]["data"]["cni-conf.json"]) == {
+        "name": "cbr0", "cniVersion": "0.3.1",
+        "plugins": [{"type": "flannel",
+                     "delegate": {"hairpinMode": True, "isDefaultGateway": True}},
+                    {"type": "portmap", "capabilities": {"portMappings": True}}]}
 
 
-def test_daemonset_probes_and_env():
-    spec = objects()["DaemonSet/kube-flannel-ds"].spec.template.spec
-    container = spec.containers[0]
-    assert "--kube-subnet-mgr" in container.args
-    assert container.livenessProbe.httpGet.path == "/healthz"
-    assert container.readinessProbe.httpGet.path == "/readyz"
-    assert {e.name for e in container.env} >= {"POD_NAME", "POD_NAMESPACE", "NODE_NAME"}
-    assert spec.initContainers[0].args[0] == "install-cni"
-    assert spec.hostNetwork is True
+def test_host_gets_upstreams_static_plugin_and_only_the_conflist_from_us():
+    spec = pod_spec(documents(BASE))
+    plugin, conflist = spec["initContainers"]
+    assert plugin["name"] == "install-cni-plugin"
+    assert plugin["image"] == "ghcr.io/flannel-io/flannel-cni-plugin:v1.9.1-flannel3"
+    assert [plugin["command"], plugin["args"]] == [["cp"], ["-f", "/flannel",
+                                                            "/opt/cni/bin/flannel"]]
+    assert plugin["volumeMounts"] == [{"name": "cni-plugin", "mountPath": "/opt/cni/bin"}]
+    assert conflist["name"] == "install-cni"
+    assert conflist["command"] == ["flannelctl"]
+    assert conflist["args"][0] == "install-cni"
+    # The host's CNI bin directory is not visible to pyflannel's init container, so no
+    # pod ADD ever depends on the host's Python.
+    assert {m["name"] for m in conflist["volumeMounts"]} == {"cni", "flannel-cfg"}
+    assert {m["name"] for m in spec["containers"][0]["volumeMounts"]} == {
+        "run", "flannel-cfg", "xtables-lock"}
+
+
+def test_flanneld_container_matches_upstream():
+    container = pod_spec(documents(BASE))["containers"][0]
+    assert container["args"] == ["--ip-masq", "--kube-subnet-mgr", "--healthz-port=8081"]
+    assert container["ports"] == [{"name": "healthz", "containerPort": 8081, "protocol": "TCP"}]
+    assert container["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "healthz"},
+                                          "initialDelaySeconds": 10, "periodSeconds": 30}
+    assert container["readinessProbe"] == {"httpGet": {"path": "/readyz", "port": "healthz"},
+                                           "initialDelaySeconds": 5, "periodSeconds": 10}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["CONT_WHEN_CACHE_NOT_READY"] == "false"
+    assert env["EVENT_QUEUE_DEPTH"] == "5000"
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert container["securityContext"] == {"privileged": False,
+                                            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}}
+
+
+def test_resources_come_from_their_one_file():
+    patch = yaml.safe_load((BASE / "resources.yaml").read_text())
+    wanted = patch["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert wanted == {"requests": {"cpu": "100m", "memory": "50Mi"}}
+    assert pod_spec(documents(BASE))["containers"][0]["resources"] == wanted
+    daemonset_text = (BASE / "daemonset.yaml").read_text()
+    assert "resources:" not in daemonset_text
+
+
+def test_image_tag_is_this_version():
+    spec = pod_spec(documents(BASE))
+    ours = [c["image"] for c in spec["initContainers"][1:] + spec["containers"]]
+    assert ours == [f"pyflannel:v{__version__}"] * 2
+
+
+def test_images_can_point_at_ones_own_registry(tmp_path):
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(BASE, tmp_path)],
+        "images": [{"name": "pyflannel", "newName": "registry.example/net/pyflannel",
+                    "newTag": "v9.9.9"},
+                   {"name": "ghcr.io/flannel-io/flannel-cni-plugin",
+                    "newName": "registry.example/net/flannel-cni-plugin"}]}))
+    spec = pod_spec(documents(tmp_path))
+    assert [c["image"] for c in spec["initContainers"] + spec["containers"]] == [
+        "registry.example/net/flannel-cni-plugin:v1.9.1-flannel3",
+        "registry.example/net/pyflannel:v9.9.9", "registry.example/net/pyflannel:v9.9.9"]
+
+
+def without(docs: dict[str, dict], *, net_conf_too: bool) -> dict[str, dict]:
+    """The documents minus what overlays may change (net-conf.json and host paths)."""
+    stripped = copy.deepcopy(docs)
+    if net_conf_too:
+        del stripped["ConfigMap/kube-flannel-cfg"]["data"]["net-conf.json"]
+    del pod_spec(stripped)["volumes"]
+    return stripped
+
+
+@pytest.mark.parametrize(("overlay", "changed"), [
+    ("host-gw", {"Backend": {"Type": "host-gw"}}),
+    ("dual-stack", {"EnableIPv6": True, "IPv6Network": "2001:cafe:42::/56"}),
+    ("nftables", {"EnableNFTables": True}),
+])
+def test_network_overlays_change_only_net_conf(overlay, changed):
+    base = documents(BASE)
+    docs = documents(KUSTOMIZE / "overlays" / overlay)
+    assert net_conf(docs) == net_conf(base) | changed
+    assert without(docs, net_conf_too=True) == without(base, net_conf_too=True)
+    assert volume_paths(docs) == volume_paths(base)
+
+
+def test_k3s_overlay_changes_only_the_cni_directories():
+    base = documents(BASE)
+    docs = documents(KUSTOMIZE / "overlays" / "k3s")
+    assert volume_paths(docs) == volume_paths(base) | {
+        "cni-plugin": "/var/lib/rancher/k3s/data/current/bin",
+        "cni": "/var/lib/rancher/k3s/agent/etc/cni/net.d"}
+    assert without(docs, net_conf_too=False) == without(base, net_conf_too=False)

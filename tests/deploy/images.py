@@ -1,0 +1,105 @@
+"""Builds and runs images with Debian's buildah (chroot isolation), storage in the test cache.
+
+Owns the buildah storage under the test cache directory (see rootfs.py) and the local
+stand-in for the Python base image, committed from the cached debootstrap rootfs. Layers
+stay cached there between runs so a rerun rebuilds only what changed; deleting the cache
+directory at any time is safe.
+Must not touch: the host's own container storage, images or containers it did not make.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.deploy.rootfs import base_key, cache_dir, ensure_base_tarball
+
+BASE_NAME = "localhost/pyflannel-test-base"
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def environment() -> dict[str, str]:
+    """The environment for buildah: chroot isolation, storage under the test cache."""
+    storage = cache_dir() / "buildah"
+    storage.mkdir(exist_ok=True, mode=0o700)
+    conf = storage / "storage.conf"
+    text = ("[storage]\n"
+            'driver = "overlay"\n'
+            f'graphroot = "{storage / "storage"}"\n'
+            f'runroot = "{storage / "run"}"\n')
+    if not conf.exists() or conf.read_text() != text:
+        partial = storage / "storage.conf.partial"
+        partial.write_text(text)
+        os.replace(partial, conf)
+    return {**os.environ, "CONTAINERS_STORAGE_CONF": str(conf), "BUILDAH_ISOLATION": "chroot"}
+
+
+def buildah(*args: str, timeout: float = 120) -> str:
+    result = subprocess.run(["buildah", *args], env=environment(), capture_output=True,
+                            text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"buildah {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def image_exists(name: str) -> bool:
+    result = subprocess.run(["buildah", "inspect", "--type", "image", name], env=environment(),
+                            capture_output=True, timeout=60)
+    return result.returncode == 0
+
+
+def ensure_base_image() -> str:
+    """The local Python base (debootstrap bookworm with python3 and venv), made once."""
+    name = f"{BASE_NAME}:{base_key()}"
+    if not image_exists(name):
+        tarball = ensure_base_tarball()
+        container = buildah("from", "scratch").strip()
+        try:
+            buildah("add", "--quiet", container, str(tarball), "/", timeout=600)
+            buildah("config", "--env", f"PATH={PATH}", "--cmd", "python3", container)
+            buildah("commit", "--quiet", container, name, timeout=600)
+        finally:
+            buildah("rm", container)
+        for stale in json.loads(buildah("images", "--json")):
+            for stale_name in stale.get("names") or []:
+                if stale_name.startswith(f"{BASE_NAME}:") and stale_name != name:
+                    buildah("rmi", stale_name)
+    return name
+
+
+def inspect(name: str) -> dict:
+    return json.loads(buildah("inspect", "--type", "image", name))
+
+
+def size_bytes(name: str, scratch: Path) -> int:
+    """Uncompressed size of the image: its layers written out as plain tar files, summed."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    target = scratch / "image-dir"
+    buildah("push", "--quiet", "--disable-compression", name, f"dir:{target}", timeout=600)
+    manifest = json.loads((target / "manifest.json").read_text())
+    return sum((target / layer["digest"].split(":", 1)[1]).stat().st_size
+               for layer in manifest["layers"])
+
+
+@contextmanager
+def container(image: str) -> Iterator[str]:
+    """A working container of ``image``, removed afterwards."""
+    name = buildah("from", "--pull-never", image).strip()
+    try:
+        yield name
+    finally:
+        buildah("rm", name)
+
+
+def run(container_name: str, *command: str, volumes: tuple[tuple[Path, str], ...] = (),
+        timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``command`` in the container (no shell), with host directories bind-mounted."""
+    args = ["buildah", "run"]
+    for host, inside in volumes:
+        args += ["--volume", f"{host}:{inside}"]
+    return subprocess.run([*args, container_name, "--", *command], env=environment(),
+                          capture_output=True, text=True, timeout=timeout)
