@@ -25,8 +25,8 @@ from flannel.wireguard import nsexec
 from flannel.wireguard.config import WireguardConfig, encode_lease_data
 from flannel.wireguard.device import DeviceSpec, WireguardDevice
 from flannel.wireguard.keys import Secret, generate_private_key, public_key
-from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
-from flannel.wireguard.uapi import UapiControl, WgToolControl, is_stale_socket
+from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, diff_peers
+from flannel.wireguard.uapi import DeviceUpdate, UapiControl, WgToolControl, is_stale_socket
 from tests.support import netns
 from tests.support.waiting import wait_until
 
@@ -124,7 +124,7 @@ def engine(node: Node, other: Node, cfg: WireguardConfig = CFG
 def test_two_peers_configured_by_the_engine_ping_each_other(pair):
     a, b = pair
     dev_a, peers_a, want_a = engine(a, b)
-    dev_b, peers_b, want_b = engine(b, a)
+    _dev_b, peers_b, want_b = engine(b, a)
     assert dev_a.kind == "userspace" and dev_a.pid is not None
     assert peers_a.reconcile(want_a).in_sync and peers_a.status.changes == 1
     assert peers_b.reconcile(want_b).in_sync
@@ -240,9 +240,6 @@ def test_the_wg_tool_control_reads_and_writes_like_the_socket(pair):
     dev_a, _peers, want_a = engine(a, b, WireguardConfig.parse({
         "PSK": PSK_A, "PersistentKeepaliveInterval": 25}))
     tool = WgToolControl("flannel-wg", nsexec.command([], None, a.run_dir))
-    from flannel.wireguard.uapi import DeviceUpdate
-    from flannel.wireguard.peers import diff_peers
-
     tool.set(DeviceUpdate(peers=diff_peers(want_a, {})))
     assert tool.get() == dev_a.control.get()
     assert dev_a.control.get().peers[public_key(b.key)].peer == want_a[0]
