@@ -72,9 +72,13 @@ class DeviceSpec:
     routes: tuple[IPv4Network | IPv6Network, ...] = ()
     netns: str | None = None
     run_dir: Path | None = None
-    log_path: Path = Path("/run/flannel/wireguard-go.log")
+    log_path: Path | None = None  # wireguard-go output; None: /run/flannel/<name>.log
     implementation: str = "auto"
     wireguard_go: str = "wireguard-go"
+
+    @property
+    def wireguard_go_log(self) -> Path:
+        return self.log_path or Path("/run/flannel") / f"{self.name}.log"
 
     @property
     def socket_path(self) -> Path:
@@ -173,14 +177,14 @@ class WireguardDevice:
     # -- wireguard-go ---------------------------------------------------------------------
 
     def _open_log(self) -> int:
-        path = self.spec.log_path
+        path = self.spec.wireguard_go_log
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
                        | os.O_CLOEXEC, 0o600)
 
     def _log_tail(self) -> str:
         try:
-            with open(self.spec.log_path, "rb") as f:
+            with open(self.spec.wireguard_go_log, "rb") as f:
                 f.seek(0, os.SEEK_END)
                 f.seek(max(0, f.tell() - _LOG_TAIL))
                 return f.read().decode("utf-8", "replace").strip()
@@ -222,7 +226,7 @@ class WireguardDevice:
                                   f"within {STARTUP_TIMEOUT:g}s: {self._log_tail()}")
             time.sleep(0.02)
         log.info("%s: wireguard-go started (pid %d, log %s)", self.name, self.pid,
-                 self.spec.log_path)
+                 self.spec.wireguard_go_log)
 
     def reap(self) -> None:
         """Collect an exited wireguard-go we started (no zombie while flanneld runs)."""

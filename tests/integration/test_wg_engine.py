@@ -183,11 +183,16 @@ def test_a_restarted_engine_adopts_wireguard_go_without_losing_a_ping(pair):
     peers_b.reconcile(want_b)
     assert loss(ping(a, b).stdout) == 0
     pinger = subprocess.Popen(
-        ["ip", "netns", "exec", a.ns, "ping", "-n", "-q", "-c", "30", "-i", "0.1", "-W", "1",
+        ["ip", "netns", "exec", a.ns, "ping", "-n", "-c", "30", "-i", "0.1", "-W", "1",
          "-I", str(a.subnet.network_address), str(b.subnet.network_address)],
         stdout=subprocess.PIPE, text=True)
     try:
-        # A new flanneld: new objects, same spec, while pings flow.
+        replies = 0
+        while replies < 5:
+            line = pinger.stdout.readline()
+            assert line, "ping ended early"
+            replies += "bytes from" in line
+        # A new flanneld while pings flow: new objects, same spec, nothing recreated.
         first_pid = dev_a.pid
         del dev_a, peers_a
         dev_new, peers_new, want_new = engine(a, b)
