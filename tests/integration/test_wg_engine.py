@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
@@ -23,7 +23,7 @@ import pytest
 from flannel.lease import Lease, LeaseAttrs
 from flannel.wireguard import nsexec
 from flannel.wireguard.config import WireguardConfig, encode_lease_data
-from flannel.wireguard.device import DeviceSpec, WireguardDevice
+from flannel.wireguard.device import DeviceError, DeviceSpec, WireguardDevice
 from flannel.wireguard.keys import Secret, generate_private_key, public_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, diff_peers
 from flannel.wireguard.uapi import DeviceUpdate, UapiControl, WgToolControl, is_stale_socket
@@ -249,3 +249,33 @@ def test_the_wg_tool_control_reads_and_writes_like_the_socket(pair):
     assert tool.get() == dev_a.control.get()
     assert dev_a.control.get().peers[public_key(b.key)].peer == want_a[0]
     assert want_a[0].psk is not None and want_a[0].keepalive == 25
+
+
+def test_the_choice_is_logged_and_keys_never_are(pair, caplog):
+    a, b = pair
+    caplog.set_level("DEBUG")
+    cfg = WireguardConfig.parse({"PSK": PSK_A})
+    dev_a, peers_a, want_a = engine(a, b, cfg)
+    peers_a.reconcile(want_a)
+    assert "flannel-wg: the kernel has no WireGuard; using wireguard-go (userspace)" in (
+        caplog.text)
+    assert f"flannel-wg: wireguard-go started (pid {dev_a.pid}" in caplog.text
+    assert f"add peer {public_key(b.key)} (endpoint, preshared key, keepalive, allowed IPs)" in (
+        caplog.text)
+    wg_log = (a.run_dir / "wireguard-go.log").read_text()
+    for secret in (a.key, cfg.psk):
+        for text in (secret.base64(), secret.hex()):
+            assert text not in caplog.text and text not in wg_log
+
+
+def test_kernel_only_and_foreign_devices_are_refused_with_a_message(pair):
+    a, _b = pair
+    spec = a.spec()
+    with pytest.raises(DeviceError) as err:
+        WireguardDevice(replace(spec, implementation="kernel")).ensure()
+    assert str(err.value) == "cannot create flannel-wg: this kernel has no WireGuard"
+    netns.ip("link", "add", "flannel-wg", "type", "bridge", netns=a.ns)
+    with pytest.raises(DeviceError) as err:
+        WireguardDevice(spec).ensure()
+    assert str(err.value) == ("a bridge device named flannel-wg exists; remove it (`ip link "
+                              "del flannel-wg`) so flannel can create its WireGuard device")
