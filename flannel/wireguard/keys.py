@@ -1,15 +1,16 @@
 """WireGuard keys: the private key file, key parsing, and a type that never prints a key.
 
 Owns: ``/run/flannel/wgkey`` (or ``WIREGUARD_KEY_FILE``): created with O_CREAT|O_EXCL|
-O_NOFOLLOW, mode 0400, in a 0700 directory when missing; read and checked otherwise (a file
-group or others can read, a symlink, or content that is not one base64 32-byte key is
-refused with a message naming the file). Key generation (X25519, RFC 7748) and public key
-derivation.
+O_NOFOLLOW, mode 0400, in a 0700 directory when missing; read and checked otherwise. Refused,
+with a message naming the file: a file group or others can access, one owned by another
+user, a symlink, content that is not one base64 32-byte key. Owner-only modes such as the
+0600 of ``umask 077; wg genkey > file`` are accepted. Key generation (X25519, RFC 7748) and
+public key derivation.
 
 API: ``Secret`` (a 32-byte key; ``repr``/``str`` show only ``Secret(<hidden>)``; ``.base64()``
 and ``.hex()`` give the key for the one place it must go), ``parse_key(text, what)``,
-``load_or_create_private_key(path)``, ``public_key(secret) -> str`` (base64),
-``generate_private_key()``, ``key_file_path(environ)``.
+``load_or_create_private_key(path)``, ``read_key_file(path)`` (e.g. a PSK file),
+``public_key(secret) -> str`` (base64), ``generate_private_key()``, ``key_file_path(environ)``.
 Must not touch: anything but the key file and its directory. Never logs a key.
 """
 
@@ -147,7 +148,9 @@ def _ensure_private_dir(directory: Path) -> None:
                         f"or set {KEY_FILE_ENV} to a file in another directory")
 
 
-def _read_key_file(path: Path) -> Secret:
+def read_key_file(path: Path) -> Secret:
+    """A key from a file only its owner (this process's user) can read: the private key, or
+    a PSK file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as err:
@@ -159,6 +162,10 @@ def _read_key_file(path: Path) -> Secret:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise KeyFileError(f"WireGuard key file {path} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise KeyFileError(f"WireGuard key file {path} is owned by uid {info.st_uid}, not "
+                               f"by this process (uid {os.geteuid()}); run `chown "
+                               f"{os.geteuid()} {path}` if it is really the key to use")
         if info.st_mode & 0o077:
             raise KeyFileError(f"WireGuard key file {path} has mode "
                             f"{stat.S_IMODE(info.st_mode):04o}, readable by others; "
@@ -187,7 +194,7 @@ def load_or_create_private_key(path: Path) -> tuple[Secret, bool]:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o400)
     except FileExistsError:
-        return _read_key_file(path), False
+        return read_key_file(path), False
     except OSError as err:
         raise KeyFileError(f"cannot create WireGuard key file {path}: {err.strerror}") from None
     try:

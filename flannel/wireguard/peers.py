@@ -11,6 +11,8 @@ leases, local) -> list[Peer]``, ``diff_peers(desired, actual) -> tuple[PeerUpdat
 ``WireguardPeers(device).reconcile(desired) -> PeerStatus`` (synchronous, one ``get`` and at
 most one ``set``; call it from a worker thread after every lease change and every ~0.5 s so
 that a peer changed by hand is restored within a second). The reconciler owns no task.
+The endpoint is restored too: a peer that roamed away from the address its lease
+advertises is put back (``--public-ip`` names the address peers must use).
 Must not touch: routes, addresses, the store. Logs public keys only, never a private key or
 PSK.
 """
@@ -25,6 +27,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from flannel.lease import Lease
 from flannel.wireguard.config import DeviceLayout, WireguardConfig, decode_lease_data
+from flannel.wireguard.device import DeviceError
 from flannel.wireguard.uapi import (
     ControlError,
     ControlUnavailable,
@@ -202,7 +205,7 @@ class WireguardPeers:
     def reconcile(self, desired: Sequence[Peer]) -> PeerStatus:
         try:
             changes = self._pass(desired)
-        except ControlError as err:
+        except (ControlError, DeviceError) as err:
             if self.status.last_error != str(err):
                 log.error("wireguard %s: %s", self.device.name, err)
             self.status = PeerStatus(False, str(err), 0, self.status.handshake_age,

@@ -22,7 +22,7 @@ import os
 import socket
 import stat
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from ipaddress import ip_address, ip_network
 from pathlib import Path
@@ -310,18 +310,20 @@ class WgToolControl(Control):
         self.prefix = list(prefix)
         self.timeout = timeout
 
-    def _run(self, args: list[str], secrets: Iterable[bytes] = ()) -> str:
-        fds: list[int] = []
+    def _run(self, args: Sequence[str | Secret]) -> str:
+        """Run ``wg`` with ``args``; each Secret is handed over as ``/dev/fd/N`` of a pipe."""
         readers: list[int] = []
+        argv = [*self.prefix, "wg"]
         try:
-            for secret in secrets:
-                r, w = os.pipe()
-                readers.append(r)
-                fds.append(w)
-                os.write(w, secret)  # 45 bytes: far below the pipe buffer
-                os.close(w)
-                fds.remove(w)
-            argv = [*self.prefix, "wg", *[a.format(*readers) for a in args]]
+            for arg in args:
+                if isinstance(arg, Secret):
+                    r, w = os.pipe()
+                    readers.append(r)
+                    os.write(w, arg.base64().encode())  # 44 bytes: far below a pipe buffer
+                    os.close(w)
+                    argv.append(f"/dev/fd/{r}")
+                else:
+                    argv.append(arg)
             result = subprocess.run(argv, capture_output=True, text=True, check=False,
                                     timeout=self.timeout, pass_fds=readers)
         except subprocess.TimeoutExpired:
@@ -329,7 +331,7 @@ class WgToolControl(Control):
         except FileNotFoundError:
             raise ControlError("the `wg` tool is missing; install wireguard-tools") from None
         finally:
-            for fd in fds + readers:
+            for fd in readers:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         if result.returncode != 0:
@@ -359,15 +361,9 @@ class WgToolControl(Control):
         return decode_get("\n".join(text))
 
     def set(self, update: DeviceUpdate) -> None:
-        args: list[str] = ["set", self.ifname]
-        secrets: list[bytes] = []
-
-        def secret_arg(key: Secret) -> str:
-            secrets.append(key.base64().encode())
-            return f"/dev/fd/{{{len(secrets) - 1}}}"
-
+        args: list[str | Secret] = ["set", self.ifname]
         if update.private_key is not None:
-            args += ["private-key", secret_arg(update.private_key)]
+            args += ["private-key", update.private_key]
         if update.listen_port is not None:
             args += ["listen-port", str(update.listen_port)]
         for peer in update.peers:
@@ -376,14 +372,14 @@ class WgToolControl(Control):
                 args.append("remove")
                 continue
             if peer.set_psk or peer.psk is not None:
-                args += ["preshared-key", secret_arg(peer.psk) if peer.psk else "/dev/null"]
+                args += ["preshared-key", peer.psk or "/dev/null"]
             if peer.endpoint is not None:
                 args += ["endpoint", peer.endpoint]
             if peer.keepalive is not None:
                 args += ["persistent-keepalive", str(peer.keepalive)]
             if peer.allowed_ips is not None:
                 args += ["allowed-ips", ",".join(sorted(peer.allowed_ips))]
-        self._run(args, secrets)
+        self._run(args)
 
 
 def _b64_hex(text: str) -> str:

@@ -26,7 +26,13 @@ from flannel.wireguard.config import WireguardConfig, encode_lease_data
 from flannel.wireguard.device import DeviceError, DeviceSpec, WireguardDevice
 from flannel.wireguard.keys import Secret, generate_private_key, public_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, diff_peers
-from flannel.wireguard.uapi import DeviceUpdate, UapiControl, WgToolControl, is_stale_socket
+from flannel.wireguard.uapi import (
+    DeviceUpdate,
+    PeerUpdate,
+    UapiControl,
+    WgToolControl,
+    is_stale_socket,
+)
 from tests.support import netns
 from tests.support.waiting import wait_until
 
@@ -279,3 +285,15 @@ def test_kernel_only_and_foreign_devices_are_refused_with_a_message(pair):
         WireguardDevice(spec).ensure()
     assert str(err.value) == ("a bridge device named flannel-wg exists; remove it (`ip link "
                               "del flannel-wg`) so flannel can create its WireGuard device")
+
+
+def test_the_wg_tool_control_clears_a_psk_and_removes_a_peer(pair):
+    a, b = pair
+    dev_a, _peers, want_a = engine(a, b, WireguardConfig.parse({"PSK": PSK_A}))
+    tool = WgToolControl("flannel-wg", nsexec.command([], None, a.run_dir))
+    key_b = public_key(b.key)
+    tool.set(DeviceUpdate(peers=diff_peers(want_a, {})))
+    tool.set(DeviceUpdate(peers=(PeerUpdate(key_b, update_only=True, set_psk=True),)))
+    assert dev_a.control.get().peers[key_b].peer.psk is None
+    tool.set(DeviceUpdate(peers=(PeerUpdate(key_b, remove=True),)))
+    assert dev_a.control.get().peers == {}

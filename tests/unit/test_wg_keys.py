@@ -16,6 +16,7 @@ from flannel.wireguard.keys import (
     load_or_create_private_key,
     parse_key,
     public_key,
+    read_key_file,
     x25519,
 )
 
@@ -136,3 +137,24 @@ def test_parse_key_names_what_it_parses():
         parse_key("hunter2", "the PSK")
     assert str(err.value) == ("the PSK is not a WireGuard key: expected 32 bytes in base64 "
                               "(44 characters, as `wg genkey` prints)")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_key_file_owned_by_another_user_is_refused(tmp_path):
+    path = tmp_path / "wgkey"
+    load_or_create_private_key(path)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(KeyFileError) as err:
+        load_or_create_private_key(path)
+    assert str(err.value) == (f"WireGuard key file {path} is owned by uid 65534, not by this "
+                              f"process (uid 0); run `chown 0 {path}` if it is really the key "
+                              "to use")
+
+
+def test_an_owner_only_0600_file_and_a_psk_file_are_read(tmp_path):
+    path = tmp_path / "psk"
+    key = generate_private_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, key.base64().encode() + b"\n")
+    os.close(fd)
+    assert read_key_file(path) == key
