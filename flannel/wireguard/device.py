@@ -141,6 +141,8 @@ class WireguardDevice:
         routes match the spec (without touching peers)."""
         found = self._find_link()
         if found is not None and found[1] == "wireguard":
+            if self.kind != "kernel":
+                log.info("%s: adopting the existing kernel WireGuard device", self.name)
             self._use_kernel()
         elif found is not None:
             self._use_userspace()

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import Protocol
 
 from flannel.lease import Lease
 from flannel.wireguard.config import DeviceLayout, WireguardConfig, decode_lease_data
 from flannel.wireguard.device import DeviceError
 from flannel.wireguard.uapi import (
+    Control,
     ControlError,
     ControlUnavailable,
     DeviceUpdate,
@@ -192,12 +194,20 @@ class PeerStatus:
         return "wireguard peers in sync"
 
 
-class WireguardPeers:
-    """Keeps one device's peers equal to the desired set. ``device`` provides ``control``
-    (a ``uapi.Control``) and ``ensure()`` (re-create or restart the device when nothing
-    answers)."""
+class PeerDevice(Protocol):
+    """What the reconciler needs of a device (``device.WireguardDevice`` provides it)."""
 
-    def __init__(self, device: object, clock: object = time.time) -> None:
+    name: str
+    control: Control
+
+    def ensure(self) -> None:
+        """Re-create or restart the device when nothing answers on its control channel."""
+
+
+class WireguardPeers:
+    """Keeps one device's peers equal to the desired set."""
+
+    def __init__(self, device: PeerDevice, clock: Callable[[], float] = time.time) -> None:
         self.device = device
         self.clock = clock
         self.status = PeerStatus()

@@ -143,7 +143,10 @@ def test_diff_changes_only_the_fields_that_differ():
 
 
 class FakeDevice:
-    """Stands for a device in the reconciler's unit test: a dict of peers behind get/set."""
+    """A device double for the reconciler's own logic: models UAPI get/set as a dict of peers
+    (every set peer gets P2 and a handshake at t=1000). Used where a real wireguard-go cannot
+    show the case (a set that does not take, a controlled clock); the real device is covered
+    in tests/integration/test_wg_engine.py."""
 
     name = "flannel-wg"
 
