@@ -4,6 +4,8 @@ import os
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flannel.extension.command import OUTPUT_LIMIT, expand, run_command, split_and_expand
 from tests.support.waiting import wait_until
@@ -96,3 +98,12 @@ def test_output_is_bounded_and_stdin_cannot_block():
     # A command that never reads its stdin still finishes; a large stdin does not block.
     assert run_command("true", {}, stdin="x" * 2_000_000).ok
     assert run_command("sleep 0.2", {}, stdin="x" * 2_000_000, timeout=5).ok
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("${}_aAz19*#@ \t")), max_size=40))
+def test_expansion_never_fails_and_leaves_dollar_free_text_alone(word):
+    out = expand(word, ENV)
+    assert isinstance(out, str)
+    if "$" not in word:
+        assert out == word

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flannel.wireguard.config import (
     ConfigError,
@@ -97,3 +99,29 @@ def test_lease_data_is_decoded_case_insensitively_and_checked():
                 json.dumps({"PublicKey": "short"}), json.dumps({"PublicKey": KEY, "Port": -1}),
                 json.dumps({"PublicKey": KEY, "Port": "51820"})):
         assert decode_lease_data(bad) is None, bad
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.text(max_size=50),
+                     lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=10)
+_members = st.sampled_from(["ListenPort", "listenportv6", "MTU", "PSK", "Mode",
+                            "PersistentKeepaliveInterval", "PublicKey", "Port", "x"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(_members, _json, max_size=6))
+def test_any_backend_object_gives_a_config_or_a_config_error(obj):
+    try:
+        WireguardConfig.parse(obj)
+    except ConfigError:
+        pass
+    data = decode_lease_data(json.dumps(obj))
+    assert data is None or ("PublicKey" in obj and isinstance(data, LeaseData))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_any_lease_data_text_decodes_or_is_skipped(text):
+    data = decode_lease_data(text)
+    assert data is None or isinstance(data, LeaseData)

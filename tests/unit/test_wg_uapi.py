@@ -3,6 +3,8 @@
 import base64
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flannel.wireguard.keys import Secret
 from flannel.wireguard.uapi import (
@@ -110,3 +112,13 @@ def test_the_errno_line_ends_every_answer():
 ])
 def test_endpoints_are_compared_in_canonical_form(text, canonical):
     assert normalise_endpoint(text) == canonical
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("=\n_abcdefkpruyltmsnoix0123456789:[]./")),
+               max_size=300))
+def test_any_get_answer_is_decoded_or_refused_as_a_control_error(text):
+    try:
+        decode_get(text)
+    except ControlError:
+        pass
