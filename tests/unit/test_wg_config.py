@@ -104,12 +104,12 @@ def test_lease_data_is_decoded_case_insensitively_and_checked():
 _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
                      | st.text(max_size=50),
                      lambda inner: st.lists(inner, max_size=4)
-                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=10)
+                     | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=4)
 _members = st.sampled_from(["ListenPort", "listenportv6", "MTU", "PSK", "Mode",
                             "PersistentKeepaliveInterval", "PublicKey", "Port", "x"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.dictionaries(_members, _json, max_size=6))
 def test_any_backend_object_gives_a_config_or_a_config_error(obj):
     try:
