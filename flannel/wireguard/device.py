@@ -166,9 +166,14 @@ class WireguardDevice:
         elif self.spec.implementation == "kernel":
             raise DeviceError(f"cannot create {self.name}: this kernel has no WireGuard")
         else:
+            self._use_userspace()
+            if self.control.answers():
+                raise DeviceError(
+                    f"a wireguard-go already answers on {self.spec.socket_path} but there is "
+                    f"no {self.name} in this network namespace; stop that wireguard-go (it "
+                    "serves another namespace) or give this node its own /run/wireguard")
             log.info("%s: the kernel has no WireGuard; using wireguard-go (userspace)",
                      self.name)
-            self._use_userspace()
             self._start_userspace()
         self._configure()
 

@@ -163,7 +163,11 @@ def decode_get(text: str) -> DeviceState:
         rx, tx = current.pop("rx"), current.pop("tx")
         peer = Peer(current["public_key"], current["endpoint"],
                     frozenset(current["allowed_ips"]), current["psk"], current["keepalive"])
-        peers[peer.public_key] = PeerState(peer.normalised(),
+        try:
+            normalised = peer.normalised()
+        except ValueError:
+            raise ControlError("the device answered an unreadable allowed_ip") from None
+        peers[peer.public_key] = PeerState(normalised,
                                            hs_sec + hs_nsec / 1e9 if hs_sec else None, rx, tx)
 
     for line in text.split("\n"):

@@ -297,3 +297,16 @@ def test_the_wg_tool_control_clears_a_psk_and_removes_a_peer(pair):
     assert dev_a.control.get().peers[key_b].peer.psk is None
     tool.set(DeviceUpdate(peers=(PeerUpdate(key_b, remove=True),)))
     assert dev_a.control.get().peers == {}
+
+
+def test_a_socket_serving_another_namespace_is_not_taken_over(pair):
+    a, b = pair
+    engine(a, b)
+    # Node b pointed at node a's socket directory: same socket, different namespace.
+    shared = replace(b.spec(), run_dir=a.run_dir)
+    with pytest.raises(DeviceError) as err:
+        WireguardDevice(shared).ensure()
+    assert str(err.value) == (
+        f"a wireguard-go already answers on {a.run_dir}/wireguard/flannel-wg.sock but there is "
+        "no flannel-wg in this network namespace; stop that wireguard-go (it serves another "
+        "namespace) or give this node its own /run/wireguard")
