@@ -172,8 +172,9 @@ class WireguardDevice:
                     f"a wireguard-go already answers on {self.spec.socket_path} but there is "
                     f"no {self.name} in this network namespace; stop that wireguard-go (it "
                     "serves another namespace) or give this node its own /run/wireguard")
-            log.info("%s: the kernel has no WireGuard; using wireguard-go (userspace)",
-                     self.name)
+            log.info("%s: %s; using wireguard-go (userspace)", self.name,
+                     "userspace requested" if self.spec.implementation == "userspace"
+                     else "the kernel has no WireGuard")
             self._start_userspace()
         self._configure()
 
