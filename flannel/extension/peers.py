@@ -1,0 +1,204 @@
+"""The extension backend's config and the bookkeeping of which commands ran for which peer.
+
+Owns: decoding ``PreStartupCommand``, ``PostStartupCommand``, ``SubnetAddCommand``,
+``SubnetRemoveCommand`` (case-insensitive, Go's names; ``ShutdownCommand`` of the upstream
+examples is ignored, as in Go), the pre-startup output published as a JSON string in
+``BackendData``, the post-startup environment (``NETWORK``, ``SUBNET``, ``IPV6SUBNET``,
+``PUBLIC_IP``, ``PUBLIC_IPV6``), and per remote lease: the add command (env ``SUBNET``,
+``PUBLIC_IP``, and ``IPV6SUBNET`` / ``PUBLIC_IPV6`` when the lease has them; stdin = the
+remote BackendData string and a newline) when the lease appears or changes, the remove
+command when it goes. A command that fails is logged with its output and tried again on the
+next pass; nothing here is fatal.
+
+API: ``ExtensionConfig.parse(backend_obj)``; ``pre_startup(cfg, timeout) -> str | None``
+(the ``BackendData`` JSON text, None without a command; raises ``CommandFailed``);
+``post_startup_env(network, ipv6_network, lease)``; ``ExtensionPeers(cfg).reconcile(leases)
+-> ExtensionStatus`` (synchronous, runs commands: call from a worker thread after every lease
+change; it owns no task).
+Must not touch: the kernel (the user's commands do), the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network, IPv6Network
+
+from flannel import gojson
+from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
+from flannel.lease import Lease, go_string
+
+log = logging.getLogger(__name__)
+
+_CONTEXT = "error decoding backend config"
+_LOG_OUTPUT = 2000
+
+
+class ExtensionConfigError(ValueError):
+    """The extension backend config cannot be used; the message says what to fix."""
+
+
+class CommandFailed(Exception):
+    """A command whose result the caller needs (pre-startup) failed; message has its output."""
+
+
+@dataclass(frozen=True)
+class ExtensionConfig:
+    pre_startup: str = ""
+    post_startup: str = ""
+    subnet_add: str = ""
+    subnet_remove: str = ""
+    timeout: float = DEFAULT_TIMEOUT
+
+    @classmethod
+    def parse(cls, backend: Mapping[str, object], timeout: float = DEFAULT_TIMEOUT
+              ) -> ExtensionConfig:
+        try:
+            fields = gojson.decode_fields(backend, {
+                "PreStartupCommand": (str, ""), "PostStartupCommand": (str, ""),
+                "SubnetAddCommand": (str, ""), "SubnetRemoveCommand": (str, ""),
+            }, _CONTEXT)
+        except ValueError as err:
+            raise ExtensionConfigError(str(err)) from None
+        return cls(fields["PreStartupCommand"], fields["PostStartupCommand"],
+                   fields["SubnetAddCommand"], fields["SubnetRemoveCommand"], timeout)
+
+
+def _log_failure(what: str, command: str, result: CommandResult) -> None:
+    output = result.output[:_LOG_OUTPUT] or "(no output)"
+    log.error("extension %s command failed (%s): %s; output: %s", what, result.reason(),
+              command, output)
+
+
+def pre_startup(cfg: ExtensionConfig) -> str | None:
+    """Run the pre-startup command; its trimmed output, JSON-encoded as a string, is the
+    ``BackendData`` to publish. None when there is no command (no BackendData)."""
+    if not cfg.pre_startup:
+        return None
+    result = run_command(cfg.pre_startup, {}, timeout=cfg.timeout)
+    if not result.ok:
+        _log_failure("pre-startup", cfg.pre_startup, result)
+        raise CommandFailed(f"extension pre-startup command failed ({result.reason()}): "
+                            f"{cfg.pre_startup}; output: {result.output[:_LOG_OUTPUT]}")
+    return go_string(result.output)
+
+
+def post_startup_env(network: IPv4Network | None, ipv6_network: IPv6Network | None,
+                     lease: Lease) -> dict[str, str]:
+    attrs = lease.attrs
+    return {
+        "NETWORK": str(network) if network else "",
+        "SUBNET": str(lease.subnet) if lease.subnet and lease.subnet.prefixlen else "",
+        "IPV6SUBNET": str(lease.ipv6_subnet) if lease.ipv6_subnet else "",
+        "PUBLIC_IP": str(attrs.public_ip) if attrs.public_ip else "",
+        "PUBLIC_IPV6": str(attrs.public_ipv6) if attrs.public_ipv6 else "",
+    }
+
+
+def run_post_startup(cfg: ExtensionConfig, env: Mapping[str, str]) -> CommandResult | None:
+    """Run the post-startup command (failure logged, not raised); None without one."""
+    if not cfg.post_startup:
+        return None
+    result = run_command(cfg.post_startup, env, timeout=cfg.timeout)
+    if not result.ok:
+        _log_failure("post-startup", cfg.post_startup, result)
+    return result
+
+
+def peer_env(lease: Lease) -> dict[str, str]:
+    """Add/remove environment. Go sets SUBNET and PUBLIC_IP; its docs also promise the IPv6
+    twins, set here when the lease has them."""
+    env = {"SUBNET": str(lease.subnet) if lease.subnet else "",
+           "PUBLIC_IP": str(lease.attrs.public_ip) if lease.attrs.public_ip else ""}
+    if lease.ipv6_subnet is not None:
+        env["IPV6SUBNET"] = str(lease.ipv6_subnet)
+    if lease.attrs.public_ipv6 is not None:
+        env["PUBLIC_IPV6"] = str(lease.attrs.public_ipv6)
+    return env
+
+
+def peer_stdin(lease: Lease) -> str | None:
+    """The remote BackendData string and a newline; None when the data is not a JSON string
+    (Go skips such a lease)."""
+    raw = lease.attrs.backend_data
+    if not raw:
+        return "\n"
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value + "\n" if isinstance(value, str) else None
+
+
+def _fingerprint(lease: Lease) -> tuple:
+    a = lease.attrs
+    return (lease.subnet, lease.ipv6_subnet, a.public_ip, a.public_ipv6, a.backend_data)
+
+
+@dataclass
+class ExtensionStatus:
+    """After a pass: peers whose command is still owed (retried next pass), by lease key."""
+
+    pending_add: list[str] = field(default_factory=list)
+    pending_remove: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def in_sync(self) -> bool:
+        return not self.pending_add and not self.pending_remove
+
+
+class ExtensionPeers:
+    """Runs the add command once per remote lease (again when it changes) and the remove
+    command when it goes; failures stay owed and are retried on the next pass."""
+
+    def __init__(self, cfg: ExtensionConfig) -> None:
+        self.cfg = cfg
+        self.applied: dict[str, tuple[Lease, tuple]] = {}
+        self.status = ExtensionStatus()
+
+    def _run(self, what: str, command: str, lease: Lease, stdin: str) -> bool:
+        result = run_command(command, peer_env(lease), stdin=stdin, timeout=self.cfg.timeout)
+        if not result.ok:
+            _log_failure(f"{what} ({lease.key})", command, result)
+            return False
+        log.info("extension %s command for %s ran: %s; output: %s", what, lease.key,
+                 command, result.output[:_LOG_OUTPUT])
+        return True
+
+    def reconcile(self, leases: Iterable[Lease]) -> ExtensionStatus:
+        status = ExtensionStatus()
+        wanted: dict[str, Lease] = {}
+        for lease in leases:
+            if lease.attrs.backend_type != "extension":
+                continue
+            wanted[lease.key] = lease
+        for key, lease in sorted(wanted.items()):
+            fingerprint = _fingerprint(lease)
+            done = self.applied.get(key)
+            if done is not None and done[1] == fingerprint:
+                continue
+            stdin = peer_stdin(lease)
+            if stdin is None:
+                if key not in self.status.skipped:
+                    log.error("ignoring extension lease %s: its BackendData is not a JSON "
+                              "string", key)
+                status.skipped.append(key)
+                continue
+            if not self.cfg.subnet_add or self._run("subnet-add", self.cfg.subnet_add, lease,
+                                                    stdin):
+                self.applied[key] = (lease, fingerprint)
+            else:
+                status.pending_add.append(key)
+        for key in sorted(set(self.applied) - set(wanted)):
+            lease = self.applied[key][0]
+            stdin = peer_stdin(lease) or "\n"
+            if not self.cfg.subnet_remove or self._run("subnet-remove", self.cfg.subnet_remove,
+                                                       lease, stdin):
+                del self.applied[key]
+            else:
+                status.pending_remove.append(key)
+        self.status = status
+        return status

@@ -1,0 +1,269 @@
+"""A WireGuard device: kernel when the kernel has WireGuard, else wireguard-go, kept across
+flanneld restarts.
+
+Owns: the link named ``spec.name`` (created, or adopted as it is), its private key and listen
+port, MTU, up state, the lease address(es) on it and the route(s) to the cluster network
+through it (``<network> dev <name> scope link``, as Go flannel); for the userspace path the
+wireguard-go process (started detached: own session, ``WG_PROCESS_FOREGROUND=1``, output to
+``spec.log_path``, so it outlives flanneld and the next flanneld adopts it when its UAPI
+socket answers) and its socket file (a stale one, left by a killed process, is removed).
+Nothing is deleted at shutdown: keys, peers and sessions survive a restart.
+
+API: ``DeviceSpec``; ``WireguardDevice(spec)``: ``.ensure()`` (idempotent: call at start
+and whenever the control channel stops answering), ``.kind`` ("kernel" | "userspace"),
+``.control`` (a ``uapi.Control``), ``.index``, ``.pid`` (wireguard-go, when known),
+``.public_key``. Synchronous (pyroute2, sockets): call from a worker thread.
+Must not touch: other links, peers (``peers.WireguardPeers``), routes other than its own.
+Never logs a key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from pathlib import Path
+
+from pyroute2 import IPRoute, NetlinkError
+
+from flannel.kernel.device import ensure_address
+from flannel.wireguard import nsexec
+from flannel.wireguard.keys import Secret, public_key
+from flannel.wireguard.uapi import (
+    Control,
+    ControlError,
+    DeviceUpdate,
+    UapiControl,
+    WgToolControl,
+    is_stale_socket,
+)
+
+log = logging.getLogger(__name__)
+
+IFF_UP = 0x1
+RT_SCOPE_LINK = 253
+RTPROT_BOOT = 3  # what Go's netlink library leaves it at; not flannel's protocol 151
+STARTUP_TIMEOUT = 5.0
+_LOG_TAIL = 600
+
+
+class DeviceError(Exception):
+    """The device cannot be set up; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """``run_dir``: the directory that stands for ``/run`` in the device's view (None: the
+    real ``/run``; labs give each node its own, see ``nsexec``). ``implementation``: "auto"
+    (kernel when available), "kernel" or "userspace"."""
+
+    name: str
+    listen_port: int
+    mtu: int
+    private_key: Secret
+    addresses: tuple[tuple[IPv4Address | IPv6Address, IPv4Network | IPv6Network], ...] = ()
+    routes: tuple[IPv4Network | IPv6Network, ...] = ()
+    netns: str | None = None
+    run_dir: Path | None = None
+    log_path: Path | None = None  # wireguard-go output; None: /run/flannel/<name>.log
+    implementation: str = "auto"
+    wireguard_go: str = "wireguard-go"
+
+    @property
+    def wireguard_go_log(self) -> Path:
+        return self.log_path or Path("/run/flannel") / f"{self.name}.log"
+
+    @property
+    def socket_path(self) -> Path:
+        return (self.run_dir or Path("/run")) / "wireguard" / f"{self.name}.sock"
+
+
+def _ipr(netns: str | None) -> IPRoute:
+    return IPRoute(netns=netns, flags=0) if netns else IPRoute()
+
+
+def _link_kind(link: object) -> str | None:
+    info = link.get_attr("IFLA_LINKINFO")
+    return info.get_attr("IFLA_INFO_KIND") if info is not None else None
+
+
+class WireguardDevice:
+    def __init__(self, spec: DeviceSpec) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.kind = ""
+        self.index = 0
+        self.pid: int | None = None
+        self._process: subprocess.Popen | None = None
+        self.control: Control = UapiControl(spec.socket_path)
+        self.public_key = public_key(spec.private_key)
+
+    # -- finding and creating the link ---------------------------------------------------
+
+    def _find_link(self) -> tuple[int, str | None] | None:
+        with _ipr(self.spec.netns) as ipr:
+            indexes = ipr.link_lookup(ifname=self.name)
+            if not indexes:
+                return None
+            link = ipr.get_links(indexes[0])[0]
+            return link["index"], _link_kind(link)
+
+    def _try_kernel(self) -> bool:
+        with _ipr(self.spec.netns) as ipr:
+            try:
+                ipr.link("add", ifname=self.name, kind="wireguard")
+            except NetlinkError as err:
+                if err.code in (errno.EOPNOTSUPP, errno.ENODEV, errno.EINVAL):
+                    return False
+                raise DeviceError(f"cannot create WireGuard device {self.name}: "
+                                  f"{os.strerror(err.code)}") from None
+        return True
+
+    def _use_kernel(self) -> None:
+        self.kind = "kernel"
+        self.pid = None
+        prefix = nsexec.command([], self.spec.netns, None) if self.spec.netns else []
+        self.control = WgToolControl(self.name, prefix)
+
+    def _use_userspace(self) -> None:
+        self.kind = "userspace"
+        self.control = UapiControl(self.spec.socket_path)
+
+    def ensure(self) -> None:
+        """Create or adopt the device, then make its key, port, MTU, state, addresses and
+        routes match the spec (without touching peers)."""
+        found = self._find_link()
+        if found is not None and found[1] == "wireguard":
+            if self.kind != "kernel":
+                log.info("%s: adopting the existing kernel WireGuard device", self.name)
+            self._use_kernel()
+        elif found is not None:
+            self._use_userspace()
+            if not self.control.answers():
+                if found[1] not in (None, "tun"):
+                    raise DeviceError(f"a {found[1]} device named {self.name} exists; remove "
+                                      f"it (`ip link del {self.name}`) so flannel can create "
+                                      "its WireGuard device")
+                # A TUN of that name whose wireguard-go no longer answers: replace it.
+                log.warning("%s exists but no wireguard-go answers on %s; restarting it",
+                            self.name, self.spec.socket_path)
+                self._remove_link()
+                self._start_userspace()
+            else:
+                self.pid = self.control.peer_pid()
+                log.info("%s: adopting the running wireguard-go (pid %s, socket %s)",
+                         self.name, self.pid, self.spec.socket_path)
+        elif self.spec.implementation != "userspace" and self._try_kernel():
+            log.info("%s: using kernel WireGuard", self.name)
+            self._use_kernel()
+        elif self.spec.implementation == "kernel":
+            raise DeviceError(f"cannot create {self.name}: this kernel has no WireGuard")
+        else:
+            self._use_userspace()
+            if self.control.answers():
+                raise DeviceError(
+                    f"a wireguard-go already answers on {self.spec.socket_path} but there is "
+                    f"no {self.name} in this network namespace; stop that wireguard-go (it "
+                    "serves another namespace) or give this node its own /run/wireguard")
+            log.info("%s: %s; using wireguard-go (userspace)", self.name,
+                     "userspace requested" if self.spec.implementation == "userspace"
+                     else "the kernel has no WireGuard")
+            self._start_userspace()
+        self._configure()
+
+    def _remove_link(self) -> None:
+        with _ipr(self.spec.netns) as ipr, contextlib.suppress(NetlinkError):
+            ipr.link("del", ifname=self.name)
+
+    # -- wireguard-go ---------------------------------------------------------------------
+
+    def _open_log(self) -> int:
+        path = self.spec.wireguard_go_log
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                       | os.O_CLOEXEC, 0o600)
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.spec.wireguard_go_log, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - _LOG_TAIL))
+                return f.read().decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def _start_userspace(self) -> None:
+        binary = shutil.which(self.spec.wireguard_go)
+        if binary is None:
+            raise DeviceError("the kernel has no WireGuard and wireguard-go is not installed; "
+                              "install the wireguard-go package or load the wireguard module")
+        sock = self.spec.socket_path
+        sock.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        if is_stale_socket(sock):
+            log.warning("removing stale socket %s (its wireguard-go was killed)", sock)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sock)
+        elif sock.exists() and not stat.S_ISSOCK(sock.lstat().st_mode):
+            raise DeviceError(f"{sock} is not a socket; remove it")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("WG_")}
+        env.update(WG_PROCESS_FOREGROUND="1", LOG_LEVEL=env.get("LOG_LEVEL", "error"))
+        out = self._open_log()
+        try:
+            # Own session and no pipes: it survives flanneld and is adopted by the next one.
+            self._process = subprocess.Popen(
+                nsexec.command([binary, self.name], self.spec.netns, self.spec.run_dir),
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
+                start_new_session=True, close_fds=True)
+        finally:
+            os.close(out)
+        self.pid = self._process.pid
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self.control.answers():
+            if self._process.poll() is not None:
+                raise DeviceError(f"wireguard-go for {self.name} exited with status "
+                                  f"{self._process.returncode}: {self._log_tail()}")
+            if time.monotonic() > deadline:
+                raise DeviceError(f"wireguard-go for {self.name} did not answer on {sock} "
+                                  f"within {STARTUP_TIMEOUT:g}s: {self._log_tail()}")
+            time.sleep(0.02)
+        log.info("%s: wireguard-go started (pid %d, log %s)", self.name, self.pid,
+                 self.spec.wireguard_go_log)
+
+    def reap(self) -> None:
+        """Collect an exited wireguard-go we started (no zombie while flanneld runs)."""
+        if self._process is not None and self._process.poll() is not None:
+            self._process = None
+
+    # -- configuration ----------------------------------------------------------------------
+
+    def _configure(self) -> None:
+        try:
+            state = self.control.get()
+            if (state.private_key != self.spec.private_key
+                    or state.listen_port != self.spec.listen_port):
+                self.control.set(DeviceUpdate(private_key=self.spec.private_key,
+                                              listen_port=self.spec.listen_port))
+        except ControlError as err:
+            raise DeviceError(f"cannot configure {self.name}: {err}") from None
+        with _ipr(self.spec.netns) as ipr:
+            links = ipr.get_links(ifname=self.name)
+            if not links:
+                raise DeviceError(f"{self.name} vanished while it was being configured")
+            link = links[0]
+            self.index = link["index"]
+            if link.get_attr("IFLA_MTU") != self.spec.mtu or not link["flags"] & IFF_UP:
+                ipr.link("set", index=self.index, mtu=self.spec.mtu, state="up")
+        for address, network in self.spec.addresses:
+            ensure_address(self.index, address, network, self.spec.netns)
+        with _ipr(self.spec.netns) as ipr:
+            for net in self.spec.routes:
+                ipr.route("replace", dst=str(net), oif=self.index, scope=RT_SCOPE_LINK,
+                          proto=RTPROT_BOOT,
+                          family=10 if net.version == 6 else 2)

@@ -1,0 +1,312 @@
+"""The WireGuard engine on real wireguard-go in two namespaces joined by a veth.
+
+This kernel has no WireGuard module, so every device here is wireguard-go (userspace), each
+node with a private /run (its UAPI socket directory) via ``flannel.wireguard.nsexec``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+import pytest
+
+from flannel.lease import Lease, LeaseAttrs
+from flannel.wireguard import nsexec
+from flannel.wireguard.config import WireguardConfig, encode_lease_data
+from flannel.wireguard.device import DeviceError, DeviceSpec, WireguardDevice
+from flannel.wireguard.keys import Secret, generate_private_key, public_key
+from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, diff_peers
+from flannel.wireguard.uapi import (
+    DeviceUpdate,
+    PeerUpdate,
+    UapiControl,
+    WgToolControl,
+    is_stale_socket,
+)
+from tests.support import netns
+from tests.support.waiting import wait_until
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
+    pytest.mark.skipif(shutil.which("wireguard-go") is None, reason="needs wireguard-go"),
+]
+
+NETWORK = IPv4Network("10.5.0.0/16")
+PSK_A = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
+PSK_B = "HyAhIiMkJSYnKCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4="
+
+
+@dataclass
+class Node:
+    ns: str
+    underlay: IPv4Address
+    subnet: IPv4Network
+    key: Secret
+    run_dir: Path
+
+    def spec(self) -> DeviceSpec:
+        base = self.subnet.network_address
+        return DeviceSpec("flannel-wg", 51820, 1420, self.key, addresses=((base, NETWORK),),
+                          routes=(NETWORK,), netns=self.ns, run_dir=self.run_dir,
+                          log_path=self.run_dir / "wireguard-go.log")
+
+    def lease(self) -> Lease:
+        return Lease(self.subnet, attrs=LeaseAttrs(
+            public_ip=self.underlay, backend_type="wireguard",
+            backend_data=encode_lease_data(public_key(self.key), 51820)))
+
+
+def ping(node: Node, dst: Node, count: int = 3, interval: float = 0.2, wait: int = 1
+         ) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ip", "netns", "exec", node.ns, "ping", "-n", "-q", "-c", str(count), "-i",
+         str(interval), "-W", str(wait), "-I", str(node.subnet.network_address),
+         str(dst.subnet.network_address)],
+        capture_output=True, text=True, timeout=60, check=False)
+
+
+def loss(output: str) -> float:
+    match = re.search(r"([\d.]+)% packet loss", output)
+    assert match, output
+    return float(match.group(1))
+
+
+def wg(node: Node, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(nsexec.command(["wg", *args], None, node.run_dir),
+                          capture_output=True, text=True, timeout=20, check=True)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Node, Node]]:
+    created: list[str] = []
+    dirs: list[Path] = []
+    try:
+        nodes = []
+        for n in (1, 2):
+            ns = netns.create("wg")
+            created.append(ns)
+            # Short paths: a unix socket path must fit in 108 bytes.
+            run_dir = Path(tempfile.mkdtemp(prefix="wgrun", dir="/tmp"))
+            dirs.append(run_dir)
+            nodes.append(Node(ns, IPv4Address(f"192.168.77.{n}"),
+                              IPv4Network(f"10.5.{n}.0/24"), generate_private_key(), run_dir))
+        a, b = nodes
+        netns.ip("link", "add", "ul0", "type", "veth", "peer", "name", "ul0", "netns", b.ns,
+                 netns=a.ns)
+        for node in nodes:
+            netns.ip("addr", "add", f"{node.underlay}/24", "dev", "ul0", netns=node.ns)
+            netns.ip("link", "set", "ul0", "up", netns=node.ns)
+        yield a, b
+    finally:
+        for ns in created:
+            netns.delete(ns)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+CFG = WireguardConfig()
+
+
+def engine(node: Node, other: Node, cfg: WireguardConfig = CFG
+           ) -> tuple[WireguardDevice, WireguardPeers, list]:
+    device = WireguardDevice(node.spec())
+    device.ensure()
+    layout = cfg.devices(True, False)[0]
+    desired = desired_peers(cfg, layout, [other.lease()], LocalEndpoints(node.underlay))
+    return device, WireguardPeers(device), desired
+
+
+def test_two_peers_configured_by_the_engine_ping_each_other(pair):
+    a, b = pair
+    dev_a, peers_a, want_a = engine(a, b)
+    _dev_b, peers_b, want_b = engine(b, a)
+    assert dev_a.kind == "userspace" and dev_a.pid is not None
+    assert peers_a.reconcile(want_a).in_sync and peers_a.status.changes == 1
+    assert peers_b.reconcile(want_b).in_sync
+    result = ping(a, b)
+    assert loss(result.stdout) == 0, result.stdout
+    # The device holds exactly what Go flannel sets: endpoint, allowed IPs, no PSK.
+    state = dev_a.control.get()
+    peer = state.peers[public_key(b.key)].peer
+    assert (peer.endpoint, peer.allowed_ips, peer.psk) == ("192.168.77.2:51820",
+                                                           frozenset({"10.5.2.0/24"}), None)
+    assert state.private_key == a.key and state.listen_port == 51820
+    status = peers_a.reconcile(want_a)
+    assert status.changes == 0 and status.handshake_age[public_key(b.key)] is not None
+    assert status.summary() == "wireguard peers in sync"
+    # The route to the cluster network goes through the device, as Go flannel sets it.
+    route = netns.ip("route", "show", str(NETWORK), netns=a.ns).stdout
+    assert route.strip() == f"{NETWORK} dev flannel-wg scope link"
+
+
+def test_a_peer_removed_or_changed_by_hand_is_restored_within_a_second(pair):
+    a, b = pair
+    _dev_a, peers_a, want_a = engine(a, b)
+    _dev_b, peers_b, want_b = engine(b, a)
+    peers_a.reconcile(want_a)
+    peers_b.reconcile(want_b)
+    stop = threading.Event()
+
+    def loop() -> None:
+        # The daemon's cadence for non-netlink reconcilers (peers.py docstring).
+        while not stop.wait(0.5):
+            peers_a.reconcile(want_a)
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    try:
+        key_b = public_key(b.key)
+        wg(a, "set", "flannel-wg", "peer", key_b, "remove")
+        assert key_b not in UapiControl(a.spec().socket_path).get().peers
+        wait_until(lambda: key_b in UapiControl(a.spec().socket_path).get().peers,
+                   timeout=1.0, interval=0.02, what="the removed peer to come back")
+        wg(a, "set", "flannel-wg", "peer", key_b, "allowed-ips", "10.5.9.0/24", "endpoint",
+           "192.168.77.9:4000")
+        wait_until(lambda: UapiControl(a.spec().socket_path).get().peers[key_b].peer
+                   == want_a[0], timeout=1.0, interval=0.02, what="the peer's fields back")
+    finally:
+        stop.set()
+        worker.join()
+    assert loss(ping(a, b).stdout) == 0
+
+
+def test_a_restarted_engine_adopts_wireguard_go_without_losing_a_ping(pair):
+    a, b = pair
+    dev_a, peers_a, want_a = engine(a, b)
+    _dev_b, peers_b, want_b = engine(b, a)
+    peers_a.reconcile(want_a)
+    peers_b.reconcile(want_b)
+    assert loss(ping(a, b).stdout) == 0
+    pinger = subprocess.Popen(
+        ["ip", "netns", "exec", a.ns, "ping", "-n", "-c", "30", "-i", "0.1", "-W", "1",
+         "-I", str(a.subnet.network_address), str(b.subnet.network_address)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        replies = 0
+        while replies < 5:
+            line = pinger.stdout.readline()
+            assert line, "ping ended early"
+            replies += "bytes from" in line
+        # A new flanneld while pings flow: new objects, same spec, nothing recreated.
+        first_pid = dev_a.pid
+        del dev_a, peers_a
+        dev_new, peers_new, want_new = engine(a, b)
+        status = peers_new.reconcile(want_new)
+        out, _ = pinger.communicate(timeout=30)
+    finally:
+        pinger.kill()
+    assert dev_new.pid == first_pid and dev_new.kind == "userspace"
+    assert status.in_sync and status.changes == 0
+    assert loss(out) == 0, out
+
+
+def test_a_killed_wireguard_go_leaves_a_stale_socket_that_is_replaced(pair):
+    a, b = pair
+    dev_a, peers_a, want_a = engine(a, b)
+    _dev_b, peers_b, want_b = engine(b, a)
+    peers_a.reconcile(want_a)
+    peers_b.reconcile(want_b)
+    old_pid = dev_a.pid
+    os.kill(old_pid, signal.SIGKILL)
+    sock = a.spec().socket_path
+    wait_until(lambda: is_stale_socket(sock), timeout=5, what="the socket to go stale")
+    status = peers_a.reconcile(want_a)
+    assert status.in_sync, status.last_error
+    assert dev_a.pid not in (None, old_pid)
+    assert UapiControl(sock).peer_pid() == dev_a.pid
+    assert loss(ping(a, b).stdout) == 0
+
+
+def test_a_psk_mismatch_shows_in_the_status(pair):
+    a, b = pair
+    cfg_a = WireguardConfig.parse({"PSK": PSK_A})
+    cfg_b = WireguardConfig.parse({"PSK": PSK_B})
+    _dev_a, peers_a, want_a = engine(a, b, cfg_a)
+    _dev_b, peers_b, want_b = engine(b, a, cfg_b)
+    assert peers_a.reconcile(want_a).in_sync and peers_b.reconcile(want_b).in_sync
+    assert loss(ping(a, b, count=3).stdout) == 100
+    status = peers_a.reconcile(want_a)
+    assert status.in_sync and status.without_handshake() == [public_key(b.key)]
+    assert status.summary() == (
+        "no recent handshake with 1 of 1 peers (keys or PSK differ, or the peer is "
+        f"unreachable): {public_key(b.key)}")
+    assert PSK_A not in repr(status) and PSK_A not in status.summary()
+
+
+def test_the_wg_tool_control_reads_and_writes_like_the_socket(pair):
+    """The kernel path's transport (``wg`` with keys through pipes), run against
+    wireguard-go, since both answer the same tool."""
+    a, b = pair
+    dev_a, _peers, want_a = engine(a, b, WireguardConfig.parse({
+        "PSK": PSK_A, "PersistentKeepaliveInterval": 25}))
+    tool = WgToolControl("flannel-wg", nsexec.command([], None, a.run_dir))
+    tool.set(DeviceUpdate(peers=diff_peers(want_a, {})))
+    assert tool.get() == dev_a.control.get()
+    assert dev_a.control.get().peers[public_key(b.key)].peer == want_a[0]
+    assert want_a[0].psk is not None and want_a[0].keepalive == 25
+
+
+def test_the_choice_is_logged_and_keys_never_are(pair, caplog):
+    a, b = pair
+    caplog.set_level("DEBUG")
+    cfg = WireguardConfig.parse({"PSK": PSK_A})
+    dev_a, peers_a, want_a = engine(a, b, cfg)
+    peers_a.reconcile(want_a)
+    assert "flannel-wg: the kernel has no WireGuard; using wireguard-go (userspace)" in (
+        caplog.text)
+    assert f"flannel-wg: wireguard-go started (pid {dev_a.pid}" in caplog.text
+    assert f"add peer {public_key(b.key)} (endpoint, preshared key, keepalive, allowed IPs)" in (
+        caplog.text)
+    wg_log = (a.run_dir / "wireguard-go.log").read_text()
+    for secret in (a.key, cfg.psk):
+        for text in (secret.base64(), secret.hex()):
+            assert text not in caplog.text and text not in wg_log
+
+
+def test_kernel_only_and_foreign_devices_are_refused_with_a_message(pair):
+    a, _b = pair
+    spec = a.spec()
+    with pytest.raises(DeviceError) as err:
+        WireguardDevice(replace(spec, implementation="kernel")).ensure()
+    assert str(err.value) == "cannot create flannel-wg: this kernel has no WireGuard"
+    netns.ip("link", "add", "flannel-wg", "type", "bridge", netns=a.ns)
+    with pytest.raises(DeviceError) as err:
+        WireguardDevice(spec).ensure()
+    assert str(err.value) == ("a bridge device named flannel-wg exists; remove it (`ip link "
+                              "del flannel-wg`) so flannel can create its WireGuard device")
+
+
+def test_the_wg_tool_control_clears_a_psk_and_removes_a_peer(pair):
+    a, b = pair
+    dev_a, _peers, want_a = engine(a, b, WireguardConfig.parse({"PSK": PSK_A}))
+    tool = WgToolControl("flannel-wg", nsexec.command([], None, a.run_dir))
+    key_b = public_key(b.key)
+    tool.set(DeviceUpdate(peers=diff_peers(want_a, {})))
+    tool.set(DeviceUpdate(peers=(PeerUpdate(key_b, update_only=True, set_psk=True),)))
+    assert dev_a.control.get().peers[key_b].peer.psk is None
+    tool.set(DeviceUpdate(peers=(PeerUpdate(key_b, remove=True),)))
+    assert dev_a.control.get().peers == {}
+
+
+def test_a_socket_serving_another_namespace_is_not_taken_over(pair):
+    a, b = pair
+    engine(a, b)
+    # Node b pointed at node a's socket directory: same socket, different namespace.
+    shared = replace(b.spec(), run_dir=a.run_dir)
+    with pytest.raises(DeviceError) as err:
+        WireguardDevice(shared).ensure()
+    assert str(err.value) == (
+        f"a wireguard-go already answers on {a.run_dir}/wireguard/flannel-wg.sock but there is "
+        "no flannel-wg in this network namespace; stop that wireguard-go (it serves another "
+        "namespace) or give this node its own /run/wireguard")
