@@ -70,12 +70,13 @@ def test_own_lease_missing_from_relist_is_flagged():
 
 
 def test_a_node_gaining_an_ipv6_subnet_replaces_its_lease():
-    from ipaddress import IPv6Network
+    from ipaddress import IPv6Address, IPv6Network
 
     watcher = LeaseWatcher(OWN)
     watcher.apply(Changes([Event(EventType.ADDED, lease(2))]))
     dual = Lease(IPv4Network("10.1.2.0/24"), IPv6Network("fd00:2::/64"),
-                 attrs=LeaseAttrs(public_ip=IPv4Address("192.168.0.1")))
+                 attrs=LeaseAttrs(public_ip=IPv4Address("192.168.0.1"),
+                                  public_ipv6=IPv6Address("fd00:ff::1")))
     watcher.apply(Changes([Event(EventType.ADDED, dual)]))
     assert watcher.leases == [dual]
     removed = watcher.apply(Changes([Event(EventType.REMOVED, Lease(IPv4Network("10.1.2.0/24"),
