@@ -121,10 +121,25 @@ def test_exits_zero_when_its_lease_is_deleted(node, tmp_path):
      "SubnetMin is not in the range of the Network"),
     ({"Network": "10.5.0.0/16", "Backend": {"Type": "bogus"}}, "unknown backend type: bogus"),
     ({"Network": "10.5.0.0/30"}, "network is too small"),
+    ({"Network": "10.5.0.0/16", "Backend": {}},
+     'invalid network config: Backend.Type is missing; name the backend, e.g. "Backend": '
+     '{"Type": "vxlan"} (or host-gw, wireguard, ...)'),
+    ({"Network": "10.5.0.0/16", "SubnetMin": "10.5.9.0", "SubnetMax": "10.5.3.0",
+      "Backend": {"Type": "alloc"}},
+     "invalid network config: SubnetMin 10.5.9.0 is greater than SubnetMax 10.5.3.0"),
+    ({"Network": "224.0.0.0/16", "Backend": {"Type": "alloc"}},
+     "invalid network config: config field 'Network': 224.0.0.0/16 overlaps the multicast "
+     "range 224.0.0.0/4; use a private range such as 10.244.0.0/16"),
+    ({"Network": "10.99.0.0/16", "Backend": {"Type": "alloc"}},
+     "invalid network config: Network 10.99.0.0/16 contains this node's address 10.99.0.2; "
+     "choose a Network that does not overlap the hosts' own network"),
+    ('{"Network": "10.5.0.0/16", "Backend": {"Type": "alloc", "X": ' + "[" * 1000 + "]" * 1000
+     + "}}",
+     "invalid network config: network config nests JSON deeper than the limit of 32 levels"),
 ])
 def test_bad_config_exits_one_with_a_clear_message(node, tmp_path, config, needle):
     ns, server = node
-    server.ctl("put", f"{PREFIX}/config", json.dumps(config))
+    server.ctl("put", f"{PREFIX}/config", config if isinstance(config, str) else json.dumps(config))
     proc = flanneld(tmp_path, ns, server).start()
     assert proc.wait_exit() == 1
     assert needle in proc.log
