@@ -71,7 +71,7 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int = MAX_D
     """
     size = _size(raw, max_bytes)
     if size > max_bytes:
-        raise JSONLimitError(f"{what} is {size} bytes, more than the limit of {max_bytes}")
+        raise JSONLimitError(f"{what} is larger than the limit of {max_bytes} bytes")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     if nesting_depth(text) > max_depth:
         raise JSONLimitError(f"{what} nests JSON deeper than the limit of {max_depth} levels")

@@ -1,14 +1,17 @@
 """Atomic file writes with explicit modes, shared by everything that writes files we own.
 
-Owns: the temp-file (O_EXCL|O_NOFOLLOW, explicit mode) + fsync + rename sequence.
+Owns: the temp-file (O_EXCL|O_NOFOLLOW, explicit mode) + fsync + rename sequence, and
+bounded reads of files we only consume.
 Must not touch: anything but the target path and a temporary sibling of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
+import stat
 from pathlib import Path
 
 
@@ -70,3 +73,28 @@ def write_atomic(path: str | Path, data: bytes, mode: int, dir_mode: int = 0o755
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def read_head(path: str | Path, limit: int) -> tuple[bytes, bool]:
+    """Up to ``limit`` bytes of a regular file and whether it holds more; OSError otherwise.
+
+    O_NONBLOCK keeps a FIFO planted at the path from blocking the caller.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
+            raise OSError(code, "Is a directory" if code == errno.EISDIR else
+                          "Not a regular file", str(path))
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    return data[:limit], len(data) > limit

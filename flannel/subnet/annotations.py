@@ -25,6 +25,10 @@ class AnnotationError(ValueError):
     """An annotation prefix or a node's annotations are unusable."""
 
 
+class NotManaged(AnnotationError):
+    """The node does not run flannel (not a fault: such nodes are simply not peers)."""
+
+
 @dataclass(frozen=True)
 class Annotations:
     """The full annotation names for one prefix."""
@@ -146,7 +150,7 @@ def node_lease(node: dict[str, Any], names: Annotations, ipv4: bool, ipv6: bool)
     name = name if isinstance(name, str) else "?"
     annotations = _mapping(meta.get("annotations"))
     if annotations.get(names.subnet_manager) != "true":
-        raise AnnotationError(f"node {name} is not managed by flannel")
+        raise NotManaged(f"node {name} is not managed by flannel")
     v4, v6 = pod_cidrs(name, _mapping(node.get("spec")))
     try:
         public_ip = public_ipv6 = None

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
-import stat
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 
-from flannel.fileutil import write_atomic
+from flannel.fileutil import read_head, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -89,30 +87,6 @@ def parse_dotenv(text: str) -> dict[str, str]:
     return values
 
 
-def _read_head(path: str | Path) -> tuple[bytes, bool]:
-    """Up to MAX_ENV_BYTES of a regular file and whether there was more; OSError otherwise.
-
-    O_NONBLOCK keeps a FIFO planted at the path from blocking the start.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise OSError(0, "it is a directory" if stat.S_ISDIR(mode) else
-                          "it is not a regular file")
-        chunks, size = [], 0
-        while size <= MAX_ENV_BYTES:
-            chunk = os.read(fd, MAX_ENV_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    return data[:MAX_ENV_BYTES], len(data) > MAX_ENV_BYTES
-
-
 def read_env(path: str | Path) -> dict[str, str]:
     """The key/values of a previous subnet.env; empty when there is none or it is unreadable.
 
@@ -121,7 +95,7 @@ def read_env(path: str | Path) -> dict[str, str]:
     is logged once as a warning naming the path.
     """
     try:
-        data, truncated = _read_head(path)
+        data, truncated = read_head(path, MAX_ENV_BYTES)
     except FileNotFoundError:
         return {}
     except OSError as err:
