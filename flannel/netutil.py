@@ -39,4 +39,6 @@ def unusable_address(addr: IPv4Address | IPv6Address | None) -> str | None:
         return "it is a multicast address"
     if addr.is_link_local:
         return "it is a link-local address"
+    if addr == IPv4Address("255.255.255.255"):
+        return "it is the broadcast address"
     return None
