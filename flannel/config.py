@@ -130,7 +130,7 @@ def network_overlaps_underlay(cfg: NetworkConfig,
         enabled = cfg.enable_ipv4 if addr.version == 4 else cfg.enable_ipv6
         if enabled and net is not None and addr in net:
             field_name = "Network" if addr.version == 4 else "IPv6Network"
-            return (f"{field_name} {net} contains this node's address {addr}; choose a "
+            return (f"{field_name} {net} contains this node's address {addr}; choose another "
                     f"{field_name} that does not overlap the hosts' own network")
     return None
 
@@ -186,7 +186,7 @@ def parse_config(raw: bytes | str) -> NetworkConfig:
                                 max_bytes=boundedjson.MAX_CONFIG_BYTES)
     except boundedjson.JSONLimitError as err:
         raise ConfigError(str(err),
-                          "write the config as one JSON object, e.g. {\"Network\": "
+                          "a network config is one small JSON object, e.g. {\"Network\": "
                           "\"10.244.0.0/16\", \"Backend\": {\"Type\": \"vxlan\"}}") from None
     if not isinstance(doc, dict):
         raise ConfigError(

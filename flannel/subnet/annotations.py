@@ -133,8 +133,9 @@ def _raw_json(annotations: dict[str, Any], key: str) -> str | None:
 
 
 def _public_ip(annotations: dict[str, Any], key: str, version: int) -> Any:
+    text = _text(annotations, key)
     try:
-        return parse_ip(_text(annotations, key), version)
+        return parse_ip(text, version)
     except ValueError as err:
         raise AnnotationError(f"annotation {key}: {err}") from None
 

@@ -132,7 +132,7 @@ def test_exits_zero_when_its_lease_is_deleted(node, tmp_path):
      "range 224.0.0.0/4; use a private range such as 10.244.0.0/16"),
     ({"Network": "10.99.0.0/16", "Backend": {"Type": "alloc"}},
      "invalid network config: Network 10.99.0.0/16 contains this node's address 10.99.0.2; "
-     "choose a Network that does not overlap the hosts' own network"),
+     "choose another Network that does not overlap the hosts' own network"),
     ('{"Network": "10.5.0.0/16", "Backend": {"Type": "alloc", "X": ' + "[" * 1000 + "]" * 1000
      + "}}",
      "invalid network config: network config nests JSON deeper than the limit of 32 levels"),
