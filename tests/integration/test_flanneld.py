@@ -173,3 +173,36 @@ def test_second_signal_exits_at_once(tmp_path):
             assert time.monotonic() - started < 3
         finally:
             proc.stop()
+
+
+def test_previous_subnet_env_with_bad_bytes_still_gives_the_previous_subnet(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_path = tmp_path / "subnet.env"
+    env_path.write_bytes(b"FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.77.1/24\n"
+                         b"FLANNEL_\xff\xfe=1\n")
+    proc = flanneld(tmp_path, ns, server, subnet_file=env_path).start()
+    try:
+        proc.wait_log("Wrote ")
+        assert f"ignoring 1 line(s) of {env_path} that are not UTF-8 KEY=value (line 3)" \
+            in proc.log
+        assert list(leases(server)) == ["10.5.77.0-24"]
+    finally:
+        proc.stop()
+
+
+def test_subnet_file_naming_a_directory_does_not_crash(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_dir = tmp_path / "subnet.env"
+    env_dir.mkdir()
+    proc = flanneld(tmp_path, ns, server, subnet_file=env_dir).start()
+    try:
+        proc.wait_log(f"could not write {env_dir}")
+        assert f"ignoring the previous {env_dir}: Is a directory; a new subnet may be chosen" \
+            in proc.log
+        assert proc.proc.poll() is None and "Traceback" not in proc.log
+        assert len(leases(server)) == 1
+        assert list(env_dir.iterdir()) == []  # no temp file left behind
+    finally:
+        proc.stop()

@@ -325,3 +325,26 @@ async def test_hostile_nodes_are_skipped_and_logged_once(api, tmp_path, caplog):
     assert [r.getMessage() for r in caplog.records if "deep" in r.getMessage()] == [
         "ignoring node deep: node deep: annotation flannel.alpha.coreos.com/backend-data "
         "nests JSON deeper than the limit of 32 levels"]
+
+
+async def test_net_conf_is_read_bounded(api, tmp_path):
+    from flannel.config import ConfigError
+
+    sm = manager(api, tmp_path)
+    conf = tmp_path / "net-conf.json"
+    try:
+        conf.write_bytes(b'{"Network": "10.244.0.0/16", "Pad": "' + b"x" * (2 << 20) + b'"}')
+        with pytest.raises(ConfigError) as caught:
+            await sm.get_network_config()
+        assert str(caught.value) == ("error parsing subnet config: network config is larger "
+                                     "than the limit of 1048576 bytes")
+        conf.write_bytes(b'{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}, '
+                         b'"X": "\xff"}')
+        assert (await sm.get_network_config()).backend_type == "vxlan"
+        conf.unlink()
+        conf.mkdir()
+        with pytest.raises(ConfigError) as caught:
+            await sm.get_network_config()
+        assert str(caught.value) == f"failed to read net conf: [Errno 21] Is a directory: '{conf}'"
+    finally:
+        await sm.close()
