@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from flannel.config import NetworkConfig
 from flannel.lease import Event, EventType, Lease
@@ -43,11 +42,21 @@ class WatchResult:
     own_lease_removed: bool = False
 
 
-def _family_problem(subnet: IPv4Network | IPv6Network, public: IPv4Address | IPv6Address | None,
-                    network: IPv4Network | IPv6Network | None, subnet_len: int,
-                    own: IPv4Network | IPv6Network | None, v6: bool) -> str | None:
-    names = ("IPv6Network", "IPv6SubnetLen", "PublicIPv6") if v6 else (
-        "Network", "SubnetLen", "PublicIP")
+def _family_problem(lease: Lease, config: NetworkConfig | None, own: Lease | None,
+                    v6: bool) -> str | None:
+    """What is wrong with one family of a remote lease, or None."""
+    if v6:
+        subnet, public, names = lease.ipv6_subnet, lease.attrs.public_ipv6, (
+            "IPv6Network", "IPv6SubnetLen", "PublicIPv6")
+        network, subnet_len = (config.ipv6_network, config.ipv6_subnet_len) if config else (
+            None, 0)
+        ours = own.ipv6_subnet if own else None
+    else:
+        subnet, public, names = lease.subnet, lease.attrs.public_ip, (
+            "Network", "SubnetLen", "PublicIP")
+        network, subnet_len = (config.network, config.subnet_len) if config else (None, 0)
+        ours = own.subnet if own else None
+    assert subnet is not None
     if network is not None:
         if subnet.supernet_of(network):
             return f"subnet {subnet} covers the whole {names[0]} {network}"
@@ -55,8 +64,8 @@ def _family_problem(subnet: IPv4Network | IPv6Network, public: IPv4Address | IPv
             return f"subnet {subnet} lies outside the {names[0]} {network}"
     if subnet_len and subnet.prefixlen != subnet_len:
         return f"subnet {subnet} is not a /{subnet_len} ({names[1]})"
-    if own is not None and subnet.overlaps(own):
-        return f"subnet {subnet} overlaps this node's subnet {own}"
+    if ours is not None and subnet.overlaps(ours):
+        return f"subnet {subnet} overlaps this node's subnet {ours}"
     if public is None:
         return f"{names[2]} is missing or {'::' if v6 else '0.0.0.0'}"
     why = unusable_address(public)
@@ -69,25 +78,17 @@ def peer_problem(lease: Lease, config: NetworkConfig | None, own: Lease | None) 
     Every family the cluster uses and the lease carries is checked against the config (when
     known; in kube mode SubnetLen may be 0 and then only containment is checked).
     """
-    families = (
-        (lease.subnet, lease.attrs.public_ip, own.subnet if own else None, False,
-         config.enable_ipv4 if config else True, config.network if config else None,
-         config.subnet_len if config else 0),
-        (lease.ipv6_subnet, lease.attrs.public_ipv6, own.ipv6_subnet if own else None, True,
-         config.enable_ipv6 if config else True, config.ipv6_network if config else None,
-         config.ipv6_subnet_len if config else 0),
-    )
     used = 0
-    for subnet, public, own_subnet, v6, enabled, network, subnet_len in families:
+    for v6 in (False, True):
+        subnet = lease.ipv6_subnet if v6 else lease.subnet
+        enabled = config is None or (config.enable_ipv6 if v6 else config.enable_ipv4)
         if subnet is None or not enabled:
             continue
         used += 1
-        problem = _family_problem(subnet, public, network, subnet_len, own_subnet, v6)
+        problem = _family_problem(lease, config, own, v6)
         if problem is not None:
             return problem
-    if not used:
-        return "it carries no subnet of a family this cluster uses"
-    return None
+    return None if used else "it carries no subnet of a family this cluster uses"
 
 
 class LeaseWatcher:

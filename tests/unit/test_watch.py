@@ -200,3 +200,14 @@ def test_ipv6_family_is_checked_against_the_ipv6_network():
     assert watcher.skipped.current == {
         "0.0.0.0-0&fd01::-64": "subnet fd01::/64 lies outside the IPv6Network fd00::/56",
         "0.0.0.0-0&fd00:0:0:3::-64": "PublicIPv6 fe80::3: it is a link-local address"}
+
+
+def test_a_lease_of_a_family_the_cluster_does_not_use_is_skipped():
+    from ipaddress import IPv6Address, IPv6Network
+
+    v6_only = Lease(None, IPv6Network("fd00:0:0:2::/64"),
+                    LeaseAttrs(public_ipv6=IPv6Address("fd99::2")))
+    watcher = LeaseWatcher(OWN, CONFIG)
+    assert watcher.apply(Snapshot([OWN, v6_only])).events == []
+    assert watcher.skipped.current == {
+        "0.0.0.0-0&fd00:0:0:2::-64": "it carries no subnet of a family this cluster uses"}
