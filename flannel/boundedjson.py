@@ -24,10 +24,12 @@ MAX_LEASE_BYTES = 64 * 1024
 MAX_CONFIG_BYTES = 1024 * 1024
 
 # A whole string (closed, or running to the end when unterminated, so a scan never restarts
-# inside it), and everything that is not a bracket.
-_STRINGS = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
-_NOT_BRACKETS = re.compile(r"[^\[\]{}]++")
-_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+# inside it). The scan works on UTF-8 bytes: brackets and quotes are ASCII, and no byte of a
+# multi-byte sequence can be mistaken for them.
+_STRINGS = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_INNERMOST = re.compile(rb"[\[{][\]}]")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
 class JSONLimitError(ValueError):
@@ -45,6 +47,9 @@ def _finite_float(text: str) -> float:
     return value
 
 
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
 def _size(raw: bytes | str, max_bytes: int) -> int:
     if isinstance(raw, bytes):
         return len(raw)
@@ -54,14 +59,33 @@ def _size(raw: bytes | str, max_bytes: int) -> int:
     return len(raw.encode("utf-8", "surrogatepass"))
 
 
+def _brackets(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogatepass")
+    return _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+
+
 def nesting_depth(text: str) -> int:
     """How deep arrays/objects nest, brackets inside strings ignored.
 
     Exact for valid JSON; for invalid JSON at least the depth ``json`` would recurse to before
     it finds the error (a stray closer only ever ends the parse).
     """
-    brackets = _NOT_BRACKETS.sub("", _STRINGS.sub("", text))
-    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+    return max(accumulate(map(_STEP.__getitem__, _brackets(text))), default=0)
+
+
+def nests_deeper_than(text: str, max_depth: int) -> bool:
+    """``nesting_depth(text) > max_depth``, fast for the usual shallow document: removing
+    the innermost pairs ``max_depth`` times empties any balanced one that is within the
+    limit; anything left over is measured exactly."""
+    brackets = _brackets(text)
+    reduced = brackets
+    for _ in range(max_depth):
+        reduced, removed = _INNERMOST.subn(b"", reduced)
+        if not reduced:
+            return False
+        if not removed:
+            break
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > max_depth
 
 
 def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
@@ -73,10 +97,11 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int = MAX_D
     if size > max_bytes:
         raise JSONLimitError(f"{what} is larger than the limit of {max_bytes} bytes")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    if nesting_depth(text) > max_depth:
+    # Fewer openers than the limit cannot nest deeper: skip the scan (the common case).
+    if text.count("[") + text.count("{") > max_depth and nests_deeper_than(text, max_depth):
         raise JSONLimitError(f"{what} nests JSON deeper than the limit of {max_depth} levels")
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return _DECODER.decode(text)
     except ValueError as err:
         # Also int() refusing more than sys.get_int_max_str_digits() digits.
         raise JSONLimitError(f"{what} is not valid JSON: {err}") from None

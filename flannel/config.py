@@ -1,8 +1,9 @@
 """Network configuration: the JSON at ``<prefix>/config`` (etcd) or ``net-conf.json`` (kube).
 
 Owns Go-compatible decoding (case-insensitive member names, typed fields, unknown members
-ignored), the backend type rule and, for etcd mode, the SubnetLen/SubnetMin/SubnetMax
-defaulting and validation with upstream's exact error texts.
+ignored; bounded by ``flannel.boundedjson``), the backend type rule, the ranges a Network
+must stay out of, and, for etcd mode, the SubnetLen/SubnetMin/SubnetMax defaulting and
+validation with upstream's exact error texts (plus SubnetMin <= SubnetMax).
 Must not touch: files, the store, the kernel.
 """
 
