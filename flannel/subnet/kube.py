@@ -293,7 +293,8 @@ class KubeSubnetManager:
         except NotManaged:
             return None
         except AnnotationError as err:
-            self.undecodable.skip(str(node["metadata"].get("name")), str(err))
+            name = str(node["metadata"].get("name"))
+            self.undecodable.skip(name, str(err).removeprefix(f"node {name}: "))
             return None
 
     async def watch_leases(self) -> AsyncIterator[LeaseUpdate]:

@@ -323,7 +323,7 @@ async def test_hostile_nodes_are_skipped_and_logged_once(api, tmp_path, caplog):
     finally:
         await sm.close()
     assert [r.getMessage() for r in caplog.records if "deep" in r.getMessage()] == [
-        "ignoring node deep: node deep: annotation flannel.alpha.coreos.com/backend-data "
+        "ignoring node deep: annotation flannel.alpha.coreos.com/backend-data "
         "nests JSON deeper than the limit of 32 levels"]
 
 
