@@ -1,21 +1,22 @@
 """Network configuration: the JSON at ``<prefix>/config`` (etcd) or ``net-conf.json`` (kube).
 
 Owns Go-compatible decoding (case-insensitive member names, typed fields, unknown members
-ignored), the backend type rule and, for etcd mode, the SubnetLen/SubnetMin/SubnetMax
-defaulting and validation with upstream's exact error texts.
+ignored; bounded by ``flannel.boundedjson``), the backend type rule, the ranges a Network
+must stay out of, and, for etcd mode, the SubnetLen/SubnetMin/SubnetMax defaulting and
+validation with upstream's exact error texts (plus SubnetMin <= SubnetMax).
 Must not touch: files, the store, the kernel.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
-from flannel import gojson
-from flannel.netutil import parse_ip
+from flannel import boundedjson, gojson
+from flannel.netutil import parse_ip, quoted
 
 
 class ConfigError(ValueError):
@@ -65,7 +66,7 @@ def _typed(name: str, value: Any, want: type, go_type: str) -> Any:
     if not ok:
         raise ConfigError(
             f"config field {name!r}: cannot use JSON {gojson.type_name(value)} "
-            f"{json.dumps(value)} as {go_type}"
+            f"{gojson.shown(value)} as {go_type}"
         )
     return value
 
@@ -83,15 +84,56 @@ def _cidr(name: str, value: Any, version: int) -> IPv4Network | IPv6Network:
         net = ipaddress.ip_network(text, strict=False)
     except ValueError:
         raise ConfigError(
-            f"config field {name!r}: {text!r} is not a CIDR such as "
+            f"config field {name!r}: {quoted(text)} is not a CIDR such as "
             f"{'10.244.0.0/16' if version == 4 else 'fd00:10:244::/56'}"
         ) from None
     if net.version != version:
         raise ConfigError(
-            f"config field {name!r}: {text!r}: invalid IPv{version} CIDR format"
+            f"config field {name!r}: {quoted(text)}: invalid IPv{version} CIDR format"
             + (" (put IPv6 networks in IPv6Network)" if version == 4 else "")
         )
     return net
+
+
+# Ranges a pod network must stay out of: the kernel treats these addresses specially.
+_RESERVED = tuple((ipaddress.ip_network(cidr), what) for cidr, what in (
+    ("0.0.0.0/8", "the 'this network' range 0.0.0.0/8"),
+    ("127.0.0.0/8", "the loopback range 127.0.0.0/8"),
+    ("169.254.0.0/16", "the link-local range 169.254.0.0/16"),
+    ("224.0.0.0/4", "the multicast range 224.0.0.0/4"),
+    ("::1/128", "the loopback address ::1"),
+    ("fe80::/10", "the link-local range fe80::/10"),
+    ("ff00::/8", "the multicast range ff00::/8"),
+))
+
+
+def _outside_reserved(name: str, net: IPv4Network | IPv6Network) -> IPv4Network | IPv6Network:
+    # A zero-length network gets upstream's own message from check_network_config.
+    if net.prefixlen == 0:
+        return net
+    for reserved, what in _RESERVED:
+        if net.version == reserved.version and net.overlaps(reserved):
+            example = "10.244.0.0/16" if net.version == 4 else "fd00:10:244::/56"
+            raise ConfigError(f"config field {name!r}: {net} overlaps {what}",
+                              f"use a private range such as {example}")
+    return net
+
+
+def network_overlaps_underlay(cfg: NetworkConfig,
+                              ext_addrs: Iterable[IPv4Address | IPv6Address | None]
+                              ) -> str | None:
+    """What is wrong when a node's own (interface or public) address lies inside the pod
+    network: its traffic to other hosts would be routed into the overlay. None when fine."""
+    for addr in ext_addrs:
+        if addr is None:
+            continue
+        net = cfg.network if addr.version == 4 else cfg.ipv6_network
+        enabled = cfg.enable_ipv4 if addr.version == 4 else cfg.enable_ipv6
+        if enabled and net is not None and addr in net:
+            field_name = "Network" if addr.version == 4 else "IPv6Network"
+            return (f"{field_name} {net} contains this node's address {addr}; choose another "
+                    f"{field_name} that does not overlap the hosts' own network")
+    return None
 
 
 def _address(name: str, value: Any, version: int) -> IPv4Address | IPv6Address:
@@ -110,7 +152,7 @@ def _cidr_list(name: str, value: Any) -> tuple[IPv4Network | IPv6Network, ...]:
         try:
             out.append(ipaddress.ip_network(text, strict=False))
         except ValueError:
-            raise ConfigError(f"config field {name!r}: {text!r} is not a CIDR such as "
+            raise ConfigError(f"config field {name!r}: {quoted(text)} is not a CIDR such as "
                               "192.168.0.0/16") from None
     return tuple(out)
 
@@ -141,9 +183,12 @@ def parse_backend_type(present: bool, backend: Any) -> str:
 def parse_config(raw: bytes | str) -> NetworkConfig:
     """Decode a network configuration without applying etcd-mode defaults."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ConfigError(f"network config is not valid JSON: {err}") from None
+        doc = boundedjson.loads(raw, what="network config",
+                                max_bytes=boundedjson.MAX_CONFIG_BYTES)
+    except boundedjson.JSONLimitError as err:
+        raise ConfigError(str(err),
+                          "a network config is one small JSON object, e.g. {\"Network\": "
+                          "\"10.244.0.0/16\", \"Backend\": {\"Type\": \"vxlan\"}}") from None
     if not isinstance(doc, dict):
         raise ConfigError(
             f"network config must be a JSON object, got {gojson.type_name(doc)}"
@@ -151,8 +196,10 @@ def parse_config(raw: bytes | str) -> NetworkConfig:
     members = gojson.fold_keys(doc, _FIELDS)
     cfg = NetworkConfig()
     setters = {
-        "Network": lambda v: setattr(cfg, "network", _cidr("Network", v, 4)),
-        "IPv6Network": lambda v: setattr(cfg, "ipv6_network", _cidr("IPv6Network", v, 6)),
+        "Network": lambda v: setattr(
+            cfg, "network", _outside_reserved("Network", _cidr("Network", v, 4))),
+        "IPv6Network": lambda v: setattr(
+            cfg, "ipv6_network", _outside_reserved("IPv6Network", _cidr("IPv6Network", v, 6))),
         "EnableIPv4": lambda v: setattr(cfg, "enable_ipv4", _typed("EnableIPv4", v, bool, "bool")),
         "EnableIPv6": lambda v: setattr(cfg, "enable_ipv6", _typed("EnableIPv6", v, bool, "bool")),
         "EnableNFTables": lambda v: setattr(
@@ -173,6 +220,10 @@ def parse_config(raw: bytes | str) -> NetworkConfig:
         if name != "Backend" and value is not None:
             setters[name](value)
     cfg.backend_type = parse_backend_type("Backend" in members, members.get("Backend"))
+    if not cfg.backend_type:
+        raise ConfigError("Backend.Type is missing",
+                          'name the backend, e.g. "Backend": {"Type": "vxlan"} '
+                          "(or host-gw, wireguard, ...)")
     if isinstance(members.get("Backend"), dict):
         cfg.backend = members["Backend"]
     return cfg
@@ -226,6 +277,10 @@ def _check_family(
     elif subnet_max not in network:
         raise ConfigError(f"{key_prefix}SubnetMax is not in the range of the {net_name}",
                           f"{key_prefix}SubnetMax {subnet_max} must lie inside {network}")
+    if int(subnet_min) > int(subnet_max):
+        raise ConfigError(
+            f"{key_prefix}SubnetMin {subnet_min} is greater than {key_prefix}SubnetMax "
+            f"{subnet_max}", f"swap them, or leave them out to use all of the {net_name}")
     if int(subnet_min) % size:
         raise ConfigError(f"{key_prefix}SubnetMin is not on a SubnetLen boundary: {subnet_min}",
                           f"use a base address of a /{subnet_len}")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, BackendOptions, backend_class
-from flannel.config import ConfigError, NetworkConfig
+from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
 from flannel.health import HealthServer
 from flannel.kernel.blackhole import keep_blackholes
 from flannel.kernel.iface import (
@@ -196,6 +196,9 @@ class Daemon:
                 raise StartupError(str(err)) from None
         self.phase = "selecting the external interface"
         ext = await self._external_interface(sm, config)
+        if overlap := network_overlaps_underlay(config, (ext.iface_addr, ext.ext_addr,
+                                                         ext.iface_v6_addr, ext.ext_v6_addr)):
+            raise StartupError(f"invalid network config: {overlap}")
         log.info("Using interface with name %s and address %s", ext.name,
                  ext.iface_addr or ext.iface_v6_addr)
         log.info("Defaulting external address to interface address (%s)"
@@ -291,7 +294,7 @@ class Daemon:
             await asyncio.sleep(0.1)
 
     async def _follow_leases(self, sm: SubnetManager, backend: Backend, own: Lease) -> None:
-        watcher = LeaseWatcher(own)
+        watcher = LeaseWatcher(own, backend.config)
         async for update in sm.watch_leases():
             result = watcher.apply(update)
             for event in result.events:

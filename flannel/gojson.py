@@ -41,6 +41,12 @@ def type_name(value: Any) -> str:
     return "object"
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """A JSON rendering of a decoded value for a message, cut at ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 _HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028",
                  "\u2029": "\\u2029"}
 
@@ -90,9 +96,9 @@ def decode_fields(obj: Mapping[str, Any], spec: Mapping[str, tuple[type, Any]],
         kind = spec[name][0]
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{context}: {name} must be an integer, got {type_name(value)} "
-                             f"{json.dumps(value)}")
+                             f"{shown(value)}")
         if kind is not int and not isinstance(value, kind):
             raise ValueError(f"{context}: {name} must be a {kind.__name__}, got "
-                             f"{type_name(value)} {json.dumps(value)}")
+                             f"{type_name(value)} {shown(value)}")
         out[name] = value
     return out

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
-from flannel import gojson
+from flannel import boundedjson, gojson
 from flannel.netutil import parse_ip
 
 
@@ -98,17 +98,23 @@ class LeaseAttrs:
         return "{" + ",".join(fields) + "}"
 
     def backend_json(self, v6: bool = False) -> Any:
-        """The decoded backend data of one family, or None."""
+        """The decoded backend data of one family, or None; LeaseDecodeError if unusable."""
         raw = self.backend_v6_data if v6 else self.backend_data
-        return json.loads(raw) if raw else None
+        if not raw:
+            return None
+        try:
+            return boundedjson.loads(raw, what="BackendV6Data" if v6 else "BackendData",
+                                     max_bytes=boundedjson.MAX_LEASE_BYTES)
+        except boundedjson.JSONLimitError as err:
+            raise LeaseDecodeError(str(err)) from None
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> LeaseAttrs:
         """Decode a lease value; field names match case-insensitively as in Go."""
         try:
-            doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise LeaseDecodeError(f"lease value is not JSON: {err}") from None
+            doc = boundedjson.loads(raw, what="lease value", max_bytes=boundedjson.MAX_LEASE_BYTES)
+        except boundedjson.JSONLimitError as err:
+            raise LeaseDecodeError(str(err)) from None
         if not isinstance(doc, dict):
             raise LeaseDecodeError(
                 f"lease value must be a JSON object, got {gojson.type_name(doc)}")

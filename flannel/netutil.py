@@ -8,13 +8,37 @@ from __future__ import annotations
 import ipaddress
 from ipaddress import IPv4Address, IPv6Address
 
+#: How much of a bad value a message quotes.
+QUOTE_LIMIT = 60
+
+
+def quoted(text: str) -> str:
+    """``repr(text)``, cut at ``QUOTE_LIMIT`` characters so that a message stays readable."""
+    return repr(text) if len(text) <= QUOTE_LIMIT else repr(text[:QUOTE_LIMIT]) + "..."
+
 
 def parse_ip(text: str, version: int) -> IPv4Address | IPv6Address:
     """``text`` as an address of the given family; ValueError saying what is wrong."""
     try:
         addr = ipaddress.ip_address(text)
     except ValueError:
-        raise ValueError(f"{text!r} is not an IP address") from None
+        raise ValueError(f"{quoted(text)} is not an IP address") from None
     if addr.version != version:
-        raise ValueError(f"{text!r} is not an IPv{version} address")
+        raise ValueError(f"{quoted(text)} is not an IPv{version} address")
     return addr
+
+
+def unusable_address(addr: IPv4Address | IPv6Address | None) -> str | None:
+    """Why ``addr`` cannot be a node's public address (None when it can): peers would send
+    their traffic nowhere, to themselves, or to a group."""
+    if addr is None or addr.is_unspecified:
+        return "it is unspecified (0.0.0.0 or ::)"
+    if addr.is_loopback:
+        return "it is a loopback address"
+    if addr.is_multicast:
+        return "it is a multicast address"
+    if addr.is_link_local:
+        return "it is a link-local address"
+    if addr == IPv4Address("255.255.255.255"):
+        return "it is the broadcast address"
+    return None

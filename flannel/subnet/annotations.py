@@ -9,19 +9,24 @@ Must not touch: the API server, the kernel.
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
+from flannel import boundedjson
 from flannel.lease import Lease, LeaseAttrs
+from flannel.netutil import parse_ip, quoted
 
 _PREFIX = re.compile(r"(?:[a-z0-9_-]+\.)+[a-z0-9_-]+/(?:[a-z0-9_-]+-)?$")
 
 
 class AnnotationError(ValueError):
     """An annotation prefix or a node's annotations are unusable."""
+
+
+class NotManaged(AnnotationError):
+    """The node does not run flannel (not a fault: such nodes are simply not peers)."""
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,18 @@ def published(names: Annotations, attrs: LeaseAttrs, existing: dict[str, str],
     return out
 
 
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def pod_cidrs(name: str, spec: dict[str, Any]) -> tuple[IPv4Network | None,
                                                           IPv6Network | None]:
     """The node's pod CIDRs by family; AnnotationError with upstream's texts."""
-    cidrs = list(spec.get("podCIDRs") or [])
+    cidrs = spec.get("podCIDRs") or []
     if not cidrs and spec.get("podCIDR"):
         cidrs = [spec["podCIDR"]]
+    if not isinstance(cidrs, list) or not all(isinstance(text, str) for text in cidrs):
+        raise AnnotationError(f'node "{name}": pod CIDRs must be a list of CIDR strings')
     if not cidrs:
         raise AnnotationError(f'node "{name}" pod cidr not assigned')
     if len(cidrs) > 2:
@@ -91,7 +102,8 @@ def pod_cidrs(name: str, spec: dict[str, Any]) -> tuple[IPv4Network | None,
         try:
             net = ipaddress.ip_network(text, strict=False)
         except ValueError:
-            raise AnnotationError(f'node "{name}": pod CIDR {text!r} is not a CIDR') from None
+            raise AnnotationError(f'node "{name}": pod CIDR {quoted(text)} is not a CIDR'
+                                  ) from None
         if net.version == 4:
             v4 = v4 or net
         else:
@@ -99,37 +111,64 @@ def pod_cidrs(name: str, spec: dict[str, Any]) -> tuple[IPv4Network | None,
     return v4, v6
 
 
-def _raw_json(text: str | None) -> str | None:
-    if text is None or text in ("", "null"):
+def _text(annotations: dict[str, Any], key: str) -> str:
+    value = annotations.get(key, "")
+    if not isinstance(value, str):
+        raise AnnotationError(f"annotation {key} must be a string")
+    if len(value) > boundedjson.MAX_LEASE_BYTES:
+        raise AnnotationError(f"annotation {key} is longer than the limit of "
+                              f"{boundedjson.MAX_LEASE_BYTES} characters")
+    return value
+
+
+def _raw_json(annotations: dict[str, Any], key: str) -> str | None:
+    text = _text(annotations, key)
+    if text in ("", "null"):
         return None
-    json.loads(text)
+    try:
+        boundedjson.loads(text, what=f"annotation {key}", max_bytes=boundedjson.MAX_LEASE_BYTES)
+    except boundedjson.JSONLimitError as err:
+        raise AnnotationError(str(err)) from None
     return text
 
 
+def _public_ip(annotations: dict[str, Any], key: str, version: int) -> Any:
+    text = _text(annotations, key)
+    try:
+        return parse_ip(text, version)
+    except ValueError as err:
+        raise AnnotationError(f"annotation {key}: {err}") from None
+
+
 def node_lease(node: dict[str, Any], names: Annotations, ipv4: bool, ipv6: bool) -> Lease:
-    """The lease another node publishes; AnnotationError if it publishes none or a bad one."""
-    meta = node.get("metadata") or {}
-    name = meta.get("name", "?")
-    annotations = meta.get("annotations") or {}
+    """The lease another node publishes; AnnotationError if it publishes none or a bad one.
+
+    Whatever the node object holds (the API server accepts any annotation value), the only
+    exception is AnnotationError.
+    """
+    meta = _mapping(node.get("metadata"))
+    name = meta.get("name")
+    name = name if isinstance(name, str) else "?"
+    annotations = _mapping(meta.get("annotations"))
     if annotations.get(names.subnet_manager) != "true":
-        raise AnnotationError(f"node {name} is not managed by flannel")
-    v4, v6 = pod_cidrs(name, node.get("spec") or {})
+        raise NotManaged(f"node {name} is not managed by flannel")
+    v4, v6 = pod_cidrs(name, _mapping(node.get("spec")))
     try:
         public_ip = public_ipv6 = None
         data = data6 = None
         if ipv4:
             if v4 is None:
                 raise AnnotationError("missing IPv4 address on n.Spec.PodCIDRs")
-            public_ip = IPv4Address(annotations.get(names.public_ip, ""))
-            data = _raw_json(annotations.get(names.backend_data))
+            public_ip = _public_ip(annotations, names.public_ip, 4)
+            data = _raw_json(annotations, names.backend_data)
         if ipv6:
             if v6 is None:
                 raise AnnotationError("missing IPv6 address on n.Spec.PodCIDRs")
-            public_ipv6 = IPv6Address(annotations.get(names.public_ipv6, ""))
-            data6 = _raw_json(annotations.get(names.backend_v6_data))
-    except ValueError as err:
+            public_ipv6 = _public_ip(annotations, names.public_ipv6, 6)
+            data6 = _raw_json(annotations, names.backend_v6_data)
+        backend_type = _text(annotations, names.backend_type)
+    except AnnotationError as err:
         raise AnnotationError(f"node {name}: {err}") from None
     attrs = LeaseAttrs(public_ip=public_ip, public_ipv6=public_ipv6,
-                       backend_type=annotations.get(names.backend_type, ""),
-                       backend_data=data, backend_v6_data=data6)
+                       backend_type=backend_type, backend_data=data, backend_v6_data=data6)
     return Lease(v4 if ipv4 else None, v6 if ipv6 else None, attrs)

@@ -1,19 +1,26 @@
 """subnet.env: the file flanneld writes for the CNI plugin and reads back on restart.
 
 Owns the exact line format and order of upstream's ``WriteSubnetFile`` and the dotenv-style
-reading used to find the previous subnet. Must not touch: the store, the kernel.
+reading used to find the previous subnet. The previous file is read tolerantly: whatever
+cannot be read or parsed is ignored with a warning, never fatal (it only helps reuse the
+previous subnet). Must not touch: the store, the kernel.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 
-from flannel.fileutil import write_atomic
+from flannel.fileutil import read_head, write_atomic
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/run/flannel/subnet.env"
+#: How much of a previous subnet.env is read; the real file is about 150 bytes.
+MAX_ENV_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -49,33 +56,72 @@ def write_subnet_env(path: str | Path, env: SubnetEnv) -> None:
     write_atomic(path, env.render().encode(), mode=0o644, dir_mode=0o755)
 
 
+def _parse_line(raw_line: str) -> tuple[str, str] | bool | None:
+    """One dotenv line: (key, value), None for a blank or comment line, False if unparsable."""
+    line = raw_line.strip()
+    if not line or line.startswith("#"):
+        return None
+    if line.startswith("export "):
+        line = line[len("export "):].lstrip()
+    key, sep, value = line.partition("=")
+    if not sep or not key.strip():
+        return False
+    value = value.strip()
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        value = value[1:-1]
+    elif " #" in value:
+        value = value.split(" #", 1)[0].rstrip()
+    return key.strip(), value
+
+
 def parse_dotenv(text: str) -> dict[str, str]:
-    """Parse dotenv text (``KEY=value``, ``export``, quotes, ``#`` comments) as godotenv does."""
+    """Parse dotenv text (``KEY=value``, ``export``, quotes, ``#`` comments) as godotenv does.
+
+    Lines that are not ``KEY=value`` are skipped.
+    """
     values: dict[str, str] = {}
     for raw_line in text.splitlines():
-        line = raw_line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export "):].lstrip()
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        elif " #" in value:
-            value = value.split(" #", 1)[0].rstrip()
-        values[key.strip()] = value
+        parsed = _parse_line(raw_line)
+        if parsed:
+            values[parsed[0]] = parsed[1]
     return values
 
 
 def read_env(path: str | Path) -> dict[str, str]:
-    """The key/values of a subnet.env; empty when the file does not exist."""
+    """The key/values of a previous subnet.env; empty when there is none or it is unreadable.
+
+    Never raises: lines that are not UTF-8 or not ``KEY=value`` are skipped, a directory or
+    an unreadable file counts as absent, and a file beyond MAX_ENV_BYTES is cut there; each
+    is logged once as a warning naming the path.
+    """
     try:
-        return parse_dotenv(Path(path).read_text())
+        data, truncated = read_head(path, MAX_ENV_BYTES)
     except FileNotFoundError:
         return {}
+    except OSError as err:
+        log.warning("ignoring the previous %s: %s; a new subnet may be chosen", path,
+                    err.strerror or err)
+        return {}
+    lines = data.split(b"\n")
+    if truncated:
+        log.warning("%s is larger than %d bytes; ignoring the rest", path, MAX_ENV_BYTES)
+        lines.pop()  # cut in the middle
+    values: dict[str, str] = {}
+    ignored: list[int] = []
+    for number, raw_line in enumerate(lines, 1):
+        try:
+            parsed = _parse_line(raw_line.decode())
+        except UnicodeDecodeError:
+            parsed = False
+        if parsed is False:
+            ignored.append(number)
+        elif parsed:
+            values[parsed[0]] = parsed[1]
+    if ignored:
+        shown = ", ".join(map(str, ignored[:5])) + (", ..." if len(ignored) > 5 else "")
+        log.warning("ignoring %d line(s) of %s that are not UTF-8 KEY=value (line %s)",
+                    len(ignored), path, shown)
+    return values
 
 
 def cidrs_of(values: dict[str, str], key: str) -> list[IPv4Network | IPv6Network]:

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
+from typing import Any
 
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
@@ -40,6 +41,7 @@ from flannel.subnet.etcdclient import (
     WatchEvent,
     parse_endpoints,
 )
+from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,12 @@ def free_candidates(network_type: type, subnet_len: int, bits: int, subnet_min: 
     return out
 
 
+def _clip(subnet: IPv4Network | IPv6Network | None, subnet_len: int) -> Any:
+    if subnet is None or not subnet_len or subnet.prefixlen >= subnet_len:
+        return subnet
+    return type(subnet)((subnet.network_address, subnet_len))
+
+
 def subnet_fits(cfg: NetworkConfig, subnet: IPv4Network | None,
                 ipv6_subnet: IPv6Network | None) -> bool:
     """Whether a (previous or existing) lease is valid under the current config."""
@@ -126,6 +134,7 @@ class EtcdSubnetManager:
         self.lease_ttl = lease_ttl
         self.previous = previous or PreviousSubnets()
         self._clock = clock
+        self.undecodable = SkippedRecords("lease")
 
     @property
     def config_key(self) -> bytes:
@@ -164,13 +173,14 @@ class EtcdSubnetManager:
         key = self._key_name(kv)
         subnets = self._subnets(kv)
         if subnets is None:
-            log.warning("ignoring %s: %r is not a subnet", kv.key.decode(errors="replace"), key)
+            self.undecodable.skip(key[:100], "the key does not name a subnet")
             return None
         try:
             attrs = LeaseAttrs.from_json(kv.value)
         except LeaseDecodeError as err:
-            log.warning("ignoring lease %s: %s", key, err)
+            self.undecodable.skip(key, str(err))
             return None
+        self.undecodable.forget(key)
         return Lease(subnets[0], subnets[1], attrs, etcd_lease_id=kv.lease)
 
     async def list_leases(self) -> tuple[list[Lease], int]:
@@ -214,7 +224,7 @@ class EtcdSubnetManager:
         if reused is not None:
             return reused
         # Every key that names a subnet is taken, even one whose value we cannot read.
-        taken = self._taken(kv for kv in kvs if self._key_name(kv) not in deleted)
+        taken = self._taken((kv for kv in kvs if self._key_name(kv) not in deleted), cfg)
         value = attrs.to_json().encode()
         lease_id, ttl = await self.client.grant(self.lease_ttl)
         acquired = False
@@ -235,7 +245,7 @@ class EtcdSubnetManager:
                     return replace(lease, expiration=self._clock() + ttl)
                 log.info("another node took the subnet first (%s); choosing again "
                          "(attempt %d of %d)", lease.key, attempt, ACQUIRE_ATTEMPTS)
-                taken = self._taken(fresh)
+                taken = self._taken(fresh, cfg)
         finally:
             if not acquired:
                 await self._revoke_quietly(lease_id)
@@ -243,9 +253,14 @@ class EtcdSubnetManager:
             f"max retries reached trying to acquire a subnet ({ACQUIRE_ATTEMPTS} lost races); "
             "many nodes are starting at once, the process can simply be restarted")
 
-    def _taken(self, kvs: Iterable[KeyValue]) -> list[Lease]:
-        """The subnets named by keys (values are not read)."""
-        return [Lease(*subnets) for kv in kvs if (subnets := self._subnets(kv)) is not None]
+    def _taken(self, kvs: Iterable[KeyValue], cfg: NetworkConfig) -> list[Lease]:
+        """The subnets named by keys (values are not read).
+
+        A key wider than SubnetLen takes only the subnet at its base, as upstream counts
+        base addresses: a stray ``0.0.0.0-1`` must not make the whole Network look taken.
+        """
+        return [Lease(_clip(subnets[0], cfg.subnet_len), _clip(subnets[1], cfg.ipv6_subnet_len))
+                for kv in kvs if (subnets := self._subnets(kv)) is not None]
 
     async def _reuse_by_public_ip(self, cfg: NetworkConfig, attrs: LeaseAttrs,
                                   leases: list[Lease]) -> tuple[Lease | None, set[str]]:
@@ -329,6 +344,7 @@ class EtcdSubnetManager:
 
     def _event(self, raw: WatchEvent) -> Event | None:
         if raw.deleted:
+            self.undecodable.forget(self._key_name(raw.kv))
             subnets = self._subnets(raw.kv)
             if subnets is None:
                 return None

@@ -22,18 +22,21 @@ import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
-from pathlib import Path
 from typing import Any
 
+from flannel import boundedjson
 from flannel.config import ConfigError, NetworkConfig, parse_config
+from flannel.fileutil import read_head
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.subnet.annotations import (
     AnnotationError,
     Annotations,
+    NotManaged,
     node_lease,
     pod_cidrs,
     published,
 )
+from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,7 @@ class KubeSubnetManager:
         self._watch_task: asyncio.Task | None = None
         self.resource_version = ""
         self.relists = 0
+        self.undecodable = SkippedRecords("node")
 
     # -- config and own node ----------------------------------------------------------
 
@@ -105,7 +109,9 @@ class KubeSubnetManager:
         if not self.node_name:
             self.node_name = await node_name_from_env(self.client, self.environ)
         try:
-            text = await asyncio.to_thread(Path(self.net_config_path).read_text)
+            # One byte over the limit is enough for parse_config to refuse a huge file.
+            text, _ = await asyncio.to_thread(read_head, self.net_config_path,
+                                              boundedjson.MAX_CONFIG_BYTES + 1)
         except OSError as err:
             raise ConfigError(f"failed to read net conf: {err}",
                               f"mount the flannel ConfigMap at {self.net_config_path} or set "
@@ -284,7 +290,11 @@ class KubeSubnetManager:
         try:
             return node_lease(node, self.names, self.config.enable_ipv4,
                               self.config.enable_ipv6)
-        except AnnotationError:
+        except NotManaged:
+            return None
+        except AnnotationError as err:
+            name = str(node["metadata"].get("name"))
+            self.undecodable.skip(name, str(err).removeprefix(f"node {name}: "))
             return None
 
     async def watch_leases(self) -> AsyncIterator[LeaseUpdate]:

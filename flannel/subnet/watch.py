@@ -2,7 +2,10 @@
 
 Owns the cache of remote leases: our own lease is never reported, a removal carries the
 cached attributes, and a snapshot (after a relist) is diffed against the cache so that only
-real changes come out. Must not touch: the store, the kernel.
+real changes come out. Owns also the peer filter: a lease whose subnet lies outside the
+Network, has the wrong length, overlaps ours, or whose public address is unusable never
+reaches a backend; it is counted and logged once per key and reason (see
+``flannel.subnet.skips``). Must not touch: the store, the kernel.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from flannel.config import NetworkConfig
 from flannel.lease import Event, EventType, Lease
+from flannel.netutil import unusable_address
+from flannel.subnet.skips import SkippedRecords
 
 
 @dataclass(frozen=True)
@@ -36,11 +42,66 @@ class WatchResult:
     own_lease_removed: bool = False
 
 
-class LeaseWatcher:
-    """Turns raw store updates into events about remote leases."""
+def _family_problem(lease: Lease, config: NetworkConfig | None, own: Lease | None,
+                    v6: bool) -> str | None:
+    """What is wrong with one family of a remote lease, or None."""
+    if v6:
+        subnet, public, names = lease.ipv6_subnet, lease.attrs.public_ipv6, (
+            "IPv6Network", "IPv6SubnetLen", "PublicIPv6")
+        network, subnet_len = (config.ipv6_network, config.ipv6_subnet_len) if config else (
+            None, 0)
+        ours = own.ipv6_subnet if own else None
+    else:
+        subnet, public, names = lease.subnet, lease.attrs.public_ip, (
+            "Network", "SubnetLen", "PublicIP")
+        network, subnet_len = (config.network, config.subnet_len) if config else (None, 0)
+        ours = own.subnet if own else None
+    assert subnet is not None
+    if network is not None:
+        if subnet.supernet_of(network):
+            return f"subnet {subnet} covers the whole {names[0]} {network}"
+        if not subnet.subnet_of(network):
+            return f"subnet {subnet} lies outside the {names[0]} {network}"
+    if subnet_len and subnet.prefixlen != subnet_len:
+        return f"subnet {subnet} is not a /{subnet_len} ({names[1]})"
+    if ours is not None and subnet.overlaps(ours):
+        return f"subnet {subnet} overlaps this node's subnet {ours}"
+    if public is None:
+        return f"{names[2]} is missing or {'::' if v6 else '0.0.0.0'}"
+    why = unusable_address(public)
+    return f"{names[2]} {public}: {why}" if why is not None else None
 
-    def __init__(self, own: Lease | None) -> None:
+
+def peer_problem(lease: Lease, config: NetworkConfig | None, own: Lease | None) -> str | None:
+    """Why a remote lease must not be programmed, or None when it is usable.
+
+    Every family the cluster uses and the lease carries is checked against the config (when
+    known; in kube mode SubnetLen may be 0 and then only containment is checked).
+    """
+    used = 0
+    for v6 in (False, True):
+        subnet = lease.ipv6_subnet if v6 else lease.subnet
+        enabled = config is None or (config.enable_ipv6 if v6 else config.enable_ipv4)
+        if subnet is None or not enabled:
+            continue
+        used += 1
+        problem = _family_problem(lease, config, own, v6)
+        if problem is not None:
+            return problem
+    return None if used else "it carries no subnet of a family this cluster uses"
+
+
+class LeaseWatcher:
+    """Turns raw store updates into events about remote, usable leases.
+
+    ``config`` is the network config the peers are checked against; without one only the
+    checks that need no config apply (overlap with ours, usable public address).
+    """
+
+    def __init__(self, own: Lease | None, config: NetworkConfig | None = None) -> None:
         self.own = own
+        self.config = config
+        self.skipped = SkippedRecords("peer lease")
         self._leases: dict[str, Lease] = {}
         self._by_subnet: dict[str, str] = {}
 
@@ -82,8 +143,18 @@ class LeaseWatcher:
                                    self._is_own(lease) for lease in update.leases))
         return self._changes(update.events)
 
+    def _usable(self, lease: Lease) -> bool:
+        problem = peer_problem(lease, self.config, self.own)
+        if problem is None:
+            self.skipped.forget(lease.key)
+            return True
+        self.skipped.skip(lease.key, problem)
+        return False
+
     def _reset(self, leases: Iterable[Lease]) -> list[Event]:
-        fresh = {lease.key: lease for lease in leases if not self._is_own(lease)}
+        remote = [lease for lease in leases if not self._is_own(lease)]
+        self.skipped.keep_only({lease.key for lease in remote})
+        fresh = {lease.key: lease for lease in remote if self._usable(lease)}
         batch = [Event(EventType.ADDED, lease) for key, lease in fresh.items()
                  if self._leases.get(key) != lease]
         batch += [Event(EventType.REMOVED, lease) for key, lease in self._leases.items()
@@ -101,12 +172,18 @@ class LeaseWatcher:
                     result.own_lease_removed = True
                 continue
             found = self._find(lease)
-            if event.type is EventType.ADDED:
+            if event.type is EventType.ADDED and not self._usable(lease):
+                # A usable lease that turned bad is withdrawn from the backend.
+                if found is not None:
+                    result.events.append(Event(EventType.REMOVED, self._leases.pop(found)))
+            elif event.type is EventType.ADDED:
                 if found is not None:
                     del self._leases[found]
                 self._leases[lease.key] = lease
                 self._index_one(lease.key, lease)
                 result.events.append(event)
-            elif found is not None:
-                result.events.append(Event(EventType.REMOVED, self._leases.pop(found)))
+            else:
+                self.skipped.forget(lease.key)
+                if found is not None:
+                    result.events.append(Event(EventType.REMOVED, self._leases.pop(found)))
         return result

@@ -44,8 +44,8 @@ async def raw_value(client: EtcdClient, key: str):
 class Collector:
     """Consumes watch_leases() in the background through a LeaseWatcher."""
 
-    def __init__(self, sm: EtcdSubnetManager, own: Lease | None) -> None:
-        self.watcher = LeaseWatcher(own)
+    def __init__(self, sm: EtcdSubnetManager, own: Lease | None, config=None) -> None:
+        self.watcher = LeaseWatcher(own, config)
         self.events: list[tuple[EventType, str]] = []
         self.updates: list[object] = []
         self.own_removed = False
@@ -382,3 +382,38 @@ async def test_ipv6_only_lease_key_is_go_compatible(client, prefix):
     # The same IPv6-only node restarting gets its subnet back.
     assert (await sm.acquire_lease(LeaseAttrs(public_ipv6=IPv6Address("fd00::4")))
             ).ipv6_subnet == lease.ipv6_subnet
+
+
+DEEP_LEASE = ('{"PublicIP":"10.0.0.9","BackendType":"vxlan","BackendData":' + "[" * 1000
+              + "]" * 1000 + "}").encode()
+VALID_VALUE = b'{"PublicIP":"10.0.0.8","PublicIPv6":null,"BackendType":"vxlan"}'
+
+
+async def test_hostile_leases_are_skipped_by_list_acquisition_and_watch(client, prefix, caplog):
+    sm = await setup(client, prefix)
+    hostile = {"10.3.30.0-24": DEEP_LEASE, "192.168.111.0-25": VALID_VALUE,
+               "0.0.0.0-1": VALID_VALUE}
+    for key, value in hostile.items():
+        await client.put(f"{prefix}/subnets/{key}".encode(), value)
+    leases, _ = await sm.list_leases()
+    assert sorted(x.key for x in leases) == ["0.0.0.0-1", "192.168.111.0-25"]
+    # 0.0.0.0-1 spans the whole Network, yet it does not make the Network look taken.
+    own = await sm.acquire_lease(attrs())
+    assert own.subnet.subnet_of(IPv4Network("10.3.0.0/16")) and own.subnet.prefixlen == 24
+    config = await sm.get_network_config()
+    collector = Collector(sm, own, config)
+    try:
+        for key, value in hostile.items():  # delivered again, now by the watch
+            await client.put(f"{prefix}/subnets/{key}".encode(), value)
+        await client.put(f"{prefix}/subnets/10.3.31.0-24".encode(), VALID_VALUE)
+        await collector.wait_for((EventType.ADDED, "10.3.31.0-24"))
+        assert collector.events == [(EventType.ADDED, "10.3.31.0-24")]
+        assert collector.watcher.skipped.current == {
+            "192.168.111.0-25": "subnet 192.168.111.0/25 lies outside the Network 10.3.0.0/16",
+            "0.0.0.0-1": "subnet 0.0.0.0/1 covers the whole Network 10.3.0.0/16"}
+        assert collector.watcher.skipped.total == 4  # snapshot and watch, two keys each
+    finally:
+        await collector.stop()
+    deep_warnings = [r.getMessage() for r in caplog.records if "10.3.30.0-24" in r.getMessage()]
+    assert deep_warnings == ["ignoring lease 10.3.30.0-24: lease value nests JSON deeper than "
+                             "the limit of 32 levels"]

@@ -121,10 +121,25 @@ def test_exits_zero_when_its_lease_is_deleted(node, tmp_path):
      "SubnetMin is not in the range of the Network"),
     ({"Network": "10.5.0.0/16", "Backend": {"Type": "bogus"}}, "unknown backend type: bogus"),
     ({"Network": "10.5.0.0/30"}, "network is too small"),
+    ({"Network": "10.5.0.0/16", "Backend": {}},
+     'invalid network config: Backend.Type is missing; name the backend, e.g. "Backend": '
+     '{"Type": "vxlan"} (or host-gw, wireguard, ...)'),
+    ({"Network": "10.5.0.0/16", "SubnetMin": "10.5.9.0", "SubnetMax": "10.5.3.0",
+      "Backend": {"Type": "alloc"}},
+     "invalid network config: SubnetMin 10.5.9.0 is greater than SubnetMax 10.5.3.0"),
+    ({"Network": "224.0.0.0/16", "Backend": {"Type": "alloc"}},
+     "invalid network config: config field 'Network': 224.0.0.0/16 overlaps the multicast "
+     "range 224.0.0.0/4; use a private range such as 10.244.0.0/16"),
+    ({"Network": "10.99.0.0/16", "Backend": {"Type": "alloc"}},
+     "invalid network config: Network 10.99.0.0/16 contains this node's address 10.99.0.2; "
+     "choose another Network that does not overlap the hosts' own network"),
+    ('{"Network": "10.5.0.0/16", "Backend": {"Type": "alloc", "X": ' + "[" * 1000 + "]" * 1000
+     + "}}",
+     "invalid network config: network config nests JSON deeper than the limit of 32 levels"),
 ])
 def test_bad_config_exits_one_with_a_clear_message(node, tmp_path, config, needle):
     ns, server = node
-    server.ctl("put", f"{PREFIX}/config", json.dumps(config))
+    server.ctl("put", f"{PREFIX}/config", config if isinstance(config, str) else json.dumps(config))
     proc = flanneld(tmp_path, ns, server).start()
     assert proc.wait_exit() == 1
     assert needle in proc.log
@@ -158,3 +173,36 @@ def test_second_signal_exits_at_once(tmp_path):
             assert time.monotonic() - started < 3
         finally:
             proc.stop()
+
+
+def test_previous_subnet_env_with_bad_bytes_still_gives_the_previous_subnet(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_path = tmp_path / "subnet.env"
+    env_path.write_bytes(b"FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.77.1/24\n"
+                         b"FLANNEL_\xff\xfe=1\n")
+    proc = flanneld(tmp_path, ns, server, subnet_file=env_path).start()
+    try:
+        proc.wait_log("Wrote ")
+        assert f"ignoring 1 line(s) of {env_path} that are not UTF-8 KEY=value (line 3)" \
+            in proc.log
+        assert list(leases(server)) == ["10.5.77.0-24"]
+    finally:
+        proc.stop()
+
+
+def test_subnet_file_naming_a_directory_does_not_crash(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_dir = tmp_path / "subnet.env"
+    env_dir.mkdir()
+    proc = flanneld(tmp_path, ns, server, subnet_file=env_dir).start()
+    try:
+        proc.wait_log(f"could not write {env_dir}")
+        assert f"ignoring the previous {env_dir}: Is a directory; a new subnet may be chosen" \
+            in proc.log
+        assert proc.proc.poll() is None and "Traceback" not in proc.log
+        assert len(leases(server)) == 1
+        assert list(env_dir.iterdir()) == []  # no temp file left behind
+    finally:
+        proc.stop()

@@ -50,8 +50,8 @@ def remote(api: FakeKubeAPI, name: str, cidr: str, ip: str, mac: str = "0e:00:00
 
 
 class Follower:
-    def __init__(self, sm: KubeSubnetManager, own) -> None:
-        self.watcher = LeaseWatcher(own)
+    def __init__(self, sm: KubeSubnetManager, own, config=None) -> None:
+        self.watcher = LeaseWatcher(own, config)
         self.events: list[tuple[EventType, str]] = []
         self.updates: list = []
         self.task = asyncio.create_task(self._run(sm))
@@ -293,4 +293,58 @@ async def test_first_sync_is_bounded_unless_told_to_continue(api, tmp_path):
     finally:
         await updates.aclose()
         await late.stop()
+        await sm.close()
+
+
+async def test_hostile_nodes_are_skipped_and_logged_once(api, tmp_path, caplog):
+    api.put_node("node1", ["10.244.5.0/24"])
+    api.put_node("deep", ["10.244.6.0/24"], {
+        P + "kube-subnet-manager": "true", P + "backend-type": "vxlan",
+        P + "backend-data": "[" * 1000 + "]" * 1000, P + "public-ip": "10.0.0.6"})
+    remote(api, "outside", "192.168.111.0/25", "10.0.0.7")
+    sm = manager(api, tmp_path)
+    try:
+        config = await sm.get_network_config()
+        own = await sm.acquire_lease(VXLAN)
+        follower = Follower(sm, own, config)
+        try:
+            remote(api, "good", "10.244.8.0/24", "10.0.0.8")
+            await follower.wait_for(1)
+            api.put_node("deep", ["10.244.6.0/24"], api.nodes["deep"]["metadata"]["annotations"])
+            remote(api, "good2", "10.244.9.0/24", "10.0.0.9")
+            await follower.wait_for(2)
+            assert sorted(follower.events) == [(EventType.ADDED, "10.244.8.0-24"),
+                                               (EventType.ADDED, "10.244.9.0-24")]
+            assert follower.watcher.skipped.current == {
+                "192.168.111.0-25": "subnet 192.168.111.0/25 lies outside the Network "
+                                    "10.244.0.0/16"}
+        finally:
+            await follower.stop()
+    finally:
+        await sm.close()
+    assert [r.getMessage() for r in caplog.records if "deep" in r.getMessage()] == [
+        "ignoring node deep: annotation flannel.alpha.coreos.com/backend-data "
+        "nests JSON deeper than the limit of 32 levels"]
+
+
+async def test_net_conf_is_read_bounded(api, tmp_path):
+    from flannel.config import ConfigError
+
+    sm = manager(api, tmp_path)
+    conf = tmp_path / "net-conf.json"
+    try:
+        conf.write_bytes(b'{"Network": "10.244.0.0/16", "Pad": "' + b"x" * (2 << 20) + b'"}')
+        with pytest.raises(ConfigError) as caught:
+            await sm.get_network_config()
+        assert str(caught.value) == ("error parsing subnet config: network config is larger "
+                                     "than the limit of 1048576 bytes")
+        conf.write_bytes(b'{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}, '
+                         b'"X": "\xff"}')
+        assert (await sm.get_network_config()).backend_type == "vxlan"
+        conf.unlink()
+        conf.mkdir()
+        with pytest.raises(ConfigError) as caught:
+            await sm.get_network_config()
+        assert str(caught.value) == f"failed to read net conf: [Errno 21] Is a directory: '{conf}'"
+    finally:
         await sm.close()

@@ -89,3 +89,39 @@ def test_dual_stack_pod_cidrs():
     assert (str(v4), str(v6)) == ("10.244.7.0/24", "fd00:10:244:7::/64")
     with pytest.raises(AnnotationError, match="missing IPv6 address"):
         node_lease(node(FAKE), NAMES, True, True)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({P + "backend-data": "[" * 1000 + "]" * 1000},
+     "node n7: annotation flannel.alpha.coreos.com/backend-data nests JSON deeper than the "
+     "limit of 32 levels"),
+    ({P + "backend-data": '{"VNI": NaN}'},
+     "node n7: annotation flannel.alpha.coreos.com/backend-data is not valid JSON: NaN is not "
+     "a JSON number"),
+    ({P + "backend-data": '"' + "a" * 70_000 + '"'},
+     "node n7: annotation flannel.alpha.coreos.com/backend-data is longer than the limit of "
+     "65536 characters"),
+    ({P + "public-ip": 17},
+     "node n7: annotation flannel.alpha.coreos.com/public-ip must be a string"),
+    ({P + "public-ip": "fd00::1"},
+     "node n7: annotation flannel.alpha.coreos.com/public-ip: 'fd00::1' is not an IPv4 "
+     "address"),
+])
+def test_hostile_annotations_are_a_refusal_naming_them(change, message):
+    with pytest.raises(AnnotationError) as caught:
+        node_lease(node({**FAKE, **change}), NAMES, True, False)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize("spec", [{"podCIDRs": "10.244.7.0/24"}, {"podCIDRs": [7]},
+                                  {"podCIDR": 167772160}])
+def test_pod_cidrs_of_the_wrong_type_are_refused(spec):
+    with pytest.raises(AnnotationError) as caught:
+        pod_cidrs("n7", spec)
+    assert str(caught.value) == 'node "n7": pod CIDRs must be a list of CIDR strings'
+
+
+@pytest.mark.parametrize("meta", [None, [], "x", {"name": 5, "annotations": ["a"]}])
+def test_malformed_metadata_is_not_managed(meta):
+    with pytest.raises(AnnotationError, match="is not managed by flannel"):
+        node_lease({"metadata": meta, "spec": {}}, NAMES, True, False)

@@ -140,8 +140,6 @@ def test_errors_carry_a_fix():
 
 @pytest.mark.parametrize(("backend", "expected"), [
     ("", "udp"),
-    (', "Backend": {}', ""),
-    (', "Backend": null', ""),
     (', "Backend": {"Type": "Host-GW"}', "host-gw"),
 ])
 def test_backend_type_rule(backend, expected):
@@ -161,3 +159,93 @@ def test_non_masquerade_cidrs_extension():
         parse_config('{"Network": "10.0.0.0/8", "NonMasqueradeCIDRs": ["nope"]}')
     with pytest.raises(ConfigError, match="NonMasqueradeCIDRs"):
         parse_config('{"Network": "10.0.0.0/8", "NonMasqueradeCIDRs": "10.0.0.0/8"}')
+
+
+def described(text) -> str:
+    with pytest.raises(ConfigError) as caught:
+        checked(text)
+    return caught.value.describe()
+
+
+def test_subnet_min_above_subnet_max_says_so():
+    assert described('{"Network": "10.0.0.0/16", "SubnetMin": "10.0.9.0", '
+                     '"SubnetMax": "10.0.3.0"}') == (
+        "SubnetMin 10.0.9.0 is greater than SubnetMax 10.0.3.0; swap them, or leave them out "
+        "to use all of the Network")
+
+
+def test_ipv6_subnet_min_above_max_says_so():
+    assert described('{"EnableIPv4": false, "EnableIPv6": true, "IPv6Network": "fc00::/48", '
+                     '"IPv6SubnetMin": "fc00:0:0:9::", "IPv6SubnetMax": "fc00:0:0:3::"}'
+                     ).startswith("IPv6SubnetMin fc00:0:0:9:: is greater than IPv6SubnetMax "
+                                  "fc00:0:0:3::; swap them")
+
+
+@pytest.mark.parametrize("backend", ['"Backend": {}', '"Backend": null', '"backend": {"vni": 1}'])
+def test_missing_backend_type_says_how_to_set_it(backend):
+    assert described(f'{{"Network": "10.0.0.0/16", {backend}}}') == (
+        'Backend.Type is missing; name the backend, e.g. "Backend": {"Type": "vxlan"} '
+        "(or host-gw, wireguard, ...)")
+
+
+@pytest.mark.parametrize(("field", "network", "what"), [
+    ("Network", "224.0.0.0/4", "the multicast range 224.0.0.0/4"),
+    ("Network", "239.1.0.0/16", "the multicast range 224.0.0.0/4"),
+    ("Network", "127.0.0.0/16", "the loopback range 127.0.0.0/8"),
+    ("Network", "0.0.0.0/16", "the 'this network' range 0.0.0.0/8"),
+    ("Network", "169.254.0.0/16", "the link-local range 169.254.0.0/16"),
+    ("IPv6Network", "ff00::/16", "the multicast range ff00::/8"),
+    ("IPv6Network", "::/127", "the loopback address ::1"),
+    ("IPv6Network", "fe80::/56", "the link-local range fe80::/10"),
+])
+def test_reserved_networks_are_refused(field, network, what):
+    example = "10.244.0.0/16" if field == "Network" else "fd00:10:244::/56"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(f'{{"{field}": "{network}", "EnableIPv6": true}}')
+    assert caught.value.describe() == (
+        f"config field '{field}': {network} overlaps {what}; use a private range such as "
+        f"{example}")
+
+
+def test_deep_config_is_refused_with_the_limit():
+    text = '{"Network": "10.0.0.0/16", "Backend": {"Type": "vxlan", "X": ' + "[" * 1000 \
+        + "]" * 1000 + "}}"
+    assert described(text) == (
+        "network config nests JSON deeper than the limit of 32 levels; a network config is "
+        'one small JSON object, e.g. {"Network": "10.244.0.0/16", "Backend": {"Type": '
+        '"vxlan"}}')
+
+
+def test_huge_config_is_refused_with_the_limit():
+    text = '{"Network": "10.0.0.0/16", "Pad": "' + "x" * (1 << 20) + '"}'
+    assert described(text).startswith(
+        "network config is larger than the limit of 1048576 bytes; ")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"Network": NaN}', "network config is not valid JSON: NaN is not a JSON number"),
+    ('{"Network": "10.0.0.0/8", "SubnetLen": 1e400}',
+     "network config is not valid JSON: number 1e400 is out of range"),
+    ('{"Network": "' + "9" * 200 + '"}',
+     "config field 'Network': '" + "9" * 60 + "'... is not a CIDR such as 10.244.0.0/16"),
+])
+def test_hostile_values_are_refused_briefly(text, message):
+    assert described(text).startswith(message)
+
+
+def test_non_utf8_bytes_decode_as_go_does():
+    cfg = parse_config(b'{"Network": "10.0.0.0/16", "Backend": {"Type": "vxlan", "X": "\xff"}}')
+    assert cfg.backend == {"Type": "vxlan", "X": "\ufffd"}
+
+
+def test_network_overlapping_the_node_address_is_named():
+    from flannel.config import network_overlaps_underlay
+
+    cfg = checked('{"Network": "10.0.0.0/8", "EnableIPv6": true, "IPv6Network": "fd00::/56"}')
+    assert network_overlaps_underlay(cfg, [IPv4Address("192.168.1.5"), None]) is None
+    assert network_overlaps_underlay(cfg, [IPv4Address("10.99.0.2")]) == (
+        "Network 10.0.0.0/8 contains this node's address 10.99.0.2; choose another Network "
+        "that does not overlap the hosts' own network")
+    assert network_overlaps_underlay(cfg, [IPv6Address("fd00::7")]) == (
+        "IPv6Network fd00::/56 contains this node's address fd00::7; choose another IPv6Network "
+        "that does not overlap the hosts' own network")

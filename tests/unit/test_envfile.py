@@ -73,3 +73,76 @@ def test_dotenv_syntax():
 
 def test_missing_file_reads_as_empty(tmp_path):
     assert read_env(tmp_path / "absent.env") == {}
+
+
+def warnings_of(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_previous_file_with_bad_bytes_and_garbage_keeps_what_parses(tmp_path, caplog):
+    path = tmp_path / "subnet.env"
+    path.write_bytes(b"FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.72.1/24\n"
+                     b"FLANNEL_\xff\xfeMTU=1450\n{garbage}\n=nokey\n# note\n\nFLANNEL_IPMASQ=true")
+    assert read_env(path) == {"FLANNEL_NETWORK": "10.5.0.0/16",
+                              "FLANNEL_SUBNET": "10.5.72.1/24", "FLANNEL_IPMASQ": "true"}
+    assert warnings_of(caplog) == [
+        f"ignoring 3 line(s) of {path} that are not UTF-8 KEY=value (line 3, 4, 5)"]
+
+
+def test_directory_at_the_path_reads_as_absent(tmp_path, caplog):
+    path = tmp_path / "subnet.env"
+    path.mkdir()
+    assert read_env(path) == {}
+    assert warnings_of(caplog) == [
+        f"ignoring the previous {path}: Is a directory; a new subnet may be chosen"]
+
+
+def test_fifo_at_the_path_does_not_block(tmp_path, caplog):
+    path = tmp_path / "subnet.env"
+    os.mkfifo(path)
+    assert read_env(path) == {}
+    assert warnings_of(caplog) == [
+        f"ignoring the previous {path}: Not a regular file; a new subnet may be chosen"]
+
+
+def test_unreadable_file_reads_as_absent(tmp_path, caplog):
+    path = tmp_path / "subnet.env"
+    path.symlink_to(path)  # a loop: open fails with ELOOP whoever runs the test
+    assert read_env(path) == {}
+    assert warnings_of(caplog) == [f"ignoring the previous {path}: Too many levels of "
+                                   "symbolic links; a new subnet may be chosen"]
+
+
+def test_huge_file_is_read_up_to_the_limit(tmp_path, caplog):
+    from flannel.subnet.envfile import MAX_ENV_BYTES
+
+    path = tmp_path / "subnet.env"
+    path.write_bytes(b"FLANNEL_SUBNET=10.5.72.1/24\nPAD=" + b"x" * (10 * MAX_ENV_BYTES))
+    assert read_env(path) == {"FLANNEL_SUBNET": "10.5.72.1/24"}
+    assert warnings_of(caplog) == [f"{path} is larger than 65536 bytes; ignoring the rest"]
+
+
+def test_write_replaces_a_symlink_at_the_path_without_following_it(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    path = tmp_path / "subnet.env"
+    path.symlink_to(victim)
+    write_subnet_env(path, SubnetEnv(IPv4Network("10.1.0.0/16"), IPv4Network("10.1.74.0/24"),
+                                     None, None, 1472, False))
+    assert victim.read_text() == "keep"
+    assert not path.is_symlink() and "FLANNEL_SUBNET=10.1.74.1/24" in path.read_text()
+
+
+def test_failed_write_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "subnet.env"
+    path.mkdir()  # rename over a directory fails
+    env = SubnetEnv(IPv4Network("10.1.0.0/16"), IPv4Network("10.1.74.0/24"), None, None, 1472,
+                    False)
+    try:
+        write_subnet_env(path, env)
+    except IsADirectoryError:
+        pass
+    else:
+        raise AssertionError("writing over a directory must fail")
+    assert [p.name for p in tmp_path.iterdir()] == ["subnet.env"]
+    assert path.is_dir()

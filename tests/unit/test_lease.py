@@ -84,3 +84,22 @@ def test_same_subnet_compares_the_families_both_carry():
     assert v4.same_subnet(dual) and dual.same_subnet(v4)
     assert not dual.same_subnet(other_v6)
     assert not v4.same_subnet(Lease(IPv4Network("10.1.2.0/24")))
+
+
+def test_deeply_nested_backend_data_is_a_decode_error_not_a_crash():
+    raw = '{"PublicIP":"10.0.0.2","BackendData":' + "[" * 1000 + "]" * 1000 + "}"
+    with pytest.raises(LeaseDecodeError) as caught:
+        LeaseAttrs.from_json(raw)
+    assert str(caught.value) == "lease value nests JSON deeper than the limit of 32 levels"
+
+
+def test_backend_json_refuses_what_it_cannot_decode():
+    with pytest.raises(LeaseDecodeError) as caught:
+        LeaseAttrs(backend_v6_data="[" * 40 + "]" * 40).backend_json(v6=True)
+    assert str(caught.value) == "BackendV6Data nests JSON deeper than the limit of 32 levels"
+
+
+def test_oversized_lease_value_is_refused():
+    with pytest.raises(LeaseDecodeError) as caught:
+        LeaseAttrs.from_json(b'{"PublicIP":"10.0.0.2","X":"' + b"a" * 70_000 + b'"}')
+    assert str(caught.value) == "lease value is larger than the limit of 65536 bytes"

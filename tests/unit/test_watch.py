@@ -2,6 +2,8 @@
 
 from ipaddress import IPv4Address, IPv4Network
 
+import pytest
+
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.subnet.watch import Changes, LeaseWatcher, Snapshot
 
@@ -70,12 +72,13 @@ def test_own_lease_missing_from_relist_is_flagged():
 
 
 def test_a_node_gaining_an_ipv6_subnet_replaces_its_lease():
-    from ipaddress import IPv6Network
+    from ipaddress import IPv6Address, IPv6Network
 
     watcher = LeaseWatcher(OWN)
     watcher.apply(Changes([Event(EventType.ADDED, lease(2))]))
     dual = Lease(IPv4Network("10.1.2.0/24"), IPv6Network("fd00:2::/64"),
-                 attrs=LeaseAttrs(public_ip=IPv4Address("192.168.0.1")))
+                 attrs=LeaseAttrs(public_ip=IPv4Address("192.168.0.1"),
+                                  public_ipv6=IPv6Address("fd00:ff::1")))
     watcher.apply(Changes([Event(EventType.ADDED, dual)]))
     assert watcher.leases == [dual]
     removed = watcher.apply(Changes([Event(EventType.REMOVED, Lease(IPv4Network("10.1.2.0/24"),
@@ -83,3 +86,128 @@ def test_a_node_gaining_an_ipv6_subnet_replaces_its_lease():
                                                                           "fd00:2::/64")))]))
     assert removed.events == [Event(EventType.REMOVED, dual)] and watcher.leases == []
 
+
+
+# -- the peer filter: only leases that fit the network reach a backend -------------------
+
+def checked_config(text: str):
+    from flannel.config import check_network_config, parse_config
+
+    cfg = parse_config(text)
+    check_network_config(cfg)
+    return cfg
+
+
+CONFIG = checked_config('{"Network": "10.1.0.0/16", "Backend": {"Type": "vxlan"}}')
+
+
+def peer(key: str, ip: str | None = "192.168.0.9"):
+    from flannel.lease import parse_subnet_key
+
+    v4, v6 = parse_subnet_key(key)
+    return Lease(v4, v6, LeaseAttrs(public_ip=IPv4Address(ip) if ip else None))
+
+
+@pytest.mark.parametrize(("bad", "reason"), [
+    (peer("192.168.111.0-25"), "subnet 192.168.111.0/25 lies outside the Network 10.1.0.0/16"),
+    (peer("0.0.0.0-1"), "subnet 0.0.0.0/1 covers the whole Network 10.1.0.0/16"),
+    (peer("10.1.0.0-16"), "subnet 10.1.0.0/16 covers the whole Network 10.1.0.0/16"),
+    (peer("10.1.8.0-25"), "subnet 10.1.8.0/25 is not a /24 (SubnetLen)"),
+    (peer("10.1.0.0-23"), "subnet 10.1.0.0/23 is not a /24 (SubnetLen)"),
+    (peer("10.1.9.0-24", None), "PublicIP is missing or 0.0.0.0"),
+    (peer("10.1.9.0-24", "127.0.0.1"), "PublicIP 127.0.0.1: it is a loopback address"),
+    (peer("10.1.9.0-24", "224.0.0.1"), "PublicIP 224.0.0.1: it is a multicast address"),
+    (peer("10.1.9.0-24", "169.254.3.3"), "PublicIP 169.254.3.3: it is a link-local address"),
+])
+def test_unusable_peer_never_reaches_the_backend_and_is_counted(bad, reason, caplog):
+    watcher = LeaseWatcher(OWN, CONFIG)
+    good = lease(2)
+    result = watcher.apply(Snapshot([OWN, good, bad]))
+    assert result.events == [Event(EventType.ADDED, good)]
+    result = watcher.apply(Changes([Event(EventType.ADDED, bad)]))
+    assert result.events == [] and watcher.leases == [good]
+    assert watcher.skipped.total == 2
+    assert watcher.skipped.current == {bad.key: reason}
+    assert [r.getMessage() for r in caplog.records] == [f"ignoring peer lease {bad.key}: {reason}"]
+
+
+def test_overlapping_our_subnet_is_skipped():
+    own = Lease(IPv4Network("10.1.1.0/24"), attrs=LeaseAttrs(public_ip=IPv4Address("192.168.0.1")))
+    cfg = checked_config('{"Network": "10.1.0.0/16", "SubnetLen": 24}')
+    inside = Lease(IPv4Network("10.1.1.128/25"), attrs=LeaseAttrs(IPv4Address("192.168.0.5")))
+    watcher = LeaseWatcher(own, None)
+    assert watcher.apply(Snapshot([own, inside])).events == []
+    assert watcher.skipped.current == {
+        "10.1.1.128-25": "subnet 10.1.1.128/25 overlaps this node's subnet 10.1.1.0/24"}
+    # With the config the length check comes first; the lease is refused either way.
+    assert LeaseWatcher(own, cfg).apply(Snapshot([own, inside])).events == []
+
+
+def test_reason_is_logged_again_only_when_it_changes(caplog):
+    watcher = LeaseWatcher(OWN, CONFIG)
+    for ip in ("127.0.0.1", "127.0.0.1", "224.0.0.1", "224.0.0.1"):
+        watcher.apply(Changes([Event(EventType.ADDED, peer("10.1.9.0-24", ip))]))
+    assert [r.getMessage() for r in caplog.records] == [
+        "ignoring peer lease 10.1.9.0-24: PublicIP 127.0.0.1: it is a loopback address",
+        "ignoring peer lease 10.1.9.0-24: PublicIP 224.0.0.1: it is a multicast address"]
+    assert watcher.skipped.total == 4
+
+
+def test_a_peer_that_turns_bad_is_withdrawn_and_a_fixed_one_comes_back():
+    watcher = LeaseWatcher(OWN, CONFIG)
+    good = peer("10.1.9.0-24")
+    watcher.apply(Changes([Event(EventType.ADDED, good)]))
+    result = watcher.apply(Changes([Event(EventType.ADDED, peer("10.1.9.0-24", "0.0.0.0"))]))
+    assert result.events == [Event(EventType.REMOVED, good)] and watcher.leases == []
+    result = watcher.apply(Changes([Event(EventType.ADDED, good)]))
+    assert result.events == [Event(EventType.ADDED, good)]
+    assert watcher.skipped.current == {}
+
+
+def test_removal_of_a_skipped_lease_forgets_it():
+    watcher = LeaseWatcher(OWN, CONFIG)
+    watcher.apply(Changes([Event(EventType.ADDED, peer("0.0.0.0-1"))]))
+    result = watcher.apply(Changes([Event(EventType.REMOVED, peer("0.0.0.0-1", None))]))
+    assert result.events == [] and watcher.skipped.current == {}
+
+
+def test_kube_mode_without_subnet_len_checks_containment_only():
+    from flannel.config import parse_config
+
+    cfg = parse_config('{"Network": "10.1.0.0/16", "Backend": {"Type": "vxlan"}}')
+    watcher = LeaseWatcher(OWN, cfg)
+    odd_length = peer("10.1.8.0-25")
+    result = watcher.apply(Snapshot([OWN, odd_length, peer("10.2.0.0-24")]))
+    assert result.events == [Event(EventType.ADDED, odd_length)]
+    assert watcher.skipped.current == {
+        "10.2.0.0-24": "subnet 10.2.0.0/24 lies outside the Network 10.1.0.0/16"}
+
+
+def test_ipv6_family_is_checked_against_the_ipv6_network():
+    from ipaddress import IPv6Address, IPv6Network
+
+    cfg = checked_config('{"EnableIPv4": false, "EnableIPv6": true, "IPv6Network": "fd00::/56"}')
+    own = Lease(None, IPv6Network("fd00:0:0:1::/64"),
+                LeaseAttrs(public_ipv6=IPv6Address("fd99::1")))
+    good = Lease(None, IPv6Network("fd00:0:0:2::/64"),
+                 LeaseAttrs(public_ipv6=IPv6Address("fd99::2")))
+    outside = Lease(None, IPv6Network("fd01::/64"), LeaseAttrs(public_ipv6=IPv6Address("fd99::3")))
+    link_local = Lease(None, IPv6Network("fd00:0:0:3::/64"),
+                       LeaseAttrs(public_ipv6=IPv6Address("fe80::3")))
+    watcher = LeaseWatcher(own, cfg)
+    result = watcher.apply(Snapshot([own, good, outside, link_local]))
+    assert result.events == [Event(EventType.ADDED, good)]
+    assert watcher.skipped.current == {
+        "0.0.0.0-0&fd01::-64": "subnet fd01::/64 lies outside the IPv6Network fd00::/56",
+        "0.0.0.0-0&fd00:0:0:3::-64": "PublicIPv6 fe80::3: it is a link-local address"}
+
+
+def test_a_lease_of_a_family_the_cluster_does_not_use_is_skipped():
+    from ipaddress import IPv6Address, IPv6Network
+
+    v6_only = Lease(None, IPv6Network("fd00:0:0:2::/64"),
+                    LeaseAttrs(public_ipv6=IPv6Address("fd99::2")))
+    watcher = LeaseWatcher(OWN, CONFIG)
+    assert watcher.apply(Snapshot([OWN, v6_only])).events == []
+    assert watcher.skipped.current == {
+        "0.0.0.0-0&fd00:0:0:2::-64": "it carries no subnet of a family this cluster uses"}

@@ -1,0 +1,107 @@
+"""Bounded JSON decoding for everything flanneld reads from the store or a file.
+
+``json.loads`` recurses once per nesting level: about 1000 levels raise RecursionError and
+deeper input can exhaust the C stack. Every decoder of untrusted JSON calls ``loads`` here,
+which checks the size, pre-scans the nesting depth (strings and escapes respected) and only
+then hands the text to ``json``. NaN, Infinity and numbers beyond float range are refused,
+as Go's decoder refuses them. Owns: the limits and their messages. Must not touch: files,
+the store, the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from itertools import accumulate
+from typing import Any
+
+#: Nesting depth allowed in any decoded document; real configs and leases use 3 or fewer.
+MAX_DEPTH = 32
+#: Size of one lease value or node annotation value.
+MAX_LEASE_BYTES = 64 * 1024
+#: Size of a network configuration (etcd key or net-conf.json).
+MAX_CONFIG_BYTES = 1024 * 1024
+
+# A whole string (closed, or running to the end when unterminated, so a scan never restarts
+# inside it). The scan works on UTF-8 bytes: brackets and quotes are ASCII, and no byte of a
+# multi-byte sequence can be mistaken for them.
+_STRINGS = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_INNERMOST = re.compile(rb"[\[{][\]}]")
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+class JSONLimitError(ValueError):
+    """The input is not JSON, or is JSON beyond the size or depth limits."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def _size(raw: bytes | str, max_bytes: int) -> int:
+    if isinstance(raw, bytes):
+        return len(raw)
+    # A character is at most 4 bytes of UTF-8: encode only when that could matter.
+    if len(raw) * 4 <= max_bytes:
+        return len(raw)
+    return len(raw.encode("utf-8", "surrogatepass"))
+
+
+def _brackets(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogatepass")
+    return _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+
+
+def nesting_depth(text: str) -> int:
+    """How deep arrays/objects nest, brackets inside strings ignored.
+
+    Exact for valid JSON; for invalid JSON at least the depth ``json`` would recurse to before
+    it finds the error (a stray closer only ever ends the parse).
+    """
+    return max(accumulate(map(_STEP.__getitem__, _brackets(text))), default=0)
+
+
+def nests_deeper_than(text: str, max_depth: int) -> bool:
+    """``nesting_depth(text) > max_depth``, fast for the usual shallow document: removing
+    the innermost pairs ``max_depth`` times empties any balanced one that is within the
+    limit; anything left over is measured exactly."""
+    brackets = _brackets(text)
+    reduced = brackets
+    for _ in range(max_depth):
+        reduced, removed = _INNERMOST.subn(b"", reduced)
+        if not reduced:
+            return False
+        if not removed:
+            break
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > max_depth
+
+
+def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
+    """Decode JSON within limits; JSONLimitError names ``what`` and the limit it broke.
+
+    Bytes are UTF-8; invalid sequences become U+FFFD as Go's decoder does inside strings.
+    """
+    size = _size(raw, max_bytes)
+    if size > max_bytes:
+        raise JSONLimitError(f"{what} is larger than the limit of {max_bytes} bytes")
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    # Fewer openers than the limit cannot nest deeper: skip the scan (the common case).
+    if text.count("[") + text.count("{") > max_depth and nests_deeper_than(text, max_depth):
+        raise JSONLimitError(f"{what} nests JSON deeper than the limit of {max_depth} levels")
+    try:
+        return _DECODER.decode(text)
+    except ValueError as err:
+        # Also int() refusing more than sys.get_int_max_str_digits() digits.
+        raise JSONLimitError(f"{what} is not valid JSON: {err}") from None

@@ -1,0 +1,55 @@
+"""Bounded JSON decoding: size and depth limits, Go's refusal of NaN and Infinity."""
+
+import pytest
+
+from flannel import boundedjson
+from flannel.boundedjson import JSONLimitError, loads, nesting_depth
+
+
+def test_depth_beyond_the_limit_is_refused_before_json_recurses():
+    with pytest.raises(JSONLimitError) as caught:
+        loads("[" * 100_000 + "]" * 100_000, what="lease value", max_bytes=10 ** 6)
+    assert str(caught.value) == "lease value nests JSON deeper than the limit of 32 levels"
+
+
+def test_unclosed_nesting_is_refused_too():
+    with pytest.raises(JSONLimitError, match="deeper than the limit of 32"):
+        loads('{"a":' * 5000, what="x", max_bytes=10 ** 6)
+
+
+def test_depth_at_the_limit_is_accepted():
+    assert loads("[" * 32 + "]" * 32, what="x", max_bytes=100) is not None
+
+
+def test_brackets_inside_strings_and_escapes_do_not_count():
+    text = '{"a": "[[[[{{{{\\"[[[[", "b": ["\\\\", [[]]]}'
+    assert nesting_depth(text) == 4
+    assert loads(text, what="x", max_bytes=100)["a"] == '[[[[{{{{"[[[['
+
+
+def test_size_limit_names_it():
+    with pytest.raises(JSONLimitError) as caught:
+        loads(b'"' + b"a" * 70_000 + b'"', what="lease value",
+              max_bytes=boundedjson.MAX_LEASE_BYTES)
+    assert str(caught.value) == "lease value is larger than the limit of 65536 bytes"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"a": NaN}', "x is not valid JSON: NaN is not a JSON number"),
+    ("[-Infinity]", "x is not valid JSON: -Infinity is not a JSON number"),
+    ("1e400", "x is not valid JSON: number 1e400 is out of range"),
+    ("[1,", "x is not valid JSON: Expecting value: line 1 column 4 (char 3)"),
+])
+def test_what_go_refuses_is_refused(text, message):
+    with pytest.raises(JSONLimitError) as caught:
+        loads(text, what="x", max_bytes=100)
+    assert str(caught.value) == message
+
+
+def test_huge_integer_is_a_refusal_not_a_crash():
+    with pytest.raises(JSONLimitError, match="x is not valid JSON: Exceeds the limit"):
+        loads("9" * 5000, what="x", max_bytes=10_000)
+
+
+def test_invalid_utf8_in_bytes_becomes_a_replacement_character_as_in_go():
+    assert loads(b'{"a": "x\xffy"}', what="x", max_bytes=100) == {"a": "x\ufffdy"}

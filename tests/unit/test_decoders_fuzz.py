@@ -1,0 +1,20 @@
+"""Property tests: every decoder flanneld applies to the store and its files survives
+hostile input (targets in tests/support/fuzz_store.py; bench/fuzz.py runs many more)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from tests.support.fuzz_store import TARGETS
+
+EXAMPLES = 300
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
+def test_decoder_accepts_or_refuses_but_never_crashes(target):
+    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(target.inputs)
+    def one(value):
+        target.run(value)
+
+    one()
