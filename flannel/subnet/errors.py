@@ -4,7 +4,7 @@
 without a leader, credentials not yet accepted). ``StoreError``: retrying will not help; the
 message says which permission, flag or record to fix. Callers retry the first with backoff
 and stop on the second. ``RetryLog`` keeps a retried phase's log readable: each distinct
-error once, then a periodic summary that repeats the latest one.
+error once, then summaries that repeat the latest one, further and further apart.
 Must not touch: the store itself, the kernel.
 """
 
@@ -25,16 +25,20 @@ class StoreError(Exception):
 
 
 class RetryLog:
-    """Logs the failures of one retried phase: each distinct error once, then a summary every
-    ``summary_every`` seconds while it keeps failing."""
+    """Logs the failures of one retried phase: each distinct error once, then a summary while
+    it keeps failing, first after ``first_summary`` seconds, the interval doubling up to
+    ``longest_summary``."""
 
     MAX_DISTINCT = 32
 
-    def __init__(self, logger: logging.Logger, what: str, *, summary_every: float = 30.0,
+    def __init__(self, logger: logging.Logger, what: str, *, first_summary: float = 5.0,
+                 longest_summary: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.logger = logger
         self.what = what
-        self.summary_every = summary_every
+        self.first_summary = first_summary
+        self.longest_summary = longest_summary
+        self._interval = first_summary
         self.clock = clock
         self.failures = 0
         self._seen: set[str] = set()
@@ -51,10 +55,11 @@ class RetryLog:
             self._seen.add(text)
             self.logger.error("%s: %s (retrying in %.1fs)", self.what, text, retry_in)
             self._last_log = now
-        elif now - self._last_log >= self.summary_every:
+        elif now - self._last_log >= self._interval:
             self.logger.error("%s: still failing after %d attempts in %.0fs, latest: %s",
                               self.what, self.failures, now - self._started, text)
             self._last_log = now
+            self._interval = min(self._interval * 2, self.longest_summary)
 
     def succeeded(self) -> None:
         if self.failures:
@@ -62,3 +67,4 @@ class RetryLog:
                              self.failures)
         self.failures = 0
         self._seen.clear()
+        self._interval = self.first_summary

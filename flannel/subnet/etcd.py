@@ -480,6 +480,8 @@ class EtcdSubnetManager:
         reason = self.client.take_reset()
         if reason is not None or own is None or self._own_deleted or kv is not None:
             self._missing_checks = 0
+            if reason is None and own is not None and kv is not None:
+                return self._not_ours(own, self._decode(kv))
             return reason
         # A deliberate deletion reaches us through the watch at once and stops the node;
         # gone twice in a row without one, the key was lost with the store's data.
@@ -488,6 +490,21 @@ class EtcdSubnetManager:
             return None
         self._missing_checks = 0
         return f"this node's lease {own.key} vanished from etcd without a deletion"
+
+    def _not_ours(self, own: Lease, stored: Lease | None) -> str | None:
+        """Why the record under our key is not the lease we hold, if it is not (a store that
+        was wiped and written again, or restored, without its revision going back)."""
+        if stored is None:
+            return f"this node's lease {own.key} holds a value that is not a lease"
+        theirs = (stored.attrs.public_ip, stored.attrs.public_ipv6)
+        if theirs != (own.attrs.public_ip, own.attrs.public_ipv6):
+            return (f"this node's lease {own.key} now names another node "
+                    f"({theirs[0] or theirs[1]})")
+        # A renewal in progress rebinds the key before we learn the new etcd lease.
+        if stored.etcd_lease_id != own.etcd_lease_id and not self._own_lock.locked():
+            return (f"this node's lease {own.key} is bound to etcd lease "
+                    f"{stored.etcd_lease_id:x}, not to ours ({own.etcd_lease_id:x})")
+        return None
 
     async def _resync(self, max_backoff: float, reason: str | None = None
                       ) -> tuple[Snapshot, int]:
@@ -500,9 +517,10 @@ class EtcdSubnetManager:
                 leases, revision = await self.list_leases()
                 reason = reason or self.client.take_reset()
                 own = self._own
-                if reason is None and own is not None and not self._own_deleted \
-                        and not any(own.same_subnet(lease) for lease in leases):
-                    reason = f"this node's lease {own.key} is missing from etcd"
+                if reason is None and own is not None and not self._own_deleted:
+                    stored = next((x for x in leases if x.key == own.key), None)
+                    reason = self._not_ours(own, stored) if stored is not None else (
+                        f"this node's lease {own.key} is missing from etcd")
                 if reason is not None:
                     leases, revision = await self._recover(reason, leases)
                     reason = None
