@@ -403,6 +403,7 @@ class EtcdSubnetManager:
         snapshot, revision = await self._resync(max_backoff)
         self._remember(snapshot)
         yield snapshot
+        self._settled()
         backoff = 0.1
         prune_at: float | None = None
         while True:
@@ -425,6 +426,7 @@ class EtcdSubnetManager:
                         snapshot, revision = await self._resync(max_backoff)
                         self._remember(snapshot)
                         yield snapshot
+                        self._settled()
                         break
                     if item is None or item.created:
                         reason = await self._check()
@@ -433,6 +435,7 @@ class EtcdSubnetManager:
                             prune_at = time.monotonic() + self.reset_grace
                             self._remember(snapshot)
                             yield snapshot
+                            self._settled()
                             break
                         continue
                     revision, backoff = item.revision, 0.1
@@ -449,6 +452,7 @@ class EtcdSubnetManager:
                 snapshot, revision = await self._resync(max_backoff)
                 self._remember(snapshot)
                 yield snapshot
+                self._settled()
             except StoreUnavailable as err:
                 log.warning("lease watch interrupted (%s); resuming from revision %d in %.1fs",
                             err, revision + 1, backoff)
@@ -457,6 +461,11 @@ class EtcdSubnetManager:
             finally:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
+
+    def _settled(self) -> None:
+        """The consumer has applied the snapshot that ends a recovery: ready again."""
+        if not self.status.ready:
+            self.status.ready, self.status.reason = True, ""
 
     async def _pump(self, start_revision: int,
                     queue: asyncio.Queue[WatchBatch | Exception]) -> None:
@@ -549,7 +558,6 @@ class EtcdSubnetManager:
         fresh = {lease.key for lease in leases}
         kept = [lease for key, lease in self._known.items()
                 if key not in fresh and not any(_overlap(lease, x) for x in leases)]
-        self.status.ready, self.status.reason = True, ""
         log.warning("Recovered from the etcd reset: lease %s is back in etcd; %d remote "
                     "lease(s) listed, %d not yet back kept for %gs", own.key if own else "-",
                     len(fresh) - (own is not None), len(kept), self.reset_grace)

@@ -467,6 +467,8 @@ class EtcdClient:
             while True:
                 batch = _watch_batch(await call.read())
                 if batch is not None:
+                    # Watched revisions are committed: later linearizable reads see no less.
+                    self.revision = max(self.revision, batch.revision)
                     yield batch
         except grpc.aio.AioRpcError as err:
             code = err.code()

@@ -107,6 +107,9 @@ async def test_a_wiped_etcd_gets_our_lease_back_and_a_fresh_view(private_etcd, p
             assert kv.lease == sm._own.etcd_lease_id != own.etcd_lease_id
             assert await other.time_to_live(kv.lease) > 86000
             assert not collector.own_removed
+            # Not ready from the detection until the fresh view was applied, ready after.
+            assert collector.ready_at_snapshots[:2] == [True, False]
+            assert sm.status.ready
             # A node that joins after the reset is seen (the watch follows the new history).
             await put_lease(other, prefix, 221, "2.2.2.3")
             await collector.wait_for((EventType.ADDED, "10.3.221.0-24"))
