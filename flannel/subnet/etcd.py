@@ -428,6 +428,8 @@ class EtcdSubnetManager:
                         yield snapshot
                         self._settled()
                         break
+                    if item is not None:
+                        backoff = 0.1
                     if item is None or item.created:
                         reason = await self._check()
                         if reason is not None:
@@ -438,7 +440,7 @@ class EtcdSubnetManager:
                             self._settled()
                             break
                         continue
-                    revision, backoff = item.revision, 0.1
+                    revision = item.revision
                     if any(raw.deleted and self._is_own_key(raw.kv) for raw in item.events):
                         self._own_deleted = True
                     events = [ev for raw in item.events if (ev := self._event(raw)) is not None]
@@ -577,8 +579,11 @@ class EtcdSubnetManager:
                     or holder.attrs.public_ipv6 != own.attrs.public_ipv6:
                 raise self._taken_error(own, holder, reason)
             # Restored with our key: make it ours again (value, and an etcd lease we renew).
-            return await self._put(own.subnet, own.ipv6_subnet, own.attrs,
+            mine = await self._put(own.subnet, own.ipv6_subnet, own.attrs,
                                    reservation=holder.is_reservation)
+            if kv.lease:
+                await self._revoke_quietly(kv.lease)  # holds no key any more
+            return mine
         lease_id, ttl = await self._grant()
         try:
             created, _ = await self.client.create(key, value, lease_id)

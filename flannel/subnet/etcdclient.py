@@ -306,7 +306,11 @@ class EtcdClient:
                 f"{who} may not {verb} {key}: grant it readwrite on the prefix (etcdctl "
                 f"role grant-permission <role> readwrite {prefix} --prefix=true; etcdctl "
                 f"user grant-role {user or '<user>'} <role>)", code)
-        return EtcdError(f"etcd {method} failed: {code.name}: {err.details()}", code)
+        hint = ""
+        if code == grpc.StatusCode.INVALID_ARGUMENT and not self._options.username:
+            hint = ("; if etcd has authentication enabled, pass --etcd-username and "
+                    "--etcd-password")
+        return EtcdError(f"etcd {method} failed: {code.name}: {err.details()}{hint}", code)
 
     async def call(self, stub: type, method: str, request: object, *,
                    require_leader: bool = False) -> object:

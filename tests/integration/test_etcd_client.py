@@ -143,6 +143,21 @@ async def test_read_only_user_is_refused_with_the_permission_to_grant(tmp_path):
             await client.close()
 
 
+async def test_no_user_name_on_an_etcd_with_auth_names_the_flags(tmp_path):
+    with EtcdServer(tmp_path / "etcd") as server:
+        server.ctl("user", "add", "root", "--new-user-password=s3cret")
+        server.ctl("auth", "enable")
+        client = EtcdClient(EtcdOptions(parse_endpoints(server.endpoint)))
+        try:
+            with pytest.raises(EtcdError) as failure:
+                await client.get(b"/net/config")
+            assert str(failure.value) == (
+                "etcd Range failed: INVALID_ARGUMENT: etcdserver: user name is empty; if etcd "
+                "has authentication enabled, pass --etcd-username and --etcd-password")
+        finally:
+            await client.close()
+
+
 async def test_revoking_a_lease_that_is_gone_is_not_an_error(client):
     lease_id, _ = await client.grant(60)
     await client.revoke(lease_id)
