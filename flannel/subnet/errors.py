@@ -53,18 +53,20 @@ class RetryLog:
         text = str(err)
         if text not in self._seen and len(self._seen) < self.MAX_DISTINCT:
             self._seen.add(text)
-            self.logger.error("%s: %s (retrying in %.1fs)", self.what, text, retry_in)
+            self.logger.error("%s: %s (retrying in %.1fs)", self.what, text, retry_in,
+                              stacklevel=2)
             self._last_log = now
         elif now - self._last_log >= self._interval:
             self.logger.error("%s: still failing after %d attempts in %.0fs, latest: %s",
-                              self.what, self.failures, now - self._started, text)
+                              self.what, self.failures, now - self._started, text,
+                              stacklevel=2)
             self._last_log = now
             self._interval = min(self._interval * 2, self.longest_summary)
 
     def succeeded(self) -> None:
         if self.failures:
             self.logger.info("%s: succeeded after %d failed attempts", self.what,
-                             self.failures)
+                             self.failures, stacklevel=2)
         self.failures = 0
         self._seen.clear()
         self._interval = self.first_summary

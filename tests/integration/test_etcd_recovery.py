@@ -117,10 +117,39 @@ async def test_a_wiped_etcd_gets_our_lease_back_and_a_fresh_view(private_etcd, p
             assert (EventType.REMOVED, "10.3.220.0-24") not in collector.events
             await collector.wait_for((EventType.REMOVED, "10.3.220.0-24"), timeout=10)
             assert sm.status.ready
-            # Renewal renews the re-created etcd lease.
-            renewed = await sm.renew_lease(sm._own)
-            assert (await own_value(other, sm, own.key)).lease == renewed.etcd_lease_id
         finally:
+            await collector.stop()
+
+
+async def test_renewal_renews_the_lease_recreated_after_a_wipe(private_etcd, prefix):
+    async with direct(private_etcd) as client, direct(private_etcd) as other:
+        sm = await setup(client, prefix, lease_ttl=4, check_interval=0.5)
+        own = await sm.acquire_lease(attrs())
+        renewed: list = []
+        keeping = asyncio.create_task(sm.keep_lease(own, renew_margin=2, retry_interval=0.5,
+                                                    on_renewed=renewed.append))
+        collector = Collector(sm, own)
+        try:
+            async def listed() -> bool:
+                return bool(collector.updates)
+            await async_wait_until(listed, what="the first snapshot")
+            await asyncio.to_thread(private_etcd.wipe)
+            await other.put(f"{prefix}/config".encode(), CONFIG.encode())
+
+            async def recovered() -> bool:
+                return len(collector.ready_at_snapshots) >= 2 and sm.status.ready
+            await async_wait_until(recovered, timeout=10, what="the recovery")
+            count = len(renewed)
+
+            async def renewed_since() -> bool:
+                return len(renewed) >= count + 2
+            await async_wait_until(renewed_since, timeout=10, what="two renewals")
+            kv = await own_value(other, sm, own.key)
+            # (the last or, if one more renewal just happened, the one before)
+            assert kv is not None and kv.lease in {r.etcd_lease_id for r in renewed[-2:]}
+            assert 0 < await other.time_to_live(kv.lease) <= 4
+        finally:
+            keeping.cancel()
             await collector.stop()
 
 
