@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -261,4 +262,32 @@ def test_unwritable_subnet_env_is_retried_until_it_works(node, tmp_path):
         no_traceback(proc)
     finally:
         subprocess.run(["chattr", "-i", str(run_dir)], check=False)
+        proc.stop()
+
+
+def test_subnet_taken_while_etcd_was_wiped_exits_one_saying_so(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_path = tmp_path / "subnet.env"
+    proc = flanneld(tmp_path, ns, server, subnet_file=env_path).start()
+    try:
+        proc.wait_log("Lease snapshot")
+        key = next(iter(leases(server)))
+        proc.signal(signal.SIGSTOP)  # this node sleeps through the wipe
+        try:
+            server.stop()
+            shutil.rmtree(server.data_dir)
+            server.start()
+            server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+            server.ctl("put", f"{PREFIX}/subnets/{key}",
+                       '{"PublicIP":"10.99.0.9","PublicIPv6":null}')
+        finally:
+            proc.signal(signal.SIGCONT)
+        assert proc.wait_exit(timeout=30) == 1
+        assert "leases failed: etcd was wiped or restored (" in proc.log, proc.log
+        assert (f"and this node's subnet {key} is now held by {key} of the node at 10.99.0.9; "
+                "this node must not keep using it: restart flanneld to acquire a new subnet"
+                in proc.log), proc.log
+        no_traceback(proc)
+    finally:
         proc.stop()
