@@ -280,7 +280,8 @@ class Daemon:
                                backend_v6_data=local.backend_v6_data)
             self.phase = "acquiring a lease"
             lease = await acquire_lease(sm, attrs, self.stop)
-            if lease is None:
+            if lease is None:  # stopped by a signal while etcd was unavailable
+                await backend.close()
                 return 0
             self.lease = lease
             await backend.activate(lease)
