@@ -100,7 +100,7 @@ async def test_a_wiped_etcd_gets_our_lease_back_and_a_fresh_view(private_etcd, p
             async def back() -> bool:
                 kv = await own_value(other, sm, own.key)
                 return kv is not None and kv.value == value
-            await async_wait_until(back, timeout=10, what="our lease re-created")
+            await async_wait_until(back, timeout=20, what="our lease re-created")
             assert "etcd was wiped or restored from an older backup: the etcd revision went " \
                    "back from" in caplog.text
             kv = await own_value(other, sm, own.key)
@@ -123,10 +123,10 @@ async def test_a_wiped_etcd_gets_our_lease_back_and_a_fresh_view(private_etcd, p
 
 async def test_renewal_renews_the_lease_recreated_after_a_wipe(private_etcd, prefix):
     async with direct(private_etcd) as client, direct(private_etcd) as other:
-        sm = await setup(client, prefix, lease_ttl=4, check_interval=0.5)
+        sm = await setup(client, prefix, lease_ttl=6, check_interval=0.5)
         own = await sm.acquire_lease(attrs())
         renewed: list = []
-        keeping = asyncio.create_task(sm.keep_lease(own, renew_margin=2, retry_interval=0.5,
+        keeping = asyncio.create_task(sm.keep_lease(own, renew_margin=3, retry_interval=0.5,
                                                     on_renewed=renewed.append))
         collector = Collector(sm, own)
         try:
@@ -138,16 +138,16 @@ async def test_renewal_renews_the_lease_recreated_after_a_wipe(private_etcd, pre
 
             async def recovered() -> bool:
                 return len(collector.ready_at_snapshots) >= 2 and sm.status.ready
-            await async_wait_until(recovered, timeout=10, what="the recovery")
+            await async_wait_until(recovered, timeout=20, what="the recovery")
             count = len(renewed)
 
             async def renewed_since() -> bool:
                 return len(renewed) >= count + 2
-            await async_wait_until(renewed_since, timeout=10, what="two renewals")
+            await async_wait_until(renewed_since, timeout=20, what="two renewals")
             kv = await own_value(other, sm, own.key)
             # (the last or, if one more renewal just happened, the one before)
             assert kv is not None and kv.lease in {r.etcd_lease_id for r in renewed[-2:]}
-            assert 0 < await other.time_to_live(kv.lease) <= 4
+            assert 0 < await other.time_to_live(kv.lease) <= 6
         finally:
             keeping.cancel()
             await collector.stop()

@@ -47,7 +47,7 @@ def values_by_ip(leases: dict[str, str]) -> dict[str, tuple[str, str]]:
 def recovered_everywhere(lab, log_marks: dict[int, int]) -> None:
     for index in NODES:
         wait_until(lambda i=index: "Recovered from the etcd reset" in lab.log(i)[log_marks[i]:],
-                   10, what=f"node {index} to recover:\n{lab.log(index)}")
+                   20, what=f"node {index} to recover:\n{lab.log(index)}")
 
 
 @pytest.mark.parametrize("how", ["wipe", "restore"])
@@ -83,7 +83,7 @@ def test_reset_etcd_gets_every_lease_back_without_a_lost_ping(lab3, how, tmp_pat
             log = lab.log(index)[marks[index]:]
             assert "etcd was wiped or restored from an older backup: the etcd revision went " \
                    "back from" in log, log
-            wait_until(lambda i=index: readyz(lab, i) == (200, "flanneld is ready\n"), 10,
+            wait_until(lambda i=index: readyz(lab, i) == (200, "flanneld is ready\n"), 20,
                        what=f"node {index} ready again")
         outputs = [p.communicate(timeout=30)[0] for p in pingers]
     finally:
