@@ -1,10 +1,12 @@
 """flanneld: wires a subnet manager (the lease store) to a backend (the data plane).
 
 Owns the startup order of upstream (health server, config, interface, backend, lease, traffic
-rules, subnet.env, lease watch, renewal), the lease-to-backend data flow (the full set of
-remote leases is handed to the backend after every change, so the backend reconciles rather
-than patches), readiness (subnet.env written, rules installed, peers programmed; systemd is
-told once), and shutdown: a signal stops the process and leaves the lease, subnet.env, the
+rules, subnet.env, lease watch, renewal), retries of the startup store phases while the store
+is unavailable (a store error that retrying cannot fix exits 1 with its message), retries of
+the subnet.env write, the lease-to-backend data flow (the full set of remote leases is handed
+to the backend after every change, so the backend reconciles rather than patches), readiness
+(subnet.env written, store view complete, rules installed, peers programmed; systemd is told
+once), and shutdown: a signal stops the process and leaves the lease, subnet.env, the
 rules and every kernel object in place so that a restart is hitless; a second signal kills.
 Must not touch: store internals or kernel internals beyond the interfaces it calls.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import signal
 from dataclasses import dataclass
@@ -35,13 +38,17 @@ from flannel.rules.iptables import RulesError
 from flannel.rules.manager import TrafficManager, check_br_netfilter
 from flannel.rules.spec import FamilyRules
 from flannel.sdnotify import notify
-from flannel.subnet import StoreOpenError, open_store, store_errors
+from flannel.subnet import StoreOpenError, open_store
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
+from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.kube import KubeError
 from flannel.subnet.manager import SubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 
 log = logging.getLogger("flanneld")
+
+ACQUIRE_BACKOFF = (0.5, 10.0)  # first and longest wait between acquisition attempts
+SUBNET_ENV_BACKOFF = (0.5, 30.0)
 
 
 class StartupError(Exception):
@@ -63,19 +70,48 @@ def make_manager(args: argparse.Namespace) -> SubnetManager:
         raise StartupError(str(err)) from None
 
 
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` or until ``stop`` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
 async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConfig | None:
     """Fetch the network config, retrying every second while the store cannot give it."""
+    retries = RetryLog(log, "Couldn't fetch network config")
     while not stop.is_set():
         try:
-            return await sm.get_network_config()
+            config = await sm.get_network_config()
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None
-        except store_errors("etcdclient.EtcdError") as err:
-            log.error("Couldn't fetch network config: %s", err)
+        except StoreError as err:
+            raise StartupError(f"Couldn't fetch network config: {err}") from None
+        except StoreUnavailable as err:
+            retries.failed(err, 1.0)
+            await _pause(stop, 1.0)
+            continue
+        retries.succeeded()
+        return config
+    return None
+
+
+async def acquire_lease(sm: SubnetManager, attrs: LeaseAttrs, stop: asyncio.Event
+                        ) -> Lease | None:
+    """Our lease, retrying with backoff while the store is unavailable; None when stopped."""
+    retries = RetryLog(log, "Couldn't acquire a lease")
+    backoff, longest = ACQUIRE_BACKOFF
+    while not stop.is_set():
         try:
-            await asyncio.wait_for(stop.wait(), timeout=1.0)
-        except TimeoutError:
-            pass
+            lease = await sm.acquire_lease(attrs)
+        except StoreError as err:
+            raise StartupError(f"failed to acquire lease: {err}") from None
+        except StoreUnavailable as err:
+            retries.failed(err, backoff)
+            await _pause(stop, backoff)
+            backoff = min(backoff * 2, longest)
+            continue
+        retries.succeeded()
+        return lease
     return None
 
 
@@ -110,6 +146,7 @@ class Daemon:
         self.subnet_env_written = False
         self.backend: Backend | None = None
         self.traffic: TrafficManager | None = None
+        self.sm: SubnetManager | None = None
         self._was_ready = False
         self._failures: list[BaseException] = []
 
@@ -121,6 +158,8 @@ class Daemon:
     def readiness(self) -> tuple[bool, str]:
         if not self.subnet_env_written:
             return False, self.phase
+        if self.sm is not None and not self.sm.status.ready:
+            return False, self.sm.status.reason
         if self.traffic is not None and not self.traffic.status.installed:
             return False, self.traffic.status.reason
         if self.backend is not None:
@@ -214,13 +253,14 @@ class Daemon:
                                backend_data=local.backend_data,
                                backend_v6_data=local.backend_v6_data)
             self.phase = "acquiring a lease"
-            lease = await sm.acquire_lease(attrs)
+            lease = await acquire_lease(sm, attrs, self.stop)
+            if lease is None:  # stopped by a signal while etcd was unavailable
+                await backend.close()
+                return 0
             self.lease = lease
             await backend.activate(lease)
         except BackendError as err:
             raise StartupError(str(err)) from None
-        except store_errors("etcd.AcquireError") as err:
-            raise StartupError(f"failed to acquire lease: {err}") from None
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None
         self.backend = backend
@@ -234,8 +274,10 @@ class Daemon:
                 subnets = [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
                 tasks.append(asyncio.create_task(
                     keep_blackholes(subnets, args.iptables_resync), name="blackhole"))
-            self._write_subnet_env(config, lease, local.mtu)
+            self.sm = sm
             tasks += [
+                asyncio.create_task(self._keep_writing_subnet_env(config, lease, local.mtu),
+                                    name="subnet.env"),
                 asyncio.create_task(self._follow_leases(sm, backend, lease), name="leases"),
                 asyncio.create_task(sm.complete_lease(
                     lease, args.subnet_lease_renew_margin * 60, self._renewed), name="lease"),
@@ -260,21 +302,32 @@ class Daemon:
             self._failures.append(task.exception())
             self.request_stop(Outcome(f"{task.get_name()} failed", 1))
 
-    def _write_subnet_env(self, config: NetworkConfig, lease: Lease, mtu: int) -> None:
+    async def _keep_writing_subnet_env(self, config: NetworkConfig, lease: Lease,
+                                       mtu: int) -> None:
+        """Write subnet.env, retrying with backoff until it works (the cause, such as an
+        unwritable directory, can be fixed while we run); not ready meanwhile."""
         env = SubnetEnv(
             network=config.network if lease.subnet is not None else None,
             subnet=lease.subnet,
             ipv6_network=config.ipv6_network if lease.ipv6_subnet is not None else None,
             ipv6_subnet=lease.ipv6_subnet, mtu=mtu, ip_masq=self.args.ip_masq)
-        try:
-            write_subnet_env(self.args.subnet_file, env)
-        except OSError as err:
-            self.phase = f"could not write {self.args.subnet_file}: {err.strerror}"
-            log.error("could not write %s: %s; pods on this node will not start until it "
-                      "exists", self.args.subnet_file, err)
-            return
+        path = self.args.subnet_file
+        backoff, longest = SUBNET_ENV_BACKOFF
+        retries = RetryLog(log, f"could not write {path}")
+        while True:
+            try:
+                write_subnet_env(path, env)
+            except OSError as err:
+                self.phase = (f"could not write {path}: {err.strerror or err}; pods on this "
+                              "node cannot start until it exists (retrying)")
+                retries.failed(err.strerror or str(err), backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, longest)
+                continue
+            break
+        retries.succeeded()
         self.subnet_env_written = True
-        log.info("Wrote %s: subnet %s, MTU %d", self.args.subnet_file, lease.key, mtu)
+        log.info("Wrote %s: subnet %s, MTU %d", path, lease.key, mtu)
 
     def _renewed(self, lease: Lease) -> None:
         self.lease = lease

@@ -105,6 +105,28 @@ class EtcdServer:
         self.stop()
         self.start()
 
+    def wipe(self) -> None:
+        """Restart with no data at all (every key, lease and revision gone), same ports."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.start()
+
+    def restore(self, snapshot: Path) -> None:
+        """Restart from ``snapshot`` (``ctl("snapshot", "save", path)``), as after a restore
+        from backup: the keys, leases and revision of that moment."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        peer = f"http://{self.host}:{self.peer_port}"
+        result = subprocess.run(
+            [ETCDCTL, "snapshot", "restore", str(snapshot), "--data-dir", str(self.data_dir),
+             "--name", "test", "--initial-cluster", f"test={peer}",
+             "--initial-advertise-peer-urls", peer],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, "ETCDCTL_API": "3"})
+        if result.returncode != 0:
+            raise RuntimeError(f"etcdctl snapshot restore failed: {result.stderr}")
+        self.start()
+
     def ctl(self, *args: str, check: bool = True, user: str | None = None
             ) -> subprocess.CompletedProcess:
         """Run etcdctl (v3 API) against this server."""

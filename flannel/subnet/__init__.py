@@ -9,7 +9,6 @@ Nothing in this package touches the kernel.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,15 +36,3 @@ def open_store(args: argparse.Namespace) -> SubnetManager:
     except EtcdOptionError as err:
         raise StoreOpenError(str(err)) from None
 
-
-def store_errors(*names: str) -> tuple[type[BaseException], ...]:
-    """The named exception classes (``"etcdclient.EtcdError"``) of the store modules that are
-    loaded, for ``except`` clauses: a store that was never opened cannot have raised, so its
-    client library is not imported just to name its errors."""
-    found = []
-    for name in names:
-        module_name, _, cls = name.rpartition(".")
-        module = sys.modules.get(f"{__name__}.{module_name}")
-        if module is not None:
-            found.append(getattr(module, cls))
-    return tuple(found)

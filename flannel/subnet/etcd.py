@@ -2,7 +2,10 @@
 
 Owns the key layout under ``<prefix>`` (``config``, ``subnets/<key>``), the acquisition
 order of upstream (reuse by public IP, previous subnet, random free subnet), lease renewal,
-and a watch that resumes from the last seen revision and relists after compaction.
+a watch that resumes from the last seen revision and relists after compaction, and the
+recovery from a wiped or restored store (detected by the client's cluster ID and revision
+checks, or our own key vanishing without a deletion): relist, re-create our lease with the
+same subnet if it is free, and report not-ready meanwhile (``status``).
 Deliberate improvements over Go flannel, documented in docs/architecture.md: a lost creation
 race is retried in-process; a key without an etcd lease is a reservation that is honoured
 and never converted into a TTL lease.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -20,6 +24,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any
+
+import grpc
 
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
@@ -32,15 +38,18 @@ from flannel.lease import (
     parse_subnet_key,
 )
 from flannel.subnet.envfile import read_env, single_cidr
+from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcdclient import (
     EtcdClient,
     EtcdCompacted,
     EtcdError,
     EtcdOptions,
     KeyValue,
+    WatchBatch,
     WatchEvent,
     parse_endpoints,
 )
+from flannel.subnet.manager import StoreStatus
 from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 
@@ -48,16 +57,23 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PREFIX = "/coreos.com/network"
 DEFAULT_LEASE_TTL = 24 * 3600
+MAX_LEASE_TTL = 9_000_000_000  # etcd's MaxLeaseTTL
 MAX_CANDIDATES = 100
 ACQUIRE_ATTEMPTS = 10
+CHECK_INTERVAL = 5.0
+RESET_GRACE = 30.0
 
 
-class ConfigNotFound(EtcdError):
+class ConfigNotFound(StoreUnavailable):
     """There is no network config under the prefix (or it was written with the v2 API)."""
 
 
-class AcquireError(Exception):
+class AcquireError(StoreError):
     """No lease could be acquired; the message says why and what to do."""
+
+
+class LeaseTaken(StoreError):
+    """After a store reset, our subnet belongs to another node: we must not keep using it."""
 
 
 @dataclass(frozen=True)
@@ -128,13 +144,26 @@ class EtcdSubnetManager:
     def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX, *,
                  lease_ttl: int = DEFAULT_LEASE_TTL,
                  previous: PreviousSubnets | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 check_interval: float = CHECK_INTERVAL,
+                 reset_grace: float = RESET_GRACE) -> None:
         self.client = client
         self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
         self.lease_ttl = lease_ttl
         self.previous = previous or PreviousSubnets()
         self._clock = clock
         self.undecodable = SkippedRecords("lease")
+        self.check_interval = check_interval
+        self.reset_grace = reset_grace
+        self.status = StoreStatus()
+        # Our lease as it is in etcd now (renewals and a reset recovery replace it).
+        self._own: Lease | None = None
+        self._own_lock = asyncio.Lock()
+        self._own_replaced = asyncio.Event()
+        self._own_deleted = False
+        self._missing_checks = 0
+        # Every remote lease the watch has reported, to bridge a reset (see _recover).
+        self._known: dict[str, Lease] = {}
 
     @property
     def config_key(self) -> bytes:
@@ -197,7 +226,7 @@ class EtcdSubnetManager:
         if reservation:
             await self.client.put(key, value)
             return lease
-        lease_id, ttl = await self.client.grant(self.lease_ttl)
+        lease_id, ttl = await self._grant()
         try:
             await self.client.put(key, value, lease_id)
         except BaseException:
@@ -205,18 +234,38 @@ class EtcdSubnetManager:
             raise
         return replace(lease, expiration=self._clock() + ttl, etcd_lease_id=lease_id)
 
+    async def _grant(self) -> tuple[int, int]:
+        """A fresh etcd lease of ``lease_ttl``; a TTL etcd refuses names the flag to fix."""
+        ttl = self.lease_ttl
+        refused = (f"etcd refuses a subnet lease TTL of {ttl} s: set --subnet-lease-ttl "
+                   f"between 1s and {MAX_LEASE_TTL}s (the default is 24h)")
+        if not 0 < ttl < 1 << 63:
+            raise StoreError(refused)
+        try:
+            return await self.client.grant(ttl)
+        except EtcdError as err:
+            if err.code == grpc.StatusCode.OUT_OF_RANGE:
+                raise StoreError(refused) from None
+            raise
+
     async def _revoke_quietly(self, lease_id: int) -> None:
         try:
             await self.client.revoke(lease_id)
-        except EtcdError as err:
+        except (StoreError, StoreUnavailable) as err:
             log.warning("could not revoke unused etcd lease %x: %s", lease_id, err)
 
     async def acquire_lease(self, attrs: LeaseAttrs) -> Lease:
         """Acquire a subnet for this node: reuse by public IP, previous subnet, or a new one.
 
         A lost creation race is retried in-process: the failed transaction returns the fresh
-        listing, so each retry costs one round trip.
+        listing, so each retry costs one round trip. Raises StoreUnavailable when retrying
+        later may help; StoreError (AcquireError included) or ConfigError when it will not.
         """
+        lease = await self._acquire(attrs)
+        self._own, self._own_deleted = lease, False
+        return lease
+
+    async def _acquire(self, attrs: LeaseAttrs) -> Lease:
         cfg, (kvs, _) = await asyncio.gather(self.get_network_config(),
                                              self.client.get_prefix(self.subnets_prefix))
         leases = [lease for kv in kvs if (lease := self._decode(kv)) is not None]
@@ -226,7 +275,7 @@ class EtcdSubnetManager:
         # Every key that names a subnet is taken, even one whose value we cannot read.
         taken = self._taken((kv for kv in kvs if self._key_name(kv) not in deleted), cfg)
         value = attrs.to_json().encode()
-        lease_id, ttl = await self.client.grant(self.lease_ttl)
+        lease_id, ttl = await self._grant()
         acquired = False
         try:
             for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
@@ -338,6 +387,8 @@ class EtcdSubnetManager:
         if lease.is_reservation:
             return lease
         renewed = await self._put(lease.subnet, lease.ipv6_subnet, lease.attrs)
+        if self._own is not None and self._own.same_subnet(lease):
+            self._own = renewed
         # The old etcd lease no longer holds a key; revoke it rather than let it linger.
         await self._revoke_quietly(lease.etcd_lease_id)
         return renewed
@@ -352,39 +403,226 @@ class EtcdSubnetManager:
         lease = self._decode(raw.kv)
         return Event(EventType.ADDED, lease) if lease is not None else None
 
+    def _is_own_key(self, kv: KeyValue) -> bool:
+        own = self._own
+        return own is not None and kv.key == self.lease_key(own.key)
+
+    def _remember(self, update: LeaseUpdate) -> None:
+        if isinstance(update, Snapshot):
+            self._known = {lease.key: lease for lease in update.leases}
+            return
+        for event in update.events:
+            if event.type is EventType.ADDED:
+                self._known[event.lease.key] = event.lease
+            else:
+                self._known.pop(event.lease.key, None)
+
     async def watch_leases(self, *, max_backoff: float = 5.0) -> AsyncIterator[LeaseUpdate]:
-        """A snapshot, then changes; survives disconnects and relists after compaction."""
-        leases, revision = await self._retrying(self.list_leases, max_backoff)
-        yield Snapshot(leases)
+        """A snapshot, then changes; survives disconnects, relists after compaction, and
+        recovers from a wiped or restored store (see ``_recover``)."""
+        snapshot, revision = await self._resync(max_backoff)
+        self._remember(snapshot)
+        yield snapshot
+        self._settled()
         backoff = 0.1
+        prune_at: float | None = None
         while True:
+            queue: asyncio.Queue[WatchBatch | Exception] = asyncio.Queue(maxsize=16)
+            pump = asyncio.create_task(self._pump(revision + 1, queue), name="etcd watch")
             try:
-                async for batch in self.client.watch(self.subnets_prefix, revision + 1):
-                    revision = batch.revision
-                    backoff = 0.1
-                    events = [ev for raw in batch.events if (ev := self._event(raw)) is not None]
+                while True:
+                    timeout = self.check_interval
+                    if prune_at is not None:
+                        timeout = max(0.0, min(timeout, prune_at - time.monotonic()))
+                    try:
+                        item = await asyncio.wait_for(queue.get(), timeout)
+                    except TimeoutError:
+                        item = None
+                    if isinstance(item, Exception):
+                        raise item
+                    if prune_at is not None and time.monotonic() >= prune_at:
+                        # The grace after a reset is over: forget nodes that did not return.
+                        prune_at = None
+                        snapshot, revision = await self._resync(max_backoff)
+                        self._remember(snapshot)
+                        yield snapshot
+                        self._settled()
+                        break
+                    if item is not None:
+                        backoff = 0.1
+                    if item is None or item.created:
+                        reason = await self._check()
+                        if reason is not None:
+                            snapshot, revision = await self._resync(max_backoff, reason)
+                            prune_at = time.monotonic() + self.reset_grace
+                            self._remember(snapshot)
+                            yield snapshot
+                            self._settled()
+                            break
+                        continue
+                    revision = item.revision
+                    if any(raw.deleted and self._is_own_key(raw.kv) for raw in item.events):
+                        self._own_deleted = True
+                    events = [ev for raw in item.events if (ev := self._event(raw)) is not None]
                     if events:
-                        yield Changes(events)
+                        update = Changes(events)
+                        self._remember(update)
+                        yield update
             except EtcdCompacted as err:
                 log.warning("watch resumed from a compacted revision (%d < %d); relisting",
                             revision + 1, err.compact_revision)
-                leases, revision = await self._retrying(self.list_leases, max_backoff)
-                yield Snapshot(leases)
-            except EtcdError as err:
+                snapshot, revision = await self._resync(max_backoff)
+                self._remember(snapshot)
+                yield snapshot
+                self._settled()
+            except StoreUnavailable as err:
                 log.warning("lease watch interrupted (%s); resuming from revision %d in %.1fs",
                             err, revision + 1, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, max_backoff)
+            finally:
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
 
-    async def _retrying(self, operation: Callable, max_backoff: float) -> tuple:
+    def _settled(self) -> None:
+        """The consumer has applied the snapshot that ends a recovery: ready again."""
+        if not self.status.ready:
+            self.status.ready, self.status.reason = True, ""
+
+    async def _pump(self, start_revision: int,
+                    queue: asyncio.Queue[WatchBatch | Exception]) -> None:
+        """Feed one watch stream into ``queue``, ending with the error that broke it."""
+        try:
+            async for batch in self.client.watch(self.subnets_prefix, start_revision):
+                await queue.put(batch)
+            await queue.put(StoreUnavailable("the watch stream ended"))
+        except (StoreUnavailable, StoreError) as err:
+            await queue.put(err)
+
+    async def _check(self) -> str | None:
+        """Why the store looks wiped or restored, if it does: a linearizable read of our key
+        (its header carries the cluster ID and revision the client compares)."""
+        own = self._own
+        try:
+            kv, _ = await self.client.get(self.lease_key(own.key) if own else self.config_key)
+        except (StoreUnavailable, StoreError) as err:
+            log.debug("store check failed (the watch reports outages): %s", err)
+            return None
+        reason = self.client.take_reset()
+        if reason is not None or own is None or self._own_deleted or kv is not None:
+            self._missing_checks = 0
+            if reason is None and own is not None and kv is not None:
+                return self._not_ours(own, self._decode(kv))
+            return reason
+        # A deliberate deletion reaches us through the watch at once and stops the node;
+        # gone twice in a row without one, the key was lost with the store's data.
+        self._missing_checks += 1
+        if self._missing_checks < 2:
+            return None
+        self._missing_checks = 0
+        return f"this node's lease {own.key} vanished from etcd without a deletion"
+
+    def _not_ours(self, own: Lease, stored: Lease | None) -> str | None:
+        """Why the record under our key is not the lease we hold, if it is not (a store that
+        was wiped and written again, or restored, without its revision going back)."""
+        if stored is None:
+            return f"this node's lease {own.key} holds a value that is not a lease"
+        theirs = (stored.attrs.public_ip, stored.attrs.public_ipv6)
+        if theirs != (own.attrs.public_ip, own.attrs.public_ipv6):
+            return (f"this node's lease {own.key} now names another node "
+                    f"({theirs[0] or theirs[1]})")
+        # A renewal in progress rebinds the key before we learn the new etcd lease.
+        if stored.etcd_lease_id != own.etcd_lease_id and not self._own_lock.locked():
+            return (f"this node's lease {own.key} is bound to etcd lease "
+                    f"{stored.etcd_lease_id:x}, not to ours ({own.etcd_lease_id:x})")
+        return None
+
+    async def _resync(self, max_backoff: float, reason: str | None = None
+                      ) -> tuple[Snapshot, int]:
+        """List every lease (retrying while etcd is unavailable); if the store was reset,
+        recover first. Raises StoreError when retrying cannot help."""
+        retries = RetryLog(log, "listing the leases in etcd")
         backoff = 0.1
         while True:
             try:
-                return await operation()
-            except EtcdError as err:
-                log.warning("etcd request failed (%s); retrying in %.1fs", err, backoff)
+                leases, revision = await self.list_leases()
+                reason = reason or self.client.take_reset()
+                own = self._own
+                if reason is None and own is not None and not self._own_deleted:
+                    stored = next((x for x in leases if x.key == own.key), None)
+                    reason = self._not_ours(own, stored) if stored is not None else (
+                        f"this node's lease {own.key} is missing from etcd")
+                if reason is not None:
+                    leases, revision = await self._recover(reason, leases)
+                    reason = None
+                retries.succeeded()
+                return Snapshot(leases), revision
+            except StoreUnavailable as err:
+                retries.failed(err, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, max_backoff)
+
+    async def _recover(self, reason: str, listed: list[Lease]) -> tuple[list[Lease], int]:
+        """Put our lease back after a reset and list again. Remote leases known before the
+        reset but not listed now are kept for ``reset_grace`` seconds, so that peers which are
+        re-creating their own leases keep their routes meanwhile."""
+        own = self._own
+        if not self.status.reason.startswith("recovering"):
+            log.error("etcd was wiped or restored from an older backup: %s. Relisting the "
+                      "leases and re-creating this node's lease %s; not ready until done",
+                      reason, own.key if own else "(none)")
+        self.status.ready, self.status.reason = False, f"recovering from an etcd reset: {reason}"
+        if own is not None:
+            async with self._own_lock:
+                self._own = await self._recreate_own(own, listed, reason)
+                self._own_replaced.set()
+        leases, revision = await self.list_leases()
+        fresh = {lease.key for lease in leases}
+        kept = [lease for key, lease in self._known.items()
+                if key not in fresh and not any(_overlap(lease, x) for x in leases)]
+        log.warning("Recovered from the etcd reset: lease %s is back in etcd; %d remote "
+                    "lease(s) listed, %d not yet back kept for %gs", own.key if own else "-",
+                    len(fresh) - (own is not None), len(kept), self.reset_grace)
+        return leases + kept, revision
+
+    async def _recreate_own(self, own: Lease, listed: list[Lease], reason: str) -> Lease:
+        """Our lease with the same subnet and attributes, created if absent with a fresh etcd
+        lease; LeaseTaken when another node holds the subnet now."""
+        key, value = self.lease_key(own.key), own.attrs.to_json().encode()
+        for lease in listed:
+            if lease.key != own.key and _overlap(lease, own):
+                raise self._taken_error(own, lease, reason)
+        kv, _ = await self.client.get(key)
+        if kv is not None:
+            holder = self._decode(kv)
+            if holder is None or holder.attrs.public_ip != own.attrs.public_ip \
+                    or holder.attrs.public_ipv6 != own.attrs.public_ipv6:
+                raise self._taken_error(own, holder, reason)
+            # Restored with our key: make it ours again (value, and an etcd lease we renew).
+            mine = await self._put(own.subnet, own.ipv6_subnet, own.attrs,
+                                   reservation=holder.is_reservation)
+            if kv.lease:
+                await self._revoke_quietly(kv.lease)  # holds no key any more
+            return mine
+        lease_id, ttl = await self._grant()
+        try:
+            created, _ = await self.client.create(key, value, lease_id)
+        except BaseException:
+            await self._revoke_quietly(lease_id)
+            raise
+        if not created:
+            await self._revoke_quietly(lease_id)
+            kv, _ = await self.client.get(key)
+            raise self._taken_error(own, self._decode(kv) if kv else None, reason)
+        return replace(own, expiration=self._clock() + ttl, etcd_lease_id=lease_id)
+
+    def _taken_error(self, own: Lease, holder: Lease | None, reason: str) -> LeaseTaken:
+        who = (f"{holder.key} of the node at {holder.attrs.public_ip or holder.attrs.public_ipv6}"
+               if holder is not None else "a record that is not this node's")
+        return LeaseTaken(
+            f"etcd was wiped or restored ({reason}) and this node's subnet {own.key} is now "
+            f"held by {who}; this node must not keep using it: restart flanneld to acquire a "
+            "new subnet")
 
     async def public_ip_overrides(self) -> tuple[None, None]:
         return None, None
@@ -399,13 +637,26 @@ class EtcdSubnetManager:
     async def keep_lease(self, lease: Lease, renew_margin: float, *,
                          retry_interval: float = 60.0,
                          on_renewed: Callable[[Lease], None] | None = None) -> None:
-        """Renew ``lease`` ``renew_margin`` seconds before each expiry, forever."""
-        while lease.expiration is not None:
-            delay = max(0.0, lease.expiration - renew_margin - self._clock())
-            await asyncio.sleep(delay)
+        """Renew our lease ``renew_margin`` seconds before each expiry, forever; after a reset
+        recovery, the re-created lease is the one renewed."""
+        if self._own is None or not self._own.same_subnet(lease):
+            self._own = lease
+        while True:
+            current = self._own
+            self._own_replaced.clear()
+            if current.expiration is None:  # a reservation: nothing to renew
+                await self._own_replaced.wait()
+                continue
+            delay = max(0.0, current.expiration - renew_margin - self._clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._own_replaced.wait(), delay)
+                continue  # re-created after a reset: wait for its own expiry
             try:
-                lease = await self.renew_lease(lease)
-            except EtcdError as err:
+                async with self._own_lock:
+                    if self._own is not current:
+                        continue
+                    lease = await self.renew_lease(current)
+            except (StoreError, StoreUnavailable) as err:
                 log.error("Error renewing lease (trying again in %s): %s",
                           _seconds_text(retry_interval), err)
                 await asyncio.sleep(retry_interval)
@@ -437,3 +688,6 @@ def make_etcd_manager(args: argparse.Namespace) -> EtcdSubnetManager:
         client, args.etcd_prefix, lease_ttl=int(args.subnet_lease_ttl),
         previous=PreviousSubnets(single_cidr(previous, "FLANNEL_SUBNET", 4),
                                  single_cidr(previous, "FLANNEL_IPV6_SUBNET", 6)))
+def _overlap(a: Lease, b: Lease) -> bool:
+    return bool((a.subnet and b.subnet and a.subnet.overlaps(b.subnet))
+                or (a.ipv6_subnet and b.ipv6_subnet and a.ipv6_subnet.overlaps(b.ipv6_subnet)))

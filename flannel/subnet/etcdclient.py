@@ -2,8 +2,11 @@
 
 Owns the gRPC channel (plain or TLS with client certificates), failover across several
 endpoints, password authentication and re-authentication when the token expires, per-call
-deadlines, and watch streams that report compaction. aetcd's own ``Client`` is not used
-because it hard-codes an insecure channel and never re-authenticates.
+deadlines, watch streams that report compaction, the classification of every gRPC status
+into retryable (``StoreUnavailable``) or fatal (``StoreError``, saying what to fix), and the
+cluster ID and highest revision seen, so that a wiped or restored store is noticed. aetcd's
+own ``Client`` is not used because it hard-codes an insecure channel and never
+re-authenticates.
 Must not touch: flannel semantics (keys, lease JSON) and the kernel.
 """
 
@@ -19,18 +22,28 @@ from urllib.parse import urlsplit
 import grpc
 from aetcd import rpc
 
+from flannel.subnet.errors import StoreError, StoreUnavailable
+
 log = logging.getLogger(__name__)
 
 
-class EtcdError(Exception):
+class EtcdError(StoreError):
     """An etcd request failed for a reason retrying the same request will not fix."""
 
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
-class EtcdUnavailable(EtcdError):
-    """No endpoint answered (down, unreachable, or no leader)."""
+
+class EtcdUnavailable(StoreUnavailable):
+    """No endpoint answered (down, unreachable, paused, no leader), or etcd asked to retry."""
 
 
-class EtcdCompacted(EtcdError):
+class EtcdAuthFailed(EtcdUnavailable):
+    """etcd did not accept the user name and password (they may be fixed on the server)."""
+
+
+class EtcdCompacted(StoreUnavailable):
     """A watch asked for a revision that etcd has compacted away."""
 
     def __init__(self, compact_revision: int) -> None:
@@ -114,10 +127,12 @@ class WatchEvent:
 
 @dataclass(frozen=True)
 class WatchBatch:
-    """Events of one watch response and the last revision the watcher has fully seen."""
+    """Events of one watch response and the last revision the watcher has fully seen;
+    ``created`` marks the confirmation that the watch stream is (re)established."""
 
     events: list[WatchEvent]
     revision: int
+    created: bool = False
 
 
 def prefix_range_end(prefix: bytes) -> bytes:
@@ -131,6 +146,10 @@ def prefix_range_end(prefix: bytes) -> bytes:
 
 
 _RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# etcd's "too many requests", "leader changed" and server-side hiccups: retry later.
+_RETRY_LATER = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
+                grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
+                grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
 _CHANNEL_OPTIONS = (
     # Reconnect quickly after an etcd restart instead of gRPC's default 1 s..120 s backoff.
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -154,6 +173,9 @@ class EtcdClient:
         self._token: str | None = None
         self._lock = asyncio.Lock()
         self._credentials = self._load_credentials()
+        self.cluster_id = 0
+        self.revision = 0
+        self._reset: str | None = None
 
     def _load_credentials(self) -> grpc.ChannelCredentials | None:
         opts = self._options
@@ -207,6 +229,11 @@ class EtcdClient:
                     except grpc.aio.AioRpcError as err:
                         await self._discard(channel, failover=True)
                         raise _Unreachable(f"{self.endpoint}: {err.details()}") from None
+                    except EtcdAuthFailed:
+                        # A channel without a token would make etcd say "user name is
+                        # empty" next time: authenticate again on a fresh one instead.
+                        await self._discard(channel, failover=False)
+                        raise
             return self._channel, self._metadata(require_leader)
 
     async def _authenticate(self, channel: grpc.aio.Channel) -> None:
@@ -218,8 +245,10 @@ class EtcdClient:
         except grpc.aio.AioRpcError as err:
             if err.code() in _RETRY_ELSEWHERE:
                 raise
-            raise EtcdError(
-                f"etcd authentication as {self._options.username!r} failed: {err.details()}; "
+            why = ("wrong user name or password"
+                   if err.code() == grpc.StatusCode.INVALID_ARGUMENT else err.details())
+            raise EtcdAuthFailed(
+                f"etcd authentication as {self._options.username!r} failed: {why}; "
                 "check --etcd-username and --etcd-password") from None
         self._token = response.token
 
@@ -239,9 +268,56 @@ class EtcdClient:
             self._index = (self._index + 1) % len(self._options.endpoints)
         await channel.close()
 
+    def _observe(self, header: rpc.ResponseHeader, floor: int) -> None:
+        """Note the cluster ID and revision of a response to a request sent when ``floor`` was
+        the highest revision seen: a linearizable answer never goes below it, unless the
+        store was wiped or restored from an older backup."""
+        if not header.cluster_id:
+            return
+        if self.cluster_id and header.cluster_id != self.cluster_id:
+            self._reset = (f"the etcd cluster ID changed from {self.cluster_id:x} to "
+                           f"{header.cluster_id:x}")
+            self.revision = header.revision
+        elif header.revision < floor:
+            self._reset = f"the etcd revision went back from {floor} to {header.revision}"
+            self.revision = header.revision
+        else:
+            self.revision = max(self.revision, header.revision)
+        self.cluster_id = header.cluster_id
+
+    def take_reset(self) -> str | None:
+        """What showed that the store was wiped or restored since the last call, if anything."""
+        reset, self._reset = self._reset, None
+        return reset
+
+    def _refusal(self, method: str, request: object, err: grpc.aio.AioRpcError) -> EtcdError:
+        """The fatal error for a refused request, saying what to fix."""
+        code = err.code()
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            key = _request_key(request)
+            verb = "read" if method == "Range" else "write"
+            user = self._options.username
+            who = f"etcd user {user!r}" if user else "the etcd client certificate's user"
+            if key is None:
+                return EtcdError(f"{who} may not call {method}: grant it the permission "
+                                 "(etcdctl role grant-permission)", code)
+            prefix = key[:key.rfind("/") + 1] or key
+            return EtcdError(
+                f"{who} may not {verb} {key}: grant it readwrite on the prefix (etcdctl "
+                f"role grant-permission <role> readwrite {prefix} --prefix=true; etcdctl "
+                f"user grant-role {user or '<user>'} <role>)", code)
+        hint = ""
+        if code == grpc.StatusCode.INVALID_ARGUMENT and not self._options.username:
+            hint = ("; if etcd has authentication enabled, pass --etcd-username and "
+                    "--etcd-password")
+        return EtcdError(f"etcd {method} failed: {code.name}: {err.details()}{hint}", code)
+
     async def call(self, stub: type, method: str, request: object, *,
                    require_leader: bool = False) -> object:
-        """Run one unary RPC: fail over on unavailability, re-authenticate on token expiry."""
+        """Run one unary RPC: fail over on unavailability, re-authenticate on token expiry.
+
+        Raises EtcdUnavailable when retrying later may help, EtcdError when it will not.
+        """
         attempts = len(self._options.endpoints)
         reauthed = False
         last_error = ""
@@ -252,9 +328,12 @@ class EtcdClient:
                 last_error = str(err)
                 attempts -= 1
                 continue
+            floor = self.revision
             try:
-                return await getattr(stub(channel), method)(
+                response = await getattr(stub(channel), method)(
                     request, timeout=self._options.timeout, metadata=metadata)
+                self._observe(response.header, floor)
+                return response
             except grpc.aio.AioRpcError as err:
                 code = err.code()
                 if code == grpc.StatusCode.UNAUTHENTICATED and self._options.username \
@@ -264,6 +343,10 @@ class EtcdClient:
                         await self._reauthenticate(channel, dict(metadata).get("token"))
                     except grpc.aio.AioRpcError as auth_err:
                         last_error = f"{self.endpoint}: {auth_err.details()}"
+                    except EtcdAuthFailed:
+                        async with self._lock:
+                            await self._discard(channel, failover=False)
+                        raise
                     continue
                 if code in _RETRY_ELSEWHERE:
                     last_error = f"{self.endpoint}: {err.details()}"
@@ -274,7 +357,10 @@ class EtcdClient:
                 if code == grpc.StatusCode.CANCELLED and self._channel is not channel:
                     # Another task replaced the channel under this call: retry on the new one.
                     continue
-                raise EtcdError(f"etcd {method} failed: {code.name}: {err.details()}") from None
+                if code in _RETRY_LATER:
+                    raise EtcdUnavailable(
+                        f"etcd {method} failed: {code.name}: {err.details()}") from None
+                raise self._refusal(method, request, err) from None
         raise EtcdUnavailable(f"no etcd endpoint answered (last error: {last_error})")
 
     async def close(self) -> None:
@@ -334,10 +420,11 @@ class EtcdClient:
         return response.ID, response.TTL
 
     async def revoke(self, lease_id: int) -> None:
+        """Revoke a lease; one that no longer exists (expired, store reset) is fine."""
         try:
             await self.call(rpc.LeaseStub, "LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease_id))
         except EtcdError as err:
-            if "not found" not in str(err):
+            if err.code != grpc.StatusCode.NOT_FOUND:
                 raise
 
     async def time_to_live(self, lease_id: int) -> int:
@@ -354,8 +441,9 @@ class EtcdClient:
                     prefix: bool = True) -> AsyncIterator[WatchBatch]:
         """Stream the changes of ``key`` (or every key under it) from ``start_revision``.
 
-        Raises EtcdCompacted when the revision is gone, EtcdUnavailable when the stream breaks,
-        EtcdError when etcd cancels the watch. Progress notifications keep ``revision`` fresh.
+        The first batch (no events, ``created``) confirms the stream. Raises EtcdCompacted when
+        the revision is gone, EtcdUnavailable when the stream breaks or etcd cancels it.
+        Progress notifications keep ``revision`` fresh.
         """
         try:
             channel, metadata = await self._channel_and_metadata(require_leader=True)
@@ -376,11 +464,16 @@ class EtcdClient:
                 raise EtcdUnavailable(
                     f"{self.endpoint}: watch not confirmed within {self._options.timeout:g}s"
                 ) from None
+            first = _watch_batch(response)
+            yield WatchBatch([], start_revision - 1, created=True)
+            if first is not None:
+                yield first
             while True:
-                batch = _watch_batch(response)
+                batch = _watch_batch(await call.read())
                 if batch is not None:
+                    # Watched revisions are committed: later linearizable reads see no less.
+                    self.revision = max(self.revision, batch.revision)
                     yield batch
-                response = await call.read()
         except grpc.aio.AioRpcError as err:
             code = err.code()
             if code in _RETRY_ELSEWHERE:
@@ -388,12 +481,19 @@ class EtcdClient:
                     await self._discard(channel, failover=True)
             elif code == grpc.StatusCode.UNAUTHENTICATED and self._options.username:
                 await self._reauthenticate(channel, dict(metadata).get("token"))
-            if code in (*_RETRY_ELSEWHERE, grpc.StatusCode.UNAUTHENTICATED,
-                        grpc.StatusCode.CANCELLED):
+            if code in (*_RETRY_ELSEWHERE, *_RETRY_LATER):
                 raise EtcdUnavailable(f"watch stream broken: {err.details()}") from None
-            raise EtcdError(f"watch failed: {code.name}: {err.details()}") from None
+            raise self._refusal("Watch", create, err) from None
         finally:
             call.cancel()
+
+
+def _request_key(request: object) -> str | None:
+    """The key a request names (a transaction's first compared key), for messages."""
+    key = getattr(request, "key", b"")
+    if not key and isinstance(request, rpc.TxnRequest) and request.compare:
+        key = request.compare[0].key
+    return key.decode(errors="replace") if key else None
 
 
 def _watch_batch(response: rpc.WatchResponse | object) -> WatchBatch | None:
@@ -403,7 +503,9 @@ def _watch_batch(response: rpc.WatchResponse | object) -> WatchBatch | None:
     if response.compact_revision:
         raise EtcdCompacted(response.compact_revision)
     if response.canceled:
-        raise EtcdError(f"etcd cancelled the watch: {response.cancel_reason}")
+        # etcd cancels a watch it cannot serve (e.g. permission): retrying later is all we can
+        # do from here, and the message says why.
+        raise EtcdUnavailable(f"etcd cancelled the watch: {response.cancel_reason}")
     if response.created:
         # Its header revision is the store's, not how far this watch has read.
         return None

@@ -36,6 +36,7 @@ from flannel.subnet.annotations import (
     pod_cidrs,
     published,
 )
+from flannel.subnet.manager import StoreStatus
 from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 
@@ -81,6 +82,7 @@ class KubeSubnetManager:
                  continue_when_cache_not_ready: bool = False,
                  patch_timeout: float = 30.0, retry_interval: float = 3.0) -> None:
         self.client = client
+        self.status = StoreStatus()  # always ready: a relist after 410 Gone needs no recovery
         self.node_name = node_name
         self.environ = environ or {}
         self.names = names

@@ -1,11 +1,15 @@
 """The interface every subnet manager (etcd, kube) offers the daemon.
 
+Store failures are ``StoreUnavailable`` (retry later) or ``StoreError`` (fatal; the message
+says what to fix), from ``flannel.subnet.errors``. ``status`` says whether the manager's view
+of the store can be trusted right now (it cannot while recovering from a wiped store).
 Must not touch: the kernel.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 from typing import Protocol
 
@@ -14,8 +18,17 @@ from flannel.lease import Lease, LeaseAttrs
 from flannel.subnet.watch import LeaseUpdate
 
 
+@dataclass
+class StoreStatus:
+    """Whether the store view is complete; when not, ``reason`` says why (for /readyz)."""
+
+    ready: bool = True
+    reason: str = ""
+
+
 class SubnetManager(Protocol):
     name: str
+    status: StoreStatus
 
     async def get_network_config(self) -> NetworkConfig:
         """The validated network config; raises ConfigError or a store error."""

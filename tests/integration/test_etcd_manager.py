@@ -49,11 +49,14 @@ class Collector:
         self.events: list[tuple[EventType, str]] = []
         self.updates: list[object] = []
         self.own_removed = False
+        self.ready_at_snapshots: list[bool] = []  # the store status as each snapshot arrived
         self.task = asyncio.create_task(self._run(sm))
 
     async def _run(self, sm: EtcdSubnetManager) -> None:
         async for update in sm.watch_leases(max_backoff=0.5):
             self.updates.append(update)
+            if isinstance(update, Snapshot):
+                self.ready_at_snapshots.append(sm.status.ready)
             result = self.watcher.apply(update)
             self.events += [(e.type, e.lease.key) for e in result.events]
             self.own_removed |= result.own_lease_removed

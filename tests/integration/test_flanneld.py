@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import signal
 import socket
 import stat
@@ -15,6 +17,7 @@ import pytest
 from flannel.lab.etcd import EtcdServer
 from tests.support import netns
 from tests.support.flanneld import FLANNELD, Flanneld
+from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
 PREFIX = "/coreos.com/network"
@@ -191,6 +194,28 @@ def test_previous_subnet_env_with_bad_bytes_still_gives_the_previous_subnet(node
         proc.stop()
 
 
+def no_traceback(proc: Flanneld) -> None:
+    assert "Traceback" not in proc.log, proc.log
+
+
+def test_etcd_paused_at_start_is_waited_for(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_path = tmp_path / "subnet.env"
+    server.proc.send_signal(signal.SIGSTOP)  # etcd stops answering; connections stay open
+    try:
+        proc = flanneld(tmp_path, ns, server, subnet_file=env_path).start()
+        proc.wait_log("Couldn't fetch network config: no etcd endpoint answered", timeout=60)
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    try:
+        wait_until(env_path.exists, 60, what=f"subnet.env once etcd answers:\n{proc.log}")
+        proc.wait_log("Couldn't fetch network config: succeeded after", timeout=30)
+        no_traceback(proc)
+    finally:
+        proc.stop()
+
+
 def test_subnet_file_naming_a_directory_does_not_crash(node, tmp_path):
     ns, server = node
     server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
@@ -204,5 +229,113 @@ def test_subnet_file_naming_a_directory_does_not_crash(node, tmp_path):
         assert proc.proc.poll() is None and "Traceback" not in proc.log
         assert len(leases(server)) == 1
         assert list(env_dir.iterdir()) == []  # no temp file left behind
+    finally:
+        proc.stop()
+
+
+def enable_auth(server: EtcdServer) -> None:
+    """root (password s3cret) and a user 'reader' that may only read the flannel prefix."""
+    server.ctl("user", "add", "root", "--new-user-password=s3cret")
+    server.ctl("user", "add", "reader", "--new-user-password=r")
+    server.ctl("role", "add", "ro")
+    server.ctl("role", "grant-permission", "ro", "read", f"{PREFIX}/", "--prefix=true")
+    server.ctl("user", "grant-role", "reader", "ro")
+    server.ctl("auth", "enable")
+
+
+def test_read_only_etcd_user_exits_one_naming_the_permission(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    enable_auth(server)
+    proc = flanneld(tmp_path, ns, server, "--etcd-username=reader", "--etcd-password=r")
+    assert proc.start().wait_exit(timeout=60) == 1
+    assert re.search(
+        r"failed to acquire lease: etcd user 'reader' may not write "
+        r"/coreos\.com/network/subnets/10\.5\.\d+\.0-24: grant it readwrite on the prefix "
+        r"\(etcdctl role grant-permission <role> readwrite /coreos\.com/network/subnets/ "
+        r"--prefix=true; etcdctl user grant-role reader <role>\)", proc.log), proc.log
+    no_traceback(proc)
+    assert server.ctl("get", "--prefix", f"{PREFIX}/subnets/", "--keys-only",
+                      user="root:s3cret").stdout == ""
+
+
+def test_wrong_etcd_password_says_so_on_every_retry(node, tmp_path):
+    ns, server = node
+    enable_auth(server)
+    proc = flanneld(tmp_path, ns, server, "--etcd-username=root", "--etcd-password=wrong")
+    try:
+        proc.start().wait_log("still failing after", timeout=60)
+        assert proc.proc.poll() is None  # retried: the password can be fixed on the server
+        lines = [line for line in proc.log.splitlines() if "Couldn't fetch network config" in line]
+        assert len(lines) >= 2
+        for line in lines:
+            assert ("etcd authentication as 'root' failed: wrong user name or password; check "
+                    "--etcd-username and --etcd-password") in line, proc.log
+        assert "user name is empty" not in proc.log
+        no_traceback(proc)
+    finally:
+        proc.stop()
+
+
+def test_a_lease_ttl_etcd_refuses_is_refused_naming_the_flag(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    proc = flanneld(tmp_path, ns, server, "--subnet-lease-ttl=3000000h").start()
+    assert proc.wait_exit(timeout=60) in (1, 2)  # refused by etcd (1), or by the flag check (2)
+    assert "--subnet-lease-ttl" in proc.log
+    no_traceback(proc)
+    assert leases(server) == {}
+
+
+def test_unwritable_subnet_env_is_retried_until_it_works(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env_path = run_dir / "subnet.env"
+    subprocess.run(["chattr", "+i", str(run_dir)], check=True)  # even root cannot write
+    proc = flanneld(tmp_path, ns, server, "--healthz-ip=127.0.0.1", "--healthz-port=8081",
+                    subnet_file=env_path)
+    try:
+        proc.start().wait_log(f"could not write {env_path}: Operation not permitted", timeout=60)
+        status, body = http_get(ns, "http://127.0.0.1:8081/readyz")
+        assert status == 503
+        assert body == (f"flanneld is not ready yet: could not write {env_path}: Operation "
+                        "not permitted; pods on this node cannot start until it exists "
+                        "(retrying)\n")
+        subprocess.run(["chattr", "-i", str(run_dir)], check=True)
+        wait_until(lambda: http_get(ns, "http://127.0.0.1:8081/readyz")[0] == 200, 90,
+                   what=f"ready once the directory is writable:\n{proc.log}")
+        assert read_env(env_path)["FLANNEL_NETWORK"] == "10.5.0.0/16"
+        no_traceback(proc)
+    finally:
+        subprocess.run(["chattr", "-i", str(run_dir)], check=False)
+        proc.stop()
+
+
+def test_subnet_taken_while_etcd_was_wiped_exits_one_saying_so(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    env_path = tmp_path / "subnet.env"
+    proc = flanneld(tmp_path, ns, server, subnet_file=env_path).start()
+    try:
+        proc.wait_log("Lease snapshot", timeout=60)
+        key = next(iter(leases(server)))
+        proc.signal(signal.SIGSTOP)  # this node sleeps through the wipe
+        try:
+            server.stop()
+            shutil.rmtree(server.data_dir)
+            server.start()
+            server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+            server.ctl("put", f"{PREFIX}/subnets/{key}",
+                       '{"PublicIP":"10.99.0.9","PublicIPv6":null}')
+        finally:
+            proc.signal(signal.SIGCONT)
+        assert proc.wait_exit(timeout=60) == 1
+        assert "leases failed: etcd was wiped or restored (" in proc.log, proc.log
+        assert (f"and this node's subnet {key} is now held by {key} of the node at 10.99.0.9; "
+                "this node must not keep using it: restart flanneld to acquire a new subnet"
+                in proc.log), proc.log
+        no_traceback(proc)
     finally:
         proc.stop()

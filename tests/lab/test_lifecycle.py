@@ -120,6 +120,7 @@ def test_systemd_is_notified_when_ready(make_lab, tmp_path):
         sock.settimeout(20)
         lab.start_flanneld(1, env={"NOTIFY_SOCKET": str(path)})
         assert sock.recv(100) == b"READY=1"
-    assert "Notified systemd: READY=1" in lab.log(1)
+    # Logged just after the datagram is sent: the line may trail the datagram a little.
+    wait_until(lambda: "Notified systemd: READY=1" in lab.log(1), 5, what="the notify log line")
     lease = json.loads(next(iter(lab.leases().values())))
     assert lease["PublicIP"] == lab.node(1).address

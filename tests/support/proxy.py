@@ -1,5 +1,6 @@
 """A TCP relay on loopback that a test can cut and restore, to simulate a network partition
-between a client and etcd (every open connection is reset; new ones are refused)."""
+between a client and etcd (every open connection is reset; new ones are refused), or pause
+and resume, to simulate an etcd that stops answering (connections stay open, nothing flows)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ class CuttableProxy:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
 
     @property
     def endpoint(self) -> str:
@@ -33,6 +36,7 @@ class CuttableProxy:
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError, asyncio.CancelledError):
                 while data := await src.read(65536):
+                    await self._flowing.wait()
                     dst.write(data)
                     await dst.drain()
             dst.close()
@@ -51,3 +55,10 @@ class CuttableProxy:
 
     async def restore(self) -> None:
         await self.start()
+
+    def pause(self) -> None:
+        """Hold every byte in both directions until ``resume``."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
