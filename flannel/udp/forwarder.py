@@ -110,6 +110,10 @@ class UdpForwarder:
             try:
                 reply = self._request({"op": "status"})
             except ForwarderError as err:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._process.wait(REQUEST_TIMEOUT)  # it closed the channel: dying
+                if not self._alive():
+                    return ForwarderStatus(False, None, last_error=self._death_reason())
                 return ForwarderStatus(False, self._process.pid, last_error=str(err))
             return ForwarderStatus(True, self._process.pid, reply["peers"],
                                    reply["tun_attached"], reply["counters"],
@@ -154,7 +158,10 @@ class UdpForwarder:
         ready, _, _ = select.select([self._control], [], [], timeout)
         if not ready:
             raise ForwarderError(f"udp forwarder did not answer within {timeout:g} s")
-        raw = self._control.recv(1 << 20)
+        try:
+            raw = self._control.recv(1 << 20)
+        except OSError:
+            raw = b""
         if not raw:
             raise ForwarderError("udp forwarder closed its control channel")
         return json.loads(raw)
