@@ -123,13 +123,22 @@ def _mergeable(packet: memoryview) -> int:
     return tcp_len
 
 
+def _flow_key(packet: memoryview, header_end: int) -> bytes:
+    """The headers with the fields that differ along a TCP run zeroed: IP length, id and
+    checksum, TCP sequence, PSH and checksum."""
+    key = bytearray(packet[:header_end])
+    key[33] &= ~TCP_PSH & 0xFF
+    del key[36:38], key[24:28], key[10:12], key[2:6]  # highest first: offsets stay valid
+    return bytes(key)
+
+
 def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview]]:
     """Group consecutive segments of one TCP flow into GSO writes (iovecs for ``writev``).
 
-    A run merges when every segment has the same IP and TCP headers except IP id and
-    checksum, TCP sequence, checksum and PSH, sequences are contiguous, and every payload
-    but the last has the size of the first. The merged packet carries a virtio header
-    "checksum needed" with the pseudo-header sum in the TCP checksum field.
+    A run merges when every segment has the same IP and TCP headers except IP length, id
+    and checksum, TCP sequence, checksum and PSH, sequences are contiguous, and every
+    payload but the last has the size of the first. The merged packet carries a virtio
+    header "checksum needed" with the pseudo-header sum in the TCP checksum field.
 
     Integrity: the kernel then does not verify the TCP checksums of the merged segments.
     Every byte of them was covered by the outer UDP checksum, which the kernel verified
@@ -147,21 +156,14 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview]]:
             header_end = 20 + tcp_len
             mss = len(first) - header_end
             seq = int.from_bytes(first[24:28], "big") + mss
-            ip_key = bytes(first[1:2]) + bytes(first[8:10]) + bytes(first[12:20])
-            tcp_key = bytes(first[20:24]) + bytes(first[28:33]) + bytes(first[34:36]) + \
-                bytes(first[38:header_end])
+            key = _flow_key(first, header_end)
             psh = first[33] & TCP_PSH
             while i + run < count and run < 44:
                 segment = segments[i + run]
                 size = len(segment) - header_end
                 if (size <= 0 or size > mss or _mergeable(segment) != tcp_len
                         or int.from_bytes(segment[24:28], "big") != seq & 0xFFFFFFFF
-                        or bytes(segment[1:2]) + bytes(segment[8:10]) + bytes(segment[12:20])
-                        != ip_key
-                        or bytes(segment[20:24]) + bytes(segment[28:33]) + bytes(segment[34:36])
-                        + bytes(segment[38:header_end]) != tcp_key
-                        or (segment[33] | TCP_PSH) != (first[33] | TCP_PSH)
-                        or (first[6] ^ segment[6]) & 0x40):
+                        or _flow_key(segment, header_end) != key):
                     break
                 psh |= segment[33] & TCP_PSH
                 seq += size

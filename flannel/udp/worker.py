@@ -89,6 +89,12 @@ class Worker:
         self.poller.register(self.sock, select.POLLIN)
         self.poller.register(self.control, select.POLLIN)
 
+    def close(self) -> None:
+        if self.tun >= 0:
+            os.close(self.tun)
+            self.tun = -1
+        self.sock.close()
+
     def _attach(self) -> None:
         self.tun = attach(self.tun_name)
         self.poller.register(self.tun, select.POLLIN)
@@ -270,7 +276,10 @@ def main() -> int:
             except (TunError, OSError) as err:
                 control.send(json.dumps({"op": "fatal", "error": str(err)}).encode())
                 return 1
-            worker.run()
+            try:
+                worker.run()
+            finally:
+                worker.close()
     except (BrokenPipeError, ConnectionResetError):
         pass  # the parent is gone: nothing left to serve
     return 0
