@@ -4,8 +4,8 @@ Per round (variants interleaved, medians reported): iperf3 single TCP stream, ip
 64-byte packets (delivered pps), ping p50/p99, and the forwarder's CPU per data packet on
 each side; the machine's background load (1-min loadavg, idle % over 1 s) before each round.
 Then the placement question: how late an asyncio control loop's 5 ms timer fires, and the
-TCP throughput, with the forwarder in a thread of the control-plane process vs in a process
-of its own, while the control loop does busy work (JSON decoding in slices).
+TCP throughput, with the sending forwarder in a thread of the control-plane process vs in a
+process of its own, while the control loop does busy work (JSON decoding in slices).
 
     .venv/bin/python -m bench.udp --rounds 3 --seconds 10
 """
@@ -185,19 +185,18 @@ def placement(a: str, b: str, configs: list[ForwarderConfig], seconds: int,
     result: dict[str, object] = {}
     controls: list[tuple[socket.socket, threading.Thread]] = []
     forwarders: list[UdpForwarder] = []
+    # The sending side (a) is the one placed; the receiving side is a process either way.
     if mode == "thread":
-        for config, peers in zip(configs, PEERS, strict=True):
-            control, thread = start_in_thread(config)
-            control.send(json.dumps({"op": "peers", "peers": [[str(k), str(v)] for k, v in
-                                                             peers.items()]}).encode())
-            control.recv(1000)
-            controls.append((control, thread))
-    else:
-        for config, peers in zip(configs, PEERS, strict=True):
-            forwarder = UdpForwarder(config)
-            forwarder.start()
-            forwarder.set_peers(peers)
-            forwarders.append(forwarder)
+        control, thread = start_in_thread(configs[0])
+        control.send(json.dumps({"op": "peers", "peers": [[str(k), str(v)] for k, v in
+                                                         PEERS[0].items()]}).encode())
+        control.recv(1000)
+        controls.append((control, thread))
+    for config, peers in list(zip(configs, PEERS, strict=True))[len(controls):]:
+        forwarder = UdpForwarder(config)
+        forwarder.start()
+        forwarder.set_peers(peers)
+        forwarders.append(forwarder)
 
     def traffic() -> None:
         result["gbps"] = iperf(a, b, "10.5.1.0", "10.5.2.0", seconds, udp=False)[

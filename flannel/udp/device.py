@@ -1,8 +1,8 @@
-"""The udp backend's TUN device: opening it for the forwarder, and keeping it configured.
+"""The udp backend's TUN device as the control plane keeps it: ``ensure_tun`` and drift.
 
-Owns the device's existence, MTU, up state, its one
-address (lease base /32) and the route ``<Network> dev <name>``. The device is persistent,
-so it outlives a forwarder restart (routes stay, packets queue nowhere meanwhile); whoever
+Owns the device's existence, MTU, up state, its one address (lease base /32) and the route
+``<Network> dev <name>``. The device is persistent, so it outlives a forwarder restart
+(routes stay; packets routed into it meanwhile are dropped); whoever
 comes first creates it: ``ensure_tun`` (control plane) or the forwarder (``tunfd.attach``).
 Uses pyroute2's synchronous API: call ``ensure_tun`` from a worker thread, never from the
 event loop thread.

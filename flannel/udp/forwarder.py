@@ -27,6 +27,8 @@ from ipaddress import IPv4Address, IPv4Network
 
 START_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 2.0
+SO_SNDBUFFORCE = 32
+CONTROL_BUFFER = 8 << 20
 
 
 class ForwarderError(Exception):
@@ -72,6 +74,10 @@ class UdpForwarder:
                 return
             self._reap()
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:  # a peer set is one message: room for ~100k peers
+                parent.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, CONTROL_BUFFER)
+            except OSError:
+                parent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CONTROL_BUFFER)
             config = {"tun": self.config.tun, "bind": str(self.config.bind),
                       "port": self.config.port, "source": str(self.config.source),
                       "mtu": self.config.mtu, "netns": self.config.netns,

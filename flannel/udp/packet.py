@@ -132,8 +132,9 @@ def _flow_key(packet: memoryview, header_end: int) -> bytes:
     return bytes(key)
 
 
-def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview]]:
-    """Group consecutive segments of one TCP flow into GSO writes (iovecs for ``writev``).
+def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview] | None]:
+    """Group consecutive segments of one TCP flow into GSO writes (iovecs for ``writev``),
+    decrementing the TTL as it goes (None for each packet whose TTL reaches 0).
 
     A run merges when every segment has the same IP and TCP headers except IP length, id
     and checksum, TCP sequence, checksum and PSH, sequences are contiguous, and every
@@ -161,7 +162,9 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview]]:
             while i + run < count and run < 44:
                 segment = segments[i + run]
                 size = len(segment) - header_end
-                if (size <= 0 or size > mss or _mergeable(segment) != tcp_len
+                # The key covers version, header lengths, protocol, flags and TTL.
+                if (size <= 0 or size > mss
+                        or (segment[2] << 8 | segment[3]) != len(segment)
                         or int.from_bytes(segment[24:28], "big") != seq & 0xFFFFFFFF
                         or _flow_key(segment, header_end) != key):
                     break
@@ -171,7 +174,9 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview]]:
                 if size < mss:
                     break
         if run == 1:
-            yield [VNET_HDR_NONE, first]
+            yield [VNET_HDR_NONE, first] if decrement_ttl(first) else None
+        elif first[8] <= 1:  # one TTL for the whole run: the key covers it
+            yield from [None] * run
         else:
             yield _merged(segments[i:i + run], header_end, mss, psh)
         i += run
@@ -185,6 +190,7 @@ def _merged(run: list[memoryview], header_end: int, mss: int, psh: int
     if total > 0xFFFF:
         raise ValueError("merged TCP run exceeds 64 KiB")
     header = bytearray(first[:header_end])
+    header[8] -= 1  # TTL (caller checked it stays above 0)
     header[2:4] = total.to_bytes(2, "big")
     header[10:12] = b"\0\0"
     header[10:12] = checksum(header[:20]).to_bytes(2, "big")

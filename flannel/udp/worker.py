@@ -236,26 +236,28 @@ class Worker:
             for level, kind, data in ancillary:
                 if level == SOL_UDP and kind == UDP_GRO:
                     step = struct.unpack("=i", data[:4])[0] or length
-            segments = []
-            for offset in range(0, length, step):
-                packet = view[offset:min(offset + step, length)]
-                if len(packet) < IPV4_HEADER:
-                    counters["drop_runt"] += 1
-                elif not decrement_ttl(packet):
-                    counters["drop_ttl"] += 1
-                else:
-                    segments.append(packet)
+            segments = [view[offset:min(offset + step, length)]
+                        for offset in range(0, length, step)]
+            if segments and len(segments[-1]) < IPV4_HEADER:  # only a batch's last is short
+                counters["drop_runt"] += 1
+                segments.pop()
             counters["rx_packets"] += len(segments)
-            counters["rx_bytes"] += sum(len(p) for p in segments)
+            counters["rx_bytes"] += length
             if self.tun < 0:
                 counters["drop_tun_error"] += len(segments)
                 continue
             if self.gro:
                 for iovec in merge_tcp(segments):
-                    self._write_tun(iovec)
+                    if iovec is None:
+                        counters["drop_ttl"] += 1
+                    else:
+                        self._write_tun(iovec)
             else:
                 for packet in segments:
-                    self._write_tun([VNET_HDR_NONE, packet])
+                    if decrement_ttl(packet):
+                        self._write_tun([VNET_HDR_NONE, packet])
+                    else:
+                        counters["drop_ttl"] += 1
 
     def _write_tun(self, iovec: list) -> None:
         try:

@@ -190,6 +190,11 @@ def test_peer_add_and_remove_take_effect_within_100_ms(nodes: list[Node]) -> Non
     assert ping(a, b.base).returncode == 0
     assert removed_after < 0.1 and added_after < 0.1, (removed_after, added_after)
     assert a.forwarder.status().peers == 2
+    many = {IPv4Network((0x0A800000 + (i << 8), 24)): IPv4Address("172.31.0.9")
+            for i in range(20000)}
+    a.forwarder.set_peers({**many, **peers_of(a, nodes)})
+    assert a.forwarder.status().peers == 20002
+    assert ping(a, b.base).returncode == 0
 
 
 def test_deleted_and_changed_tun_is_reported_and_repaired(nodes: list[Node]) -> None:

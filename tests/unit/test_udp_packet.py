@@ -123,9 +123,10 @@ def test_peer_lookup_longest_prefix() -> None:
     assert PeerTable({}, 8285).lookup(0) is None
 
 
-def tcp(seq: int, payload: bytes, flags: int = 0x10, sport: int = 40000) -> memoryview:
+def tcp(seq: int, payload: bytes, flags: int = 0x10, sport: int = 40000, ttl: int = 63
+        ) -> memoryview:
     header = struct.pack("!HHIIBBHHH", sport, 5201, seq, 777, 5 << 4, flags, 512, 0, 0)
-    return memoryview(ipv4("10.5.1.5", "10.5.2.7", 6, header + payload))
+    return memoryview(ipv4("10.5.1.5", "10.5.2.7", 6, header + payload, ttl=ttl))
 
 
 def test_contiguous_tcp_segments_merge_into_one_gso_write() -> None:
@@ -139,6 +140,7 @@ def test_contiguous_tcp_segments_merge_into_one_gso_write() -> None:
     assert b"".join(bytes(p) for p in payloads) == data[:2816]
     assert int.from_bytes(header[2:4], "big") == 40 + 2816
     assert ones_sum(bytes(header[:20])) == 0xFFFF
+    assert header[8] == 62  # the receiver's TTL decrement, once for the run
     assert header[33] == 0x18  # PSH carried over
     pseudo = ones_sum(header[12:20] + struct.pack("!HH", 6, 20 + 2816))
     assert int.from_bytes(header[36:38], "big") == pseudo
@@ -150,6 +152,16 @@ def test_segments_that_must_not_merge_go_out_unchanged() -> None:
     flows = [tcp(1000, bytes(100)), tcp(1100, bytes(100), sport=40001)]
     larger = [tcp(1000, bytes(100)), tcp(1100, bytes(200))]
     for case in (gap, syn, flows, larger):
+        before = [bytes(s) for s in case]
         writes = list(merge_tcp(case))
         assert [w[0] for w in writes] == [VNET_HDR_NONE, VNET_HDR_NONE]
-        assert [bytes(w[1]) for w in writes] == [bytes(s) for s in case]
+        assert [w[1] for w in writes] == case
+        for packet, original in zip(case, before, strict=True):
+            assert packet[8] == original[8] - 1 and ones_sum(bytes(packet[:20])) == 0xFFFF
+
+
+def test_runs_and_singles_at_ttl_one_are_dropped() -> None:
+    run = [tcp(1000, bytes(100), ttl=1), tcp(1100, bytes(100), ttl=1)]
+    single = [tcp(1000, bytes(100), flags=0x11, ttl=1)]
+    assert list(merge_tcp(run)) == [None, None]
+    assert list(merge_tcp(single)) == [None]
