@@ -158,11 +158,12 @@ def start_in_thread(config: ForwarderConfig) -> tuple[socket.socket, threading.T
     return parent, thread
 
 
-async def control_loop(stop: threading.Event) -> list[float]:
-    """A stand-in control plane: a 5 ms ticker (lateness recorded) and busy work."""
+async def control_loop(stop: threading.Event, leases: int) -> list[float]:
+    """A stand-in control plane: a 5 ms ticker (lateness recorded) and busy work: decoding
+    a snapshot of ``leases`` leases (one C call, holding the GIL throughout) every 2 ms."""
     lateness: list[float] = []
     snapshot = json.dumps([{"PublicIP": f"172.31.{i // 250}.{i % 250}", "BackendType": "udp",
-                            "Subnet": f"10.{i // 250}.{i % 250}.0/24"} for i in range(500)])
+                            "Subnet": f"10.{i // 250}.{i % 250}.0/24"} for i in range(leases)])
 
     async def ticker() -> None:
         while not stop.is_set():
@@ -172,7 +173,7 @@ async def control_loop(stop: threading.Event) -> list[float]:
 
     async def busy() -> None:
         while not stop.is_set():
-            json.loads(snapshot)  # ~1 ms slices of lease decoding
+            json.loads(snapshot)
             await asyncio.sleep(0.002)
 
     await asyncio.gather(ticker(), busy())
@@ -180,7 +181,7 @@ async def control_loop(stop: threading.Event) -> list[float]:
 
 
 def placement(a: str, b: str, configs: list[ForwarderConfig], seconds: int,
-              mode: str) -> dict:
+              mode: str, leases: int) -> dict:
     stop = threading.Event()
     result: dict[str, object] = {}
     controls: list[tuple[socket.socket, threading.Thread]] = []
@@ -205,7 +206,7 @@ def placement(a: str, b: str, configs: list[ForwarderConfig], seconds: int,
 
     worker = threading.Thread(target=traffic)
     worker.start()
-    lateness = asyncio.run(control_loop(stop))
+    lateness = asyncio.run(control_loop(stop, leases))
     worker.join()
     for control, thread in controls:
         control.send(json.dumps({"op": "stop"}).encode())
@@ -228,6 +229,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--skip-placement", action="store_true")
+    parser.add_argument("--placement-only", action="store_true")
+    parser.add_argument("--slice-leases", type=int, default=500,
+                        help="leases decoded per busy slice of the stand-in control plane")
     args = parser.parse_args()
     udp_a, udp_b = underlay_pair("u")
     vx_a, vx_b = underlay_pair("v")
@@ -246,7 +250,7 @@ def main() -> None:
             "kernel vxlan": lambda: measure(vx_a, vx_b, vx_src, vx_dst, args.seconds, None),
         }
         results: dict[str, list[dict]] = {name: [] for name in variants}
-        for round_no in range(args.rounds):
+        for round_no in range(0 if args.placement_only else args.rounds):
             order = list(variants) if round_no % 2 == 0 else list(reversed(variants))
             for name in order:
                 load, idle = background_load()
@@ -257,46 +261,57 @@ def main() -> None:
                       ", ".join(f"{k} {v:.3g}" for k, v in figures.items()
                                 if k not in ("load", "idle")), flush=True)
         udp, vx = results["udp forwarder"], results["kernel vxlan"]
-        print(f"\nmedians of {args.rounds} rounds, single TCP stream {args.seconds} s:")
-        for name, rounds in results.items():
-            line = (f"  {name}: {median_of(rounds, 'gbps'):.3f} Gbit/s, "
-                    f"{median_of(rounds, 'kpps'):.1f} kpps (UDP 64 B), ping p50 "
-                    f"{median_of(rounds, 'ping_p50'):.3f} / p99 {median_of(rounds, 'ping_p99'):.3f}"
-                    f" ms, background load {median_of(rounds, 'load'):.2f} "
-                    f"(idle {median_of(rounds, 'idle'):.0f}%)")
-            if "send_us" in rounds[0]:
-                line += (f", CPU {median_of(rounds, 'send_us'):.1f} us/packet sending, "
-                         f"{median_of(rounds, 'recv_us'):.1f} us/packet receiving, "
-                         f"{median_of(rounds, 'tun_writes_per_packet'):.3f} TUN writes/packet")
-            print(line)
-        print(f"  ratio udp/vxlan: TCP {median_of(udp, 'gbps') / median_of(vx, 'gbps'):.3f}, "
-              f"pps {median_of(udp, 'kpps') / median_of(vx, 'kpps'):.3f}, ping p50 "
-              f"{median_of(udp, 'ping_p50') / median_of(vx, 'ping_p50'):.2f}")
+        if not args.placement_only:
+            report(results, udp, vx, args)
         for forwarder in forwarders:
             forwarder.stop()
         forwarders.clear()
         if not args.skip_placement:
-            print("\nplacement (control loop: 5 ms ticker + JSON decoding slices):")
-            placements: dict[str, list[dict]] = {"thread": [], "process": []}
-            for round_no in range(args.rounds):
-                for mode in (("thread", "process") if round_no % 2 == 0
-                             else ("process", "thread")):
-                    load, idle = background_load()
-                    figures = placement(udp_a, udp_b, configs, args.seconds, mode)
-                    placements[mode].append(figures)
-                    print(f"  round {round_no + 1} {mode}: load {load:.2f}, idle {idle:.0f}%: "
-                          f"{figures['gbps']:.3f} Gbit/s, timer late p50 "
-                          f"{figures['late_p50_ms']:.2f} / p99 {figures['late_p99_ms']:.2f} ms",
-                          flush=True)
-            for mode, rounds in placements.items():
-                print(f"  {mode}: {median_of(rounds, 'gbps'):.3f} Gbit/s, timer late p50 "
-                      f"{median_of(rounds, 'late_p50_ms'):.2f} / p99 "
-                      f"{median_of(rounds, 'late_p99_ms'):.2f} ms")
+            compare_placement(udp_a, udp_b, configs, args)
     finally:
         for forwarder in forwarders:
             forwarder.stop()
         for ns in (udp_a, udp_b, vx_a, vx_b):
             netns.delete(ns)
+
+
+def report(results: dict[str, list[dict]], udp: list[dict], vx: list[dict],
+           args: argparse.Namespace) -> None:
+    print(f"\nmedians of {args.rounds} rounds, single TCP stream {args.seconds} s:")
+    for name, rounds in results.items():
+        line = (f"  {name}: {median_of(rounds, 'gbps'):.3f} Gbit/s, "
+                f"{median_of(rounds, 'kpps'):.1f} kpps (UDP 64 B), ping p50 "
+                f"{median_of(rounds, 'ping_p50'):.3f} / p99 {median_of(rounds, 'ping_p99'):.3f}"
+                f" ms, background load {median_of(rounds, 'load'):.2f} "
+                f"(idle {median_of(rounds, 'idle'):.0f}%)")
+        if "send_us" in rounds[0]:
+            line += (f", CPU {median_of(rounds, 'send_us'):.1f} us/packet sending, "
+                     f"{median_of(rounds, 'recv_us'):.1f} us/packet receiving, "
+                     f"{median_of(rounds, 'tun_writes_per_packet'):.3f} TUN writes/packet")
+        print(line)
+    print(f"  ratio udp/vxlan: TCP {median_of(udp, 'gbps') / median_of(vx, 'gbps'):.3f}, "
+          f"pps {median_of(udp, 'kpps') / median_of(vx, 'kpps'):.3f}, ping p50 "
+          f"{median_of(udp, 'ping_p50') / median_of(vx, 'ping_p50'):.2f}")
+
+
+def compare_placement(udp_a: str, udp_b: str, configs: list[ForwarderConfig],
+                      args: argparse.Namespace) -> None:
+    print(f"\nplacement (control loop: 5 ms ticker + decoding {args.slice_leases} leases "
+          "every 2 ms):")
+    placements: dict[str, list[dict]] = {"thread": [], "process": []}
+    for round_no in range(args.rounds):
+        for mode in ("thread", "process") if round_no % 2 == 0 else ("process", "thread"):
+            load, idle = background_load()
+            figures = placement(udp_a, udp_b, configs, args.seconds, mode, args.slice_leases)
+            placements[mode].append(figures)
+            print(f"  round {round_no + 1} {mode}: load {load:.2f}, idle {idle:.0f}%: "
+                  f"{figures['gbps']:.3f} Gbit/s, timer late p50 "
+                  f"{figures['late_p50_ms']:.2f} / p99 {figures['late_p99_ms']:.2f} ms",
+                  flush=True)
+    for mode, rounds in placements.items():
+        print(f"  {mode}: {median_of(rounds, 'gbps'):.3f} Gbit/s, timer late p50 "
+              f"{median_of(rounds, 'late_p50_ms'):.2f} / p99 "
+              f"{median_of(rounds, 'late_p99_ms'):.2f} ms")
 
 
 if __name__ == "__main__":
