@@ -183,7 +183,10 @@ def test_peer_add_and_remove_take_effect_within_100_ms(nodes: list[Node]) -> Non
     # No peer: ICMP net unreachable comes back, which the kernel reports as ENETUNREACH.
     assert udp_probe(a, b.base) == errno.ENETUNREACH
     assert a.forwarder.status().counters["icmp_unreachable"] == 1
-    assert ping(a, b.base).returncode != 0  # ICMP never gets an ICMP reply
+    assert ping(a, b.base).returncode != 0
+    counters = a.forwarder.status().counters
+    assert counters["icmp_unreachable"] == 1  # no ICMP about ICMP
+    assert counters["drop_no_route"] == 2
     started = time.monotonic()
     a.forwarder.set_peers(peers_of(a, nodes))
     added_after = time.monotonic() - started
