@@ -48,8 +48,8 @@ RECV_BURST = 16
 REATTACH_INTERVAL = 0.1
 POLL_ERRORS = select.POLLERR | select.POLLHUP | select.POLLNVAL
 COUNTERS = ("tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "tun_writes", "udp_sends",
-            "drop_no_route", "drop_ttl", "drop_runt", "drop_send_error", "drop_tun_error",
-            "icmp_unreachable", "tun_reattached")
+            "drop_no_route", "drop_ttl", "drop_runt", "drop_not_ipv4", "drop_send_error",
+            "drop_tun_error", "icmp_unreachable", "tun_reattached")
 
 
 class Worker:
@@ -171,6 +171,11 @@ class Worker:
             size = len(packet)
             if size < IPV4_HEADER:
                 counters["drop_runt"] += 1
+                continue
+            if packet[0] >> 4 != 4:
+                # e.g. IPv6 router solicitations the kernel sends on the link: Go's proxy
+                # would read an IPv4 destination out of the IPv6 source address.
+                counters["drop_not_ipv4"] += 1
                 continue
             dest = table.lookup(int.from_bytes(packet[16:20], "big"))
             if dest is None:

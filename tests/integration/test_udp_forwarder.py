@@ -249,6 +249,21 @@ def test_runt_datagrams_are_dropped(nodes: list[Node]) -> None:
     assert b.forwarder.status().counters["drop_runt"] == 1
 
 
+def test_ipv6_routed_into_the_tun_is_dropped_not_sent(nodes: list[Node]) -> None:
+    a, b = nodes[0], nodes[1]
+    netns.ip("-6", "route", "add", "fd00:5::/64", "dev", "flannel0", netns=a.ns)
+    # The kernel's own IPv6 router solicitations on flannel0 are dropped the same way.
+    before = a.forwarder.status().counters["drop_not_ipv4"]
+    with in_netns(a.ns):
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    with sock:
+        sock.sendto(b"x" * 20, ("fd00:5::1", 9))
+    wait_until(lambda: a.forwarder.status().counters["drop_not_ipv4"] > before, timeout=5,
+               what="the IPv6 packet to be dropped")
+    assert a.forwarder.status().counters["tx_packets"] == 0
+    assert b.forwarder.status().counters["rx_packets"] == 0
+
+
 def test_bind_conflict_is_a_clear_error(nodes: list[Node]) -> None:
     a = nodes[0]
     second = UdpForwarder(ForwarderConfig("flannel1", a.underlay, PORT, a.base, TUN_MTU, a.ns))
