@@ -130,6 +130,8 @@ def measure(run_a: str, run_b: str, src: str, dst: str, seconds: int,
         result["recv_us"] = (after[1][0] - before[1][0]) / max(1, received) * 1e6
         result["tun_writes_per_packet"] = (after[1][1]["tun_writes"]
                                            - before[1][1]["tun_writes"]) / max(1, received)
+        result["packets_per_sendmsg"] = sent / max(1, after[0][1]["udp_sends"]
+                                                   - before[0][1]["udp_sends"])
     udp = iperf(run_a, run_b, src, dst, max(3, seconds // 2), udp=True)["end"]["sum"]
     result["kpps"] = (udp["packets"] - udp["lost_packets"]) / udp["seconds"] / 1000
     result["ping_p50"], result["ping_p99"] = ping_p50_p99(run_a, src, dst)
@@ -287,7 +289,8 @@ def report(results: dict[str, list[dict]], udp: list[dict], vx: list[dict],
         if "send_us" in rounds[0]:
             line += (f", CPU {median_of(rounds, 'send_us'):.1f} us/packet sending, "
                      f"{median_of(rounds, 'recv_us'):.1f} us/packet receiving, "
-                     f"{median_of(rounds, 'tun_writes_per_packet'):.3f} TUN writes/packet")
+                     f"{median_of(rounds, 'tun_writes_per_packet'):.3f} TUN writes/packet, "
+                     f"{median_of(rounds, 'packets_per_sendmsg'):.1f} packets/sendmsg")
         print(line)
     print(f"  ratio udp/vxlan: TCP {median_of(udp, 'gbps') / median_of(vx, 'gbps'):.3f}, "
           f"pps {median_of(udp, 'kpps') / median_of(vx, 'kpps'):.3f}, ping p50 "
