@@ -26,7 +26,7 @@ Readiness = Callable[[], tuple[bool, str]]
 # (so 10.0.0.0/16, fd00::/56, and/or stay), up to whitespace, a quote or punctuation.
 _PATH = re.compile(r"(?<![\w.:/~-])(?:~|\.{1,2})?/[^\s'\",:;()\[\]]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
-REASON_LIMIT = 300
+REASON_LIMIT = 600
 
 
 def _last_part(path: re.Match) -> str:

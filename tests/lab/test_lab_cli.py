@@ -124,7 +124,8 @@ def test_bad_config_is_refused_before_anything_is_built(make_lab):
     lab = make_lab()
     for config, message in (
             ('{"Network": ', "network config is not valid JSON: Expecting value: line 1 "
-                             "column 13 (char 12)"),
+                             "column 13 (char 12); a network config is one small JSON object, "
+                             'e.g. {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}'),
             ('{"Backend": {"Type": "vxlan"}}', "please define a correct Network parameter in "
              'the flannel config; set "Network" to the cluster CIDR, e.g. 10.244.0.0/16')):
         result = lab_cli(lab, "up", "--config", config)
