@@ -181,15 +181,18 @@ def phase_idle(lab: Lab, seconds: float) -> dict:
         try:
             time.sleep(3)  # settle: the floor's own start, the nodes' last log lines
             say(f"idle: measuring {len(pids)} flanneld over {seconds:g}s; {load()}")
-            etcd_before = cpu_seconds(lab.state.etcd_pid)
+            etcd_before = sum(cpu_seconds(lab.state.etcd_pid))
             cpu = idle_cpu([*pids, floor.pid], seconds)
-            etcd = 100 * (cpu_seconds(lab.state.etcd_pid) - etcd_before) / seconds
+            etcd = 100 * (sum(cpu_seconds(lab.state.etcd_pid)) - etcd_before) / seconds
         finally:
             floor.terminate()
-    nodes, base = sorted(cpu[:-1]), cpu[-1]
+    nodes, base = sorted(own + kids for own, kids in cpu[:-1]), cpu[-1][0]
+    own = statistics.median(own for own, _ in cpu[:-1])
+    kids = statistics.median(kids for _, kids in cpu[:-1])
     rss = [rss_bytes(pid) for pid in pids]
     say(f"idle CPU per flanneld: median {statistics.median(nodes):.3f}%, mean "
-        f"{statistics.mean(nodes):.3f}%, max {nodes[-1]:.3f}% of a core (target < 0.5%); "
+        f"{statistics.mean(nodes):.3f}%, max {nodes[-1]:.3f}% of a core (target < 0.5%; "
+        f"median own {own:.3f}%, children {kids:.3f}%); "
         f"baseline asyncio loop waking at 10 Hz {base:.3f}%; ratio "
         f"{statistics.median(nodes) / base:.2f}; etcd {etcd:.2f}%; {load()}")
     say(f"RSS per flanneld: median {statistics.median(rss) / 2**20:.1f} MiB, max "

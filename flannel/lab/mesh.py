@@ -158,10 +158,11 @@ def _stat_fields(pid: int) -> list[str]:
     return stat[stat.rindex(")") + 2:].split()
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time of ``pid`` and its reaped children (iptables and the like), in seconds."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU time of ``pid`` itself and of its reaped children (iptables and the like)."""
     fields = _stat_fields(pid)
-    return sum(int(fields[k]) for k in (11, 12, 13, 14)) / CLOCK_TICKS
+    return ((int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
+            (int(fields[13]) + int(fields[14])) / CLOCK_TICKS)
 
 
 def rss_bytes(pid: int) -> int:
@@ -171,11 +172,13 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def idle_cpu(pids: list[int], seconds: float) -> list[float]:
-    """Each process's CPU use over ``seconds``, as a percentage of one core."""
+def idle_cpu(pids: list[int], seconds: float) -> list[tuple[float, float]]:
+    """Each process's CPU use over ``seconds`` as a percentage of one core: its own and its
+    children's."""
     before = {pid: cpu_seconds(pid) for pid in pids}
     start = time.monotonic()
     time.sleep(seconds)
     after = {pid: cpu_seconds(pid) for pid in pids}
     took = time.monotonic() - start
-    return [100 * (after[pid] - before[pid]) / took for pid in pids]
+    return [(100 * (after[pid][0] - before[pid][0]) / took,
+             100 * (after[pid][1] - before[pid][1]) / took) for pid in pids]
