@@ -198,12 +198,15 @@ def phase_idle(lab: Lab, seconds: float) -> dict:
     say(f"RSS per flanneld: median {statistics.median(rss) / 2**20:.1f} MiB, max "
         f"{max(rss) / 2**20:.1f} MiB, total {sum(rss) / 2**30:.2f} GiB")
     return {"idle_median_pct": statistics.median(nodes), "idle_max_pct": nodes[-1],
-            "floor_pct": base, "rss_median_mib": statistics.median(rss) / 2**20}
+            "own_pct": own, "children_pct": kids, "floor_pct": base,
+            "rss_median_mib": statistics.median(rss) / 2**20}
 
 
 def phase_joins(lab: Lab, joins: int) -> dict:
     say(f"convergence: {joins} joins, one at a time; {load()}")
     namespaces = [node.netns for node in lab.state.nodes]
+    pids = [node.pid for node in lab.state.nodes]
+    cpu_before = sum(sum(cpu_seconds(pid)) for pid in pids)
     result = subprocess.run(
         ["ip", "netns", "exec", lab.underlay_ns, sys.executable, "-m", "bench.scale_lab",
          "--driver", lab.state.etcd_endpoint, ",".join(namespaces), "--joins", str(joins)],
@@ -211,6 +214,8 @@ def phase_joins(lab: Lab, joins: int) -> dict:
         cwd=Path(__file__).resolve().parent.parent)
     if result.returncode != 0:
         raise RuntimeError(f"convergence driver failed: {result.stderr[-2000:]}")
+    cpu = sum(sum(cpu_seconds(pid)) for pid in pids) - cpu_before
+    per_change = cpu / (2 * joins * len(pids))  # a join and a leave per round, on each node
     times = json.loads(result.stdout)
     for name, what in (("watch", "baseline PUT -> etcd watch event"),
                        ("first", "PUT -> route on the first node"),
@@ -221,7 +226,10 @@ def phase_joins(lab: Lab, joins: int) -> dict:
     base, fig = times["watch"], times["all"]
     say(f"  ratio (all nodes / watch) p50 {statistics.median(fig) / statistics.median(base):.1f}"
         f", p99 {percentile(fig, 99) / percentile(base, 99):.1f}; {load()}")
-    return {name: (statistics.median(v), percentile(v, 99)) for name, v in times.items()}
+    say(f"  flanneld CPU per lease change per node: {ms(per_change)} (all {len(pids)} nodes: "
+        f"{ms(per_change * len(pids))} of CPU per change, on {os.cpu_count()} cores)")
+    out = {name: (statistics.median(v), percentile(v, 99)) for name, v in times.items()}
+    return {**out, "cpu_per_change_s": per_change}
 
 
 def phase_churn(lab: Lab, nodes: int, churn: int, pairs: int, at_once: int) -> dict:
