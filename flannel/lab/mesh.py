@@ -91,6 +91,10 @@ def wait_full_mesh(lab: Lab, indexes: list[int], timeout: float = 300.0,
         if now - last_report >= 5:
             lab.progress(f"full mesh on {complete}/{len(indexes)} nodes ({now - start:.0f}s)")
             last_report = now
+        dead = [i for i in indexes if not lab.flanneld_running(i)]
+        if dead:
+            raise LabError(f"flanneld on node {dead[0]} exited before the full mesh:\n"
+                           f"{lab.log(dead[0])[-3000:]}")
         if now - start > timeout:
             short = {i: c for i, c in counts.items() if c != want}
             raise LabError(f"no full mesh after {timeout:g}s: peer routes (want {want}) "
