@@ -96,7 +96,14 @@ def mac_bytes(mac: str) -> bytes:
 
 
 def mac_text(raw: bytes) -> str:
-    return ":".join(f"{b:02x}" for b in raw)
+    return raw.hex(":")
+
+
+def ip_text(raw: bytes) -> str:
+    """The text of a packed address. IPv4 goes through the C library: the same text as
+    ``ipaddress`` at a fraction of the cost (every dump decodes one per entry); IPv6 stays
+    with ``ipaddress``, whose text for mapped and compatible addresses differs from libc's."""
+    return socket.inet_ntoa(raw) if len(raw) == 4 else str(IPv6Address(raw))
 
 
 @dataclass(frozen=True, order=True)
@@ -221,14 +228,12 @@ def decode_route(body: bytes) -> tuple[Route, int, int] | None:
     table = struct.unpack("=I", attrs[RTA_TABLE])[0] if RTA_TABLE in attrs else table
     if family == socket.AF_INET:
         zero = "0.0.0.0"
-        to_ip = IPv4Address
     elif family == socket.AF_INET6:
         zero = "::"
-        to_ip = IPv6Address
     else:
         return None
-    dst = str(to_ip(attrs[RTA_DST])) if RTA_DST in attrs else zero
-    gateway = str(to_ip(attrs[RTA_GATEWAY])) if RTA_GATEWAY in attrs else None
+    dst = ip_text(attrs[RTA_DST]) if RTA_DST in attrs else zero
+    gateway = ip_text(attrs[RTA_GATEWAY]) if RTA_GATEWAY in attrs else None
     oif = struct.unpack("=i", attrs[RTA_OIF])[0] if RTA_OIF in attrs else 0
     if kind != RTN_UNICAST:
         oif = 0  # the kernel puts IPv6 blackholes on lo; they belong to no device
@@ -251,12 +256,12 @@ def decode_neighbour(body: bytes) -> tuple[Neighbour | FdbEntry, int, int] | Non
         port = struct.unpack("!H", attrs[NDA_PORT][:2])[0] if NDA_PORT in attrs else 0
         vni = struct.unpack("=I", attrs[NDA_VNI][:4])[0] if NDA_VNI in attrs else 0
         via = struct.unpack("=I", attrs[NDA_IFINDEX][:4])[0] if NDA_IFINDEX in attrs else 0
-        return (FdbEntry(ifindex, mac_text(lladdr), str(ip_address(dst)), port, vni, via),
+        return (FdbEntry(ifindex, mac_text(lladdr), ip_text(dst), port, vni, via),
                 state, ntf_flags)
     if family not in (socket.AF_INET, socket.AF_INET6) or dst is None:
         return None
     mac = mac_text(lladdr) if lladdr and len(lladdr) == 6 else ""
-    return Neighbour(ifindex, str(ip_address(dst)), mac), state, ntf_flags
+    return Neighbour(ifindex, ip_text(dst), mac), state, ntf_flags
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ from pathlib import Path
 
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
+from flannel.lab.mesh import ring, start_nodes, wait_full_mesh
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
+ALL_PAIRS_UP_TO = 10  # up pings every pair up to this many nodes, a ring above
 DEMO_CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 20, "SubnetMin": "10.10.0.0",
                "SubnetMax": "10.99.0.0", "Backend": {"Type": "vxlan", "VNI": 100, "Port": 8472}}
 
@@ -82,12 +84,31 @@ def build(lab: Lab, nodes: int, config: dict | str, *, second_underlay_from: int
     indexes = list(range(1, nodes + 1))
     for index in indexes:
         lab.add_node(index, 1 if second_underlay_from and index >= second_underlay_from else 0)
-    for index in indexes:
-        say(f"starting flanneld on node {index}")
-        lab.start_flanneld(index, *flanneld_args)
+    start_nodes(lab, indexes, *flanneld_args, timeout=60.0 + 3 * nodes)
     for index in indexes:
         lab.attach_pod_bridge(index)
     return indexes
+
+
+def check_mesh(lab: Lab, indexes: list[int], ipv6: bool) -> str:
+    """Wait for the full mesh in every node's kernel, then ping: every pair in a small lab,
+    a ring (each node to the next) in a big one. What ``up`` reports."""
+    say(f"waiting until every node has routes to its {len(indexes) - 1} peers")
+    took = wait_full_mesh(lab, indexes, timeout=60.0 + 3 * len(indexes),
+                          since=lab.first_flanneld_start)
+    if len(indexes) <= ALL_PAIRS_UP_TO:
+        say("waiting for every node to reach every other")
+        wait_for_mesh(lab, indexes, ipv6)
+        return (f"full mesh {took:.2f}s after the first flanneld started, every pair "
+                "connected")
+    say(f"full mesh {took:.2f}s after the first flanneld started; pinging a ring of "
+        f"{len(indexes)} pairs")
+    failed = [(a, b) for a, b in ring(indexes)
+              if not (lab.ping(a, b) and (not ipv6 or lab.ping(a, b, v6=True)))]
+    if failed:
+        raise LabError(f"full mesh in the kernel, but no ping between {failed}")
+    return (f"full mesh {took:.2f}s after the first flanneld started, ring of "
+            f"{len(indexes)} pings ok")
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -105,9 +126,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         indexes = build(lab, args.nodes, text, second_underlay_from=args.second_underlay,
                         flanneld_args=("--ip-masq",))
         if has_data_path(lab):
-            say("waiting for every node to reach every other")
-            took = wait_for_mesh(lab, indexes, decoded.enable_ipv6)
-            done = f"connected in {took:.2f}s"
+            done = check_mesh(lab, indexes, decoded.enable_ipv6)
         else:
             done = "leases only: the alloc backend programs no data path"
         for index in indexes:

@@ -15,6 +15,7 @@ files it did not record creating.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -143,6 +144,8 @@ class Lab:
         self.owns_directory = loaded is not None
         self.state = loaded or LabState(name, str(self.directory))
         self.etcd: EtcdServer | None = None
+        #: When (time.monotonic) this object first started a flanneld: what mesh times count from.
+        self.first_flanneld_start = 0.0
 
     @property
     def exists(self) -> bool:
@@ -272,6 +275,7 @@ class Lab:
                                     start_new_session=True,
                                     env={**os.environ, **(env or {})})
         node.pid, node.started = proc.pid, _start_ticks(proc.pid)
+        self.first_flanneld_start = self.first_flanneld_start or time.monotonic()
         self.state.save()
         return node
 
@@ -284,6 +288,29 @@ class Lab:
         node.pid = node.started = 0
         self.state.save()
         return code
+
+    def flanneld_running(self, index: int) -> bool:
+        node = self.node(index)
+        return bool(node.pid) and _alive(node.pid)
+
+    def lease_key(self, index: int) -> str:
+        """The key of node ``index``'s IPv4 lease (``10.244.3.0-24``), from its subnet.env."""
+        address, plen = self.wait_subnet_env(index)["FLANNEL_SUBNET"].split("/")
+        network = ipaddress.ip_network(f"{address}/{plen}", strict=False)
+        return f"{network.network_address}-{plen}"
+
+    def remove_node(self, index: int) -> None:
+        """The node leaves: flanneld stops, its lease is deleted (as an operator removing a
+        node does; flanneld keeps it on exit, like upstream), its namespace goes."""
+        node = self.node(index)
+        key = self.lease_key(index) if Path(node.subnet_file).exists() else ""
+        self.stop_flanneld(index)
+        if key:
+            self.etcdctl("del", f"{ETCD_PREFIX}/subnets/{key}")
+        run(["ip", "netns", "del", node.netns], check=False)
+        self.state.nodes = [n for n in self.state.nodes if n.index != index]
+        self.state.namespaces = [n for n in self.state.namespaces if n != node.netns]
+        self.state.save()
 
     def wait_subnet_env(self, index: int, timeout: float = 30.0) -> dict[str, str]:
         node = self.node(index)
@@ -401,6 +428,9 @@ class Lab:
     def down(self) -> None:
         """Stop the processes, remove the namespaces and the directory this lab recorded
         creating, and nothing else; safe to run twice."""
+        for node in self.state.nodes:  # all at once: a big lab's daemons stop in parallel
+            if node.pid:
+                _signal_own(node.pid, node.started, signal.SIGTERM)
         for node in self.state.nodes:
             if node.pid:
                 _stop_pid(node.pid, node.started, signal.SIGTERM, 10.0)

@@ -1,5 +1,7 @@
 """The reconciler's diff and drift rules, on synthetic states."""
 
+from ipaddress import ip_address
+
 from flannel.kernel import rtnl
 from flannel.kernel.reconcile import ActualState, DesiredState, plan
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
@@ -66,3 +68,15 @@ def test_neighbour_and_fdb_codec_round_trip():
         (_, _, _, body), = rtnl.iter_messages(encode(entry, rtnl.RTM_NEWNEIGH, 0, 1))
         decoded, state, _flags = rtnl.decode_neighbour(body)
         assert decoded == entry and state == rtnl.NUD_PERMANENT
+
+
+def test_decoded_addresses_read_as_ipaddress_writes_them():
+    """Desired state holds ``ipaddress`` text: a decoded entry must compare equal to it, also
+    for IPv6 forms where libc's text differs (mapped and compatible addresses)."""
+    for address in ("10.244.3.0", "fd00:10:244:3::", str(ip_address("::ffff:192.168.1.1")),
+                    str(ip_address("::192.168.1.1"))):
+        for entry, encode in ((Neighbour(4, address, "0e:00:00:00:00:0a"),
+                               rtnl.encode_neighbour),
+                              (FdbEntry(4, "0e:00:00:00:00:0a", address), rtnl.encode_fdb)):
+            (_, _, _, body), = rtnl.iter_messages(encode(entry, rtnl.RTM_NEWNEIGH, 0, 1))
+            assert rtnl.decode_neighbour(body)[0] == entry
