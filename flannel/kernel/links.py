@@ -156,7 +156,8 @@ def encode_new_link(link: NewLink, seq: int) -> bytes:
     if link.mtu:
         attrs += attr(rtnl.IFLA_MTU, _u32(link.mtu))
     attrs += attr(rtnl.IFLA_IFNAME, link.name.encode() + b"\0")
-    info = attr(IFLA_INFO_KIND, link.kind.encode() + b"\0")
+    # The kind goes without a terminating NUL, as iproute2 sends it; the name with one.
+    info = attr(IFLA_INFO_KIND, link.kind.encode())
     if isinstance(link.info, VxlanInfo):
         info += attr(IFLA_INFO_DATA, _vxlan_data(link.info))
     elif isinstance(link.info, IptunInfo):
