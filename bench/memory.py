@@ -191,7 +191,7 @@ IMPORT_STEPS = (
     ("kube client (lightkube, httpx, h2, yaml)",
      "daemon.make_manager(cli.parse_args(['--kube-subnet-mgr', "
      "'--kube-api-url=http://127.0.0.1:1'], {}))"),
-    ("vxlan backend (pyroute2)", "from flannel.backend import backend_class; "
+    ("vxlan backend, interface snapshot (links.py)", "from flannel.backend import backend_class; "
      "backend_class('vxlan'); from flannel.kernel import iface; iface.read_snapshot()"),
 )
 STEP_PROBE = """

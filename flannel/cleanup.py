@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
-from flannel.kernel import rtnl
+from flannel.kernel import links, rtnl
 from flannel.rules import iptables, nftables
 from flannel.rules.mode import installed
 
@@ -96,11 +96,6 @@ def running_flanneld(proc: Path = Path("/proc")) -> list[int]:
 
 # -- kernel objects --------------------------------------------------------------------------
 
-def _link_kind(link: object) -> str:
-    info = link.get_attr("IFLA_LINKINFO")
-    return (info.get_attr("IFLA_INFO_KIND") or "") if info is not None else ""
-
-
 def _own_kind(name: str) -> str | None:
     for pattern, kind in OWN_DEVICES:
         if pattern.fullmatch(name):
@@ -120,20 +115,16 @@ def _route_text(route: rtnl.Route, names: dict[int, str]) -> str:
 
 
 def kernel_items(inventory: Inventory) -> None:
-    from pyroute2 import IPRoute, NetlinkError
-
-    ipr = IPRoute()
     sock = rtnl.Rtnl()
-    inventory.closers += [ipr.close, sock.close]
+    inventory.closers.append(sock.close)
     names: dict[int, str] = {}
     devices: list[tuple[int, str, str]] = []
-    for link in ipr.get_links():
-        index, name = link["index"], link.get_attr("IFLA_IFNAME") or ""
+    for details in links.dump_links(sock):
+        index, name, kind = details.link.index, details.link.name or "", details.kind
         names[index] = name
         want = _own_kind(name)
         if want is None:
             continue
-        kind = _link_kind(link)
         if kind == want:
             devices.append((index, name, kind))
         else:
@@ -164,10 +155,7 @@ def kernel_items(inventory: Inventory) -> None:
             inventory.items.append(Item(what, delete(entry)))
     def delete_link(index: int) -> Callable[[], None]:
         def run() -> None:
-            try:
-                ipr.link("del", index=index)
-            except NetlinkError as err:
-                raise OSError(err.code, f"deleting the device: {err}") from None
+            links.delete_link(sock, index, "delete the device")
         return run
 
     for index, name, kind in devices:

@@ -211,7 +211,7 @@ class Daemon:
                                str(public_v4) if public_v4 else args.public_ip,
                                str(public_v6) if public_v6 else args.public_ipv6)
         try:
-            # pyroute2's synchronous API runs its own event loop: keep it off ours.
+            # Netlink reads block: keep them off the event loop.
             return await asyncio.to_thread(
                 lambda: select_external_interface(read_snapshot(), options,
                                                   ipv4=config.enable_ipv4,

@@ -33,6 +33,5 @@ def setup(verbosity: int = 0) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
-    # gRPC and pyroute2 are chatty at INFO; their warnings still come through.
-    for noisy in ("grpc", "pyroute2"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    # gRPC is chatty at INFO; its warnings still come through.
+    logging.getLogger("grpc").setLevel(logging.WARNING)

@@ -1,8 +1,9 @@
 """Links and addresses flannel owns: the vxlan devices and the addresses on them.
 
 Owns creating (or reusing when compatible) a vxlan device, its MTU, state, VTEP MAC and
-``accept_ra`` sysctl, and the lease address on it. Uses pyroute2's synchronous API, so call
-it from a worker thread (``asyncio.to_thread``), never from the event loop thread.
+``accept_ra`` sysctl, and the lease address on it. Requests go through ``kernel/links.py``
+on a short-lived ``Rtnl`` socket; they block, so call these from a worker thread
+(``asyncio.to_thread``), never from the event loop thread.
 Must not touch: routes, neighbours, FDB entries (``kernel/reconcile.py``), other links.
 """
 
@@ -12,18 +13,16 @@ import errno
 import hashlib
 import logging
 import os
+import socket
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from pathlib import Path
 
-from pyroute2 import IPRoute, NetlinkError
-
-from flannel.kernel.rtnl import in_netns
+from flannel.kernel import links
+from flannel.kernel.rtnl import NetlinkError, Rtnl, in_netns
 
 log = logging.getLogger(__name__)
 
-IFF_UP = 0x1
-IFA_F_NODAD = 0x02
 DEFAULT_VXLAN_PORT = 8472
 
 
@@ -62,32 +61,19 @@ class Device:
     mac: str
 
 
-def _open(netns: str | None) -> IPRoute:
-    return IPRoute(netns=netns, flags=0) if netns else IPRoute()
-
-
-def _vxlan_info(link: object) -> dict[str, object] | None:
-    info = link.get_attr("IFLA_LINKINFO")
-    if info is None or info.get_attr("IFLA_INFO_KIND") != "vxlan":
-        return None
-    data = info.get_attr("IFLA_INFO_DATA")
-    return {name: value for name, value in data["attrs"]} if data else {}
-
-
-def incompatibility(link: object, spec: VxlanSpec) -> str | None:
+def incompatibility(found: links.LinkDetails, spec: VxlanSpec) -> str | None:
     """Why an existing link cannot serve as ``spec`` (None when it can be reused)."""
-    info = _vxlan_info(link)
-    if info is None:
+    info = found.info
+    if not isinstance(info, links.VxlanInfo):
         return "not a vxlan device"
-    local = info.get("IFLA_VXLAN_LOCAL6" if spec.local.version == 6 else "IFLA_VXLAN_LOCAL")
     checks = {
-        "VNI": (info.get("IFLA_VXLAN_ID"), spec.vni),
-        "underlay device": (info.get("IFLA_VXLAN_LINK"), spec.underlay_index),
-        "local address": (ip_address(local) if local else None, spec.local),
-        "GBP": (bool(info.get("IFLA_VXLAN_GBP", False)), spec.gbp),
-        "learning": (bool(info.get("IFLA_VXLAN_LEARNING")), spec.learning),
-        "L2 miss": (bool(info.get("IFLA_VXLAN_L2MISS")), False),
-        "port": (info.get("IFLA_VXLAN_PORT"), spec.port or DEFAULT_VXLAN_PORT),
+        "VNI": (info.vni, spec.vni),
+        "underlay device": (info.underlay, spec.underlay_index),
+        "local address": (info.local, spec.local),
+        "GBP": (info.gbp, spec.gbp),
+        "learning": (info.learning, spec.learning),
+        "L2 miss": (info.l2miss, False),
+        "port": (info.port, spec.port or DEFAULT_VXLAN_PORT),
     }
     for what, (have, want) in checks.items():
         if have != want:
@@ -101,15 +87,15 @@ MIN_MTU, MAX_MTU = 68, 65535
 
 def _create_error(spec: VxlanSpec, err: NetlinkError) -> DeviceError:
     """Name the likely cause of a refused ``link add``; the kernel gives only an errno."""
-    if err.code == errno.EEXIST:
+    if err.errno == errno.EEXIST:
         cause = (f"another device already uses VNI {spec.vni} on port "
                  f"{spec.port or DEFAULT_VXLAN_PORT}; remove it or choose another VNI")
-    elif err.code == errno.EINVAL:
+    elif err.errno == errno.EINVAL:
         cause = (f"the kernel refused the settings (device MTU {spec.mtu}, VNI {spec.vni}, "
                  f"local {spec.local}); check the backend's MTU, VNI and Port options")
     else:
         cause = "check the backend options and the external interface"
-    return DeviceError(f"cannot create vxlan device {spec.name}: {os.strerror(err.code)}; "
+    return DeviceError(f"cannot create vxlan device {spec.name}: {os.strerror(err.errno)}; "
                        f"{cause}")
 
 
@@ -125,61 +111,62 @@ def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool =
                           f"{spec.mtu}, and a link MTU must be {MIN_MTU} to {MAX_MTU}; set "
                           "the vxlan MTU option (or the external interface's MTU) so that "
                           "MTU minus the vxlan overhead fits")
-    with _open(netns) as ipr:
-        links = ipr.get_links(ifname=spec.name) if ipr.link_lookup(ifname=spec.name) else []
+    with Rtnl(netns) as sock:
+        found = links.get_link(sock, spec.name)
         mac = spec.mac
-        if links:
-            reason = incompatibility(links[0], spec)
+        if found is not None:
+            reason = incompatibility(found, spec)
             if reason is None:
                 if adopt_mac:
-                    mac = links[0].get_attr("IFLA_ADDRESS")
+                    mac = found.link.mac
             else:
                 log.warning("%s exists but is incompatible (%s); recreating it", spec.name,
                             reason)
-                ipr.link("del", index=links[0]["index"])
-                links = []
-        if not links:
-            kwargs = {"vxlan_local6" if spec.local.version == 6 else "vxlan_local":
-                      str(spec.local)}
-            if spec.port:
-                kwargs["vxlan_port"] = spec.port
-            if spec.gbp:
-                kwargs["vxlan_gbp"] = True
+                links.delete_link(sock, found.link.index, f"delete device {spec.name}")
+                found = None
+        if found is None:
+            info = links.VxlanInfo(spec.vni, spec.local, spec.underlay_index, spec.port,
+                                   spec.learning, spec.gbp)
             try:
-                ipr.link("add", ifname=spec.name, kind="vxlan", vxlan_id=spec.vni,
-                         vxlan_link=spec.underlay_index, vxlan_learning=int(spec.learning),
-                         address=mac, mtu=spec.mtu, **kwargs)
+                links.add_link(sock, links.NewLink(spec.name, "vxlan", info, spec.mtu, mac))
             except NetlinkError as err:
                 raise _create_error(spec, err) from None
             log.info("created %s (VNI %d, MAC %s, MTU %d)", spec.name, spec.vni, mac, spec.mtu)
-        index = ipr.link_lookup(ifname=spec.name)[0]
-        link = ipr.get_links(index)[0]
-        if link.get_attr("IFLA_MTU") != spec.mtu:
+            found = _reread(sock, spec.name)
+        link = found.link
+        if link.mtu != spec.mtu:
             try:
-                ipr.link("set", index=index, mtu=spec.mtu)
+                links.set_link(sock, link.index, f"set MTU of {spec.name}", mtu=spec.mtu)
             except NetlinkError as err:
                 raise DeviceError(f"cannot set MTU {spec.mtu} on {spec.name}: "
-                                  f"{os.strerror(err.code)}; the underlay device's MTU minus "
+                                  f"{os.strerror(err.errno)}; the underlay device's MTU minus "
                                   "the vxlan overhead is the most it can carry: lower the vxlan "
                                   "MTU option or raise the underlay MTU") from None
         # Something (e.g. systemd-networkd) may have changed the MAC: peers only know ours.
-        current = ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
-        if current != mac:
-            log.warning("%s MAC is %s, expected %s: restoring it", spec.name, current, mac)
-            ipr.link("set", index=index, address=mac)
-            current = ipr.get_links(index)[0].get_attr("IFLA_ADDRESS")
+        if link.mac != mac:
+            log.warning("%s MAC is %s, expected %s: restoring it", spec.name, link.mac, mac)
+            links.set_link(sock, link.index, f"set MAC of {spec.name}", mac=mac)
+            current = _reread(sock, spec.name).link.mac
             if current != mac:
                 raise DeviceError(f"{spec.name} MAC stays {current}, expected {mac}")
-        if not link["flags"] & IFF_UP:
+        if not link.up:
             try:
-                ipr.link("set", index=index, state="up")
+                links.set_link(sock, link.index, f"bring {spec.name} up", up=True)
             except NetlinkError as err:
-                raise DeviceError(f"cannot bring {spec.name} up: {os.strerror(err.code)}; is "
+                raise DeviceError(f"cannot bring {spec.name} up: {os.strerror(err.errno)}; is "
                                   f"another program using UDP port "
                                   f"{spec.port or DEFAULT_VXLAN_PORT}?") from None
     # Routes on our devices are ours alone (as Go flannel does on every vxlan device).
     _disable_accept_ra(spec.name, netns)
-    return Device(index, mac)
+    return Device(link.index, mac)
+
+
+def _reread(sock: Rtnl, name: str) -> links.LinkDetails:
+    found = links.get_link(sock, name)
+    if found is None:
+        raise DeviceError(f"{name} disappeared while being set up; is another program "
+                          "managing it?")
+    return found
 
 
 _ra_warned: set[str] = set()
@@ -209,17 +196,18 @@ def ensure_address(index: int, address: IPv4Address | IPv6Address,
                    ) -> None:
     """Put ``address`` (as /32 or /128) on the link; drop its other addresses in ``network``."""
     prefixlen = address.max_prefixlen
-    with _open(netns) as ipr:
-        for addr in ipr.get_addr(index=index, family=10 if address.version == 6 else 2):
-            existing = ip_address(addr.get_attr("IFA_ADDRESS"))
-            if existing == address and addr["prefixlen"] == prefixlen:
-                continue
-            if network is not None and existing in network:
-                ipr.addr("del", index=index, address=str(existing),
-                         prefixlen=addr["prefixlen"])
-        if not any(ip_address(a.get_attr("IFA_ADDRESS")) == address
-                   for a in ipr.get_addr(index=index)):
+    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+    with Rtnl(netns) as sock:
+        present = False
+        for addr in links.dump_addresses(sock, family, index):
+            if addr.address == address and addr.prefixlen == prefixlen:
+                present = True
+            elif network is not None and addr.address in network:
+                links.delete_address(sock, index, addr.address, addr.prefixlen)
+            elif addr.address == address:
+                present = True  # with another prefix length, outside the network: kept
+        if not present:
             # No duplicate address detection: the address is ours by lease, and DAD would
             # leave it tentative (unusable) for a second.
-            ipr.addr("add", index=index, address=str(address), prefixlen=prefixlen,
-                     flags=IFA_F_NODAD if address.version == 6 else 0)
+            links.add_address(sock, index, address, prefixlen,
+                              links.IFA_F_NODAD if address.version == 6 else 0)

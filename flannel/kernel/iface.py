@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 
+from flannel.kernel import links, rtnl
+from flannel.kernel.rtnl import Rtnl
 from flannel.netutil import parse_ip
 
 IFA_F_TEMPORARY = 0x01
@@ -278,42 +280,26 @@ def select_external_interface(snapshot: NetSnapshot, opts: IfaceOptions, *, ipv4
 
 def read_snapshot(netns: str | None = None) -> NetSnapshot:
     """Read links, addresses and default routes over netlink (read-only)."""
-    from pyroute2 import IPRoute, NetlinkError
-
-    kwargs = {"netns": netns, "flags": 0} if netns else {}
-    with IPRoute(**kwargs) as ipr:
+    with Rtnl(netns) as sock:
         addrs: dict[int, list[IfaceAddr]] = {}
-        for msg in ipr.get_addr():
-            text = msg.get_attr("IFA_ADDRESS") or msg.get_attr("IFA_LOCAL")
-            if text is None:
-                continue
-            flags = msg.get_attr("IFA_FLAGS")
-            addrs.setdefault(msg["index"], []).append(IfaceAddr(
-                ipaddress.ip_address(text), msg["prefixlen"],
-                flags if flags is not None else msg["flags"]))
+        for found in links.dump_addresses(sock):
+            addrs.setdefault(found.index, []).append(
+                IfaceAddr(found.address, found.prefixlen, found.flags))
         interfaces = [
-            Interface(link["index"], link.get_attr("IFLA_IFNAME"),
-                      link.get_attr("IFLA_MTU") or 0, tuple(addrs.get(link["index"], ())))
-            for link in ipr.get_links()
+            Interface(details.link.index, details.link.name or "", details.link.mtu,
+                      tuple(addrs.get(details.link.index, ())))
+            for details in links.dump_links(sock)
         ]
         defaults: dict[int, int | None] = {}
         for family in (socket.AF_INET, socket.AF_INET6):
             defaults[family] = next(
-                (route.get_attr("RTA_OIF") for route in ipr.get_routes(family=family, table=254)
-                 if route["dst_len"] == 0 and route.get_attr("RTA_OIF") is not None), None)
+                (route.oif for route, _proto, table in sock.routes(family)
+                 if table == rtnl.RT_TABLE_MAIN and route.dst.endswith("/0") and route.oif),
+                None)
 
     def route_get(dst: IPAddress) -> tuple[int, IPAddress | None] | None:
-        with IPRoute(**kwargs) as lookup:
-            try:
-                found = lookup.route("get", dst=str(dst))
-            except NetlinkError:
-                return None
-        for route in found:
-            oif = route.get_attr("RTA_OIF")
-            src = route.get_attr("RTA_PREFSRC")
-            if oif is not None:
-                return oif, ipaddress.ip_address(src) if src else None
-        return None
+        with Rtnl(netns) as lookup:
+            return lookup.route_source(dst)
 
     return NetSnapshot(interfaces, defaults[socket.AF_INET], defaults[socket.AF_INET6],
                        route_get)

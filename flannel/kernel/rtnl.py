@@ -1,10 +1,12 @@
-"""A small rtnetlink client for the bulk work: routes, neighbours and FDB entries.
+"""A small rtnetlink client: the socket, routes, neighbours and FDB entries.
 
 Owns a raw NETLINK_ROUTE socket (optionally opened inside a named network namespace), the
-binary encoding of the few message types flannel needs, pipelined batches (many requests in
-flight, every ACK checked), dumps, and an event socket. pyroute2 costs ~260 us per request;
-batching here makes a 5000-peer snapshot as cheap as ``ip -batch``.
-Must not touch: links and addresses (``kernel/device.py`` uses pyroute2 for those), the store.
+binary encoding of routes, neighbours and FDB entries, pipelined batches (many requests in
+flight, every ACK checked), single checked requests, dumps, and an event socket. pyroute2
+cost ~260 us per request; batching here makes a 5000-peer snapshot as cheap as
+``ip -batch``. Links and addresses are encoded in ``kernel/links.py`` and sent through the
+same socket.
+Must not touch: the store; it decides nothing about what the kernel should hold.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ NETLINK_GET_STRICT_CHK = 12
 
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
+NLM_F_CAPPED, NLM_F_ACK_TLVS = 0x100, 0x200  # in an error message: payload cut, TLVs follow
+NLMSGERR_ATTR_MSG = 1
 NLM_F_DUMP, NLM_F_REPLACE, NLM_F_EXCL, NLM_F_CREATE, NLM_F_APPEND = 0x300, 0x100, 0x200, \
     0x400, 0x800
 
@@ -35,7 +39,7 @@ RTM_NEWADDR, RTM_DELADDR = 20, 21
 RTM_NEWROUTE, RTM_DELROUTE, RTM_GETROUTE = 24, 25, 26
 RTM_NEWNEIGH, RTM_DELNEIGH, RTM_GETNEIGH = 28, 29, 30
 
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_PREFSRC, RTA_TABLE = 1, 4, 5, 6, 7, 15
 NDA_DST, NDA_LLADDR, NDA_PORT, NDA_VNI, NDA_IFINDEX, NDA_PROTOCOL = 1, 2, 6, 7, 8, 12
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU = 1, 3, 4
 IFA_ADDRESS, IFA_LOCAL = 1, 2
@@ -60,8 +64,8 @@ RTPROT_UNSPEC, RTPROT_KERNEL, RTPROT_BOOT, RTPROT_STATIC = 0, 2, 3, 4
 _NLMSGHDR = struct.Struct("=IHHII")
 _RTMSG = struct.Struct("=BBBBBBBBI")
 _NDMSG = struct.Struct("=BBHiHBB")
-_IFINFOMSG = struct.Struct("=BBHiII")
-_IFADDRMSG = struct.Struct("=BBBBi")
+IFINFOMSG = struct.Struct("=BBHiII")
+IFADDRMSG = struct.Struct("=BBBBi")
 _RTATTR = struct.Struct("=HH")
 _NLMSGERR = struct.Struct("=i")
 
@@ -69,14 +73,32 @@ IPAddress = IPv4Address | IPv6Address
 
 
 class NetlinkError(OSError):
-    """A request the kernel refused; ``request`` says which."""
+    """A request the kernel refused; ``request`` says which, ``detail`` is the kernel's own
+    explanation when it gave one (extended ACK), e.g. "Unknown device type"."""
 
-    def __init__(self, code: int, request: str) -> None:
-        super().__init__(code, f"{os.strerror(code)} ({request})")
+    def __init__(self, code: int, request: str, detail: str = "") -> None:
+        suffix = f": {detail}" if detail else ""
+        super().__init__(code, f"{os.strerror(code)} ({request}{suffix})")
         self.request = request
+        self.detail = detail
 
 
-def _attr(kind: int, data: bytes) -> bytes:
+def frame(msg_type: int, flags: int, seq: int, payload: bytes) -> bytes:
+    """A netlink message: header (port id 0, the kernel fills it in) and payload."""
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
+
+
+def _ack_detail(flags: int, body: bytes) -> str:
+    """The extended ACK's message text of an error message, "" when there is none."""
+    if not flags & NLM_F_ACK_TLVS or len(body) < 4 + _NLMSGHDR.size:
+        return ""
+    offset = 4 + (_NLMSGHDR.size if flags & NLM_F_CAPPED
+                  else _NLMSGHDR.unpack_from(body, 4)[0])
+    text = parse_attrs(body, offset).get(NLMSGERR_ATTR_MSG, b"")
+    return text.rstrip(b"\0").decode(errors="replace")
+
+
+def attr(kind: int, data: bytes) -> bytes:
     length = _RTATTR.size + len(data)
     return _RTATTR.pack(length, kind) + data + b"\0" * (-length % 4)
 
@@ -162,13 +184,13 @@ def encode_route(route: Route, msg_type: int, flags: int, seq: int) -> bytes:
         scope = RT_SCOPE_LINK
     body = _RTMSG.pack(family, int(plen), 0, 0, RT_TABLE_MAIN, protocol, scope,
                        route.kind, RTNH_F_ONLINK if route.onlink else 0)
-    attrs = _attr(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN)) + _attr(RTA_DST, dst)
+    attrs = attr(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN)) + attr(RTA_DST, dst)
     if route.gateway is not None:
-        attrs += _attr(RTA_GATEWAY, _packed(route.gateway)[1])
+        attrs += attr(RTA_GATEWAY, _packed(route.gateway)[1])
     if route.oif:
-        attrs += _attr(RTA_OIF, struct.pack("=i", route.oif))
+        attrs += attr(RTA_OIF, struct.pack("=i", route.oif))
     if route.metric:
-        attrs += _attr(RTA_PRIORITY, struct.pack("=I", route.metric))
+        attrs += attr(RTA_PRIORITY, struct.pack("=I", route.metric))
     payload = body + attrs
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
 
@@ -176,9 +198,9 @@ def encode_route(route: Route, msg_type: int, flags: int, seq: int) -> bytes:
 def encode_neighbour(neigh: Neighbour, msg_type: int, flags: int, seq: int) -> bytes:
     family, addr = _packed(neigh.ip)
     body = _NDMSG.pack(family, 0, 0, neigh.ifindex, NUD_PERMANENT, 0, RTN_UNICAST)
-    attrs = _attr(NDA_DST, addr)
+    attrs = attr(NDA_DST, addr)
     if msg_type == RTM_NEWNEIGH:
-        attrs += _attr(NDA_LLADDR, mac_bytes(neigh.mac)) + _attr(NDA_PROTOCOL,
+        attrs += attr(NDA_LLADDR, mac_bytes(neigh.mac)) + attr(NDA_PROTOCOL,
                                                                    bytes([RTPROT_FLANNEL]))
     payload = body + attrs
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
@@ -186,19 +208,19 @@ def encode_neighbour(neigh: Neighbour, msg_type: int, flags: int, seq: int) -> b
 
 def encode_fdb(entry: FdbEntry, msg_type: int, flags: int, seq: int) -> bytes:
     body = _NDMSG.pack(AF_BRIDGE, 0, 0, entry.ifindex, NUD_PERMANENT, NTF_SELF, 0)
-    attrs = _attr(NDA_LLADDR, mac_bytes(entry.mac)) + _attr(NDA_DST, _packed(entry.dst)[1])
+    attrs = attr(NDA_LLADDR, mac_bytes(entry.mac)) + attr(NDA_DST, _packed(entry.dst)[1])
     # Only a delete names them: it must hit exactly that remote, not the one a replace fixed.
     if entry.port:
-        attrs += _attr(NDA_PORT, struct.pack("!H", entry.port))
+        attrs += attr(NDA_PORT, struct.pack("!H", entry.port))
     if entry.vni:
-        attrs += _attr(NDA_VNI, struct.pack("=I", entry.vni))
+        attrs += attr(NDA_VNI, struct.pack("=I", entry.vni))
     if entry.via:
-        attrs += _attr(NDA_IFINDEX, struct.pack("=I", entry.via))
+        attrs += attr(NDA_IFINDEX, struct.pack("=I", entry.via))
     payload = body + attrs
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
 
 
-def _parse_attrs(data: bytes, offset: int) -> dict[int, bytes]:
+def parse_attrs(data: bytes, offset: int) -> dict[int, bytes]:
     attrs: dict[int, bytes] = {}
     while offset + _RTATTR.size <= len(data):
         length, kind = _RTATTR.unpack_from(data, offset)
@@ -224,7 +246,7 @@ def decode_route(body: bytes) -> tuple[Route, int, int] | None:
     """A route message as (Route, protocol, table); None for multipath and other shapes."""
     family, dst_len, _src_len, _tos, table, protocol, _scope, kind, flags = \
         _RTMSG.unpack_from(body)
-    attrs = _parse_attrs(body, _RTMSG.size)
+    attrs = parse_attrs(body, _RTMSG.size)
     table = struct.unpack("=I", attrs[RTA_TABLE])[0] if RTA_TABLE in attrs else table
     if family == socket.AF_INET:
         zero = "0.0.0.0"
@@ -247,7 +269,7 @@ def decode_route(body: bytes) -> tuple[Route, int, int] | None:
 def decode_neighbour(body: bytes) -> tuple[Neighbour | FdbEntry, int, int] | None:
     """A neighbour message as (entry, state, flags); FdbEntry for AF_BRIDGE."""
     family, _p1, _p2, ifindex, state, ntf_flags, _kind = _NDMSG.unpack_from(body)
-    attrs = _parse_attrs(body, _NDMSG.size)
+    attrs = parse_attrs(body, _NDMSG.size)
     lladdr = attrs.get(NDA_LLADDR)
     dst = attrs.get(NDA_DST)
     if family == AF_BRIDGE:
@@ -276,8 +298,8 @@ class Link:
 
 
 def decode_link(body: bytes) -> Link:
-    _family, _pad, _kind, index, flags, _change = _IFINFOMSG.unpack_from(body)
-    attrs = _parse_attrs(body, _IFINFOMSG.size)
+    _family, _pad, _kind, index, flags, _change = IFINFOMSG.unpack_from(body)
+    attrs = parse_attrs(body, IFINFOMSG.size)
     name = attrs.get(IFLA_IFNAME)
     mtu = attrs.get(IFLA_MTU)
     mac = attrs.get(IFLA_ADDRESS)
@@ -295,8 +317,8 @@ class Address:
 
 
 def decode_address(body: bytes) -> Address | None:
-    family, prefixlen, _flags, _scope, index = _IFADDRMSG.unpack_from(body)
-    attrs = _parse_attrs(body, _IFADDRMSG.size)
+    family, prefixlen, _flags, _scope, index = IFADDRMSG.unpack_from(body)
+    attrs = parse_attrs(body, IFADDRMSG.size)
     # IPv4: IFA_LOCAL is our address (IFA_ADDRESS is the peer's on point-to-point links).
     raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS)
     if family not in (socket.AF_INET, socket.AF_INET6) or raw is None:
@@ -363,14 +385,40 @@ class Op:
 
 
 class Rtnl:
-    """Synchronous request socket for batches, dumps and lookups."""
+    """Synchronous request socket for batches, single requests, dumps and lookups."""
 
     def __init__(self, netns: str | None = None) -> None:
         self.sock = open_socket(netns)
         self._seq = 0
 
+    def __enter__(self) -> Rtnl:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         self.sock.close()
+
+    def call(self, data: bytes, seq: int, what: str, ignore: tuple[int, ...] = ()
+             ) -> list[tuple[int, bytes]]:
+        """Send one request (which asks for an ACK) and return the (type, body) of its
+        replies; raise NetlinkError when the kernel refuses it (unless its errno is in
+        ``ignore``)."""
+        self.sock.sendall(data)
+        replies: list[tuple[int, bytes]] = []
+        while True:
+            received = self.sock.recv(1 << 20)
+            for kind, flags, msg_seq, body in iter_messages(received):
+                if msg_seq != seq:
+                    continue
+                if kind != NLMSG_ERROR:
+                    replies.append((kind, body))
+                    continue
+                code = -_NLMSGERR.unpack_from(body)[0]
+                if code and code not in ignore:
+                    raise NetlinkError(code, what, _ack_detail(flags, body))
+                return replies
 
     def next_seq(self) -> int:
         self._seq = (self._seq + 1) & 0x7FFFFFFF or 1
@@ -475,8 +523,23 @@ class Rtnl:
 
     def route_get(self, dst: IPAddress) -> Route | None:
         """The route the kernel would use for ``dst`` (like ``ip route get``)."""
+        reply = self._route_get_reply(dst)
+        decoded = decode_route(reply) if reply is not None else None
+        return decoded[0] if decoded else None
+
+    def route_source(self, dst: IPAddress) -> tuple[int, IPAddress | None] | None:
+        """(output device, source address) the kernel would use for ``dst``; the device of
+        a local address is ``lo``."""
+        reply = self._route_get_reply(dst)
+        attrs = parse_attrs(reply, _RTMSG.size) if reply is not None else {}
+        if RTA_OIF not in attrs:
+            return None
+        src = attrs.get(RTA_PREFSRC)
+        return struct.unpack("=i", attrs[RTA_OIF])[0], ip_address(src) if src else None
+
+    def _route_get_reply(self, dst: IPAddress) -> bytes | None:
         seq = self.next_seq()
-        body = _RTMSG.pack(_family(dst), dst.max_prefixlen, 0, 0, 0, 0, 0, 0, 0) + _attr(
+        body = _RTMSG.pack(_family(dst), dst.max_prefixlen, 0, 0, 0, 0, 0, 0, 0) + attr(
             RTA_DST, dst.packed)
         self.sock.sendall(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_GETROUTE,
                                          NLM_F_REQUEST, seq, 0) + body)
@@ -485,7 +548,4 @@ class Rtnl:
             for kind, _flags, msg_seq, reply in iter_messages(data):
                 if msg_seq != seq:
                     continue
-                if kind == NLMSG_ERROR:
-                    return None
-                decoded = decode_route(reply)
-                return decoded[0] if decoded else None
+                return None if kind == NLMSG_ERROR else reply
