@@ -24,19 +24,28 @@ SECRET = "flannel-test-secret-never-logged-0123456789"
 FAST = Backoff(attempts=6, base=0.01, cap=0.05)
 
 
+@pytest.fixture(scope="module")
+def moto_relay():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+        patch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        patch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # boto3 must never try 169.254.
+        patch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+        patch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+        # moto's catalogue of public AMIs costs seconds per region and no test needs it.
+        patch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "HTTP_PROXY",
+                     "http_proxy"):
+            patch.delenv(name, raising=False)
+        started = Ec2Relay().start()
+        yield started
+        started.stop()
+
+
 @pytest.fixture
-def relay(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # boto3 must never try 169.254.
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "HTTP_PROXY",
-                 "http_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    started = Ec2Relay().start()
-    yield started
-    started.stop()
+def relay(moto_relay):
+    moto_relay.reset()  # no faults left over; each test makes its own VPC
+    return moto_relay
 
 
 class Vpc:

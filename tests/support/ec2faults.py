@@ -64,6 +64,15 @@ class Ec2Relay:
         with self._lock:
             self._faults.setdefault(action, []).extend([(status, code, message)] * times)
 
+    def reset(self) -> None:
+        """Forget every fault, quota and gone target (moto's state stays: tests that share a
+        relay each make their own VPC)."""
+        with self._lock:
+            self._faults.clear()
+        self.actions.clear()
+        self.route_limit = None
+        self.gone_targets.clear()
+
     def count(self, action: str) -> int:
         return self.actions.count(action)
 
