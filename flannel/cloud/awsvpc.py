@@ -138,6 +138,7 @@ class AwsVpcRoutes:
             self.identity = identity
             self._ec2 = self._client(identity.region)
             self._status.target = identity.eni_id
+            self._status.warnings = []
             log.info("aws-vpc: instance %s in %s, ENI %s (subnet %s, VPC %s)",
                      identity.instance_id, identity.region, identity.eni_id,
                      identity.subnet_id, identity.vpc_id)
