@@ -1,0 +1,288 @@
+"""The aws-vpc route engine: our subnet routed to our ENI in the VPC's route table(s).
+
+At ``prepare()``: the instance, region and the ENI holding the external address come from
+the instance metadata service; SourceDestCheck is disabled on that ENI; the route tables are
+resolved (``RouteTableID`` from the config, else the table associated with the node's
+subnet, else the VPC's main table); blackhole routes inside the flannel Network are removed
+from them. ``reconcile()`` then makes our route exist and point at our ENI, and removes
+routes of vanished leases: only destinations strictly inside the Network whose target is an
+instance or an ENI, never any other route. Throttled calls are retried with backoff.
+
+Every method blocks (boto3) and is meant for a worker thread; calls are serialised. The
+credentials are boto3's default chain and are never logged. Must not touch: the store, the
+kernel, routes outside the Network or pointing at anything but instances and ENIs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+from flannel import gojson
+from flannel.cloud.base import (
+    Backoff,
+    CloudError,
+    EngineStatus,
+    RouteChange,
+    Throttled,
+    with_retry,
+)
+from flannel.cloud.metadata import AwsIdentity, MetadataClient, aws_identity
+from flannel.lease import Lease
+
+log = logging.getLogger(__name__)
+
+_ROUTE_TABLE_ID = re.compile(r"rtb-[0-9a-f]{8,32}", re.ASCII)
+_THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
+_MAX_ROUTE_TABLES = 16
+
+
+class AwsApiError(CloudError):
+    def __init__(self, action: str, code: str, message: str) -> None:
+        hint = ""
+        if code in ("UnauthorizedOperation", "AuthFailure", "AccessDenied"):
+            hint = f" (the node's IAM role needs the permission ec2:{action})"
+        super().__init__(f"EC2 {action} failed: {code}: {message[:300]}{hint}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class AwsVpcConfig:
+    """The backend options (``RouteTableID``: a string or a list, as Go flannel read it)."""
+
+    network: IPv4Network
+    external_address: IPv4Address
+    route_table_ids: tuple[str, ...] = ()
+
+    @classmethod
+    def from_backend(cls, backend: dict[str, Any], network: IPv4Network,
+                     external_address: IPv4Address) -> AwsVpcConfig:
+        members = gojson.fold_keys(backend, {"routetableid": "RouteTableID"})
+        raw = members.get("RouteTableID")
+        if raw is None or raw == "":
+            ids: list[Any] = []
+        elif isinstance(raw, str):
+            ids = [raw]
+        elif isinstance(raw, list):
+            ids = raw
+        else:
+            raise CloudError(f"Backend.RouteTableID must be a string or a list of strings, "
+                             f"not a {gojson.type_name(raw)}")
+        if len(ids) > _MAX_ROUTE_TABLES:
+            raise CloudError(f"Backend.RouteTableID lists {len(ids)} tables; at most "
+                             f"{_MAX_ROUTE_TABLES} are supported")
+        for table in ids:
+            if not isinstance(table, str) or not _ROUTE_TABLE_ID.fullmatch(table):
+                raise CloudError(f"Backend.RouteTableID: {str(table)[:80]!r} is not a route "
+                                 "table ID (rtb- followed by hex digits)")
+        return cls(network, external_address, tuple(dict.fromkeys(ids)))
+
+
+class AwsVpcRoutes:
+    def __init__(self, config: AwsVpcConfig, metadata: MetadataClient, *,
+                 endpoint_url: str | None = None, backoff: Backoff | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.endpoint_url = endpoint_url
+        self.backoff = backoff or Backoff()
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._ec2: Any = None
+        self.identity: AwsIdentity | None = None
+        self.tables: tuple[str, ...] = ()
+        self._status = EngineStatus(backend="aws-vpc")
+
+    # --- calls -------------------------------------------------------------------------
+
+    def _client(self, region: str) -> Any:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise CloudError("the aws-vpc backend needs boto3: install pyflannel[aws]") from None
+        # Our own retry loop handles throttling (and logs it); botocore's would hide it.
+        config = Config(retries={"total_max_attempts": 1}, connect_timeout=5, read_timeout=30)
+        return boto3.session.Session().client("ec2", region_name=region,
+                                              endpoint_url=self.endpoint_url, config=config)
+
+    def _call(self, action: str, method: str, **params: Any) -> dict[str, Any]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        def once() -> dict[str, Any]:
+            try:
+                return getattr(self._ec2, method)(**params)
+            except ClientError as error:
+                details = error.response.get("Error", {})
+                code = str(details.get("Code", ""))
+                if code in _THROTTLE_CODES:
+                    raise Throttled(code) from None
+                raise AwsApiError(action, code, str(details.get("Message", ""))) from None
+            except BotoCoreError as error:
+                raise CloudError(f"EC2 {action} failed: {error}") from None
+
+        return with_retry(f"EC2 {action}", once, self.backoff, self._sleep)
+
+    # --- start -------------------------------------------------------------------------
+
+    def prepare(self) -> list[RouteChange]:
+        """Identity, SourceDestCheck, route tables, blackhole clean-up. Returns deletions."""
+        with self._lock:
+            identity = aws_identity(self.metadata, self.config.external_address)
+            self.identity = identity
+            self._ec2 = self._client(identity.region)
+            self._status.target = identity.eni_id
+            self._status.warnings = []
+            log.info("aws-vpc: instance %s in %s, ENI %s (subnet %s, VPC %s)",
+                     identity.instance_id, identity.region, identity.eni_id,
+                     identity.subnet_id, identity.vpc_id)
+            self._disable_source_dest_check(identity.eni_id)
+            self.tables = self.config.route_table_ids or (self._discover_table(identity),)
+            self._status.tables = list(self.tables)
+            changes = []
+            for table in self._describe_tables():
+                for route in table.get("Routes", []):
+                    destination = self._inside_network(route)
+                    if destination is not None and route.get("State") == "blackhole":
+                        changes.append(self._delete(table["RouteTableId"], destination,
+                                                    _target_of(route)))
+            return changes
+
+    def _disable_source_dest_check(self, eni_id: str) -> None:
+        try:
+            self._call("ModifyNetworkInterfaceAttribute", "modify_network_interface_attribute",
+                       NetworkInterfaceId=eni_id, SourceDestCheck={"Value": False})
+        except CloudError as error:
+            warning = (f"could not disable SourceDestCheck on {eni_id} ({error}); EC2 drops "
+                       "traffic for pods on this node until it is disabled: grant the node's "
+                       "IAM role ec2:ModifyNetworkInterfaceAttribute or disable it by hand")
+            log.warning("aws-vpc: %s", warning)
+            self._status.warnings.append(warning)
+
+    def _discover_table(self, identity: AwsIdentity) -> str:
+        for filters in ([{"Name": "association.subnet-id", "Values": [identity.subnet_id]}],
+                        [{"Name": "vpc-id", "Values": [identity.vpc_id]},
+                         {"Name": "association.main", "Values": ["true"]}]):
+            found = self._call("DescribeRouteTables", "describe_route_tables",
+                               Filters=filters).get("RouteTables", [])
+            if found:
+                table = str(found[0]["RouteTableId"])
+                log.info("aws-vpc: using route table %s (no RouteTableID configured)", table)
+                return table
+        raise CloudError(f"no route table is associated with subnet {identity.subnet_id} and "
+                         f"VPC {identity.vpc_id} has no main table; set Backend.RouteTableID")
+
+    def _describe_tables(self) -> list[dict[str, Any]]:
+        try:
+            return self._call("DescribeRouteTables", "describe_route_tables",
+                              RouteTableIds=list(self.tables)).get("RouteTables", [])
+        except AwsApiError as error:
+            if error.code == "InvalidRouteTableID.NotFound":
+                raise CloudError(f"{error}; check Backend.RouteTableID ({', '.join(self.tables)}"
+                                 f") against the route tables of region "
+                                 f"{self.identity.region if self.identity else '?'}") from None
+            raise
+
+    # --- reconcile ---------------------------------------------------------------------
+
+    def _inside_network(self, route: dict[str, Any]) -> IPv4Network | None:
+        try:
+            destination = IPv4Network(route.get("DestinationCidrBlock", ""))
+        except ValueError:
+            return None
+        network = self.config.network
+        if destination.prefixlen > network.prefixlen and destination.subnet_of(network):
+            return destination
+        return None
+
+    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease]) -> list[RouteChange]:
+        """Make the route tables match the leases; idempotent. Returns what was changed."""
+        if own_lease.subnet is None:
+            raise CloudError("aws-vpc routes IPv4 subnets only; our lease has none")
+        own = own_lease.subnet
+        live = {own} | {lease.subnet for lease in peer_leases if lease.subnet is not None}
+        with self._lock:
+            if self._ec2 is None or self.identity is None:
+                raise CloudError("aws-vpc: reconcile() before prepare()")
+            try:
+                changes = self._reconcile(own, live, self.identity.eni_id)
+            except CloudError as error:
+                self._status.last_error = str(error)
+                raise
+            self._status.last_reconcile = time.time()
+            self._status.last_changes = changes
+            self._status.last_error = None
+            return changes
+
+    def _reconcile(self, own: IPv4Network, live: set[IPv4Network],
+                   eni_id: str) -> list[RouteChange]:
+        changes = []
+        for table in self._describe_tables():
+            table_id = str(table["RouteTableId"])
+            ours = None
+            for route in table.get("Routes", []):
+                destination = self._inside_network(route)
+                if destination is None:
+                    continue
+                if destination == own:
+                    ours = route
+                elif destination not in live and _target_of(route):
+                    changes.append(self._delete(table_id, destination, _target_of(route)))
+            if ours is None:
+                changes.append(self._create(table_id, own, eni_id))
+            elif ours.get("NetworkInterfaceId") != eni_id or ours.get("State") != "active":
+                changes.append(self._replace(table_id, own, eni_id))
+        return changes
+
+    def _create(self, table: str, destination: IPv4Network, eni_id: str) -> RouteChange:
+        try:
+            self._call("CreateRoute", "create_route", RouteTableId=table,
+                       DestinationCidrBlock=str(destination), NetworkInterfaceId=eni_id)
+        except AwsApiError as error:
+            if error.code == "RouteAlreadyExists":  # created since we looked: point it at us
+                return self._replace(table, destination, eni_id)
+            if error.code == "RouteLimitExceeded":
+                raise CloudError(
+                    f"route table {table} is full: EC2 refused the route for {destination} "
+                    "(RouteLimitExceeded; a VPC route table holds 50 routes by default). Raise "
+                    "the 'Routes per route table' quota in Service Quotas (Amazon VPC), or use "
+                    "a backend that needs no route per node (vxlan)") from None
+            raise
+        change = RouteChange("create", table, str(destination), eni_id)
+        log.info("aws-vpc: %s", change)
+        return change
+
+    def _replace(self, table: str, destination: IPv4Network, eni_id: str) -> RouteChange:
+        self._call("ReplaceRoute", "replace_route", RouteTableId=table,
+                   DestinationCidrBlock=str(destination), NetworkInterfaceId=eni_id)
+        change = RouteChange("replace", table, str(destination), eni_id)
+        log.info("aws-vpc: %s", change)
+        return change
+
+    def _delete(self, table: str, destination: IPv4Network, target: str) -> RouteChange:
+        try:
+            self._call("DeleteRoute", "delete_route", RouteTableId=table,
+                       DestinationCidrBlock=str(destination))
+        except AwsApiError as error:
+            if error.code != "InvalidRoute.NotFound":  # already gone is what we wanted
+                raise
+        change = RouteChange("delete", table, str(destination), target)
+        log.info("aws-vpc: %s", change)
+        return change
+
+    def status(self) -> EngineStatus:
+        with self._lock:
+            return replace(self._status, tables=list(self._status.tables),
+                           last_changes=list(self._status.last_changes),
+                           warnings=list(self._status.warnings))
+
+
+def _target_of(route: dict[str, Any]) -> str:
+    """The instance or ENI a route points at; empty for any other target."""
+    return str(route.get("NetworkInterfaceId") or route.get("InstanceId") or "")

@@ -1,0 +1,96 @@
+"""What the cloud route engines share: their error, change and status records, and the
+retry-with-backoff policy for throttled API calls.
+
+Must not touch: any cloud API directly (the engines pass their calls in).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class CloudError(Exception):
+    """A failure a user can act on; its message names the cause and the fix."""
+
+
+class Throttled(Exception):
+    """Raised by an engine's call wrapper when the cloud answered "slow down"."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class RouteChange:
+    """One change made to a cloud route table."""
+
+    action: str  # "create", "replace" or "delete"
+    table: str
+    destination: str
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.destination} -> {self.target} in {self.table}"
+
+
+@dataclass
+class EngineStatus:
+    """What an engine reports: where it routes, and how its last pass went."""
+
+    backend: str
+    tables: list[str] = field(default_factory=list)
+    target: str = ""
+    last_reconcile: float | None = None
+    last_changes: list[RouteChange] = field(default_factory=list)
+    last_error: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return self.last_reconcile is not None and self.last_error is None
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Exponential backoff with full jitter, bounded in attempts and per-wait delay."""
+
+    attempts: int = 6
+    base: float = 0.5
+    cap: float = 20.0
+
+    def delay(self, attempt: int) -> float:
+        return random.uniform(0, min(self.cap, self.base * 2 ** attempt))
+
+
+def with_retry(what: str, call: Callable[[], T], backoff: Backoff,
+               sleep: Callable[[float], None] = time.sleep) -> T:
+    """Run ``call``; on ``Throttled`` wait and retry, at most ``backoff.attempts`` times.
+
+    Every retry is logged with the wait, so an operator sees throttling as it happens.
+    """
+    for attempt in range(1, backoff.attempts):
+        try:
+            return call()
+        except Throttled as throttled:
+            wait = backoff.delay(attempt)
+            log.warning("%s throttled (%s); retrying in %.2fs (attempt %d of %d)",
+                        what, throttled.code, wait, attempt + 1, backoff.attempts)
+            sleep(wait)
+    try:
+        return call()
+    except Throttled as throttled:
+        raise CloudError(
+            f"{what}: the cloud API kept throttling ({throttled.code}) after "
+            f"{backoff.attempts} attempts; the next reconciliation tries again "
+            "(other clients in this account may be using up the request rate)"
+        ) from None

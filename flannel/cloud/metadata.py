@@ -1,0 +1,160 @@
+"""Instance metadata readers: AWS's IMDS (v2 with a session token, falling back to v1) and
+Tencent Cloud's metadata service, and the node identity each engine needs from them.
+
+Values read here are untrusted: every one is bounded in size and checked against the shape
+the cloud documents before use. Must not touch: cloud APIs, credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+
+from flannel.cloud.base import CloudError
+
+log = logging.getLogger(__name__)
+
+AWS_IMDS = "http://169.254.169.254"
+TENCENT_METADATA = "http://metadata.tencentyun.com"
+_MAX_BODY = 64 * 1024
+_SESSION_TTL_SECONDS = "21600"
+
+_AWS_SHAPES = {
+    "instance-id": re.compile(r"i-[0-9a-f]{8,32}", re.ASCII),
+    "placement/region": re.compile(r"[a-z]{2}(-[a-z0-9]+)+-\d{1,2}", re.ASCII),
+    "interface-id": re.compile(r"eni-[0-9a-f]{8,32}", re.ASCII),
+    "subnet-id": re.compile(r"subnet-[0-9a-f]{8,32}", re.ASCII),
+    "vpc-id": re.compile(r"vpc-[0-9a-f]{8,32}", re.ASCII),
+}
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", re.ASCII)
+_TENCENT_REGION = re.compile(r"[a-z]{2,}(-[a-z0-9]+){1,3}", re.ASCII)
+_TENCENT_VPC = re.compile(r"vpc-[0-9a-z]{4,32}", re.ASCII)
+
+
+class MetadataClient:
+    """GETs under ``<base>/latest/meta-data/``; with ``token=True`` speaks IMDSv2 first.
+
+    IMDSv2: a session token from ``PUT /latest/api/token`` is sent with every GET and
+    refreshed once when the service answers 401. If the token request is refused (403, 404,
+    405) or times out (the hop limit of 1 drops it inside containers), the client falls back
+    to IMDSv1 and says so once.
+    """
+
+    def __init__(self, base_url: str, token: bool, timeout: float = 2.0) -> None:
+        if not base_url.startswith("http://"):
+            raise CloudError(f"the metadata service address must be an http:// URL, "
+                             f"not {base_url[:80]!r}")
+        self.base_url = base_url.rstrip("/")
+        self.use_token = token
+        self.timeout = timeout
+        self._token: str | None = None
+        self._v1 = not token
+        # Metadata is link-local: never send it through an HTTP proxy from the environment.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def _open(self, request: urllib.request.Request) -> tuple[int, str]:
+        try:
+            with self._opener.open(request, timeout=self.timeout) as response:
+                body = response.read(_MAX_BODY + 1)
+                status = response.status
+        except urllib.error.HTTPError as error:
+            return error.code, ""
+        except (OSError, ValueError) as error:
+            raise CloudError(
+                f"the instance metadata service at {self.base_url} did not answer ({error}); "
+                "is this node running on the cloud its backend is for?"
+            ) from None
+        if len(body) > _MAX_BODY:
+            raise CloudError(f"the instance metadata service at {self.base_url} sent an "
+                             f"answer over {_MAX_BODY} bytes; refusing it")
+        return status, body.decode("utf-8", "replace").strip()
+
+    def _fetch_token(self) -> None:
+        request = urllib.request.Request(  # noqa: S310 (http:// checked in __init__)
+            f"{self.base_url}/latest/api/token", method="PUT",
+            headers={"X-aws-ec2-metadata-token-ttl-seconds": _SESSION_TTL_SECONDS})
+        try:
+            status, body = self._open(request)
+        except CloudError:
+            status, body = 0, ""
+        if status == 200 and body:
+            self._token = body
+            return
+        self._v1 = True
+        log.warning("IMDSv2 token request to %s failed (%s); falling back to IMDSv1",
+                    self.base_url, f"HTTP {status}" if status else "no answer")
+
+    def _get_once(self, path: str) -> tuple[int, str]:
+        headers = {} if self._v1 else {"X-aws-ec2-metadata-token": self._token or ""}
+        url = f"{self.base_url}/latest/meta-data/{path}"
+        return self._open(urllib.request.Request(url, headers=headers))  # noqa: S310
+
+    def get(self, path: str) -> str:
+        if not self._v1 and self._token is None:
+            self._fetch_token()
+        status, body = self._get_once(path)
+        if status == 401 and not self._v1:
+            # The token expired (or the service restarted): one fresh token, one more try.
+            self._token = None
+            self._fetch_token()
+            status, body = self._get_once(path)
+        if status != 200:
+            raise CloudError(f"instance metadata {path}: HTTP {status} from {self.base_url}")
+        return body
+
+
+def _checked(path: str, value: str, shape: re.Pattern[str]) -> str:
+    if not shape.fullmatch(value):
+        raise CloudError(f"instance metadata {path}: unexpected value {value[:80]!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class AwsIdentity:
+    instance_id: str
+    region: str
+    eni_id: str
+    subnet_id: str
+    vpc_id: str
+
+
+def aws_identity(client: MetadataClient, address: IPv4Address) -> AwsIdentity:
+    """The instance, its region, and the ENI (with its subnet and VPC) holding ``address``."""
+    instance_id = _checked("instance-id", client.get("instance-id"), _AWS_SHAPES["instance-id"])
+    region = _checked("placement/region", client.get("placement/region"),
+                      _AWS_SHAPES["placement/region"])
+    macs = [line.strip().rstrip("/") for line in
+            client.get("network/interfaces/macs/").splitlines()[:64]]
+    for mac in macs:
+        if not _MAC.fullmatch(mac):
+            continue
+        base = f"network/interfaces/macs/{mac}"
+        addresses = client.get(f"{base}/local-ipv4s").split()
+        if str(address) not in addresses:
+            continue
+        fields = {name: _checked(f"{base}/{name}", client.get(f"{base}/{name}"),
+                                 _AWS_SHAPES[name])
+                  for name in ("interface-id", "subnet-id", "vpc-id")}
+        return AwsIdentity(instance_id, region, fields["interface-id"], fields["subnet-id"],
+                           fields["vpc-id"])
+    raise CloudError(
+        f"no network interface of instance {instance_id} holds the external address "
+        f"{address}; choose the interface attached to the VPC with --iface or --iface-regex")
+
+
+@dataclass(frozen=True)
+class TencentIdentity:
+    region: str
+    vpc_id: str
+
+
+def tencent_identity(client: MetadataClient) -> TencentIdentity:
+    """The region and VPC of this CVM, as Go flannel reads them (primary MAC's VPC)."""
+    region = _checked("placement/region", client.get("placement/region"), _TENCENT_REGION)
+    mac = _checked("mac", client.get("mac").lower(), _MAC)
+    vpc_path = f"network/interfaces/macs/{mac}/vpc-id"
+    return TencentIdentity(region, _checked(vpc_path, client.get(vpc_path), _TENCENT_VPC))

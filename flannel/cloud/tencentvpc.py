@@ -1,0 +1,246 @@
+"""The tencent-vpc route engine: our subnet routed to our address in the VPC's route table.
+
+As Go flannel does: credentials from the config (``AccessKeyID``/``AccessKeySecret``) or the
+``ACCESS_KEY_ID``/``ACCESS_KEY_SECRET`` environment; region and VPC from the metadata
+service; the route in the first route table of the VPC, gateway type ``NORMAL_CVM``, gateway
+our external address; disabled duplicates of it deleted. Beyond Go: ``reconcile()`` repairs
+our route (re-created, or pointed back at us) and deletes routes of vanished leases - only
+``NORMAL_CVM`` user routes strictly inside the Network, never any other route - and
+throttled calls are retried with backoff.
+
+Every method blocks (the Tencent SDK) and is meant for a worker thread; calls are
+serialised. The secret is held out of ``repr`` and never logged. Must not touch: the store,
+the kernel, routes outside the Network or of other gateway types.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from ipaddress import IPv4Address, IPv4Network
+from typing import Any
+
+from flannel import gojson
+from flannel.cloud.base import (
+    Backoff,
+    CloudError,
+    EngineStatus,
+    RouteChange,
+    Throttled,
+    with_retry,
+)
+from flannel.cloud.metadata import MetadataClient, TencentIdentity, tencent_identity
+from flannel.lease import Lease
+
+log = logging.getLogger(__name__)
+
+GATEWAY_TYPE = "NORMAL_CVM"
+ROUTE_TYPE = "USER"
+_MAX_SECRET = 256
+
+
+class TencentApiError(CloudError):
+    def __init__(self, action: str, code: str, message: str) -> None:
+        hint = ""
+        if code.startswith("AuthFailure"):
+            hint = " (check AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)"
+        elif code == "UnauthorizedOperation":
+            hint = f" (the key's CAM policy needs the action vpc:{action})"
+        super().__init__(f"Tencent VPC {action} failed: {code}: {message[:300]}{hint}")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class TencentVpcConfig:
+    network: IPv4Network
+    external_address: IPv4Address
+    access_key_id: str
+    access_key_secret: str = field(repr=False)
+
+    @classmethod
+    def from_backend(cls, backend: dict[str, Any], network: IPv4Network,
+                     external_address: IPv4Address,
+                     environ: Mapping[str, str] = os.environ) -> TencentVpcConfig:
+        members = gojson.fold_keys(backend, {"accesskeyid": "AccessKeyID",
+                                             "accesskeysecret": "AccessKeySecret"})
+        for name, value in members.items():
+            if not isinstance(value, str):
+                raise CloudError(f"Backend.{name} must be a string, not a "
+                                 f"{gojson.type_name(value)}")
+        key_id, secret = members.get("AccessKeyID", ""), members.get("AccessKeySecret", "")
+        if not key_id or not secret:  # as Go: both from the environment unless both set
+            key_id = environ.get("ACCESS_KEY_ID", "")
+            secret = environ.get("ACCESS_KEY_SECRET", "")
+        if not key_id or not secret:
+            raise CloudError("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! (set "
+                             "Backend.AccessKeyID and Backend.AccessKeySecret, or the "
+                             "ACCESS_KEY_ID and ACCESS_KEY_SECRET environment variables)")
+        if len(key_id) > _MAX_SECRET or len(secret) > _MAX_SECRET or not key_id.isprintable():
+            raise CloudError("the Tencent Cloud access key is malformed (too long or not "
+                             "printable); check AccessKeyID/AccessKeySecret")
+        return cls(network, external_address, key_id, secret)
+
+
+class TencentVpcRoutes:
+    def __init__(self, config: TencentVpcConfig, metadata: MetadataClient, *,
+                 endpoint: str | None = None, backoff: Backoff | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.config = config
+        self.metadata = metadata
+        self.endpoint = endpoint  # host:port of a plain-HTTP endpoint (tests); None: Tencent's
+        self.backoff = backoff or Backoff()
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._models: Any = None
+        self.identity: TencentIdentity | None = None
+        self.table: str = ""
+        self._status = EngineStatus(backend="tencent-vpc", target=str(config.external_address))
+
+    def _make_client(self, region: str) -> None:
+        try:
+            from tencentcloud.common import credential
+            from tencentcloud.common.profile.client_profile import ClientProfile
+            from tencentcloud.common.profile.http_profile import HttpProfile
+            from tencentcloud.vpc.v20170312 import models, vpc_client
+        except ImportError:
+            raise CloudError("the tencent-vpc backend needs the Tencent Cloud SDK: install "
+                             "pyflannel[tencent]") from None
+        if self.endpoint is None:
+            http = HttpProfile(reqTimeout=30)
+        else:
+            http = HttpProfile(protocol="http", endpoint=self.endpoint, reqTimeout=30)
+        cred = credential.Credential(self.config.access_key_id, self.config.access_key_secret)
+        self._client = vpc_client.VpcClient(cred, region, ClientProfile(httpProfile=http))
+        self._models = models
+
+    def _call(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
+        from tencentcloud.common.exception.tencent_cloud_sdk_exception import (
+            TencentCloudSDKException,
+        )
+
+        request = getattr(self._models, f"{action}Request")()
+        request.from_json_string(json.dumps(params))
+
+        def once() -> dict[str, Any]:
+            try:
+                answer = getattr(self._client, action)(request)
+            except TencentCloudSDKException as error:
+                code = str(error.get_code() or "")
+                if code == "RequestLimitExceeded":
+                    raise Throttled(code) from None
+                raise TencentApiError(action, code, str(error.get_message() or "")) from None
+            return json.loads(answer.to_json_string())
+
+        return with_retry(f"Tencent VPC {action}", once, self.backoff, self._sleep)
+
+    def prepare(self) -> None:
+        """Region and VPC from the metadata service; the VPC's first route table."""
+        with self._lock:
+            self.identity = tencent_identity(self.metadata)
+            self._make_client(self.identity.region)
+            answer = self._call("DescribeRouteTables", {
+                "Filters": [{"Name": "vpc-id", "Values": [self.identity.vpc_id]}]})
+            tables = answer.get("RouteTableSet") or []
+            if not tables:
+                raise CloudError(f"no suitable routing table found in VPC "
+                                 f"{self.identity.vpc_id} ({self.identity.region})")
+            self.table = str(tables[0]["RouteTableId"])
+            self._status.tables = [self.table]
+            log.info("tencent-vpc: VPC %s in %s, route table %s, gateway %s",
+                     self.identity.vpc_id, self.identity.region, self.table,
+                     self.config.external_address)
+
+    def _inside_network(self, route: dict[str, Any]) -> IPv4Network | None:
+        if route.get("GatewayType") != GATEWAY_TYPE or route.get("RouteType",
+                                                                 ROUTE_TYPE) != ROUTE_TYPE:
+            return None
+        try:
+            destination = IPv4Network(route.get("DestinationCidrBlock", ""))
+        except ValueError:
+            return None
+        network = self.config.network
+        if destination.prefixlen > network.prefixlen and destination.subnet_of(network):
+            return destination
+        return None
+
+    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease]) -> list[RouteChange]:
+        """Make the route table match the leases; idempotent. Returns what was changed."""
+        if own_lease.subnet is None:
+            raise CloudError("tencent-vpc routes IPv4 subnets only; our lease has none")
+        own = own_lease.subnet
+        live = {own} | {lease.subnet for lease in peer_leases if lease.subnet is not None}
+        with self._lock:
+            if not self.table:
+                raise CloudError("tencent-vpc: reconcile() before prepare()")
+            try:
+                changes = self._reconcile(own, live)
+            except CloudError as error:
+                self._status.last_error = str(error)
+                raise
+            self._status.last_reconcile = time.time()
+            self._status.last_changes = changes
+            self._status.last_error = None
+            return changes
+
+    def _reconcile(self, own: IPv4Network, live: set[IPv4Network]) -> list[RouteChange]:
+        gateway = str(self.config.external_address)
+        answer = self._call("DescribeRouteTables", {"RouteTableIds": [self.table]})
+        tables = answer.get("RouteTableSet") or []
+        if not tables:
+            raise CloudError(f"route table {self.table} no longer exists; restart flanneld "
+                             "to pick the VPC's first route table again")
+        doomed: list[tuple[dict[str, Any], IPv4Network]] = []
+        ours: dict[str, Any] | None = None
+        misdirected: dict[str, Any] | None = None
+        for route in tables[0].get("RouteSet") or []:
+            destination = self._inside_network(route)
+            if destination is None:
+                continue
+            if destination != own:
+                if destination not in live:
+                    doomed.append((route, destination))
+            elif route.get("GatewayId") != gateway:
+                misdirected = misdirected or route
+            elif not route.get("Enabled") or ours is not None:
+                doomed.append((route, destination))  # disabled or duplicate, as Go deletes
+            else:
+                ours = route
+        changes = []
+        if doomed:
+            self._call("DeleteRoutes", {"RouteTableId": self.table,
+                                        "Routes": [{"RouteId": r["RouteId"]} for r, _ in doomed]})
+            changes += [RouteChange("delete", self.table, str(d), str(r.get("GatewayId", "")))
+                        for r, d in doomed]
+        spec = {"DestinationCidrBlock": str(own), "GatewayType": GATEWAY_TYPE,
+                "GatewayId": gateway}
+        if ours is None and misdirected is not None:
+            self._call("ReplaceRoutes", {"RouteTableId": self.table,
+                                         "Routes": [{"RouteId": misdirected["RouteId"], **spec}]})
+            changes.append(RouteChange("replace", self.table, str(own), gateway))
+        elif ours is None:
+            try:
+                self._call("CreateRoutes", {"RouteTableId": self.table,
+                                            "Routes": [{**spec, "Enabled": True}]})
+            except TencentApiError as error:
+                if error.code == "LimitExceeded":
+                    raise CloudError(
+                        f"route table {self.table} is full: Tencent Cloud refused the route "
+                        f"for {own} (LimitExceeded). Raise the route-per-table quota of the "
+                        "VPC, or use a backend that needs no route per node (vxlan)") from None
+                raise
+            changes.append(RouteChange("create", self.table, str(own), gateway))
+        for change in changes:
+            log.info("tencent-vpc: %s", change)
+        return changes
+
+    def status(self) -> EngineStatus:
+        with self._lock:
+            return replace(self._status, tables=list(self._status.tables),
+                           last_changes=list(self._status.last_changes),
+                           warnings=list(self._status.warnings))

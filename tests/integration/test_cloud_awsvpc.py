@@ -1,0 +1,355 @@
+"""The aws-vpc route engine against moto's EC2 server (through a fault-injecting relay) and
+a fake instance metadata service: several nodes, repair, garbage collection, blackholes,
+throttling, the route quota, IMDSv2/v1, and credentials kept out of the logs."""
+
+from __future__ import annotations
+
+import logging
+from ipaddress import IPv4Address, IPv4Network
+
+import boto3
+import pytest
+
+from flannel.cloud.awsvpc import AwsVpcConfig, AwsVpcRoutes
+from flannel.cloud.base import Backoff, CloudError
+from flannel.cloud.metadata import MetadataClient
+from flannel.lease import Lease
+from tests.support.ec2faults import Ec2Relay
+from tests.support.imds import FakeMetadata, aws_paths
+
+REGION = "eu-west-1"
+NETWORK = IPv4Network("10.244.0.0/16")
+KEY_ID = "AKIAFLANNELTESTKEY01"
+SECRET = "flannel-test-secret-never-logged-0123456789"
+FAST = Backoff(attempts=6, base=0.01, cap=0.05)
+
+
+@pytest.fixture(scope="module")
+def moto_relay():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
+        patch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+        patch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # boto3 must never try 169.254.
+        patch.setenv("AWS_CONFIG_FILE", "/nonexistent/aws-config")
+        patch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials")
+        # moto's catalogue of public AMIs costs seconds per region and no test needs it.
+        patch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "HTTP_PROXY",
+                     "http_proxy"):
+            patch.delenv(name, raising=False)
+        started = Ec2Relay().start()
+        yield started
+        started.stop()
+
+
+@pytest.fixture
+def relay(moto_relay):
+    moto_relay.reset()  # no faults left over; each test makes its own VPC
+    return moto_relay
+
+
+class Vpc:
+    """A VPC in moto with one subnet, its own route table, and instances as nodes."""
+
+    def __init__(self, relay: Ec2Relay) -> None:
+        host, port = relay.moto.get_host_and_port()
+        self.relay = relay
+        self.ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=f"http://{host}:{port}")
+        self.vpc = self.ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        self.subnet = self.ec2.create_subnet(VpcId=self.vpc, CidrBlock="10.0.1.0/24")[
+            "Subnet"]["SubnetId"]
+        self.table = self.ec2.create_route_table(VpcId=self.vpc)["RouteTable"]["RouteTableId"]
+        self.ec2.associate_route_table(RouteTableId=self.table, SubnetId=self.subnet)
+        self.igw = self.ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+        self.ec2.attach_internet_gateway(InternetGatewayId=self.igw, VpcId=self.vpc)
+        self.metadata: list[FakeMetadata] = []
+
+    def node(self, mode: str = "optional") -> tuple[FakeMetadata, dict[str, str]]:
+        instance = self.ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
+                                          SubnetId=self.subnet)["Instances"][0]
+        interface = instance["NetworkInterfaces"][0]
+        info = {"instance": instance["InstanceId"], "eni": interface["NetworkInterfaceId"],
+                "ip": interface["PrivateIpAddress"], "mac": interface["MacAddress"]}
+        fake = FakeMetadata(aws_paths(info["instance"], REGION, [
+            {"mac": info["mac"], "ip": info["ip"], "eni": info["eni"],
+             "subnet": self.subnet, "vpc": self.vpc}]), mode).start()
+        self.metadata.append(fake)
+        return fake, info
+
+    def engine(self, fake: FakeMetadata, info: dict[str, str], backend: dict | None = None,
+               backoff: Backoff = FAST) -> AwsVpcRoutes:
+        config = AwsVpcConfig.from_backend(backend if backend is not None else
+                                           {"RouteTableID": self.table},
+                                           NETWORK, IPv4Address(info["ip"]))
+        return AwsVpcRoutes(config, MetadataClient(fake.url, token=True),
+                            endpoint_url=self.relay.url, backoff=backoff)
+
+    def routes(self, table: str | None = None) -> dict[str, str]:
+        """destination -> target of the table's routes, as the console shows them."""
+        found = self.ec2.describe_route_tables(RouteTableIds=[table or self.table])
+        return {route["DestinationCidrBlock"]: route.get("NetworkInterfaceId")
+                or route.get("GatewayId") or route.get("InstanceId", "")
+                for route in found["RouteTables"][0]["Routes"]}
+
+    def close(self) -> None:
+        for fake in self.metadata:
+            fake.stop()
+
+
+@pytest.fixture
+def vpc(relay):
+    made = Vpc(relay)
+    yield made
+    made.close()
+
+
+def lease(cidr: str) -> Lease:
+    return Lease(subnet=IPv4Network(cidr))
+
+
+SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
+
+
+def three_nodes(vpc: Vpc) -> list[tuple[AwsVpcRoutes, dict[str, str]]]:
+    nodes = []
+    for _ in SUBNETS:
+        fake, info = vpc.node()
+        nodes.append((vpc.engine(fake, info), info))
+    return nodes
+
+
+def reconcile_all(nodes, subnets=SUBNETS):
+    leases = [lease(cidr) for cidr in subnets]
+    return [engine.reconcile(leases[i], leases[:i] + leases[i + 1:])
+            for i, (engine, _) in enumerate(nodes)]
+
+
+def test_each_node_routes_its_subnet_to_its_eni(vpc, caplog):
+    caplog.set_level(logging.DEBUG)
+    nodes = three_nodes(vpc)
+    for engine, _ in nodes:
+        assert engine.prepare() == []
+    changes = reconcile_all(nodes)
+    assert [[str(c) for c in node_changes] for node_changes in changes] == [
+        [f"create {cidr} -> {info['eni']} in {vpc.table}"]
+        for cidr, (_, info) in zip(SUBNETS, nodes, strict=True)]
+    routes = vpc.routes()
+    for cidr, (_, info) in zip(SUBNETS, nodes, strict=True):
+        assert routes[cidr] == info["eni"]
+        eni = vpc.ec2.describe_network_interfaces(NetworkInterfaceIds=[info["eni"]])
+        assert eni["NetworkInterfaces"][0]["SourceDestCheck"] is False
+    # A second pass changes nothing: reconciliation is idempotent.
+    assert reconcile_all(nodes) == [[], [], []]
+    status = nodes[0][0].status()
+    assert status.healthy and status.tables == [vpc.table] and status.target == nodes[0][1]["eni"]
+    # The secret never reaches any log (ours or the SDK's debug output); nor does the key ID
+    # reach ours.
+    assert SECRET not in caplog.text
+    assert not [r for r in caplog.records
+                if r.name.startswith("flannel") and KEY_ID in r.getMessage()]
+
+
+def test_route_deleted_or_redirected_in_the_console_is_repaired(vpc):
+    nodes = three_nodes(vpc)
+    for engine, _ in nodes:
+        engine.prepare()
+    reconcile_all(nodes)
+    vpc.ec2.delete_route(RouteTableId=vpc.table, DestinationCidrBlock=SUBNETS[1])
+    vpc.ec2.replace_route(RouteTableId=vpc.table, DestinationCidrBlock=SUBNETS[2],
+                          NetworkInterfaceId=nodes[0][1]["eni"])
+    changes = reconcile_all(nodes)
+    assert [str(c) for c in changes[1]] == [
+        f"create {SUBNETS[1]} -> {nodes[1][1]['eni']} in {vpc.table}"]
+    assert [str(c) for c in changes[2]] == [
+        f"replace {SUBNETS[2]} -> {nodes[2][1]['eni']} in {vpc.table}"]
+    routes = vpc.routes()
+    assert [routes[cidr] for cidr in SUBNETS] == [info["eni"] for _, info in nodes]
+
+
+def test_routes_of_vanished_leases_are_collected_and_foreign_routes_kept(vpc):
+    (engine, info), (_, other) = three_nodes(vpc)[:2]
+    engine.prepare()
+    foreign = {"0.0.0.0/0": vpc.igw, "192.168.7.0/24": other["eni"], "10.244.0.0/16":
+               other["eni"], "10.244.50.0/24": vpc.igw}
+    vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock="0.0.0.0/0",
+                         GatewayId=vpc.igw)
+    vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock="10.244.50.0/24",
+                         GatewayId=vpc.igw)
+    for cidr in ("192.168.7.0/24", "10.244.0.0/16", "10.244.9.0/24", SUBNETS[1]):
+        vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock=cidr,
+                             NetworkInterfaceId=other["eni"])
+    # Lease 10.244.9.0/24 is gone; SUBNETS[1] is still a live peer's.
+    changes = engine.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])])
+    assert sorted(str(c) for c in changes) == sorted([
+        f"create {SUBNETS[0]} -> {info['eni']} in {vpc.table}",
+        f"delete 10.244.9.0/24 -> {other['eni']} in {vpc.table}"])
+    routes = vpc.routes()
+    assert "10.244.9.0/24" not in routes
+    assert routes[SUBNETS[1]] == other["eni"]
+    for cidr, target in foreign.items():
+        assert routes[cidr] == target
+
+
+def test_blackholes_inside_the_network_are_removed_at_start(vpc):
+    fake, info = vpc.node()
+    _, dead = vpc.node()
+    for cidr in ("10.244.7.0/24", "172.16.0.0/24"):
+        vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock=cidr,
+                             NetworkInterfaceId=dead["eni"])
+    vpc.relay.gone_targets.add(dead["eni"])  # the instance was terminated: EC2 says blackhole
+    engine = vpc.engine(fake, info)
+    assert [str(c) for c in engine.prepare()] == [
+        f"delete 10.244.7.0/24 -> {dead['eni']} in {vpc.table}"]
+    routes = vpc.routes()
+    assert "10.244.7.0/24" not in routes and routes["172.16.0.0/24"] == dead["eni"]
+
+
+def test_throttled_calls_are_retried_with_backoff(vpc, caplog):
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info)
+    engine.prepare()
+    vpc.relay.fail("CreateRoute", "RequestLimitExceeded", times=3, status=503)
+    with caplog.at_level(logging.WARNING, logger="flannel"):
+        changes = engine.reconcile(lease(SUBNETS[0]), [])
+    assert [c.action for c in changes] == ["create"]
+    assert vpc.relay.count("CreateRoute") == 4
+    retries = [r.getMessage() for r in caplog.records if "throttled" in r.getMessage()]
+    assert len(retries) == 3
+    assert retries[0].startswith("EC2 CreateRoute throttled (RequestLimitExceeded); retrying in")
+    assert vpc.routes()[SUBNETS[0]] == info["eni"]
+
+
+def test_persistent_throttling_fails_the_pass_with_a_clear_error(vpc):
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info, backoff=Backoff(attempts=3, base=0.01, cap=0.02))
+    engine.prepare()
+    vpc.relay.fail("DescribeRouteTables", "RequestLimitExceeded", times=3, status=503)
+    with pytest.raises(CloudError) as raised:
+        engine.reconcile(lease(SUBNETS[0]), [])
+    assert str(raised.value).startswith(
+        "EC2 DescribeRouteTables: the cloud API kept throttling (RequestLimitExceeded) "
+        "after 3 attempts")
+    assert engine.status().last_error == str(raised.value)
+    engine.reconcile(lease(SUBNETS[0]), [])  # the next pass succeeds
+    assert engine.status().healthy
+
+
+def test_full_route_table_is_reported_clearly(vpc):
+    nodes = three_nodes(vpc)
+    for engine, _ in nodes:
+        engine.prepare()
+    reconcile_all(nodes[:2], SUBNETS[:2])
+    vpc.relay.route_limit = len(vpc.routes())  # the table is now at its quota
+    engine = nodes[2][0]
+    with pytest.raises(CloudError) as raised:
+        engine.reconcile(lease(SUBNETS[2]), [lease(s) for s in SUBNETS[:2]])
+    assert str(raised.value) == (
+        f"route table {vpc.table} is full: EC2 refused the route for {SUBNETS[2]} "
+        "(RouteLimitExceeded; a VPC route table holds 50 routes by default). Raise the "
+        "'Routes per route table' quota in Service Quotas (Amazon VPC), or use a backend that "
+        "needs no route per node (vxlan)")
+    assert not engine.status().healthy
+
+
+def test_source_dest_check_refused_is_a_warning_naming_the_permission(vpc, caplog):
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info)
+    vpc.relay.fail("ModifyNetworkInterfaceAttribute", "UnauthorizedOperation", times=1,
+                   status=403, message="You are not authorized to perform this operation.")
+    with caplog.at_level(logging.WARNING, logger="flannel"):
+        engine.prepare()
+    engine.reconcile(lease(SUBNETS[0]), [])
+    warnings = engine.status().warnings
+    assert len(warnings) == 1
+    assert "ec2:ModifyNetworkInterfaceAttribute" in warnings[0]
+    assert warnings[0].startswith(f"could not disable SourceDestCheck on {info['eni']}")
+    assert any(warnings[0] in r.getMessage() for r in caplog.records)
+    assert vpc.routes()[SUBNETS[0]] == info["eni"]
+
+
+def test_missing_permission_names_it(vpc):
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info)
+    engine.prepare()
+    vpc.relay.fail("CreateRoute", "UnauthorizedOperation", times=1, status=403,
+                   message="You are not authorized to perform this operation.")
+    with pytest.raises(CloudError, match=r"the node's IAM role needs the permission "
+                                         r"ec2:CreateRoute"):
+        engine.reconcile(lease(SUBNETS[0]), [])
+
+
+def test_route_table_discovered_from_subnet_then_main_table(vpc):
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info, backend={})
+    engine.prepare()
+    assert engine.tables == (vpc.table,)
+    # Without an association for the node's subnet, the VPC's main table is used.
+    association = next(a["RouteTableAssociationId"] for a in vpc.ec2.describe_route_tables(
+        RouteTableIds=[vpc.table])["RouteTables"][0]["Associations"])
+    vpc.ec2.disassociate_route_table(AssociationId=association)
+    main = vpc.ec2.describe_route_tables(Filters=[
+        {"Name": "vpc-id", "Values": [vpc.vpc]},
+        {"Name": "association.main", "Values": ["true"]}])["RouteTables"][0]["RouteTableId"]
+    engine = vpc.engine(fake, info, backend={})
+    engine.prepare()
+    assert engine.tables == (main,)
+    engine.reconcile(lease(SUBNETS[0]), [])
+    assert vpc.routes(main)[SUBNETS[0]] == info["eni"]
+
+
+def test_several_route_tables_all_get_the_route(vpc):
+    second = vpc.ec2.create_route_table(VpcId=vpc.vpc)["RouteTable"]["RouteTableId"]
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info, backend={"routeTableID": [vpc.table, second]})
+    engine.prepare()
+    engine.reconcile(lease(SUBNETS[0]), [])
+    assert vpc.routes()[SUBNETS[0]] == vpc.routes(second)[SUBNETS[0]] == info["eni"]
+
+
+def test_unknown_route_table_is_reported(vpc):
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info, backend={"RouteTableID": "rtb-0123456789abcdef0"})
+    with pytest.raises(CloudError, match=r"check Backend.RouteTableID \(rtb-0123456789abcdef0\)"):
+        engine.prepare()
+
+
+@pytest.mark.parametrize("mode", ["required", "v1-only"])
+def test_metadata_v2_tokens_and_v1_fallback(vpc, mode, caplog):
+    fake, info = vpc.node(mode=mode)
+    engine = vpc.engine(fake, info)
+    with caplog.at_level(logging.WARNING, logger="flannel"):
+        engine.prepare()
+    assert engine.identity is not None and engine.identity.eni_id == info["eni"]
+    gets = [had_token for method, _, had_token in fake.requests if method == "GET"]
+    fell_back = any("falling back to IMDSv1" in r.getMessage() for r in caplog.records)
+    if mode == "required":
+        assert all(gets) and not fell_back
+    else:
+        assert not any(gets) and fell_back
+
+
+def test_expired_metadata_token_is_renewed(vpc):
+    fake, info = vpc.node(mode="required")
+    client = MetadataClient(fake.url, token=True)
+    assert client.get("instance-id") == info["instance"]
+    fake.expire_tokens()
+    assert client.get("instance-id") == info["instance"]
+    assert [m for m, path, _ in fake.requests if path == "/latest/api/token"] == ["PUT", "PUT"]
+
+
+def test_unreachable_metadata_service_is_explained():
+    client = MetadataClient("http://127.0.0.1:9", token=True, timeout=1)
+    with pytest.raises(CloudError, match=r"did not answer .*is this node running on the cloud"):
+        client.get("instance-id")
+
+
+@pytest.mark.parametrize(("backend", "message"), [
+    ({"RouteTableID": 42}, "Backend.RouteTableID must be a string or a list of strings, "
+                           "not a number"),
+    ({"RouteTableID": ["rtb-00000000", "main"]}, "Backend.RouteTableID: 'main' is not a route "
+                                                 "table ID (rtb- followed by hex digits)"),
+])
+def test_bad_route_table_config_is_refused(backend, message):
+    with pytest.raises(CloudError) as raised:
+        AwsVpcConfig.from_backend(backend, NETWORK, IPv4Address("10.0.1.5"))
+    assert str(raised.value) == message

@@ -1,0 +1,202 @@
+"""The tencent-vpc route engine, through the real Tencent Cloud SDK, against the VPC API
+double (tests/support/tencentapi.py: signed requests verified, documented shapes and error
+codes) and a fake metadata service."""
+
+from __future__ import annotations
+
+import logging
+from ipaddress import IPv4Address, IPv4Network
+
+import pytest
+
+from flannel.cloud.base import Backoff, CloudError
+from flannel.cloud.metadata import MetadataClient
+from flannel.cloud.tencentvpc import TencentVpcConfig, TencentVpcRoutes
+from flannel.lease import Lease
+from tests.support.imds import FakeMetadata
+from tests.support.tencentapi import FakeTencentVpc
+
+NETWORK = IPv4Network("10.244.0.0/16")
+KEY_ID = "AKIDflannelTestKey0001"
+SECRET = "flannel-tencent-secret-never-logged-9876"
+VPC = "vpc-2flannel"
+MAC = "52:54:00:ab:cd:ef"
+FAST = Backoff(attempts=5, base=0.01, cap=0.05)
+SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
+ADDRESSES = ["172.16.0.11", "172.16.0.12", "172.16.0.13"]
+
+
+@pytest.fixture
+def cloud(monkeypatch):
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    api = FakeTencentVpc({KEY_ID: SECRET}).start()
+    metadata = FakeMetadata({"placement/region": "ap-guangzhou", "mac": MAC,
+                             f"network/interfaces/macs/{MAC}/vpc-id": VPC},
+                            mode="v1-only").start()
+    api.table = api.add_table(VPC, main=True)
+    api.add_table(VPC)
+    api.add_table("vpc-other")
+    yield api, metadata
+    metadata.stop()
+    api.stop()
+
+
+def engine(cloud, address: str, backend: dict | None = None,
+           backoff: Backoff = FAST) -> TencentVpcRoutes:
+    api, metadata = cloud
+    config = TencentVpcConfig.from_backend(
+        backend if backend is not None else {"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET},
+        NETWORK, IPv4Address(address), environ={})
+    return TencentVpcRoutes(config, MetadataClient(metadata.url, token=False),
+                            endpoint=api.endpoint, backoff=backoff)
+
+
+def lease(cidr: str) -> Lease:
+    return Lease(subnet=IPv4Network(cidr))
+
+
+def routes(api) -> dict[str, tuple[str, str, bool]]:
+    return {r["DestinationCidrBlock"]: (r["GatewayType"], r["GatewayId"], r["Enabled"])
+            for r in api.routes(api.table)}
+
+
+def all_nodes(cloud):
+    nodes = [engine(cloud, address) for address in ADDRESSES]
+    for node in nodes:
+        node.prepare()
+    return nodes
+
+
+def reconcile_all(nodes, subnets=SUBNETS):
+    leases = [lease(cidr) for cidr in subnets]
+    return [node.reconcile(leases[i], leases[:i] + leases[i + 1:])
+            for i, node in enumerate(nodes)]
+
+
+def test_each_node_routes_its_subnet_in_the_vpcs_first_table(cloud, caplog):
+    caplog.set_level(logging.DEBUG)
+    api, _ = cloud
+    nodes = all_nodes(cloud)
+    assert all(node.table == api.table for node in nodes)
+    changes = reconcile_all(nodes)
+    assert [[str(c) for c in node_changes] for node_changes in changes] == [
+        [f"create {cidr} -> {address} in {api.table}"]
+        for cidr, address in zip(SUBNETS, ADDRESSES, strict=True)]
+    assert routes(api) == {cidr: ("NORMAL_CVM", address, True)
+                           for cidr, address in zip(SUBNETS, ADDRESSES, strict=True)}
+    assert reconcile_all(nodes) == [[], [], []]
+    assert nodes[0].status().healthy
+    assert SECRET not in caplog.text
+    assert SECRET not in repr(nodes[0].config)
+
+
+def test_disabled_duplicates_are_deleted_and_deleted_route_repaired(cloud):
+    api, _ = cloud
+    node = engine(cloud, ADDRESSES[0])
+    node.prepare()
+    api.add_route(api.table, SUBNETS[0], "NORMAL_CVM", ADDRESSES[0], enabled=False)
+    changes = node.reconcile(lease(SUBNETS[0]), [])
+    assert [c.action for c in changes] == ["delete", "create"]
+    assert [(r["GatewayId"], r["Enabled"]) for r in api.routes(api.table)] == [
+        (ADDRESSES[0], True)]
+    # Deleted in the console: re-created. Pointed elsewhere: pointed back at us.
+    api.tables[0]["RouteSet"].clear()
+    assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
+    api.tables[0]["RouteSet"][0]["GatewayId"] = "172.16.0.99"
+    assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [])] == [
+        f"replace {SUBNETS[0]} -> {ADDRESSES[0]} in {api.table}"]
+    assert routes(api)[SUBNETS[0]] == ("NORMAL_CVM", ADDRESSES[0], True)
+
+
+def test_routes_of_vanished_leases_are_collected_and_foreign_routes_kept(cloud):
+    api, _ = cloud
+    node = engine(cloud, ADDRESSES[0])
+    node.prepare()
+    api.add_route(api.table, "10.244.9.0/24", "NORMAL_CVM", "172.16.0.19")  # vanished lease
+    api.add_route(api.table, SUBNETS[1], "NORMAL_CVM", ADDRESSES[1])  # a live peer
+    api.add_route(api.table, "10.244.0.0/16", "NORMAL_CVM", "172.16.0.5")  # whole Network
+    api.add_route(api.table, "10.244.8.0/24", "NAT", "nat-12345678")  # not a CVM
+    api.add_route(api.table, "192.168.0.0/24", "NORMAL_CVM", "172.16.0.19")  # outside
+    api.add_route(api.table, "10.244.7.0/24", "NORMAL_CVM", "172.16.0.17",
+                  route_type="CCN")  # not a user route
+    changes = node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])])
+    assert [str(c) for c in changes] == [
+        f"delete 10.244.9.0/24 -> 172.16.0.19 in {api.table}",
+        f"create {SUBNETS[0]} -> {ADDRESSES[0]} in {api.table}"]
+    assert set(routes(api)) == {SUBNETS[0], SUBNETS[1], "10.244.0.0/16", "10.244.8.0/24",
+                                "192.168.0.0/24", "10.244.7.0/24"}
+
+
+def test_throttling_is_retried_with_backoff(cloud, caplog):
+    api, _ = cloud
+    node = engine(cloud, ADDRESSES[0])
+    node.prepare()
+    api.fail("CreateRoutes", "RequestLimitExceeded", times=2)
+    with caplog.at_level(logging.WARNING, logger="flannel"):
+        assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
+    assert api.actions.count("CreateRoutes") == 3
+    retries = [r.getMessage() for r in caplog.records if "throttled" in r.getMessage()]
+    assert len(retries) == 2
+    assert retries[0].startswith("Tencent VPC CreateRoutes throttled (RequestLimitExceeded); "
+                                 "retrying in")
+
+
+def test_full_route_table_is_reported_clearly(cloud):
+    api, _ = cloud
+    nodes = all_nodes(cloud)
+    reconcile_all(nodes[:2], SUBNETS[:2])
+    api.route_limit = 2
+    with pytest.raises(CloudError) as raised:
+        nodes[2].reconcile(lease(SUBNETS[2]), [lease(s) for s in SUBNETS[:2]])
+    assert str(raised.value) == (
+        f"route table {api.table} is full: Tencent Cloud refused the route for {SUBNETS[2]} "
+        "(LimitExceeded). Raise the route-per-table quota of the VPC, or use a backend that "
+        "needs no route per node (vxlan)")
+    assert nodes[2].status().last_error == str(raised.value)
+
+
+def test_wrong_secret_is_refused_by_the_signature_check(cloud, caplog):
+    caplog.set_level(logging.DEBUG)
+    wrong = "not-the-secret-either-0000"
+    node = engine(cloud, ADDRESSES[0], backend={"AccessKeyID": KEY_ID,
+                                                "AccessKeySecret": wrong})
+    with pytest.raises(CloudError) as raised:
+        node.prepare()
+    assert str(raised.value).startswith(
+        "Tencent VPC DescribeRouteTables failed: AuthFailure.SignatureFailure: ")
+    assert str(raised.value).endswith(
+        "(check AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)")
+    assert wrong not in caplog.text
+
+
+def test_missing_permission_names_the_cam_action(cloud):
+    api, _ = cloud
+    node = engine(cloud, ADDRESSES[0])
+    node.prepare()
+    api.fail("CreateRoutes", "UnauthorizedOperation", times=1)
+    with pytest.raises(CloudError, match=r"the key's CAM policy needs the action "
+                                         r"vpc:CreateRoutes"):
+        node.reconcile(lease(SUBNETS[0]), [])
+
+
+def test_vpc_without_route_tables_is_reported(cloud):
+    api, _ = cloud
+    api.tables = [t for t in api.tables if t["VpcId"] != VPC]
+    with pytest.raises(CloudError, match=f"no suitable routing table found in VPC {VPC} "
+                                         r"\(ap-guangzhou\)"):
+        engine(cloud, ADDRESSES[0]).prepare()
+
+
+def test_credentials_from_the_environment_as_go_reads_them():
+    network, address = NETWORK, IPv4Address(ADDRESSES[0])
+    config = TencentVpcConfig.from_backend(
+        {"AccessKeyID": "only-the-id"}, network, address,
+        environ={"ACCESS_KEY_ID": KEY_ID, "ACCESS_KEY_SECRET": SECRET})
+    assert (config.access_key_id, config.access_key_secret) == (KEY_ID, SECRET)
+    with pytest.raises(CloudError) as raised:
+        TencentVpcConfig.from_backend({}, network, address, environ={"ACCESS_KEY_ID": KEY_ID})
+    assert str(raised.value).startswith("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! ")
+    with pytest.raises(CloudError, match=r"Backend\.AccessKeySecret must be a string, not a"):
+        TencentVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": 7}, network,
+                                      address, environ={})
