@@ -1,7 +1,8 @@
 """``flannelctl``: operator commands around flanneld.
 
-Owns the command line of the operator tool: ``install-cni``, and ``cleanup`` (whose inventory
-of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command).
+Owns the command line of the operator tool: ``install-cni``, ``cleanup`` (whose inventory
+of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command), and the
+wiring of ``leases``, ``doctor`` and ``bundle`` (in ``flannel/ops/``).
 Must not touch: kernel state outside ``cleanup``.
 """
 
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 from flannel.cni.install import LIBRARY_DIR, InstallError, install_conflist, install_plugin
+from flannel.ops import bundle, doctor, leases
+from flannel.ops.storeopts import add_store_flags
 
 DEFAULT_HOST_PYTHON = "/usr/bin/python3"
 
@@ -114,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--cni-conf-dir", type=Path, action="append",
                        help="CNI config directory; repeat for several (default /etc/cni/net.d)")
     clean.set_defaults(func=cmd_cleanup)
+    leases.add_parser(sub, add_store_flags)
+    doctor.add_parser(sub, add_store_flags)
+    bundle.add_parser(sub, add_store_flags)
     return parser
 
 
