@@ -71,10 +71,11 @@ def _etcd_clock_skew(args: argparse.Namespace, timeout: float) -> float | None:
 
 
 async def read_store(ctx: Context, args: argparse.Namespace) -> None:
+    from flannel.config import ConfigError
     from flannel.ops.leases import list_rows
     from flannel.subnet import StoreOpenError, open_store, store_errors
 
-    errors = (StoreOpenError, OSError, ValueError, asyncio.TimeoutError)
+    errors = (StoreOpenError, ConfigError, OSError, ValueError, asyncio.TimeoutError)
     try:
         manager = open_store(args)
     except errors as err:

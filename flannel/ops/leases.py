@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, ip_network
@@ -125,6 +126,8 @@ async def etcd_rows(manager: Any) -> list[LeaseRow]:
 
 async def kube_rows(manager: Any) -> list[LeaseRow]:
     """The lease each Node's annotations describe (a Node without one is listed too)."""
+    # The manager wants this node's name (for its own lease); a listing has no own lease.
+    manager.node_name = manager.node_name or socket.gethostname()
     await manager.get_network_config()
     await manager._relist()
     rows = []
@@ -156,11 +159,11 @@ def table(rows: list[LeaseRow]) -> str:
         lease = row.lease
         cells = [row.node] if kube else []
         if lease is None:
-            cells += [row.key, "", "", "", "", row.expires, row.problem]
+            cells += [row.key, "", "", "", "", row.expires]
         else:
             cells += [lease.subnet, lease.ipv6_subnet, lease.attrs.public_ip,
-                      lease.attrs.backend_type, vtep_mac(lease), row.expires, row.problem]
-        lines.append([_cell(c) for c in cells])
+                      lease.attrs.backend_type, vtep_mac(lease), row.expires]
+        lines.append([*(_cell(c) for c in cells), row.problem])
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
                      for line in lines)
@@ -275,7 +278,7 @@ async def run_command(args: argparse.Namespace) -> int:
             print(json.dumps(row.as_json(), indent=2) if args.json else show_text(row, raw))
             return 0
         if args.leases_command == "reserve":
-            print(await asyncio.wait_for(reserve(manager, args.subnet, args.public_ip),
+            print(await asyncio.wait_for(reserve(manager, args.subnet, args.reserve_for),
                                          STORE_TIMEOUT))
             return 0
         rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
@@ -326,7 +329,8 @@ def add_parser(sub: Any, add_store_flags: Any) -> None:
                     "that public IP takes this subnet when its flanneld starts, and the "
                     "subnet never expires.")
     reserve_p.add_argument("subnet", type=_subnet_arg)
-    reserve_p.add_argument("--public-ip", type=_ip_arg, required=True)
+    reserve_p.add_argument("--public-ip", dest="reserve_for", type=_ip_arg, required=True,
+                           help="the public IP of the node that gets the subnet")
     release = actions.add_parser("release", help="delete a lease or reservation")
     release.add_argument("subnet", help="subnet, lease key or public IP")
     release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -339,6 +343,7 @@ def add_parser(sub: Any, add_store_flags: Any) -> None:
 
 def cmd_leases(args: argparse.Namespace) -> int:
     from flannel.cli import UsageError
+    from flannel.config import ConfigError
     from flannel.ops.storeopts import resolve
     from flannel.subnet import StoreOpenError, store_errors
 
@@ -347,7 +352,7 @@ def cmd_leases(args: argparse.Namespace) -> int:
     except UsageError as err:
         print(f"flannelctl leases: {err}", file=sys.stderr)
         return 2
-    errors = (LeaseCommandError, StoreOpenError, OSError, asyncio.TimeoutError)
+    errors = (LeaseCommandError, StoreOpenError, ConfigError, OSError, asyncio.TimeoutError)
     try:
         return asyncio.run(run_command(args))
     except KeyboardInterrupt:
