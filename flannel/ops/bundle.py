@@ -48,8 +48,9 @@ COMMANDS = {
 
 _SECRET_FLAG = re.compile(
     r"(?i)((?:--?)?(?:etcd-password|password|passwd|token|secret|client-key-data|"
-    r"private[-_]?key|authorization)[\"']?\s*[=:]\s*[\"']?)([^\s\"',}]+)")
+    r"private[-_]?key)[\"']?\s*[=:]\s*[\"']?)([^\s\"',}]+)")
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
+_AUTH_HEADER = re.compile(r"(?im)(authorization\s*[:=]\s*).*$")
 _PEM_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----",
                       re.S)
 _URL_CREDENTIALS = re.compile(r"(://)[^/@\s:]+:[^/@\s]+@")
@@ -58,6 +59,7 @@ _URL_CREDENTIALS = re.compile(r"(://)[^/@\s:]+:[^/@\s]+@")
 def redact(text: str) -> str:
     """``text`` with passwords, tokens and private keys replaced by ``<redacted>``."""
     text = _PEM_KEY.sub("<redacted private key>", text)
+    text = _AUTH_HEADER.sub(r"\1<redacted>", text)
     text = _SECRET_FLAG.sub(r"\1<redacted>", text)
     text = _BEARER.sub(r"\1<redacted>", text)
     return _URL_CREDENTIALS.sub(r"\1<redacted>@", text)
