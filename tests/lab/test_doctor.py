@@ -277,3 +277,68 @@ def test_checksum_offload_condition_and_fix(lab2):
     assert first(findings)["what"].startswith("turned tx-checksum-ip-generic off on flannel.1")
     code, findings = doctor(lab2, 1)
     assert (code, findings) == (0, [])
+
+
+def test_forward_policy_drop_without_flannel_rules(frozen):
+    ns = frozen.node_ns(1)
+    for variant in ("iptables-nft", "iptables-legacy"):
+        in_ns(ns, variant, "-w", "5", "-F", "FLANNEL-FWD", check=False)
+    in_ns(ns, "iptables", "-w", "5", "-P", "FORWARD", "DROP")
+    _, findings = doctor(frozen, 1)
+    assert first(findings)["what"] == (
+        "the FORWARD policy is DROP and no rule accepts the pod network 10.244.0.0/16: "
+        "traffic between pods on different nodes is dropped")
+
+
+def test_missing_network_config(lab2):
+    lab2.etcdctl("del", "/coreos.com/network/config")
+    _, findings = doctor(lab2, 1)
+    assert first(findings)["check"] == "config"
+    assert first(findings)["what"].startswith("no usable network config: flannel config not "
+                                              "found in etcd store")
+
+
+def test_subnet_env_without_lease(frozen):
+    subnet = peer_subnet(frozen, 1)
+    frozen.etcdctl("del", "/coreos.com/network/subnets/" + subnet.replace("/", "-"))
+    _, findings = doctor(frozen, 1)
+    assert first(findings)["what"] == (
+        f"{frozen.node(1).subnet_file} says this node has {subnet}, but the store holds no "
+        "lease for it (expired, released, or taken over)")
+
+
+def test_subnet_env_network_differs_from_config(frozen):
+    path = Path(frozen.node(1).subnet_file)
+    path.write_text(path.read_text().replace("FLANNEL_NETWORK=10.244.0.0/16",
+                                             "FLANNEL_NETWORK=10.0.0.0/8"))
+    _, findings = doctor(frozen, 1)
+    assert first(findings)["what"].endswith("says FLANNEL_NETWORK=10.0.0.0/8 but the network "
+                                            "config says 10.244.0.0/16")
+
+
+def test_vtep_down_and_wrong_neighbour_mac(frozen):
+    ns = frozen.node_ns(1)
+    addr = peer_subnet(frozen, 2).split("/")[0]
+    ip(ns, "neigh", "replace", addr, "lladdr", "02:00:00:00:00:99", "dev", "flannel.1",
+       "nud", "permanent")
+    _, findings = doctor(frozen, 1)
+    assert first(findings)["check"] == "neighbours"
+    assert "has 02:00:00:00:00:99 on flannel.1" in first(findings)["what"]
+    ip(ns, "link", "set", "flannel.1", "down")
+    _, findings = doctor(frozen, 1)
+    assert first(findings)["what"] == "flannel.1 is down"
+
+
+def test_fdb_pointing_a_peer_elsewhere(frozen):
+    ns = frozen.node_ns(1)
+    mac = json.loads(next(iter(v for k, v in frozen.leases().items()
+                               if k == peer_subnet(frozen, 2).replace("/", "-"))))
+    mac = mac["BackendData"]["VtepMAC"]
+    in_ns(ns, "bridge", "fdb", "replace", mac, "dev", "flannel.1", "dst", "192.168.111.77",
+          "self", "permanent")
+    _, findings = doctor(frozen, 1)
+    assert [f["check"] for f in findings[:2]] == ["fdb", "fdb"]
+    assert findings[0]["what"] == (f"no FDB entry {mac} dst 192.168.111.12 on flannel.1: "
+                                   "traffic to node 192.168.111.12 has nowhere to go")
+    assert findings[1]["what"] == (f"FDB entry {mac} dst 192.168.111.77 on flannel.1 matches "
+                                   "no lease (the lease of " + mac + " says 192.168.111.12)")

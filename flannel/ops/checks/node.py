@@ -89,17 +89,31 @@ def check_sysctls(ctx: Context) -> list[Finding]:
     return found
 
 
+def _filter_tables() -> list[str]:
+    """``iptables -S`` of the filter table from every iptables variant installed (flanneld
+    may use legacy while ``iptables`` is nft, or the other way round)."""
+    import shutil
+
+    variants = [v for v in ("iptables-nft", "iptables-legacy") if shutil.which(v)]
+    tables = []
+    for variant in variants or ["iptables"]:
+        try:
+            tables.append(run_tool(variant, "-w", "5", "-t", "filter", "-S"))
+        except ToolError:
+            continue
+    return tables
+
+
 def check_forward(ctx: Context) -> list[Finding]:
     if ctx.config is None or ctx.config.network is None or ctx.config.enable_nftables:
         return []
-    try:
-        rules = run_tool("iptables", "-w", "5", "-t", "filter", "-S")
-    except ToolError as err:
-        return [Finding("forward", "info", f"FORWARD policy not checked: {err}")]
-    if "-P FORWARD DROP" not in rules:
+    tables = _filter_tables()
+    if not tables:
+        return [Finding("forward", "info", "FORWARD policy not checked: iptables is not usable")]
+    if not any("-P FORWARD DROP" in rules for rules in tables):
         return []
     network = str(ctx.config.network)
-    accepts = [line for line in rules.splitlines()
+    accepts = [line for rules in tables for line in rules.splitlines()
                if line.endswith("-j ACCEPT") and network in line.split()]
     if accepts:
         return []
