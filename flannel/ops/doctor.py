@@ -48,11 +48,11 @@ def _etcd_clock_skew(args: argparse.Namespace, timeout: float) -> float | None:
     context = None
     for endpoint in parse_endpoints(args.etcd_endpoints):
         url = f"{endpoint.scheme}://{endpoint.target}/version"
-        if endpoint.scheme == "https":
-            context = ssl.create_default_context(cafile=args.etcd_cafile or None)
-            if args.etcd_certfile:
-                context.load_cert_chain(args.etcd_certfile, args.etcd_keyfile or None)
         try:
+            if endpoint.scheme == "https":
+                context = ssl.create_default_context(cafile=args.etcd_cafile or None)
+                if args.etcd_certfile:
+                    context.load_cert_chain(args.etcd_certfile, args.etcd_keyfile or None)
             before = time.time()
             with urllib.request.urlopen(url, timeout=timeout, context=context) as reply:  # noqa: S310 - http(s) only
                 date = reply.headers.get("Date")
