@@ -215,7 +215,7 @@ def test_missing_bridge_plugin(lab2):
     code, findings = doctor(lab2, 1)
     assert code == 1
     assert first(findings)["check"] == "cni"
-    assert first(findings)["what"].startswith("CNI plugin 'bridge' is missing from ")
+    assert first(findings)["what"].startswith("CNI plugin 'bridge' missing from ")
     assert "failed to find plugin \"bridge\"" in first(findings)["what"]
 
 

@@ -138,16 +138,22 @@ def _conflist_types(text: str) -> set[str]:
 
 def check_cni(ctx: Context) -> list[Finding]:
     found = []
-    for plugin in CNI_PLUGINS:
-        if not any((directory / plugin).is_file() for directory in ctx.cni_bin_dirs):
-            dirs = ", ".join(map(str, ctx.cni_bin_dirs))
-            fix = ("flannelctl install-cni" if plugin == "flannel" else
-                   "install the containernetworking plugins (the containernetworking-plugins "
-                   "package, or the release tarball from github.com/containernetworking/"
-                   f"plugins) into {dirs}")
-            found.append(Finding("cni", "error", f"CNI plugin {plugin!r} is missing from "
-                                 f"{dirs}: pods fail with 'failed to find plugin \"{plugin}\"'",
-                                 fix))
+    missing = [plugin for plugin in CNI_PLUGINS
+               if not any((directory / plugin).is_file() for directory in ctx.cni_bin_dirs)]
+    dirs = ", ".join(map(str, ctx.cni_bin_dirs))
+    standard = [plugin for plugin in missing if plugin != "flannel"]
+    if standard:
+        names = ", ".join(repr(plugin) for plugin in standard)
+        found.append(Finding(
+            "cni", "error", f"CNI plugin{'s' if len(standard) > 1 else ''} {names} missing from "
+            f"{dirs}: pods fail with 'failed to find plugin \"{standard[0]}\"'",
+            "install the containernetworking plugins (the containernetworking-plugins "
+            "package, or the release tarball from github.com/containernetworking/plugins) "
+            f"into {dirs}"))
+    if "flannel" in missing:
+        found.append(Finding("cni", "error", f"CNI plugin 'flannel' missing from {dirs}: pods "
+                             "fail with 'failed to find plugin \"flannel\"'",
+                             "flannelctl install-cni"))
     conflists = []
     for directory in ctx.cni_conf_dirs:
         try:
