@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 from flannel.cni.install import LIBRARY_DIR, InstallError, install_conflist, install_plugin
-from flannel.ops import bundle, doctor, leases
-from flannel.ops.storeopts import add_store_flags
+from flannel.ops import parsers
 
 DEFAULT_HOST_PYTHON = "/usr/bin/python3"
 
@@ -117,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--cni-conf-dir", type=Path, action="append",
                        help="CNI config directory; repeat for several (default /etc/cni/net.d)")
     clean.set_defaults(func=cmd_cleanup)
-    leases.add_parser(sub, add_store_flags)
-    doctor.add_parser(sub, add_store_flags)
-    bundle.add_parser(sub, add_store_flags)
+    parsers.add_leases(sub)
+    parsers.add_doctor(sub)
+    parsers.add_bundle(sub)
     return parser
 
 

@@ -23,7 +23,6 @@ import tarfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from flannel.ops.kernelview import ToolError, read_sysctl, run_tool
 
@@ -222,20 +221,3 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub: Any, add_store_flags: Any) -> None:
-    bundle = sub.add_parser("bundle", help="collect this node's state into a tar.gz for a "
-                                           "bug report (secrets removed)")
-    add_store_flags(bundle)
-    bundle.add_argument("--output", "-o", type=Path, default=None,
-                        help="archive to write (default flannel-bundle-<host>-<time>.tar.gz "
-                             "here); never overwritten")
-    bundle.add_argument("--health-url", default="",
-                        help="flanneld's health endpoint, e.g. http://127.0.0.1:8080; its "
-                             "healthz, readyz, status and metrics are included")
-    bundle.add_argument("--log-file", type=Path, action="append",
-                        help="a flanneld log file to include (its last 4 MiB); repeatable")
-    bundle.add_argument("--journal", default="", metavar="UNIT",
-                        help="include the last 5000 journal lines of this systemd unit")
-    bundle.add_argument("--cni-bin-dir", type=Path, action="append", help=argparse.SUPPRESS)
-    bundle.add_argument("--cni-conf-dir", type=Path, action="append", help=argparse.SUPPRESS)
-    bundle.set_defaults(func=cmd_bundle)

@@ -146,37 +146,3 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return exit_code(findings)
 
 
-def _probe_timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 30:
-        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0.1 to 30")
-    return value
-
-
-def add_parser(sub: Any, add_store_flags: Any) -> None:
-    doctor = sub.add_parser(
-        "doctor", help="check this node and print a ranked diagnosis with fixes",
-        description="Check this node (run it in flanneld's network namespace, with "
-                    "flanneld's store flags): flanneld, subnet.env, sysctls, FORWARD policy, "
-                    "CNI plugins and config, the VTEP device, MAC and MTU, routes, neighbours "
-                    "and FDB against the leases, duplicate or stray leases, clock skew, and "
-                    "probes to every peer (overlay, underlay, VXLAN port, path MTU). Prints "
-                    "the findings most likely cause first, each with its fix. Exit status 0 "
-                    "only when nothing is wrong.")
-    add_store_flags(doctor)
-    doctor.add_argument("--json", action="store_true", help="machine-readable output")
-    doctor.add_argument("--cni-bin-dir", type=Path, action="append",
-                        help="CNI plugin directory; repeat for several (default /opt/cni/bin)")
-    doctor.add_argument("--cni-conf-dir", type=Path, action="append",
-                        help="CNI config directory; repeat for several (default /etc/cni/net.d)")
-    doctor.add_argument("--probe-timeout", type=_probe_timeout, default=1.0, metavar="SECONDS",
-                        help="how long each probe waits for an answer (default %(default)s)")
-    doctor.add_argument("--fix-checksum-offload", action="store_true",
-                        help="turn tx-checksum-ip-generic off on the VXLAN device when the "
-                             "conditions of the checksum bug are met")
-    doctor.add_argument("--sysctl-root", type=Path, default=Path("/proc/sys"),
-                        help=argparse.SUPPRESS)
-    doctor.set_defaults(func=cmd_doctor)

@@ -104,7 +104,9 @@ async def etcd_rows(manager: Any) -> list[LeaseRow]:
     from flannel.subnet.etcdclient import EtcdError
 
     kvs, _ = await manager.client.get_prefix(manager.subnets_prefix)
-    rows = [decode_row(manager._key_name(kv), kv.value, kv.lease) for kv in kvs[:100_000]]
+    start = len(manager.subnets_prefix)
+    rows = [decode_row(kv.key[start:].decode(errors="replace"), kv.value, kv.lease)
+            for kv in kvs[:100_000]]
 
     async def ttl(row: LeaseRow) -> LeaseRow:
         if row.lease is None or row.lease.is_reservation:
@@ -298,47 +300,6 @@ async def run_command(args: argparse.Namespace) -> int:
         return 0
     finally:
         await manager.close()
-
-
-def _subnet_arg(text: str) -> IPv4Network:
-    try:
-        return IPv4Network(text.replace("-", "/", 1) if "/" not in text else text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an IPv4 subnet with its base address, e.g. 10.244.7.0/24"
-        ) from None
-
-
-def _ip_arg(text: str) -> IPv4Address:
-    try:
-        return IPv4Address(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address") from None
-
-
-def add_parser(sub: Any, add_store_flags: Any) -> None:
-    leases = sub.add_parser("leases", help="list, show, reserve or release subnet leases")
-    actions = leases.add_subparsers(dest="leases_command", required=True)
-    listing = actions.add_parser("list", help="every lease: subnet, public IP, backend, "
-                                              "expiry, whether it is a reservation")
-    show = actions.add_parser("show", help="one lease in full")
-    show.add_argument("subnet", help="subnet, lease key or public IP")
-    reserve_p = actions.add_parser(
-        "reserve", help="pin a subnet to a public IP (etcd key without TTL)",
-        description="Write a lease key with no etcd lease for --public-ip: the node with "
-                    "that public IP takes this subnet when its flanneld starts, and the "
-                    "subnet never expires.")
-    reserve_p.add_argument("subnet", type=_subnet_arg)
-    reserve_p.add_argument("--public-ip", dest="reserve_for", type=_ip_arg, required=True,
-                           help="the public IP of the node that gets the subnet")
-    release = actions.add_parser("release", help="delete a lease or reservation")
-    release.add_argument("subnet", help="subnet, lease key or public IP")
-    release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
-    for parser in (listing, show, reserve_p, release):
-        add_store_flags(parser)
-        if parser in (listing, show):
-            parser.add_argument("--json", action="store_true", help="machine-readable output")
-        parser.set_defaults(func=cmd_leases)
 
 
 def cmd_leases(args: argparse.Namespace) -> int:

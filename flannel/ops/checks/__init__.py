@@ -97,5 +97,3 @@ def all_checks() -> list[tuple[str, Check]]:
 
     return [*node.CHECKS, *cluster.CHECKS, *kernel.CHECKS, *probes.CHECKS]
 
-
-__all__ = ["Check", "Context", "all_checks", "vtep_mac"]
