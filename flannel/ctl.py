@@ -1,7 +1,8 @@
 """``flannelctl``: operator commands around flanneld.
 
-Owns the command line of the operator tool: ``install-cni``, and ``cleanup`` (whose inventory
-of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command).
+Owns the command line of the operator tool: ``install-cni``, ``cleanup`` (whose inventory
+of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command), and the
+wiring of ``leases``, ``doctor`` and ``bundle`` (in ``flannel/ops/``).
 Must not touch: kernel state outside ``cleanup``.
 """
 
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 from flannel.cni.install import LIBRARY_DIR, InstallError, install_conflist, install_plugin
+from flannel.ops import parsers
 
 DEFAULT_HOST_PYTHON = "/usr/bin/python3"
 
@@ -114,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--cni-conf-dir", type=Path, action="append",
                        help="CNI config directory; repeat for several (default /etc/cni/net.d)")
     clean.set_defaults(func=cmd_cleanup)
+    parsers.add_leases(sub)
+    parsers.add_doctor(sub)
+    parsers.add_bundle(sub)
     return parser
 
 

@@ -1,0 +1,5 @@
+"""Operator tooling behind ``flannelctl``: leases, doctor, bundle.
+
+Each module reads the store and the kernel of the network namespace it runs in; only
+``leases reserve|release`` and the opt-in doctor fixes change anything.
+"""

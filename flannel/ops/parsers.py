@@ -1,0 +1,119 @@
+"""The command lines of ``flannelctl leases``, ``doctor`` and ``bundle``.
+
+Owns their subparsers and argument checks, and nothing else: each command's module (with
+asyncio, the store clients, tar) is imported only when that command runs, so ``flannelctl
+install-cni`` and ``--help`` stay cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+from typing import Any
+
+from flannel.ops.storeopts import add_store_flags
+
+
+def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        return getattr(importlib.import_module(module), name)(args)
+    return run
+
+
+def _subnet_arg(text: str) -> IPv4Network:
+    try:
+        return IPv4Network(text.replace("-", "/", 1) if "/" not in text else text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an IPv4 subnet with its base address, e.g. 10.244.7.0/24"
+        ) from None
+
+
+def _ip_arg(text: str) -> IPv4Address:
+    try:
+        return IPv4Address(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address") from None
+
+
+def add_leases(sub: Any) -> None:
+    leases = sub.add_parser("leases", help="list, show, reserve or release subnet leases")
+    actions = leases.add_subparsers(dest="leases_command", required=True)
+    listing = actions.add_parser("list", help="every lease: subnet, public IP, backend, "
+                                              "expiry, whether it is a reservation")
+    show = actions.add_parser("show", help="one lease in full")
+    show.add_argument("subnet", help="subnet, lease key or public IP")
+    reserve_p = actions.add_parser(
+        "reserve", help="pin a subnet to a public IP (etcd key without TTL)",
+        description="Write a lease key with no etcd lease for --public-ip: the node with "
+                    "that public IP takes this subnet when its flanneld starts, and the "
+                    "subnet never expires.")
+    reserve_p.add_argument("subnet", type=_subnet_arg)
+    reserve_p.add_argument("--public-ip", dest="reserve_for", type=_ip_arg, required=True,
+                           help="the public IP of the node that gets the subnet")
+    release = actions.add_parser("release", help="delete a lease or reservation")
+    release.add_argument("subnet", help="subnet, lease key or public IP")
+    release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    for parser in (listing, show, reserve_p, release):
+        add_store_flags(parser)
+        if parser in (listing, show):
+            parser.add_argument("--json", action="store_true", help="machine-readable output")
+        parser.set_defaults(func=_later("flannel.ops.leases", "cmd_leases"))
+
+
+def _probe_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 30:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0.1 to 30")
+    return value
+
+
+def add_doctor(sub: Any) -> None:
+    doctor = sub.add_parser(
+        "doctor", help="check this node and print a ranked diagnosis with fixes",
+        description="Check this node (run it in flanneld's network namespace, with "
+                    "flanneld's store flags): flanneld, subnet.env, sysctls, FORWARD policy, "
+                    "CNI plugins and config, the VTEP device, MAC and MTU, routes, neighbours "
+                    "and FDB against the leases, duplicate or stray leases, clock skew, and "
+                    "probes to every peer (overlay, underlay, VXLAN port, path MTU). Prints "
+                    "the findings most likely cause first, each with its fix. Exit status 0 "
+                    "only when nothing is wrong.")
+    add_store_flags(doctor)
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.add_argument("--cni-bin-dir", type=Path, action="append",
+                        help="CNI plugin directory; repeat for several (default /opt/cni/bin)")
+    doctor.add_argument("--cni-conf-dir", type=Path, action="append",
+                        help="CNI config directory; repeat for several (default /etc/cni/net.d)")
+    doctor.add_argument("--probe-timeout", type=_probe_timeout, default=1.0, metavar="SECONDS",
+                        help="how long each probe waits for an answer (default %(default)s)")
+    doctor.add_argument("--fix-checksum-offload", action="store_true",
+                        help="turn tx-checksum-ip-generic off on the VXLAN device when the "
+                             "conditions of the checksum bug are met")
+    doctor.add_argument("--sysctl-root", type=Path, default=Path("/proc/sys"),
+                        help=argparse.SUPPRESS)
+    doctor.set_defaults(func=_later("flannel.ops.doctor", "cmd_doctor"))
+
+
+def add_bundle(sub: Any) -> None:
+    bundle = sub.add_parser("bundle", help="collect this node's state into a tar.gz for a "
+                                           "bug report (secrets removed)")
+    add_store_flags(bundle)
+    bundle.add_argument("--output", "-o", type=Path, default=None,
+                        help="archive to write (default flannel-bundle-<host>-<time>.tar.gz "
+                             "here); never overwritten")
+    bundle.add_argument("--health-url", default="",
+                        help="flanneld's health endpoint, e.g. http://127.0.0.1:8080; its "
+                             "healthz, readyz, status and metrics are included")
+    bundle.add_argument("--log-file", type=Path, action="append",
+                        help="a flanneld log file to include (its last 4 MiB); repeatable")
+    bundle.add_argument("--journal", default="", metavar="UNIT",
+                        help="include the last 5000 journal lines of this systemd unit")
+    bundle.add_argument("--cni-bin-dir", type=Path, action="append", help=argparse.SUPPRESS)
+    bundle.add_argument("--cni-conf-dir", type=Path, action="append", help=argparse.SUPPRESS)
+    bundle.set_defaults(func=_later("flannel.ops.bundle", "cmd_bundle"))

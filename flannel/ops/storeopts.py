@@ -1,0 +1,61 @@
+"""The store flags of ``flannelctl`` commands: flanneld's names, ``FLANNELD_*`` fallbacks.
+
+Owns turning the command line (and environment) into the namespace ``open_store`` wants, so
+an operator can paste flanneld's own flags. Must not touch: the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from flannel.cli import FLAGS, Flag, UsageError
+
+#: flanneld flags that say where the store is and how to reach it.
+STORE_FLAGS = ("etcd-endpoints", "etcd-prefix", "etcd-keyfile", "etcd-certfile", "etcd-cafile",
+               "etcd-username", "etcd-password", "kube-subnet-mgr", "kube-api-url",
+               "kube-annotation-prefix", "kubeconfig-file", "net-config-path", "subnet-file")
+_BY_NAME = {flag.name: flag for flag in FLAGS}
+
+
+def add_store_flags(parser: argparse.ArgumentParser) -> None:
+    for name in STORE_FLAGS:
+        flag = _BY_NAME[name]
+        shown = flag.default if flag.kind != "bool" else "false"
+        help_text = f"{flag.help} (env {flag.env_name}, default {shown or 'empty'})"
+        if flag.kind == "bool":
+            parser.add_argument(f"--{name}", dest=flag.dest, nargs="?", const="true",
+                                default=None, help=help_text)
+        else:
+            parser.add_argument(f"--{name}", dest=flag.dest, default=None, help=help_text)
+
+
+def _value(flag: Flag, given: str | None, environ: dict[str, str]) -> object:
+    if given is not None:
+        text, source = given, f"--{flag.name}"
+    elif environ.get(flag.env_name):
+        text, source = environ[flag.env_name], flag.env_name
+    else:
+        return flag.default
+    try:
+        return flag.convert(text)
+    except ValueError as err:
+        raise UsageError(f"{source}={text!r}: {err}") from None
+
+
+def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> None:
+    """Fill the store flags of ``args`` (command line > environment > flanneld's default)
+    and the few other values the store managers read; UsageError names a bad value."""
+    environ = dict(os.environ if environ is None else environ)
+    # The store managers log for a daemon; these commands report what matters themselves.
+    logging.getLogger("flannel").setLevel(logging.ERROR)
+    for name in STORE_FLAGS:
+        flag = _BY_NAME[name]
+        setattr(args, flag.dest, _value(flag, getattr(args, flag.dest), environ))
+    # Read by the managers, meaningless to a command that acquires no lease.
+    for name in ("subnet-lease-ttl", "public-ip", "public-ipv6"):
+        flag = _BY_NAME[name]
+        setattr(args, flag.dest, flag.default)
+    args.iface, args.iface_regex = [], []
+    args.set_node_network_unavailable = False

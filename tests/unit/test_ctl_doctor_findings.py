@@ -1,0 +1,76 @@
+"""Doctor's ranking, exit status and text, and the checks that need no kernel or store."""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
+
+from flannel.config import NetworkConfig
+from flannel.lease import Lease, LeaseAttrs
+from flannel.ops.checks import Context
+from flannel.ops.checks.cluster import check_clock, check_duplicates, check_outside
+from flannel.ops.findings import Finding, exit_code, rank, render
+from flannel.ops.leases import LeaseRow
+
+
+def context(**kwargs) -> Context:
+    base = {"subnet_file": Path("/nonexistent/subnet.env"), "sysctl_root": Path("/proc/sys"),
+            "cni_bin_dirs": [], "cni_conf_dirs": [], "probe_timeout": 1.0,
+            "fix_checksum": False}
+    return Context(**{**base, **kwargs})
+
+
+def vxlan_lease(subnet: str, ip: str, mac: str) -> LeaseRow:
+    attrs = LeaseAttrs(public_ip=IPv4Address(ip), backend_type="vxlan",
+                       backend_data=f'{{"VNI":1,"VtepMAC":"{mac}"}}')
+    lease = Lease(IPv4Network(subnet), attrs=attrs, etcd_lease_id=7)
+    return LeaseRow(lease.key, lease, 3600)
+
+
+def test_causes_come_before_what_they_explain():
+    found = [Finding("encap", "error", "peer blocked"), Finding("fdb", "warning", "stale"),
+             Finding("routes", "error", "no route"), Finding("flanneld", "error", "not running"),
+             Finding("checksum", "info", "turned off")]
+    assert [f.check for f in rank(found)] == ["flanneld", "routes", "encap", "fdb", "checksum"]
+
+
+def test_exit_status_is_zero_only_when_nothing_is_wrong():
+    assert exit_code([]) == 0
+    assert exit_code([Finding("checksum", "info", "turned off")]) == 0
+    assert exit_code([Finding("clock", "warning", "skew")]) == 1
+
+
+def test_text_output():
+    text = render([Finding("cni", "error", "CNI plugin 'bridge' is missing", "install it"),
+                   Finding("clock", "warning", "skew")])
+    assert text.splitlines() == [
+        "unhealthy: 1 error(s), 1 warning(s), most likely cause first",
+        "1. [error] cni: CNI plugin 'bridge' is missing", "   fix: install it",
+        "2. [warning] clock: skew"]
+    assert render([]) == "healthy: every check passed"
+
+
+def test_clock_skew_beyond_five_seconds():
+    assert check_clock(context(clock_skew=4.0)) == []
+    [finding] = check_clock(context(clock_skew=-42.4))
+    assert finding.what == "this node's clock is 42s behind the store's"
+
+
+def test_duplicate_public_ip_and_vtep_mac():
+    rows = [vxlan_lease("10.244.1.0/24", "192.168.1.1", "0e:00:00:00:00:01"),
+            vxlan_lease("10.244.2.0/24", "192.168.1.1", "0E:00:00:00:00:01")]
+    found = check_duplicates(context(rows=rows))
+    assert [f.what.split(":")[0] for f in found] == [
+        "public IP 192.168.1.1 holds several leases (10.244.1.0/24, 10.244.2.0/24)",
+        "VTEP MAC 0e"]
+    assert found[1].what.startswith("VTEP MAC 0e:00:00:00:00:01 is published by several")
+
+
+def test_lease_outside_the_network():
+    rows = [vxlan_lease("10.9.1.0/24", "192.168.1.1", "0e:00:00:00:00:01")]
+    cfg = NetworkConfig(network=IPv4Network("10.244.0.0/16"), backend_type="vxlan")
+    [finding] = check_outside(context(rows=rows, config=cfg))
+    assert finding.what == ("lease 10.9.1.0-24 of 192.168.1.1 is outside the Network "
+                            "10.244.0.0/16: left from an older config")
+    # nor is it a peer doctor expects routes for
+    assert context(rows=rows, config=cfg).peers == []
