@@ -19,10 +19,14 @@ real API server does:
   ``status.conditions`` merges by its patch merge key ``type``, other fields are replaced;
   other patch types get 415.
 
+Each event is serialized once and shared by every watch stream; a stream writes with flow
+control (a slow reader slows its own stream only) and ends when its client goes away.
+
 Not modelled: authentication and RBAC, other resources and verbs over HTTP, label/field
-selectors, chunked lists, bookmarks. Tests change nodes through the Python methods
-(``put_node``, ``delete_node``; synchronous, so a test can change several things with no
-watcher running in between), compact the history (``compact``) and cut watch streams
+selectors, chunked lists, bookmarks, a bounded watch cache. Tests change nodes through the
+Python methods (``put_node`` with pod CIDRs, annotations and status conditions,
+``delete_node``; synchronous, so a test can change several things with no watcher running
+in between), compact the history (``compact``) and cut watch streams
 (``cut_watches``); ``python -m tests.support.kubeapi`` runs it standalone for the lab.
 """
 
