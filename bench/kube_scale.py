@@ -53,8 +53,10 @@ def rss_kib() -> int:
                 if line.startswith("VmRSS:"))
 
 
-def storm_ip(update: int) -> str:
-    return f"10.98.{update // 250 % 250}.{1 + update % 250}"
+def storm_ip(update: int, storm: int) -> str:
+    """A public IP for ``update`` of public-IP storm number ``storm``: unique within a storm,
+    and different from the previous storm's for the same peer."""
+    return f"10.98.{(update // 250 + storm) % 250}.{1 + update % 250}"
 
 
 def lease_value(i: int, public_ip: str | None = None) -> bytes:
@@ -88,7 +90,9 @@ async def serve_kube(nodes: int) -> None:
             P + "backend-data": json.dumps({"VNI": 1, "VtepMAC": mac}), P + "public-ip": public_ip})
     await api.start()
     reply({"url": api.url})
+    storms = 0
     async for _storm, kind, count in lines():
+        storms += 1
         start, beat = time.time(), time.time()
         for update in range(int(count)):
             name = f"peer{update % nodes}"
@@ -98,7 +102,7 @@ async def serve_kube(nodes: int) -> None:
                              conditions=[{"type": "Ready", "status": "True",
                                           "lastHeartbeatTime": stamp}])
             else:
-                api.put_node(name, annotations={P + "public-ip": storm_ip(update)})
+                api.put_node(name, annotations={P + "public-ip": storm_ip(update, storms)})
             if update % 64 == 63:
                 await asyncio.sleep(0)  # let the watch streams run, as a real server would
         reply({"revision": api.rv, "done": time.time(), "seconds": time.time() - start})
@@ -127,10 +131,13 @@ async def serve_etcd(endpoint: str, nodes: int) -> None:
     await client.put(f"{PREFIX}/config".encode(), json.dumps(NETWORK).encode())
     await put_all((key(i), lease_value(i)) for i in range(nodes))
     reply({"url": endpoint})
+    storms = 0
     async for _storm, kind, count in lines():
+        storms += 1
         start = time.time()
         revision = await put_all(
-            (key(u % nodes), lease_value(u % nodes, None if kind == "noise" else storm_ip(u)))
+            (key(u % nodes),
+             lease_value(u % nodes, None if kind == "noise" else storm_ip(u, storms)))
             for u in range(int(count)))
         reply({"revision": revision, "done": time.time(), "seconds": time.time() - start})
     await client.close()
