@@ -60,6 +60,15 @@ def _triple(lease: Lease) -> tuple:
             attrs.backend_v6_data, attrs.public_ip, attrs.public_ipv6)
 
 
+def _decoder_inputs(node: dict[str, Any], prefix: str) -> tuple:
+    """What ``node_lease`` reads of a node: its pod CIDRs and the annotations under flannel's
+    prefix. Equal inputs decode to the same lease, so heartbeats and status churn skip it."""
+    spec = node.get("spec") or {}
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return (spec.get("podCIDR"), spec.get("podCIDRs"),
+            sorted((k, v) for k, v in annotations.items() if k.startswith(prefix)))
+
+
 def event_queue_depth(environ: dict[str, str]) -> int:
     text = environ.get("EVENT_QUEUE_DEPTH", "")
     if not text:
@@ -316,12 +325,16 @@ class KubeSubnetManager:
                                 "CONT_WHEN_CACHE_NOT_READY=true to go on regardless)") from None
             log.warning("node cache not synced; continuing (CONT_WHEN_CACHE_NOT_READY=true)")
         emitted: dict[str, Lease] = {}
+        decoded: dict[str, tuple] = {}  # node name -> the inputs its lease was decoded from
+        prefix = self.names.prefix
         try:
             while True:
                 await self._changed.wait()
                 self._changed.clear()
                 if self._resync:
                     self._resync = False
+                    decoded = {name: _decoder_inputs(node, prefix)
+                               for name, node in self.nodes.items()}
                     emitted = {name: lease for name, node in self.nodes.items()
                                if (lease := self._lease_of(node)) is not None}
                     yield Snapshot(list(emitted.values()))
@@ -330,6 +343,13 @@ class KubeSubnetManager:
                 events = []
                 for name in names:
                     node = self.nodes.get(name)
+                    if node is not None:
+                        inputs = _decoder_inputs(node, prefix)
+                        if decoded.get(name) == inputs:
+                            continue
+                        decoded[name] = inputs
+                    else:
+                        decoded.pop(name, None)
                     lease = self._lease_of(node) if node is not None else None
                     before = emitted.get(name)
                     if lease is None:

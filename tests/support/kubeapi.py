@@ -19,10 +19,14 @@ real API server does:
   ``status.conditions`` merges by its patch merge key ``type``, other fields are replaced;
   other patch types get 415.
 
+Each event is serialized once and shared by every watch stream; a stream writes with flow
+control (a slow reader slows its own stream only) and ends when its client goes away.
+
 Not modelled: authentication and RBAC, other resources and verbs over HTTP, label/field
-selectors, chunked lists, bookmarks. Tests change nodes through the Python methods
-(``put_node``, ``delete_node``; synchronous, so a test can change several things with no
-watcher running in between), compact the history (``compact``) and cut watch streams
+selectors, chunked lists, bookmarks, a bounded watch cache. Tests change nodes through the
+Python methods (``put_node`` with pod CIDRs, annotations and status conditions,
+``delete_node``; synchronous, so a test can change several things with no watcher running
+in between), compact the history (``compact``) and cut watch streams
 (``cut_watches``); ``python -m tests.support.kubeapi`` runs it standalone for the lab.
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import contextlib
 import copy
 import json
@@ -40,6 +45,10 @@ from urllib.parse import parse_qs, urlsplit
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
+
+
+def _event_line(kind: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": kind, "object": obj}).encode() + b"\n"
 
 
 def strategic_merge(target: dict[str, Any], patch: dict[str, Any], path: str = "") -> None:
@@ -64,11 +73,13 @@ class FakeKubeAPI:
         self.rv = 1
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self.history: list[tuple[int, str, dict[str, Any]]] = []
+        # (resourceVersion, the watch event line): serialized once, shared by every watch.
+        self.history: list[tuple[int, bytes]] = []
         self.oldest = 1  # watches from before this resourceVersion get 410
         self.patches: list[tuple[str, dict[str, Any]]] = []
         self.requests: list[str] = []
         self._changed = asyncio.Condition()
+        self._notify_pending = False
         self._watch_writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
@@ -78,15 +89,21 @@ class FakeKubeAPI:
     def _record(self, kind: str, obj: dict[str, Any]) -> None:
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.history.append((self.rv, kind, copy.deepcopy(obj)))
-        asyncio.get_running_loop().create_task(self._notify())
+        self.history.append((self.rv, _event_line(kind, obj)))
+        if not self._notify_pending:  # one wake-up for a burst of writes
+            self._notify_pending = True
+            asyncio.get_running_loop().create_task(self._notify())
 
     async def _notify(self) -> None:
+        self._notify_pending = False
         async with self._changed:
             self._changed.notify_all()
 
     def put_node(self, name: str, pod_cidrs: list[str] | None = None,
-                       annotations: dict[str, str] | None = None) -> dict[str, Any]:
+                 annotations: dict[str, str] | None = None,
+                 conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """Create or change a node; ``annotations`` and ``conditions`` (by ``type``) merge
+        into what the node has, as the API server's strategic merge does."""
         existing = name in self.nodes
         node = self.nodes.get(name) or {
             "kind": "Node", "apiVersion": "v1",
@@ -97,6 +114,8 @@ class FakeKubeAPI:
             node["spec"]["podCIDRs"] = list(pod_cidrs)
         if annotations is not None:
             node["metadata"]["annotations"].update(annotations)
+        if conditions is not None:
+            strategic_merge(node, {"status": {"conditions": conditions}})
         self.nodes[name] = node
         self._record("MODIFIED" if existing else "ADDED", node)
         return node
@@ -203,8 +222,7 @@ class FakeKubeAPI:
                      b"Transfer-Encoding: chunked\r\n\r\n")
         self._watch_writers.add(writer)
 
-        def send(kind: str, obj: dict[str, Any]) -> None:
-            line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
+        def send(line: bytes) -> None:
             writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
 
         try:
@@ -212,25 +230,29 @@ class FakeKubeAPI:
             timeout = float(query.get("timeoutSeconds") or 3600)
             if since == 0:
                 for node in self.nodes.values():
-                    send("ADDED", copy.deepcopy(node))
+                    send(_event_line("ADDED", node))
                 since = self.rv
             elif since < self.oldest - 1:
-                send("ERROR", _status(410, "Expired", f"too old resource version: {since} "
-                                                      f"({self.oldest})"))
+                send(_event_line("ERROR", _status(
+                    410, "Expired", f"too old resource version: {since} ({self.oldest})")))
                 writer.write(b"0\r\n\r\n")
                 await writer.drain()
                 return
             deadline = asyncio.get_running_loop().time() + timeout
-            while True:
-                for rv, kind, obj in self.history:
-                    if rv > since:
-                        send(kind, obj)
-                        since = rv
+            while not writer.is_closing():  # the client went away: end this stream
+                start = bisect.bisect_right(self.history, since, key=lambda entry: entry[0])
+                for sent, (rv, line) in enumerate(self.history[start:], 1):
+                    send(line)
+                    since = rv
+                    if sent % 256 == 0:  # flow control: a slow reader slows this stream only
+                        await writer.drain()
                 await writer.drain()
                 remaining = deadline - asyncio.get_running_loop().time()
                 if remaining <= 0:
                     break
                 async with self._changed:
+                    if self.history and self.history[-1][0] > since:
+                        continue  # written while this stream was draining
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._changed.wait(), remaining)
             writer.write(b"0\r\n\r\n")
