@@ -177,13 +177,19 @@ class LeaseWatcher:
                 if found is not None:
                     result.events.append(Event(EventType.REMOVED, self._leases.pop(found)))
             elif event.type is EventType.ADDED:
-                if found is not None:
-                    del self._leases[found]
+                previous = self._leases.pop(found) if found is not None else None
                 self._leases[lease.key] = lease
                 self._index_one(lease.key, lease)
-                result.events.append(event)
+                # A renewal re-puts the same value under a new etcd lease: nothing to program.
+                if previous is None or _published(previous) != _published(lease):
+                    result.events.append(event)
             else:
                 self.skipped.forget(lease.key)
                 if found is not None:
                     result.events.append(Event(EventType.REMOVED, self._leases.pop(found)))
         return result
+
+
+def _published(lease: Lease) -> tuple[object, ...]:
+    """What a peer's data plane depends on: its subnets and attributes, not its expiry."""
+    return lease.subnet, lease.ipv6_subnet, lease.attrs

@@ -1,5 +1,6 @@
 """Lease event normalisation (upstream LeaseWatcher, with snapshot diffing of changed attrs)."""
 
+from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
@@ -211,3 +212,16 @@ def test_a_lease_of_a_family_the_cluster_does_not_use_is_skipped():
     assert watcher.apply(Snapshot([OWN, v6_only])).events == []
     assert watcher.skipped.current == {
         "0.0.0.0-0&fd00:0:0:2::-64": "it carries no subnet of a family this cluster uses"}
+
+
+def test_a_renewal_that_republishes_the_same_value_is_not_an_event():
+    peer = Lease(IPv4Network("10.5.2.0/24"), attrs=LeaseAttrs(IPv4Address("192.168.1.2")),
+                 expiration=100.0, etcd_lease_id=1)
+    watcher = LeaseWatcher(None)
+    watcher.apply(Snapshot([peer]))
+    renewed = replace(peer, expiration=200.0, etcd_lease_id=2)
+    assert watcher.apply(Changes([Event(EventType.ADDED, renewed)])).events == []
+    assert watcher.leases == [renewed]
+    moved = replace(renewed, attrs=LeaseAttrs(IPv4Address("192.168.1.9")))
+    assert watcher.apply(Changes([Event(EventType.ADDED, moved)])).events == [
+        Event(EventType.ADDED, moved)]
