@@ -131,7 +131,10 @@ class Dataplane:
             while True:
                 if not self._wake.is_set():
                     try:
-                        await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+                        # Not wait_for: on 3.11 it can swallow a cancellation that races
+                        # with the wake-up.
+                        async with asyncio.timeout(self.interval):
+                            await self._wake.wait()
                     except TimeoutError:
                         self._check_local = True
                 self._wake.clear()
