@@ -26,6 +26,8 @@ from flannel.readiness import Readiness
 from tests.support import netns
 from tests.support.waiting import async_wait_until
 
+pytestmark = pytest.mark.netns
+
 OWN = Lease(IPv4Network("10.244.1.0/24"), IPv6Network("fd00:244:0:1::/64"))
 PEER_MAC = "0e:00:00:00:00:02"
 PEER = Lease(IPv4Network("10.244.2.0/24"), IPv6Network("fd00:244:0:2::/64"), LeaseAttrs(
