@@ -17,8 +17,8 @@ import time
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
-from flannel.kernel.reconcile import DesiredState, Reconciler
-from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
+from flannel.kernel.reconcile import DesiredState, reconcile
+from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, Rtnl
 
 VXLAN = "flannel.1"
 
@@ -74,13 +74,16 @@ def ip_batch(name: str, state: DesiredState, workdir: Path) -> float:
     return time.perf_counter() - start
 
 
-def reconcile(name: str, peers: int, index: int) -> float:
-    reconciler = Reconciler(lambda _lookup: desired(peers, index), netns=name)
+def apply_snapshot(name: str, peers: int, index: int) -> float:
+    """What one data plane pass does for a snapshot: desired state, dump, diff, apply."""
     start = time.perf_counter()
-    changes = reconciler.run_once()
-    elapsed = time.perf_counter() - start
-    reconciler.close()
-    assert changes == 3 * peers, changes
+    sock = Rtnl(name)
+    try:
+        changes = reconcile(sock, desired(peers, index))
+        elapsed = time.perf_counter() - start
+    finally:
+        sock.close()
+    assert len(changes) == 3 * peers, len(changes)
     return elapsed
 
 
@@ -98,7 +101,7 @@ def main() -> None:
                     index = make_namespace(name)
                     base.append(ip_batch(name, desired(peers, index), Path(tmp)))
                     index = make_namespace(name)
-                    ours.append(reconcile(name, peers, index))
+                    ours.append(apply_snapshot(name, peers, index))
                 o, b = statistics.median(ours), statistics.median(base)
                 print(f"peers={peers} ({3 * peers} netlink operations), median of "
                       f"{args.rounds}:")

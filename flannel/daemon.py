@@ -21,8 +21,10 @@ import signal
 from dataclasses import dataclass
 
 from flannel import log as flannel_log
-from flannel.backend import Backend, BackendError, BackendOptions, backend_class
+from flannel.backend import BackendError, backend_class
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
+from flannel.dataplane import COMPONENT as DATAPLANE
+from flannel.dataplane import Dataplane
 from flannel.health import HealthServer
 from flannel.kernel.blackhole import keep_blackholes
 from flannel.kernel.iface import (
@@ -33,6 +35,7 @@ from flannel.kernel.iface import (
     select_external_interface,
 )
 from flannel.lease import EventType, Lease, LeaseAttrs
+from flannel.readiness import Readiness
 from flannel.rules import iptables, nftables
 from flannel.rules.iptables import RulesError
 from flannel.rules.manager import TrafficManager, check_br_netfilter
@@ -144,7 +147,7 @@ class Daemon:
         self.lease: Lease | None = None
         self.phase = "waiting for the network config"
         self.subnet_env_written = False
-        self.backend: Backend | None = None
+        self.dataplane: Dataplane | None = None
         self.traffic: TrafficManager | None = None
         self.sm: SubnetManager | None = None
         self._was_ready = False
@@ -162,10 +165,10 @@ class Daemon:
             return False, self.sm.status.reason
         if self.traffic is not None and not self.traffic.status.installed:
             return False, self.traffic.status.reason
-        if self.backend is not None:
-            programmed, why = self.backend.programmed()
+        if self.dataplane is not None:
+            programmed, why = self.dataplane.readiness.current()
             if not programmed:
-                return False, f"data plane not programmed: {why}"
+                return False, why
         return True, ""
 
     def _install_signals(self) -> None:
@@ -245,7 +248,7 @@ class Daemon:
                  ext.ext_addr or ext.ext_v6_addr)
         try:
             backend = backend_class(config.backend_type)(
-                ext, config, BackendOptions(reconcile_interval=args.reconcile_interval))
+                ext, config)
             self.phase = f"setting up the {config.backend_type} backend"
             local = await backend.prepare()
             attrs = LeaseAttrs(public_ip=ext.ext_addr, public_ipv6=ext.ext_v6_addr,
@@ -255,7 +258,6 @@ class Daemon:
             self.phase = "acquiring a lease"
             lease = await acquire_lease(sm, attrs, self.stop)
             if lease is None:  # stopped by a signal while etcd was unavailable
-                await backend.close()
                 return 0
             self.lease = lease
             await backend.activate(lease)
@@ -263,7 +265,8 @@ class Daemon:
             raise StartupError(str(err)) from None
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None
-        self.backend = backend
+        dataplane = Dataplane(backend, Readiness([DATAPLANE]), interval=args.reconcile_interval)
+        self.dataplane = dataplane
         tasks: list[asyncio.Task] = []
         try:
             self.phase = "installing traffic rules"
@@ -278,7 +281,8 @@ class Daemon:
             tasks += [
                 asyncio.create_task(self._keep_writing_subnet_env(config, lease, local.mtu),
                                     name="subnet.env"),
-                asyncio.create_task(self._follow_leases(sm, backend, lease), name="leases"),
+                asyncio.create_task(dataplane.run(), name="data plane"),
+                asyncio.create_task(self._follow_leases(sm, dataplane, lease), name="leases"),
                 asyncio.create_task(sm.complete_lease(
                     lease, args.subnet_lease_renew_margin * 60, self._renewed), name="lease"),
                 asyncio.create_task(self._watch_readiness(), name="readiness"),
@@ -290,7 +294,6 @@ class Daemon:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await backend.close()
         if self._failures:
             log.error("Exiting: %s: %s", self.outcome.reason, self._failures[0])
             return 1
@@ -346,8 +349,9 @@ class Daemon:
                 self._was_ready = ready
             await asyncio.sleep(0.1)
 
-    async def _follow_leases(self, sm: SubnetManager, backend: Backend, own: Lease) -> None:
-        watcher = LeaseWatcher(own, backend.config)
+    async def _follow_leases(self, sm: SubnetManager, dataplane: Dataplane, own: Lease
+                             ) -> None:
+        watcher = LeaseWatcher(own, dataplane.backend.config)
         async for update in sm.watch_leases():
             result = watcher.apply(update)
             for event in result.events:
@@ -360,7 +364,7 @@ class Daemon:
                 return
             if isinstance(update, Snapshot):
                 log.info("Lease snapshot: %d remote subnet(s) known", len(watcher.leases))
-            await backend.sync_peers(watcher.leases)
+            dataplane.set_peers(watcher.leases)
 
 
 def main(args: argparse.Namespace) -> int:

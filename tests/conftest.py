@@ -1,5 +1,6 @@
 """Shared fixtures: a real etcd per session (and private ones on demand), unique key prefixes,
-and a sweep that removes any network namespace this run left behind."""
+a sweep that removes any network namespace this run left behind, and the ``netns``/``etcd``
+markers of the tests that use them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,23 @@ from tests.support import netns
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd-server")
+
+
+#: Fixtures that need root and network namespaces, or an etcd server: a test using one
+#: (directly or through another fixture) gets the marker, so that
+#: ``-m "not netns and not etcd"`` selects the fast lane that runs without root.
+NETNS_FIXTURES = frozenset({"ns", "make_lab"})
+ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & NETNS_FIXTURES:
+            item.add_marker(pytest.mark.netns)
+        if used & ETCD_FIXTURES:
+            item.add_marker(pytest.mark.etcd)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,5 +1,8 @@
 """The ``alloc`` backend: acquires a lease and programs nothing (someone else routes).
 
+Its description is empty: no netlink state (the data plane opens no socket for it) and no
+appliers.
+
 Must not touch: the kernel.
 """
 

@@ -1,26 +1,43 @@
-"""The backend interface: what the daemon asks of every backend.
+"""The backend contract: what the data plane asks of every backend.
 
-A backend prepares the local side (devices, keys) and says what to publish in our lease,
-then makes the kernel match the set of remote leases it is handed. It never talks to the
-lease store. Must not touch: the store, subnet.env.
+A backend describes; the data plane (``flannel.dataplane``) acts. A backend prepares the
+local side (devices, keys) and says what to publish in our lease (``prepare``, ``activate``,
+run once by the daemon), then, for any set of remote leases, says what the kernel and any
+other engine must hold:
+
+- ``ensure_local()``: re-check and re-create local devices (idempotent, synchronous);
+- ``desired_state(peers, route_get)``: the routes, neighbours and FDB entries to reconcile
+  through netlink, or None when the backend programs nothing through netlink;
+- ``appliers()``: engines that are not reconciled by netlink alone (a forwarder, wireguard
+  peers, cloud routes), each an ``Applier`` handed the full peer set on every pass;
+- ``failure_hint(error)``: advice for an operator when the kernel refused a change.
+
+All four run in the data plane's worker thread; a backend owns no task, thread, socket
+lifetime or readiness code. Must not touch: the store, subnet.env, readiness.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address
+from typing import Protocol
 
 from flannel.config import NetworkConfig
 from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.reconcile import DesiredState
+from flannel.kernel.rtnl import NetlinkError, Route
 from flannel.lease import Lease
+
+#: ``route_get(ip)``: the route the kernel would use for ``ip`` (None when unreachable).
+RouteLookup = Callable[[IPv4Address | IPv6Address], Route | None]
 
 
 @dataclass(frozen=True)
 class BackendOptions:
     """Daemon settings backends need. ``netns``: program a named namespace (tests, bench)."""
 
-    reconcile_interval: float = 30.0
     netns: str | None = None
 
 
@@ -38,8 +55,30 @@ class BackendError(Exception):
     """A backend cannot be created or started; the message says what to fix."""
 
 
+@dataclass(frozen=True)
+class ApplyResult:
+    """What one applier pass did: ``changes`` made, and ``error`` ("" when in sync), which
+    becomes the data plane's readiness reason until a later pass succeeds."""
+
+    changes: int = 0
+    error: str = ""
+
+
+class Applier(Protocol):
+    """An engine the data plane runs after the netlink pass, in the same worker thread.
+
+    ``apply`` makes the engine match the full peer set and returns what it did; it is
+    retried with backoff while it reports an error or raises. ``name`` labels its status
+    and its changes (e.g. "wireguard peers").
+    """
+
+    name: str
+
+    def apply(self, peers: Sequence[Lease]) -> ApplyResult: ...
+
+
 class Backend(ABC):
-    """One data plane. Created once per daemon run with the network config."""
+    """One data plane description. Created once per daemon run with the network config."""
 
     #: The BackendType this backend publishes and acts on ("" for alloc and udp).
     backend_type: str = ""
@@ -49,6 +88,7 @@ class Backend(ABC):
         self.ext = ext
         self.config = config
         self.options = options or BackendOptions()
+        self.lease: Lease | None = None
 
     @abstractmethod
     async def prepare(self) -> LocalNetwork:
@@ -56,16 +96,23 @@ class Backend(ABC):
 
     async def activate(self, lease: Lease) -> None:
         """Program the local side of our own lease (addresses on devices)."""
+        self.lease = lease
 
-    async def sync_peers(self, peers: Sequence[Lease]) -> None:
-        """Make the kernel match the given remote leases (the full desired set)."""
+    def ensure_local(self) -> None:
+        """Recreate whatever local device state is missing (worker thread; idempotent)."""
 
-    async def close(self) -> None:
-        """Release resources held by the process; kernel state stays for a hitless restart."""
+    def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup
+                      ) -> DesiredState | None:
+        """What netlink must hold for ``peers`` (None: this backend uses no netlink)."""
+        return None
 
-    def programmed(self) -> tuple[bool, str]:
-        """Whether the kernel holds what the latest peer set needs, and if not, why."""
-        return True, ""
+    def appliers(self) -> Sequence[Applier]:
+        """Engines reconciled besides netlink, run after it on every pass."""
+        return ()
+
+    def failure_hint(self, failure: NetlinkError) -> str:
+        """Advice for an operator when the kernel refused one of our changes ("" if none)."""
+        return ""
 
     def wants(self, lease: Lease) -> bool:
         """Whether a remote lease belongs to this backend (upstream filters on BackendType)."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from flannel.backend.base import BackendError, LocalNetwork
+from flannel.backend.base import BackendError, LocalNetwork, RouteLookup
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import NetlinkError, Route
@@ -27,7 +27,7 @@ class HostGwBackend(RoutedBackend):
                                "you're on a NAT, which is not supported by host-gw backend")
         return LocalNetwork("host-gw", ext.mtu)
 
-    def desired_state(self, peers: Sequence[Lease], route_get: Callable) -> DesiredState:
+    def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes = set()
         for peer in peers:
             if self.config.enable_ipv4 and peer.subnet and peer.attrs.public_ip:

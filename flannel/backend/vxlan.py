@@ -14,12 +14,12 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
 from flannel import gojson
-from flannel.backend.base import BackendError, LocalNetwork
+from flannel.backend.base import BackendError, LocalNetwork, RouteLookup
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel import device
 from flannel.kernel.reconcile import DesiredState, LinkState
@@ -157,7 +157,7 @@ class VxlanBackend(RoutedBackend):
                         peer.key, version)
         return None
 
-    def desired_state(self, peers: Sequence[Lease], route_get: Callable) -> DesiredState:
+    def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes: set[Route] = set()
         neighbours: set[Neighbour] = set()
         fdb: set[FdbEntry] = set()

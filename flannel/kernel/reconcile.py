@@ -1,9 +1,9 @@
 """Reconciliation: make the kernel's routes, neighbours and FDB entries match desired state.
 
 Owns the diff between what a backend wants (derived from the current lease set) and what the
-kernel has, the batched apply of that diff, the ownership rules that say which kernel entries
-are ours, and when passes run: at start, after every lease change, on netlink events that
-show drift (within a second) and periodically.
+kernel has, the batched apply of that diff (one synchronous pass), and the ownership rules
+that say which kernel entries are ours and which kernel events are drift. When passes run,
+in which thread and with which socket is the data plane's (``flannel.dataplane``).
 
 Ours are: routes with ``RTPROT_FLANNEL``; every permanent neighbour and ``self`` FDB entry on
 a device we own; and, adopted from a previous flannel (Go flannel installs its routes with
@@ -13,19 +13,18 @@ either sit on a device we own or go via a gateway on the external interface (hos
 DirectRouting routes). Adopted routes are replaced with ours when wanted and deleted when
 not; nothing else is touched.
 Must not touch: the store; links and addresses (the backend's ``ensure_local`` does those;
-here they are only compared, to notice drift).
+here they are only compared, to notice drift); tasks, threads and sockets' lifetimes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import socket
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
+from typing import Protocol
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
@@ -124,7 +123,7 @@ class ActualState:
     adopted: frozenset[Route] = frozenset()
 
 
-def read_actual(sock: rtnl.Rtnl, desired: DesiredState) -> ActualState:
+def read_actual(sock: Netlink, desired: DesiredState) -> ActualState:
     routes: set[Route] = set()
     adopted: set[Route] = set()
     for family in desired.families:
@@ -276,14 +275,6 @@ def _fdb_drift(desired: DesiredState, entry: FdbEntry, deleted: bool, state: int
     return ""  # learned entries (Learning on) come and go
 
 
-@dataclass
-class ReconcileStats:
-    """What readiness needs: is the kernel in sync, and if not, why."""
-
-    in_sync: bool = False
-    last_error: str = ""
-
-
 class ReconcileError(Exception):
     """A pass that could not make every change; the message says which and, if known, why.
 
@@ -295,129 +286,46 @@ class ReconcileError(Exception):
         self.cause = cause
 
 
-class Reconciler:
-    """Runs reconciliation passes in a worker thread, serialised, on demand and periodically.
+class Netlink(Protocol):
+    """The request-socket surface a pass uses (``rtnl.Rtnl`` provides it)."""
 
-    ``ensure_local`` (may be None) recreates local devices and returns nothing; ``desired``
-    computes the state to enforce after it, given a route lookup function. Both run in the
-    worker thread. ``hint`` (may be None) turns a failed request into advice for the
-    operator ("" when it has none).
+    def routes(self, family: int) -> list[tuple[Route, int, int]]: ...
+
+    def neighbours(self, family: int) -> list[tuple[Neighbour | FdbEntry, int, int]]: ...
+
+    def run(self, ops: Iterable[tuple[str, object]]) -> list[rtnl.NetlinkError]: ...
+
+    def route_get(self, dst: rtnl.IPAddress) -> Route | None: ...
+
+    def close(self) -> None: ...
+
+
+def reconcile(sock: Netlink, desired: DesiredState,
+              hint: Callable[[rtnl.NetlinkError], str] | None = None
+              ) -> list[tuple[str, object]]:
+    """One synchronous pass: read our entries, apply the difference; the changes made.
+
+    Raises ``ReconcileError`` when the kernel refused any change (every change is still
+    attempted); ``hint`` turns the first refusal into advice ("" when it has none).
     """
+    actual = read_actual(sock, desired)
+    ops = plan(desired, actual)
+    if actual.adopted:
+        taken = sorted(r for _verb, r in ops if isinstance(r, Route) and r in actual.adopted)
+        if taken:
+            log.info("taking over %d route(s) of another protocol that a previous flannel "
+                     "left in the network, e.g. %s via %s", len(taken), taken[0].dst,
+                     taken[0].gateway)
+    failures = sock.run(ops) if ops else []
+    if failures:
+        first = failures[0]
+        advice = hint(first) if hint is not None else ""
+        raise ReconcileError(len(failures), len(ops),
+                             f"{first.strerror}{'; ' + advice if advice else ''}")
+    return ops
 
-    def __init__(self, desired: Callable[[Callable], DesiredState],
-                 ensure_local: Callable[[], None] | None = None, *,
-                 interval: float = 30.0, netns: str | None = None,
-                 hint: Callable[[rtnl.NetlinkError], str] | None = None) -> None:
-        self._desired = desired
-        self._ensure_local = ensure_local
-        self._hint = hint
-        self.interval = interval
-        self.netns = netns
-        self.stats = ReconcileStats()
-        self._wake = asyncio.Event()
-        self._check_local = True
-        self._sock: rtnl.Rtnl | None = None
-        self._last: DesiredState = DesiredState()
 
-    def trigger(self, why: str = "", check_local: bool = True) -> None:
-        """Ask for a pass soon (coalesced with other requests).
-
-        ``check_local=False`` (a lease change) skips re-checking local devices, which costs
-        more than the rest of a pass.
-        """
-        if why:
-            log.debug("reconcile requested: %s", why)
-        self._check_local |= check_local
-        self._wake.set()
-
-    def run_once(self, check_local: bool = True) -> int:
-        """One synchronous pass; returns how many changes it made."""
-        if self._sock is None:
-            self._sock = rtnl.Rtnl(self.netns)
-        if check_local and self._ensure_local is not None:
-            self._ensure_local()
-        desired = self._desired(self._sock.route_get)
-        self._last = desired
-        actual = read_actual(self._sock, desired)
-        ops = plan(desired, actual)
-        if actual.adopted:
-            taken = sorted(r for verb, r in ops if isinstance(r, Route) and r in actual.adopted)
-            if taken:
-                log.info("taking over %d route(s) of another protocol that a previous flannel "
-                         "left in the network, e.g. %s via %s", len(taken), taken[0].dst,
-                         taken[0].gateway)
-        failures = self._sock.run(ops) if ops else []
-        if failures:
-            first = failures[0]
-            hint = self._hint(first) if self._hint is not None else ""
-            raise ReconcileError(len(failures), len(ops),
-                                 f"{first.strerror}{'; ' + hint if hint else ''}")
-        return len(ops)
-
-    async def run(self) -> None:
-        backoff = 0.1
-        logged_cause = ""
-        self.trigger("start")
-        while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
-            except TimeoutError:
-                self._check_local = True
-            self._wake.clear()
-            check_local, self._check_local = self._check_local, False
-            started = time.monotonic()
-            try:
-                changes = await asyncio.to_thread(self.run_once, check_local)
-            except Exception as err:
-                cause = getattr(err, "cause", str(err))
-                if cause != logged_cause:  # once per distinct failure, not per retry
-                    log.error("reconcile failed (retrying with backoff): %s", err)
-                    logged_cause = cause
-                self.stats.in_sync = False
-                self.stats.last_error = str(err)
-                self.close()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                self.trigger()
-                continue
-            backoff = 0.1
-            if logged_cause:
-                log.info("reconcile recovered")
-                logged_cause = ""
-            repairing = self.stats.last_error.startswith("repairing")
-            # Drift seen or peers changed during the pass: the next pass decides, and
-            # readiness keeps saying why meanwhile.
-            self.stats.in_sync = not self._wake.is_set()
-            if self.stats.in_sync or not repairing:
-                self.stats.last_error = ""
-            if changes:
-                log.info("reconciled: %d change(s) in %.1f ms", changes,
-                         (time.monotonic() - started) * 1000)
-
-    def on_kernel_event(self, event: events.KernelEvent) -> None:
-        """Trigger a pass when an event shows the kernel drifting from desired state.
-
-        Readiness reports the drift until a pass has repaired it. Logged once per repair,
-        not once per event (a flushed table sends one event per entry).
-        """
-        why = drift(self._last, event)
-        if not why:
-            return
-        if self.stats.last_error.startswith("repairing"):
-            log.debug("kernel drifted from desired state (%s)", why)
-        else:
-            log.info("kernel drifted from desired state (%s); repairing", why)
-            self.stats.last_error = f"repairing: {why}"
-        self.stats.in_sync = False
-        # Only a device or its address needs the (costlier) device check.
-        self.trigger(why, check_local=isinstance(event.obj, (rtnl.Link, rtnl.Address)))
-
-    async def watch_kernel(self) -> None:
-        """Follow netlink events; repair drift as soon as it is seen."""
-        await events.watch(self.on_kernel_event, lambda: self.trigger("event overrun"),
-                           self.netns)
-
-    def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+def kind(obj: object) -> str:
+    """The kind of an entry a pass changes or an event reports, for counters and logs."""
+    return {Route: "route", Neighbour: "neighbour", FdbEntry: "fdb", rtnl.Link: "link",
+            rtnl.Address: "address"}.get(type(obj), type(obj).__name__.lower())

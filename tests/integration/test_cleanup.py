@@ -21,6 +21,8 @@ from tests.support import netns
 from tests.support.flanneld import Flanneld
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.netns
+
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 PREFIX = "/coreos.com/network"
 COUNTERS = re.compile(r" \[\d+:\d+\]$")  # packet counters move with the etcd traffic

@@ -22,6 +22,8 @@ from flannel.subnet.watch import LeaseWatcher, Snapshot
 from tests.support.proxy import CuttableProxy
 from tests.support.waiting import async_wait_until
 
+pytestmark = pytest.mark.etcd
+
 CONFIG = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.25.0" }'
 # Leases that tests write by hand lie above SubnetMax, so they never collide with ours.
 

@@ -19,6 +19,8 @@ from tests.integration.test_etcd_manager import CONFIG, Collector, attrs, put_le
 from tests.support.proxy import CuttableProxy
 from tests.support.waiting import async_wait_until
 
+pytestmark = pytest.mark.etcd
+
 
 @contextlib.asynccontextmanager
 async def via_proxy(etcd):

@@ -15,6 +15,8 @@ from flannel.kernel.iface import (
 from tests.support import netns
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.netns
+
 
 @pytest.fixture
 def host(ns):

@@ -5,6 +5,7 @@ previous flannel left, accept_ra, and the errors an operator sees for an unusabl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import time
@@ -18,10 +19,14 @@ from flannel.backend.hostgw import HostGwBackend
 from flannel.backend.routed import RoutedBackend
 from flannel.backend.vxlan import VxlanBackend
 from flannel.config import check_network_config, parse_config
+from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
 from flannel.kernel.iface import IfaceOptions, read_snapshot, select_external_interface
 from flannel.lease import Lease, LeaseAttrs
+from flannel.readiness import Readiness
 from tests.support import netns
 from tests.support.waiting import async_wait_until
+
+pytestmark = pytest.mark.netns
 
 OWN = Lease(IPv4Network("10.244.1.0/24"), IPv6Network("fd00:244:0:1::/64"))
 PEER_MAC = "0e:00:00:00:00:02"
@@ -51,43 +56,58 @@ async def make_backend(ns: str, backend: dict, ipv6: bool = False) -> RoutedBack
     snapshot = await asyncio.to_thread(read_snapshot, ns)
     ext = select_external_interface(snapshot, IfaceOptions(ifaces=["eth0"]), ipv6=ipv6)
     cls = VxlanBackend if backend["Type"] == "vxlan" else HostGwBackend
-    return cls(ext, config, BackendOptions(reconcile_interval=300, netns=ns))
+    return cls(ext, config, BackendOptions(netns=ns))
 
 
-def readiness_recorder(backend: RoutedBackend) -> list[tuple[bool, str]]:
-    """What readiness said right after each drift event (before any repair could run)."""
-    seen: list[tuple[bool, str]] = []
-    reconciler = backend.reconciler
-    on_event = reconciler.on_kernel_event
+class Running:
+    """A data plane running a backend in a namespace, and what its readiness said."""
 
-    def recording(event) -> None:
-        on_event(event)
-        if reconciler.stats.last_error.startswith("repairing"):
-            seen.append(backend.programmed())
+    def __init__(self, backend: RoutedBackend) -> None:
+        self.readiness = Readiness([COMPONENT])
+        self.dataplane = Dataplane(backend, self.readiness, interval=300)
+        self.task: asyncio.Task | None = None
+        self.seen: list[tuple[bool, str]] = []  # every reported change, as it happened
+        report = self.readiness.report
 
-    reconciler.on_kernel_event = recording
-    return seen
+        def recording(component: str, ready: bool, reason: str = "") -> None:
+            report(component, ready, reason)
+            if not self.seen or self.seen[-1] != self.readiness.current():
+                self.seen.append(self.readiness.current())
+
+        self.readiness.report = recording  # type: ignore[method-assign]
+
+    def ready(self) -> tuple[bool, str]:
+        return self.readiness.current()
+
+    async def programmed(self, timeout: float = 10.0) -> None:
+        await async_wait_until(lambda: asyncio.sleep(0, self.ready()[0]), timeout,
+                               what=f"programmed: {self.ready()}")
 
 
-async def programmed(backend: RoutedBackend, timeout: float = 10.0) -> None:
-    await async_wait_until(lambda: asyncio.sleep(0, backend.programmed()[0]), timeout,
-                           what=f"programmed: {backend.programmed()}")
+@contextlib.asynccontextmanager
+async def running(backend: RoutedBackend, peers: list[Lease]) -> AsyncIterator[Running]:
+    """The data plane started with ``peers``; cancelled (and its socket closed) after."""
+    plane = Running(backend)
+    plane.task = asyncio.create_task(plane.dataplane.run())
+    plane.dataplane.set_peers(peers)
+    try:
+        yield plane
+    finally:
+        plane.task.cancel()
+        await asyncio.gather(plane.task, return_exceptions=True)
 
 
 @pytest.fixture
-async def vxlan(ns) -> AsyncIterator[tuple[str, VxlanBackend, list]]:
-    """A running vxlan backend with our lease and one peer, fully programmed."""
+async def vxlan(ns) -> AsyncIterator[tuple[str, Running]]:
+    """A running vxlan data plane with our lease and one peer, fully programmed."""
     underlay(ns)
     backend = await make_backend(ns, {"Type": "vxlan"})
     await backend.prepare()
     await backend.activate(OWN)
-    seen = readiness_recorder(backend)
-    await backend.sync_peers([PEER])
-    try:
-        await programmed(backend)
-        yield ns, backend, seen
-    finally:
-        await backend.close()
+    async with running(backend, [PEER]) as plane:
+        await plane.programmed()
+        plane.seen.clear()
+        yield ns, plane
 
 
 def kernel_state(ns: str) -> tuple[str, str]:
@@ -146,21 +166,22 @@ TAMPERING: list[tuple[str, list[str], str]] = [
 @pytest.mark.parametrize(("command", "reason"), [(c, r) for _, c, r in TAMPERING],
                          ids=[name for name, _, _ in TAMPERING])
 async def test_tampering_is_repaired_within_a_second(vxlan, command, reason):
-    ns, backend, seen = vxlan
+    ns, plane = vxlan
+    seen = plane.seen
     healthy = await asyncio.to_thread(kernel_state, ns)
     await asyncio.to_thread(netns.ip, "netns", "exec", ns, *command)
     started = time.monotonic()
     assert await asyncio.to_thread(kernel_state, ns) != healthy or seen, "tampering had no effect"
 
     async def repaired() -> bool:
-        return await asyncio.to_thread(kernel_state, ns) == healthy and backend.programmed()[0]
+        return await asyncio.to_thread(kernel_state, ns) == healthy and plane.ready()[0]
 
     await async_wait_until(repaired, 3.0, interval=0.02, what=f"repair after {command}")
     took = time.monotonic() - started
     print(f"\n{reason}: repaired in {took * 1000:.0f} ms")
     assert took < 1.0
     assert seen and seen[0][0] is False
-    assert seen[0][1].startswith(f"repairing: {reason}"), seen
+    assert seen[0][1].startswith(f"{NOT_PROGRAMMED}repairing: {reason}"), seen
 
 
 async def test_adopts_routes_a_previous_flannel_left_and_nothing_else(ns):
@@ -195,12 +216,9 @@ async def test_adopts_routes_a_previous_flannel_left_and_nothing_else(ns):
         netns.ip("route", "add", *route, netns=ns)
     before = netns.ip("route", "show", netns=ns).stdout
     await backend.activate(OWN)
-    await backend.sync_peers([PEER])
-    try:
-        await programmed(backend)
+    async with running(backend, [PEER]) as plane:
+        await plane.programmed()
         after = netns.ip("route", "show", netns=ns).stdout
-    finally:
-        await backend.close()
     assert "10.244.2.0/24 via 10.244.2.0 dev flannel.1 proto 151 onlink" in after
     for gone in ("10.244.76.0/24", "10.244.77.0/24", "10.244.78.0/24", "10.244.79.0/24"):
         assert gone in before and gone not in after, after
@@ -228,15 +246,12 @@ async def test_host_gw_across_a_router_says_it_needs_one_segment(ns):
     await backend.activate(OWN)
     routed_peer = Lease(IPv4Network("10.244.2.0/24"), attrs=LeaseAttrs(
         public_ip=IPv4Address("10.9.0.2"), backend_type="host-gw"))
-    await backend.sync_peers([routed_peer])
-    try:
-        await async_wait_until(lambda: asyncio.sleep(0, "Network" in backend.programmed()[1]),
+    async with running(backend, [routed_peer]) as plane:
+        await async_wait_until(lambda: asyncio.sleep(0, "Network" in plane.ready()[1]),
                                5, what="the reconcile error")
-        ready, why = backend.programmed()
-    finally:
-        await backend.close()
+        ready, why = plane.ready()
     assert not ready
-    assert why == (
+    assert why == NOT_PROGRAMMED + (
         "1 of 1 changes failed, first: Network is unreachable (replace route 10.244.2.0/24 via "
         "10.9.0.2); host-gw needs every node on one L2 segment: a peer's public IP must be "
         "directly reachable on eth0, with no router in between; across routed networks use "

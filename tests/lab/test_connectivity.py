@@ -10,6 +10,8 @@ import pytest
 from flannel.lab.cli import build, wait_for_mesh
 from flannel.lab.cluster import in_ns, ip
 
+pytestmark = [pytest.mark.netns, pytest.mark.etcd]
+
 IPV6 = {"EnableIPv6": True, "IPv6Network": "fd00:10:244::/56"}
 
 

@@ -15,6 +15,8 @@ from flannel.lab.cli import build, wait_for_mesh
 from flannel.lab.cluster import in_ns, ip
 from tests.support.waiting import wait_until
 
+pytestmark = [pytest.mark.netns, pytest.mark.etcd]
+
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 
 

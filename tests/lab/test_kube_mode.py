@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from flannel.lab.cli import wait_for_mesh
+
+pytestmark = pytest.mark.netns
 
 ROOT = Path(__file__).resolve().parents[2]
 

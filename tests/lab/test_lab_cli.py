@@ -11,10 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from flannel.lab.cli import build
 from flannel.lab.cluster import Lab
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 

@@ -7,10 +7,14 @@ import json
 import signal
 import socket
 
+import pytest
+
 from flannel.lab.cli import build
 from flannel.lab.cluster import in_ns, ip
 from tests.support.traffic import http_get, source_seen
 from tests.support.waiting import wait_until
+
+pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=8081")

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from flannel.lab.cli import build, wait_for_mesh
 from flannel.lab.cluster import ip
+
+pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 
 def test_direct_routing_within_a_subnet_vxlan_across(make_lab):

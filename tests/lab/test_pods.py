@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from flannel.lab.cli import build
 from tests.support.traffic import source_seen
+
+pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 def test_pods_reach_each_other_and_keep_their_addresses(make_lab):

@@ -13,6 +13,8 @@ from flannel.lab.cluster import ETCD_PREFIX
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
+pytestmark = [pytest.mark.netns, pytest.mark.etcd]
+
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=8081")
 NODES = (1, 2, 3)

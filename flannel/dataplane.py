@@ -1,0 +1,297 @@
+"""The data plane: makes the kernel, and any other engine, hold what the backend describes.
+
+Owns, for one daemon run: the reconcile loop (a pass at the first peer set, after every peer
+set change, within a second of a kernel event that shows drift, periodically, and retried
+with backoff after a failure), the kernel event watch, the one worker thread every pass runs
+in, the netlink request socket (created, used and closed in that thread only), the status,
+and the ``dataplane`` readiness component.
+
+A pass, in the worker thread: the backend's ``ensure_local()`` (when devices may have
+changed), its ``desired_state(peers, route_get)`` reconciled through netlink (when not None),
+then each of its ``appliers()`` handed the same peers. Peer sets handed over while a pass
+runs are coalesced into the next pass.
+Must not touch: the store; what to program (the backend describes it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from flannel.backend.base import Backend
+from flannel.backoff import Backoff
+from flannel.kernel import events, rtnl
+from flannel.kernel.reconcile import DesiredState, Netlink, drift, kind, reconcile
+from flannel.lease import Lease
+from flannel.readiness import Readiness
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "dataplane"
+#: Every readiness reason of the data plane starts with this.
+NOT_PROGRAMMED = "data plane not programmed: "
+
+#: ``watch(on_event, on_overrun)``: deliver kernel events until cancelled.
+EventWatch = Callable[[Callable[[events.KernelEvent], None], Callable[[], None]],
+                      Awaitable[None]]
+
+
+@dataclass
+class DataplaneStatus:
+    """What the data plane last achieved. Versions count the peer sets handed over (0: none
+    yet); ``applied`` counts changes by kind (route, neighbour, fdb, or an applier's name);
+    ``repaired`` counts drift repairs by kind of what drifted (link, address, route...)."""
+
+    in_sync: bool = False
+    wanted_version: int = 0
+    programmed_version: int = 0
+    last_error: str = ""
+    passes: int = 0
+    applied: Counter[str] = field(default_factory=Counter)
+    repaired: Counter[str] = field(default_factory=Counter)
+
+
+class PassError(Exception):
+    """A pass that left something unprogrammed; ``cause`` omits what varies per retry."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+class Dataplane:
+    """Runs the backend's description against the kernel; see the module docstring.
+
+    ``netlink`` (a request-socket factory) and ``watch`` (a kernel event source) default to
+    the real kernel in the backend's namespace; ``retry`` is the (first, longest) backoff
+    after a failed pass.
+    """
+
+    def __init__(self, backend: Backend, readiness: Readiness, interval: float = 30.0, *,
+                 netlink: Callable[[], Netlink] | None = None,
+                 watch: EventWatch | None = None,
+                 retry: tuple[float, float] = (0.1, 5.0)) -> None:
+        netns = backend.options.netns
+        self.backend = backend
+        self.readiness = readiness
+        self.interval = interval
+        self.status = DataplaneStatus()
+        self._open_netlink = netlink or (lambda: rtnl.Rtnl(netns))
+        self._watch = watch or (lambda on_event, on_overrun:
+                                events.watch(on_event, on_overrun, netns))
+        self._retry = Backoff(*retry)
+        self._peers: tuple[Lease, ...] = ()
+        self._first_peers = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._check_local = True
+        self._repairing = ""  # why readiness says "repairing", until a pass repairs it
+        self._drifted: set[str] = set()
+        self._logged_cause = ""
+        # Worker thread only:
+        self._sock: Netlink | None = None
+        # Written by the worker thread, read by the event handler on the loop.
+        self._last: DesiredState | None = None
+
+    def set_peers(self, peers: Sequence[Lease]) -> None:
+        """Hand over the latest full set of remote leases; programmed by the next pass."""
+        self._peers = tuple(p for p in peers if self.backend.wants(p))
+        self.status.wanted_version += 1
+        self.status.in_sync = False
+        self._first_peers.set()
+        self._wake.set()
+        self._report()
+
+    def trigger(self, why: str = "", check_local: bool = True) -> None:
+        """Ask for a pass soon (coalesced with other requests).
+
+        ``check_local=False`` skips re-checking local devices, which costs more than the
+        rest of a pass; a lease change does not need it.
+        """
+        if why:
+            log.debug("reconcile requested: %s", why)
+        self._check_local |= check_local
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Reconcile until cancelled. A failed pass is retried, never raised."""
+        loop = asyncio.get_running_loop()
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
+        watcher: asyncio.Task | None = None
+        self._report()
+        try:
+            # Never before the first peer set: a pass over an empty set would delete every
+            # peer's entries left by the previous run.
+            await self._first_peers.wait()
+            watcher = asyncio.create_task(self._follow_kernel(), name="netlink-events")
+            while True:
+                if not self._wake.is_set():
+                    try:
+                        # Not wait_for: on 3.11 it can swallow a cancellation that races
+                        # with the wake-up.
+                        async with asyncio.timeout(self.interval):
+                            await self._wake.wait()
+                    except TimeoutError:
+                        self._check_local = True
+                self._wake.clear()
+                check_local, self._check_local = self._check_local, False
+                version, peers = self.status.wanted_version, self._peers
+                try:
+                    uses_netlink, changes = await loop.run_in_executor(
+                        worker, self._pass, peers, check_local)
+                except Exception as err:  # every failure is retried
+                    self._failed(err)
+                    await self._retry.wait()
+                    self.trigger()
+                    continue
+                if not uses_netlink and watcher is not None:
+                    watcher.cancel()  # nothing of ours in netlink: no drift to watch for
+                    watcher = None
+                self._succeeded(version, changes)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+            closing = worker.submit(self._close_netlink)
+            worker.shutdown(wait=False)
+            await asyncio.wrap_future(closing)
+
+    # -- in the worker thread --
+
+    def _netlink(self) -> Netlink:
+        if self._sock is None:
+            self._sock = self._open_netlink()
+        return self._sock
+
+    def _close_netlink(self) -> None:
+        if self._sock is not None:
+            sock, self._sock = self._sock, None
+            sock.close()
+
+    def _pass(self, peers: tuple[Lease, ...], check_local: bool
+              ) -> tuple[bool, Counter[str]]:
+        """One pass: whether the backend has netlink state, and the changes made by kind.
+        Raises PassError if anything could not be programmed (all is still attempted)."""
+        started = time.monotonic()
+        backend = self.backend
+        failures: list[tuple[str, str]] = []
+        changes: Counter[str] = Counter()
+        desired = None
+        try:
+            if check_local:
+                backend.ensure_local()
+            desired = backend.desired_state(peers, lambda ip: self._netlink().route_get(ip))
+            if desired is not None:
+                self._last = desired
+                ops = reconcile(self._netlink(), desired, backend.failure_hint)
+                changes.update(kind(obj) for _verb, obj in ops)
+        except Exception as err:  # reported as the pass's failure
+            self._close_netlink()  # a fresh socket for the retry
+            failures.append((str(err), getattr(err, "cause", str(err))))
+        for applier in backend.appliers():
+            try:
+                result = applier.apply(peers)
+            except Exception as err:  # an engine's failure, reported
+                failures.append((f"{applier.name}: {err}", f"{applier.name}: {err}"))
+                continue
+            changes[applier.name] += result.changes
+            if result.error:
+                failures.append((f"{applier.name}: {result.error}",
+                                 f"{applier.name}: {result.error}"))
+        if failures:
+            raise PassError(*failures[0])
+        total = sum(changes.values())
+        if total:
+            log.info("reconciled: %d change(s) in %.1f ms", total,
+                     (time.monotonic() - started) * 1000)
+        return desired is not None, changes
+
+    # -- on the event loop --
+
+    def _failed(self, err: Exception) -> None:
+        cause = getattr(err, "cause", str(err))
+        if cause != self._logged_cause:  # once per distinct failure, not per retry
+            log.error("reconcile failed (retrying with backoff): %s", err)
+            self._logged_cause = cause
+        self.status.passes += 1
+        self.status.in_sync = False
+        self.status.last_error = str(err)
+        self._report()
+
+    def _succeeded(self, version: int, changes: Counter[str]) -> None:
+        status = self.status
+        status.passes += 1
+        status.applied.update(changes)
+        status.programmed_version = version
+        status.last_error = ""
+        self._retry.reset()
+        if self._logged_cause:
+            log.info("reconcile recovered")
+            self._logged_cause = ""
+        # Drift seen or peers changed during the pass: the next pass decides, and
+        # readiness keeps saying why meanwhile.
+        if not self._wake.is_set():
+            status.repaired.update(self._drifted)
+            self._drifted.clear()
+            self._repairing = ""
+        status.in_sync = not self._wake.is_set() and version == status.wanted_version
+        self._report()
+
+    def _report(self) -> None:
+        status = self.status
+        if status.wanted_version == 0:
+            reason = "waiting for the first lease snapshot"
+        elif status.last_error:
+            reason = status.last_error
+        elif self._repairing:
+            reason = f"repairing: {self._repairing}"
+        elif status.programmed_version < status.wanted_version:
+            reason = "latest lease changes not programmed yet"
+        else:
+            reason = "" if status.in_sync else "a pass is pending"
+        self.readiness.report(COMPONENT, not reason, NOT_PROGRAMMED + reason)
+
+    def _on_kernel_event(self, event: events.KernelEvent) -> None:
+        """Trigger a pass when an event shows the kernel drifting from desired state.
+
+        Readiness reports the drift until a pass has repaired it. Logged once per repair,
+        not once per event (a flushed table sends one event per entry).
+        """
+        desired = self._last
+        why = drift(desired, event) if desired is not None else ""
+        if not why:
+            return
+        if self._repairing:
+            log.debug("kernel drifted from desired state (%s)", why)
+        else:
+            log.info("kernel drifted from desired state (%s); repairing", why)
+            self._repairing = why
+        self._drifted.add(kind(event.obj))
+        self.status.in_sync = False
+        self._report()
+        # Only a device or its address needs the (costlier) device check.
+        self.trigger(why, check_local=isinstance(event.obj, (rtnl.Link, rtnl.Address)))
+
+    def _on_overrun(self) -> None:
+        self.trigger("event overrun")
+
+    async def _follow_kernel(self) -> None:
+        """Follow kernel events; if the watch fails, resync in full and subscribe again."""
+        backoff = Backoff(1.0, 30.0)
+        logged = ""
+        while True:
+            try:
+                await self._watch(self._on_kernel_event, self._on_overrun)
+                failure = "the event watch ended"
+            except Exception as err:  # periodic passes cover the gap
+                failure = str(err)
+            if failure != logged:
+                log.error("kernel event watch failed (periodic resyncs continue; "
+                          "subscribing again): %s", failure)
+                logged = failure
+            self.trigger("event watch restarted")
+            await backoff.wait()

@@ -1,0 +1,290 @@
+"""The data plane's orchestration without root: the real host-gw and alloc backends against
+a dict-backed netlink layer (tests/support/fakenetlink.py). When passes run, what readiness
+says meanwhile, backoff and recovery, drift repair, appliers, and the worker thread that
+owns the netlink socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from ipaddress import IPv4Address, IPv4Network
+
+from flannel.backend.alloc import AllocBackend
+from flannel.backend.base import Applier, ApplyResult, Backend
+from flannel.backend.hostgw import HostGwBackend
+from flannel.config import check_network_config, parse_config
+from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.kernel import rtnl
+from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.rtnl import Route
+from flannel.lease import Lease, LeaseAttrs
+from flannel.readiness import Readiness
+from tests.support.fakenetlink import FakeKernel
+from tests.support.waiting import async_wait_until
+
+EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.168.1.1"), None,
+                        IPv4Address("192.168.1.1"), None)
+OWN = Lease(IPv4Network("10.244.1.0/24"))
+
+
+def config(backend_type: str):
+    parsed = parse_config(json.dumps({"Network": "10.244.0.0/16",
+                                      "Backend": {"Type": backend_type}}))
+    check_network_config(parsed)
+    return parsed
+
+
+def hostgw() -> HostGwBackend:
+    backend = HostGwBackend(EXT, config("host-gw"))
+    backend.lease = OWN
+    return backend
+
+
+def peer(third: int, backend_type: str = "host-gw") -> Lease:
+    return Lease(IPv4Network(f"10.244.{third}.0/24"), attrs=LeaseAttrs(
+        public_ip=IPv4Address(f"192.168.1.{third}"), backend_type=backend_type))
+
+
+def route(third: int, gateway: str = "") -> Route:
+    return Route(f"10.244.{third}.0/24", gateway or f"192.168.1.{third}", EXT.index)
+
+
+@contextlib.asynccontextmanager
+async def running(backend: Backend, kernel: FakeKernel, interval: float = 300
+                  ) -> AsyncIterator[Dataplane]:
+    dataplane = Dataplane(backend, Readiness([COMPONENT]), interval=interval,
+                          netlink=kernel.open, watch=kernel.watch, retry=(0.05, 0.2))
+    task = asyncio.create_task(dataplane.run())
+    try:
+        yield dataplane
+    finally:
+        kernel.gate.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def until(condition: Callable[[], object], what: str, timeout: float = 5.0) -> None:
+    async def check() -> object:
+        return condition()
+    await async_wait_until(check, timeout, interval=0.005, what=what)
+
+
+def readiness(dataplane: Dataplane) -> tuple[bool, str]:
+    return dataplane.readiness.current()
+
+
+async def programmed(dataplane: Dataplane) -> None:
+    await until(lambda: readiness(dataplane)[0], f"ready, not {readiness(dataplane)}")
+
+
+async def test_nothing_is_touched_before_the_first_peer_set_and_ready_once_programmed():
+    kernel = FakeKernel()
+    kernel.put(route(9), rtnl.RTPROT_FLANNEL)  # a peer of the previous run, still there
+    async with running(hostgw(), kernel, interval=0.01) as dataplane:
+        waiting = (False, NOT_PROGRAMMED + "waiting for the first lease snapshot")
+        await until(lambda: readiness(dataplane) == waiting, "the waiting reason")
+        await asyncio.sleep(0.1)  # ten periodic intervals: none may run a pass
+        assert kernel.handles == [] and kernel.ours() == {route(9)}
+        kernel.gate.clear()
+        dataplane.set_peers([peer(9), peer(2)])
+        assert readiness(dataplane) == (
+            False, NOT_PROGRAMMED + "latest lease changes not programmed yet")
+        kernel.gate.set()
+        await programmed(dataplane)
+        assert kernel.ours() == {route(9), route(2)}
+        assert dataplane.status.in_sync
+        assert dataplane.status.programmed_version == dataplane.status.wanted_version == 1
+        assert dataplane.status.applied == {"route": 1}
+
+
+async def test_an_empty_first_peer_set_is_programmed_as_empty():
+    kernel = FakeKernel()
+    kernel.put(route(9), rtnl.RTPROT_FLANNEL)
+    async with running(hostgw(), kernel) as dataplane:
+        dataplane.set_peers([])
+        await programmed(dataplane)
+        assert kernel.ours() == set()
+
+
+async def test_peer_sets_handed_over_during_a_pass_coalesce_into_one_pass():
+    kernel = FakeKernel()
+    async with running(hostgw(), kernel) as dataplane:
+        kernel.gate.clear()
+        dataplane.set_peers([peer(2)])
+        await until(lambda: kernel.handles and kernel.handles[0].used_in, "a pass started")
+        for last in range(3, 53):
+            dataplane.set_peers([peer(third) for third in range(2, last + 1)])
+            await asyncio.sleep(0)
+        assert not readiness(dataplane)[0]
+        kernel.gate.set()
+        await programmed(dataplane)
+        status = dataplane.status
+        assert status.passes == 2
+        assert status.programmed_version == status.wanted_version == 51
+        assert kernel.ours() == {route(third) for third in range(2, 53)}
+
+
+async def test_a_refused_change_is_not_ready_with_advice_retried_with_backoff_and_recovers(
+        caplog):
+    caplog.set_level(logging.INFO, "flannel.dataplane")
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24"] = errno.ENETUNREACH
+    async with running(hostgw(), kernel) as dataplane:
+        dataplane.set_peers([peer(2), peer(3)])
+        await until(lambda: dataplane.status.passes >= 3, "retries")  # the first: 1 of 2
+        assert readiness(dataplane) == (False, NOT_PROGRAMMED + (
+            "1 of 1 changes failed, first: Network is unreachable (replace route "
+            "10.244.3.0/24 via 192.168.1.3); host-gw needs every node on one L2 segment: a "
+            "peer's public IP must be directly reachable on eth0, with no router in between; "
+            "across routed networks use the vxlan backend (DirectRouting keeps direct routes "
+            "for the peers on the same segment)"))
+        # The socket is replaced after a failure, closed where it was used.
+        assert len(kernel.handles) >= 3 and kernel.handles[0].closed_in is not None
+        passes = dataplane.status.passes
+        await asyncio.sleep(0.6)
+        # Retries wait 0.05, 0.1, then 0.2 s each: without backoff there would be hundreds.
+        assert dataplane.status.passes - passes <= 5
+        del kernel.refusals["replace route 10.244.3.0/24"]
+        await programmed(dataplane)
+        assert kernel.ours() == {route(2), route(3)}
+        assert dataplane.status.last_error == ""
+    failed = [r.getMessage() for r in caplog.records if "reconcile failed" in r.getMessage()]
+    assert len(failed) == 1, failed  # once, not once per retry
+    assert "reconcile recovered" in caplog.messages
+
+
+async def test_drift_is_not_ready_until_repaired_and_counted_by_kind(caplog):
+    caplog.set_level(logging.INFO, "flannel.dataplane")
+    kernel = FakeKernel()
+    async with running(hostgw(), kernel) as dataplane:
+        dataplane.set_peers([peer(2), peer(3)])
+        await programmed(dataplane)
+        assert "kernel drifted" not in caplog.text  # our own changes are not drift
+        kernel.gate.clear()  # hold the repair, to see what readiness says meanwhile
+        kernel.put(route(2, gateway="192.168.1.99"))
+        await until(lambda: not readiness(dataplane)[0], "drift noticed")
+        assert readiness(dataplane) == (False, NOT_PROGRAMMED + (
+            "repairing: route 10.244.2.0/24 changed (via 192.168.1.99 dev 2)"))
+        kernel.remove(route(3))  # more drift while repairing: the first reason stays
+        await asyncio.sleep(0)
+        assert "repairing: route 10.244.2.0/24 changed" in readiness(dataplane)[1]
+        kernel.gate.set()
+        await programmed(dataplane)
+        assert kernel.ours() == {route(2), route(3)}
+        assert dataplane.status.repaired == {"route": 1}
+        kernel.put(Route("10.244.7.0/24", "192.168.1.7", EXT.index), rtnl.RTPROT_FLANNEL)
+        await until(lambda: dataplane.status.repaired["route"] == 2, "stray route repaired")
+        await programmed(dataplane)
+        assert kernel.ours() == {route(2), route(3)}
+    drifted = [m for m in caplog.messages if m.startswith("kernel drifted")]
+    assert drifted == [
+        "kernel drifted from desired state (route 10.244.2.0/24 changed (via 192.168.1.99 "
+        "dev 2)); repairing",
+        "kernel drifted from desired state (stray route 10.244.7.0/24 with our protocol); "
+        "repairing"]
+
+
+async def test_lost_events_resync_in_full():
+    kernel = FakeKernel()
+    async with running(hostgw(), kernel) as dataplane:
+        dataplane.set_peers([peer(2)])
+        await programmed(dataplane)
+        await until(lambda: kernel.watching, "the event watch")
+        with kernel.lock:  # changed with no event, as when the event buffer overflowed
+            del kernel.routes[("10.244.2.0/24", 0)]
+        passes = dataplane.status.passes
+        kernel.overrun()
+        await until(lambda: dataplane.status.passes > passes and readiness(dataplane)[0],
+                    "a resync")
+        assert kernel.ours() == {route(2)}
+
+
+async def test_cancelling_closes_the_socket_in_the_worker_thread_even_mid_pass():
+    kernel = FakeKernel()
+    async with running(hostgw(), kernel) as dataplane:
+        dataplane.set_peers([peer(2)])
+        await programmed(dataplane)
+        kernel.gate.clear()
+        dataplane.set_peers([peer(2), peer(3)])
+        await until(lambda: len(kernel.handles[0].used_in) and kernel.requests == 1
+                    and dataplane.status.wanted_version == 2, "the second pass")
+        asyncio.get_running_loop().call_later(0.05, kernel.gate.set)
+    assert len(kernel.handles) == 1
+    handle = kernel.handles[0]
+    assert handle.closed_in == handle.opened_in and handle.used_in == {handle.opened_in}
+    assert handle.opened_in != threading.get_ident()
+    assert kernel.watching == 0
+
+
+class RecordingApplier:
+    """An engine not reconciled by netlink: keeps the peer subnets it was handed."""
+
+    name = "test engine"
+
+    def __init__(self) -> None:
+        self.subnets: set[str] = set()
+        self.threads: set[int] = set()
+        self.error = ""
+        self.raises: Exception | None = None
+
+    def apply(self, peers: Sequence[Lease]) -> ApplyResult:
+        self.threads.add(threading.get_ident())
+        if self.raises is not None:
+            raise self.raises
+        if self.error:
+            return ApplyResult(0, self.error)
+        wanted = {str(p.subnet) for p in peers}
+        changes = len(wanted ^ self.subnets)
+        self.subnets = wanted
+        return ApplyResult(changes)
+
+
+class AllocWithEngine(AllocBackend):
+    """A backend with no netlink state and one applier: all a new backend has to write."""
+
+    def __init__(self, engine: Applier) -> None:
+        super().__init__(EXT, config("alloc"))
+        self.engine = engine
+
+    def appliers(self) -> Sequence[Applier]:
+        return (self.engine,)
+
+
+async def test_an_applier_is_handed_every_peer_set_and_its_failures_are_readiness():
+    kernel = FakeKernel()
+    engine = RecordingApplier()
+    async with running(AllocWithEngine(engine), kernel) as dataplane:
+        dataplane.set_peers([peer(2, ""), peer(3, ""), peer(4, "vxlan")])
+        await programmed(dataplane)
+        assert engine.subnets == {"10.244.2.0/24", "10.244.3.0/24"}
+        engine.error = "peer 10.244.5.0/24 unreachable"
+        dataplane.set_peers([peer(2, ""), peer(5, "")])
+        await until(lambda: not readiness(dataplane)[0] and dataplane.status.last_error,
+                    "the engine's error")
+        assert readiness(dataplane) == (
+            False, NOT_PROGRAMMED + "test engine: peer 10.244.5.0/24 unreachable")
+        engine.error = ""
+        engine.raises = OSError(errno.EPIPE, "control socket closed")
+        await until(lambda: "control socket" in readiness(dataplane)[1], "the exception")
+        assert readiness(dataplane) == (
+            False, NOT_PROGRAMMED + "test engine: [Errno 32] control socket closed")
+        engine.raises = None
+        await programmed(dataplane)
+        assert engine.subnets == {"10.244.2.0/24", "10.244.5.0/24"}
+        assert dataplane.status.applied == {"test engine": 4}
+    assert kernel.handles == [] and kernel.watching == 0  # no netlink for this backend
+    assert threading.get_ident() not in engine.threads and len(engine.threads) == 1
+
+
+async def test_the_alloc_backend_is_ready_without_any_netlink():
+    kernel = FakeKernel()
+    async with running(AllocBackend(EXT, config("alloc")), kernel) as dataplane:
+        dataplane.set_peers([peer(2, "")])
+        await programmed(dataplane)
+        await until(lambda: kernel.watching == 0, "the event watch stopped")
+    assert kernel.handles == []
