@@ -92,7 +92,9 @@ def _flanneld_cmdlines() -> str:
 
 async def _store_files(args: argparse.Namespace) -> dict[str, str]:
     from flannel.ops.leases import STORE_TIMEOUT, list_rows
-    from flannel.subnet import StoreOpenError, open_store, store_errors
+    from flannel.subnet import StoreOpenError, open_store
+    from flannel.subnet.errors import StoreError, StoreUnavailable
+    from flannel.subnet.kube import KubeError
 
     errors = (StoreOpenError, OSError, ValueError, asyncio.TimeoutError)
     try:
@@ -107,7 +109,7 @@ async def _store_files(args: argparse.Namespace) -> dict[str, str]:
             kv, _ = await asyncio.wait_for(manager.client.get(manager.config_key),
                                            STORE_TIMEOUT)
             files["config.json"] = kv.value.decode(errors="replace") if kv else "(none)\n"
-    except errors + store_errors("etcdclient.EtcdError", "kube.KubeError") as err:
+    except (*errors, StoreError, StoreUnavailable, KubeError) as err:
         files["leases.txt"] = f"store not read: {err or 'no answer in time'}\n"
     finally:
         await manager.close()
@@ -195,13 +197,14 @@ def write_bundle(output: Path, files: dict[str, str], notes: list[str]) -> None:
 
 def cmd_bundle(args: argparse.Namespace) -> int:
     from flannel.cli import UsageError
-    from flannel.ops.storeopts import resolve
+    from flannel.ops.storeopts import quiet_store_logs, resolve
 
     try:
         resolve(args)
     except UsageError as err:
         print(f"flannelctl bundle: {err}", file=sys.stderr)
         return 2
+    quiet_store_logs()
     if args.health_url and not re.match(r"https?://[^\s]+$", args.health_url):
         print(f"flannelctl bundle: --health-url {args.health_url!r}: give "
               "http://<healthz-ip>:<healthz-port>", file=sys.stderr)

@@ -73,7 +73,9 @@ def _etcd_clock_skew(args: argparse.Namespace, timeout: float) -> float | None:
 async def read_store(ctx: Context, args: argparse.Namespace) -> None:
     from flannel.config import ConfigError
     from flannel.ops.leases import list_rows
-    from flannel.subnet import StoreOpenError, open_store, store_errors
+    from flannel.subnet import StoreOpenError, open_store
+    from flannel.subnet.errors import StoreError, StoreUnavailable
+    from flannel.subnet.kube import KubeError
 
     errors = (StoreOpenError, ConfigError, OSError, ValueError, asyncio.TimeoutError)
     try:
@@ -84,14 +86,13 @@ async def read_store(ctx: Context, args: argparse.Namespace) -> None:
     try:
         try:
             ctx.rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
-        except errors + store_errors("etcdclient.EtcdError", "kube.KubeError") as err:
+        except (*errors, StoreError, StoreUnavailable, KubeError) as err:
             ctx.store_error = str(err) or f"no answer within {STORE_TIMEOUT:g}s"
             return
         try:
             ctx.config = manager.config if manager.name != "etcd" else \
                 await asyncio.wait_for(manager.get_network_config(), STORE_TIMEOUT)
-        except errors + store_errors("etcdclient.EtcdError", "kube.KubeError",
-                                     "etcd.ConfigNotFound") as err:
+        except (*errors, StoreError, StoreUnavailable, KubeError) as err:
             ctx.store_error = str(err) or f"no answer within {STORE_TIMEOUT:g}s"
             return
         if manager.name == "etcd":
@@ -126,13 +127,14 @@ def diagnose(ctx: Context) -> list[Finding]:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from flannel.cli import UsageError
-    from flannel.ops.storeopts import resolve
+    from flannel.ops.storeopts import quiet_store_logs, resolve
 
     try:
         resolve(args)
     except UsageError as err:
         print(f"flannelctl doctor: {err}", file=sys.stderr)
         return 2
+    quiet_store_logs()
     try:
         findings = diagnose(gather(args))
     except KeyboardInterrupt:

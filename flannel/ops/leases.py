@@ -305,21 +305,23 @@ async def run_command(args: argparse.Namespace) -> int:
 def cmd_leases(args: argparse.Namespace) -> int:
     from flannel.cli import UsageError
     from flannel.config import ConfigError
-    from flannel.ops.storeopts import resolve
-    from flannel.subnet import StoreOpenError, store_errors
+    from flannel.ops.storeopts import quiet_store_logs, resolve
+    from flannel.subnet import StoreOpenError
+    from flannel.subnet.errors import StoreError, StoreUnavailable
+    from flannel.subnet.kube import KubeError
 
     try:
         resolve(args)
     except UsageError as err:
         print(f"flannelctl leases: {err}", file=sys.stderr)
         return 2
+    quiet_store_logs()
     errors = (LeaseCommandError, StoreOpenError, ConfigError, OSError, asyncio.TimeoutError)
     try:
         return asyncio.run(run_command(args))
     except KeyboardInterrupt:
         return 130
-    except errors + store_errors("etcdclient.EtcdError", "kube.KubeError",
-                                 "etcd.ConfigNotFound") as err:
+    except (*errors, StoreError, StoreUnavailable, KubeError) as err:
         text = str(err) or "the store did not answer in time; check --etcd-endpoints"
         print(f"flannelctl leases: {text}", file=sys.stderr)
         return 1

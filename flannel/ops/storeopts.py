@@ -44,12 +44,15 @@ def _value(flag: Flag, given: str | None, environ: dict[str, str]) -> object:
         raise UsageError(f"{source}={text!r}: {err}") from None
 
 
+def quiet_store_logs() -> None:
+    """The store managers log for a daemon; these commands report what matters themselves."""
+    logging.getLogger("flannel").setLevel(logging.ERROR)
+
+
 def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> None:
     """Fill the store flags of ``args`` (command line > environment > flanneld's default)
     and the few other values the store managers read; UsageError names a bad value."""
     environ = dict(os.environ if environ is None else environ)
-    # The store managers log for a daemon; these commands report what matters themselves.
-    logging.getLogger("flannel").setLevel(logging.ERROR)
     for name in STORE_FLAGS:
         flag = _BY_NAME[name]
         setattr(args, flag.dest, _value(flag, getattr(args, flag.dest), environ))
