@@ -1,14 +1,15 @@
 """The etcd v3 subnet manager: config, lease acquisition, renewal and the lease watch.
 
 Owns the key layout under ``<prefix>`` (``config``, ``subnets/<key>``), the acquisition
-order of upstream (reuse by public IP, previous subnet, random free subnet), lease renewal,
+order of upstream (reuse by public IP, previous subnet, a free subnet), lease renewal,
 a watch that resumes from the last seen revision and relists after compaction, and the
 recovery from a wiped or restored store (detected by the client's cluster ID and revision
 checks, or our own key vanishing without a deletion): relist, re-create our lease with the
 same subnet if it is free, and report not-ready meanwhile (``status``).
 Deliberate improvements over Go flannel, documented in docs/architecture.md: a lost creation
-race is retried in-process; a key without an etcd lease is a reservation that is honoured
-and never converted into a TTL lease.
+race is retried in-process; a new subnet is looked for from a point hashed from the node's
+public IP, not at random among the first 100 free ones; a key without an etcd lease is a
+reservation that is honoured and never converted into a TTL lease.
 Must not touch: the kernel, files (subnet.env is the daemon's business).
 """
 
@@ -18,9 +19,8 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import random
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any
@@ -37,6 +37,7 @@ from flannel.lease import (
     LeaseDecodeError,
     parse_subnet_key,
 )
+from flannel.subnet.candidates import free_subnet, node_seed
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcdclient import (
@@ -58,7 +59,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFIX = "/coreos.com/network"
 DEFAULT_LEASE_TTL = 24 * 3600
 MAX_LEASE_TTL = 9_000_000_000  # etcd's MaxLeaseTTL
-MAX_CANDIDATES = 100
 ACQUIRE_ATTEMPTS = 10
 CHECK_INTERVAL = 5.0
 RESET_GRACE = 30.0
@@ -82,37 +82,6 @@ class PreviousSubnets:
 
     subnet: IPv4Network | None = None
     ipv6_subnet: IPv6Network | None = None
-
-
-def _merged(nets: Sequence[IPv4Network | IPv6Network]) -> list[list[int]]:
-    """The address ranges covered by ``nets``, sorted and merged."""
-    merged: list[list[int]] = []
-    for start, end in sorted((int(n.network_address), int(n.broadcast_address)) for n in nets):
-        if merged and start <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
-def free_candidates(network_type: type, subnet_len: int, bits: int, subnet_min: object,
-                    subnet_max: object, taken: Sequence[IPv4Network | IPv6Network],
-                    limit: int = MAX_CANDIDATES) -> list:
-    """Up to ``limit`` free subnets from SubnetMin to SubnetMax, skipping overlaps."""
-    size = 1 << (bits - subnet_len)
-    ranges = _merged(taken)
-    out = []
-    base, last_base, i = int(subnet_min), int(subnet_max), 0
-    while base <= last_base and len(out) < limit:
-        while i < len(ranges) and ranges[i][1] < base:
-            i += 1
-        if i < len(ranges) and ranges[i][0] < base + size:
-            # Jump past the taken range instead of stepping through it.
-            base = -(-(ranges[i][1] + 1) // size) * size
-            continue
-        out.append(network_type((base, subnet_len)))
-        base += size
-    return out
 
 
 def _clip(subnet: IPv4Network | IPv6Network | None, subnet_len: int) -> Any:
@@ -281,7 +250,7 @@ class EtcdSubnetManager:
             for attempt in range(1, ACQUIRE_ATTEMPTS + 1):
                 subnet, ipv6_subnet = self._previous_if_free(cfg, taken)
                 if subnet is None and ipv6_subnet is None:
-                    subnet, ipv6_subnet = self._allocate(cfg, taken)
+                    subnet, ipv6_subnet = self._allocate(cfg, taken, attrs, attempt)
                 else:
                     log.info("Found previously leased subnet (%s), reusing",
                              subnet or ipv6_subnet)
@@ -355,22 +324,25 @@ class EtcdSubnetManager:
                 return None, None
         return (prev.subnet if cfg.enable_ipv4 else None), wanted_v6
 
-    def _allocate(self, cfg: NetworkConfig, leases: list[Lease]
-                  ) -> tuple[IPv4Network | None, IPv6Network | None]:
+    def _allocate(self, cfg: NetworkConfig, leases: list[Lease], attrs: LeaseAttrs,
+                  attempt: int) -> tuple[IPv4Network | None, IPv6Network | None]:
+        """A free subnet at a point derived from our public IP and the attempt number, so
+        simultaneous nodes rarely race for the same key (see flannel/subnet/candidates.py)."""
+        seed = node_seed(attrs.public_ip, attrs.public_ipv6)
         subnet = ipv6_subnet = None
         if cfg.enable_ipv4:
-            free = free_candidates(IPv4Network, cfg.subnet_len, 32, cfg.subnet_min,
-                                   cfg.subnet_max, [x.subnet for x in leases if x.subnet])
-            if not free:
+            subnet = free_subnet(IPv4Network, cfg.subnet_len, 32, cfg.subnet_min,
+                                 cfg.subnet_max, [x.subnet for x in leases if x.subnet],
+                                 seed, attempt)
+            if subnet is None:
                 raise AcquireError(self._out_of_subnets(cfg, len(leases)))
-            subnet = random.choice(free)
         if cfg.enable_ipv6:
-            free6 = free_candidates(IPv6Network, cfg.ipv6_subnet_len, 128, cfg.ipv6_subnet_min,
-                                    cfg.ipv6_subnet_max,
-                                    [x.ipv6_subnet for x in leases if x.ipv6_subnet])
-            if not free6:
+            ipv6_subnet = free_subnet(IPv6Network, cfg.ipv6_subnet_len, 128,
+                                      cfg.ipv6_subnet_min, cfg.ipv6_subnet_max,
+                                      [x.ipv6_subnet for x in leases if x.ipv6_subnet],
+                                      seed, attempt)
+            if ipv6_subnet is None:
                 raise AcquireError(self._out_of_subnets(cfg, len(leases), v6=True))
-            ipv6_subnet = random.choice(free6)
         return subnet, ipv6_subnet
 
     def _out_of_subnets(self, cfg: NetworkConfig, count: int, v6: bool = False) -> str:
