@@ -86,11 +86,14 @@ def test_routes_go_flannel_left_for_vanished_peers_are_taken_over(lab3):
     # What Go flannel leaves: routes with the default protocol, for peers long gone.
     ip(ns, "route", "replace", peer_subnet, "via", peer_base, "dev", "flannel.1", "onlink",
        "proto", "boot")
-    left = [["10.244.77.0/24", "via", "10.244.77.0", "dev", "flannel.1", "onlink"],
-            ["10.244.78.0/24", "via", "192.168.111.78", "dev", "eth0"]]
-    foreign = [["172.31.5.0/24", "via", "10.244.77.0", "dev", "flannel.1", "onlink"],
-               ["10.244.79.0/24", "dev", "cni0"],
-               ["blackhole", "10.244.80.0/24"]]
+    # Subnets no node of the lab holds (leases are spread over the whole Network).
+    held = {lab.wait_subnet_env(i)["FLANNEL_SUBNET"].split(".")[2] for i in (1, 2, 3)}
+    a, b, c, d = [str(octet) for octet in range(77, 90) if str(octet) not in held][:4]
+    left = [[f"10.244.{a}.0/24", "via", f"10.244.{a}.0", "dev", "flannel.1", "onlink"],
+            [f"10.244.{b}.0/24", "via", "192.168.111.78", "dev", "eth0"]]
+    foreign = [["172.31.5.0/24", "via", f"10.244.{a}.0", "dev", "flannel.1", "onlink"],
+               [f"10.244.{c}.0/24", "dev", "cni0"],
+               ["blackhole", f"10.244.{d}.0/24"]]
     for route in left + foreign:
         ip(ns, "route", "add", *route)
     before = ip(ns, "route").stdout
