@@ -24,7 +24,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, BackendOptions, backend_class
@@ -43,6 +43,9 @@ from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.manager import SubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
+
+if TYPE_CHECKING:
+    from flannel.rules.manager import RulesStatus
 
 log = logging.getLogger("flanneld")
 
@@ -66,7 +69,10 @@ class _Stopped(Exception):
 
 
 class Rules(Protocol):
-    """What the daemon needs of the traffic rules (``flannel.rules.manager.TrafficManager``)."""
+    """What the daemon needs of the traffic rules (``flannel.rules.manager.TrafficManager``):
+    one attempt at installing them, and its outcome."""
+
+    status: RulesStatus
 
     async def start(self) -> None: ...
 
@@ -81,7 +87,7 @@ class Supervised:
 SelectInterface = Callable[[InterfaceSettings, NetworkConfig, SubnetManager],
                            Awaitable[ExternalInterface]]
 MakeBackend = Callable[[ExternalInterface, NetworkConfig, Settings], Backend]
-MakeRules = Callable[[RulesSettings, NetworkConfig, Lease], Any]
+MakeRules = Callable[[RulesSettings, NetworkConfig, Lease], Rules]
 
 
 async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
@@ -112,7 +118,7 @@ def make_backend(ext: ExternalInterface, config: NetworkConfig, settings: Settin
         ext, config, BackendOptions(reconcile_interval=settings.dataplane.reconcile_interval))
 
 
-def traffic_rules(rules: RulesSettings, config: NetworkConfig, lease: Lease) -> Any:
+def traffic_rules(rules: RulesSettings, config: NetworkConfig, lease: Lease) -> Rules:
     """The traffic rules of the flags for our lease (``TrafficManager``)."""
     from flannel.rules import iptables, nftables
     from flannel.rules.manager import TrafficManager
@@ -201,16 +207,27 @@ class Daemon:
         def on_signal(signum: int) -> None:
             log.info("Received %s, shutting down (the lease and data plane stay in place); "
                      "send it again to exit immediately", signal.Signals(signum).name)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+            self._remove_signals()
             self.stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
 
-    async def run(self, *, signals: bool = True) -> int:
-        if signals:
-            self._install_signals()
+    @staticmethod
+    def _remove_signals() -> None:
+        """Back to the default actions: a second signal kills at once."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+    async def run(self) -> int:
+        self._install_signals()
+        try:
+            return await self._serve()
+        finally:
+            self._remove_signals()
+
+    async def _serve(self) -> int:
         health = None
         if self.settings.health.port:
             health = HealthServer(self.readiness.current)
@@ -357,11 +374,11 @@ class Daemon:
         log.info("Exiting: stopped by signal")
         return 0
 
-    def _report_rules(self, traffic: Any) -> None:
+    def _report_rules(self, traffic: Rules) -> None:
         status = traffic.status
         self.readiness.report("rules", status.installed, status.reason)
 
-    async def _keep_rules(self, traffic: Any) -> None:
+    async def _keep_rules(self, traffic: Rules) -> None:
         """Re-check (and repair) the rules every ``--iptables-resync`` seconds."""
         while True:
             await asyncio.sleep(self.settings.rules.resync)

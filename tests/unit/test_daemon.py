@@ -154,8 +154,8 @@ class Node:
         self.backend = RecordingBackend(ext, config)
         return self.backend
 
-    def start(self, signals: bool = False) -> Node:
-        self.task = asyncio.create_task(self.daemon.run(signals=signals))
+    def start(self) -> Node:
+        self.task = asyncio.create_task(self.daemon.run())
         return self
 
     async def readyz(self) -> tuple[int, str]:
@@ -315,7 +315,7 @@ async def test_an_unavailable_store_is_retried_with_backoff_then_recovers(tmp_pa
 
 
 async def test_a_signal_stops_cleanly_leaving_state_in_place(tmp_path, log):
-    node = Node(tmp_path).start(signals=True)
+    node = Node(tmp_path).start()
     node.store.updates.put_nowait(Snapshot([PEER, OWN_LEASE]))
     await node.wait_readyz(200)
     os.kill(os.getpid(), signal.SIGTERM)
