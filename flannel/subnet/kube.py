@@ -7,7 +7,9 @@ node's lease (its podCIDR(s), published as annotations with a strategic-merge pa
 list+watch: resumed from the last resourceVersion after a cut, relisted after 410 Gone,
 with a bounded wait for the first sync. Node changes are coalesced per node in a buffer of
 at most ``EVENT_QUEUE_DEPTH`` nodes (beyond that the consumer gets one snapshot instead),
-so the watch never blocks and the latest state of every node is never lost.
+so the watch never blocks and the latest state of every node is never lost. API errors are
+classified by HTTP status: retryable (``KubeUnavailable``, a ``StoreUnavailable``) or fatal
+(``KubeError``, a ``StoreError`` saying what to fix).
 Must not touch: the kernel.
 """
 
@@ -169,6 +171,7 @@ class KubeSubnetManager:
                             f"is not an IP address: {err}") from None
 
     async def _wait_for_own_node(self) -> dict[str, Any]:
+        await self.own_node_name()  # a missing name is not worth waiting for
         deadline = time.monotonic() + self.patch_timeout
         while True:
             try:

@@ -347,3 +347,31 @@ async def test_net_conf_is_read_bounded(api, tmp_path):
         assert str(caught.value) == f"failed to read net conf: [Errno 21] Is a directory: '{conf}'"
     finally:
         await sm.close()
+
+
+async def test_api_errors_are_classified_by_http_status_not_text(api, tmp_path):
+    """A missing pod (404 from the API) is fatal; 429 and 5xx answers are retryable."""
+    import httpx2 as httpx
+    from lightkube import ApiError
+
+    from flannel.subnet.errors import StoreError, StoreUnavailable
+    from flannel.subnet.kube import KubeUnavailable, api_failure
+
+    sm = manager(api, tmp_path, node="", environ={"POD_NAME": "gone",
+                                                   "POD_NAMESPACE": "kube-flannel"})
+    try:
+        with pytest.raises(KubeError, match="error retrieving pod spec for "
+                                            "'kube-flannel/gone': pods \"gone\" not found"):
+            await sm.own_node_name()
+    finally:
+        await sm.close()
+    request = httpx.Request("GET", f"{api.url}/api/v1/nodes/node1")
+    for code, retryable in ((429, True), (500, True), (503, True), (504, True),
+                            (401, False), (403, False), (404, False), (422, False)):
+        response = httpx.Response(code, request=request, json={
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+            # Texts that say the opposite of the status: only the status may count.
+            "message": "service unavailable" if not retryable else "forbidden"})
+        failure = api_failure(ApiError(request=request, response=response), "cannot get node")
+        assert isinstance(failure, StoreUnavailable if retryable else StoreError), code
+        assert isinstance(failure, KubeUnavailable) is retryable
