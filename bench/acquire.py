@@ -78,11 +78,12 @@ async def acquisitions(clients: list[EtcdClient], network: str) -> Outcome:
     config = json.dumps({"Network": network, "SubnetLen": 24}).encode()
     await clients[0].put(f"{prefix}/config".encode(), config)
     managers = [EtcdSubnetManager(c, prefix) for c in clients]
+    config = await managers[0].get_network_config()  # the daemon reads it once, before
     first_ip = int(IPv4Address("172.16.0.1"))  # consecutive public IPs, as in a rack
     start = time.perf_counter()
     stop = asyncio.Event()  # never set: nodes keep trying while the store is unavailable
     results = await asyncio.gather(*(
-        daemon_acquire(sm, LeaseAttrs(public_ip=IPv4Address(first_ip + i)), stop)
+        daemon_acquire(sm, config, LeaseAttrs(public_ip=IPv4Address(first_ip + i)), stop)
         for i, sm in enumerate(managers)), return_exceptions=True)
     elapsed = time.perf_counter() - start
     subnets = [r.subnet for r in results if not isinstance(r, BaseException)]

@@ -1,9 +1,10 @@
 """``flanneld`` command line: Go ``flag`` syntax, ``FLANNELD_*`` environment fallbacks.
 
 Owns the flag table (names, types, defaults of upstream's ``main.go``), the precedence
-command line > environment > default, and the checks that can be made before anything
-starts. Unlike Go flannel, an unknown flag or a bad value (on the command line or in the
-environment) exits non-zero with a message naming it.
+command line > environment > default, the checks that can be made before anything starts,
+and turns the result into the frozen ``flannel.settings.Settings``. Unlike Go flannel, an
+unknown flag or a bad value (on the command line or in the environment) exits non-zero with
+a message naming it.
 Must not touch: the store, the kernel (``main`` hands over to ``flannel.daemon``).
 """
 
@@ -18,6 +19,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flannel.settings import (
+    DataplaneSettings,
+    EtcdSettings,
+    FileSettings,
+    HealthSettings,
+    InterfaceSettings,
+    KubeSettings,
+    LogSettings,
+    RulesSettings,
+    Settings,
+    StoreSettings,
+)
 from flannel.version import __version__
 
 _UNSET = object()
@@ -259,8 +272,50 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> argparse.Namespace:
+def _store_settings(args: argparse.Namespace) -> StoreSettings:
+    if args.kube_subnet_mgr:
+        return KubeSettings(
+            api_url=args.kube_api_url, kubeconfig_file=args.kubeconfig_file,
+            annotation_prefix=args.kube_annotation_prefix,
+            net_config_path=args.net_config_path,
+            set_node_network_unavailable=args.set_node_network_unavailable)
+    return EtcdSettings(
+        endpoints=args.etcd_endpoints, prefix=args.etcd_prefix, keyfile=args.etcd_keyfile,
+        certfile=args.etcd_certfile, cafile=args.etcd_cafile, username=args.etcd_username,
+        password=args.etcd_password, lease_ttl=int(args.subnet_lease_ttl),
+        renew_margin=args.subnet_lease_renew_margin * 60,
+        previous_subnet_file=args.subnet_file)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The typed settings of checked flags."""
+    return Settings(
+        store=_store_settings(args),
+        interface=InterfaceSettings(
+            ifaces=tuple(args.iface), iface_regexes=tuple(args.iface_regex),
+            can_reach=args.iface_can_reach, public_ip=args.public_ip,
+            public_ipv6=args.public_ipv6),
+        rules=RulesSettings(
+            ip_masq=args.ip_masq, fully_random_disable=args.ip_masq_fully_random_disable,
+            forward=args.iptables_forward_rules, resync=args.iptables_resync,
+            iptables_mode=args.iptables_mode, blackhole_route=args.ip_blackhole_route),
+        health=HealthSettings(ip=args.healthz_ip, port=args.healthz_port),
+        dataplane=DataplaneSettings(reconcile_interval=args.reconcile_interval),
+        files=FileSettings(subnet_file=args.subnet_file),
+        log=LogSettings(v=args.v, vmodule=args.vmodule, backtrace_at=args.log_backtrace_at),
+        version=args.version)
+
+
+def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> Settings:
     """Parse flags, then fill unset ones from ``FLANNELD_*``, then defaults."""
+    args = parse_namespace(argv, environ)
+    return Settings(version=True) if args.version is True else settings_from(args)
+
+
+def parse_namespace(argv: Sequence[str], environ: dict[str, str] | None = None
+                    ) -> argparse.Namespace:
+    """The flags as a Namespace, every value filled and checked (``--version`` alone is
+    honoured before the environment and the checks)."""
     environ = dict(os.environ if environ is None else environ)
     from_env: set[str] = set()
     parser = _build_parser()
@@ -300,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"flanneld: {err}", file=sys.stderr)
         print("Run 'flanneld --help' for the list of flags.", file=sys.stderr)
         return 2
-    if args.version is True:
+    if args.version:
         print(__version__, file=sys.stderr)
         return 0
     from flannel import daemon

@@ -1,125 +1,128 @@
-"""flanneld: wires a subnet manager (the lease store) to a backend (the data plane).
+"""flanneld: wires a subnet manager (the lease store) to a backend and its data plane.
 
 Owns the startup order of upstream (health server, config, interface, backend, lease, traffic
 rules, subnet.env, lease watch, renewal), retries of the startup store phases while the store
 is unavailable (a store error that retrying cannot fix exits 1 with its message), retries of
-the subnet.env write, the lease-to-backend data flow (the full set of remote leases is handed
-to the backend after every change, so the backend reconciles rather than patches), readiness
-(subnet.env written, store view complete, rules installed, peers programmed; systemd is told
-once), and shutdown: a signal stops the process and leaves the lease, subnet.env, the
-rules and every kernel object in place so that a restart is hitless; a second signal kills.
+the subnet.env write, the lease-to-data-plane flow (the full set of remote leases is handed
+to the data plane after every change, so it reconciles rather than patches), the readiness
+components it reports itself (startup phase, subnet.env, store status, rules; the data plane
+reports its own) and their reading (log lines, systemd told once), and the supervision of
+its tasks: they run in one ``asyncio.TaskGroup``; a task that fails, or one meant to run
+forever that returns, stops the daemon with exit 1; this node's lease removed on purpose
+stops it with exit 0. A signal stops the process and leaves the lease, subnet.env, the rules
+and every kernel object in place so that a restart is hitless; a second signal kills.
+Everything it creates is injectable (store, backend, data plane, interface selection, rules)
+so it runs in-process in tests; the defaults are production's.
 Must not touch: store internals or kernel internals beyond the interfaces it calls.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flannel import log as flannel_log
-from flannel.backend import BackendError, backend_class
+from flannel.backend import Backend, BackendError, backend_class
+from flannel.backoff import Backoff
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
-from flannel.dataplane import COMPONENT as DATAPLANE
 from flannel.dataplane import Dataplane
 from flannel.health import HealthServer
-from flannel.kernel.blackhole import keep_blackholes
-from flannel.kernel.iface import (
-    ExternalInterface,
-    IfaceOptions,
-    InterfaceError,
-    read_snapshot,
-    select_external_interface,
-)
+from flannel.kernel.iface import ExternalInterface
 from flannel.lease import EventType, Lease, LeaseAttrs
 from flannel.readiness import Readiness
-from flannel.rules import iptables, nftables
 from flannel.rules.iptables import RulesError
-from flannel.rules.manager import TrafficManager, check_br_netfilter
-from flannel.rules.spec import FamilyRules
 from flannel.sdnotify import notify
-from flannel.subnet import StoreOpenError, open_store
+from flannel.settings import InterfaceSettings, RulesSettings, Settings
+from flannel.subnet import open_store
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
-from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
-from flannel.subnet.kube import KubeError
+from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.manager import SubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 
+if TYPE_CHECKING:
+    from flannel.rules.manager import RulesStatus
+
 log = logging.getLogger("flanneld")
 
+CONFIG_BACKOFF = (1.0, 1.0)  # upstream retries the config every second
 ACQUIRE_BACKOFF = (0.5, 10.0)  # first and longest wait between acquisition attempts
 SUBNET_ENV_BACKOFF = (0.5, 30.0)
+#: The readiness components, in the order their reasons are shown.
+COMPONENTS = ("startup", "subnet.env", "store", "rules", "dataplane")
 
 
 class StartupError(Exception):
     """flanneld cannot start; the message says what to fix."""
 
 
-@dataclass
-class Outcome:
-    """Why the daemon stopped."""
-
-    reason: str
-    exit_code: int = 0
+class TaskFailed(Exception):
+    """A supervised task failed, or returned although it should run until flanneld stops."""
 
 
-def make_manager(args: argparse.Namespace) -> SubnetManager:
+class _Stopped(Exception):
+    """A signal asked the daemon to stop (ends the task group)."""
+
+
+class Rules(Protocol):
+    """What the daemon needs of the traffic rules (``flannel.rules.manager.TrafficManager``):
+    one attempt at installing them, and its outcome."""
+
+    status: RulesStatus
+
+    async def start(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Supervised:
+    name: str
+    work: Coroutine[Any, Any, object]
+    forever: bool = True
+
+
+SelectInterface = Callable[[InterfaceSettings, NetworkConfig, SubnetManager],
+                           Awaitable[ExternalInterface]]
+MakeBackend = Callable[[ExternalInterface, NetworkConfig, Settings], Backend]
+MakeRules = Callable[[RulesSettings, NetworkConfig, Lease], Rules]
+
+
+async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
+                           sm: SubnetManager) -> ExternalInterface:
+    """The external interface of the flags, with the public IPs the store imposes."""
+    from flannel.kernel.iface import (
+        IfaceOptions,
+        InterfaceError,
+        read_snapshot,
+        select_external_interface,
+    )
+
+    public_v4, public_v6 = await sm.public_ip_overrides()
+    options = IfaceOptions(settings.ifaces, settings.iface_regexes, settings.can_reach,
+                           str(public_v4) if public_v4 else settings.public_ip,
+                           str(public_v6) if public_v6 else settings.public_ipv6)
     try:
-        return open_store(args)
-    except StoreOpenError as err:
+        # Netlink reads block: keep them off the event loop.
+        return await asyncio.to_thread(
+            lambda: select_external_interface(read_snapshot(), options,
+                                              ipv4=config.enable_ipv4, ipv6=config.enable_ipv6))
+    except InterfaceError as err:
         raise StartupError(str(err)) from None
 
 
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep ``seconds`` or until ``stop`` is set."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
+def make_backend(ext: ExternalInterface, config: NetworkConfig, settings: Settings) -> Backend:
+    return backend_class(config.backend_type)(ext, config)
 
 
-async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConfig | None:
-    """Fetch the network config, retrying every second while the store cannot give it."""
-    retries = RetryLog(log, "Couldn't fetch network config")
-    while not stop.is_set():
-        try:
-            config = await sm.get_network_config()
-        except ConfigError as err:
-            raise StartupError(f"invalid network config: {err.describe()}") from None
-        except StoreError as err:
-            raise StartupError(f"Couldn't fetch network config: {err}") from None
-        except StoreUnavailable as err:
-            retries.failed(err, 1.0)
-            await _pause(stop, 1.0)
-            continue
-        retries.succeeded()
-        return config
-    return None
+def traffic_rules(rules: RulesSettings, config: NetworkConfig, lease: Lease) -> Rules:
+    """The traffic rules of the flags for our lease (``TrafficManager``)."""
+    from flannel.rules import iptables, nftables
+    from flannel.rules.manager import TrafficManager
+    from flannel.rules.spec import FamilyRules
 
-
-async def acquire_lease(sm: SubnetManager, attrs: LeaseAttrs, stop: asyncio.Event
-                        ) -> Lease | None:
-    """Our lease, retrying with backoff while the store is unavailable; None when stopped."""
-    retries = RetryLog(log, "Couldn't acquire a lease")
-    backoff, longest = ACQUIRE_BACKOFF
-    while not stop.is_set():
-        try:
-            lease = await sm.acquire_lease(attrs)
-        except StoreError as err:
-            raise StartupError(f"failed to acquire lease: {err}") from None
-        except StoreUnavailable as err:
-            retries.failed(err, backoff)
-            await _pause(stop, backoff)
-            backoff = min(backoff * 2, longest)
-            continue
-        retries.succeeded()
-        return lease
-    return None
-
-
-def traffic_rules(args: argparse.Namespace, config: NetworkConfig, lease: Lease
-                  ) -> TrafficManager:
     families = []
     for version, network, subnet in ((4, config.network, lease.subnet),
                                      (6, config.ipv6_network, lease.ipv6_subnet)):
@@ -131,45 +134,71 @@ def traffic_rules(args: argparse.Namespace, config: NetworkConfig, lease: Lease
         except RulesError:
             fully_random = False  # the binary is missing: installing will say so
         families.append(FamilyRules(
-            version, network, subnet, masquerade=args.ip_masq,
-            forward=args.iptables_forward_rules,
-            fully_random=fully_random and not args.ip_masq_fully_random_disable,
+            version, network, subnet, masquerade=rules.ip_masq, forward=rules.forward,
+            fully_random=fully_random and not rules.fully_random_disable,
             non_masquerade=tuple(n for n in config.non_masquerade if n.version == version)))
-    return TrafficManager(families, config.enable_nftables, resync=args.iptables_resync,
-                          iptables_mode=args.iptables_mode)
+    return TrafficManager(families, config.enable_nftables, resync=rules.resync,
+                          iptables_mode=rules.iptables_mode)
+
+
+async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConfig | None:
+    """Fetch the network config, retrying every second while the store cannot give it."""
+    retries = RetryLog(log, "Couldn't fetch network config")
+    backoff = Backoff(*CONFIG_BACKOFF)
+    while not stop.is_set():
+        try:
+            config = await sm.get_network_config()
+        except ConfigError as err:
+            raise StartupError(f"invalid network config: {err.describe()}") from None
+        except StoreError as err:
+            raise StartupError(f"Couldn't fetch network config: {err}") from None
+        except StoreUnavailable as err:
+            retries.failed(err, backoff.delay)
+            await backoff.wait(stop)
+            continue
+        retries.succeeded()
+        return config
+    return None
+
+
+async def acquire_lease(sm: SubnetManager, config: NetworkConfig, attrs: LeaseAttrs,
+                        stop: asyncio.Event) -> Lease | None:
+    """Our lease, retrying with backoff while the store is unavailable; None when stopped."""
+    retries = RetryLog(log, "Couldn't acquire a lease")
+    backoff = Backoff(*ACQUIRE_BACKOFF)
+    while not stop.is_set():
+        try:
+            lease = await sm.acquire_lease(config, attrs)
+        except StoreError as err:
+            raise StartupError(f"failed to acquire lease: {err}") from None
+        except StoreUnavailable as err:
+            retries.failed(err, backoff.delay)
+            await backoff.wait(stop)
+            continue
+        retries.succeeded()
+        return lease
+    return None
 
 
 class Daemon:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, settings: Settings, *,
+                 store: Callable[[Settings], SubnetManager] = lambda s: open_store(s.store),
+                 interface: SelectInterface = select_interface,
+                 backend: MakeBackend = make_backend,
+                 dataplane: type[Dataplane] = Dataplane,
+                 rules: MakeRules = traffic_rules) -> None:
+        self.settings = settings
+        self._open_store = store
+        self._select_interface = interface
+        self._make_backend = backend
+        self._dataplane_class = dataplane
+        self._make_rules = rules
         self.stop = asyncio.Event()
-        self.outcome = Outcome("stopped by signal")
-        self.lease: Lease | None = None
-        self.phase = "waiting for the network config"
-        self.subnet_env_written = False
-        self.dataplane: Dataplane | None = None
-        self.traffic: TrafficManager | None = None
-        self.sm: SubnetManager | None = None
-        self._was_ready = False
-        self._failures: list[BaseException] = []
+        self.readiness = Readiness(COMPONENTS)
+        self.readiness.report("startup", False, "waiting for the network config")
 
-    def request_stop(self, outcome: Outcome) -> None:
-        if not self.stop.is_set():
-            self.outcome = outcome
-            self.stop.set()
-
-    def readiness(self) -> tuple[bool, str]:
-        if not self.subnet_env_written:
-            return False, self.phase
-        if self.sm is not None and not self.sm.status.ready:
-            return False, self.sm.status.reason
-        if self.traffic is not None and not self.traffic.status.installed:
-            return False, self.traffic.status.reason
-        if self.dataplane is not None:
-            programmed, why = self.dataplane.readiness.current()
-            if not programmed:
-                return False, why
-        return True, ""
+    def phase(self, what: str) -> None:
+        self.readiness.report("startup", False, what)
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -177,28 +206,44 @@ class Daemon:
         def on_signal(signum: int) -> None:
             log.info("Received %s, shutting down (the lease and data plane stay in place); "
                      "send it again to exit immediately", signal.Signals(signum).name)
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-            self.request_stop(Outcome("stopped by signal"))
+            self._remove_signals()
+            self.stop.set()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
 
+    @staticmethod
+    def _remove_signals() -> None:
+        """Back to the default actions: a second signal kills at once."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
     async def run(self) -> int:
         self._install_signals()
-        health = None
-        if self.args.healthz_port:
-            health = HealthServer(self.readiness)
-            try:
-                await health.start(self.args.healthz_ip, self.args.healthz_port)
-            except OSError as err:
-                raise StartupError(f"--healthz-ip/--healthz-port {self.args.healthz_ip}:"
-                                   f"{self.args.healthz_port}: {err.strerror}") from None
         try:
-            sm = make_manager(self.args)
+            return await self._serve()
+        finally:
+            self._remove_signals()
+
+    async def _serve(self) -> int:
+        health = None
+        if self.settings.health.port:
+            health = HealthServer(self.readiness.current)
+            ip, port = self.settings.health.ip, self.settings.health.port
+            try:
+                await health.start(ip, port)
+            except OSError as err:
+                raise StartupError(f"--healthz-ip/--healthz-port {ip}:{port}: "
+                                   f"{err.strerror}") from None
+        try:
+            try:
+                sm = self._open_store(self.settings)
+            except StoreError as err:
+                raise StartupError(str(err)) from None
             try:
                 return await self._run_with(sm)
-            except KubeError as err:
+            except StoreError as err:
                 raise StartupError(str(err)) from None
             finally:
                 await sm.close()
@@ -206,38 +251,46 @@ class Daemon:
             if health is not None:
                 await health.stop()
 
-    async def _external_interface(self, sm: SubnetManager, config: NetworkConfig
-                                  ) -> ExternalInterface:
-        args = self.args
-        public_v4, public_v6 = await sm.public_ip_overrides()
-        options = IfaceOptions(args.iface, args.iface_regex, args.iface_can_reach,
-                               str(public_v4) if public_v4 else args.public_ip,
-                               str(public_v6) if public_v6 else args.public_ipv6)
+    async def _start_backend(self, sm: SubnetManager, config: NetworkConfig,
+                             ext: ExternalInterface) -> tuple[Backend, Lease, int] | None:
+        """The backend prepared and activated on our lease, and the MTU; None if stopped."""
         try:
-            # Netlink reads block: keep them off the event loop.
-            return await asyncio.to_thread(
-                lambda: select_external_interface(read_snapshot(), options,
-                                                  ipv4=config.enable_ipv4,
-                                                  ipv6=config.enable_ipv6))
-        except InterfaceError as err:
+            backend = self._make_backend(ext, config, self.settings)
+            self.phase(f"setting up the {config.backend_type} backend")
+            local = await backend.prepare()
+            attrs = LeaseAttrs(public_ip=ext.ext_addr, public_ipv6=ext.ext_v6_addr,
+                               backend_type=local.backend_type,
+                               backend_data=local.backend_data,
+                               backend_v6_data=local.backend_v6_data)
+            self.phase("acquiring a lease")
+            lease = await acquire_lease(sm, config, attrs, self.stop)
+            if lease is None:  # stopped by a signal while the store was unavailable
+                return None
+            await backend.activate(lease)
+        except BackendError as err:
             raise StartupError(str(err)) from None
+        except ConfigError as err:
+            raise StartupError(f"invalid network config: {err.describe()}") from None
+        return backend, lease, local.mtu
 
     async def _run_with(self, sm: SubnetManager) -> int:
-        args = self.args
         config = await wait_for_config(sm, self.stop)
         if config is None:
             return 0
         log.info("Network config: backend %r, network %s%s", config.backend_type,
                  config.network, f", IPv6 network {config.ipv6_network}"
                  if config.enable_ipv6 else "")
-        if not config.enable_nftables and (args.ip_masq or args.iptables_forward_rules):
+        rules = self.settings.rules
+        if not config.enable_nftables and (rules.ip_masq or rules.forward):
+            from flannel.rules.manager import check_br_netfilter
+
             try:
                 check_br_netfilter([v for v, on in ((4, config.enable_ipv4),
                                                     (6, config.enable_ipv6)) if on])
             except RulesError as err:
                 raise StartupError(str(err)) from None
-        self.phase = "selecting the external interface"
-        ext = await self._external_interface(sm, config)
+        self.phase("selecting the external interface")
+        ext = await self._select_interface(self.settings.interface, config, sm)
         if overlap := network_overlaps_underlay(config, (ext.iface_addr, ext.ext_addr,
                                                          ext.iface_v6_addr, ext.ext_v6_addr)):
             raise StartupError(f"invalid network config: {overlap}")
@@ -246,64 +299,89 @@ class Daemon:
         log.info("Defaulting external address to interface address (%s)"
                  if ext.ext_addr == ext.iface_addr else "Using public address %s",
                  ext.ext_addr or ext.ext_v6_addr)
-        try:
-            backend = backend_class(config.backend_type)(
-                ext, config)
-            self.phase = f"setting up the {config.backend_type} backend"
-            local = await backend.prepare()
-            attrs = LeaseAttrs(public_ip=ext.ext_addr, public_ipv6=ext.ext_v6_addr,
-                               backend_type=local.backend_type,
-                               backend_data=local.backend_data,
-                               backend_v6_data=local.backend_v6_data)
-            self.phase = "acquiring a lease"
-            lease = await acquire_lease(sm, attrs, self.stop)
-            if lease is None:  # stopped by a signal while etcd was unavailable
-                return 0
-            self.lease = lease
-            await backend.activate(lease)
-        except BackendError as err:
-            raise StartupError(str(err)) from None
-        except ConfigError as err:
-            raise StartupError(f"invalid network config: {err.describe()}") from None
-        dataplane = Dataplane(backend, Readiness([DATAPLANE]), interval=args.reconcile_interval)
-        self.dataplane = dataplane
-        tasks: list[asyncio.Task] = []
-        try:
-            self.phase = "installing traffic rules"
-            self.traffic = traffic_rules(args, config, lease)
-            await self.traffic.start()
-            tasks.append(asyncio.create_task(self.traffic.run(), name="traffic rules"))
-            if args.ip_blackhole_route:
-                subnets = [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
-                tasks.append(asyncio.create_task(
-                    keep_blackholes(subnets, args.iptables_resync), name="blackhole"))
-            self.sm = sm
-            tasks += [
-                asyncio.create_task(self._keep_writing_subnet_env(config, lease, local.mtu),
-                                    name="subnet.env"),
-                asyncio.create_task(dataplane.run(), name="data plane"),
-                asyncio.create_task(self._follow_leases(sm, dataplane, lease), name="leases"),
-                asyncio.create_task(sm.complete_lease(
-                    lease, args.subnet_lease_renew_margin * 60, self._renewed), name="lease"),
-                asyncio.create_task(self._watch_readiness(), name="readiness"),
-            ]
-            for task in tasks:
-                task.add_done_callback(self._supervise)
-            await self.stop.wait()
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        if self._failures:
-            log.error("Exiting: %s: %s", self.outcome.reason, self._failures[0])
-            return 1
-        log.info("Exiting: %s", self.outcome.reason)
-        return self.outcome.exit_code
+        started = await self._start_backend(sm, config, ext)
+        if started is None:
+            return 0
+        backend, lease, mtu = started
+        dataplane = self._dataplane_class(
+            backend, self.readiness, interval=self.settings.dataplane.reconcile_interval)
+        self.phase("installing traffic rules")
+        traffic = self._make_rules(rules, config, lease)
+        await traffic.start()
+        self._report_rules(traffic)
+        sm.status.follow(lambda ready, why: self.readiness.report("store", ready, why))
+        self.readiness.report("subnet.env", False, "subnet.env not written yet")
+        self.readiness.report("startup", True)
+        tasks = [
+            Supervised("dataplane", dataplane.run()),
+            Supervised("traffic rules", self._keep_rules(traffic)),
+            Supervised("subnet.env", self._keep_writing_subnet_env(config, lease, mtu),
+                       forever=False),
+            Supervised("leases", self._follow_leases(sm, config, dataplane, lease)),
+            Supervised("lease", sm.keep_lease(lease)),
+            Supervised("readiness", self._watch_readiness()),
+        ]
+        if rules.blackhole_route:
+            from flannel.kernel.blackhole import keep_blackholes
 
-    def _supervise(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._failures.append(task.exception())
-            self.request_stop(Outcome(f"{task.get_name()} failed", 1))
+            subnets = [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
+            tasks.append(Supervised("blackhole", keep_blackholes(subnets, rules.resync)))
+        return await self._supervise(tasks)
+
+    async def _supervise(self, tasks: list[Supervised]) -> int:
+        """Run the tasks until a signal, a fault or the revocation of our lease."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                for task in tasks:
+                    group.create_task(self._guard(task), name=task.name)
+                group.create_task(self._until_stopped(), name="signals")
+        except BaseExceptionGroup as ended:
+            return self._exit_code(ended)
+        raise AssertionError("the task group ended without a reason")  # _until_stopped raises
+
+    async def _until_stopped(self) -> None:
+        await self.stop.wait()
+        raise _Stopped
+
+    @staticmethod
+    async def _guard(task: Supervised) -> None:
+        try:
+            await task.work
+        except (OwnLeaseRevoked, asyncio.CancelledError):
+            raise
+        except Exception as err:
+            raise TaskFailed(f"{task.name} failed: {err}") from err
+        if task.forever:
+            raise TaskFailed(f"{task.name} stopped: it returned, but it must run until "
+                             "flanneld stops")
+
+    @staticmethod
+    def _exit_code(ended: BaseExceptionGroup) -> int:
+        reasons = ended.exceptions
+        failures = [e for e in reasons if isinstance(e, TaskFailed)]
+        unexpected = [e for e in reasons if not isinstance(e, TaskFailed | OwnLeaseRevoked
+                                                           | _Stopped)]
+        if unexpected:
+            raise unexpected[0]
+        if failures:
+            log.error("Exiting: %s", failures[0])
+            return 1
+        if any(isinstance(e, OwnLeaseRevoked) for e in reasons):
+            log.info("Exiting: own lease revoked")
+            return 0
+        log.info("Exiting: stopped by signal")
+        return 0
+
+    def _report_rules(self, traffic: Rules) -> None:
+        status = traffic.status
+        self.readiness.report("rules", status.installed, status.reason)
+
+    async def _keep_rules(self, traffic: Rules) -> None:
+        """Re-check (and repair) the rules every ``--iptables-resync`` seconds."""
+        while True:
+            await asyncio.sleep(self.settings.rules.resync)
+            await traffic.start()
+            self._report_rules(traffic)
 
     async def _keep_writing_subnet_env(self, config: NetworkConfig, lease: Lease,
                                        mtu: int) -> None:
@@ -313,65 +391,66 @@ class Daemon:
             network=config.network if lease.subnet is not None else None,
             subnet=lease.subnet,
             ipv6_network=config.ipv6_network if lease.ipv6_subnet is not None else None,
-            ipv6_subnet=lease.ipv6_subnet, mtu=mtu, ip_masq=self.args.ip_masq)
-        path = self.args.subnet_file
-        backoff, longest = SUBNET_ENV_BACKOFF
+            ipv6_subnet=lease.ipv6_subnet, mtu=mtu, ip_masq=self.settings.rules.ip_masq)
+        path = self.settings.files.subnet_file
+        backoff = Backoff(*SUBNET_ENV_BACKOFF)
         retries = RetryLog(log, f"could not write {path}")
         while True:
             try:
                 write_subnet_env(path, env)
             except OSError as err:
-                self.phase = (f"could not write {path}: {err.strerror or err}; pods on this "
-                              "node cannot start until it exists (retrying)")
-                retries.failed(err.strerror or str(err), backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, longest)
+                self.readiness.report(
+                    "subnet.env", False, f"could not write {path}: {err.strerror or err}; pods "
+                    "on this node cannot start until it exists (retrying)")
+                retries.failed(err.strerror or str(err), backoff.delay)
+                await backoff.wait()
                 continue
             break
         retries.succeeded()
-        self.subnet_env_written = True
+        self.readiness.report("subnet.env", True)
         log.info("Wrote %s: subnet %s, MTU %d", path, lease.key, mtu)
 
-    def _renewed(self, lease: Lease) -> None:
-        self.lease = lease
-
     async def _watch_readiness(self) -> None:
-        """Log every readiness change; tell systemd the first time the node is ready."""
+        """Log every change between ready and not ready; tell systemd the first time."""
+        was_ready, told = False, False
+        ready, why = self.readiness.current()
         while True:
-            ready, why = self.readiness()
-            if ready != self._was_ready:
+            if ready != was_ready:
                 if ready:
                     log.info("Ready: subnet.env written, rules installed, peers programmed")
-                    if notify("READY=1"):
+                    if not told and notify("READY=1"):
                         log.info("Notified systemd: READY=1")
+                    told = True
                 else:
                     log.warning("Not ready: %s", why)
-                self._was_ready = ready
-            await asyncio.sleep(0.1)
+                was_ready = ready
+            ready, why = await self.readiness.wait_changed()
 
-    async def _follow_leases(self, sm: SubnetManager, dataplane: Dataplane, own: Lease
-                             ) -> None:
-        watcher = LeaseWatcher(own, dataplane.backend.config)
-        async for update in sm.watch_leases():
-            result = watcher.apply(update)
-            for event in result.events:
-                verb = "added" if event.type is EventType.ADDED else "removed"
-                log.info("Subnet %s: %s (public IP %s)", verb, event.lease.key,
-                         event.lease.attrs.public_ip)
-            if result.own_lease_removed:
-                log.warning("Lease has been revoked. Shutting down daemon.")
-                self.request_stop(Outcome("own lease revoked", 0))
-                return
-            if isinstance(update, Snapshot):
-                log.info("Lease snapshot: %d remote subnet(s) known", len(watcher.leases))
-            dataplane.set_peers(watcher.leases)
+    async def _follow_leases(self, sm: SubnetManager, config: NetworkConfig,
+                             dataplane: Dataplane, own: Lease) -> None:
+        watcher = LeaseWatcher(own, config)
+        async with contextlib.aclosing(sm.watch_leases(config)) as updates:
+            async for update in updates:
+                result = watcher.apply(update)
+                for event in result.events:
+                    verb = "added" if event.type is EventType.ADDED else "removed"
+                    log.info("Subnet %s: %s (public IP %s)", verb, event.lease.key,
+                             event.lease.attrs.public_ip)
+                if result.own_lease_removed:
+                    log.warning("Lease has been revoked. Shutting down daemon.")
+                    raise OwnLeaseRevoked(f"this node's lease {own.key} was removed")
+                if isinstance(update, Snapshot):
+                    log.info("Lease snapshot: %d remote subnet(s) known", len(watcher.leases))
+                elif not result.events:
+                    continue  # e.g. a renewal: the peer set is what the data plane has
+                dataplane.set_peers(watcher.leases)
 
 
-def main(args: argparse.Namespace) -> int:
-    flannel_log.setup(args.v)
+def main(settings: Settings) -> int:
+    flannel_log.setup(settings.log.v)
 
     async def runner() -> int:
-        return await Daemon(args).run()
+        return await Daemon(settings).run()
 
     try:
         return asyncio.run(runner())

@@ -1,8 +1,8 @@
 """The health endpoints: ``/healthz`` (alive) and ``/readyz`` (network programmed).
 
 Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port``. ``/readyz`` answers 200
-only when subnet.env is written, the traffic rules are installed and the backend has
-programmed the current peers; otherwise 503 with the reason in the body. The default
+only when every readiness component has reported ready (``flannel.readiness``: startup,
+subnet.env, store, rules, data plane); otherwise 503 with the reason in the body. The default
 address 0.0.0.0 serves that text on every address of the host, so the body says what is
 wrong but never where: paths (files, store keys) are cut to their last part; the log
 has them whole.

@@ -8,31 +8,32 @@ Nothing in this package touches the kernel.
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
+
+from flannel.settings import KubeSettings, StoreSettings
+from flannel.subnet.errors import StoreError
 
 if TYPE_CHECKING:
     from flannel.subnet.manager import SubnetManager
 
 
-class StoreOpenError(Exception):
+class StoreOpenError(StoreError):
     """The store options are unusable; the message names the option and what to fix."""
 
 
-def open_store(args: argparse.Namespace) -> SubnetManager:
-    """The subnet manager the flags ask for, importing only that store's client."""
-    if args.kube_subnet_mgr:
+def open_store(store: StoreSettings) -> SubnetManager:
+    """The subnet manager the store settings ask for, importing only that store's client."""
+    if isinstance(store, KubeSettings):
         from flannel.subnet.kube import KubeError, make_kube_manager
 
         try:
-            return make_kube_manager(args)
+            return make_kube_manager(store)
         except KubeError as err:
             raise StoreOpenError(str(err)) from None
     from flannel.subnet.etcd import make_etcd_manager
     from flannel.subnet.etcdclient import EtcdOptionError
 
     try:
-        return make_etcd_manager(args)
+        return make_etcd_manager(store)
     except EtcdOptionError as err:
         raise StoreOpenError(str(err)) from None
-

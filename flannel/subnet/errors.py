@@ -3,8 +3,10 @@
 ``StoreUnavailable``: retrying the same request later may succeed (store down, paused,
 without a leader, credentials not yet accepted). ``StoreError``: retrying will not help; the
 message says which permission, flag or record to fix. Callers retry the first with backoff
-and stop on the second. ``RetryLog`` keeps a retried phase's log readable: each distinct
-error once, then summaries that repeat the latest one, further and further apart.
+and stop on the second. ``LeaseLost`` (a ``StoreError``) ends the keeping of the lease;
+``OwnLeaseRevoked``, its deliberate form, is a clean stop rather than a fault. ``RetryLog``
+keeps a retried phase's log readable: each distinct error once, then summaries that repeat
+the latest one, further and further apart.
 Must not touch: the store itself, the kernel.
 """
 
@@ -22,6 +24,14 @@ class StoreUnavailable(Exception):
 class StoreError(Exception):
     """The store refused a request for a reason retrying will not fix; the message says
     what to fix."""
+
+
+class LeaseLost(StoreError):
+    """This node's lease is no longer its own; the node must stop using its subnet."""
+
+
+class OwnLeaseRevoked(LeaseLost):
+    """Someone removed this node's lease on purpose (a decommission): stop cleanly."""
 
 
 class RetryLog:

@@ -15,7 +15,6 @@ Must not touch: the kernel, files (subnet.env is the daemon's business).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -23,10 +22,11 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
+from flannel.backoff import Backoff
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
     NO_IPV4,
@@ -37,9 +37,10 @@ from flannel.lease import (
     LeaseDecodeError,
     parse_subnet_key,
 )
+from flannel.settings import EtcdSettings
 from flannel.subnet.candidates import free_subnet, node_seed
 from flannel.subnet.envfile import read_env, single_cidr
-from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
+from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcdclient import (
     EtcdClient,
     EtcdCompacted,
@@ -112,6 +113,8 @@ class EtcdSubnetManager:
 
     def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX, *,
                  lease_ttl: int = DEFAULT_LEASE_TTL,
+                 renew_margin: float = 3600.0,
+                 renew_retry: float = 60.0,
                  previous: PreviousSubnets | None = None,
                  clock: Callable[[], float] = time.time,
                  check_interval: float = CHECK_INTERVAL,
@@ -119,6 +122,8 @@ class EtcdSubnetManager:
         self.client = client
         self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
         self.lease_ttl = lease_ttl
+        self.renew_margin = renew_margin
+        self.renew_retry = renew_retry
         self.previous = previous or PreviousSubnets()
         self._clock = clock
         self.undecodable = SkippedRecords("lease")
@@ -133,6 +138,11 @@ class EtcdSubnetManager:
         self._missing_checks = 0
         # Every remote lease the watch has reported, to bridge a reset (see _recover).
         self._known: dict[str, Lease] = {}
+
+    @property
+    def lease(self) -> Lease | None:
+        """Our lease as it is in etcd now."""
+        return self._own
 
     @property
     def config_key(self) -> bytes:
@@ -223,20 +233,19 @@ class EtcdSubnetManager:
         except (StoreError, StoreUnavailable) as err:
             log.warning("could not revoke unused etcd lease %x: %s", lease_id, err)
 
-    async def acquire_lease(self, attrs: LeaseAttrs) -> Lease:
+    async def acquire_lease(self, config: NetworkConfig, attrs: LeaseAttrs) -> Lease:
         """Acquire a subnet for this node: reuse by public IP, previous subnet, or a new one.
 
         A lost creation race is retried in-process: the failed transaction returns the fresh
         listing, so each retry costs one round trip. Raises StoreUnavailable when retrying
         later may help; StoreError (AcquireError included) or ConfigError when it will not.
         """
-        lease = await self._acquire(attrs)
+        lease = await self._acquire(config, attrs)
         self._own, self._own_deleted = lease, False
         return lease
 
-    async def _acquire(self, attrs: LeaseAttrs) -> Lease:
-        cfg, (kvs, _) = await asyncio.gather(self.get_network_config(),
-                                             self.client.get_prefix(self.subnets_prefix))
+    async def _acquire(self, cfg: NetworkConfig, attrs: LeaseAttrs) -> Lease:
+        kvs, _ = await self.client.get_prefix(self.subnets_prefix)
         leases = [lease for kv in kvs if (lease := self._decode(kv)) is not None]
         reused, deleted = await self._reuse_by_public_ip(cfg, attrs, leases)
         if reused is not None:
@@ -389,14 +398,16 @@ class EtcdSubnetManager:
             else:
                 self._known.pop(event.lease.key, None)
 
-    async def watch_leases(self, *, max_backoff: float = 5.0) -> AsyncIterator[LeaseUpdate]:
+    async def watch_leases(self, config: NetworkConfig | None = None, *,
+                           max_backoff: float = 5.0) -> AsyncIterator[LeaseUpdate]:
         """A snapshot, then changes; survives disconnects, relists after compaction, and
-        recovers from a wiped or restored store (see ``_recover``)."""
+        recovers from a wiped or restored store (see ``_recover``). Every key under the
+        prefix is reported whatever ``config`` says (the daemon's ``LeaseWatcher`` filters)."""
         snapshot, revision = await self._resync(max_backoff)
         self._remember(snapshot)
         yield snapshot
         self._settled()
-        backoff = 0.1
+        backoff = Backoff(0.1, max_backoff)
         prune_at: float | None = None
         while True:
             queue: asyncio.Queue[WatchBatch | Exception] = asyncio.Queue(maxsize=16)
@@ -421,7 +432,7 @@ class EtcdSubnetManager:
                         self._settled()
                         break
                     if item is not None:
-                        backoff = 0.1
+                        backoff.reset()
                     if item is None or item.created:
                         reason = await self._check()
                         if reason is not None:
@@ -449,17 +460,15 @@ class EtcdSubnetManager:
                 self._settled()
             except StoreUnavailable as err:
                 log.warning("lease watch interrupted (%s); resuming from revision %d in %.1fs",
-                            err, revision + 1, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, max_backoff)
+                            err, revision + 1, backoff.delay)
+                await backoff.wait()
             finally:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
 
     def _settled(self) -> None:
         """The consumer has applied the snapshot that ends a recovery: ready again."""
-        if not self.status.ready:
-            self.status.ready, self.status.reason = True, ""
+        self.status.set(True)
 
     async def _pump(self, start_revision: int,
                     queue: asyncio.Queue[WatchBatch | Exception]) -> None:
@@ -514,7 +523,7 @@ class EtcdSubnetManager:
         """List every lease (retrying while etcd is unavailable); if the store was reset,
         recover first. Raises StoreError when retrying cannot help."""
         retries = RetryLog(log, "listing the leases in etcd")
-        backoff = 0.1
+        backoff = Backoff(0.1, max_backoff)
         while True:
             try:
                 leases, revision = await self.list_leases()
@@ -530,9 +539,8 @@ class EtcdSubnetManager:
                 retries.succeeded()
                 return Snapshot(leases), revision
             except StoreUnavailable as err:
-                retries.failed(err, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, max_backoff)
+                retries.failed(err, backoff.delay)
+                await backoff.wait()
 
     async def _recover(self, reason: str, listed: list[Lease]) -> tuple[list[Lease], int]:
         """Put our lease back after a reset and list again. Remote leases known before the
@@ -543,7 +551,7 @@ class EtcdSubnetManager:
             log.error("etcd was wiped or restored from an older backup: %s. Relisting the "
                       "leases and re-creating this node's lease %s; not ready until done",
                       reason, own.key if own else "(none)")
-        self.status.ready, self.status.reason = False, f"recovering from an etcd reset: {reason}"
+        self.status.set(False, f"recovering from an etcd reset: {reason}")
         if own is not None:
             async with self._own_lock:
                 self._own = await self._recreate_own(own, listed, reason)
@@ -599,18 +607,14 @@ class EtcdSubnetManager:
     async def public_ip_overrides(self) -> tuple[None, None]:
         return None, None
 
-    async def complete_lease(self, lease: Lease, renew_margin: float,
-                             on_renewed: Callable[[Lease], None]) -> None:
-        await self.keep_lease(lease, renew_margin, on_renewed=on_renewed)
-
     async def close(self) -> None:
         await self.client.close()
 
-    async def keep_lease(self, lease: Lease, renew_margin: float, *,
-                         retry_interval: float = 60.0,
-                         on_renewed: Callable[[Lease], None] | None = None) -> None:
+    async def keep_lease(self, lease: Lease) -> NoReturn:
         """Renew our lease ``renew_margin`` seconds before each expiry, forever; after a reset
-        recovery, the re-created lease is the one renewed."""
+        recovery, the re-created lease is the one renewed (``lease`` shows the latest). A
+        renewal failure is retried every ``renew_retry`` seconds, as upstream. Raises
+        OwnLeaseRevoked rather than re-create a key the watch saw deleted."""
         if self._own is None or not self._own.same_subnet(lease):
             self._own = lease
         while True:
@@ -619,10 +623,12 @@ class EtcdSubnetManager:
             if current.expiration is None:  # a reservation: nothing to renew
                 await self._own_replaced.wait()
                 continue
-            delay = max(0.0, current.expiration - renew_margin - self._clock())
+            delay = max(0.0, current.expiration - self.renew_margin - self._clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._own_replaced.wait(), delay)
                 continue  # re-created after a reset: wait for its own expiry
+            if self._own_deleted:
+                raise OwnLeaseRevoked(f"this node's lease {current.key} was deleted from etcd")
             try:
                 async with self._own_lock:
                     if self._own is not current:
@@ -630,13 +636,11 @@ class EtcdSubnetManager:
                     lease = await self.renew_lease(current)
             except (StoreError, StoreUnavailable) as err:
                 log.error("Error renewing lease (trying again in %s): %s",
-                          _seconds_text(retry_interval), err)
-                await asyncio.sleep(retry_interval)
+                          _seconds_text(self.renew_retry), err)
+                await asyncio.sleep(self.renew_retry)
                 continue
             log.info("Lease renewed, new expiration: %s",
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lease.expiration)))
-            if on_renewed is not None:
-                on_renewed(lease)
 
 
 def _seconds_text(seconds: float) -> str:
@@ -644,20 +648,21 @@ def _seconds_text(seconds: float) -> str:
 
 
 
-def make_etcd_manager(args: argparse.Namespace) -> EtcdSubnetManager:
+def make_etcd_manager(settings: EtcdSettings) -> EtcdSubnetManager:
     """The etcd subnet manager of the ``--etcd-*`` flags; EtcdOptionError names a bad one."""
     options = EtcdOptions(
-        endpoints=parse_endpoints(args.etcd_endpoints),
-        cafile=args.etcd_cafile, certfile=args.etcd_certfile, keyfile=args.etcd_keyfile,
-        username=args.etcd_username, password=args.etcd_password,
+        endpoints=parse_endpoints(settings.endpoints),
+        cafile=settings.cafile, certfile=settings.certfile, keyfile=settings.keyfile,
+        username=settings.username, password=settings.password,
     )
     client = EtcdClient(options)
-    if not args.etcd_certfile and all(e.scheme == "http" for e in options.endpoints):
+    if not settings.certfile and all(e.scheme == "http" for e in options.endpoints):
         log.warning("etcd TLS is off: use https:// etcd endpoints with --etcd-cafile (and "
                     "--etcd-certfile, --etcd-keyfile if etcd wants client certificates)")
-    previous = read_env(args.subnet_file)
+    previous = read_env(settings.previous_subnet_file)
     return EtcdSubnetManager(
-        client, args.etcd_prefix, lease_ttl=int(args.subnet_lease_ttl),
+        client, settings.prefix, lease_ttl=settings.lease_ttl,
+        renew_margin=settings.renew_margin,
         previous=PreviousSubnets(single_cidr(previous, "FLANNEL_SUBNET", 4),
                                  single_cidr(previous, "FLANNEL_IPV6_SUBNET", 6)))
 def _overlap(a: Lease, b: Lease) -> bool:

@@ -7,27 +7,30 @@ node's lease (its podCIDR(s), published as annotations with a strategic-merge pa
 list+watch: resumed from the last resourceVersion after a cut, relisted after 410 Gone,
 with a bounded wait for the first sync. Node changes are coalesced per node in a buffer of
 at most ``EVENT_QUEUE_DEPTH`` nodes (beyond that the consumer gets one snapshot instead),
-so the watch never blocks and the latest state of every node is never lost.
+so the watch never blocks and the latest state of every node is never lost. API errors are
+classified by HTTP status: retryable (``KubeUnavailable``, a ``StoreUnavailable``) or fatal
+(``KubeError``, a ``StoreError`` saying what to fix).
 Must not touch: the kernel.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
-from typing import Any
+from typing import Any, NoReturn
 
 from flannel import boundedjson
+from flannel.backoff import Backoff
 from flannel.config import ConfigError, NetworkConfig, parse_config
 from flannel.fileutil import read_head
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
+from flannel.settings import KubeSettings
 from flannel.subnet.annotations import (
     AnnotationError,
     Annotations,
@@ -36,6 +39,7 @@ from flannel.subnet.annotations import (
     pod_cidrs,
     published,
 )
+from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
@@ -46,8 +50,24 @@ DEFAULT_EVENT_QUEUE_DEPTH = 5000
 FIRST_SYNC_TIMEOUT = 600.0
 
 
-class KubeError(Exception):
+#: HTTP statuses after which the same request may succeed later.
+RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class KubeError(StoreError):
     """The API server cannot give what flannel needs; the message says what to fix."""
+
+
+class KubeUnavailable(StoreUnavailable):
+    """The API server cannot answer now (overloaded, restarting); retry later."""
+
+
+def api_failure(err: Any, what: str) -> KubeError | KubeUnavailable:
+    """An ``ApiError`` classified by its HTTP status (never by its text)."""
+    code, message = err.status.code, err.status.message
+    if code in RETRYABLE_STATUS:
+        return KubeUnavailable(f"{what}: {message} (HTTP {code})")
+    return KubeError(f"{what}: {message}")
 
 
 def _node_dict(node: Any) -> dict[str, Any]:
@@ -102,7 +122,7 @@ class KubeSubnetManager:
         self.continue_when_cache_not_ready = continue_when_cache_not_ready
         self.patch_timeout = patch_timeout
         self.retry_interval = retry_interval
-        self.config: NetworkConfig | None = None
+        self.lease: Lease | None = None
         # The watch cache: node name -> node dict, and what changed since the consumer looked.
         self.nodes: dict[str, dict[str, Any]] = {}
         self._dirty: dict[str, None] = {}
@@ -116,9 +136,13 @@ class KubeSubnetManager:
 
     # -- config and own node ----------------------------------------------------------
 
-    async def get_network_config(self) -> NetworkConfig:
+    async def own_node_name(self) -> str:
+        """This node's name: given, else ``NODE_NAME``, else the pod's ``spec.nodeName``."""
         if not self.node_name:
             self.node_name = await node_name_from_env(self.client, self.environ)
+        return self.node_name
+
+    async def get_network_config(self) -> NetworkConfig:
         try:
             # One byte over the limit is enough for parse_config to refuse a huge file.
             text, _ = await asyncio.to_thread(read_head, self.net_config_path,
@@ -128,22 +152,22 @@ class KubeSubnetManager:
                               f"mount the flannel ConfigMap at {self.net_config_path} or set "
                               "--net-config-path") from None
         try:
-            self.config = parse_config(text)
+            config = parse_config(text)
         except ConfigError as err:
             raise ConfigError(f"error parsing subnet config: {err}", err.hint) from None
-        if not self.config.enable_ipv4 and not self.config.enable_ipv6:
+        if not config.enable_ipv4 and not config.enable_ipv6:
             raise ConfigError("none defined stack", "set EnableIPv4 or EnableIPv6 to true")
-        return self.config
+        return config
 
     async def get_node(self) -> dict[str, Any]:
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
 
+        name = await self.own_node_name()
         try:
-            return _node_dict(await self.client.get(Node, self.node_name))
+            return _node_dict(await self.client.get(Node, name))
         except ApiError as err:
-            raise KubeError(f"cannot get node {self.node_name!r}: {err.status.message}"
-                            ) from None
+            raise api_failure(err, f"cannot get node {name!r}") from None
 
     async def public_ip_overrides(self) -> tuple[IPv4Address | None, IPv6Address | None]:
         annotations = (await self._wait_for_own_node())["metadata"].get("annotations") or {}
@@ -156,11 +180,12 @@ class KubeSubnetManager:
                             f"is not an IP address: {err}") from None
 
     async def _wait_for_own_node(self) -> dict[str, Any]:
+        await self.own_node_name()  # a missing name is not worth waiting for
         deadline = time.monotonic() + self.patch_timeout
         while True:
             try:
                 return await self.get_node()
-            except (KubeError, OSError) as err:
+            except (KubeError, KubeUnavailable, OSError) as err:
                 if time.monotonic() > deadline:
                     raise KubeError(f"timeout contacting kube-api, failed to patch node "
                                     f'"{self.node_name}". Error: {err}') from None
@@ -173,7 +198,7 @@ class KubeSubnetManager:
         deadline = time.monotonic() + self.patch_timeout
         while True:
             try:
-                await self.client.patch(Node.Status, self.node_name, body,
+                await self.client.patch(Node.Status, await self.own_node_name(), body,
                                         patch_type=PatchType.STRATEGIC)
                 return
             except Exception as err:
@@ -183,9 +208,8 @@ class KubeSubnetManager:
                 log.warning("patching node %s failed (%s); retrying", self.node_name, err)
                 await asyncio.sleep(self.retry_interval)
 
-    async def acquire_lease(self, attrs: LeaseAttrs) -> Lease:
-        assert self.config is not None, "get_network_config first"
-        cfg = self.config
+    async def acquire_lease(self, config: NetworkConfig, attrs: LeaseAttrs) -> Lease:
+        cfg = config
         node = await self._wait_for_own_node()
         try:
             v4, v6 = pod_cidrs(self.node_name, node.get("spec") or {})
@@ -213,13 +237,14 @@ class KubeSubnetManager:
             await self._patch_status({"metadata": {"annotations": changes}})
             log.info("published %d annotation(s) on node %s", len(changes), self.node_name)
         dual = attrs.backend_type in ("vxlan", "host-gw", "wireguard")
-        return Lease(v4 if cfg.enable_ipv4 else None,
-                     v6 if cfg.enable_ipv6 and dual else None, attrs,
-                     expiration=time.time() + 24 * 3600)
+        self.lease = Lease(v4 if cfg.enable_ipv4 else None,
+                           v6 if cfg.enable_ipv6 and dual else None, attrs,
+                           expiration=time.time() + 24 * 3600)
+        return self.lease
 
-    async def complete_lease(self, lease: Lease, renew_margin: float,
-                             on_renewed: Callable[[Lease], None]) -> None:
-        """Set NetworkUnavailable=False once (kube leases are not renewed)."""
+    async def keep_lease(self, lease: Lease) -> NoReturn:
+        """Set NetworkUnavailable=False once, then hold (kube leases are not renewed; the
+        node watch reports this node's removal)."""
         if self.set_node_network_unavailable:
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             await self._patch_status({"status": {"conditions": [{
@@ -227,7 +252,9 @@ class KubeSubnetManager:
                 "message": "Flannel is running on this node", "lastHeartbeatTime": now,
                 "lastTransitionTime": now}]}})
             log.info("node %s: NetworkUnavailable=False (FlannelIsUp)", self.node_name)
-        await asyncio.Event().wait()
+        forever = asyncio.Event()
+        while True:
+            await forever.wait()
 
     # -- the node watch ---------------------------------------------------------------
 
@@ -263,7 +290,7 @@ class KubeSubnetManager:
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
 
-        backoff = 0.1
+        backoff = Backoff(0.1, 5.0)
         need_list = True
         while True:
             try:
@@ -281,7 +308,7 @@ class KubeSubnetManager:
                         self._mark(name)
                     elif kind in ("ADDED", "MODIFIED"):
                         self._store(data)
-                    backoff = 0.1
+                    backoff.reset()
             except ApiError as err:
                 if err.status.code == 410:
                     log.info("node watch: resourceVersion %s is gone; relisting",
@@ -289,18 +316,15 @@ class KubeSubnetManager:
                     need_list = True
                     continue
                 log.warning("node watch failed (%s); retrying in %.1fs", err.status.message,
-                            backoff)
+                            backoff.delay)
             except Exception as err:
                 log.warning("node watch interrupted (%s); resuming from resourceVersion %s "
-                            "in %.1fs", err, self.resource_version or "(list)", backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
+                            "in %.1fs", err, self.resource_version or "(list)", backoff.delay)
+            await backoff.wait()
 
-    def _lease_of(self, node: dict[str, Any]) -> Lease | None:
-        assert self.config is not None
+    def _lease_of(self, node: dict[str, Any], config: NetworkConfig) -> Lease | None:
         try:
-            return node_lease(node, self.names, self.config.enable_ipv4,
-                              self.config.enable_ipv6)
+            return node_lease(node, self.names, config.enable_ipv4, config.enable_ipv6)
         except NotManaged:
             return None
         except AnnotationError as err:
@@ -308,9 +332,9 @@ class KubeSubnetManager:
             self.undecodable.skip(name, str(err).removeprefix(f"node {name}: "))
             return None
 
-    async def watch_leases(self) -> AsyncIterator[LeaseUpdate]:
-        assert self.config is not None, "get_network_config first"
-        if self.config.backend_type == "alloc":
+    async def watch_leases(self, config: NetworkConfig) -> AsyncIterator[LeaseUpdate]:
+        """The leases of the nodes annotated for ``config``'s families."""
+        if config.backend_type == "alloc":
             # Someone else routes: upstream disables the informer entirely.
             yield Snapshot([])
             await asyncio.Event().wait()
@@ -336,7 +360,7 @@ class KubeSubnetManager:
                     decoded = {name: _decoder_inputs(node, prefix)
                                for name, node in self.nodes.items()}
                     emitted = {name: lease for name, node in self.nodes.items()
-                               if (lease := self._lease_of(node)) is not None}
+                               if (lease := self._lease_of(node, config)) is not None}
                     yield Snapshot(list(emitted.values()))
                     continue
                 names, self._dirty = list(self._dirty), {}
@@ -350,7 +374,7 @@ class KubeSubnetManager:
                         decoded[name] = inputs
                     else:
                         decoded.pop(name, None)
-                    lease = self._lease_of(node) if node is not None else None
+                    lease = self._lease_of(node, config) if node is not None else None
                     before = emitted.get(name)
                     if lease is None:
                         if before is not None:
@@ -385,8 +409,7 @@ async def node_name_from_env(client: Any, environ: dict[str, str]) -> str:
     try:
         found = _node_dict(await client.get(Pod, pod, namespace=namespace))
     except ApiError as err:
-        raise KubeError(f"error retrieving pod spec for '{namespace}/{pod}': "
-                        f"{err.status.message}") from None
+        raise api_failure(err, f"error retrieving pod spec for '{namespace}/{pod}'") from None
     node_name = (found.get("spec") or {}).get("nodeName")
     if not node_name:
         raise KubeError(f"node name not present in pod spec '{namespace}/{pod}'")
@@ -422,18 +445,18 @@ def client_config(api_url: str, kubeconfig_file: str) -> Any:
     raise KubeError("not running in a cluster: give --kubeconfig-file or --kube-api-url")
 
 
-def make_kube_manager(args: argparse.Namespace) -> KubeSubnetManager:
+def make_kube_manager(settings: KubeSettings) -> KubeSubnetManager:
     from lightkube import AsyncClient
 
-    config = client_config(args.kube_api_url, args.kubeconfig_file)
+    config = client_config(settings.api_url, settings.kubeconfig_file)
     environ = dict(os.environ)
     try:
-        names = Annotations.for_prefix(args.kube_annotation_prefix)
+        names = Annotations.for_prefix(settings.annotation_prefix)
     except AnnotationError as err:
         raise KubeError(f"--kube-annotation-prefix: {err}") from None
     client = AsyncClient(config=config)
     return KubeSubnetManager(
-        client, environ.get("NODE_NAME", ""), names, args.net_config_path, environ=environ,
-        set_node_network_unavailable=args.set_node_network_unavailable,
+        client, environ.get("NODE_NAME", ""), names, settings.net_config_path,
+        environ=environ, set_node_network_unavailable=settings.set_node_network_unavailable,
         queue_depth=event_queue_depth(environ),
         continue_when_cache_not_ready=environ.get("CONT_WHEN_CACHE_NOT_READY") == "true")

@@ -11,6 +11,7 @@ import pytest
 
 from flannel.config import ConfigError
 from flannel.lease import EventType, Lease, LeaseAttrs
+from flannel.subnet.errors import OwnLeaseRevoked
 from flannel.subnet.etcd import (
     AcquireError,
     ConfigNotFound,
@@ -28,6 +29,11 @@ CONFIG = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.
 # Leases that tests write by hand lie above SubnetMax, so they never collide with ours.
 
 
+async def acquire(sm: EtcdSubnetManager, lease_attrs: LeaseAttrs) -> Lease:
+    """The manager's lease under the network config it holds now."""
+    return await sm.acquire_lease(await sm.get_network_config(), lease_attrs)
+
+
 def attrs(ip: str = "1.2.3.4") -> LeaseAttrs:
     return LeaseAttrs(public_ip=IPv4Address(ip))
 
@@ -36,6 +42,25 @@ async def setup(client: EtcdClient, prefix: str, config: str = CONFIG, **kwargs
                 ) -> EtcdSubnetManager:
     await client.put(f"{prefix}/config".encode(), config.encode())
     return EtcdSubnetManager(client, prefix, **kwargs)
+
+
+class Renewals:
+    """The leases a manager has published as its own (``sm.lease``), as they change."""
+
+    def __init__(self, sm: EtcdSubnetManager) -> None:
+        self.sm = sm
+        self.leases: list[Lease] = []
+
+    def at_least(self, count: int):
+        first = self.sm.lease
+
+        async def enough() -> bool:
+            current = self.sm.lease
+            if current is not None and current is not first and (
+                    not self.leases or self.leases[-1] is not current):
+                self.leases.append(current)
+            return len(self.leases) >= count
+        return enough
 
 
 async def raw_value(client: EtcdClient, key: str):
@@ -88,7 +113,7 @@ async def test_config_not_found_gives_the_v3_hint(client, prefix):
 async def test_bad_config_is_a_clear_error(client, prefix, config, message):
     sm = await setup(client, prefix, config)
     with pytest.raises(ConfigError, match=message):
-        await sm.acquire_lease(attrs())
+        await acquire(sm, attrs())
 
 
 async def test_first_acquisition_writes_go_compatible_key_and_value(client, prefix):
@@ -96,7 +121,7 @@ async def test_first_acquisition_writes_go_compatible_key_and_value(client, pref
     for third in (1, 2, 4, 5, 31):
         await client.put(f"{prefix}/subnets/10.3.{third}.0-24".encode(),
                          b'{"PublicIP":"9.9.9.%d","PublicIPv6":null}' % third)
-    lease = await sm.acquire_lease(attrs())
+    lease = await acquire(sm, attrs())
     assert lease.subnet.prefixlen == 24
     assert IPv4Address("10.3.1.0") <= lease.subnet.network_address <= IPv4Address("10.3.25.0")
     assert lease.subnet.network_address.packed[2] not in (1, 2, 4, 5)
@@ -109,8 +134,8 @@ async def test_first_acquisition_writes_go_compatible_key_and_value(client, pref
 
 async def test_same_public_ip_reuses_the_lease(client, prefix):
     sm = await setup(client, prefix)
-    first = await sm.acquire_lease(attrs())
-    second = await sm.acquire_lease(attrs())
+    first = await acquire(sm, attrs())
+    second = await acquire(sm, attrs())
     assert second.subnet == first.subnet
     leases, _ = await sm.list_leases()
     assert [x.key for x in leases] == [first.key]
@@ -119,26 +144,26 @@ async def test_same_public_ip_reuses_the_lease(client, prefix):
 async def test_previous_subnet_is_reused_when_compatible(client, prefix):
     sm = await setup(client, prefix,
                      previous=PreviousSubnets(IPv4Network("10.3.6.0/24")))
-    assert (await sm.acquire_lease(attrs())).subnet == IPv4Network("10.3.6.0/24")
+    assert (await acquire(sm, attrs())).subnet == IPv4Network("10.3.6.0/24")
 
 
 async def test_previous_subnet_outside_the_network_is_not_reused(client, prefix):
     sm = await setup(client, prefix, previous=PreviousSubnets(IPv4Network("10.4.1.0/24")))
-    assert (await sm.acquire_lease(attrs())).subnet != IPv4Network("10.4.1.0/24")
+    assert (await acquire(sm, attrs())).subnet != IPv4Network("10.4.1.0/24")
 
 
 async def test_previous_subnet_taken_by_another_node_is_not_reused(client, prefix):
     sm = await setup(client, prefix, previous=PreviousSubnets(IPv4Network("10.3.6.0/24")))
     await client.put(f"{prefix}/subnets/10.3.6.0-24".encode(),
                      b'{"PublicIP":"5.5.5.5","PublicIPv6":null}')
-    assert (await sm.acquire_lease(attrs())).subnet != IPv4Network("10.3.6.0/24")
+    assert (await acquire(sm, attrs())).subnet != IPv4Network("10.3.6.0/24")
 
 
 async def test_config_change_forces_a_new_lease_and_drops_the_old(client, prefix):
     sm = await setup(client, prefix)
-    old = await sm.acquire_lease(attrs())
+    old = await acquire(sm, attrs())
     await client.put(f"{prefix}/config".encode(), b'{ "Network": "10.4.0.0/16" }')
-    new = await sm.acquire_lease(attrs())
+    new = await acquire(sm, attrs())
     assert new.subnet.subnet_of(IPv4Network("10.4.0.0/16"))
     assert await raw_value(client, f"{prefix}/subnets/{old.key}") is None
 
@@ -147,7 +172,7 @@ async def test_reservation_is_honoured_and_never_gets_a_ttl(client, prefix):
     sm = await setup(client, prefix)
     key = f"{prefix}/subnets/10.3.7.0-24"
     await client.put(key.encode(), b'{"PublicIP":"1.2.3.4","PublicIPv6":null}')
-    lease = await sm.acquire_lease(attrs())
+    lease = await acquire(sm, attrs())
     assert lease.subnet == IPv4Network("10.3.7.0/24") and lease.is_reservation
     renewed = await sm.renew_lease(lease)
     kv = await raw_value(client, key)
@@ -159,23 +184,23 @@ async def test_reservation_of_another_node_is_never_allocated(client, prefix):
     sm = await setup(client, prefix, config)
     await client.put(f"{prefix}/subnets/10.3.1.0-24".encode(),
                      b'{"PublicIP":"7.7.7.7","PublicIPv6":null}')
-    assert (await sm.acquire_lease(attrs())).subnet == IPv4Network("10.3.2.0/24")
+    assert (await acquire(sm, attrs())).subnet == IPv4Network("10.3.2.0/24")
 
 
 async def test_out_of_subnets_is_a_clear_error(client, prefix):
     config = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.2.0" }'
     sm = await setup(client, prefix, config)
-    await sm.acquire_lease(attrs("1.1.1.1"))
-    await sm.acquire_lease(attrs("1.1.1.2"))
+    await acquire(sm, attrs("1.1.1.1"))
+    await acquire(sm, attrs("1.1.1.2"))
     with pytest.raises(AcquireError, match=r"out of subnets.*10\.3\.1\.0 to 10\.3\.2\.0"):
-        await sm.acquire_lease(attrs("1.1.1.3"))
+        await acquire(sm, attrs("1.1.1.3"))
 
 
 async def test_renewal_keeps_the_value_byte_identical(client, prefix):
     sm = await setup(client, prefix, lease_ttl=600)
     mine = LeaseAttrs(public_ip=IPv4Address("1.2.3.4"), backend_type="vxlan",
                       backend_data='{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}')
-    lease = await sm.acquire_lease(mine)
+    lease = await acquire(sm, mine)
     before = await raw_value(client, f"{prefix}/subnets/{lease.key}")
     renewed = await sm.renew_lease(lease)
     after = await raw_value(client, f"{prefix}/subnets/{lease.key}")
@@ -186,19 +211,33 @@ async def test_renewal_keeps_the_value_byte_identical(client, prefix):
 
 
 async def test_keep_lease_renews_before_expiry(client, prefix):
-    sm = await setup(client, prefix, lease_ttl=3)
-    lease = await sm.acquire_lease(attrs())
-    renewed: list[Lease] = []
-    task = asyncio.create_task(sm.keep_lease(lease, renew_margin=2,
-                                             on_renewed=renewed.append))
+    sm = await setup(client, prefix, lease_ttl=3, renew_margin=2)
+    lease = await acquire(sm, attrs())
+    renewed = Renewals(sm)
+    task = asyncio.create_task(sm.keep_lease(lease))
     try:
-        async def twice() -> bool:
-            return len(renewed) >= 2
-        await async_wait_until(twice, timeout=10, what="two renewals")
+        await async_wait_until(renewed.at_least(2), timeout=10, what="two renewals")
         kv = await raw_value(client, f"{prefix}/subnets/{lease.key}")
-        assert kv is not None and kv.lease == renewed[-1].etcd_lease_id
+        assert kv is not None and kv.lease == sm.lease.etcd_lease_id
+        assert kv.lease in {r.etcd_lease_id for r in renewed.leases[-2:]}
     finally:
         task.cancel()
+
+
+async def test_keep_lease_stops_rather_than_recreate_a_deleted_lease(client, prefix):
+    sm = await setup(client, prefix, lease_ttl=3, renew_margin=2)
+    lease = await acquire(sm, attrs())
+    collector = Collector(sm, lease)
+    try:
+        async def listed() -> bool:
+            return bool(collector.updates)
+        await async_wait_until(listed, what="the first snapshot")
+        await client.delete(f"{prefix}/subnets/{lease.key}".encode())
+        with pytest.raises(OwnLeaseRevoked, match=f"lease {lease.key} was deleted from etcd"):
+            await asyncio.wait_for(sm.keep_lease(lease), 10)
+        assert await raw_value(client, f"{prefix}/subnets/{lease.key}") is None
+    finally:
+        await collector.stop()
 
 
 async def test_foreign_entries_are_skipped_not_fatal(client, prefix):
@@ -212,7 +251,7 @@ async def test_foreign_entries_are_skipped_not_fatal(client, prefix):
     leases, _ = await sm.list_leases()
     assert [x.key for x in leases] == ["10.3.8.0-24"]
     # A key with an unreadable value still holds its subnet: the only free one is 10.3.10.0.
-    lease = await sm.acquire_lease(attrs())
+    lease = await acquire(sm, attrs())
     assert lease.subnet == IPv4Network("10.3.10.0/24")
     collector = Collector(sm, lease)
     try:
@@ -227,11 +266,11 @@ async def test_foreign_entries_are_skipped_not_fatal(client, prefix):
 
 async def test_other_nodes_appear_and_expire(client, prefix):
     sm = await setup(client, prefix)
-    own = await sm.acquire_lease(attrs())
+    own = await acquire(sm, attrs())
     collector = Collector(sm, own)
     try:
         other = await setup(client, prefix, lease_ttl=2)
-        theirs = await other.acquire_lease(attrs("5.6.7.8"))
+        theirs = await acquire(other, attrs("5.6.7.8"))
         await collector.wait_for((EventType.ADDED, theirs.key))
         # Nobody renews it: etcd expires it and the watch reports the removal.
         await collector.wait_for((EventType.REMOVED, theirs.key), timeout=15)
@@ -244,7 +283,7 @@ async def test_other_nodes_appear_and_expire(client, prefix):
 
 async def test_own_lease_deletion_is_reported(client, prefix):
     sm = await setup(client, prefix)
-    own = await sm.acquire_lease(attrs())
+    own = await acquire(sm, attrs())
     collector = Collector(sm, own)
     try:
         async def snapshot_seen() -> bool:
@@ -282,7 +321,7 @@ async def put_lease(client: EtcdClient, prefix: str, third: int, ip: str) -> Non
 async def test_watch_resumes_from_last_revision_after_a_partition(etcd, prefix):
     async with partitionable(etcd) as (proxy, direct, via_proxy):
         sm = await setup(via_proxy, prefix)
-        collector = Collector(sm, await sm.acquire_lease(attrs()))
+        collector = Collector(sm, await acquire(sm, attrs()))
         await put_lease(direct, prefix, 220, "2.2.2.2")
         await collector.wait_for((EventType.ADDED, "10.3.220.0-24"))
         await proxy.cut()
@@ -299,7 +338,7 @@ async def test_watch_resumes_from_last_revision_after_a_partition(etcd, prefix):
 async def test_watch_relists_and_diffs_after_compaction(etcd, prefix):
     async with partitionable(etcd) as (proxy, direct, via_proxy):
         sm = await setup(via_proxy, prefix)
-        collector = Collector(sm, await sm.acquire_lease(attrs()))
+        collector = Collector(sm, await acquire(sm, attrs()))
         await put_lease(direct, prefix, 220, "2.2.2.2")
         await put_lease(direct, prefix, 222, "2.2.2.4")
         await collector.wait_for((EventType.ADDED, "10.3.222.0-24"))
@@ -323,7 +362,7 @@ async def test_watch_survives_an_etcd_restart(private_etcd, prefix):
     client = EtcdClient(EtcdOptions(parse_endpoints(private_etcd.endpoint), timeout=2))
     try:
         sm = await setup(client, prefix)
-        own = await sm.acquire_lease(attrs())
+        own = await acquire(sm, attrs())
         collector = Collector(sm, own)
 
         async def watching() -> bool:
@@ -347,7 +386,7 @@ async def test_fifty_concurrent_acquirers_get_distinct_subnets(etcd, prefix):
         await clients[0].put(f"{prefix}/config".encode(), b'{"Network": "10.8.0.0/16"}')
         managers = [EtcdSubnetManager(c, prefix) for c in clients]
         leases = await asyncio.gather(*(
-            sm.acquire_lease(attrs(f"192.0.2.{i + 1}")) for i, sm in enumerate(managers)))
+            acquire(sm, attrs(f"192.0.2.{i + 1}")) for i, sm in enumerate(managers)))
         subnets = [lease.subnet for lease in leases]
         assert len(set(subnets)) == 50
         for i, a in enumerate(subnets):
@@ -366,7 +405,7 @@ async def test_dual_stack_lease_key_and_value(client, prefix):
     sm = await setup(client, prefix, config)
     mine = LeaseAttrs(public_ip=IPv4Address("1.2.3.4"),
                       public_ipv6=IPv6Address("fd00::4"))
-    lease = await sm.acquire_lease(mine)
+    lease = await acquire(sm, mine)
     assert lease.ipv6_subnet is not None and lease.ipv6_subnet.prefixlen == 64
     assert "&fd00:10:0:" in lease.key
     kv = await raw_value(client, f"{prefix}/subnets/{lease.key}")
@@ -377,15 +416,15 @@ async def test_ipv6_only_lease_key_is_go_compatible(client, prefix):
     config = json.dumps({"EnableIPv4": False, "EnableIPv6": True,
                          "IPv6Network": "fc00::/48"})
     sm = await setup(client, prefix, config)
-    lease = await sm.acquire_lease(LeaseAttrs(public_ipv6=IPv6Address("fd00::4")))
+    lease = await acquire(sm, LeaseAttrs(public_ipv6=IPv6Address("fd00::4")))
     assert lease.subnet is None and lease.ipv6_subnet.prefixlen == 64
     assert lease.key.startswith("0.0.0.0-0&fc00:0:0:")
     stored, _ = await sm.list_leases()
     assert [(x.subnet, x.ipv6_subnet) for x in stored] == [(None, lease.ipv6_subnet)]
-    assert (await sm.acquire_lease(LeaseAttrs(public_ipv6=IPv6Address("fd00::5")))
+    assert (await acquire(sm, LeaseAttrs(public_ipv6=IPv6Address("fd00::5")))
             ).ipv6_subnet != lease.ipv6_subnet
     # The same IPv6-only node restarting gets its subnet back.
-    assert (await sm.acquire_lease(LeaseAttrs(public_ipv6=IPv6Address("fd00::4")))
+    assert (await acquire(sm, LeaseAttrs(public_ipv6=IPv6Address("fd00::4")))
             ).ipv6_subnet == lease.ipv6_subnet
 
 
@@ -403,7 +442,7 @@ async def test_hostile_leases_are_skipped_by_list_acquisition_and_watch(client, 
     leases, _ = await sm.list_leases()
     assert sorted(x.key for x in leases) == ["0.0.0.0-1", "192.168.111.0-25"]
     # 0.0.0.0-1 spans the whole Network, yet it does not make the Network look taken.
-    own = await sm.acquire_lease(attrs())
+    own = await acquire(sm, attrs())
     assert own.subnet.subnet_of(IPv4Network("10.3.0.0/16")) and own.subnet.prefixlen == 24
     config = await sm.get_network_config()
     collector = Collector(sm, own, config)

@@ -15,7 +15,15 @@ from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.etcd import EtcdSubnetManager, LeaseTaken, PreviousSubnets
 from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
-from tests.integration.test_etcd_manager import CONFIG, Collector, attrs, put_lease, setup
+from tests.integration.test_etcd_manager import (
+    CONFIG,
+    Collector,
+    Renewals,
+    acquire,
+    attrs,
+    put_lease,
+    setup,
+)
 from tests.support.proxy import CuttableProxy
 from tests.support.waiting import async_wait_until
 
@@ -49,12 +57,13 @@ async def test_acquisition_while_etcd_is_paused_is_retried_until_it_answers(
         etcd, prefix, caplog):
     async with via_proxy(etcd) as (proxy, client):
         sm = await setup(client, prefix)
+        config = await sm.get_network_config()
         proxy.pause()
         with pytest.raises(StoreUnavailable, match="no etcd endpoint answered"):
-            await sm.acquire_lease(attrs())
+            await sm.acquire_lease(config, attrs())
         caplog.set_level(logging.INFO, logger="flanneld")
         stop = asyncio.Event()
-        acquiring = asyncio.create_task(acquire_lease(sm, attrs(), stop))
+        acquiring = asyncio.create_task(acquire_lease(sm, config, attrs(), stop))
 
         async def failed_once() -> bool:
             return "Couldn't acquire a lease" in caplog.text
@@ -72,7 +81,7 @@ async def test_acquisition_while_etcd_is_paused_is_retried_until_it_answers(
 async def test_a_ttl_etcd_refuses_names_the_flag(client, prefix):
     sm = await setup(client, prefix, lease_ttl=10**10)
     with pytest.raises(StoreError) as failure:
-        await sm.acquire_lease(attrs())
+        await acquire(sm, attrs())
     assert str(failure.value) == (
         "etcd refuses a subnet lease TTL of 10000000000 s: set --subnet-lease-ttl between 1s "
         "and 9000000000s (the default is 24h)")
@@ -89,7 +98,7 @@ async def test_a_wiped_etcd_gets_our_lease_back_and_a_fresh_view(private_etcd, p
         sm = await setup(client, prefix, check_interval=0.5, reset_grace=3)
         mine = LeaseAttrs(public_ip=IPv4Address("1.2.3.4"), backend_type="vxlan",
                           backend_data='{"VNI":1,"VtepMAC":"c6:d2:32:6f:8f:44"}')
-        own = await sm.acquire_lease(mine)
+        own = await acquire(sm, mine)
         value = (await own_value(client, sm, own.key)).value
         await put_lease(other, prefix, 220, "2.2.2.2")  # a peer that never comes back
         collector = Collector(sm, own)
@@ -125,11 +134,10 @@ async def test_a_wiped_etcd_gets_our_lease_back_and_a_fresh_view(private_etcd, p
 
 async def test_renewal_renews_the_lease_recreated_after_a_wipe(private_etcd, prefix):
     async with direct(private_etcd) as client, direct(private_etcd) as other:
-        sm = await setup(client, prefix, lease_ttl=6, check_interval=0.5)
-        own = await sm.acquire_lease(attrs())
-        renewed: list = []
-        keeping = asyncio.create_task(sm.keep_lease(own, renew_margin=3, retry_interval=0.5,
-                                                    on_renewed=renewed.append))
+        sm = await setup(client, prefix, lease_ttl=6, check_interval=0.5, renew_margin=3,
+                         renew_retry=0.5)
+        own = await acquire(sm, attrs())
+        keeping = asyncio.create_task(sm.keep_lease(own))
         collector = Collector(sm, own)
         try:
             async def listed() -> bool:
@@ -141,14 +149,11 @@ async def test_renewal_renews_the_lease_recreated_after_a_wipe(private_etcd, pre
             async def recovered() -> bool:
                 return len(collector.ready_at_snapshots) >= 2 and sm.status.ready
             await async_wait_until(recovered, timeout=20, what="the recovery")
-            count = len(renewed)
-
-            async def renewed_since() -> bool:
-                return len(renewed) >= count + 2
-            await async_wait_until(renewed_since, timeout=20, what="two renewals")
+            renewed = Renewals(sm)
+            await async_wait_until(renewed.at_least(2), timeout=20, what="two renewals")
             kv = await own_value(other, sm, own.key)
             # (the last or, if one more renewal just happened, the one before)
-            assert kv is not None and kv.lease in {r.etcd_lease_id for r in renewed[-2:]}
+            assert kv is not None and kv.lease in {r.etcd_lease_id for r in renewed.leases[-2:]}
             assert 0 < await other.time_to_live(kv.lease) <= 6
         finally:
             keeping.cancel()
@@ -160,7 +165,7 @@ async def test_a_restore_from_an_older_snapshot_is_detected_and_repaired(
     backup = tmp_path / "backup.db"
     async with direct(private_etcd) as client, direct(private_etcd) as other:
         sm = await setup(client, prefix, check_interval=0.5)
-        own = await sm.acquire_lease(attrs())
+        own = await acquire(sm, attrs())
         await asyncio.to_thread(private_etcd.ctl, "snapshot", "save", str(backup))
         renewed = await sm.renew_lease(own)  # the backup's etcd lease is revoked now
         collector = Collector(sm, renewed)
@@ -184,7 +189,7 @@ async def test_a_restore_from_an_older_snapshot_is_detected_and_repaired(
 async def test_our_subnet_taken_after_a_reset_is_fatal(private_etcd, prefix):
     async with via_proxy(private_etcd) as (proxy, client), direct(private_etcd) as other:
         sm = await setup(client, prefix, check_interval=0.5)
-        own = await sm.acquire_lease(attrs())
+        own = await acquire(sm, attrs())
         failure: list[BaseException] = []
         updates: list[object] = []
 
@@ -203,7 +208,7 @@ async def test_our_subnet_taken_after_a_reset_is_fatal(private_etcd, prefix):
             await asyncio.to_thread(private_etcd.wipe)
             await other.put(f"{prefix}/config".encode(), CONFIG.encode())
             thief = EtcdSubnetManager(other, prefix, previous=PreviousSubnets(own.subnet))
-            assert (await thief.acquire_lease(attrs("5.5.5.5"))).subnet == own.subnet
+            assert (await acquire(thief, attrs("5.5.5.5"))).subnet == own.subnet
             await proxy.restore()
             await asyncio.wait_for(task, 20)
         finally:
@@ -220,7 +225,7 @@ async def test_our_subnet_taken_after_a_reset_is_fatal(private_etcd, prefix):
 async def test_our_key_deleted_on_purpose_is_not_recreated(client, prefix):
     """Upstream behaviour: deleting a node's key stops it; the periodic check leaves it."""
     sm = await setup(client, prefix, check_interval=0.2)
-    own = await sm.acquire_lease(attrs())
+    own = await acquire(sm, attrs())
     collector = Collector(sm, own)
     try:
         async def listed() -> bool:

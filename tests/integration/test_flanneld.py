@@ -300,7 +300,7 @@ def test_unwritable_subnet_env_is_retried_until_it_works(node, tmp_path):
         proc.start().wait_log(f"could not write {env_path}: Operation not permitted", timeout=60)
         status, body = http_get(ns, "http://127.0.0.1:8081/readyz")
         assert status == 503
-        # The body names the file, not where it is (the log has the full path).
+        # The log names the path; /readyz, which anyone reaching the port reads, only the file.
         assert body == ("flanneld is not ready yet: could not write subnet.env: Operation "
                         "not permitted; pods on this node cannot start until it exists "
                         "(retrying)\n")

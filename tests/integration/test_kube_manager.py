@@ -50,14 +50,15 @@ def remote(api: FakeKubeAPI, name: str, cidr: str, ip: str, mac: str = "0e:00:00
 
 
 class Follower:
-    def __init__(self, sm: KubeSubnetManager, own, config=None) -> None:
-        self.watcher = LeaseWatcher(own, config)
+    def __init__(self, sm: KubeSubnetManager, own, config, check=True) -> None:
+        self.watcher = LeaseWatcher(own, config if check else None)
+        self.config = config
         self.events: list[tuple[EventType, str]] = []
         self.updates: list = []
         self.task = asyncio.create_task(self._run(sm))
 
     async def _run(self, sm):
-        async for update in sm.watch_leases():
+        async for update in sm.watch_leases(self.config):
             self.updates.append(update)
             self.events += [(e.type, e.lease.key) for e in self.watcher.apply(update).events]
 
@@ -77,8 +78,8 @@ async def test_acquire_from_pod_cidr_publishes_annotations(api, tmp_path):
     api.put_node("node1", ["10.244.5.0/24"])
     sm = manager(api, tmp_path)
     try:
-        await sm.get_network_config()
-        lease = await sm.acquire_lease(VXLAN)
+        config = await sm.get_network_config()
+        lease = await sm.acquire_lease(config, VXLAN)
         assert str(lease.subnet) == "10.244.5.0/24" and lease.ipv6_subnet is None
         assert len(api.patches) == 1
         name, patch = api.patches[0]
@@ -87,7 +88,7 @@ async def test_acquire_from_pod_cidr_publishes_annotations(api, tmp_path):
             P + "backend-type": "vxlan", P + "kube-subnet-manager": "true",
             P + "backend-data": '{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}',
             P + "public-ip": "10.0.0.1"}
-        await sm.acquire_lease(VXLAN)
+        await sm.acquire_lease(config, VXLAN)
         assert len(api.patches) == 1  # nothing changed: no second patch
     finally:
         await sm.close()
@@ -100,11 +101,11 @@ async def test_host_gw_dual_stack_and_overwrites(api, tmp_path):
                                  "IPv6Network": "fd00:10:244::/56",
                                  "Backend": {"Type": "host-gw"}})
     try:
-        await sm.get_network_config()
+        config = await sm.get_network_config()
         assert await sm.public_ip_overrides() == (IPv4Address("10.0.0.9"), None)
         attrs = LeaseAttrs(public_ip=IPv4Address("10.0.0.9"),
                            public_ipv6=IPv6Address("fd00::9"), backend_type="host-gw")
-        lease = await sm.acquire_lease(attrs)
+        lease = await sm.acquire_lease(config, attrs)
         assert str(lease.ipv6_subnet) == "fd00:10:244:5::/64"
         annotations = api.nodes["node1"]["metadata"]["annotations"]
         assert annotations[P + "public-ip"] == "172.18.0.2"
@@ -119,14 +120,14 @@ async def test_missing_pod_cidr_and_mismatched_network_say_what_to_fix(api, tmp_
     api.put_node("node1", [])
     sm = manager(api, tmp_path)
     try:
-        await sm.get_network_config()
+        config = await sm.get_network_config()
         with pytest.raises(KubeError, match=r'node "node1" pod cidr not assigned.*'
                                             r"allocate-node-cidrs"):
-            await sm.acquire_lease(VXLAN)
+            await sm.acquire_lease(config, VXLAN)
         api.put_node("node1", ["10.9.0.0/24"])
         with pytest.raises(KubeError, match=re.escape(
                 'subnet "10.244.0.0/16" specified in the flannel net config doesn\'t contain')):
-            await sm.acquire_lease(VXLAN)
+            await sm.acquire_lease(config, VXLAN)
     finally:
         await sm.close()
 
@@ -135,9 +136,8 @@ async def test_node_condition_is_patched(api, tmp_path):
     api.put_node("node1", ["10.244.5.0/24"])
     sm = manager(api, tmp_path)
     try:
-        await sm.get_network_config()
-        lease = await sm.acquire_lease(VXLAN)
-        task = asyncio.create_task(sm.complete_lease(lease, 0, lambda _lease: None))
+        lease = await sm.acquire_lease(await sm.get_network_config(), VXLAN)
+        task = asyncio.create_task(sm.keep_lease(lease))
 
         async def patched():
             return len(api.patches) == 2
@@ -157,14 +157,14 @@ async def test_node_name_from_the_pod(api, tmp_path):
     sm = manager(api, tmp_path, node="", environ={"POD_NAME": "kube-flannel-ds-abc",
                                                    "POD_NAMESPACE": "kube-flannel"})
     try:
-        await sm.get_network_config()
+        assert await sm.own_node_name() == "worker-3"
         assert sm.node_name == "worker-3"
     finally:
         await sm.close()
     sm = manager(api, tmp_path, node="", environ={})
     try:
         with pytest.raises(KubeError, match="POD_NAME and POD_NAMESPACE must be set"):
-            await sm.get_network_config()
+            await sm.own_node_name()
     finally:
         await sm.close()
 
@@ -176,8 +176,8 @@ async def following(api: FakeKubeAPI, tmp_path):
     sm = manager(api, tmp_path)
     follower = None
     try:
-        await sm.get_network_config()
-        follower = Follower(sm, await sm.acquire_lease(VXLAN))
+        config = await sm.get_network_config()
+        follower = Follower(sm, await sm.acquire_lease(config, VXLAN), config, check=False)
         yield sm, follower
     finally:
         if follower:
@@ -228,9 +228,9 @@ async def test_six_thousand_quick_updates_never_block_the_watch(api, tmp_path):
         remote(api, f"node{i}", f"10.244.{i}.0/24", f"10.0.0.{i}")
     sm = manager(api, tmp_path, queue_depth=10)
     try:
-        await sm.get_network_config()
-        own = await sm.acquire_lease(VXLAN)
-        updates = sm.watch_leases()
+        config = await sm.get_network_config()
+        own = await sm.acquire_lease(config, VXLAN)
+        updates = sm.watch_leases(config)
         first = await anext(updates)
         assert isinstance(first, Snapshot) and len(first.leases) == 21  # ours included
         # Nobody consumes while 6000 updates land: the watch must keep up regardless.
@@ -271,18 +271,17 @@ async def test_first_sync_is_bounded_unless_told_to_continue(api, tmp_path):
     dead.port = free_port()  # nothing listens there
     sm = manager(dead, tmp_path, first_sync_timeout=0.5)
     try:
-        await sm.get_network_config()
+        config = await sm.get_network_config()
         with pytest.raises(KubeError, match="CONT_WHEN_CACHE_NOT_READY"):
-            await anext(sm.watch_leases())
+            await anext(sm.watch_leases(config))
     finally:
         await sm.close()
 
     late = FakeKubeAPI()
     late.port = free_port()
     sm = manager(late, tmp_path, first_sync_timeout=0.3, continue_when_cache_not_ready=True)
-    updates = sm.watch_leases()
+    updates = sm.watch_leases(await sm.get_network_config())
     try:
-        await sm.get_network_config()
         first = asyncio.create_task(anext(updates))
         await asyncio.sleep(0.6)  # past the sync timeout: still waiting, not failed
         assert not first.done()
@@ -305,7 +304,7 @@ async def test_hostile_nodes_are_skipped_and_logged_once(api, tmp_path, caplog):
     sm = manager(api, tmp_path)
     try:
         config = await sm.get_network_config()
-        own = await sm.acquire_lease(VXLAN)
+        own = await sm.acquire_lease(config, VXLAN)
         follower = Follower(sm, own, config)
         try:
             remote(api, "good", "10.244.8.0/24", "10.0.0.8")
@@ -348,3 +347,31 @@ async def test_net_conf_is_read_bounded(api, tmp_path):
         assert str(caught.value) == f"failed to read net conf: [Errno 21] Is a directory: '{conf}'"
     finally:
         await sm.close()
+
+
+async def test_api_errors_are_classified_by_http_status_not_text(api, tmp_path):
+    """A missing pod (404 from the API) is fatal; 429 and 5xx answers are retryable."""
+    import httpx2 as httpx
+    from lightkube import ApiError
+
+    from flannel.subnet.errors import StoreError, StoreUnavailable
+    from flannel.subnet.kube import KubeUnavailable, api_failure
+
+    sm = manager(api, tmp_path, node="", environ={"POD_NAME": "gone",
+                                                   "POD_NAMESPACE": "kube-flannel"})
+    try:
+        with pytest.raises(KubeError, match="error retrieving pod spec for "
+                                            "'kube-flannel/gone': pods \"gone\" not found"):
+            await sm.own_node_name()
+    finally:
+        await sm.close()
+    request = httpx.Request("GET", f"{api.url}/api/v1/nodes/node1")
+    for code, retryable in ((429, True), (500, True), (503, True), (504, True),
+                            (401, False), (403, False), (404, False), (422, False)):
+        response = httpx.Response(code, request=request, json={
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+            # Texts that say the opposite of the status: only the status may count.
+            "message": "service unavailable" if not retryable else "forbidden"})
+        failure = api_failure(ApiError(request=request, response=response), "cannot get node")
+        assert isinstance(failure, StoreUnavailable if retryable else StoreError), code
+        assert isinstance(failure, KubeUnavailable) is retryable

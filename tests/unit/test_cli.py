@@ -1,8 +1,11 @@
 """flanneld flags: Go flag syntax, FLANNELD_* fallbacks, and errors that name the flag."""
 
+import dataclasses
+
 import pytest
 
 from flannel.cli import FLAGS, UsageError, main, parse_args, parse_go_duration
+from flannel.settings import EtcdSettings, KubeSettings
 
 
 def parse(*argv, env=None):
@@ -10,30 +13,42 @@ def parse(*argv, env=None):
 
 
 def test_defaults_match_upstream():
-    args = parse()
-    assert args.etcd_endpoints == "http://127.0.0.1:4001,http://127.0.0.1:2379"
-    assert args.etcd_prefix == "/coreos.com/network"
-    assert args.subnet_file == "/run/flannel/subnet.env"
-    assert args.subnet_lease_renew_margin == 60
-    assert args.iptables_resync == 5
-    assert args.iptables_forward_rules is True
-    assert args.healthz_ip == "0.0.0.0" and args.healthz_port == 0
-    assert args.kube_annotation_prefix == "flannel.alpha.coreos.com"
-    assert args.set_node_network_unavailable is True
-    assert args.iface == [] and args.ip_masq is False
-    assert args.subnet_lease_ttl == 86400
+    settings = parse()
+    store = settings.store
+    assert isinstance(store, EtcdSettings)
+    assert store.endpoints == "http://127.0.0.1:4001,http://127.0.0.1:2379"
+    assert store.prefix == "/coreos.com/network"
+    assert settings.files.subnet_file == "/run/flannel/subnet.env"
+    assert store.previous_subnet_file == "/run/flannel/subnet.env"
+    assert store.renew_margin == 60 * 60
+    assert settings.rules.resync == 5
+    assert settings.rules.forward is True
+    assert (settings.health.ip, settings.health.port) == ("0.0.0.0", 0)
+    assert settings.interface.ifaces == () and settings.rules.ip_masq is False
+    assert store.lease_ttl == 86400
+    kube = parse("--kube-subnet-mgr").store
+    assert isinstance(kube, KubeSettings)
+    assert kube.annotation_prefix == "flannel.alpha.coreos.com"
+    assert kube.set_node_network_unavailable is True
+    assert kube.net_config_path == "/etc/kube-flannel/net-conf.json"
+
+
+def test_settings_are_frozen():
+    settings = parse("--ip-masq")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.rules.ip_masq = False  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("argv", [
     ["-iface=eth0"], ["--iface=eth0"], ["--iface", "eth0"], ["-iface", "eth0"],
 ])
 def test_go_flag_forms(argv):
-    assert parse(*argv).iface == ["eth0"]
+    assert parse(*argv).interface.ifaces == ("eth0",)
 
 
 def test_repeatable_iface_keeps_order():
-    assert parse("--iface", "eth1", "-iface=10.0.0.1", "--iface=eth0").iface == [
-        "eth1", "10.0.0.1", "eth0"]
+    assert parse("--iface", "eth1", "-iface=10.0.0.1", "--iface=eth0").interface.ifaces == (
+        "eth1", "10.0.0.1", "eth0")
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
@@ -41,22 +56,22 @@ def test_repeatable_iface_keeps_order():
     (["--ip-masq=0"], False), (["--ip-masq=T"], True), ([], False),
 ])
 def test_bool_forms(argv, expected):
-    assert parse(*argv).ip_masq is expected
+    assert parse(*argv).rules.ip_masq is expected
 
 
 def test_klog_flags():
-    args = parse("-v=2", "-vmodule=x=1")
-    assert args.v == 2 and args.vmodule == "x=1"
+    log = parse("-v=2", "-vmodule=x=1").log
+    assert log.v == 2 and log.vmodule == "x=1"
 
 
 def test_env_fallback_and_precedence():
     env = {"FLANNELD_ETCD_ENDPOINTS": "http://10.0.0.1:2379", "FLANNELD_IFACE": "eth9",
            "FLANNELD_IP_MASQ": "true", "FLANNELD_PUBLIC_IP": "", "FLANNELD_V": "3"}
-    args = parse("--etcd-endpoints=http://127.0.0.1:1", env=env)
-    assert args.etcd_endpoints == "http://127.0.0.1:1"  # command line wins
-    assert args.iface == ["eth9"]  # one value from env for a repeatable flag
-    assert args.ip_masq is True and args.v == 3
-    assert args.public_ip == ""  # empty env values are ignored
+    settings = parse("--etcd-endpoints=http://127.0.0.1:1", env=env)
+    assert settings.store.endpoints == "http://127.0.0.1:1"  # command line wins
+    assert settings.interface.ifaces == ("eth9",)  # one value from env for a repeatable flag
+    assert settings.rules.ip_masq is True and settings.log.v == 3
+    assert settings.interface.public_ip == ""  # empty env values are ignored
 
 
 def test_every_flag_has_an_env_name():
