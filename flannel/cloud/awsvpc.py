@@ -26,11 +26,13 @@ from typing import Any
 
 from flannel import gojson
 from flannel.cloud.base import (
-    Backoff,
     CloudError,
     EngineStatus,
     RouteChange,
     Throttled,
+    ThrottleRetry,
+    live_subnets,
+    route_in_network,
     with_retry,
 )
 from flannel.cloud.metadata import AwsIdentity, MetadataClient, aws_identity
@@ -86,12 +88,12 @@ class AwsVpcConfig:
 
 class AwsVpcRoutes:
     def __init__(self, config: AwsVpcConfig, metadata: MetadataClient, *,
-                 endpoint_url: str | None = None, backoff: Backoff | None = None,
+                 endpoint_url: str | None = None, backoff: ThrottleRetry | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.config = config
         self.metadata = metadata
         self.endpoint_url = endpoint_url
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or ThrottleRetry()
         self._sleep = sleep
         self._lock = threading.Lock()
         self._ec2: Any = None
@@ -192,21 +194,11 @@ class AwsVpcRoutes:
     # --- reconcile ---------------------------------------------------------------------
 
     def _inside_network(self, route: dict[str, Any]) -> IPv4Network | None:
-        try:
-            destination = IPv4Network(route.get("DestinationCidrBlock", ""))
-        except ValueError:
-            return None
-        network = self.config.network
-        if destination.prefixlen > network.prefixlen and destination.subnet_of(network):
-            return destination
-        return None
+        return route_in_network(route.get("DestinationCidrBlock"), self.config.network)
 
     def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease]) -> list[RouteChange]:
         """Make the route tables match the leases; idempotent. Returns what was changed."""
-        if own_lease.subnet is None:
-            raise CloudError("aws-vpc routes IPv4 subnets only; our lease has none")
-        own = own_lease.subnet
-        live = {own} | {lease.subnet for lease in peer_leases if lease.subnet is not None}
+        own, live = live_subnets("aws-vpc", own_lease, peer_leases)
         with self._lock:
             if self._ec2 is None or self.identity is None:
                 raise CloudError("aws-vpc: reconcile() before prepare()")

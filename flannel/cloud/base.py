@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from ipaddress import IPv4Network
 from typing import TypeVar
+
+from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +64,9 @@ class EngineStatus:
 
 
 @dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff with full jitter, bounded in attempts and per-wait delay."""
+class ThrottleRetry:
+    """How throttled cloud API calls are retried: exponential backoff with full jitter (as AWS
+    advises for many clients sharing a rate limit), bounded in attempts and per-wait delay."""
 
     attempts: int = 6
     base: float = 0.5
@@ -72,7 +76,7 @@ class Backoff:
         return random.uniform(0, min(self.cap, self.base * 2 ** attempt))
 
 
-def with_retry(what: str, call: Callable[[], T], backoff: Backoff,
+def with_retry(what: str, call: Callable[[], T], backoff: ThrottleRetry,
                sleep: Callable[[float], None] = time.sleep) -> T:
     """Run ``call``; on ``Throttled`` wait and retry, at most ``backoff.attempts`` times.
 
@@ -94,3 +98,24 @@ def with_retry(what: str, call: Callable[[], T], backoff: Backoff,
             f"{backoff.attempts} attempts; the next reconciliation tries again "
             "(other clients in this account may be using up the request rate)"
         ) from None
+
+
+def route_in_network(destination: object, network: IPv4Network) -> IPv4Network | None:
+    """A route's destination when it lies strictly inside ``network`` (never the Network
+    itself or anything wider): only such routes can be flannel's."""
+    try:
+        subnet = IPv4Network(str(destination or ""))
+    except ValueError:
+        return None
+    if subnet.prefixlen > network.prefixlen and subnet.subnet_of(network):
+        return subnet
+    return None
+
+
+def live_subnets(engine: str, own_lease: Lease, peer_leases: Iterable[Lease]
+                 ) -> tuple[IPv4Network, set[IPv4Network]]:
+    """Our IPv4 subnet and every subnet that has a lease (ours included)."""
+    if own_lease.subnet is None:
+        raise CloudError(f"{engine} routes IPv4 subnets only; our lease has none")
+    own = own_lease.subnet
+    return own, {own} | {lease.subnet for lease in peer_leases if lease.subnet is not None}

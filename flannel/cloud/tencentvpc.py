@@ -27,11 +27,13 @@ from typing import Any
 
 from flannel import gojson
 from flannel.cloud.base import (
-    Backoff,
     CloudError,
     EngineStatus,
     RouteChange,
     Throttled,
+    ThrottleRetry,
+    live_subnets,
+    route_in_network,
     with_retry,
 )
 from flannel.cloud.metadata import MetadataClient, TencentIdentity, tencent_identity
@@ -88,12 +90,12 @@ class TencentVpcConfig:
 
 class TencentVpcRoutes:
     def __init__(self, config: TencentVpcConfig, metadata: MetadataClient, *,
-                 endpoint: str | None = None, backoff: Backoff | None = None,
+                 endpoint: str | None = None, backoff: ThrottleRetry | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.config = config
         self.metadata = metadata
         self.endpoint = endpoint  # host:port of a plain-HTTP endpoint (tests); None: Tencent's
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or ThrottleRetry()
         self._sleep = sleep
         self._lock = threading.Lock()
         self._client: Any = None
@@ -160,21 +162,11 @@ class TencentVpcRoutes:
         if route.get("GatewayType") != GATEWAY_TYPE or route.get("RouteType",
                                                                  ROUTE_TYPE) != ROUTE_TYPE:
             return None
-        try:
-            destination = IPv4Network(route.get("DestinationCidrBlock", ""))
-        except ValueError:
-            return None
-        network = self.config.network
-        if destination.prefixlen > network.prefixlen and destination.subnet_of(network):
-            return destination
-        return None
+        return route_in_network(route.get("DestinationCidrBlock"), self.config.network)
 
     def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease]) -> list[RouteChange]:
         """Make the route table match the leases; idempotent. Returns what was changed."""
-        if own_lease.subnet is None:
-            raise CloudError("tencent-vpc routes IPv4 subnets only; our lease has none")
-        own = own_lease.subnet
-        live = {own} | {lease.subnet for lease in peer_leases if lease.subnet is not None}
+        own, live = live_subnets("tencent-vpc", own_lease, peer_leases)
         with self._lock:
             if not self.table:
                 raise CloudError("tencent-vpc: reconcile() before prepare()")

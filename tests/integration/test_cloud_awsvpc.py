@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from flannel.cloud.awsvpc import AwsVpcConfig, AwsVpcRoutes
-from flannel.cloud.base import Backoff, CloudError
+from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from flannel.lease import Lease
 from tests.support.ec2faults import Ec2Relay
@@ -21,7 +21,7 @@ REGION = "eu-west-1"
 NETWORK = IPv4Network("10.244.0.0/16")
 KEY_ID = "AKIAFLANNELTESTKEY01"
 SECRET = "flannel-test-secret-never-logged-0123456789"
-FAST = Backoff(attempts=6, base=0.01, cap=0.05)
+FAST = ThrottleRetry(attempts=6, base=0.01, cap=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ class Vpc:
         return fake, info
 
     def engine(self, fake: FakeMetadata, info: dict[str, str], backend: dict | None = None,
-               backoff: Backoff = FAST) -> AwsVpcRoutes:
+               backoff: ThrottleRetry = FAST) -> AwsVpcRoutes:
         config = AwsVpcConfig.from_backend(backend if backend is not None else
                                            {"RouteTableID": self.table},
                                            NETWORK, IPv4Address(info["ip"]))
@@ -221,7 +221,7 @@ def test_throttled_calls_are_retried_with_backoff(vpc, caplog):
 
 def test_persistent_throttling_fails_the_pass_with_a_clear_error(vpc):
     fake, info = vpc.node()
-    engine = vpc.engine(fake, info, backoff=Backoff(attempts=3, base=0.01, cap=0.02))
+    engine = vpc.engine(fake, info, backoff=ThrottleRetry(attempts=3, base=0.01, cap=0.02))
     engine.prepare()
     vpc.relay.fail("DescribeRouteTables", "RequestLimitExceeded", times=3, status=503)
     with pytest.raises(CloudError) as raised:

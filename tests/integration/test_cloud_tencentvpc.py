@@ -9,7 +9,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from flannel.cloud.base import Backoff, CloudError
+from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from flannel.cloud.tencentvpc import TencentVpcConfig, TencentVpcRoutes
 from flannel.lease import Lease
@@ -21,7 +21,7 @@ KEY_ID = "AKIDflannelTestKey0001"
 SECRET = "flannel-tencent-secret-never-logged-9876"
 VPC = "vpc-2flannel"
 MAC = "52:54:00:ab:cd:ef"
-FAST = Backoff(attempts=5, base=0.01, cap=0.05)
+FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
 SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
 ADDRESSES = ["172.16.0.11", "172.16.0.12", "172.16.0.13"]
 
@@ -43,7 +43,7 @@ def cloud(monkeypatch):
 
 
 def engine(cloud, address: str, backend: dict | None = None,
-           backoff: Backoff = FAST) -> TencentVpcRoutes:
+           backoff: ThrottleRetry = FAST) -> TencentVpcRoutes:
     api, metadata = cloud
     config = TencentVpcConfig.from_backend(
         backend if backend is not None else {"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET},
