@@ -24,7 +24,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, backend_class
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from flannel.rules.manager import RulesStatus
 
 log = logging.getLogger("flanneld")
+T = TypeVar("T")
 
 CONFIG_BACKOFF = (1.0, 1.0)  # upstream retries the config every second
 ACQUIRE_BACKOFF = (0.5, 10.0)  # first and longest wait between acquisition attempts
@@ -141,43 +142,40 @@ def traffic_rules(rules: RulesSettings, config: NetworkConfig, lease: Lease) -> 
                           iptables_mode=rules.iptables_mode)
 
 
-async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConfig | None:
-    """Fetch the network config, retrying every second while the store cannot give it."""
-    retries = RetryLog(log, "Couldn't fetch network config")
-    backoff = Backoff(*CONFIG_BACKOFF)
+async def retried(call: Callable[[], Awaitable[T]], what: str, fatal: str,
+                  backoff: Backoff, stop: asyncio.Event) -> T | None:
+    """``call``'s result, retried with ``backoff`` while the store is unavailable (logged as
+    ``what``); a fatal store error stops flanneld with ``fatal`` and the reason; None when
+    ``stop`` is set first."""
+    retries = RetryLog(log, what)
     while not stop.is_set():
         try:
-            config = await sm.get_network_config()
-        except ConfigError as err:
-            raise StartupError(f"invalid network config: {err.describe()}") from None
+            result = await call()
         except StoreError as err:
-            raise StartupError(f"Couldn't fetch network config: {err}") from None
+            raise StartupError(f"{fatal}: {err}") from None
         except StoreUnavailable as err:
             retries.failed(err, backoff.delay)
             await backoff.wait(stop)
             continue
         retries.succeeded()
-        return config
+        return result
     return None
+
+
+async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConfig | None:
+    """Fetch the network config, retrying every second while the store cannot give it."""
+    try:
+        return await retried(sm.get_network_config, "Couldn't fetch network config",
+                             "Couldn't fetch network config", Backoff(*CONFIG_BACKOFF), stop)
+    except ConfigError as err:
+        raise StartupError(f"invalid network config: {err.describe()}") from None
 
 
 async def acquire_lease(sm: SubnetManager, config: NetworkConfig, attrs: LeaseAttrs,
                         stop: asyncio.Event) -> Lease | None:
     """Our lease, retrying with backoff while the store is unavailable; None when stopped."""
-    retries = RetryLog(log, "Couldn't acquire a lease")
-    backoff = Backoff(*ACQUIRE_BACKOFF)
-    while not stop.is_set():
-        try:
-            lease = await sm.acquire_lease(config, attrs)
-        except StoreError as err:
-            raise StartupError(f"failed to acquire lease: {err}") from None
-        except StoreUnavailable as err:
-            retries.failed(err, backoff.delay)
-            await backoff.wait(stop)
-            continue
-        retries.succeeded()
-        return lease
-    return None
+    return await retried(lambda: sm.acquire_lease(config, attrs), "Couldn't acquire a lease",
+                         "failed to acquire lease", Backoff(*ACQUIRE_BACKOFF), stop)
 
 
 class Daemon:
