@@ -169,19 +169,20 @@ class FdbEntry:
     via: int = 0
 
 
-def encode_route(route: Route, msg_type: int, flags: int, seq: int) -> bytes:
+def encode_route(route: Route, msg_type: int, flags: int, seq: int, *,
+                 protocol: int = RTPROT_FLANNEL, scope: int | None = None) -> bytes:
+    """A route request; ``scope`` None means link scope for a route without a gateway and
+    universe otherwise (``protocol`` and ``scope`` are ignored by a delete)."""
     dst_text, _, plen = route.dst.partition("/")
     family, dst = _packed(dst_text)
-    protocol = RTPROT_FLANNEL
     if msg_type == RTM_DELROUTE:
         # The kernel matches a delete's protocol and scope exactly unless they are wildcards.
         # What we delete was chosen as ours from a dump, adopted routes of other protocols
         # and link-scope routes included.
         protocol, scope = RTPROT_UNSPEC, RT_SCOPE_NOWHERE
-    elif route.kind == RTN_BLACKHOLE or route.gateway is not None:
-        scope = RT_SCOPE_UNIVERSE
-    else:
-        scope = RT_SCOPE_LINK
+    elif scope is None:
+        scope = (RT_SCOPE_UNIVERSE if route.kind == RTN_BLACKHOLE or route.gateway is not None
+                 else RT_SCOPE_LINK)
     body = _RTMSG.pack(family, int(plen), 0, 0, RT_TABLE_MAIN, protocol, scope,
                        route.kind, RTNH_F_ONLINK if route.onlink else 0)
     attrs = attr(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN)) + attr(RTA_DST, dst)
@@ -419,6 +420,15 @@ class Rtnl:
                 if code and code not in ignore:
                     raise NetlinkError(code, what, _ack_detail(flags, body))
                 return replies
+
+    def replace_route(self, route: Route, *, protocol: int = RTPROT_FLANNEL,
+                      scope: int | None = None) -> None:
+        """One checked ``route replace`` (raises NetlinkError); ``protocol`` and ``scope``
+        let a route look as another program makes it (see ``encode_route``)."""
+        seq = self.next_seq()
+        flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
+        self.call(encode_route(route, RTM_NEWROUTE, flags, seq, protocol=protocol, scope=scope),
+                  seq, f"replace route {route.dst} dev {route.oif}")
 
     def next_seq(self) -> int:
         self._seq = (self._seq + 1) & 0x7FFFFFFF or 1

@@ -12,7 +12,8 @@ Nothing is deleted at shutdown: keys, peers and sessions survive a restart.
 API: ``DeviceSpec``; ``WireguardDevice(spec)``: ``.ensure()`` (idempotent: call at start
 and whenever the control channel stops answering), ``.kind`` ("kernel" | "userspace"),
 ``.control`` (a ``uapi.Control``), ``.index``, ``.pid`` (wireguard-go, when known),
-``.public_key``. Synchronous (pyroute2, sockets): call from a worker thread.
+``.public_key``. Synchronous (rtnetlink through ``kernel/links.py``, sockets): call from a
+worker thread.
 Must not touch: other links, peers (``peers.WireguardPeers``), routes other than its own.
 Never logs a key.
 """
@@ -31,9 +32,9 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from pathlib import Path
 
-from pyroute2 import IPRoute, NetlinkError
-
+from flannel.kernel import links, rtnl
 from flannel.kernel.device import ensure_address
+from flannel.kernel.rtnl import NetlinkError, Rtnl
 from flannel.wireguard import nsexec
 from flannel.wireguard.keys import Secret, public_key
 from flannel.wireguard.uapi import (
@@ -47,9 +48,7 @@ from flannel.wireguard.uapi import (
 
 log = logging.getLogger(__name__)
 
-IFF_UP = 0x1
-RT_SCOPE_LINK = 253
-RTPROT_BOOT = 3  # what Go's netlink library leaves it at; not flannel's protocol 151
+RTPROT_BOOT = rtnl.RTPROT_BOOT  # what Go's netlink library leaves it at; not flannel's 151
 STARTUP_TIMEOUT = 5.0
 _LOG_TAIL = 600
 
@@ -85,15 +84,6 @@ class DeviceSpec:
         return (self.run_dir or Path("/run")) / "wireguard" / f"{self.name}.sock"
 
 
-def _ipr(netns: str | None) -> IPRoute:
-    return IPRoute(netns=netns, flags=0) if netns else IPRoute()
-
-
-def _link_kind(link: object) -> str | None:
-    info = link.get_attr("IFLA_LINKINFO")
-    return info.get_attr("IFLA_INFO_KIND") if info is not None else None
-
-
 class WireguardDevice:
     def __init__(self, spec: DeviceSpec) -> None:
         self.spec = spec
@@ -108,22 +98,21 @@ class WireguardDevice:
     # -- finding and creating the link ---------------------------------------------------
 
     def _find_link(self) -> tuple[int, str | None] | None:
-        with _ipr(self.spec.netns) as ipr:
-            indexes = ipr.link_lookup(ifname=self.name)
-            if not indexes:
-                return None
-            link = ipr.get_links(indexes[0])[0]
-            return link["index"], _link_kind(link)
+        with Rtnl(self.spec.netns) as sock:
+            found = links.get_link(sock, self.name)
+        if found is None:
+            return None
+        return found.link.index, found.kind or None
 
     def _try_kernel(self) -> bool:
-        with _ipr(self.spec.netns) as ipr:
+        with Rtnl(self.spec.netns) as sock:
             try:
-                ipr.link("add", ifname=self.name, kind="wireguard")
+                links.add_link(sock, links.NewLink(self.name, "wireguard"))
             except NetlinkError as err:
-                if err.code in (errno.EOPNOTSUPP, errno.ENODEV, errno.EINVAL):
+                if err.errno in (errno.EOPNOTSUPP, errno.ENODEV, errno.EINVAL):
                     return False
                 raise DeviceError(f"cannot create WireGuard device {self.name}: "
-                                  f"{os.strerror(err.code)}") from None
+                                  f"{os.strerror(err.errno)}") from None
         return True
 
     def _use_kernel(self) -> None:
@@ -179,8 +168,10 @@ class WireguardDevice:
         self._configure()
 
     def _remove_link(self) -> None:
-        with _ipr(self.spec.netns) as ipr, contextlib.suppress(NetlinkError):
-            ipr.link("del", ifname=self.name)
+        with Rtnl(self.spec.netns) as sock, contextlib.suppress(NetlinkError):
+            found = links.get_link(sock, self.name)
+            if found is not None:
+                links.delete_link(sock, found.link.index, f"delete device {self.name}")
 
     # -- wireguard-go ---------------------------------------------------------------------
 
@@ -252,18 +243,18 @@ class WireguardDevice:
                                               listen_port=self.spec.listen_port))
         except ControlError as err:
             raise DeviceError(f"cannot configure {self.name}: {err}") from None
-        with _ipr(self.spec.netns) as ipr:
-            links = ipr.get_links(ifname=self.name)
-            if not links:
+        with Rtnl(self.spec.netns) as sock:
+            found = links.get_link(sock, self.name)
+            if found is None:
                 raise DeviceError(f"{self.name} vanished while it was being configured")
-            link = links[0]
-            self.index = link["index"]
-            if link.get_attr("IFLA_MTU") != self.spec.mtu or not link["flags"] & IFF_UP:
-                ipr.link("set", index=self.index, mtu=self.spec.mtu, state="up")
+            link = found.link
+            self.index = link.index
+            if link.mtu != self.spec.mtu or not link.up:
+                links.set_link(sock, self.index, f"set MTU of {self.name} and bring it up",
+                               mtu=self.spec.mtu, up=True)
         for address, network in self.spec.addresses:
             ensure_address(self.index, address, network, self.spec.netns)
-        with _ipr(self.spec.netns) as ipr:
+        with Rtnl(self.spec.netns) as sock:
             for net in self.spec.routes:
-                ipr.route("replace", dst=str(net), oif=self.index, scope=RT_SCOPE_LINK,
-                          proto=RTPROT_BOOT,
-                          family=10 if net.version == 6 else 2)
+                sock.replace_route(rtnl.Route(str(net), None, self.index),
+                                   protocol=RTPROT_BOOT, scope=rtnl.RT_SCOPE_LINK)

@@ -1,6 +1,6 @@
 """flanneld's whole kernel path (flags, daemon wiring, both stores, every backend, interface
-selection, vxlan device and address set-up, cleanup) runs without pyroute2: links and
-addresses go through the project's own rtnetlink module."""
+selection, vxlan device and address set-up, the udp and wireguard devices, cleanup) runs
+without pyroute2: links, addresses and routes go through the project's own rtnetlink modules."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from ipaddress import ip_address, ip_network
 from flannel import cleanup, cli, daemon, subnet
 from flannel.backend import backend_class, supported
 from flannel.kernel import device, iface
+from flannel.udp import device as udp_device
+from flannel.wireguard import device as wireguard_device
 for flags in (["--kube-subnet-mgr", "--kube-api-url=http://127.0.0.1:1"],
               ["--etcd-endpoints=http://127.0.0.1:1"]):
     subnet.open_store(cli.parse_args(flags, {}).store)
@@ -28,6 +30,9 @@ spec = device.VxlanSpec("flannel.1", 1, 0, ext.iface_addr, ext.index, False, Fal
                         device.vtep_mac(1, ext.iface_addr))
 dev = device.ensure_vxlan(spec)
 device.ensure_address(dev.index, ip_address("10.244.1.0"), ip_network("10.244.0.0/16"))
+udp_device.ensure_tun(udp_device.TunSpec("flannel0", ip_address("10.244.1.0"), 1472,
+                                         ip_network("10.244.0.0/16")))
+assert wireguard_device.DeviceSpec
 found = cleanup.Inventory()
 cleanup.kernel_items(found)
 print(ext.name, sorted(item.what for item in found.items))
@@ -47,4 +52,5 @@ def test_flanneld_kernel_path_never_imports_pyroute2(ns):
     first, modules = result.stdout.splitlines()[-2:]
     assert first.startswith("veth0 ") and "device flannel.1 (vxlan)" in first
     assert "10.244.1.0/32" in netns.ip("addr", "show", "dev", "flannel.1", netns=ns).stdout
+    assert "10.244.0.0/16 dev flannel0 proto static" in netns.ip("route", netns=ns).stdout
     assert "pyroute2" not in modules.split()

@@ -52,7 +52,7 @@ async def make_backend(ns: str, backend: dict, ipv6: bool = False) -> RoutedBack
         doc.update(EnableIPv6=True, IPv6Network="fd00:244::/48")
     config = parse_config(json.dumps(doc))
     check_network_config(config)
-    # pyroute2's synchronous API runs its own event loop: keep it off ours.
+    # The snapshot is read with blocking netlink requests: keep them off the event loop.
     snapshot = await asyncio.to_thread(read_snapshot, ns)
     ext = select_external_interface(snapshot, IfaceOptions(ifaces=["eth0"]), ipv6=ipv6)
     cls = VxlanBackend if backend["Type"] == "vxlan" else HostGwBackend
