@@ -213,7 +213,7 @@ class Driver:
         start = time.perf_counter()
 
         async def follow() -> None:
-            updates = sm.watch_leases()
+            updates = sm.watch_leases(await sm.get_network_config())
             async for update in updates:
                 for event in self.watcher.apply(update).events:
                     if event.type is EventType.ADDED:

@@ -16,10 +16,11 @@ NODES = 200
 async def test_simultaneous_nodes_get_distinct_subnets_and_rarely_race(client, prefix, caplog):
     await client.put(f"{prefix}/config".encode(), b'{"Network": "10.0.0.0/8"}')
     managers = [EtcdSubnetManager(client, prefix) for _ in range(NODES)]
+    config = await managers[0].get_network_config()
     first_ip = int(IPv4Address("172.16.0.1"))  # consecutive public IPs, as in a rack
     with caplog.at_level(logging.INFO, logger="flannel.subnet.etcd"):
         leases = await asyncio.wait_for(asyncio.gather(*(
-            sm.acquire_lease(LeaseAttrs(public_ip=IPv4Address(first_ip + i)))
+            sm.acquire_lease(config, LeaseAttrs(public_ip=IPv4Address(first_ip + i)))
             for i, sm in enumerate(managers))), timeout=120)
     lost = sum("took the subnet first" in r.getMessage() for r in caplog.records)
     print(f"{lost} lost races among {NODES} simultaneous acquisitions")

@@ -81,7 +81,8 @@ class LeaseLoop:
         self.task = asyncio.create_task(self._run(sm))
 
     async def _run(self, sm: KubeSubnetManager) -> None:
-        async for update in sm.watch_leases():
+        config = await sm.get_network_config()
+        async for update in sm.watch_leases(config):
             for event in self.watcher.apply(update).events:
                 counts = self.added if event.type is EventType.ADDED else self.removed
                 counts[str(event.lease.subnet)] += 1
