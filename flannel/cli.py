@@ -272,7 +272,8 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _store_settings(args: argparse.Namespace) -> StoreSettings:
+def store_settings(args: argparse.Namespace) -> StoreSettings:
+    """The store part of checked flags (also used by flannelctl's store commands)."""
     if args.kube_subnet_mgr:
         return KubeSettings(
             api_url=args.kube_api_url, kubeconfig_file=args.kubeconfig_file,
@@ -290,7 +291,7 @@ def _store_settings(args: argparse.Namespace) -> StoreSettings:
 def settings_from(args: argparse.Namespace) -> Settings:
     """The typed settings of checked flags."""
     return Settings(
-        store=_store_settings(args),
+        store=store_settings(args),
         interface=InterfaceSettings(
             ifaces=tuple(args.iface), iface_regexes=tuple(args.iface_regex),
             can_reach=args.iface_can_reach, public_ip=args.public_ip,

@@ -91,6 +91,7 @@ def _flanneld_cmdlines() -> str:
 
 
 async def _store_files(args: argparse.Namespace) -> dict[str, str]:
+    from flannel.cli import store_settings
     from flannel.ops.leases import STORE_TIMEOUT, list_rows
     from flannel.subnet import StoreOpenError, open_store
     from flannel.subnet.errors import StoreError, StoreUnavailable
@@ -98,7 +99,7 @@ async def _store_files(args: argparse.Namespace) -> dict[str, str]:
 
     errors = (StoreOpenError, OSError, ValueError, asyncio.TimeoutError)
     try:
-        manager = open_store(args)
+        manager = open_store(store_settings(args))
     except errors as err:
         return {"leases.txt": f"store not opened: {err}\n"}
     files = {}

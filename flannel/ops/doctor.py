@@ -71,6 +71,7 @@ def _etcd_clock_skew(args: argparse.Namespace, timeout: float) -> float | None:
 
 
 async def read_store(ctx: Context, args: argparse.Namespace) -> None:
+    from flannel.cli import store_settings
     from flannel.config import ConfigError
     from flannel.ops.leases import list_rows
     from flannel.subnet import StoreOpenError, open_store
@@ -79,7 +80,7 @@ async def read_store(ctx: Context, args: argparse.Namespace) -> None:
 
     errors = (StoreOpenError, ConfigError, OSError, ValueError, asyncio.TimeoutError)
     try:
-        manager = open_store(args)
+        manager = open_store(store_settings(args))
     except errors as err:
         ctx.store_error = str(err)
         return
@@ -90,8 +91,7 @@ async def read_store(ctx: Context, args: argparse.Namespace) -> None:
             ctx.store_error = str(err) or f"no answer within {STORE_TIMEOUT:g}s"
             return
         try:
-            ctx.config = manager.config if manager.name != "etcd" else \
-                await asyncio.wait_for(manager.get_network_config(), STORE_TIMEOUT)
+            ctx.config = await asyncio.wait_for(manager.get_network_config(), STORE_TIMEOUT)
         except (*errors, StoreError, StoreUnavailable, KubeError) as err:
             ctx.store_error = str(err) or f"no answer within {STORE_TIMEOUT:g}s"
             return

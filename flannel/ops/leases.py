@@ -130,11 +130,11 @@ async def kube_rows(manager: Any) -> list[LeaseRow]:
     """The lease each Node's annotations describe (a Node without one is listed too)."""
     # The manager wants this node's name (for its own lease); a listing has no own lease.
     manager.node_name = manager.node_name or socket.gethostname()
-    await manager.get_network_config()
+    config = await manager.get_network_config()
     await manager._relist()
     rows = []
     for name, node in sorted(manager.nodes.items()):
-        lease = manager._lease_of(node)
+        lease = manager._lease_of(node, config)
         if lease is None:
             rows.append(LeaseRow("-", None, problem="no valid flannel annotations", node=name))
         else:
@@ -253,9 +253,10 @@ async def reserve(manager: Any, subnet: IPv4Network, public_ip: IPv4Address) -> 
 
 
 async def run_command(args: argparse.Namespace) -> int:
+    from flannel.cli import store_settings
     from flannel.subnet import open_store
 
-    manager = open_store(args)
+    manager = open_store(store_settings(args))
     try:
         if args.leases_command in ("reserve", "release") and manager.name != "etcd":
             raise LeaseCommandError(

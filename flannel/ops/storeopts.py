@@ -57,7 +57,7 @@ def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> 
         flag = _BY_NAME[name]
         setattr(args, flag.dest, _value(flag, getattr(args, flag.dest), environ))
     # Read by the managers, meaningless to a command that acquires no lease.
-    for name in ("subnet-lease-ttl", "public-ip", "public-ipv6"):
+    for name in ("subnet-lease-ttl", "subnet-lease-renew-margin", "public-ip", "public-ipv6"):
         flag = _BY_NAME[name]
         setattr(args, flag.dest, flag.default)
     args.iface, args.iface_regex = [], []
