@@ -87,7 +87,7 @@ class Supervised:
 
 SelectInterface = Callable[[InterfaceSettings, NetworkConfig, SubnetManager],
                            Awaitable[ExternalInterface]]
-MakeBackend = Callable[[ExternalInterface, NetworkConfig, Settings], Backend]
+MakeBackend = Callable[[ExternalInterface, NetworkConfig], Backend]
 MakeRules = Callable[[RulesSettings, NetworkConfig, Lease], Rules]
 
 
@@ -114,7 +114,7 @@ async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
         raise StartupError(str(err)) from None
 
 
-def make_backend(ext: ExternalInterface, config: NetworkConfig, settings: Settings) -> Backend:
+def make_backend(ext: ExternalInterface, config: NetworkConfig) -> Backend:
     return backend_class(config.backend_type)(ext, config)
 
 
@@ -253,7 +253,7 @@ class Daemon:
                              ext: ExternalInterface) -> tuple[Backend, Lease, int] | None:
         """The backend prepared and activated on our lease, and the MTU; None if stopped."""
         try:
-            backend = self._make_backend(ext, config, self.settings)
+            backend = self._make_backend(ext, config)
             self.phase(f"setting up the {config.backend_type} backend")
             local = await backend.prepare()
             attrs = LeaseAttrs(public_ip=ext.ext_addr, public_ipv6=ext.ext_v6_addr,

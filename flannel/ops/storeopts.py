@@ -1,7 +1,8 @@
 """The store flags of ``flannelctl`` commands: flanneld's names, ``FLANNELD_*`` fallbacks.
 
-Owns turning the command line (and environment) into the namespace ``open_store`` wants, so
-an operator can paste flanneld's own flags. Must not touch: the kernel.
+Owns turning the command line (and environment) into the checked flags that
+``cli.store_settings`` makes the store's settings from, so an operator can paste flanneld's
+own flags. Must not touch: the kernel.
 """
 
 from __future__ import annotations

@@ -160,8 +160,7 @@ class Node:
                          _sm: object) -> ExternalInterface:
         return EXT
 
-    def _backend(self, ext: ExternalInterface, config: NetworkConfig,
-                 _settings: Settings) -> RecordingBackend:
+    def _backend(self, ext: ExternalInterface, config: NetworkConfig) -> RecordingBackend:
         self.backend = RecordingBackend(ext, config)
         return self.backend
 
