@@ -64,11 +64,16 @@ if git -C "$source_dir" rev-parse --git-dir >/dev/null 2>&1; then
         || revision="$revision-dirty"
     if [ -z "$source_url" ]; then
         source_url="$(git -C "$source_dir" remote get-url origin 2>/dev/null || true)"
+        # Never publish credentials embedded in a remote (https://user:token@host/...).
+        source_url="$(printf '%s' "$source_url" | sed -E 's#^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@#\1#')"
+        # A remote that is no URL-shaped value (odd characters) is labelled unknown, not fatal.
+        [[ "$source_url" =~ ^[A-Za-z0-9/][A-Za-z0-9._/:@+~-]{0,254}$ ]] || source_url=unknown
     fi
 fi
 source_url="${source_url:-unknown}"
-[[ "$source_url" =~ ^[A-Za-z0-9][A-Za-z0-9._/:@+~-]{0,254}$ ]] \
-    || die "--source '$source_url' is not a URL"
+# A local path (a clone's origin) is as valid a source as a URL.
+[[ "$source_url" =~ ^[A-Za-z0-9/][A-Za-z0-9._/:@+~-]{0,254}$ ]] \
+    || die "--source '$source_url' is neither a URL nor an absolute path"
 
 if [ -z "$tool" ]; then
     if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
