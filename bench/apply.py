@@ -17,6 +17,7 @@ import time
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from flannel.kernel.host import Host
 from flannel.kernel.reconcile import DesiredState, reconcile
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, Rtnl
 
@@ -77,7 +78,7 @@ def ip_batch(name: str, state: DesiredState, workdir: Path) -> float:
 def apply_snapshot(name: str, peers: int, index: int) -> float:
     """What one data plane pass does for a snapshot: desired state, dump, diff, apply."""
     start = time.perf_counter()
-    sock = Rtnl(name)
+    sock = Rtnl(Host(name))
     try:
         changes = reconcile(sock, desired(peers, index))
         elapsed = time.perf_counter() - start

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from flannel.kernel import events, rtnl
+from flannel.kernel.host import Host
 from flannel.lab.cli import build
 from flannel.lab.cluster import ETCD_PREFIX, Lab
 from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
@@ -35,7 +36,7 @@ def percentile(values: list[float], pct: float) -> float:
 
 async def drive(endpoint: str, node_ns: str, joins: int) -> dict[str, list[float]]:
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
-    sock = rtnl.open_socket(node_ns, groups=rtnl.RTMGRP_IPV4_ROUTE)
+    sock = rtnl.open_socket(Host(node_ns), groups=rtnl.RTMGRP_IPV4_ROUTE)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
     routes_seen: dict[str, float] = {}

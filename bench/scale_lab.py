@@ -37,6 +37,7 @@ from pathlib import Path
 
 from bench.converge import percentile
 from flannel.kernel import events, rtnl
+from flannel.kernel.host import Host
 from flannel.lab.cli import decode_config
 from flannel.lab.cluster import ETCD_PREFIX, Lab
 from flannel.lab.mesh import (
@@ -112,7 +113,7 @@ async def drive(endpoint: str, namespaces: list[str], joins: int) -> dict[str, l
     free = [f"10.244.{k}.0-24" for k in range(255, 0, -1) if f"10.244.{k}.0-24" not in leased]
     tasks = [asyncio.create_task(read_watch(revision))]
     for ns in namespaces:
-        sock = rtnl.open_socket(ns, groups=rtnl.RTMGRP_IPV4_ROUTE)
+        sock = rtnl.open_socket(Host(ns), groups=rtnl.RTMGRP_IPV4_ROUTE)
         sock.setblocking(False)
         socks.append(sock)
         tasks.append(asyncio.create_task(read_routes(ns, sock)))

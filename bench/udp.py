@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from ipaddress import IPv4Address, IPv4Network
 
-from flannel.kernel.rtnl import in_netns
+from flannel.kernel.host import Host
 from flannel.udp.device import TunSpec, ensure_tun
 from flannel.udp.forwarder import ForwarderConfig, UdpForwarder, cpu_seconds
 from flannel.udp.worker import Worker
@@ -61,9 +61,9 @@ def build_vxlan(a: str, b: str) -> tuple[str, str]:
 def udp_configs(a: str, b: str) -> list[ForwarderConfig]:
     configs = []
     for ns, underlay, base in ((a, "172.31.0.1", "10.5.1.0"), (b, "172.31.0.2", "10.5.2.0")):
-        ensure_tun(TunSpec("flannel0", IPv4Address(base), TUN_MTU, NETWORK), ns)
+        ensure_tun(TunSpec("flannel0", IPv4Address(base), TUN_MTU, NETWORK), Host(ns))
         configs.append(ForwarderConfig("flannel0", IPv4Address(underlay), 8285,
-                                       IPv4Address(base), TUN_MTU, ns))
+                                       IPv4Address(base), TUN_MTU, Host(ns)))
     return configs
 
 
@@ -147,7 +147,7 @@ def start_in_thread(config: ForwarderConfig) -> tuple[socket.socket, threading.T
                 "source": str(config.source), "mtu": config.mtu}
 
     def run() -> None:
-        with in_netns(config.netns):
+        with config.host.entered():
             worker = Worker(settings, child)
         try:
             worker.run()

@@ -22,6 +22,7 @@ import time
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from flannel.kernel.host import Host
 from flannel.lease import Lease, LeaseAttrs
 from flannel.wireguard.config import WireguardConfig, encode_lease_data
 from flannel.wireguard.device import DeviceSpec, WireguardDevice
@@ -73,7 +74,7 @@ def main() -> None:
             base = leases[i].subnet.network_address
             device = WireguardDevice(DeviceSpec(
                 "flannel-wg", 51820, cfg.device_mtu(1500), keys[i],
-                addresses=((base, NETWORK),), routes=(NETWORK,), netns=ns,
+                addresses=((base, NETWORK),), routes=(NETWORK,), host=Host(ns),
                 run_dir=run_dirs[i], log_path=run_dirs[i] / "wg.log"))
             device.ensure()
             WireguardPeers(device).reconcile(desired_peers(

@@ -76,14 +76,14 @@ class Dataplane:
                  netlink: Callable[[], Netlink] | None = None,
                  watch: EventWatch | None = None,
                  retry: tuple[float, float] = (0.1, 5.0)) -> None:
-        netns = backend.options.netns
+        host = backend.options.host
         self.backend = backend
         self.readiness = readiness
         self.interval = interval
         self.status = DataplaneStatus()
-        self._open_netlink = netlink or (lambda: rtnl.Rtnl(netns))
+        self._open_netlink = netlink or (lambda: rtnl.Rtnl(host))
         self._watch = watch or (lambda on_event, on_overrun:
-                                events.watch(on_event, on_overrun, netns))
+                                events.watch(on_event, on_overrun, host))
         self._retry = Backoff(*retry)
         self._peers: tuple[Lease, ...] = ()
         self._first_peers = asyncio.Event()

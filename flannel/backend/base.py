@@ -25,6 +25,7 @@ from ipaddress import IPv4Address, IPv6Address
 from typing import Protocol
 
 from flannel.config import NetworkConfig
+from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import NetlinkError, Route
@@ -36,9 +37,10 @@ RouteLookup = Callable[[IPv4Address | IPv6Address], Route | None]
 
 @dataclass(frozen=True)
 class BackendOptions:
-    """Daemon settings backends need. ``netns``: program a named namespace (tests, bench)."""
+    """Daemon settings backends need. ``host``: where to program (a named network
+    namespace in the lab, tests and benchmarks)."""
 
-    netns: str | None = None
+    host: Host = LOCAL
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ class VxlanBackend(RoutedBackend):
             spec = self._spec(version, local, device.vtep_mac(self.vxlan.vni, public))
             family = _Family(spec)
             try:
-                dev = await asyncio.to_thread(device.ensure_vxlan, spec, self.options.netns,
+                dev = await asyncio.to_thread(device.ensure_vxlan, spec, self.options.host,
                                               adopt_mac=True)
             except device.DeviceError as err:
                 raise BackendError(str(err)) from None
@@ -135,13 +135,13 @@ class VxlanBackend(RoutedBackend):
     def ensure_local(self) -> None:
         assert self.lease is not None
         for version, family in self.families.items():
-            dev = device.ensure_vxlan(family.spec, self.options.netns)
+            dev = device.ensure_vxlan(family.spec, self.options.host)
             family.index = dev.index
             subnet = self.lease.subnet if version == 4 else self.lease.ipv6_subnet
             network = self.config.network if version == 4 else self.config.ipv6_network
             if subnet is not None:
                 device.ensure_address(dev.index, subnet.network_address, network,
-                                      self.options.netns)
+                                      self.options.host)
 
     def _peer_mac(self, peer: Lease, version: int) -> str | None:
         try:

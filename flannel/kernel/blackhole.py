@@ -14,6 +14,7 @@ import socket
 from ipaddress import IPv4Network, IPv6Network
 
 from flannel.kernel import rtnl
+from flannel.kernel.host import LOCAL, Host
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,9 @@ def ensure_blackholes(sock: rtnl.Rtnl, subnets: list[IPv4Network | IPv6Network])
 
 
 async def keep_blackholes(subnets: list[IPv4Network | IPv6Network], interval: float,
-                          netns: str | None = None) -> None:
+                          host: Host = LOCAL) -> None:
     """Every ``interval`` seconds (the first after one interval, as upstream)."""
-    sock = await asyncio.to_thread(rtnl.Rtnl, netns)
+    sock = await asyncio.to_thread(rtnl.Rtnl, host)
     try:
         while True:
             await asyncio.sleep(interval)

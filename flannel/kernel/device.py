@@ -16,10 +16,10 @@ import os
 import socket
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
-from pathlib import Path
 
 from flannel.kernel import links
-from flannel.kernel.rtnl import NetlinkError, Rtnl, in_netns
+from flannel.kernel.host import LOCAL, Host
+from flannel.kernel.rtnl import NetlinkError, Rtnl
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def _create_error(spec: VxlanSpec, err: NetlinkError) -> DeviceError:
                        f"{cause}")
 
 
-def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool = False
+def ensure_vxlan(spec: VxlanSpec, host: Host = LOCAL, *, adopt_mac: bool = False
                  ) -> Device:
     """Reuse a compatible device or create one; set MTU and MAC, bring it up.
 
@@ -111,7 +111,7 @@ def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool =
                           f"{spec.mtu}, and a link MTU must be {MIN_MTU} to {MAX_MTU}; set "
                           "the vxlan MTU option (or the external interface's MTU) so that "
                           "MTU minus the vxlan overhead fits")
-    with Rtnl(netns) as sock:
+    with Rtnl(host) as sock:
         found = links.get_link(sock, spec.name)
         mac = spec.mac
         if found is not None:
@@ -157,7 +157,7 @@ def ensure_vxlan(spec: VxlanSpec, netns: str | None = None, *, adopt_mac: bool =
                                   f"another program using UDP port "
                                   f"{spec.port or DEFAULT_VXLAN_PORT}?") from None
     # Routes on our devices are ours alone (as Go flannel does on every vxlan device).
-    _disable_accept_ra(spec.name, netns)
+    _disable_accept_ra(spec.name, host)
     return Device(link.index, mac)
 
 
@@ -172,32 +172,29 @@ def _reread(sock: Rtnl, name: str) -> links.LinkDetails:
 _ra_warned: set[str] = set()
 
 
-def _disable_accept_ra(name: str, netns: str | None) -> None:
-    """Set net.ipv6.conf.<name>.accept_ra to 0 inside ``netns``, writing only on change.
+def _disable_accept_ra(name: str, host: Host) -> None:
+    """Set net.ipv6.conf.<name>.accept_ra to 0 on ``host``, writing only on change.
 
     Missing when IPv6 is disabled; then there is nothing to refuse.
     """
-    path = Path(f"/proc/sys/net/ipv6/conf/{name}/accept_ra")
+    key = f"net/ipv6/conf/{name}/accept_ra"
     try:
-        # /proc/sys/net shows the namespace of the thread that opens it.
-        with in_netns(netns):
-            if path.read_text().strip() != "0":
-                path.write_text("0")
+        host.write_sysctl(key, "0")
     except FileNotFoundError:
         return
     except OSError as err:
         if name not in _ra_warned:
             _ra_warned.add(name)
-            log.warning("could not set %s to 0: %s", path, err.strerror)
+            log.warning("could not set /proc/sys/%s to 0: %s", key, err.strerror)
 
 
 def ensure_address(index: int, address: IPv4Address | IPv6Address,
-                   network: IPv4Network | IPv6Network | None, netns: str | None = None
+                   network: IPv4Network | IPv6Network | None, host: Host = LOCAL
                    ) -> None:
     """Put ``address`` (as /32 or /128) on the link; drop its other addresses in ``network``."""
     prefixlen = address.max_prefixlen
     family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
-    with Rtnl(netns) as sock:
+    with Rtnl(host) as sock:
         present = False
         for addr in links.dump_addresses(sock, family, index):
             if addr.address == address and addr.prefixlen == prefixlen:

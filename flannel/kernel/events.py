@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flannel.kernel import rtnl
+from flannel.kernel.host import LOCAL, Host
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,9 @@ def decode(msg_type: int, body: bytes) -> KernelEvent | None:
 
 
 async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[], None],
-                netns: str | None = None) -> None:
+                host: Host = LOCAL) -> None:
     """Deliver kernel events until cancelled; call ``on_overrun`` when some were lost."""
-    sock = rtnl.open_socket(netns, groups=GROUPS, rcvbuf=16 << 20)
+    sock = rtnl.open_socket(host, groups=GROUPS, rcvbuf=16 << 20)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
     try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 
 from flannel.kernel import links, rtnl
+from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import Rtnl
 from flannel.netutil import parse_ip
 
@@ -278,9 +279,9 @@ def select_external_interface(snapshot: NetSnapshot, opts: IfaceOptions, *, ipv4
     )
 
 
-def read_snapshot(netns: str | None = None) -> NetSnapshot:
+def read_snapshot(host: Host = LOCAL) -> NetSnapshot:
     """Read links, addresses and default routes over netlink (read-only)."""
-    with Rtnl(netns) as sock:
+    with Rtnl(host) as sock:
         addrs: dict[int, list[IfaceAddr]] = {}
         for found in links.dump_addresses(sock):
             addrs.setdefault(found.index, []).append(
@@ -298,7 +299,7 @@ def read_snapshot(netns: str | None = None) -> NetSnapshot:
                 None)
 
     def route_get(dst: IPAddress) -> tuple[int, IPAddress | None] | None:
-        with Rtnl(netns) as lookup:
+        with Rtnl(host) as lookup:
             return lookup.route_source(dst)
 
     return NetSnapshot(interfaces, defaults[socket.AF_INET], defaults[socket.AF_INET6],

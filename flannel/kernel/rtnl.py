@@ -12,7 +12,6 @@ Must not touch: the store; it decides nothing about what the kernel should hold.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import socket
@@ -20,6 +19,8 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
+
+from flannel.kernel.host import LOCAL, Host
 
 NETLINK_ROUTE = 0
 SOL_NETLINK = 270
@@ -327,39 +328,10 @@ def decode_address(body: bytes) -> Address | None:
     return Address(index, f"{ip_address(raw)}/{prefixlen}")
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNET = 0x40000000
-
-
-@contextlib.contextmanager
-def in_netns(name: str | None) -> Iterator[None]:
-    """Run the block with the calling thread inside network namespace ``name``.
-
-    Sockets created inside stay bound to that namespace after the block.
-    """
-    if not name:
-        yield
-        return
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if _libc.setns(target, CLONE_NEWNET) != 0:
-            code = ctypes.get_errno()
-            raise OSError(code, f"setns into {name}: {os.strerror(code)}")
-        try:
-            yield
-        finally:
-            if _libc.setns(own, CLONE_NEWNET) != 0:
-                code = ctypes.get_errno()
-                raise OSError(code, f"setns back: {os.strerror(code)}")
-    finally:
-        os.close(own)
-        os.close(target)
-
-
-def open_socket(netns: str | None = None, groups: int = 0, rcvbuf: int = 8 << 20
+def open_socket(host: Host = LOCAL, groups: int = 0, rcvbuf: int = 8 << 20
                 ) -> socket.socket:
-    with in_netns(netns):
+    """A NETLINK_ROUTE socket bound to ``host``'s namespace, subscribed to ``groups``."""
+    with host.entered():
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
     try:
         for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK, NETLINK_GET_STRICT_CHK):
@@ -388,8 +360,8 @@ class Op:
 class Rtnl:
     """Synchronous request socket for batches, single requests, dumps and lookups."""
 
-    def __init__(self, netns: str | None = None) -> None:
-        self.sock = open_socket(netns)
+    def __init__(self, host: Host = LOCAL) -> None:
+        self.sock = open_socket(host)
         self._seq = 0
 
     def __enter__(self) -> Rtnl:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flannel.kernel import rtnl
+from flannel.kernel.host import Host
 from flannel.lab.cluster import IP, Lab, LabError
 
 MAIN_TABLE = 254
@@ -29,7 +30,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def peer_routes(lab: Lab, index: int) -> int:
     """IPv4 routes flanneld programmed on node ``index`` (one per peer subnet)."""
-    conn = rtnl.Rtnl(lab.node_ns(index))
+    conn = rtnl.Rtnl(Host(lab.node_ns(index)))
     try:
         return sum(1 for _route, proto, table in conn.routes(socket.AF_INET)
                    if proto == rtnl.RTPROT_FLANNEL and table == MAIN_TABLE)

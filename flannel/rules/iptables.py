@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from flannel.kernel.host import LOCAL, Host
 from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules
 
 MASQ_COMMENT = "flanneld masq"
@@ -106,11 +107,10 @@ def _binary(version: int, tool: str = "", variant: Variant = PLAIN) -> str:
     return path
 
 
-def _run(cmd: list[str], data: str | None = None, netns: str | None = None
+def _run(cmd: list[str], data: str | None = None, host: Host = LOCAL
          ) -> subprocess.CompletedProcess:
-    prefix = ["ip", "netns", "exec", netns] if netns else []
     try:
-        return subprocess.run([*prefix, *cmd], input=data, capture_output=True, text=True,
+        return subprocess.run(host.command(cmd), input=data, capture_output=True, text=True,
                               timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RulesError(f"{cmd[0]}: {err}") from None
@@ -132,10 +132,10 @@ def supports_random_fully(version: int = 4, variant: Variant = PLAIN) -> bool:
 
 
 class IptablesRules:
-    def __init__(self, families: list[FamilyRules], netns: str | None = None,
+    def __init__(self, families: list[FamilyRules], host: Host = LOCAL,
                  variant: Variant = PLAIN) -> None:
         self.families = families
-        self.netns = netns
+        self.host = host
         self.variant = variant
 
     def _binary(self, version: int, tool: str = "") -> str:
@@ -147,7 +147,7 @@ class IptablesRules:
 
     def _has_jump(self, version: int, chain: ChainRules) -> bool:
         return _run([self._binary(version), "-w", "-t", chain.table, "-C", chain.parent,
-                     *chain.jump], netns=self.netns).returncode == 0
+                     *chain.jump], host=self.host).returncode == 0
 
     def apply(self) -> None:
         for spec in self.families:
@@ -163,7 +163,7 @@ class IptablesRules:
                         lines.append(f"-A {chain.parent} {render(chain.jump)}")
                 lines.append("COMMIT")
                 result = _run([self._binary(spec.version, "restore"), "--noflush", "--wait"],
-                              "\n".join(lines) + "\n", self.netns)
+                              "\n".join(lines) + "\n", self.host)
                 if result.returncode != 0:
                     raise RulesError(f"{self.variant.command(spec.version, 'restore')} ({table}) "
                                      f"failed: {result.stderr.strip()}")
@@ -173,7 +173,7 @@ class IptablesRules:
         for spec in self.families:
             for chain in self.chains(spec):
                 listed = _run([self._binary(spec.version), "-w", "-t", chain.table, "-S",
-                               chain.chain], netns=self.netns)
+                               chain.chain], host=self.host)
                 want = [f"-A {chain.chain} {render(rule)}" for rule in chain.rules]
                 have = [line for line in listed.stdout.splitlines() if line.startswith("-A ")]
                 if listed.returncode != 0 or have != want:
@@ -201,14 +201,14 @@ class FoundChain:
                 f"(and {len(self.jumps)} jump rule(s) to it)")
 
 
-def save_listing(variant: Variant, version: int, netns: str | None = None) -> str:
+def save_listing(variant: Variant, version: int, host: Host = LOCAL) -> str:
     """Every table's rules (``*-save`` without ``-t``: listing a table would create it in
     the legacy backend). "" when the binary is missing or cannot read the kernel."""
     try:
         binary = _binary(version, "save", variant)
     except RulesError:
         return ""
-    result = _run([binary], netns=netns)
+    result = _run([binary], host=host)
     return result.stdout if result.returncode == 0 else ""
 
 
@@ -237,26 +237,26 @@ def find_own_chains(listing: str, variant: Variant, version: int) -> list[FoundC
     return found
 
 
-def remove_chain(found: FoundChain, netns: str | None = None) -> None:
+def remove_chain(found: FoundChain, host: Host = LOCAL) -> None:
     """Delete the jump rules, then flush and delete the chain."""
     binary = _binary(found.version, variant=found.variant)
     for parent, spec in found.jumps:
-        _run([binary, "-w", "-t", found.table, "-D", parent, *spec], netns=netns)
+        _run([binary, "-w", "-t", found.table, "-D", parent, *spec], host=host)
     for verb in ("-F", "-X"):
-        result = _run([binary, "-w", "-t", found.table, verb, found.chain], netns=netns)
+        result = _run([binary, "-w", "-t", found.table, verb, found.chain], host=host)
         if result.returncode != 0:
             raise RulesError(f"{found.describe()}: {verb} failed: {result.stderr.strip()}")
 
 
-def remove_all(netns: str | None = None, variants: tuple[Variant, ...] = (LEGACY, NFT, PLAIN)
+def remove_all(host: Host = LOCAL, variants: tuple[Variant, ...] = (LEGACY, NFT, PLAIN)
                ) -> list[FoundChain]:
     """Remove every flannel chain and its jumps, both families, in the given variants (used
     when nftables takes over, and for the variant not chosen). Returns what was removed."""
     removed = []
     for variant in variants:
         for version in (4, 6):
-            for found in find_own_chains(save_listing(variant, version, netns), variant,
+            for found in find_own_chains(save_listing(variant, version, host), variant,
                                          version):
-                remove_chain(found, netns)
+                remove_chain(found, host)
                 removed.append(found)
     return removed

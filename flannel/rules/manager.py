@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from flannel.kernel.host import LOCAL, Host
 from flannel.rules import iptables, nftables
 from flannel.rules.iptables import LEGACY, NFT, PLAIN, RulesError
 from flannel.rules.mode import choose_variant
@@ -43,18 +44,18 @@ def check_br_netfilter(versions: list[int], proc: Path = Path("/proc")) -> None:
 
 class TrafficManager:
     def __init__(self, families: list[FamilyRules], nftables_mode: bool,
-                 resync: float = 5.0, netns: str | None = None,
+                 resync: float = 5.0, host: Host = LOCAL,
                  iptables_mode: str = "auto") -> None:
         self.families = [f for f in families if f.masquerade or f.forward]
         self.nftables_mode = nftables_mode
         self.resync = resync
-        self.netns = netns
+        self.host = host
         self.iptables_mode = iptables_mode
         self.status = RulesStatus()
         self.prepared = False
         self.rules: iptables.IptablesRules | nftables.NftablesRules = (
-            nftables.NftablesRules(self.families, netns) if nftables_mode
-            else iptables.IptablesRules(self.families, netns))
+            nftables.NftablesRules(self.families, host) if nftables_mode
+            else iptables.IptablesRules(self.families, host))
 
     @property
     def mode(self) -> str:
@@ -64,19 +65,19 @@ class TrafficManager:
         """Choose the iptables backend, clean the other modes' leftovers (synchronous; run
         it in a worker thread)."""
         if self.nftables_mode:
-            self._log_removed(iptables.remove_all(self.netns))
+            self._log_removed(iptables.remove_all(self.host))
         else:
-            variant, why = choose_variant(self.iptables_mode, self.netns)
+            variant, why = choose_variant(self.iptables_mode, self.host)
             if self.families:
                 log.info("Using %s for the traffic rules: %s", variant.label, why)
             # Same package, but ask the binary that will run the rules.
             families = [replace(f, fully_random=f.fully_random and
                                 iptables.supports_random_fully(f.version, variant))
                         for f in self.families]
-            self.rules = iptables.IptablesRules(families, self.netns, variant)
+            self.rules = iptables.IptablesRules(families, self.host, variant)
             others = tuple(v for v in (LEGACY, NFT) if v != variant) if variant != PLAIN else ()
-            self._log_removed(iptables.remove_all(self.netns, others))
-            nftables.remove_all(self.netns)
+            self._log_removed(iptables.remove_all(self.host, others))
+            nftables.remove_all(self.host)
         self.prepared = True
 
     @staticmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 
+from flannel.kernel.host import LOCAL, Host
 from flannel.rules.iptables import (
     LEGACY,
     NFT,
@@ -47,11 +48,11 @@ def installed(variant: Variant) -> bool:
     return all(shutil.which(variant.command(4, tool)) for tool in ("", "save", "restore"))
 
 
-def scan(variant: Variant, netns: str | None = None) -> BackendScan:
+def scan(variant: Variant, host: Host = LOCAL) -> BackendScan:
     chains: set[str] = set()
     rules = 0
     for version in (4, 6):
-        for line in save_listing(variant, version, netns).splitlines():
+        for line in save_listing(variant, version, host).splitlines():
             words = line.split()
             if line.startswith(":KUBE-") and words:
                 chains.add(words[0][1:])
@@ -85,7 +86,7 @@ def decide(legacy: BackendScan, nft: BackendScan) -> tuple[Variant, str]:
     return NFT, f"{where}legacy and nft hold {nft.rules} rule(s) each; nft is the default"
 
 
-def choose_variant(mode: str, netns: str | None = None) -> tuple[Variant, str]:
+def choose_variant(mode: str, host: Host = LOCAL) -> tuple[Variant, str]:
     """The backend for ``--iptables-mode`` and a sentence saying why. RulesError when a
     forced backend is not installed."""
     if mode in ("legacy", "nft"):
@@ -101,4 +102,4 @@ def choose_variant(mode: str, netns: str | None = None) -> tuple[Variant, str]:
                        "iptables as found in PATH")
     if len(have) == 1:
         return have[0], f"only {have[0].label} is installed"
-    return decide(scan(LEGACY, netns), scan(NFT, netns))
+    return decide(scan(LEGACY, host), scan(NFT, host))

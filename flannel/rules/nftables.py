@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 
+from flannel.kernel.host import LOCAL, Host
 from flannel.rules.iptables import RulesError
 from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules
 
@@ -45,15 +46,14 @@ def forward_rules(spec: FamilyRules) -> list[str]:
     return [f"{kw} saddr {spec.network} accept", f"{kw} daddr {spec.network} accept"]
 
 
-def _nft(args: list[str], data: str | None = None, netns: str | None = None
+def _nft(args: list[str], data: str | None = None, host: Host = LOCAL
          ) -> subprocess.CompletedProcess:
     binary = shutil.which("nft")
     if binary is None:
         raise RulesError("nft not found in PATH; install nftables (Debian package 'nftables') "
                          "or set EnableNFTables to false")
-    prefix = ["ip", "netns", "exec", netns] if netns else []
     try:
-        return subprocess.run([*prefix, binary, *args], input=data, capture_output=True,
+        return subprocess.run(host.command([binary, *args]), input=data, capture_output=True,
                               text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RulesError(f"nft: {err}") from None
@@ -67,9 +67,9 @@ def supports_fully_random() -> bool:
 
 
 class NftablesRules:
-    def __init__(self, families: list[FamilyRules], netns: str | None = None) -> None:
+    def __init__(self, families: list[FamilyRules], host: Host = LOCAL) -> None:
         self.families = families
-        self.netns = netns
+        self.host = host
 
     def _chains(self, spec: FamilyRules) -> list[tuple[str, str, str, list[str]]]:
         chains = []
@@ -94,7 +94,7 @@ class NftablesRules:
         return "\n".join(lines) + "\n"
 
     def apply(self) -> None:
-        result = _nft(["-f", "-"], self.script(), self.netns)
+        result = _nft(["-f", "-"], self.script(), self.host)
         if result.returncode != 0:
             raise RulesError(f"nft rejected the flannel rules: {result.stderr.strip()}")
 
@@ -102,7 +102,7 @@ class NftablesRules:
         for spec in self.families:
             family, table, _ = table_of(spec.version)
             for chain, _comment, _hook, rules in self._chains(spec):
-                listed = _nft(["list", "chain", family, table, chain], netns=self.netns)
+                listed = _nft(["list", "chain", family, table, chain], host=self.host)
                 if listed.returncode != 0:
                     return f"nft chain {family} {table} {chain} missing"
                 have = [line.strip() for line in listed.stdout.splitlines()]
@@ -113,10 +113,10 @@ class NftablesRules:
         return ""
 
 
-def find_tables(netns: str | None = None) -> list[tuple[str, str]]:
+def find_tables(host: Host = LOCAL) -> list[tuple[str, str]]:
     """Our tables present, as (family keyword, table name); none when nft is missing."""
     try:
-        listed = _nft(["list", "tables"], netns=netns)
+        listed = _nft(["list", "tables"], host=host)
     except RulesError:
         return []
     ours = {table_of(version)[:2] for version in (4, 6)}
@@ -125,13 +125,13 @@ def find_tables(netns: str | None = None) -> list[tuple[str, str]]:
     return sorted(present & ours)
 
 
-def remove_table(family: str, table: str, netns: str | None = None) -> None:
-    result = _nft(["delete", "table", family, table], netns=netns)
+def remove_table(family: str, table: str, host: Host = LOCAL) -> None:
+    result = _nft(["delete", "table", family, table], host=host)
     if result.returncode != 0:
         raise RulesError(f"nft delete table {family} {table}: {result.stderr.strip()}")
 
 
-def remove_all(netns: str | None = None) -> None:
+def remove_all(host: Host = LOCAL) -> None:
     """Delete both flannel tables (used when iptables mode takes over)."""
-    for family, table in find_tables(netns):
-        remove_table(family, table, netns)
+    for family, table in find_tables(host):
+        remove_table(family, table, host)

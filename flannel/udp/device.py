@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 
 from flannel.kernel import links, rtnl
-from flannel.kernel.rtnl import NetlinkError, Rtnl, in_netns
+from flannel.kernel.host import LOCAL, Host
+from flannel.kernel.rtnl import NetlinkError, Rtnl
 from flannel.udp.tunfd import TunError, attach
 
 
@@ -29,15 +30,15 @@ class TunSpec:
     route: IPv4Network | None = None  # the cluster network, routed into the device
 
 
-def delete(name: str, netns: str | None = None) -> None:
+def delete(name: str, host: Host = LOCAL) -> None:
     """Remove the persistent device (nothing if it is absent)."""
-    with Rtnl(netns) as sock:
+    with Rtnl(host) as sock:
         found = links.get_link(sock, name)
         if found is not None:
             links.delete_link(sock, found.link.index, f"delete device {name}")
 
 
-def ensure_tun(spec: TunSpec, netns: str | None = None) -> list[str]:
+def ensure_tun(spec: TunSpec, host: Host = LOCAL) -> list[str]:
     """Create or repair the device; returns what had drifted (empty when nothing had).
 
     Repairs: device missing, MTU, down, address missing, other IPv4 addresses on it,
@@ -45,7 +46,7 @@ def ensure_tun(spec: TunSpec, netns: str | None = None) -> list[str]:
     """
     drift: list[str] = []
     # The TUN is created by ioctl in the calling thread's namespace: stay inside throughout.
-    with in_netns(netns), Rtnl() as sock:
+    with host.entered(), Rtnl() as sock:
         found = links.get_link(sock, spec.name)
         if found is None:
             os.close(attach(spec.name, vnet_hdr=False))

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 
+from flannel.kernel.host import LOCAL, Host
+
 START_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 2.0
 SO_SNDBUFFORCE = 32
@@ -42,7 +44,7 @@ class ForwarderConfig:
     port: int  # UDP port, the same on every node
     source: IPv4Address  # our lease base address: source of ICMP unreachable replies
     mtu: int  # the TUN MTU
-    netns: str | None = None  # run inside this named network namespace (tests, bench)
+    host: Host = LOCAL  # where the TUN and the socket live
     segment_send: bool = True  # one sendmsg with UDP_SEGMENT per same-size burst
     gro: bool = True  # UDP_GRO on receive and merged TCP writes into the TUN
 
@@ -80,7 +82,7 @@ class UdpForwarder:
                 parent.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, CONTROL_BUFFER)
             config = {"tun": self.config.tun, "bind": str(self.config.bind),
                       "port": self.config.port, "source": str(self.config.source),
-                      "mtu": self.config.mtu, "netns": self.config.netns,
+                      "mtu": self.config.mtu, "netns": self.config.host.netns,
                       "segment_send": self.config.segment_send, "gro": self.config.gro}
             try:
                 self._process = subprocess.Popen(

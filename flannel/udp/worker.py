@@ -24,7 +24,7 @@ import sys
 import time
 from ipaddress import IPv4Address, IPv4Network
 
-from flannel.kernel.rtnl import in_netns
+from flannel.kernel.host import Host
 from flannel.udp.packet import (
     IPV4_HEADER,
     VNET_HDR,
@@ -277,7 +277,7 @@ def main() -> int:
     config = json.loads(sys.argv[1])
     control = socket.socket(fileno=int(sys.argv[2]))
     try:
-        with in_netns(config.get("netns")):
+        with Host(config.get("netns")).entered():
             try:
                 worker = Worker(config, control)
             except (TunError, OSError) as err:

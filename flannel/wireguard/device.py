@@ -34,6 +34,7 @@ from pathlib import Path
 
 from flannel.kernel import links, rtnl
 from flannel.kernel.device import ensure_address
+from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import NetlinkError, Rtnl
 from flannel.wireguard import nsexec
 from flannel.wireguard.keys import Secret, public_key
@@ -69,7 +70,7 @@ class DeviceSpec:
     private_key: Secret
     addresses: tuple[tuple[IPv4Address | IPv6Address, IPv4Network | IPv6Network], ...] = ()
     routes: tuple[IPv4Network | IPv6Network, ...] = ()
-    netns: str | None = None
+    host: Host = LOCAL
     run_dir: Path | None = None
     log_path: Path | None = None  # wireguard-go output; None: /run/flannel/<name>.log
     implementation: str = "auto"
@@ -98,14 +99,14 @@ class WireguardDevice:
     # -- finding and creating the link ---------------------------------------------------
 
     def _find_link(self) -> tuple[int, str | None] | None:
-        with Rtnl(self.spec.netns) as sock:
+        with Rtnl(self.spec.host) as sock:
             found = links.get_link(sock, self.name)
         if found is None:
             return None
         return found.link.index, found.kind or None
 
     def _try_kernel(self) -> bool:
-        with Rtnl(self.spec.netns) as sock:
+        with Rtnl(self.spec.host) as sock:
             try:
                 links.add_link(sock, links.NewLink(self.name, "wireguard"))
             except NetlinkError as err:
@@ -118,7 +119,7 @@ class WireguardDevice:
     def _use_kernel(self) -> None:
         self.kind = "kernel"
         self.pid = None
-        prefix = nsexec.command([], self.spec.netns, None) if self.spec.netns else []
+        prefix = self.spec.host.command([])
         self.control = WgToolControl(self.name, prefix)
 
     def _use_userspace(self) -> None:
@@ -168,7 +169,7 @@ class WireguardDevice:
         self._configure()
 
     def _remove_link(self) -> None:
-        with Rtnl(self.spec.netns) as sock, contextlib.suppress(NetlinkError):
+        with Rtnl(self.spec.host) as sock, contextlib.suppress(NetlinkError):
             found = links.get_link(sock, self.name)
             if found is not None:
                 links.delete_link(sock, found.link.index, f"delete device {self.name}")
@@ -209,7 +210,7 @@ class WireguardDevice:
         try:
             # Own session and no pipes: it survives flanneld and is adopted by the next one.
             self._process = subprocess.Popen(
-                nsexec.command([binary, self.name], self.spec.netns, self.spec.run_dir),
+                nsexec.command([binary, self.name], self.spec.host, self.spec.run_dir),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=env,
                 start_new_session=True, close_fds=True)
         finally:
@@ -243,7 +244,7 @@ class WireguardDevice:
                                               listen_port=self.spec.listen_port))
         except ControlError as err:
             raise DeviceError(f"cannot configure {self.name}: {err}") from None
-        with Rtnl(self.spec.netns) as sock:
+        with Rtnl(self.spec.host) as sock:
             found = links.get_link(sock, self.name)
             if found is None:
                 raise DeviceError(f"{self.name} vanished while it was being configured")
@@ -253,8 +254,8 @@ class WireguardDevice:
                 links.set_link(sock, self.index, f"set MTU of {self.name} and bring it up",
                                mtu=self.spec.mtu, up=True)
         for address, network in self.spec.addresses:
-            ensure_address(self.index, address, network, self.spec.netns)
-        with Rtnl(self.spec.netns) as sock:
+            ensure_address(self.index, address, network, self.spec.host)
+        with Rtnl(self.spec.host) as sock:
             for net in self.spec.routes:
                 sock.replace_route(rtnl.Route(str(net), None, self.index),
                                    protocol=RTPROT_BOOT, scope=rtnl.RT_SCOPE_LINK)

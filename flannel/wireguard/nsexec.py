@@ -7,7 +7,7 @@ over ``/run`` (so wireguard-go's ``/var/run/wireguard/<ifname>.sock`` lands in
 where several nodes on one host run a device of the same name; flanneld on a real node runs
 wireguard-go directly.
 
-API: ``command(argv, netns, run_dir) -> list[str]`` (the argv to run ``argv`` that way).
+API: ``command(argv, host, run_dir) -> list[str]`` (the argv to run ``argv`` that way).
 Must not touch: the caller's namespaces (only the new process's are changed).
 """
 
@@ -20,6 +20,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from flannel.kernel.host import Host
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 MS_BIND = 0x1000
@@ -27,10 +29,10 @@ MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 
 
-def command(argv: Sequence[str], netns: str | None, run_dir: Path | None) -> list[str]:
-    if not netns and run_dir is None:
+def command(argv: Sequence[str], host: Host, run_dir: Path | None) -> list[str]:
+    if not host.netns and run_dir is None:
         return list(argv)
-    opts = [*(["--netns", netns] if netns else []),
+    opts = [*(["--netns", host.netns] if host.netns else []),
             *(["--run-dir", str(run_dir)] if run_dir is not None else [])]
     return [sys.executable, "-m", "flannel.wireguard.nsexec", *opts, "--", *argv]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from flannel.kernel.host import Host
 from flannel.lab.etcd import EtcdServer
 from flannel.rules.nftables import NftablesRules
 from flannel.rules.spec import FamilyRules
@@ -109,7 +110,7 @@ def add_foreign_state(ns: str, foreign_bin: Path, bin_dir: Path, conf_dir: Path)
     run(ns, "nft", "add", "table", "inet", "foreign")
     # nftables-mode leftovers of ours beside them (a node that switched modes).
     NftablesRules([FamilyRules(4, ip_network("10.5.0.0/16"), ip_network("10.5.1.0/24"),
-                               True, True)], ns).apply()
+                               True, True)], Host(ns)).apply()
     foreign_bin.mkdir()
     (foreign_bin / "flannel").write_bytes(b"\x7fELF\x02\x01\x01upstream static plugin")
     (bin_dir / "bridge").write_bytes(b"\x7fELF bridge")

@@ -6,6 +6,7 @@ from ipaddress import ip_address
 
 import pytest
 
+from flannel.kernel.host import Host
 from flannel.kernel.iface import (
     IfaceOptions,
     InterfaceError,
@@ -35,18 +36,18 @@ def host(ns):
 
 
 def test_default_route_interface_from_the_kernel(host):
-    ext = select_external_interface(read_snapshot(host), IfaceOptions())
+    ext = select_external_interface(read_snapshot(Host(host)), IfaceOptions())
     assert (ext.name, str(ext.iface_addr)) == ("eth-a", "10.61.0.2")
 
 
 def test_can_reach_follows_the_kernel_route(host):
-    ext = select_external_interface(read_snapshot(host),
+    ext = select_external_interface(read_snapshot(Host(host)),
                                     IfaceOptions(iface_can_reach="192.0.2.10"))
     assert (ext.name, ext.mtu, str(ext.iface_addr)) == ("eth-b", 1400, "10.62.0.2")
 
 
 def test_iface_by_ip_and_dual_stack_by_name(host):
-    snapshot = read_snapshot(host)
+    snapshot = read_snapshot(Host(host))
     assert select_external_interface(snapshot, IfaceOptions(ifaces=["10.62.0.2"])).name == \
         "eth-b"
     ext = select_external_interface(snapshot, IfaceOptions(ifaces=["eth-b"]), ipv6=True)
@@ -55,7 +56,7 @@ def test_iface_by_ip_and_dual_stack_by_name(host):
 
 def test_dual_stack_without_v6_default_route_is_refused(host):
     with pytest.raises(InterfaceError, match="no IPv6 default route"):
-        select_external_interface(read_snapshot(host), IfaceOptions(), ipv6=True)
+        select_external_interface(read_snapshot(Host(host)), IfaceOptions(), ipv6=True)
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ def test_only_a_link_local_ipv6_address_is_refused(v6_host):
                                              r"eth-a: it has only unusable ones \(fe80::\S+ is "
                                              r"link-local\); other nodes must reach this node "
                                              r"at a global IPv6 address"):
-        select_external_interface(read_snapshot(v6_host), IfaceOptions(), ipv6=True)
+        select_external_interface(read_snapshot(Host(v6_host)), IfaceOptions(), ipv6=True)
 
 
 def test_a_tentative_ipv6_address_is_refused_until_dad_finishes(v6_host):
@@ -88,12 +89,12 @@ def test_a_tentative_ipv6_address_is_refused_until_dad_finishes(v6_host):
     netns.ip("addr", "add", "2001:db8::2/64", "dev", "eth-a", netns=v6_host)
     assert "tentative" in netns.ip("-6", "addr", "show", "dev", "eth-a", netns=v6_host).stdout
     with pytest.raises(InterfaceError) as caught:
-        select_external_interface(read_snapshot(v6_host), IfaceOptions(), ipv6=True)
+        select_external_interface(read_snapshot(Host(v6_host)), IfaceOptions(), ipv6=True)
     message = str(caught.value)
     assert "2001:db8::2 is tentative: duplicate address detection has not finished" in message
     assert message.endswith("give eth-a one (or wait for duplicate address detection to "
                             "finish) or choose another interface with --iface")
     netns.ip("addr", "del", "2001:db8::2/64", "dev", "eth-a", netns=v6_host)
     netns.ip("addr", "add", "2001:db8::2/64", "dev", "eth-a", "nodad", netns=v6_host)
-    ext = select_external_interface(read_snapshot(v6_host), IfaceOptions(), ipv6=True)
+    ext = select_external_interface(read_snapshot(Host(v6_host)), IfaceOptions(), ipv6=True)
     assert str(ext.ext_v6_addr) == "2001:db8::2"

@@ -12,6 +12,7 @@ from ipaddress import ip_network
 import pytest
 
 from flannel.cli import UsageError, parse_args
+from flannel.kernel.host import Host
 from flannel.lab.etcd import EtcdServer
 from flannel.rules.iptables import LEGACY, NFT, RulesError, Variant
 from flannel.rules.manager import TrafficManager
@@ -43,7 +44,7 @@ def saved(ns: str, variant: Variant) -> str:
 
 def test_kube_chain_in_legacy_only_chooses_legacy(ns):
     kube_chain(ns, LEGACY)
-    variant, why = choose_variant("auto", ns)
+    variant, why = choose_variant("auto", Host(ns))
     assert variant == LEGACY
     assert why == ("kubelet/kube-proxy chains (KUBE-FORWARD) are in legacy only, none in nft")
 
@@ -53,28 +54,28 @@ def test_kube_chain_in_nft_only_chooses_nft_even_when_legacy_has_more_rules(ns):
     for port in range(3):
         run(ns, "iptables-legacy", "-A", "INPUT", "-p", "tcp", "--dport", str(8000 + port),
             "-j", "ACCEPT")
-    variant, why = choose_variant("auto", ns)
+    variant, why = choose_variant("auto", Host(ns))
     assert variant == NFT
     assert "KUBE-IPTABLES-HINT" in why and "nft only" in why
 
 
 def test_without_kube_chains_more_rules_wins_and_an_empty_host_gets_nft(ns):
-    variant, why = choose_variant("auto", ns)
+    variant, why = choose_variant("auto", Host(ns))
     assert (variant, why) == (NFT, "no KUBE-* chains; legacy and nft hold 0 rule(s) each; "
                                    "nft is the default")
     run(ns, "iptables-legacy", "-A", "INPUT", "-p", "tcp", "--dport", "22", "-j", "ACCEPT")
-    assert choose_variant("auto", ns) == (
+    assert choose_variant("auto", Host(ns)) == (
         LEGACY, "no KUBE-* chains; legacy holds more rules (legacy 1, nft 0)")
 
 
 def test_our_own_rules_do_not_count(ns):
     """Rules flanneld left in one backend must not pull the choice towards it."""
-    traffic = TrafficManager([V4], False, netns=ns, iptables_mode="legacy")
+    traffic = TrafficManager([V4], False, host=Host(ns), iptables_mode="legacy")
     traffic.prepare()
     traffic.ensure()
     assert "FLANNEL-POSTRTG" in saved(ns, LEGACY)
-    assert scan(LEGACY, ns).rules == 0
-    assert choose_variant("auto", ns)[0] == NFT
+    assert scan(LEGACY, Host(ns)).rules == 0
+    assert choose_variant("auto", Host(ns))[0] == NFT
 
 
 def test_both_with_kube_chains_prefers_kubelets_marker():
@@ -86,17 +87,17 @@ def test_both_with_kube_chains_prefers_kubelets_marker():
 
 def test_override_wins_over_detection(ns):
     kube_chain(ns, LEGACY)
-    assert choose_variant("nft", ns) == (NFT, "--iptables-mode=nft")
+    assert choose_variant("nft", Host(ns)) == (NFT, "--iptables-mode=nft")
 
 
 def test_rules_land_in_the_chosen_backend_and_leave_the_other(ns):
     kube_chain(ns, LEGACY)
-    stale = TrafficManager([V4], False, netns=ns, iptables_mode="nft")
+    stale = TrafficManager([V4], False, host=Host(ns), iptables_mode="nft")
     stale.prepare()
     stale.ensure()
     assert "FLANNEL-FWD" in saved(ns, NFT)
 
-    traffic = TrafficManager([V4], False, netns=ns)
+    traffic = TrafficManager([V4], False, host=Host(ns))
     traffic.prepare()
     assert traffic.rules.variant == LEGACY
     assert traffic.ensure() is True

@@ -13,6 +13,7 @@ from ipaddress import IPv4Address, IPv6Address, ip_address
 import pytest
 
 from flannel.kernel import links
+from flannel.kernel.host import Host
 from flannel.kernel.rtnl import NetlinkError, Rtnl
 from tests.support import iproute2_wire, netns
 
@@ -52,7 +53,7 @@ def test_vxlan_devices_ip_creates_decode_to_their_settings(ns):
     netns.ip("link", "add", "vx6", "type", "vxlan", "id", "8", "local", "fd00:50::2", "dev",
              "veth0", "dstport", "0", netns=ns)
     veth0 = indices(ns)["veth0"]
-    with Rtnl(ns) as sock:
+    with Rtnl(Host(ns)) as sock:
         vx4, vx6 = links.get_link(sock, "vx4"), links.get_link(sock, "vx6")
         assert links.get_link(sock, "absent0") is None
         dumped = {d.link.name: d for d in links.dump_links(sock)}
@@ -69,7 +70,7 @@ def test_devices_we_create_carry_our_settings(ns):
     veth0 = indices(ns)["veth0"]
     info = links.VxlanInfo(9, IPv6Address("fd00:50::2"), veth0, 4789, learning=False,
                            gbp=True)
-    with Rtnl(ns) as sock:
+    with Rtnl(Host(ns)) as sock:
         links.add_link(sock, links.NewLink("vx9", "vxlan", info, 1430, "0e:00:00:00:00:09"))
         index = links.get_link(sock, "vx9").link.index
         links.set_link(sock, index, "set vx9", mtu=1300, mac="0e:00:00:00:00:0a", up=True)
@@ -86,7 +87,7 @@ def test_devices_we_create_carry_our_settings(ns):
     v6 = found["fd00:244::"]
     assert (v6.prefixlen, bool(v6.flags & links.IFA_F_NODAD)) == (128, True)
     assert found["10.244.1.0"].prefixlen == 32
-    with Rtnl(ns) as sock:
+    with Rtnl(Host(ns)) as sock:
         links.delete_address(sock, index, ip_address("10.244.1.0"), 32)
         links.delete_address(sock, index, ip_address("10.244.1.0"), 32)  # gone: no error
         links.delete_link(sock, index, "delete vx9")
@@ -99,7 +100,7 @@ def test_devices_we_create_carry_our_settings(ns):
 
 def create_or_skip(ns: str, link: links.NewLink) -> links.LinkDetails:
     """Create ``link`` in ``ns``; skip the test when the kernel has no driver for its kind."""
-    with Rtnl(ns) as sock:
+    with Rtnl(Host(ns)) as sock:
         try:
             links.add_link(sock, link)
         except NetlinkError as err:
@@ -113,7 +114,7 @@ def create_or_skip(ns: str, link: links.NewLink) -> links.LinkDetails:
 
 
 def test_kernel_without_a_driver_names_the_cause(ns):
-    with Rtnl(ns) as sock:
+    with Rtnl(Host(ns)) as sock:
         try:
             links.add_link(sock, links.NewLink("x0", "no-such-kind"))
         except NetlinkError as err:
@@ -151,7 +152,7 @@ def test_ip_agrees_the_kernel_has_no_ipip_driver_when_we_skip(ns):
     """The skip above is the kernel's answer, not ours: ``ip`` gets the same refusal."""
     result = subprocess.run(["ip", "-n", ns, "link", "add", "t0", "type", "ipip"],
                             capture_output=True, text=True, timeout=20, check=False)
-    with Rtnl(ns) as sock:
+    with Rtnl(Host(ns)) as sock:
         try:
             links.add_link(sock, links.NewLink("t1", "ipip", links.IptunInfo()))
             ours = 0

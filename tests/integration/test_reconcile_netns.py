@@ -20,6 +20,7 @@ from flannel.backend.routed import RoutedBackend
 from flannel.backend.vxlan import VxlanBackend
 from flannel.config import check_network_config, parse_config
 from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.kernel.host import Host
 from flannel.kernel.iface import IfaceOptions, read_snapshot, select_external_interface
 from flannel.lease import Lease, LeaseAttrs
 from flannel.readiness import Readiness
@@ -53,10 +54,10 @@ async def make_backend(ns: str, backend: dict, ipv6: bool = False) -> RoutedBack
     config = parse_config(json.dumps(doc))
     check_network_config(config)
     # The snapshot is read with blocking netlink requests: keep them off the event loop.
-    snapshot = await asyncio.to_thread(read_snapshot, ns)
+    snapshot = await asyncio.to_thread(read_snapshot, Host(ns))
     ext = select_external_interface(snapshot, IfaceOptions(ifaces=["eth0"]), ipv6=ipv6)
     cls = VxlanBackend if backend["Type"] == "vxlan" else HostGwBackend
-    return cls(ext, config, BackendOptions(netns=ns))
+    return cls(ext, config, BackendOptions(host=Host(ns)))
 
 
 class Running:

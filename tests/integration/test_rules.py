@@ -10,6 +10,7 @@ import pytest
 
 from flannel.kernel import rtnl
 from flannel.kernel.blackhole import BLACKHOLE_METRIC, ensure_blackholes
+from flannel.kernel.host import Host
 from flannel.rules.iptables import RulesError
 from flannel.rules.manager import TrafficManager, check_br_netfilter
 from flannel.rules.spec import FamilyRules
@@ -67,7 +68,7 @@ def listing(ns: str, binary: str, table: str) -> str:
 
 
 def manager(ns: str, nft: bool = False, families=(V4, V6)) -> TrafficManager:
-    traffic = TrafficManager(list(families), nft, netns=ns)
+    traffic = TrafficManager(list(families), nft, host=Host(ns))
     traffic.prepare()
     return traffic
 
@@ -139,7 +140,7 @@ def test_br_netfilter_check_says_what_to_do(tmp_path):
 
 
 def test_blackholes_follow_the_lease(ns):
-    sock = rtnl.Rtnl(ns)
+    sock = rtnl.Rtnl(Host(ns))
     try:
         assert ensure_blackholes(sock, [ip_network("10.42.7.0/24"), ip_network(P6)]) == 2
         routes = run(ns, "ip", "route", "show", "type", "blackhole")

@@ -18,7 +18,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from flannel.kernel.rtnl import in_netns
+from flannel.kernel.host import Host
 from flannel.udp.device import TunSpec, ensure_tun
 from flannel.udp.forwarder import ForwarderConfig, ForwarderError, UdpForwarder
 from tests.support import netns
@@ -68,10 +68,10 @@ def nodes() -> Iterator[list[Node]]:
             netns.ip("link", "set", "eth0", "up", netns=ns)
             subnet = IPv4Network(f"10.5.{i}.0/24")
             forwarder = UdpForwarder(ForwarderConfig("flannel0", underlay, PORT,
-                                                     subnet.network_address, TUN_MTU, ns))
+                                                     subnet.network_address, TUN_MTU, Host(ns)))
             made.append(Node(ns, underlay, subnet, forwarder))
         for node in made:
-            ensure_tun(node.spec(), node.ns)
+            ensure_tun(node.spec(), Host(node.ns))
             node.forwarder.start()
             node.forwarder.set_peers(peers_of(node, made))
         yield made
@@ -93,7 +93,7 @@ def ping(src: Node, dst: IPv4Address, size: int = 56, dont_fragment: bool = Fals
 
 def udp_probe(src: Node, dst: IPv4Address) -> int:
     """errno of a connected UDP exchange from ``src`` to ``dst`` port 9 (0 = no error)."""
-    with in_netns(src.ns):
+    with Host(src.ns).entered():
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with sock:
         sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)  # report net unreachable
@@ -208,16 +208,16 @@ def test_deleted_and_changed_tun_is_reported_and_repaired(nodes: list[Node]) -> 
     status = a.forwarder.status()
     assert status.alive and status.tun_attached
     assert status.last_error == "flannel0: device gone; reattaching"
-    drift = ensure_tun(a.spec(), a.ns)
+    drift = ensure_tun(a.spec(), Host(a.ns))
     assert drift == ["flannel0 MTU was 1500: set to 1472", "flannel0 was down: set up",
                      "flannel0 address 10.5.1.0/32 was missing: added",
                      "route 10.5.0.0/16 dev flannel0 was missing: set"]
     assert ping(a, b.base).returncode == 0
     netns.ip("link", "set", "flannel0", "mtu", "1400", netns=a.ns)
     netns.ip("addr", "add", "10.5.1.9/24", "dev", "flannel0", netns=a.ns)
-    assert ensure_tun(a.spec(), a.ns) == ["flannel0 MTU was 1400: set to 1472",
+    assert ensure_tun(a.spec(), Host(a.ns)) == ["flannel0 MTU was 1400: set to 1472",
                                           "flannel0 had address 10.5.1.9/24: removed"]
-    assert ensure_tun(a.spec(), a.ns) == []
+    assert ensure_tun(a.spec(), Host(a.ns)) == []
 
 
 def test_killed_forwarder_is_reported_and_restarts_with_its_peers(nodes: list[Node]) -> None:
@@ -235,7 +235,7 @@ def test_killed_forwarder_is_reported_and_restarts_with_its_peers(nodes: list[No
 
 def test_runt_datagrams_are_dropped(nodes: list[Node]) -> None:
     a, b = nodes[0], nodes[1]
-    with in_netns(a.ns):
+    with Host(a.ns).entered():
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with sock:
         sock.sendto(bytes(19), (str(b.underlay), PORT))
@@ -254,7 +254,7 @@ def test_ipv6_routed_into_the_tun_is_dropped_not_sent(nodes: list[Node]) -> None
     netns.ip("-6", "route", "add", "fd00:5::/64", "dev", "flannel0", netns=a.ns)
     # The kernel's own IPv6 router solicitations on flannel0 are dropped the same way.
     before = a.forwarder.status().counters["drop_not_ipv4"]
-    with in_netns(a.ns):
+    with Host(a.ns).entered():
         sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     with sock:
         sock.sendto(b"x" * 20, ("fd00:5::1", 9))
@@ -266,7 +266,8 @@ def test_ipv6_routed_into_the_tun_is_dropped_not_sent(nodes: list[Node]) -> None
 
 def test_bind_conflict_is_a_clear_error(nodes: list[Node]) -> None:
     a = nodes[0]
-    second = UdpForwarder(ForwarderConfig("flannel1", a.underlay, PORT, a.base, TUN_MTU, a.ns))
+    second = UdpForwarder(ForwarderConfig("flannel1", a.underlay, PORT, a.base, TUN_MTU,
+                                          Host(a.ns)))
     with pytest.raises(ForwarderError) as caught:
         second.start()
     assert str(caught.value) == ("udp forwarder did not start: cannot bind UDP "

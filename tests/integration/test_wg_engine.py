@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from flannel.kernel.host import Host
 from flannel.lease import Lease, LeaseAttrs
 from flannel.wireguard import nsexec
 from flannel.wireguard.config import WireguardConfig, encode_lease_data
@@ -58,7 +59,7 @@ class Node:
     def spec(self) -> DeviceSpec:
         base = self.subnet.network_address
         return DeviceSpec("flannel-wg", 51820, 1420, self.key, addresses=((base, NETWORK),),
-                          routes=(NETWORK,), netns=self.ns, run_dir=self.run_dir,
+                          routes=(NETWORK,), host=Host(self.ns), run_dir=self.run_dir,
                           log_path=self.run_dir / "wireguard-go.log")
 
     def lease(self) -> Lease:
@@ -83,7 +84,7 @@ def loss(output: str) -> float:
 
 
 def wg(node: Node, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(nsexec.command(["wg", *args], None, node.run_dir),
+    return subprocess.run(nsexec.command(["wg", *args], Host(), node.run_dir),
                           capture_output=True, text=True, timeout=20, check=True)
 
 
@@ -250,7 +251,7 @@ def test_the_wg_tool_control_reads_and_writes_like_the_socket(pair):
     a, b = pair
     dev_a, _peers, want_a = engine(a, b, WireguardConfig.parse({
         "PSK": PSK_A, "PersistentKeepaliveInterval": 25}))
-    tool = WgToolControl("flannel-wg", nsexec.command([], None, a.run_dir))
+    tool = WgToolControl("flannel-wg", nsexec.command([], Host(), a.run_dir))
     tool.set(DeviceUpdate(peers=diff_peers(want_a, {})))
     assert tool.get() == dev_a.control.get()
     assert dev_a.control.get().peers[public_key(b.key)].peer == want_a[0]
@@ -290,7 +291,7 @@ def test_kernel_only_and_foreign_devices_are_refused_with_a_message(pair):
 def test_the_wg_tool_control_clears_a_psk_and_removes_a_peer(pair):
     a, b = pair
     dev_a, _peers, want_a = engine(a, b, WireguardConfig.parse({"PSK": PSK_A}))
-    tool = WgToolControl("flannel-wg", nsexec.command([], None, a.run_dir))
+    tool = WgToolControl("flannel-wg", nsexec.command([], Host(), a.run_dir))
     key_b = public_key(b.key)
     tool.set(DeviceUpdate(peers=diff_peers(want_a, {})))
     tool.set(DeviceUpdate(peers=(PeerUpdate(key_b, update_only=True, set_psk=True),)))

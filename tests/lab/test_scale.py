@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from flannel.kernel import rtnl
+from flannel.kernel.host import Host
 from flannel.lab.cluster import Lab
 from flannel.lab.mesh import MAIN_TABLE, peer_routes, start_nodes, start_pings, wait_full_mesh
 
@@ -19,7 +20,7 @@ NODES, CHURN = 20, 3
 
 
 def route_destinations(lab: Lab, index: int) -> set[str]:
-    conn = rtnl.Rtnl(lab.node_ns(index))
+    conn = rtnl.Rtnl(Host(lab.node_ns(index)))
     try:
         return {route.dst for route, proto, table in conn.routes(socket.AF_INET)
                 if proto == rtnl.RTPROT_FLANNEL and table == MAIN_TABLE}
