@@ -165,7 +165,7 @@ def render(doc: dict[str, Any], base: str) -> str:
                               f"{rules.get('failures')} failure(s))"))
     engines = doc.get("engines")
     for name, samples in (engines.items() if isinstance(engines, dict) else ()):
-        rows.append((f"engine {name}", _counts(samples)))
+        rows.append(("engine", f"{name}: {_counts(samples)}"))
     width = max(len(label) for label, _ in rows)
     lines = [f"flanneld {doc.get('version')} at {base}, up {_duration(doc.get('uptime_seconds'))}"]
     lines += [f"{label:<{width}}  {value}" for label, value in rows]
@@ -173,7 +173,7 @@ def render(doc: dict[str, Any], base: str) -> str:
     if isinstance(components, list):
         lines += ["", f"{'COMPONENT':<12} {'READY':<5}  REASON"]
         for item in components:
-            lines.append(f"{str(_get(item, 'component')):<12} "
+            lines.append(f"{_get(item, 'component')!s:<12} "
                          f"{'yes' if _get(item, 'ready') else 'NO':<5}  "
                          f"{_get(item, 'reason') or ''}".rstrip())
     errors = doc.get("last_errors")
