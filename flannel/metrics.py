@@ -107,7 +107,7 @@ class NodeCollector(Collector):
 
     def _peers(self) -> Iterator[Metric]:
         state = self.state
-        known = len(state.peers.leases) if state.peers is not None else 0
+        known = state.peers.count if state.peers is not None else 0
         programmed = (state.dataplane.status.programmed_peers
                       if state.dataplane is not None else 0)
         yield _gauge("flannel_peers_known", "Usable remote leases the lease watch holds.",

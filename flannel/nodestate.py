@@ -138,7 +138,7 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
             "event_overruns": status.event_overruns}
     peers = state.peers
     doc["peers"] = {
-        "known": len(peers.leases) if peers is not None else 0,
+        "known": peers.count if peers is not None else 0,
         "for_backend": dataplane.status.wanted_peers if dataplane is not None else 0,
         "programmed": dataplane.status.programmed_peers if dataplane is not None else 0,
         "skipped": state.skipped_now(),
