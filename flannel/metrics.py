@@ -108,10 +108,13 @@ class NodeCollector(Collector):
     def _peers(self) -> Iterator[Metric]:
         state = self.state
         known = state.peers.count if state.peers is not None else 0
-        programmed = (state.dataplane.status.programmed_peers
-                      if state.dataplane is not None else 0)
+        status = state.dataplane.status if state.dataplane is not None else None
+        wanted = status.wanted_peers if status is not None else 0
+        programmed = status.programmed_peers if status is not None else 0
         yield _gauge("flannel_peers_known", "Usable remote leases the lease watch holds.",
                      known)
+        yield _gauge("flannel_peers_wanted", "Usable remote leases of this node's backend "
+                     "type: the peers to program.", wanted)
         yield _gauge("flannel_peers_programmed", "Peers the last successful reconcile pass "
                      "programmed (those of this node's backend).", programmed)
         yield _gauge("flannel_peers_skipped", "Lease records skipped right now as invalid "

@@ -135,6 +135,7 @@ async def test_families_move_as_peers_come_and_passes_fail(tmp_path):
         first = await scrape(node.port)
         assert value(first, "flannel_ready") == 1
         assert value(first, "flannel_peers_known") == 1
+        assert value(first, "flannel_peers_wanted") == 1
         assert value(first, "flannel_peers_programmed") == 1
         assert value(first, "flannel_peers_skipped") == 1  # 10.9.3.0/24 lies outside
         assert value(first, "flannel_peer_records_skipped_total") == 1
