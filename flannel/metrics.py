@@ -140,8 +140,9 @@ class NodeCollector(Collector):
             sum_value=durations.sum)
         yield _gauge("flannel_dataplane_in_sync", "1 when the kernel holds the latest "
                      "desired state.", int(status.in_sync))
-        yield _by("flannel_reconcile_changes", "Changes applied by reconcile passes, by kind "
-                  "(route, neighbour, fdb, or an engine's name).", "kind", status.applied)
+        yield _by("flannel_reconcile_changes", "Changes applied by reconcile passes that "
+                  "succeeded, by kind (route, neighbour, fdb, or an engine's name).", "kind",
+                  status.applied)
         yield _by("flannel_drift_repairs", "Drift from desired state seen in kernel events "
                   "and repaired, by kind of object.", "kind", status.repaired)
         yield _counter("flannel_netlink_errors", "Passes whose netlink part failed.",

@@ -22,7 +22,7 @@ from flannel.health import HealthServer, same_host
 from flannel.histogram import Durations
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
-from flannel.nodestate import NodeState
+from flannel.nodestate import NodeState, status_document
 from flannel.readiness import Readiness
 from flannel.subnet.watch import Changes, Snapshot
 from tests.support.waiting import async_wait_until
@@ -306,3 +306,77 @@ def test_prometheus_client_is_loaded_only_when_scraped():
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
                             timeout=60, check=True, cwd=Path(__file__).resolve().parents[2])
     assert result.stdout == "False\n"
+
+
+def collected(state: NodeState) -> dict:
+    from flannel.metrics import Exposition
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(Exposition(state).render().decode())
+            for s in family.samples}
+
+
+async def test_netlink_families_move_with_refusals_drift_and_lost_events():
+    """The data plane's own families, against the dict-backed netlink of test_dataplane."""
+    from flannel.kernel import rtnl
+    from flannel.kernel.rtnl import Route
+    from tests.support.fakenetlink import FakeKernel
+    from tests.unit.test_dataplane import EXT, hostgw, peer, programmed, route, running, until
+
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24"] = 101  # ENETUNREACH
+    async with running(hostgw(), kernel) as dataplane:
+        state = NodeState(dataplane.readiness, dataplane=dataplane, backend=dataplane.backend)
+        dataplane.set_peers([peer(2), peer(3)])
+        await until(lambda: dataplane.status.failed_passes >= 2, "failed passes")
+        failing = collected(state)
+        assert value(failing, "flannel_netlink_errors_total") >= 2
+        assert value(failing, "flannel_reconcile_passes_total", result="error") >= 2
+        assert value(failing, "flannel_dataplane_in_sync") == 0
+        assert value(failing, "flannel_peers_wanted") == 2
+        assert value(failing, "flannel_peers_programmed") == 0
+        del kernel.refusals["replace route 10.244.3.0/24"]
+        await programmed(dataplane)
+        healthy = collected(state)
+        assert value(healthy, "flannel_peers_programmed") == 2
+        # Counted by passes that succeed: route 2 went in with the failed pass, 3 after.
+        assert value(healthy, "flannel_reconcile_changes_total", kind="route") == 1
+        assert value(healthy, "flannel_drift_repairs_total", kind="route") is None
+
+        await until(lambda: kernel.watching, "the event watch")
+        kernel.put(Route("10.244.7.0/24", "192.168.1.7", EXT.index), rtnl.RTPROT_FLANNEL)
+        await until(lambda: dataplane.status.repaired["route"] == 1, "stray route repaired")
+        await programmed(dataplane)
+        kernel.overrun()
+        await until(lambda: dataplane.status.event_overruns == 1, "the overrun seen")
+        await programmed(dataplane)
+        assert kernel.ours() == {route(2), route(3)}
+        moved = collected(state)
+        assert value(moved, "flannel_drift_repairs_total", kind="route") == 1
+        assert value(moved, "flannel_netlink_event_overruns_total") == 1
+        assert value(moved, "flannel_netlink_event_watch_failures_total") == 0
+        doc = status_document(state)
+        assert doc["dataplane"]["routes_wanted"] == 2
+        assert doc["dataplane"]["repaired"] == {"route": 1}
+
+
+async def test_a_failing_event_watch_is_counted():
+    from flannel.dataplane import COMPONENT, Dataplane
+    from tests.support.fakenetlink import FakeKernel
+    from tests.unit.test_dataplane import hostgw, peer, programmed, until
+
+    async def broken(_on_event: object, _on_overrun: object) -> None:
+        raise OSError("netlink multicast groups unavailable")
+
+    kernel = FakeKernel()
+    dataplane = Dataplane(hostgw(), Readiness([COMPONENT]), netlink=kernel.open, watch=broken)
+    task = asyncio.create_task(dataplane.run())
+    try:
+        dataplane.set_peers([peer(2)])
+        await programmed(dataplane)
+        await until(lambda: dataplane.status.event_watch_failures >= 1, "the watch failure")
+        samples = collected(NodeState(dataplane.readiness, dataplane=dataplane))
+        assert value(samples, "flannel_netlink_event_watch_failures_total") >= 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
