@@ -42,7 +42,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 REASON_LIMIT = 600
 
 
-def _last_part(path: re.Match) -> str:
+def _last_part(path: re.Match[str]) -> str:
     """The file or key name without where it lives: subnet.env, 10.5.0.0-24, nft."""
     return path.group().rstrip("/").rsplit("/", 1)[-1] or "<path>"
 

@@ -11,9 +11,10 @@ Must not touch: the components it reads (reads only, on the event loop's thread)
 
 from __future__ import annotations
 
+import math
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -25,7 +26,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from flannel.nodestate import NodeState
 from flannel.version import __version__
@@ -43,7 +43,12 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-def _by(name: str, doc: str, label: str, values: dict[str, float],
+def _bound(seconds: float) -> str:
+    """A bucket's ``le`` as Prometheus writes it: 0.005, 1.0, +Inf."""
+    return "+Inf" if math.isinf(seconds) else repr(seconds)
+
+
+def _by(name: str, doc: str, label: str, values: Mapping[str, float],
         counter: bool = True) -> Metric:
     family = (CounterMetricFamily(name, doc, labels=[label]) if counter
               else GaugeMetricFamily(name, doc, labels=[label]))
@@ -136,7 +141,7 @@ class NodeCollector(Collector):
         durations = status.pass_durations
         yield HistogramMetricFamily(
             "flannel_reconcile_pass_duration_seconds", "Duration of reconcile passes.",
-            buckets=[(floatToGoString(bound), count) for bound, count in durations.cumulative()],
+            buckets=[(_bound(bound), count) for bound, count in durations.cumulative()],
             sum_value=durations.sum)
         yield _gauge("flannel_dataplane_in_sync", "1 when the kernel holds the latest "
                      "desired state.", int(status.in_sync))
@@ -168,7 +173,7 @@ class NodeCollector(Collector):
                        "rules.", rules.failures)
 
     def _engines(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for engine, samples in self.state.engines():
             for sample in samples:
                 if not _SAMPLE_NAME.match(sample.name):

@@ -100,12 +100,12 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
     }
     sm = state.store
     if sm is not None:
-        status = sm.status
+        store = sm.status
         doc["store"] = {
-            "kind": sm.name, "ready": status.ready, "reason": status.reason,
-            "watching": status.watching, "reconnects": status.reconnects,
-            "compactions": status.compactions, "relists": status.relists,
-            "renewals": status.renewals, "renewal_failures": status.renewal_failures}
+            "kind": sm.name, "ready": store.ready, "reason": store.reason,
+            "watching": store.watching, "reconnects": store.reconnects,
+            "compactions": store.compactions, "relists": store.relists,
+            "renewals": store.renewals, "renewal_failures": store.renewal_failures}
         lease = sm.lease
         if lease is not None:
             expiry = lease.expiration
