@@ -3,7 +3,8 @@
 The metrics are scraped from inside a node's namespace and parsed by Prometheus' own text
 parser; each family is made to move by what moves it in production: a node joining, a route
 deleted by hand, lease renewals, traffic rules flushed, etcd restarted. ``status --json`` is
-compared with the kernel (routes on flannel.1, the device's MAC) and subnet.env.
+compared with the kernel (routes on flannel.1, the device's MAC) and subnet.env; another
+node is refused /status but may scrape /metrics.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 HEALTH = "http://127.0.0.1:8081"
 # A 62 s lease with the shortest margin (1 min) is renewed every ~2 s; rules every second.
-ARGS = ("--reconcile-interval=300", "--healthz-ip=127.0.0.1", "--healthz-port=8081",
-        "--subnet-lease-ttl=62s", "--subnet-lease-renew-margin=1", "--iptables-resync=1")
+# The health server listens on every address (the default --healthz-ip), as deployed.
+ARGS = ("--reconcile-interval=300", "--healthz-port=8081", "--subnet-lease-ttl=62s",
+        "--subnet-lease-renew-margin=1", "--iptables-resync=1")
 
 
 def scrape(lab, index: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -95,6 +97,13 @@ def test_metrics_and_status_follow_the_node(make_lab):
                                "mac": link["address"]}]
     assert doc["peers"]["programmed"] == len(peer_routes(lab, 1)) == 1
     assert doc["network"]["backend"] == "vxlan" and doc["store"]["kind"] == "etcd"
+
+    # /status is for this host only (also through its own address); /metrics for anyone.
+    node1 = f"http://{lab.node(1).address}:8081"
+    assert http_get(ns, f"{node1}/status")[0] == 200
+    assert http_get(lab.node_ns(2), f"{node1}/status") == (
+        403, "/status answers clients on this host only: run flannelctl status on the node\n")
+    assert http_get(lab.node_ns(2), f"{node1}/metrics")[0] == 200
 
     # A node joins: peers and changes move, and status still matches the kernel.
     routes_before = first[("flannel_reconcile_changes_total", (("kind", "route"),))]
