@@ -3,7 +3,8 @@
 Owns the metric families (names, help, labels; listed in docs/operations.md) and their
 rendering. A collector reads the live ``NodeState`` at every scrape, so the components only
 keep plain counters and never import prometheus_client; this module is imported by the
-health server on the first scrape only (not by the CNI plugin nor by ``flannelctl``).
+health server on the first scrape only, in a thread (not by the CNI plugin nor by
+``flannelctl``).
 Names follow Prometheus conventions: ``flannel_`` prefix, base units, ``_total`` counters,
 labels of bounded cardinality (kinds, components, engines; never a peer).
 Must not touch: the components it reads (reads only, on the event loop's thread).
