@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -380,3 +381,21 @@ async def test_a_failing_event_watch_is_counted():
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+
+
+async def test_every_family_is_documented(tmp_path):
+    docs = OPERATIONS.read_text()
+    documented = set(re.findall(r"^\| `(flannel_[a-z_<>]+)` \|", docs, re.M))
+    async with counting_node(tmp_path) as node:
+        node.store.updates.put_nowait(Snapshot([PEER, OWN_LEASE]))
+        await node.wait_readyz(200)
+        _, body = await get(node.port, "/metrics")
+    families = {f.name + ("_total" if f.type == "counter" else "")
+                for f in text_string_to_metric_families(body) if f.name.startswith("flannel_")}
+    families = {"flannel_engine_<name>" if name.startswith("flannel_engine_") else name
+                for name in families}
+    # A reservation has no expiry: the one family this node cannot show.
+    assert families | {"flannel_lease_remaining_seconds"} == documented
