@@ -34,6 +34,7 @@ from flannel.dataplane import Dataplane
 from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import EventType, Lease, LeaseAttrs
+from flannel.nodestate import NodeState
 from flannel.readiness import Readiness
 from flannel.rules.iptables import RulesError
 from flannel.sdnotify import notify
@@ -194,6 +195,8 @@ class Daemon:
         self.stop = asyncio.Event()
         self.readiness = Readiness(COMPONENTS)
         self.readiness.report("startup", False, "waiting for the network config")
+        #: What /status and /metrics read; filled in as the parts are created.
+        self.state = NodeState(self.readiness)
 
     def phase(self, what: str) -> None:
         self.readiness.report("startup", False, what)
@@ -227,7 +230,7 @@ class Daemon:
     async def _serve(self) -> int:
         health = None
         if self.settings.health.port:
-            health = HealthServer(self.readiness.current)
+            health = HealthServer(self.readiness.current, self.state)
             ip, port = self.settings.health.ip, self.settings.health.port
             try:
                 await health.start(ip, port)
@@ -239,6 +242,7 @@ class Daemon:
                 sm = self._open_store(self.settings)
             except StoreError as err:
                 raise StartupError(str(err)) from None
+            self.state.store = sm
             try:
                 return await self._run_with(sm)
             except StoreError as err:
@@ -275,6 +279,7 @@ class Daemon:
         config = await wait_for_config(sm, self.stop)
         if config is None:
             return 0
+        self.state.config = config
         log.info("Network config: backend %r, network %s%s", config.backend_type,
                  config.network, f", IPv6 network {config.ipv6_network}"
                  if config.enable_ipv6 else "")
@@ -303,8 +308,10 @@ class Daemon:
         backend, lease, mtu = started
         dataplane = self._dataplane_class(
             backend, self.readiness, interval=self.settings.dataplane.reconcile_interval)
+        self.state.backend, self.state.dataplane = backend, dataplane
         self.phase("installing traffic rules")
         traffic = self._make_rules(rules, config, lease)
+        self.state.rules = traffic.status
         await traffic.start()
         self._report_rules(traffic)
         sm.status.follow(lambda ready, why: self.readiness.report("store", ready, why))
@@ -427,6 +434,7 @@ class Daemon:
     async def _follow_leases(self, sm: SubnetManager, config: NetworkConfig,
                              dataplane: Dataplane, own: Lease) -> None:
         watcher = LeaseWatcher(own, config)
+        self.state.peers = watcher
         async with contextlib.aclosing(sm.watch_leases(config)) as updates:
             async for update in updates:
                 result = watcher.apply(update)

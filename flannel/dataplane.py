@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from flannel.backend.base import Backend
 from flannel.backoff import Backoff
+from flannel.histogram import Durations
 from flannel.kernel import events, rtnl
 from flannel.kernel.reconcile import DesiredState, Netlink, drift, kind, reconcile
 from flannel.lease import Lease
@@ -45,7 +46,10 @@ EventWatch = Callable[[Callable[[events.KernelEvent], None], Callable[[], None]]
 class DataplaneStatus:
     """What the data plane last achieved. Versions count the peer sets handed over (0: none
     yet); ``applied`` counts changes by kind (route, neighbour, fdb, or an applier's name);
-    ``repaired`` counts drift repairs by kind of what drifted (link, address, route...)."""
+    ``repaired`` counts drift repairs by kind of what drifted (link, address, route...).
+    ``wanted_peers`` is the size of the latest peer set, ``programmed_peers`` that of the
+    set the last successful pass programmed. The other counters run since start; all are
+    written on the event loop except ``netlink_errors`` (the worker thread's only)."""
 
     in_sync: bool = False
     wanted_version: int = 0
@@ -54,6 +58,13 @@ class DataplaneStatus:
     passes: int = 0
     applied: Counter[str] = field(default_factory=Counter)
     repaired: Counter[str] = field(default_factory=Counter)
+    failed_passes: int = 0
+    pass_durations: Durations = field(default_factory=Durations)
+    wanted_peers: int = 0
+    programmed_peers: int = 0
+    netlink_errors: int = 0
+    event_overruns: int = 0
+    event_watch_failures: int = 0
 
 
 class PassError(Exception):
@@ -100,6 +111,7 @@ class Dataplane:
     def set_peers(self, peers: Sequence[Lease]) -> None:
         """Hand over the latest full set of remote leases; programmed by the next pass."""
         self._peers = tuple(p for p in peers if self.backend.wants(p))
+        self.status.wanted_peers = len(self._peers)
         self.status.wanted_version += 1
         self.status.in_sync = False
         self._first_peers.set()
@@ -121,7 +133,7 @@ class Dataplane:
         """Reconcile until cancelled. A failed pass is retried, never raised."""
         loop = asyncio.get_running_loop()
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
-        watcher: asyncio.Task | None = None
+        watcher: asyncio.Task[None] | None = None
         self._report()
         try:
             # Never before the first peer set: a pass over an empty set would delete every
@@ -140,10 +152,12 @@ class Dataplane:
                 self._wake.clear()
                 check_local, self._check_local = self._check_local, False
                 version, peers = self.status.wanted_version, self._peers
+                started = time.monotonic()
                 try:
                     uses_netlink, changes = await loop.run_in_executor(
                         worker, self._pass, peers, check_local)
                 except Exception as err:  # every failure is retried
+                    self.status.pass_durations.observe(time.monotonic() - started)
                     self._failed(err)
                     await self._retry.wait()
                     self.trigger()
@@ -151,7 +165,8 @@ class Dataplane:
                 if not uses_netlink and watcher is not None:
                     watcher.cancel()  # nothing of ours in netlink: no drift to watch for
                     watcher = None
-                self._succeeded(version, changes)
+                self.status.pass_durations.observe(time.monotonic() - started)
+                self._succeeded(version, changes, len(peers))
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -159,6 +174,11 @@ class Dataplane:
             closing = worker.submit(self._close_netlink)
             worker.shutdown(wait=False)
             await asyncio.wrap_future(closing)
+
+    @property
+    def desired(self) -> DesiredState | None:
+        """What the last pass asked netlink to hold (None before it, or without netlink)."""
+        return self._last
 
     # -- in the worker thread --
 
@@ -190,6 +210,7 @@ class Dataplane:
                 ops = reconcile(self._netlink(), desired, backend.failure_hint)
                 changes.update(kind(obj) for _verb, obj in ops)
         except Exception as err:  # reported as the pass's failure
+            self.status.netlink_errors += 1
             self._close_netlink()  # a fresh socket for the retry
             failures.append((str(err), getattr(err, "cause", str(err))))
         for applier in backend.appliers():
@@ -218,13 +239,15 @@ class Dataplane:
             log.error("reconcile failed (retrying with backoff): %s", err)
             self._logged_cause = cause
         self.status.passes += 1
+        self.status.failed_passes += 1
         self.status.in_sync = False
         self.status.last_error = str(err)
         self._report()
 
-    def _succeeded(self, version: int, changes: Counter[str]) -> None:
+    def _succeeded(self, version: int, changes: Counter[str], peers: int) -> None:
         status = self.status
         status.passes += 1
+        status.programmed_peers = peers
         status.applied.update(changes)
         status.programmed_version = version
         status.last_error = ""
@@ -277,6 +300,7 @@ class Dataplane:
         self.trigger(why, check_local=isinstance(event.obj, (rtnl.Link, rtnl.Address)))
 
     def _on_overrun(self) -> None:
+        self.status.event_overruns += 1
         self.trigger("event overrun")
 
     async def _follow_kernel(self) -> None:
@@ -289,6 +313,7 @@ class Dataplane:
                 failure = "the event watch ended"
             except Exception as err:  # periodic passes cover the gap
                 failure = str(err)
+            self.status.event_watch_failures += 1
             if failure != logged:
                 log.error("kernel event watch failed (periodic resyncs continue; "
                           "subscribing again): %s", failure)

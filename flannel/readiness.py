@@ -35,6 +35,10 @@ class Readiness:
             self._state[component] = state
             self._changed.set()
 
+    def components(self) -> list[tuple[str, bool, str]]:
+        """(name, ready, reason) of every component, in order."""
+        return [(name, *self._state[name]) for name in self._order]
+
     def current(self) -> tuple[bool, str]:
         """(ready, reason of the first component that is not ready)."""
         for name in self._order:

@@ -66,12 +66,32 @@ class ApplyResult:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class EngineSample:
+    """One figure an engine reports on /metrics as ``flannel_engine_<name>{engine=...}``.
+
+    ``name`` is lower-case letters, digits and underscores (a counter's ends in ``_total``),
+    in base units; ``help`` says what it counts. No per-peer figures: the label set must
+    stay bounded (a count of peers without a handshake, not one sample per peer).
+    """
+
+    name: str
+    help: str
+    value: float
+    counter: bool = False
+
+
 class Applier(Protocol):
     """An engine the data plane runs after the netlink pass, in the same worker thread.
 
     ``apply`` makes the engine match the full peer set and returns what it did; it is
     retried with backoff while it reports an error or raises. ``name`` labels its status
     and its changes (e.g. "wireguard peers").
+
+    An engine may also offer ``samples() -> Sequence[EngineSample]`` (found with
+    ``getattr``): its own figures (a forwarder's packets and drops, the age of the oldest
+    handshake), read on the event loop at every scrape, so it returns what ``apply`` last
+    saw and never blocks.
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""The command lines of ``flannelctl leases``, ``doctor`` and ``bundle``.
+"""The command lines of ``flannelctl leases``, ``doctor``, ``bundle`` and ``status``.
 
 Owns their subparsers and argument checks, and nothing else: each command's module (with
 asyncio, the store clients, tar) is imported only when that command runs, so ``flannelctl
@@ -117,3 +117,31 @@ def add_bundle(sub: Any) -> None:
     bundle.add_argument("--cni-bin-dir", type=Path, action="append", help=argparse.SUPPRESS)
     bundle.add_argument("--cni-conf-dir", type=Path, action="append", help=argparse.SUPPRESS)
     bundle.set_defaults(func=_later("flannel.ops.bundle", "cmd_bundle"))
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0.1 to 60")
+    return value
+
+
+def add_status(sub: Any) -> None:
+    status = sub.add_parser(
+        "status", help="this node's lease, peers, readiness and errors, as flanneld sees them",
+        description="Ask this node's flanneld for its status through its health server's "
+                    "/status endpoint (served to clients on the same host only): the lease "
+                    "and its expiry, backend and devices, peers known vs programmed, "
+                    "readiness and why, the traffic rules and the last errors. Exit code 0 "
+                    "when ready, 1 when not ready, 3 when flanneld does not answer.")
+    status.add_argument("--health-url", default="http://127.0.0.1:8081",
+                        help="flanneld's health server, http://<healthz-ip>:<healthz-port> "
+                             "(default %(default)s, the port of the deployed manifest; "
+                             "flanneld serves it only with --healthz-port)")
+    status.add_argument("--timeout", type=_seconds, default=3.0,
+                        help="seconds to wait for the answer (default %(default)s)")
+    status.add_argument("--json", action="store_true", help="the status document as JSON")
+    status.set_defaults(func=_later("flannel.ops.status", "cmd_status"))

@@ -28,8 +28,16 @@ BR_NETFILTER = {4: "bridge-nf-call-iptables", 6: "bridge-nf-call-ip6tables"}
 
 @dataclass
 class RulesStatus:
+    """Whether the rules are in place (``reason`` says why not), in which mode, and since
+    start: the checks made, the repairs they needed after the rules had been installed,
+    and the checks that failed."""
+
     installed: bool = False
     reason: str = "traffic rules not installed yet"
+    mode: str = ""
+    checks: int = 0
+    repairs: int = 0
+    failures: int = 0
 
 
 def check_br_netfilter(versions: list[int], proc: Path = Path("/proc")) -> None:
@@ -51,7 +59,7 @@ class TrafficManager:
         self.resync = resync
         self.host = host
         self.iptables_mode = iptables_mode
-        self.status = RulesStatus()
+        self.status = RulesStatus(mode=self.mode)
         self.prepared = False
         self.rules: iptables.IptablesRules | nftables.NftablesRules = (
             nftables.NftablesRules(self.families, host) if nftables_mode
@@ -70,6 +78,7 @@ class TrafficManager:
             variant, why = choose_variant(self.iptables_mode, self.host)
             if self.families:
                 log.info("Using %s for the traffic rules: %s", variant.label, why)
+            self.status.mode = variant.label  # iptables-nft, iptables-legacy or iptables
             # Same package, but ask the binary that will run the rules.
             families = [replace(f, fully_random=f.fully_random and
                                 iptables.supports_random_fully(f.version, variant))
@@ -107,9 +116,11 @@ class TrafficManager:
         return self.ensure()
 
     async def _attempt(self) -> None:
+        self.status.checks += 1
         try:
             changed = await asyncio.to_thread(self._prepare_and_ensure)
         except RulesError as err:
+            self.status.failures += 1
             if self.status.installed or self.status.reason != f"traffic rules not installed: {err}":
                 log.error("%s", err)
             self.status.installed = False
@@ -117,6 +128,8 @@ class TrafficManager:
             return
         if changed:
             log.info("%s rules installed", self.mode)
+            if self.status.installed:  # they were in place: something removed them
+                self.status.repairs += 1
         self.status.installed = True
         self.status.reason = ""
 

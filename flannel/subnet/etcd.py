@@ -433,6 +433,7 @@ class EtcdSubnetManager:
                         break
                     if item is not None:
                         backoff.reset()
+                        self.status.watching = True
                     if item is None or item.created:
                         reason = await self._check()
                         if reason is not None:
@@ -452,6 +453,7 @@ class EtcdSubnetManager:
                         self._remember(update)
                         yield update
             except EtcdCompacted as err:
+                self.status.compactions += 1
                 log.warning("watch resumed from a compacted revision (%d < %d); relisting",
                             revision + 1, err.compact_revision)
                 snapshot, revision = await self._resync(max_backoff)
@@ -459,6 +461,8 @@ class EtcdSubnetManager:
                 yield snapshot
                 self._settled()
             except StoreUnavailable as err:
+                self.status.watching = False
+                self.status.reconnects += 1
                 log.warning("lease watch interrupted (%s); resuming from revision %d in %.1fs",
                             err, revision + 1, backoff.delay)
                 await backoff.wait()
@@ -537,6 +541,7 @@ class EtcdSubnetManager:
                     leases, revision = await self._recover(reason, leases)
                     reason = None
                 retries.succeeded()
+                self.status.relists += 1
                 return Snapshot(leases), revision
             except StoreUnavailable as err:
                 retries.failed(err, backoff.delay)
@@ -635,10 +640,12 @@ class EtcdSubnetManager:
                         continue
                     lease = await self.renew_lease(current)
             except (StoreError, StoreUnavailable) as err:
+                self.status.renewal_failures += 1
                 log.error("Error renewing lease (trying again in %s): %s",
                           _seconds_text(self.renew_retry), err)
                 await asyncio.sleep(self.renew_retry)
                 continue
+            self.status.renewals += 1
             log.info("Lease renewed, new expiration: %s",
                      time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(lease.expiration)))
 

@@ -131,7 +131,6 @@ class KubeSubnetManager:
         self._synced = asyncio.Event()
         self._watch_task: asyncio.Task | None = None
         self.resource_version = ""
-        self.relists = 0
         self.undecodable = SkippedRecords("node")
 
     # -- config and own node ----------------------------------------------------------
@@ -282,7 +281,7 @@ class KubeSubnetManager:
         self._dirty.clear()
         self._resync = True
         self._changed.set()
-        self.relists += 1
+        self.status.relists += 1
         self._synced.set()
 
     async def _watch(self) -> None:
@@ -297,6 +296,7 @@ class KubeSubnetManager:
                 if need_list:
                     await self._relist()
                     need_list = False
+                self.status.watching = True
                 async for kind, node in self.client.watch(
                         Node, resource_version=self.resource_version):
                     data = _node_dict(node)
@@ -310,14 +310,19 @@ class KubeSubnetManager:
                         self._store(data)
                     backoff.reset()
             except ApiError as err:
+                self.status.watching = False
                 if err.status.code == 410:
+                    self.status.compactions += 1
                     log.info("node watch: resourceVersion %s is gone; relisting",
                              self.resource_version)
                     need_list = True
                     continue
+                self.status.reconnects += 1
                 log.warning("node watch failed (%s); retrying in %.1fs", err.status.message,
                             backoff.delay)
             except Exception as err:
+                self.status.watching = False
+                self.status.reconnects += 1
                 log.warning("node watch interrupted (%s); resuming from resourceVersion %s "
                             "in %.1fs", err, self.resource_version or "(list)", backoff.delay)
             await backoff.wait()

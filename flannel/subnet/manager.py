@@ -23,11 +23,23 @@ StatusListener = Callable[[bool, str], None]
 
 
 class StoreStatus:
-    """Whether the store view is complete; when not, ``reason`` says why (for /readyz)."""
+    """Whether the store view is complete; when not, ``reason`` says why (for /readyz).
+
+    Also what the lease watch and renewal went through since start, for /metrics and
+    /status: whether the watch is connected now, how often it resumed after a cut,
+    found its revision compacted (410 Gone in kube), listed every lease (the first
+    listing included), and how many renewals succeeded and failed.
+    """
 
     def __init__(self) -> None:
         self.ready = True
         self.reason = ""
+        self.watching = False
+        self.reconnects = 0
+        self.compactions = 0
+        self.relists = 0
+        self.renewals = 0
+        self.renewal_failures = 0
         self._listeners: list[StatusListener] = []
 
     def set(self, ready: bool, reason: str = "") -> None:

@@ -110,6 +110,11 @@ class LeaseWatcher:
         """The current remote leases (the desired peer set)."""
         return list(self._leases.values())
 
+    @property
+    def count(self) -> int:
+        """How many remote leases there are, without copying them (read at every scrape)."""
+        return len(self._leases)
+
     def _is_own(self, lease: Lease) -> bool:
         return self.own is not None and self.own.same_subnet(lease)
 

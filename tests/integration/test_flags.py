@@ -94,7 +94,8 @@ def test_default_healthz_ip_is_said_to_answer_everywhere(ns, tmp_path):
                                f"--subnet-file={tmp_path / 'subnet.env'}",
                                "--healthz-port=8081"], netns=ns).start()
     try:
-        proc.wait_log("health server listening on 0.0.0.0 port 8081 (/healthz, /readyz); "
+        proc.wait_log("health server listening on 0.0.0.0 port 8081 (/healthz, /readyz, /metrics, "
+                      "/status); "
                       "every address of this host answers, --healthz-ip limits that")
         status, body = http_get(ns, "http://127.0.0.1:8081/readyz")
         assert (status, body) == (503, "flanneld is not ready yet: waiting for the network "

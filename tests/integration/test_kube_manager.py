@@ -209,7 +209,7 @@ async def test_cut_watch_resumes_and_410_relists(api, tmp_path):
         remote(api, "node3", "10.244.3.0/24", "10.0.0.3")
         api.delete_node("node2")
         await follower.wait_for(3)
-        assert sm.relists == 1
+        assert sm.status.relists == 1
         # Cut again and compact: the resume gets 410 Gone and relists; the diff is exact.
         api.cut_watches()
         remote(api, "node4", "10.244.4.0/24", "10.0.0.4")
@@ -218,7 +218,7 @@ async def test_cut_watch_resumes_and_410_relists(api, tmp_path):
         events = await follower.wait_for(5)
         assert set(events[3:]) == {(EventType.ADDED, "10.244.4.0-24"),
                                    (EventType.REMOVED, "10.244.3.0-24")}
-        assert sm.relists == 2
+        assert sm.status.relists == 2
         assert any("resourceVersion" in r and "watch" in r for r in api.requests)
 
 

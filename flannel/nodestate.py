@@ -1,0 +1,168 @@
+"""What a running flanneld is made of, gathered for ``/status`` and ``/metrics``.
+
+Owns ``NodeState``, the references the daemon fills in as it starts (store, config,
+backend, data plane, rules, lease watcher), and ``status_document``: this node's lease,
+backend, devices, peers known vs programmed, readiness and why, rules and last errors, as
+the JSON ``flannelctl status`` reads. Everything is read from the live objects when asked:
+nothing here is updated by the components. The document holds no credentials, keys or
+backend data (the VTEP MAC of a device is the one the lease publishes anyway).
+Must not touch: the components it reads (reads only, on the event loop's thread).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flannel.readiness import Readiness
+from flannel.version import __version__
+
+if TYPE_CHECKING:
+    from flannel.backend.base import Applier, Backend, EngineSample
+    from flannel.config import NetworkConfig
+    from flannel.dataplane import Dataplane
+    from flannel.rules.manager import RulesStatus
+    from flannel.subnet.manager import SubnetManager
+    from flannel.subnet.watch import LeaseWatcher
+
+#: Bumped when a field of the status document changes meaning or goes away.
+STATUS_FORMAT = 1
+#: Skipped peer leases listed with their reason (all are counted; the log names each).
+SKIPPED_SHOWN = 50
+
+
+@dataclass
+class NodeState:
+    """The live parts of one daemon run; None until the daemon has created them."""
+
+    readiness: Readiness
+    started: float = field(default_factory=time.time)
+    store: SubnetManager | None = None
+    config: NetworkConfig | None = None
+    backend: Backend | None = None
+    dataplane: Dataplane | None = None
+    rules: RulesStatus | None = None
+    peers: LeaseWatcher | None = None
+
+    def engines(self) -> list[tuple[str, Sequence[EngineSample]]]:
+        """(engine name, samples) of every applier that offers samples."""
+        if self.backend is None:
+            return []
+        out = []
+        for applier in self.backend.appliers():
+            samples = _samples(applier)
+            if samples is not None:
+                out.append((applier.name, samples))
+        return out
+
+    def skipped_now(self) -> int:
+        """Lease records skipped right now: undecodable in the store, or unusable as peers."""
+        count = len(self.peers.skipped.current) if self.peers is not None else 0
+        undecodable = getattr(self.store, "undecodable", None)
+        return count + (len(undecodable.current) if undecodable is not None else 0)
+
+    def skipped_total(self) -> int:
+        """Lease records skipped since start (each delivery counts)."""
+        total = self.peers.skipped.total if self.peers is not None else 0
+        undecodable = getattr(self.store, "undecodable", None)
+        return total + (undecodable.total if undecodable is not None else 0)
+
+
+def _samples(applier: Applier) -> Sequence[EngineSample] | None:
+    samples = getattr(applier, "samples", None)
+    return samples() if callable(samples) else None
+
+
+def _iso(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def status_document(state: NodeState, now: float | None = None) -> dict[str, Any]:
+    """This node's status as ``/status`` serves it (see docs/operations.md)."""
+    now = time.time() if now is None else now
+    ready, why = state.readiness.current()
+    doc: dict[str, Any] = {
+        "format": STATUS_FORMAT,
+        "version": __version__,
+        "uptime_seconds": round(now - state.started, 3),
+        "ready": ready,
+        "reason": why,
+        "readiness": [{"component": name, "ready": ok, "reason": reason}
+                      for name, ok, reason in state.readiness.components()],
+        "lease": None, "network": None, "store": None, "devices": [], "peers": None,
+        "dataplane": None, "rules": None, "engines": {},
+    }
+    sm = state.store
+    if sm is not None:
+        store = sm.status
+        doc["store"] = {
+            "kind": sm.name, "ready": store.ready, "reason": store.reason,
+            "watching": store.watching, "reconnects": store.reconnects,
+            "compactions": store.compactions, "relists": store.relists,
+            "renewals": store.renewals, "renewal_failures": store.renewal_failures}
+        lease = sm.lease
+        if lease is not None:
+            expiry = lease.expiration
+            doc["lease"] = {
+                "subnet": _text(lease.subnet), "ipv6_subnet": _text(lease.ipv6_subnet),
+                "public_ip": _text(lease.attrs.public_ip),
+                "public_ipv6": _text(lease.attrs.public_ipv6),
+                "backend_type": lease.attrs.backend_type,
+                "reservation": expiry is None,
+                "expires_at": None if expiry is None else _iso(expiry),
+                "expires_in_seconds": None if expiry is None else round(expiry - now, 3)}
+    if state.config is not None:
+        doc["network"] = {"network": _text(state.config.network),
+                          "ipv6_network": _text(state.config.ipv6_network),
+                          "backend": state.config.backend_type}
+    dataplane = state.dataplane
+    if dataplane is not None:
+        status = dataplane.status
+        desired = dataplane.desired
+        if desired is not None:
+            doc["devices"] = [{"name": link.name, "mtu": link.mtu, "mac": link.mac}
+                              for link in sorted(desired.links, key=lambda x: x.name)]
+        doc["dataplane"] = {
+            "in_sync": status.in_sync, "passes": status.passes,
+            "failed_passes": status.failed_passes, "last_error": status.last_error,
+            "routes_wanted": len(desired.routes) if desired is not None else None,
+            "applied": dict(sorted(status.applied.items())),
+            "repaired": dict(sorted(status.repaired.items())),
+            "netlink_errors": status.netlink_errors,
+            "event_overruns": status.event_overruns}
+    peers = state.peers
+    doc["peers"] = {
+        "known": peers.count if peers is not None else 0,
+        "for_backend": dataplane.status.wanted_peers if dataplane is not None else 0,
+        "programmed": dataplane.status.programmed_peers if dataplane is not None else 0,
+        "skipped": state.skipped_now(),
+        "skipped_reasons": dict(sorted(peers.skipped.current.items())[:SKIPPED_SHOWN])
+        if peers is not None else {}}
+    rules = state.rules
+    if rules is not None:
+        doc["rules"] = {"mode": rules.mode, "installed": rules.installed,
+                        "reason": rules.reason, "checks": rules.checks,
+                        "repairs": rules.repairs, "failures": rules.failures}
+    doc["engines"] = {name: {s.name: s.value for s in samples}
+                      for name, samples in state.engines()}
+    doc["last_errors"] = last_errors(doc)
+    return doc
+
+
+def last_errors(doc: dict[str, Any]) -> list[str]:
+    """What is failing now, most basic first: store, rules, data plane."""
+    errors = []
+    store, rules, dataplane = doc["store"], doc["rules"], doc["dataplane"]
+    if store is not None and not store["ready"]:
+        errors.append(f"store: {store['reason']}")
+    if rules is not None and not rules["installed"] and rules["checks"]:
+        errors.append(f"rules: {rules['reason']}")
+    if dataplane is not None and dataplane["last_error"]:
+        errors.append(f"data plane: {dataplane['last_error']}")
+    return errors
