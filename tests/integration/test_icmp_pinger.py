@@ -1,0 +1,92 @@
+"""The raw-socket pinger of ``flannelctl check`` against the real kernel, in namespaces the
+tests create: answers, silence, an ICMP error from a router, and an echo that cannot leave."""
+
+from __future__ import annotations
+
+import asyncio
+from ipaddress import IPv4Address
+
+import pytest
+
+from flannel.kernel.rtnl import in_netns
+from flannel.ops.icmp import Pinger
+from tests.support import netns
+
+
+def probe(ns: str, target: str, sources: list[str] = (), count: int = 2,
+          timeout: float = 0.5):
+    with in_netns(ns):  # the socket stays in the namespace it was created in
+        pinger = Pinger([IPv4Address(s) for s in sources])
+
+    async def run():
+        try:
+            return await pinger.probe(IPv4Address(target), count, 0.05, timeout)
+        finally:
+            pinger.close()
+
+    return pinger, asyncio.run(run())
+
+
+def test_answers_are_timed(ns):
+    netns.ip("addr", "add", "10.7.0.1/24", "dev", "lo", netns=ns)
+    pinger, result = probe(ns, "10.7.0.1", ["10.9.9.9", "10.7.0.1"], count=3)
+    assert pinger.source == IPv4Address("10.7.0.1")  # the first address this host holds
+    assert (result.sent, result.lost, result.errors, result.send_error) == (3, 0, [], "")
+    assert all(0 < rtt < 0.5 for rtt in result.rtts)
+
+
+def test_silence_is_a_timeout(ns):
+    # A veth whose other end holds no address: what is sent there vanishes, no error.
+    netns.ip("link", "add", "va", "type", "veth", "peer", "name", "vb", netns=ns)
+    netns.ip("addr", "add", "10.7.0.1/24", "dev", "va", netns=ns)
+    netns.ip("neigh", "add", "10.7.0.2", "lladdr", "02:00:00:00:00:02", "dev", "va", "nud",
+             "permanent", netns=ns)
+    for device in ("va", "vb"):
+        netns.ip("link", "set", device, "up", netns=ns)
+    _, result = probe(ns, "10.7.0.2", ["10.7.0.1"])
+    assert (result.sent, result.rtts, result.errors, result.send_error) == (2, [], [], "")
+
+
+def test_unreachable_from_a_router_is_told_apart(ns):
+    router = netns.create("r")
+    try:
+        netns.ip("link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", router,
+                 netns=ns)
+        netns.ip("addr", "add", "10.7.0.1/24", "dev", "va", netns=ns)
+        netns.ip("link", "set", "va", "up", netns=ns)
+        netns.ip("route", "add", "10.6.0.0/24", "via", "10.7.0.2", netns=ns)
+        netns.ip("addr", "add", "10.7.0.2/24", "dev", "vb", netns=router)
+        netns.ip("link", "set", "vb", "up", netns=router)
+        # The router forwards but has an unreachable route: it answers "host unreachable".
+        netns.ip("route", "add", "unreachable", "10.6.0.0/24", netns=router)
+        with in_netns(router):
+            with open("/proc/sys/net/ipv4/ip_forward", "w") as sysctl:
+                sysctl.write("1")
+        _, result = probe(ns, "10.6.0.5", ["10.7.0.1"], timeout=2.0)
+        assert result.sent == 2 and result.rtts == []
+        assert result.errors == ["host unreachable from 10.7.0.2"] * 2
+    finally:
+        netns.delete(router)
+
+
+def test_an_echo_that_cannot_leave_says_why(ns):
+    netns.ip("route", "add", "prohibit", "10.6.0.0/24", netns=ns)
+    _, result = probe(ns, "10.6.0.5")
+    assert (result.sent, result.send_error) == (0, "Permission denied")
+
+
+def test_without_cap_net_raw_the_message_says_what_is_needed():
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop the capability")
+    import subprocess
+    import sys
+
+    script = ("from flannel.ops.icmp import Pinger, IcmpError\n"
+              "try:\n    Pinger([])\nexcept IcmpError as err:\n    print(err)\n")
+    proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.stdout.strip() == ("sending ICMP echoes needs CAP_NET_RAW: run it as root, "
+                                   "or in flanneld's pod (which has NET_RAW)"), proc.stderr
