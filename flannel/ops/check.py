@@ -9,10 +9,12 @@ others, the first address of the subnet, the ``cni0`` gateway, which exists once
 runs a pod (the base address answers nowhere there). Echoes leave from this node's own
 address of the same kind, so the answer comes back over the overlay too.
 Verdicts: ``ok`` (every echo answered), ``lossy`` (some), ``timeout`` (none, and nothing said
-why), ``unreachable`` (an ICMP error came back, or the echo could not be sent), ``no-route``
-(this node's kernel has no route to the peer's subnet: flanneld here has not programmed that
-lease), ``bad-lease`` (a lease no flanneld programs), ``not-probed`` (the deadline came
-first). Exit status 0 only when every peer answers (``ok`` or ``lossy``).
+why), ``unreachable`` (an ICMP error came back, or the echo could not be sent),
+``not-programmed`` (this node's kernel lacks the route, or for vxlan the neighbour or FDB
+entry, that flanneld makes for the lease: no echo is sent, it could only time out, or come
+back unreachable after the kernel's 3 s of ARP), ``bad-lease`` (a lease no flanneld
+programs), ``not-probed`` (the deadline came first). Exit status 0 only when every peer
+answers (``ok`` or ``lossy``).
 Must not change anything.
 """
 
@@ -33,6 +35,7 @@ from typing import Any
 from flannel.lease import Lease
 from flannel.ops.checks import Context
 from flannel.ops.icmp import IcmpError, Pinger, Probe
+from flannel.ops.leases import vtep_mac
 
 MAIN_TABLE = 254
 ANSWERING = ("ok", "lossy")
@@ -105,19 +108,56 @@ def probe_target(subnet: IPv4Network, backend: str) -> IPv4Address:
     return subnet.network_address + (0 if backend == "vxlan" else 1)
 
 
-def main_routes() -> set[str] | None:
-    """Destinations of this namespace's main-table IPv4 routes; None if unreadable."""
+@dataclass(frozen=True)
+class Programmed:
+    """What this namespace's kernel holds for peers: main-table IPv4 route destinations,
+    neighbours (address -> MAC) and FDB entries (MAC, destination)."""
+
+    routes: frozenset[str]
+    neighbours: dict[str, str]
+    fdb: frozenset[tuple[str, str]]
+
+    def missing(self, lease: Lease, target: str, backend: str) -> str:
+        """What flanneld would have programmed for ``lease`` and the kernel lacks; ""."""
+        subnet, public = lease.subnet, str(lease.attrs.public_ip)
+        not_done = "flanneld here has not programmed that lease"
+        if str(subnet) not in self.routes:
+            return f"this node has no route to {subnet}: {not_done}"
+        mac = vtep_mac(lease)
+        if backend != "vxlan" or mac is None:
+            return ""
+        have = self.neighbours.get(target)
+        if have is None:
+            return f"this node has no neighbour entry for the VTEP {target}: {not_done}"
+        if have != mac:
+            return (f"this node's neighbour entry for the VTEP {target} has MAC {have}, the "
+                    f"lease publishes {mac}: something changed it behind flanneld's back")
+        if (mac, public) not in self.fdb:
+            return f"this node has no FDB entry sending {mac} to {public}: {not_done}"
+        return ""
+
+
+def read_programmed() -> Programmed | None:
+    """The kernel's routes, neighbours and FDB of this namespace; None if unreadable."""
     from flannel.kernel import rtnl
 
     try:
         with rtnl.Rtnl() as conn:
-            return {route.dst for route, _proto, table in conn.routes(socket.AF_INET)
-                    if table == MAIN_TABLE}
+            routes = frozenset(route.dst for route, _proto, table in
+                               conn.routes(socket.AF_INET) if table == MAIN_TABLE)
+            neighbours = {entry.ip: entry.mac for entry, _state, _flags in
+                          conn.neighbours(socket.AF_INET)
+                          if isinstance(entry, rtnl.Neighbour) and entry.mac}
+            fdb = frozenset((entry.mac, entry.dst) for entry, _state, _flags in
+                            conn.neighbours(rtnl.AF_BRIDGE)
+                            if isinstance(entry, rtnl.FdbEntry))
     except OSError:
         return None
+    return Programmed(routes, neighbours, fdb)
 
 
-def plan(ctx: Context, routes: set[str] | None) -> tuple[list[PeerResult], list[PeerResult]]:
+def plan(ctx: Context, kernel: Programmed | None
+         ) -> tuple[list[PeerResult], list[PeerResult]]:
     """(peers to probe, peers decided without probing) from the store's leases."""
     own = ctx.own_subnet
     usable = {id(lease) for lease in ctx.peers}
@@ -131,6 +171,7 @@ def plan(ctx: Context, routes: set[str] | None) -> tuple[list[PeerResult], list[
         assert subnet is not None
         attrs = lease.attrs
         row = PeerResult(subnet, str(attrs.public_ip or ""), attrs.backend_type)
+        target = str(probe_target(subnet, ctx.backend))
         if id(lease) not in usable:
             row.verdict = "bad-lease"
             row.detail = ("no flanneld programs this lease (no public IP, outside the "
@@ -138,20 +179,19 @@ def plan(ctx: Context, routes: set[str] | None) -> tuple[list[PeerResult], list[
             row.next_step = f"flannelctl leases show {subnet}"
             decided.append(row)
         elif attrs.backend_type != ctx.backend:
-            row.verdict = "no-route"
+            row.verdict = "not-programmed"
             row.detail = (f"its lease is for the {attrs.backend_type or 'unknown'} backend and "
                           f"this node runs {ctx.backend}: flanneld ignores it")
             row.next_step = "give every node the same Backend in the network config"
             decided.append(row)
-        elif routes is not None and str(subnet) not in routes:
-            row.verdict = "no-route"
-            row.detail = (f"this node has no route to {subnet}: flanneld here has not "
-                          "programmed that lease")
+        elif kernel is not None and (missing := kernel.missing(lease, target, ctx.backend)):
+            row.verdict = "not-programmed"
+            row.detail = missing
             row.next_step = ("run flannelctl doctor on this node (is flanneld running, and "
                              "what does its log say about that peer?)")
             decided.append(row)
         else:
-            row.target = str(probe_target(subnet, ctx.backend))
+            row.target = target
             probe.append(row)
     return probe, decided
 
@@ -223,7 +263,7 @@ def run_check(args: argparse.Namespace) -> NodeCheck:
     asyncio.run(read_store(ctx, args))
     if ctx.rows is None or ctx.config is None:
         raise CheckError(f"cannot read the store: {ctx.store_error}")
-    to_probe, decided = plan(ctx, main_routes())
+    to_probe, decided = plan(ctx, read_programmed())
     own_lease = ctx.own_lease
     encap = f" and on the VXLAN port (UDP {ctx.vxlan_port})" if ctx.backend == "vxlan" else ""
     # Our own address of the kind the peers answer on: the VTEP address, else cni0's.
@@ -256,8 +296,10 @@ def ms_text(rtts: tuple[float, ...], pick: Any) -> str:
 
 def render(check: NodeCheck) -> str:
     """The table, one row per peer, failing verdicts in capitals, then what to do."""
+    source = check.source or "the address the kernel picks"
     head = (f"this node: {check.subnet} ({_cell(check.public_ip)}, {_cell(check.backend)}), "
-            f"echoes from {check.source or 'the address the kernel picks'}")
+            + (f"echoes from {source}" if any(p.sent for p in check.peers)
+               else "no echoes sent"))
     if not check.peers:
         return f"{head}\nno peers: this node holds the only lease"
     lines = [["PEER SUBNET", "PUBLIC IP", "BACKEND", "TARGET", "P50", "MAX", "LOSS",

@@ -150,8 +150,8 @@ def add_check(sub: Any) -> None:
     check.add_argument("--timeout", type=_bounded(float, 0.1, 30, "seconds"), default=1.0,
                        help="seconds each echo waits for its answer (default %(default)s)")
     check.add_argument("--parallel", type=_bounded(int, 1, 256, "a number of peers"),
-                       default=32, help="peers probed at once (default %(default)s)")
-    check.add_argument("--deadline", type=_bounded(float, 1, 600, "seconds"), default=30.0,
+                       default=128, help="peers probed at once (default %(default)s)")
+    check.add_argument("--deadline", type=_bounded(float, 1, 600, "seconds"), default=60.0,
                        help="seconds for all the probes; peers not probed by then are "
                             "reported as such (default %(default)s)")
     check.add_argument("--lab", default="", metavar="NAME",

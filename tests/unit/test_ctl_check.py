@@ -9,8 +9,9 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
+from flannel.lease import Lease, LeaseAttrs
 from flannel.ops import icmp
-from flannel.ops.check import NodeCheck, PeerResult, judge, probe_target, render
+from flannel.ops.check import NodeCheck, PeerResult, Programmed, judge, probe_target, render
 from flannel.ops.checklab import LabNode, NodeOutcome, pairs_of
 from flannel.ops.checklab import render as render_lab
 from flannel.ops.parsers import add_check
@@ -110,6 +111,30 @@ def test_target_is_the_vtep_for_vxlan_and_the_cni0_gateway_otherwise():
     assert probe_target(subnet, "host-gw") == IPv4Address("10.244.7.1")
 
 
+def test_what_flanneld_has_not_programmed_is_named():
+    mac = "f6:be:b0:e3:fd:1c"
+    lease = Lease(IPv4Network("10.244.3.0/24"), attrs=LeaseAttrs(
+        IPv4Address("192.168.111.13"), backend_type="vxlan",
+        backend_data=f'{{"VNI":1,"VtepMAC":"{mac}"}}'))
+    route = frozenset({"10.244.3.0/24"})
+    done = "flanneld here has not programmed that lease"
+    full = Programmed(route, {"10.244.3.0": mac}, frozenset({(mac, "192.168.111.13")}))
+    assert full.missing(lease, "10.244.3.0", "vxlan") == ""
+    assert Programmed(frozenset(), {}, frozenset()).missing(lease, "10.244.3.0", "vxlan") == \
+        f"this node has no route to 10.244.3.0/24: {done}"
+    assert Programmed(route, {}, full.fdb).missing(lease, "10.244.3.0", "vxlan") == \
+        f"this node has no neighbour entry for the VTEP 10.244.3.0: {done}"
+    assert Programmed(route, {"10.244.3.0": "02:00:00:00:00:01"}, full.fdb).missing(
+        lease, "10.244.3.0", "vxlan") == (
+        "this node's neighbour entry for the VTEP 10.244.3.0 has MAC 02:00:00:00:00:01, the "
+        "lease publishes f6:be:b0:e3:fd:1c: something changed it behind flanneld's back")
+    assert Programmed(route, full.neighbours, frozenset()).missing(
+        lease, "10.244.3.0", "vxlan") == (
+        f"this node has no FDB entry sending {mac} to 192.168.111.13: {done}")
+    # host-gw programs a route only.
+    assert Programmed(route, {}, frozenset()).missing(lease, "10.244.3.1", "host-gw") == ""
+
+
 def test_verdicts_from_probes():
     encap = " and on the VXLAN port (UDP 8472)"
     ok = row("10.244.2.0/24", "192.168.111.12", target="10.244.2.0")
@@ -146,7 +171,7 @@ def test_node_table():
              row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0", sent=3,
                  verdict="timeout", detail="no answer from 10.244.3.0 to 3 echoes within 1s",
                  next_step="run flannelctl doctor on this node"),
-             row("10.244.4.0/24", "192.168.111.14", verdict="no-route",
+             row("10.244.4.0/24", "192.168.111.14", verdict="not-programmed",
                  detail="this node has no route to 10.244.4.0/24")]
     check = NodeCheck(IPv4Network("10.244.1.0/24"), "192.168.111.11", "vxlan", "10.244.1.0",
                       peers)
@@ -156,11 +181,11 @@ this node: 10.244.1.0/24 (192.168.111.11, vxlan), echoes from 10.244.1.0
 PEER SUBNET    PUBLIC IP       BACKEND  TARGET      P50     MAX     LOSS  VERDICT
 10.244.2.0/24  192.168.111.12  vxlan    10.244.2.0  0.40ms  0.90ms  0%    ok
 10.244.3.0/24  192.168.111.13  vxlan    10.244.3.0  -       -       100%  TIMEOUT
-10.244.4.0/24  192.168.111.14  vxlan    -           -       -       -     NO-ROUTE
+10.244.4.0/24  192.168.111.14  vxlan    -           -       -       -     NOT-PROGRAMMED
 2 of 3 peers do not answer:
   10.244.3.0/24 (192.168.111.13): timeout: no answer from 10.244.3.0 to 3 echoes within 1s
     next: run flannelctl doctor on this node
-  10.244.4.0/24 (192.168.111.14): no-route: this node has no route to 10.244.4.0/24"""
+  10.244.4.0/24 (192.168.111.14): not-programmed: this node has no route to 10.244.4.0/24"""
     doc = check.as_json()
     assert doc["ok"] is False
     assert doc["peers"][0]["rtt_ms"] == {"p50": 0.4, "max": 0.9}
