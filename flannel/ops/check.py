@@ -242,7 +242,7 @@ async def probe_all(rows: list[PeerResult], pinger: Pinger, args: argparse.Names
     await asyncio.gather(*late, return_exceptions=True)
     for row in rows:
         if row.verdict == "not-probed":
-            row.detail = f"the --deadline of {args.deadline:g}s passed before it was probed"
+            row.detail = f"the --deadline of {args.deadline:g}s passed before its probe ended"
             row.next_step = "give a longer --deadline or a larger --parallel"
 
 

@@ -129,9 +129,9 @@ def check_node(node: LabNode, endpoint: str, args: argparse.Namespace) -> NodeOu
     try:
         doc = json.loads(out)
     except ValueError:
-        err = proc.stderr[:2000].decode(errors="replace").strip()
+        said = proc.stderr[:2000].decode(errors="replace").strip()
         return NodeOutcome(node, error=f"the check in {node.netns} failed (exit "
-                                       f"{proc.returncode}): {err or out[:2000]}")
+                                       f"{proc.returncode}): {said or out[:2000]}")
     if not isinstance(doc, dict):
         return NodeOutcome(node, error=f"the check in {node.netns} gave no report")
     return NodeOutcome(node, doc, str(doc.get("error") or ""))

@@ -47,7 +47,7 @@ def checksum(data: bytes) -> int:
     """The Internet checksum (RFC 1071) of ``data``."""
     if len(data) % 2:
         data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
     return ~total & 0xFFFF
@@ -185,9 +185,7 @@ class Pinger:
         for _ in range(256):  # bounded: a flood of ICMP must not starve the loop
             try:
                 packet = self.sock.recv(2048)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+            except OSError:  # nothing more to read (or nothing readable): wait for the next
                 return
             answer = parse(packet)
             if answer is None or answer.ident != self.ident:

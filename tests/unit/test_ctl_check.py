@@ -3,6 +3,7 @@ table and the lab matrix an operator reads."""
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 from ipaddress import IPv4Address, IPv4Network
@@ -250,3 +251,45 @@ def test_bad_bounds_are_refused(flag, capsys):
     assert exit_.value.code == 2
     name, value = flag.split("=")
     assert f"argument {name}: '{value}': give" in capsys.readouterr().err
+
+
+def test_lab_state_is_read_as_untrusted_input(tmp_path):
+    from flannel.ops.checklab import LabCheckError, read_lab
+
+    with pytest.raises(LabCheckError) as missing:
+        read_lab("nolab", tmp_path)
+    assert str(missing.value) == (f"no lab named nolab under {tmp_path} ('flannel-lab up "
+                                  "--name nolab' builds one; --lab-root if it lives elsewhere)")
+    (tmp_path / "lab").mkdir()
+    state = tmp_path / "lab" / "state.json"
+    node = {"index": 1, "netns": "lab-n1", "address": "192.168.111.11",
+            "subnet_file": "/run/lab/n1/subnet.env"}
+    state.write_text(json.dumps({"etcd_endpoint": "http://192.168.111.1:2379",
+                                 "nodes": [node]}))
+    assert read_lab("lab", tmp_path) == (
+        "http://192.168.111.1:2379", [LabNode(1, "lab-n1", "192.168.111.11",
+                                              "/run/lab/n1/subnet.env")])
+    for bad, message in (
+            ({**node, "netns": "other-n1"}, "node 1 does not belong to lab lab"),
+            ({**node, "subnet_file": "n1/subnet.env"}, "node 1 does not belong to lab lab"),
+            ({**node, "address": "eth0"}, "a node entry is unusable"),
+            ("n1", "a node entry is unusable")):
+        state.write_text(json.dumps({"etcd_endpoint": "http://x:1", "nodes": [bad]}))
+        with pytest.raises(LabCheckError, match=message):
+            read_lab("lab", tmp_path)
+    state.write_text("[]")
+    with pytest.raises(LabCheckError, match="describes no running lab"):
+        read_lab("lab", tmp_path)
+
+
+def test_no_subnet_env_is_said_plainly(tmp_path, capsys):
+    from flannel.ctl import main
+
+    missing = tmp_path / "subnet.env"
+    assert main(["check", f"--subnet-file={missing}"]) == 1
+    assert capsys.readouterr() == ("", f"flannelctl check: {missing}: missing: is flanneld "
+                                       "running on this node? run flannelctl doctor\n")
+    assert main(["check", "--json", f"--subnet-file={missing}"]) == 1
+    assert json.loads(capsys.readouterr().out) == {
+        "ok": False, "peers": [],
+        "error": f"{missing}: missing: is flanneld running on this node? run flannelctl doctor"}
