@@ -282,7 +282,18 @@ def test_lab_state_is_read_as_untrusted_input(tmp_path):
         read_lab("lab", tmp_path)
 
 
-def test_no_subnet_env_is_said_plainly(tmp_path, capsys):
+@pytest.fixture
+def flannel_log_level():
+    """The command quiets the store's logs for its process; give the next tests theirs."""
+    import logging
+
+    logger = logging.getLogger("flannel")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
+def test_no_subnet_env_is_said_plainly(tmp_path, capsys, flannel_log_level):
     from flannel.ctl import main
 
     missing = tmp_path / "subnet.env"
