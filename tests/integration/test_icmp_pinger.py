@@ -3,12 +3,16 @@ tests create: answers, silence, an ICMP error from a router, and an echo that ca
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-from ipaddress import IPv4Address
+import shutil
+import time
+from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
 from flannel.kernel.rtnl import in_netns
+from flannel.ops.check import PeerResult, probe_all
 from flannel.ops.icmp import Pinger
 from tests.support import netns
 
@@ -35,16 +39,45 @@ def test_answers_are_timed(ns):
     assert all(0 < rtt < 0.5 for rtt in result.rtts)
 
 
-def test_silence_is_a_timeout(ns):
-    # A veth whose other end holds no address: what is sent there vanishes, no error.
+def black_hole(ns: str, *targets: str) -> None:
+    """A veth whose other end holds no address: what is sent there vanishes, no error."""
     netns.ip("link", "add", "va", "type", "veth", "peer", "name", "vb", netns=ns)
     netns.ip("addr", "add", "10.7.0.1/24", "dev", "va", netns=ns)
-    netns.ip("neigh", "add", "10.7.0.2", "lladdr", "02:00:00:00:00:02", "dev", "va", "nud",
-             "permanent", netns=ns)
+    for target in targets:
+        netns.ip("neigh", "add", target, "lladdr", "02:00:00:00:00:02", "dev", "va", "nud",
+                 "permanent", netns=ns)
     for device in ("va", "vb"):
         netns.ip("link", "set", device, "up", netns=ns)
+
+
+def test_silence_is_a_timeout(ns):
+    black_hole(ns, "10.7.0.2")
     _, result = probe(ns, "10.7.0.2", ["10.7.0.1"])
     assert (result.sent, result.rtts, result.errors, result.send_error) == (2, [], [], "")
+
+
+def test_the_deadline_bounds_the_whole_check(ns):
+    black_hole(ns, "10.7.0.2", "10.7.0.3", "10.7.0.4")
+    netns.ip("addr", "add", "10.8.0.1/24", "dev", "lo", netns=ns)
+    rows = [PeerResult(IPv4Network(f"{t}/32"), "", "vxlan", target=t)
+            for t in ("10.8.0.1", "10.7.0.2", "10.7.0.3", "10.7.0.4")]
+    with in_netns(ns):
+        pinger = Pinger([IPv4Address("10.7.0.1")])
+    # One peer at a time, each silent one taking 3 s: only the first two get an answer.
+    args = argparse.Namespace(parallel=1, count=1, interval=0.1, timeout=3.0, deadline=4.0)
+
+    async def run():
+        try:
+            await probe_all(rows, pinger, args, "")
+        finally:
+            pinger.close()
+
+    start = time.monotonic()
+    asyncio.run(run())
+    assert time.monotonic() - start < 6
+    assert [row.verdict for row in rows] == ["ok", "timeout", "not-probed", "not-probed"]
+    assert rows[3].detail == "the --deadline of 4s passed before its probe ended"
+    assert rows[3].next_step == "give a longer --deadline or a larger --parallel"
 
 
 def test_unreachable_from_a_router_is_told_apart(ns):
@@ -78,8 +111,8 @@ def test_an_echo_that_cannot_leave_says_why(ns):
 def test_without_cap_net_raw_the_message_says_what_is_needed():
     import os
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root to drop the capability")
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to drop the capability")
     import subprocess
     import sys
 
