@@ -158,13 +158,15 @@ def read_programmed() -> Programmed | None:
 
 def plan(ctx: Context, kernel: Programmed | None
          ) -> tuple[list[PeerResult], list[PeerResult]]:
-    """(peers to probe, peers decided without probing) from the store's leases."""
+    """(peers to probe, peers decided without probing) from the store's leases. A
+    reservation no node has taken yet (no backend) is no peer."""
     own = ctx.own_subnet
     usable = {id(lease) for lease in ctx.peers}
     probe: list[PeerResult] = []
     decided: list[PeerResult] = []
     leases: list[Lease] = sorted((lease for lease in ctx.leases
-                                  if lease.subnet is not None and lease.subnet != own),
+                                  if lease.subnet is not None and lease.subnet != own
+                                  and (lease.attrs.backend_type or not lease.is_reservation)),
                                  key=lambda lease: lease.subnet or IPv4Network("0.0.0.0/0"))
     for lease in leases:
         subnet = lease.subnet

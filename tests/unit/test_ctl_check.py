@@ -304,3 +304,45 @@ def test_no_subnet_env_is_said_plainly(tmp_path, capsys, flannel_log_level):
     assert json.loads(capsys.readouterr().out) == {
         "ok": False, "peers": [],
         "error": f"{missing}: missing: is flanneld running on this node? run flannelctl doctor"}
+
+
+def test_plan_decides_what_needs_no_echo():
+    from pathlib import Path
+
+    from flannel.config import parse_config
+    from flannel.ops.check import plan
+    from flannel.ops.checks import Context
+    from flannel.ops.leases import LeaseRow
+
+    def lease(subnet: str, public: str | None, backend: str, data: str | None = None,
+              etcd_lease: int = 5) -> LeaseRow:
+        made = Lease(IPv4Network(subnet), attrs=LeaseAttrs(
+            IPv4Address(public) if public else None, backend_type=backend,
+            backend_data=data), etcd_lease_id=etcd_lease)
+        return LeaseRow(made.key, made)
+
+    mac = '{"VNI":1,"VtepMAC":"f6:be:b0:e3:fd:1c"}'
+    ctx = Context(Path("subnet.env"), Path("/proc/sys"), [], [], 1.0, False,
+                  env={"FLANNEL_SUBNET": "10.244.1.1/24"},
+                  config=parse_config('{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}'),
+                  rows=[lease("10.244.1.0/24", "192.168.111.11", "vxlan", mac),  # this node
+                        lease("10.244.2.0/24", "192.168.111.12", "vxlan", mac),
+                        lease("10.244.3.0/24", "192.168.111.13", "vxlan", mac),
+                        lease("10.244.4.0/24", "192.168.111.14", "host-gw"),
+                        lease("10.244.5.0/24", "192.168.111.15", "vxlan"),  # no VTEP MAC
+                        lease("10.244.6.0/24", "192.168.111.16", "", etcd_lease=0)])
+    kernel = Programmed(frozenset({"10.244.2.0/24", "10.244.4.0/24"}),
+                        {"10.244.2.0": "f6:be:b0:e3:fd:1c"},
+                        frozenset({("f6:be:b0:e3:fd:1c", "192.168.111.12")}))
+    probe, decided = plan(ctx, kernel)
+    assert [(row.subnet.exploded, row.target) for row in probe] == [
+        ("10.244.2.0/24", "10.244.2.0")]
+    assert [(row.subnet.exploded, row.verdict, row.detail) for row in decided] == [
+        ("10.244.3.0/24", "not-programmed", "this node has no route to 10.244.3.0/24: "
+         "flanneld here has not programmed that lease"),
+        ("10.244.4.0/24", "not-programmed", "its lease is for the host-gw backend and this "
+         "node runs vxlan: flanneld ignores it"),
+        ("10.244.5.0/24", "bad-lease", "no flanneld programs this lease (no public IP, "
+         "outside the Network, or a vxlan lease without a VTEP MAC)")]
+    # Without a readable kernel every usable peer is probed.
+    assert [row.target for row in plan(ctx, None)[0]] == ["10.244.2.0", "10.244.3.0"]
