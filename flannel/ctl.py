@@ -2,7 +2,7 @@
 
 Owns the command line of the operator tool: ``install-cni``, ``cleanup`` (whose inventory
 of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command), and the
-wiring of ``leases``, ``doctor``, ``bundle`` and ``status`` (in ``flannel/ops/``).
+wiring of ``leases``, ``doctor``, ``check``, ``bundle`` and ``status`` (in ``flannel/ops/``).
 Must not touch: kernel state outside ``cleanup``.
 """
 
@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     clean.set_defaults(func=cmd_cleanup)
     parsers.add_leases(sub)
     parsers.add_doctor(sub)
+    parsers.add_check(sub)
     parsers.add_bundle(sub)
     parsers.add_status(sub)
     return parser

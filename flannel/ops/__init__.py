@@ -1,4 +1,4 @@
-"""Operator tooling behind ``flannelctl``: leases, doctor, bundle.
+"""Operator tooling behind ``flannelctl``: leases, doctor, check, bundle.
 
 Each module reads the store and the kernel of the network namespace it runs in; only
 ``leases reserve|release`` and the opt-in doctor fixes change anything.

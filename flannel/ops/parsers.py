@@ -1,4 +1,4 @@
-"""The command lines of ``flannelctl leases``, ``doctor``, ``bundle`` and ``status``.
+"""The command lines of ``flannelctl leases``, ``doctor``, ``check``, ``bundle`` and ``status``.
 
 Owns their subparsers and argument checks, and nothing else: each command's module (with
 asyncio, the store clients, tar) is imported only when that command runs, so ``flannelctl
@@ -119,14 +119,46 @@ def add_bundle(sub: Any) -> None:
     bundle.set_defaults(func=_later("flannel.ops.bundle", "cmd_bundle"))
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0.1 to 60")
-    return value
+def _bounded(kind: type, low: float, high: float, unit: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r}: give {unit} from {low:g} to {high:g}")
+        return value
+    return parse
+
+
+def add_check(sub: Any) -> None:
+    check = sub.add_parser(
+        "check", help="connectivity matrix: ping every peer over the overlay",
+        description="Send ICMP echoes from this node's flannel address to every peer's "
+                    "(vxlan: the VTEP address; other backends: the cni0 gateway), over the "
+                    "overlay, all peers at once; print latency, loss and a verdict per peer "
+                    "with what to run next when one fails. Run it in flanneld's network "
+                    "namespace, as root (raw ICMP socket), with flanneld's store flags. "
+                    "Exit status 0 only when every peer answers. --lab NAME runs it in every "
+                    "node of a flannel-lab lab and prints the full matrix.")
+    add_store_flags(check)
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument("--count", type=_bounded(int, 1, 100, "a number of echoes"), default=3,
+                       help="echoes per peer (default %(default)s)")
+    check.add_argument("--interval", type=_bounded(float, 0.01, 10, "seconds"), default=0.2,
+                       help="seconds between a peer's echoes (default %(default)s)")
+    check.add_argument("--timeout", type=_bounded(float, 0.1, 30, "seconds"), default=1.0,
+                       help="seconds each echo waits for its answer (default %(default)s)")
+    check.add_argument("--parallel", type=_bounded(int, 1, 256, "a number of peers"),
+                       default=128, help="peers probed at once (default %(default)s)")
+    check.add_argument("--deadline", type=_bounded(float, 1, 600, "seconds"), default=60.0,
+                       help="seconds for all the probes; peers not probed by then are "
+                            "reported as such (default %(default)s)")
+    check.add_argument("--lab", default="", metavar="NAME",
+                       help="check every node of this flannel-lab lab against every other")
+    check.add_argument("--lab-root", type=Path, default=Path("/run/flannel-lab"),
+                       help="where labs keep their state (default %(default)s)")
+    check.set_defaults(func=_later("flannel.ops.check", "cmd_check"))
 
 
 def add_status(sub: Any) -> None:
@@ -141,7 +173,7 @@ def add_status(sub: Any) -> None:
                         help="flanneld's health server, http://<healthz-ip>:<healthz-port> "
                              "(default %(default)s, the port of the deployed manifest; "
                              "flanneld serves it only with --healthz-port)")
-    status.add_argument("--timeout", type=_seconds, default=3.0,
+    status.add_argument("--timeout", type=_bounded(float, 0.1, 60, "seconds"), default=3.0,
                         help="seconds to wait for the answer (default %(default)s)")
     status.add_argument("--json", action="store_true", help="the status document as JSON")
     status.set_defaults(func=_later("flannel.ops.status", "cmd_status"))

@@ -1,0 +1,348 @@
+"""``flannelctl check``: ICMP packets built and parsed byte by byte, the verdicts, the node
+table and the lab matrix an operator reads."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from ipaddress import IPv4Address, IPv4Network
+
+import pytest
+
+from flannel.lease import Lease, LeaseAttrs
+from flannel.ops import icmp
+from flannel.ops.check import NodeCheck, PeerResult, Programmed, judge, probe_target, render
+from flannel.ops.checklab import LabNode, NodeOutcome, pairs_of
+from flannel.ops.checklab import render as render_lab
+from flannel.ops.parsers import add_check
+
+
+def ipv4(src: str, dst: str, payload: bytes, proto: int = socket.IPPROTO_ICMP,
+         options: bytes = b"") -> bytes:
+    """An IPv4 packet as a raw socket hands it over (the header checksum is not checked)."""
+    ihl = 5 + len(options) // 4
+    header = struct.pack("!BBHHHBBH4s4s", 0x40 | ihl, 0, 20 + len(options) + len(payload), 7,
+                         0, 64, proto, 0, IPv4Address(src).packed, IPv4Address(dst).packed)
+    return header + options + payload
+
+
+def icmp_message(kind: int, code: int, rest: bytes, body: bytes) -> bytes:
+    unsummed = struct.pack("!BBH", kind, code, 0) + rest + body
+    return struct.pack("!BBH", kind, code, icmp.checksum(unsummed)) + rest + body
+
+
+# -- packets -------------------------------------------------------------------------------
+
+def test_checksum_matches_rfc1071_example():
+    assert icmp.checksum(bytes.fromhex("0001f203f4f5f6f7")) == 0x220D
+    assert icmp.checksum(b"\x01") == 0xFEFF  # odd length: padded with a zero byte
+
+
+def test_echo_request_bytes():
+    assert icmp.echo_request(0x1234, 1, b"") == bytes.fromhex("0800e5ca12340001")
+    packet = icmp.echo_request(0xABCD, 0x10002, icmp.PAYLOAD)  # the sequence wraps at 16 bits
+    assert packet[:2] == b"\x08\x00"
+    assert struct.unpack("!HH", packet[4:8]) == (0xABCD, 2)
+    assert len(packet) == 64 and packet[8:] == icmp.PAYLOAD
+    assert icmp.checksum(packet) == 0
+
+
+def test_echo_reply_is_parsed():
+    reply = icmp_message(icmp.ECHO_REPLY, 0, struct.pack("!HH", 0xABCD, 7), icmp.PAYLOAD)
+    answer = icmp.parse(ipv4("10.244.2.0", "10.244.1.0", reply))
+    assert answer == icmp.Answer(0xABCD, 7, IPv4Address("10.244.2.0"),
+                                 IPv4Address("10.244.2.0"))
+    # IP options move the ICMP header: the IHL says where it starts.
+    with_options = ipv4("10.244.2.0", "10.244.1.0", reply, options=b"\x01\x01\x01\x00")
+    assert icmp.parse(with_options) == answer
+
+
+def test_unreachable_names_the_router_and_the_echo_it_quotes():
+    echo = icmp.echo_request(0xABCD, 9)
+    quoted = ipv4("10.244.1.0", "10.244.3.0", echo)[:28]  # header + first 8 bytes, as sent
+    error = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0", quoted)
+    answer = icmp.parse(ipv4("192.168.111.1", "10.244.1.0", error))
+    assert answer == icmp.Answer(0xABCD, 9, IPv4Address("10.244.3.0"),
+                                 IPv4Address("192.168.111.1"), "host unreachable")
+    prohibited = icmp_message(icmp.DEST_UNREACHABLE, 13, b"\0\0\0\0", quoted)
+    assert icmp.parse(ipv4("10.0.0.1", "10.244.1.0", prohibited)).error == \
+        "communication administratively prohibited"
+    loop = icmp_message(icmp.TIME_EXCEEDED, 0, b"\0\0\0\0", quoted)
+    assert icmp.parse(ipv4("10.0.0.1", "10.244.1.0", loop)).error == \
+        "time to live exceeded (a routing loop?)"
+
+
+@pytest.mark.parametrize("packet", [
+    b"",
+    b"\x45" * 19,  # shorter than an IPv4 header
+    ipv4("10.0.0.1", "10.0.0.2", b"")[:20].replace(b"\x45", b"\x65", 1),  # IPv6 version
+    bytes([0x4F]) + ipv4("10.0.0.1", "10.0.0.2", b"\0" * 8)[1:],  # IHL beyond the packet
+    ipv4("10.0.0.1", "10.0.0.2", b"\0\0\0"),  # ICMP shorter than its header
+    ipv4("10.0.0.1", "10.0.0.2", icmp.echo_request(1, 1), proto=socket.IPPROTO_UDP),
+    ipv4("10.0.0.2", "10.0.0.1", icmp.echo_request(1, 1)),  # our own request looped back
+    ipv4("10.0.0.2", "10.0.0.1", b"\x00\x00\x00\x00\x00\x01\x00\x01"),  # bad checksum
+], ids=["empty", "short", "not-v4", "ihl", "short-icmp", "udp", "request", "checksum"])
+def test_what_is_not_an_answer_is_ignored(packet):
+    assert icmp.parse(packet) is None
+
+
+def test_errors_about_other_traffic_are_ignored():
+    udp = ipv4("10.244.1.0", "10.244.3.0", b"\x12\x34\x21\x18\x00\x08\x00\x00",
+               proto=socket.IPPROTO_UDP)
+    about_udp = icmp_message(icmp.DEST_UNREACHABLE, 3, b"\0\0\0\0", udp)
+    assert icmp.parse(ipv4("10.244.3.0", "10.244.1.0", about_udp)) is None
+    reply = ipv4("10.244.1.0", "10.244.3.0", icmp_message(0, 0, b"\0\1\0\1", b""))
+    about_reply = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0", reply)
+    assert icmp.parse(ipv4("10.244.3.0", "10.244.1.0", about_reply)) is None
+    truncated = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0",
+                             ipv4("10.244.1.0", "10.244.3.0", icmp.echo_request(1, 1))[:24])
+    assert icmp.parse(ipv4("10.244.3.0", "10.244.1.0", truncated)) is None
+
+
+# -- verdicts and tables -------------------------------------------------------------------
+
+def row(subnet: str, public: str, **kw: object) -> PeerResult:
+    return PeerResult(IPv4Network(subnet), public, "vxlan", **kw)
+
+
+def test_target_is_the_vtep_for_vxlan_and_the_cni0_gateway_otherwise():
+    subnet = IPv4Network("10.244.7.0/24")
+    assert probe_target(subnet, "vxlan") == IPv4Address("10.244.7.0")
+    assert probe_target(subnet, "host-gw") == IPv4Address("10.244.7.1")
+
+
+def test_what_flanneld_has_not_programmed_is_named():
+    mac = "f6:be:b0:e3:fd:1c"
+    lease = Lease(IPv4Network("10.244.3.0/24"), attrs=LeaseAttrs(
+        IPv4Address("192.168.111.13"), backend_type="vxlan",
+        backend_data=f'{{"VNI":1,"VtepMAC":"{mac}"}}'))
+    route = frozenset({"10.244.3.0/24"})
+    done = "flanneld here has not programmed that lease"
+    full = Programmed(route, {"10.244.3.0": mac}, frozenset({(mac, "192.168.111.13")}))
+    assert full.missing(lease, "10.244.3.0", "vxlan") == ""
+    assert Programmed(frozenset(), {}, frozenset()).missing(lease, "10.244.3.0", "vxlan") == \
+        f"this node has no route to 10.244.3.0/24: {done}"
+    assert Programmed(route, {}, full.fdb).missing(lease, "10.244.3.0", "vxlan") == \
+        f"this node has no neighbour entry for the VTEP 10.244.3.0: {done}"
+    assert Programmed(route, {"10.244.3.0": "02:00:00:00:00:01"}, full.fdb).missing(
+        lease, "10.244.3.0", "vxlan") == (
+        "this node's neighbour entry for the VTEP 10.244.3.0 has MAC 02:00:00:00:00:01, the "
+        "lease publishes f6:be:b0:e3:fd:1c: something changed it behind flanneld's back")
+    assert Programmed(route, full.neighbours, frozenset()).missing(
+        lease, "10.244.3.0", "vxlan") == (
+        f"this node has no FDB entry sending {mac} to 192.168.111.13: {done}")
+    # host-gw programs a route only.
+    assert Programmed(route, {}, frozenset()).missing(lease, "10.244.3.1", "host-gw") == ""
+
+
+def test_verdicts_from_probes():
+    encap = " and on the VXLAN port (UDP 8472)"
+    ok = row("10.244.2.0/24", "192.168.111.12", target="10.244.2.0")
+    judge(ok, icmp.Probe(IPv4Address("10.244.2.0"), 3, [0.001, 0.002, 0.003]), 1.0, encap)
+    assert (ok.verdict, ok.detail, ok.loss) == ("ok", "", 0)
+    lossy = row("10.244.2.0/24", "192.168.111.12", target="10.244.2.0")
+    judge(lossy, icmp.Probe(IPv4Address("10.244.2.0"), 3, [0.001]), 1.0, encap)
+    assert (lossy.verdict, lossy.detail) == ("lossy",
+                                             "2 of 3 echoes to 10.244.2.0 got no answer")
+    assert lossy.answers
+    silent = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0")
+    judge(silent, icmp.Probe(IPv4Address("10.244.3.0"), 3), 1.0, encap)
+    assert silent.verdict == "timeout" and not silent.answers
+    assert silent.detail == "no answer from 10.244.3.0 to 3 echoes within 1s"
+    assert silent.next_step == (
+        "run flannelctl doctor on this node: it probes 192.168.111.13 on the underlay and on "
+        "the VXLAN port (UDP 8472), telling a node that is down from a blocked port; then on "
+        "the node 192.168.111.13")
+    refused = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0")
+    judge(refused, icmp.Probe(IPv4Address("10.244.3.0"), 3,
+                              errors=["host unreachable from 10.244.1.0"] * 2), 1.0, encap)
+    assert (refused.verdict, refused.detail) == (
+        "unreachable", "host unreachable from 10.244.1.0 (2 of 3 echoes)")
+    unsendable = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0")
+    judge(unsendable, icmp.Probe(IPv4Address("10.244.3.0"), 0, send_error="No route to host"),
+          1.0, encap)
+    assert (unsendable.verdict, unsendable.detail, unsendable.loss) == (
+        "unreachable", "echoes to 10.244.3.0 cannot be sent: No route to host", None)
+
+
+def test_node_table():
+    peers = [row("10.244.2.0/24", "192.168.111.12", target="10.244.2.0", sent=3,
+                 rtts=(0.0004, 0.0002, 0.0009), verdict="ok"),
+             row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0", sent=3,
+                 verdict="timeout", detail="no answer from 10.244.3.0 to 3 echoes within 1s",
+                 next_step="run flannelctl doctor on this node"),
+             row("10.244.4.0/24", "192.168.111.14", verdict="not-programmed",
+                 detail="this node has no route to 10.244.4.0/24")]
+    check = NodeCheck(IPv4Network("10.244.1.0/24"), "192.168.111.11", "vxlan", "10.244.1.0",
+                      peers)
+    assert not check.ok
+    assert render(check) == """\
+this node: 10.244.1.0/24 (192.168.111.11, vxlan), echoes from 10.244.1.0
+PEER SUBNET    PUBLIC IP       BACKEND  TARGET      P50     MAX     LOSS  VERDICT
+10.244.2.0/24  192.168.111.12  vxlan    10.244.2.0  0.40ms  0.90ms  0%    ok
+10.244.3.0/24  192.168.111.13  vxlan    10.244.3.0  -       -       100%  TIMEOUT
+10.244.4.0/24  192.168.111.14  vxlan    -           -       -       -     NOT-PROGRAMMED
+2 of 3 peers do not answer:
+  10.244.3.0/24 (192.168.111.13): timeout: no answer from 10.244.3.0 to 3 echoes within 1s
+    next: run flannelctl doctor on this node
+  10.244.4.0/24 (192.168.111.14): not-programmed: this node has no route to 10.244.4.0/24"""
+    doc = check.as_json()
+    assert doc["ok"] is False
+    assert doc["peers"][0]["rtt_ms"] == {"p50": 0.4, "max": 0.9}
+    assert (doc["peers"][1]["loss"], doc["peers"][1]["received"]) == (1.0, 0)
+    alone = NodeCheck(IPv4Network("10.244.1.0/24"), "192.168.111.11", "vxlan", "", [])
+    assert alone.ok
+    assert render(alone).splitlines()[1] == "no peers: this node holds the only lease"
+
+
+def outcome(index: int, subnet: str, peers: list[dict]) -> NodeOutcome:
+    node = LabNode(index, f"lab-n{index}", f"192.168.111.{10 + index}",
+                   f"/run/lab/n{index}/subnet.env")
+    return NodeOutcome(node, {"ok": True, "node": {"subnet": subnet}, "peers": peers})
+
+
+def peer(index: int, verdict: str, p50: float | None = None, detail: str = "") -> dict:
+    return {"subnet": f"10.244.{index}.0/24", "public_ip": f"192.168.111.{10 + index}",
+            "verdict": verdict, "detail": detail, "rtt_ms": {"p50": p50, "max": p50}}
+
+
+def test_lab_matrix_names_failing_pairs_and_where_to_look():
+    outcomes = [
+        outcome(1, "10.244.1.0/24", [peer(2, "ok", 0.41), peer(3, "timeout", detail="silence")]),
+        outcome(2, "10.244.2.0/24", [peer(1, "ok", 0.38)]),  # sees no lease of node 3
+        NodeOutcome(LabNode(3, "lab-n3", "192.168.111.13", "/run/lab/n3/subnet.env"),
+                    error="the check in lab-n3 failed (exit 1): boom"),
+    ]
+    pairs = pairs_of(outcomes)
+    assert [(p.source.label, p.dest.label if p.dest else None, p.verdict) for p in pairs] == [
+        ("n1", "n2", "ok"), ("n1", "n3", "timeout"), ("n2", "n1", "ok"),
+        ("n2", "n3", "no-lease")]
+    assert render_lab("lab", "http://192.168.111.1:2379", outcomes, pairs) == """\
+lab lab: 3 nodes, 4 pairs checked, 2 failing, 1 nodes not checked
+from \\ to          n1 10.244.1.0/24  n2 10.244.2.0/24  n3 ?
+n1 192.168.111.11  -                 ok 0.41ms         TIMEOUT
+n2 192.168.111.12  ok 0.38ms         -                 NO-LEASE
+n3 192.168.111.13  NOT CHECKED       NOT CHECKED       -
+n3 not checked: the check in lab-n3 failed (exit 1): boom
+  next: ip netns exec lab-n3 flannelctl doctor --etcd-endpoints=http://192.168.111.1:2379 \
+--subnet-file=/run/lab/n3/subnet.env
+failing pairs:
+  n1 -> n3: timeout: silence
+    next: run flannelctl doctor on n1 (it probes n3 on the underlay and on its encapsulation \
+port, telling a node that is down from a blocked port), then on n3
+    n1: ip netns exec lab-n1 flannelctl doctor --etcd-endpoints=http://192.168.111.1:2379 \
+--subnet-file=/run/lab/n1/subnet.env
+  n2 -> n3: no-lease: n3 holds no lease in the store (is its flanneld running?)
+    next: run flannelctl doctor on n3
+    n3: ip netns exec lab-n3 flannelctl doctor --etcd-endpoints=http://192.168.111.1:2379 \
+--subnet-file=/run/lab/n3/subnet.env"""
+
+
+@pytest.mark.parametrize("flag", ["--count=0", "--count=101", "--timeout=0.01",
+                                  "--parallel=0", "--deadline=nan", "--interval=x"])
+def test_bad_bounds_are_refused(flag, capsys):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="flannelctl")
+    add_check(parser.add_subparsers())
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["check", flag])
+    assert exit_.value.code == 2
+    name, value = flag.split("=")
+    assert f"argument {name}: '{value}': give" in capsys.readouterr().err
+
+
+def test_lab_state_is_read_as_untrusted_input(tmp_path):
+    from flannel.ops.checklab import LabCheckError, read_lab
+
+    with pytest.raises(LabCheckError) as missing:
+        read_lab("nolab", tmp_path)
+    assert str(missing.value) == (f"no lab named nolab under {tmp_path} ('flannel-lab up "
+                                  "--name nolab' builds one; --lab-root if it lives elsewhere)")
+    (tmp_path / "lab").mkdir()
+    state = tmp_path / "lab" / "state.json"
+    node = {"index": 1, "netns": "lab-n1", "address": "192.168.111.11",
+            "subnet_file": "/run/lab/n1/subnet.env"}
+    state.write_text(json.dumps({"etcd_endpoint": "http://192.168.111.1:2379",
+                                 "nodes": [node]}))
+    assert read_lab("lab", tmp_path) == (
+        "http://192.168.111.1:2379", [LabNode(1, "lab-n1", "192.168.111.11",
+                                              "/run/lab/n1/subnet.env")])
+    for bad, message in (
+            ({**node, "netns": "other-n1"}, "node 1 does not belong to lab lab"),
+            ({**node, "subnet_file": "n1/subnet.env"}, "node 1 does not belong to lab lab"),
+            ({**node, "address": "eth0"}, "a node entry is unusable"),
+            ("n1", "a node entry is unusable")):
+        state.write_text(json.dumps({"etcd_endpoint": "http://x:1", "nodes": [bad]}))
+        with pytest.raises(LabCheckError, match=message):
+            read_lab("lab", tmp_path)
+    state.write_text("[]")
+    with pytest.raises(LabCheckError, match="describes no running lab"):
+        read_lab("lab", tmp_path)
+
+
+@pytest.fixture
+def flannel_log_level():
+    """The command quiets the store's logs for its process; give the next tests theirs."""
+    import logging
+
+    logger = logging.getLogger("flannel")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
+def test_no_subnet_env_is_said_plainly(tmp_path, capsys, flannel_log_level):
+    from flannel.ctl import main
+
+    missing = tmp_path / "subnet.env"
+    assert main(["check", f"--subnet-file={missing}"]) == 1
+    assert capsys.readouterr() == ("", f"flannelctl check: {missing}: missing: is flanneld "
+                                       "running on this node? run flannelctl doctor\n")
+    assert main(["check", "--json", f"--subnet-file={missing}"]) == 1
+    assert json.loads(capsys.readouterr().out) == {
+        "ok": False, "peers": [],
+        "error": f"{missing}: missing: is flanneld running on this node? run flannelctl doctor"}
+
+
+def test_plan_decides_what_needs_no_echo():
+    from pathlib import Path
+
+    from flannel.config import parse_config
+    from flannel.ops.check import plan
+    from flannel.ops.checks import Context
+    from flannel.ops.leases import LeaseRow
+
+    def lease(subnet: str, public: str | None, backend: str, data: str | None = None,
+              etcd_lease: int = 5) -> LeaseRow:
+        made = Lease(IPv4Network(subnet), attrs=LeaseAttrs(
+            IPv4Address(public) if public else None, backend_type=backend,
+            backend_data=data), etcd_lease_id=etcd_lease)
+        return LeaseRow(made.key, made)
+
+    mac = '{"VNI":1,"VtepMAC":"f6:be:b0:e3:fd:1c"}'
+    ctx = Context(Path("subnet.env"), Path("/proc/sys"), [], [], 1.0, False,
+                  env={"FLANNEL_SUBNET": "10.244.1.1/24"},
+                  config=parse_config('{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}'),
+                  rows=[lease("10.244.1.0/24", "192.168.111.11", "vxlan", mac),  # this node
+                        lease("10.244.2.0/24", "192.168.111.12", "vxlan", mac),
+                        lease("10.244.3.0/24", "192.168.111.13", "vxlan", mac),
+                        lease("10.244.4.0/24", "192.168.111.14", "host-gw"),
+                        lease("10.244.5.0/24", "192.168.111.15", "vxlan"),  # no VTEP MAC
+                        lease("10.244.6.0/24", "192.168.111.16", "", etcd_lease=0)])
+    kernel = Programmed(frozenset({"10.244.2.0/24", "10.244.4.0/24"}),
+                        {"10.244.2.0": "f6:be:b0:e3:fd:1c"},
+                        frozenset({("f6:be:b0:e3:fd:1c", "192.168.111.12")}))
+    probe, decided = plan(ctx, kernel)
+    assert [(row.subnet.exploded, row.target) for row in probe] == [
+        ("10.244.2.0/24", "10.244.2.0")]
+    assert [(row.subnet.exploded, row.verdict, row.detail) for row in decided] == [
+        ("10.244.3.0/24", "not-programmed", "this node has no route to 10.244.3.0/24: "
+         "flanneld here has not programmed that lease"),
+        ("10.244.4.0/24", "not-programmed", "its lease is for the host-gw backend and this "
+         "node runs vxlan: flanneld ignores it"),
+        ("10.244.5.0/24", "bad-lease", "no flanneld programs this lease (no public IP, "
+         "outside the Network, or a vxlan lease without a VTEP MAC)")]
+    # Without a readable kernel every usable peer is probed.
+    assert [row.target for row in plan(ctx, None)[0]] == ["10.244.2.0", "10.244.3.0"]
