@@ -12,8 +12,8 @@ from flannel.backend import backend_class
 from flannel.backend.base import BackendError
 from flannel.backend.ipip import IpipBackend
 from flannel.config import check_network_config, parse_config
-from flannel.kernel.ipipdev import IpipSpec
 from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.ipipdev import IpipSpec
 from flannel.kernel.reconcile import LinkState
 from flannel.kernel.rtnl import Route
 from flannel.lease import Lease, LeaseAttrs
