@@ -260,7 +260,8 @@ class Daemon:
             backend = self._make_backend(ext, config)
             self.phase(f"setting up the {config.backend_type} backend")
             local = await backend.prepare()
-            attrs = LeaseAttrs(public_ip=ext.ext_addr, public_ipv6=ext.ext_v6_addr,
+            attrs = LeaseAttrs(public_ip=local.public_ip or ext.ext_addr,
+                               public_ipv6=local.public_ipv6 or ext.ext_v6_addr,
                                backend_type=local.backend_type,
                                backend_data=local.backend_data,
                                backend_v6_data=local.backend_v6_data)

@@ -11,11 +11,13 @@ from flannel.backend.base import Backend, BackendError, BackendOptions
 
 _REGISTRY = {
     "alloc": "flannel.backend.alloc:AllocBackend",
+    "extension": "flannel.backend.extension:ExtensionBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
+    "ipip": "flannel.backend.ipip:IpipBackend",
     "vxlan": "flannel.backend.vxlan:VxlanBackend",
 }
 # Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("udp", "ipip", "wireguard", "ipsec", "tencent-vpc", "extension")
+_UPSTREAM_ONLY = ("udp", "wireguard", "ipsec", "tencent-vpc")
 
 
 def supported() -> list[str]:

@@ -45,12 +45,16 @@ class BackendOptions:
 
 @dataclass(frozen=True)
 class LocalNetwork:
-    """What a prepared backend publishes in our lease and the MTU pods must use."""
+    """What a prepared backend publishes in our lease and the MTU pods must use.
+    ``public_ip``/``public_ipv6``: addresses to publish instead of the external interface's
+    public ones (the extension backend publishes the interface's own, as Go does)."""
 
     backend_type: str
     mtu: int
     backend_data: str | None = None
     backend_v6_data: str | None = None
+    public_ip: IPv4Address | None = None
+    public_ipv6: IPv6Address | None = None
 
 
 class BackendError(Exception):

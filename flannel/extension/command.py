@@ -3,12 +3,13 @@
 Owns: splitting a command string on whitespace (Go's ``strings.Fields``), expanding
 ``$VAR`` / ``${VAR}`` in each word as Go's ``os.Expand`` does (from the process environment
 overlaid with the per-call variables; unknown names expand to ""), executing the words
-directly with that environment, feeding stdin, a timeout that kills the command's whole
-process group, and capturing combined stdout+stderr (bounded, trimmed).
+directly with that environment (inside the ``Host``'s network namespace), feeding stdin,
+a timeout that kills the command's whole process group, and capturing combined
+stdout+stderr (bounded, trimmed).
 
 API: ``split_and_expand(command, env) -> list[str]``, ``expand(word, env)``,
-``run_command(command, call_env, stdin="", timeout=30.0) -> CommandResult`` (never raises
-for a failing command: the result says why). Synchronous: call from a worker thread.
+``run_command(command, call_env, stdin="", timeout=30.0, host=LOCAL) -> CommandResult``
+(never raises for a failing command: the result says why). Synchronous: call from a worker thread.
 Must not touch: anything but the child process it starts.
 """
 
@@ -22,6 +23,8 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from flannel.kernel.host import LOCAL, Host
 
 DEFAULT_TIMEOUT = 30.0
 OUTPUT_LIMIT = 64 * 1024
@@ -94,7 +97,7 @@ class CommandResult:
         return f"exit status {self.returncode}"
 
 
-def _exchange(proc: subprocess.Popen, stdin: bytes, deadline: float) -> tuple[bytes, bool]:
+def _exchange(proc: subprocess.Popen[bytes], stdin: bytes, deadline: float) -> tuple[bytes, bool]:
     """Feed stdin and read combined output until EOF or the deadline, without blocking on
     either pipe; keep at most OUTPUT_LIMIT bytes of output."""
     assert proc.stdout is not None and proc.stdin is not None
@@ -132,14 +135,15 @@ def _exchange(proc: subprocess.Popen, stdin: bytes, deadline: float) -> tuple[by
 
 
 def run_command(command: str, call_env: Mapping[str, str], stdin: str = "",
-                timeout: float = DEFAULT_TIMEOUT) -> CommandResult:
+                timeout: float = DEFAULT_TIMEOUT, host: Host = LOCAL) -> CommandResult:
     env = {**os.environ, **call_env}
     argv = split_and_expand(command, env)
     if not argv:
         return CommandResult((), None, "", "the command is empty")
     deadline = time.monotonic() + timeout
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(host.command(argv), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=env, close_fds=True,
                                 start_new_session=True)
     except OSError as err:

@@ -10,11 +10,12 @@ remote BackendData string and a newline) when the lease appears or changes, the 
 command when it goes. A command that fails is logged with its output and tried again on the
 next pass; nothing here is fatal.
 
-API: ``ExtensionConfig.parse(backend_obj)``; ``pre_startup(cfg, timeout) -> str | None``
+API: ``ExtensionConfig.parse(backend_obj)``; ``pre_startup(cfg, host) -> str | None``
 (the ``BackendData`` JSON text, None without a command; raises ``CommandFailed``);
-``post_startup_env(network, ipv6_network, lease)``; ``ExtensionPeers(cfg).reconcile(leases)
--> ExtensionStatus`` (synchronous, runs commands: call from a worker thread after every lease
-change; it owns no task).
+``post_startup_env(network, ipv6_network, lease)``; ``run_post_startup(cfg, env, host)``;
+``ExtensionPeers(cfg, host).reconcile(leases) -> ExtensionStatus`` (synchronous, runs
+commands: call from a worker thread after every lease change; it owns no task). Every
+command runs in the ``Host``'s network namespace.
 Must not touch: the kernel (the user's commands do), the store.
 """
 
@@ -28,6 +29,7 @@ from ipaddress import IPv4Network, IPv6Network
 
 from flannel import gojson
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
+from flannel.kernel.host import LOCAL, Host
 from flannel.lease import Lease, go_string
 
 log = logging.getLogger(__name__)
@@ -72,12 +74,12 @@ def _log_failure(what: str, command: str, result: CommandResult) -> None:
               command, output)
 
 
-def pre_startup(cfg: ExtensionConfig) -> str | None:
+def pre_startup(cfg: ExtensionConfig, host: Host = LOCAL) -> str | None:
     """Run the pre-startup command; its trimmed output, JSON-encoded as a string, is the
     ``BackendData`` to publish. None when there is no command (no BackendData)."""
     if not cfg.pre_startup:
         return None
-    result = run_command(cfg.pre_startup, {}, timeout=cfg.timeout)
+    result = run_command(cfg.pre_startup, {}, timeout=cfg.timeout, host=host)
     if not result.ok:
         _log_failure("pre-startup", cfg.pre_startup, result)
         raise CommandFailed(f"extension pre-startup command failed ({result.reason()}): "
@@ -97,11 +99,12 @@ def post_startup_env(network: IPv4Network | None, ipv6_network: IPv6Network | No
     }
 
 
-def run_post_startup(cfg: ExtensionConfig, env: Mapping[str, str]) -> CommandResult | None:
+def run_post_startup(cfg: ExtensionConfig, env: Mapping[str, str], host: Host = LOCAL
+                     ) -> CommandResult | None:
     """Run the post-startup command (failure logged, not raised); None without one."""
     if not cfg.post_startup:
         return None
-    result = run_command(cfg.post_startup, env, timeout=cfg.timeout)
+    result = run_command(cfg.post_startup, env, timeout=cfg.timeout, host=host)
     if not result.ok:
         _log_failure("post-startup", cfg.post_startup, result)
     return result
@@ -132,15 +135,17 @@ def peer_stdin(lease: Lease) -> str | None:
     return value + "\n" if isinstance(value, str) else None
 
 
-def _fingerprint(lease: Lease) -> tuple:
+def _fingerprint(lease: Lease) -> tuple[object, ...]:
     a = lease.attrs
     return (lease.subnet, lease.ipv6_subnet, a.public_ip, a.public_ipv6, a.backend_data)
 
 
 @dataclass
 class ExtensionStatus:
-    """After a pass: peers whose command is still owed (retried next pass), by lease key."""
+    """After a pass: commands that ran successfully (``ran``) and peers whose command is
+    still owed (retried next pass), by lease key."""
 
+    ran: int = 0
     pending_add: list[str] = field(default_factory=list)
     pending_remove: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -154,13 +159,15 @@ class ExtensionPeers:
     """Runs the add command once per remote lease (again when it changes) and the remove
     command when it goes; failures stay owed and are retried on the next pass."""
 
-    def __init__(self, cfg: ExtensionConfig) -> None:
+    def __init__(self, cfg: ExtensionConfig, host: Host = LOCAL) -> None:
         self.cfg = cfg
-        self.applied: dict[str, tuple[Lease, tuple]] = {}
+        self.host = host
+        self.applied: dict[str, tuple[Lease, tuple[object, ...]]] = {}
         self.status = ExtensionStatus()
 
     def _run(self, what: str, command: str, lease: Lease, stdin: str) -> bool:
-        result = run_command(command, peer_env(lease), stdin=stdin, timeout=self.cfg.timeout)
+        result = run_command(command, peer_env(lease), stdin=stdin, timeout=self.cfg.timeout,
+                             host=self.host)
         if not result.ok:
             _log_failure(f"{what} ({lease.key})", command, result)
             return False
@@ -187,18 +194,20 @@ class ExtensionPeers:
                               "string", key)
                 status.skipped.append(key)
                 continue
-            if not self.cfg.subnet_add or self._run("subnet-add", self.cfg.subnet_add, lease,
-                                                    stdin):
-                self.applied[key] = (lease, fingerprint)
-            else:
+            if self.cfg.subnet_add and not self._run("subnet-add", self.cfg.subnet_add,
+                                                     lease, stdin):
                 status.pending_add.append(key)
+                continue
+            status.ran += bool(self.cfg.subnet_add)
+            self.applied[key] = (lease, fingerprint)
         for key in sorted(set(self.applied) - set(wanted)):
             lease = self.applied[key][0]
             stdin = peer_stdin(lease) or "\n"
-            if not self.cfg.subnet_remove or self._run("subnet-remove", self.cfg.subnet_remove,
-                                                       lease, stdin):
-                del self.applied[key]
-            else:
+            if self.cfg.subnet_remove and not self._run("subnet-remove",
+                                                        self.cfg.subnet_remove, lease, stdin):
                 status.pending_remove.append(key)
+                continue
+            status.ran += bool(self.cfg.subnet_remove)
+            del self.applied[key]
         self.status = status
         return status

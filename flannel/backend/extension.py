@@ -1,0 +1,123 @@
+"""The extension backend: the operator's commands build the data path, as in Go flannel.
+
+Owns the backend's place in the data plane contract: the pre-startup command at ``prepare``
+(its output, as a JSON string, is our ``BackendData``; a failure stops the start, since
+there would be nothing true to publish), the post-startup command once our lease is known,
+and an applier that runs the subnet-add command for every new or changed peer lease and the
+subnet-remove command for every lease that went. A failed post-startup or subnet command is
+logged with its output and tried again on the next pass (the data plane retries with
+backoff); it is never fatal. The lease is published with the interface's addresses, not
+``--public-ip``, as Go does. How commands run (no shell, ``$VAR`` expansion, timeouts, stdin)
+is ``flannel/extension``'s.
+Must not touch: the store; the kernel (the commands do, in the ``Host``'s namespace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+
+from flannel.backend.base import (
+    ApplyResult,
+    Backend,
+    BackendError,
+    BackendOptions,
+    LocalNetwork,
+)
+from flannel.config import NetworkConfig
+from flannel.extension.peers import (
+    CommandFailed,
+    ExtensionConfig,
+    ExtensionConfigError,
+    ExtensionPeers,
+    post_startup_env,
+    pre_startup,
+    run_post_startup,
+)
+from flannel.kernel.host import LOCAL, Host
+from flannel.kernel.iface import ExternalInterface
+from flannel.lease import Lease
+
+log = logging.getLogger(__name__)
+
+
+def _some(keys: list[str]) -> str:
+    return keys[0] + (f" and {len(keys) - 1} more" if len(keys) > 1 else "")
+
+
+class ExtensionCommands:
+    """The ``Applier`` of the extension backend: the post-startup command until it has
+    succeeded once, then the subnet commands for the peer set of each pass."""
+
+    name = "extension commands"
+
+    def __init__(self, commands: ExtensionConfig, host: Host = LOCAL) -> None:
+        self.commands = commands
+        self.host = host
+        self.peers = ExtensionPeers(commands, host)
+        self._post_startup_env: Mapping[str, str] | None = None
+
+    def post_startup(self, env: Mapping[str, str]) -> bool:
+        """Run the post-startup command; if it fails it is owed, and run again by the next
+        ``apply`` before any subnet command. Whether it succeeded (True without one)."""
+        result = run_post_startup(self.commands, env, self.host)
+        done = result is None or result.ok
+        self._post_startup_env = None if done else dict(env)
+        return done
+
+    def apply(self, peers: Sequence[Lease]) -> ApplyResult:
+        changes = 0
+        if self._post_startup_env is not None:
+            if not self.post_startup(self._post_startup_env):
+                # Subnet commands may rely on what it sets up: they wait, as in Go.
+                return ApplyResult(0, "the post-startup command failed (its output is in the "
+                                      "log); subnet commands wait until it succeeds")
+            changes += 1
+        status = self.peers.reconcile(peers)
+        changes += status.ran
+        failed = []
+        if status.pending_add:
+            failed.append(f"subnet-add command failed for {_some(status.pending_add)}")
+        if status.pending_remove:
+            failed.append(f"subnet-remove command failed for {_some(status.pending_remove)}")
+        if failed:
+            return ApplyResult(changes, "; ".join(failed) + " (output in the log); retrying")
+        return ApplyResult(changes)
+
+
+class ExtensionBackend(Backend):
+    backend_type = "extension"
+
+    def __init__(self, ext: ExternalInterface, config: NetworkConfig,
+                 options: BackendOptions | None = None) -> None:
+        super().__init__(ext, config, options)
+        try:
+            self.commands = ExtensionConfig.parse(config.backend)
+        except ExtensionConfigError as err:
+            raise BackendError(str(err)) from None
+        self.engine = ExtensionCommands(self.commands, self.options.host)
+
+    async def prepare(self) -> LocalNetwork:
+        try:
+            data = await asyncio.to_thread(pre_startup, self.commands, self.options.host)
+        except CommandFailed as err:
+            raise BackendError(f"{err}; fix the command (it runs without a shell: write a "
+                               "script for pipes, redirections or several steps)") from None
+        ext, config = self.ext, self.config
+        return LocalNetwork(
+            "extension", ext.mtu, data,
+            public_ip=ext.iface_addr if config.enable_ipv4 else None,
+            public_ipv6=ext.iface_v6_addr if config.enable_ipv6 else None)
+
+    async def activate(self, lease: Lease) -> None:
+        await super().activate(lease)
+        env = post_startup_env(self.config.network if self.config.enable_ipv4 else None,
+                               self.config.ipv6_network if self.config.enable_ipv6 else None,
+                               lease)
+        if not await asyncio.to_thread(self.engine.post_startup, env):
+            log.error("the extension post-startup command failed; it is run again before "
+                      "the subnet commands")
+
+    def appliers(self) -> Sequence[ExtensionCommands]:
+        return (self.engine,)
