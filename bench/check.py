@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from ipaddress import IPv4Network
 
-from flannel.kernel.rtnl import in_netns
+from flannel.kernel.host import Host
 from flannel.ops.check import PeerResult, probe_all
 from flannel.ops.icmp import Pinger
 from tests.support import netns
@@ -44,7 +44,7 @@ def targets(n: int) -> list[str]:
 
 def run_check(ns: str, n: int, parallel: int) -> int:
     rows = [PeerResult(IPv4Network(f"{t}/32"), "", "vxlan", target=t) for t in targets(n)]
-    with in_netns(ns):
+    with Host(ns).entered():
         pinger = Pinger([])
     args = argparse.Namespace(parallel=parallel, count=COUNT, interval=INTERVAL,
                               timeout=TIMEOUT, deadline=600)

@@ -11,7 +11,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
-from flannel.kernel.rtnl import in_netns
+from flannel.kernel.host import Host
 from flannel.ops.check import PeerResult, probe_all
 from flannel.ops.icmp import Pinger
 from tests.support import netns
@@ -19,7 +19,7 @@ from tests.support import netns
 
 def probe(ns: str, target: str, sources: list[str] = (), count: int = 2,
           timeout: float = 0.5):
-    with in_netns(ns):  # the socket stays in the namespace it was created in
+    with Host(ns).entered():  # the socket stays in the namespace it was created in
         pinger = Pinger([IPv4Address(s) for s in sources])
 
     async def run():
@@ -61,7 +61,7 @@ def test_the_deadline_bounds_the_whole_check(ns):
     netns.ip("addr", "add", "10.8.0.1/24", "dev", "lo", netns=ns)
     rows = [PeerResult(IPv4Network(f"{t}/32"), "", "vxlan", target=t)
             for t in ("10.8.0.1", "10.7.0.2", "10.7.0.3", "10.7.0.4")]
-    with in_netns(ns):
+    with Host(ns).entered():
         pinger = Pinger([IPv4Address("10.7.0.1")])
     # One peer at a time, each silent one taking 3 s: only the first two get an answer.
     args = argparse.Namespace(parallel=1, count=1, interval=0.1, timeout=3.0, deadline=4.0)
@@ -92,7 +92,7 @@ def test_unreachable_from_a_router_is_told_apart(ns):
         netns.ip("link", "set", "vb", "up", netns=router)
         # The router forwards but has an unreachable route: it answers "host unreachable".
         netns.ip("route", "add", "unreachable", "10.6.0.0/24", netns=router)
-        with in_netns(router):
+        with Host(router).entered():
             with open("/proc/sys/net/ipv4/ip_forward", "w") as sysctl:
                 sysctl.write("1")
         _, result = probe(ns, "10.6.0.5", ["10.7.0.1"], timeout=2.0)
