@@ -12,10 +12,11 @@ from flannel.backend.base import Backend, BackendError, BackendOptions
 _REGISTRY = {
     "alloc": "flannel.backend.alloc:AllocBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
+    "udp": "flannel.backend.udp:UdpBackend",
     "vxlan": "flannel.backend.vxlan:VxlanBackend",
 }
 # Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("udp", "ipip", "wireguard", "ipsec", "tencent-vpc", "extension")
+_UPSTREAM_ONLY = ("ipip", "wireguard", "ipsec", "tencent-vpc", "extension")
 
 
 def supported() -> list[str]:

@@ -38,6 +38,15 @@ def delete(name: str, host: Host = LOCAL) -> None:
             links.delete_link(sock, found.link.index, f"delete device {name}")
 
 
+def tun_index(name: str, host: Host = LOCAL) -> int:
+    """The interface index of device ``name`` (TunError when it is absent)."""
+    with Rtnl(host) as sock:
+        found = links.get_link(sock, name)
+    if found is None:
+        raise TunError(f"{name} disappeared; is another program deleting it?")
+    return found.link.index
+
+
 def ensure_tun(spec: TunSpec, host: Host = LOCAL) -> list[str]:
     """Create or repair the device; returns what had drifted (empty when nothing had).
 
