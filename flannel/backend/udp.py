@@ -173,6 +173,8 @@ class _ForwarderApplier:
             if self._closed or forwarder is None:
                 return ApplyResult(error="stopped (flanneld is shutting down)")
             status = forwarder.status()
+            if not status.alive and status.pid is not None:  # running, but not answering
+                return ApplyResult(error=status.last_error)
             if not status.alive:
                 if status.last_error != self._logged:  # once per cause, not per retry
                     log.error("%s; restarting it", status.last_error)

@@ -164,6 +164,9 @@ def print_node_state(lab: Lab, index: int) -> None:
             print(f"device {link['ifname']}: vxlan id {data.get('id')} port {data.get('port')} "
                   f"{'learning' if data.get('learning') else 'nolearning'} mtu {link['mtu']} "
                   f"mac {link.get('address')}")
+        elif info.get("info_kind") == "tun":
+            print(f"device {link['ifname']}: tun mtu {link['mtu']} "
+                  f"{'carrier' if 'LOWER_UP' in link.get('flags', []) else 'no carrier'}")
     for family in ("-4", "-6") if lab.state.ipv6 else ("-4",):
         print(f"routes ({family}):")
         for line in ip(ns, family, "route", "show", "proto", "151").stdout.splitlines():

@@ -33,7 +33,7 @@ def checksum(data: bytes | bytearray | memoryview) -> int:
     """The Internet checksum (RFC 1071) of ``data``."""
     if len(data) % 2:
         data = bytes(data) + b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
     return ~total & 0xFFFF
@@ -132,7 +132,11 @@ def _flow_key(packet: memoryview, header_end: int) -> bytes:
     return bytes(key)
 
 
-def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview] | None]:
+#: One write into the TUN: buffers written with ``writev``.
+IOVec = list[bytes | bytearray | memoryview]
+
+
+def merge_tcp(segments: list[memoryview]) -> Iterable[IOVec | None]:
     """Group consecutive segments of one TCP flow into GSO writes (iovecs for ``writev``),
     decrementing the TTL as it goes (None for each packet whose TTL reaches 0).
 
@@ -183,7 +187,7 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview] |
 
 
 def _merged(run: list[memoryview], header_end: int, mss: int, psh: int
-            ) -> list[bytes | memoryview]:
+            ) -> IOVec:
     first = run[0]
     payload_len = sum(len(s) for s in run) - header_end * len(run)
     total = header_end + payload_len
