@@ -123,13 +123,18 @@ def _mergeable(packet: memoryview) -> int:
     return tcp_len
 
 
-def _flow_key(packet: memoryview, header_end: int) -> bytes:
-    """The headers with the fields that differ along a TCP run zeroed: IP length, id and
-    checksum, TCP sequence, PSH and checksum."""
-    key = bytearray(packet[:header_end])
-    key[33] &= ~TCP_PSH & 0xFF
-    del key[36:38], key[24:28], key[10:12], key[2:6]  # highest first: offsets stay valid
-    return bytes(key)
+def _flow_mask(header_end: int) -> int:
+    """A mask over the headers (read as one big-endian integer) that zeroes the fields that
+    differ along a TCP run: IP length, id and checksum, TCP sequence, PSH and checksum."""
+    mask = bytearray(b"\xff" * header_end)
+    for start, end in ((2, 6), (10, 12), (24, 28), (36, 38)):
+        mask[start:end] = bytes(end - start)
+    mask[33] &= ~TCP_PSH & 0xFF
+    return int.from_bytes(mask, "big")
+
+
+#: Masks by IP + TCP header length (TCP headers of 20 to 60 bytes).
+_FLOW_MASKS = {20 + tcp_len: _flow_mask(20 + tcp_len) for tcp_len in range(20, 64, 4)}
 
 
 #: One write into the TUN: buffers written with ``writev``.
@@ -161,7 +166,9 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[IOVec | None]:
             header_end = 20 + tcp_len
             mss = len(first) - header_end
             seq = int.from_bytes(first[24:28], "big") + mss
-            key = _flow_key(first, header_end)
+            # One integer compare per segment instead of building a key from its bytes.
+            mask = _FLOW_MASKS[header_end]
+            key = int.from_bytes(first[:header_end], "big") & mask
             psh = first[33] & TCP_PSH
             while i + run < count and run < 44:
                 segment = segments[i + run]
@@ -170,7 +177,7 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[IOVec | None]:
                 if (size <= 0 or size > mss
                         or (segment[2] << 8 | segment[3]) != len(segment)
                         or int.from_bytes(segment[24:28], "big") != seq & 0xFFFFFFFF
-                        or _flow_key(segment, header_end) != key):
+                        or int.from_bytes(segment[:header_end], "big") & mask != key):
                     break
                 psh |= segment[33] & TCP_PSH
                 seq += size
