@@ -33,7 +33,7 @@ from flannel.config import NetworkConfig
 from flannel.kernel import device as kernel_device
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState, LinkState
-from flannel.kernel.rtnl import NetlinkError, Route
+from flannel.kernel.rtnl import Route
 from flannel.lease import Lease
 from flannel.udp.device import TunSpec, ensure_tun, tun_index
 from flannel.udp.forwarder import ForwarderConfig, ForwarderError, UdpForwarder
@@ -73,6 +73,7 @@ class UdpBackend(RoutedBackend):
         self.tun_index = 0
         self.forwarder: UdpForwarder | None = None
         self._applier = _ForwarderApplier(self)
+        self._sysctl_warned = False
 
     async def prepare(self) -> LocalNetwork:
         config = self.config
@@ -101,7 +102,7 @@ class UdpBackend(RoutedBackend):
             raise BackendError("the udp backend needs an IPv4 lease")
         try:
             await super().activate(lease)  # creates the TUN through ensure_local
-        except (TunError, NetlinkError) as err:
+        except (TunError, OSError) as err:  # NetlinkError is an OSError
             raise BackendError(f"cannot set up {TUN_NAME}: {err}") from None
         assert self.ext.iface_addr is not None
         self.forwarder = UdpForwarder(ForwarderConfig(
@@ -120,7 +121,14 @@ class UdpBackend(RoutedBackend):
         # The forwarder's ICMP "net unreachable" comes from our own lease base address; the
         # kernel drops such a packet as a martian unless the TUN accepts local sources
         # (Go leaves it unset, so its replies never arrive).
-        self.options.host.write_sysctl(f"net/ipv4/conf/{TUN_NAME}/accept_local", "1")
+        try:
+            self.options.host.write_sysctl(f"net/ipv4/conf/{TUN_NAME}/accept_local", "1")
+        except OSError as err:
+            if not self._sysctl_warned:
+                self._sysctl_warned = True
+                log.warning("cannot set net.ipv4.conf.%s.accept_local=1 (%s): the forwarder's "
+                            "ICMP net unreachable replies will be dropped by the kernel",
+                            TUN_NAME, err.strerror or err)
         self.tun_index = tun_index(TUN_NAME, self.options.host)
 
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
