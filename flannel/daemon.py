@@ -326,6 +326,7 @@ class Daemon:
             Supervised("leases", self._follow_leases(sm, config, dataplane, lease)),
             Supervised("lease", sm.keep_lease(lease)),
             Supervised("readiness", self._watch_readiness()),
+            Supervised("backend", self._close_at_exit(backend)),
         ]
         if rules.blackhole_route:
             from flannel.kernel.blackhole import keep_blackholes
@@ -333,6 +334,14 @@ class Daemon:
             subnets = [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
             tasks.append(Supervised("blackhole", keep_blackholes(subnets, rules.resync)))
         return await self._supervise(tasks)
+
+    @staticmethod
+    async def _close_at_exit(backend: Backend) -> None:
+        """Wait until flanneld stops, then stop what the backend runs (kernel state stays)."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.to_thread(backend.close)
 
     async def _supervise(self, tasks: list[Supervised]) -> int:
         """Run the tasks until a signal, a fault or the revocation of our lease."""

@@ -14,10 +14,11 @@ _REGISTRY = {
     "extension": "flannel.backend.extension:ExtensionBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
     "ipip": "flannel.backend.ipip:IpipBackend",
+    "udp": "flannel.backend.udp:UdpBackend",
     "vxlan": "flannel.backend.vxlan:VxlanBackend",
 }
 # Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("udp", "wireguard", "ipsec", "tencent-vpc")
+_UPSTREAM_ONLY = ("wireguard", "ipsec", "tencent-vpc")
 
 
 def supported() -> list[str]:

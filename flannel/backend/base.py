@@ -13,11 +13,13 @@ other engine must hold:
 - ``failure_hint(error)``: advice for an operator when the kernel refused a change.
 
 All four run in the data plane's worker thread; a backend owns no task, thread, socket
-lifetime or readiness code. Must not touch: the store, subnet.env, readiness.
+lifetime or readiness code. ``close()`` (the daemon, at shutdown) stops any process a
+backend's engine runs. Must not touch: the store, subnet.env, readiness.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +32,8 @@ from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import NetlinkError, Route
 from flannel.lease import Lease
+
+log = logging.getLogger(__name__)
 
 #: ``route_get(ip)``: the route the kernel would use for ``ip`` (None when unreachable).
 RouteLookup = Callable[[IPv4Address | IPv6Address], Route | None]
@@ -115,6 +119,7 @@ class Backend(ABC):
         self.config = config
         self.options = options or BackendOptions()
         self.lease: Lease | None = None
+        self._ignored: set[str] = set()  # keys of leases of other backends, logged once
 
     @abstractmethod
     async def prepare(self) -> LocalNetwork:
@@ -140,6 +145,25 @@ class Backend(ABC):
         """Advice for an operator when the kernel refused one of our changes ("" if none)."""
         return ""
 
+    def close(self) -> None:
+        """Stop what the backend runs besides kernel state (a forwarder process) when
+        flanneld stops; kernel objects stay. Blocks: the daemon calls it from a thread."""
+
     def wants(self, lease: Lease) -> bool:
-        """Whether a remote lease belongs to this backend (upstream filters on BackendType)."""
-        return lease.attrs.backend_type == self.backend_type
+        """Whether a remote lease belongs to this backend (upstream filters on BackendType,
+        silently; here a lease of another backend is named in the log once)."""
+        if lease.attrs.backend_type == self.backend_type:
+            return True
+        self.ignore(lease)
+        return False
+
+    def ignore(self, lease: Lease) -> None:
+        """Log, once per lease, that a lease of another backend cannot be a peer."""
+        if lease.key in self._ignored:
+            return
+        self._ignored.add(lease.key)
+        theirs = lease.attrs.backend_type or "udp or alloc (no BackendType)"
+        log.warning("ignoring lease %s (public IP %s): its node runs the %s backend, which "
+                    "this node's %s backend cannot reach; every node of a network must run "
+                    "the same backend", lease.key, lease.attrs.public_ip, theirs,
+                    self.config.backend_type)

@@ -40,12 +40,14 @@ ADOPTABLE_PROTOCOLS = frozenset({rtnl.RTPROT_UNSPEC, rtnl.RTPROT_BOOT, rtnl.RTPR
 
 @dataclass(frozen=True)
 class LinkState:
-    """A device we own and the attributes it must keep."""
+    """A device we own and the attributes it must keep; ``carrier``: losing the carrier is
+    drift (a TUN loses it when the program serving it exits)."""
 
     index: int
     name: str
     mtu: int
     mac: str
+    carrier: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,8 @@ def _link_drift(desired: DesiredState, link: rtnl.Link, deleted: bool) -> str:
         return f"device {name} MTU changed to {link.mtu} (want {want.mtu})"
     if link.mac and link.mac != want.mac:
         return f"device {name} MAC changed to {link.mac} (want {want.mac})"
+    if want.carrier and not link.carrier:
+        return f"device {name} lost its carrier"
     return ""
 
 

@@ -45,6 +45,7 @@ NDA_DST, NDA_LLADDR, NDA_PORT, NDA_VNI, NDA_IFINDEX, NDA_PROTOCOL = 1, 2, 6, 7, 
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU = 1, 3, 4
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
 
 RT_TABLE_MAIN = 254
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
@@ -290,13 +291,15 @@ def decode_neighbour(body: bytes) -> tuple[Neighbour | FdbEntry, int, int] | Non
 
 @dataclass(frozen=True)
 class Link:
-    """What a link message says about a device; ``mtu`` 0 and ``mac`` "" when absent."""
+    """What a link message says about a device; ``mtu`` 0 and ``mac`` "" when absent;
+    ``carrier``: the lower layer is up (for a TUN: a program has it open)."""
 
     index: int
     name: str | None
     up: bool
     mtu: int = 0
     mac: str = ""
+    carrier: bool = True
 
 
 def decode_link(body: bytes) -> Link:
@@ -307,7 +310,7 @@ def decode_link(body: bytes) -> Link:
     mac = attrs.get(IFLA_ADDRESS)
     return Link(index, name.rstrip(b"\0").decode(errors="replace") if name else None,
                 bool(flags & IFF_UP), struct.unpack("=I", mtu[:4])[0] if mtu else 0,
-                mac_text(mac) if mac and len(mac) == 6 else "")
+                mac_text(mac) if mac and len(mac) == 6 else "", bool(flags & IFF_LOWER_UP))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,15 @@ def delete(name: str, host: Host = LOCAL) -> None:
             links.delete_link(sock, found.link.index, f"delete device {name}")
 
 
+def tun_index(name: str, host: Host = LOCAL) -> int:
+    """The interface index of device ``name`` (TunError when it is absent)."""
+    with Rtnl(host) as sock:
+        found = links.get_link(sock, name)
+    if found is None:
+        raise TunError(f"{name} disappeared; is another program deleting it?")
+    return found.link.index
+
+
 def ensure_tun(spec: TunSpec, host: Host = LOCAL) -> list[str]:
     """Create or repair the device; returns what had drifted (empty when nothing had).
 
@@ -65,7 +74,7 @@ def ensure_tun(spec: TunSpec, host: Host = LOCAL) -> list[str]:
                 links.set_link(sock, link.index, f"set MTU of {spec.name}", mtu=spec.mtu)
             except NetlinkError as err:
                 raise TunError(f"cannot set MTU {spec.mtu} on {spec.name}: "
-                               f"{os.strerror(err.errno)}") from None
+                               f"{os.strerror(err.errno or 0)}") from None
         if not link.up:
             drift.append(f"{spec.name} was down: set up")
             links.set_link(sock, link.index, f"bring {spec.name} up", up=True)
@@ -102,6 +111,6 @@ def _ensure_route(sock: Rtnl, index: int, spec: TunSpec) -> list[str]:
                            scope=rtnl.RT_SCOPE_UNIVERSE)
     except NetlinkError as err:
         raise TunError(f"cannot route {spec.route} into {spec.name}: "
-                       f"{os.strerror(err.errno)}") from None
+                       f"{os.strerror(err.errno or 0)}") from None
     what = "pointed elsewhere" if exact else "was missing"
     return [f"route {spec.route} dev {spec.name} {what}: set"]

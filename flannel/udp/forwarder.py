@@ -24,6 +24,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
+from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
 
@@ -64,7 +65,7 @@ class UdpForwarder:
     def __init__(self, config: ForwarderConfig) -> None:
         self.config = config
         self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
         self._peers: list[tuple[str, str]] = []
         self._last_error = ""
@@ -113,29 +114,31 @@ class UdpForwarder:
 
     def status(self) -> ForwarderStatus:
         with self._lock:
-            if not self._alive():
+            process = self._process
+            if process is None or not self._alive():
                 return ForwarderStatus(False, None, last_error=self._death_reason())
             try:
                 reply = self._request({"op": "status"})
             except ForwarderError as err:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._process.wait(REQUEST_TIMEOUT)  # it closed the channel: dying
+                    process.wait(REQUEST_TIMEOUT)  # it closed the channel: dying
                 if not self._alive():
                     return ForwarderStatus(False, None, last_error=self._death_reason())
-                return ForwarderStatus(False, self._process.pid, last_error=str(err))
-            return ForwarderStatus(True, self._process.pid, reply["peers"],
+                return ForwarderStatus(False, process.pid, last_error=str(err))
+            return ForwarderStatus(True, process.pid, reply["peers"],
                                    reply["tun_attached"], reply["counters"],
                                    reply["cpu_seconds"], reply["last_error"])
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._lock:
-            if self._alive():
+            process, control = self._process, self._control
+            if process is not None and control is not None and self._alive():
                 with contextlib.suppress(OSError):
-                    self._control.send(json.dumps({"op": "stop"}).encode())
+                    control.send(json.dumps({"op": "stop"}).encode())
                 try:
-                    self._process.wait(timeout)
+                    process.wait(timeout)
                 except subprocess.TimeoutExpired:
-                    self._process.kill()
+                    process.kill()
             self._reap()
 
     # --- internals (lock held) ---------------------------------------------------------
@@ -162,19 +165,25 @@ class UdpForwarder:
             self._control.close()
             self._control = None
 
-    def _receive(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self._control], [], [], timeout)
+    def _receive(self, timeout: float) -> dict[str, Any]:
+        control = self._control
+        if control is None:
+            raise ForwarderError("udp forwarder not started")
+        ready, _, _ = select.select([control], [], [], timeout)
         if not ready:
             raise ForwarderError(f"udp forwarder did not answer within {timeout:g} s")
         try:
-            raw = self._control.recv(1 << 20)
+            raw = control.recv(1 << 20)
         except OSError:
             raw = b""
         if not raw:
             raise ForwarderError("udp forwarder closed its control channel")
-        return json.loads(raw)
+        reply: dict[str, Any] = json.loads(raw)
+        return reply
 
-    def _request(self, message: dict) -> dict:
+    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self._control is None:
+            raise ForwarderError("udp forwarder not started")
         try:
             self._control.send(json.dumps(message).encode())
         except OSError as err:

@@ -33,7 +33,7 @@ def checksum(data: bytes | bytearray | memoryview) -> int:
     """The Internet checksum (RFC 1071) of ``data``."""
     if len(data) % 2:
         data = bytes(data) + b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     while total >> 16:
         total = (total & 0xFFFF) + (total >> 16)
     return ~total & 0xFFFF
@@ -123,16 +123,28 @@ def _mergeable(packet: memoryview) -> int:
     return tcp_len
 
 
-def _flow_key(packet: memoryview, header_end: int) -> bytes:
-    """The headers with the fields that differ along a TCP run zeroed: IP length, id and
-    checksum, TCP sequence, PSH and checksum."""
-    key = bytearray(packet[:header_end])
-    key[33] &= ~TCP_PSH & 0xFF
-    del key[36:38], key[24:28], key[10:12], key[2:6]  # highest first: offsets stay valid
-    return bytes(key)
+def _flow_mask(header_end: int) -> int:
+    """A mask over the headers (read as one big-endian integer) that zeroes the fields that
+    may differ along a TCP run: IP id and checksum, TCP PSH and checksum. The IP total
+    length and the TCP sequence stay: each segment's expected values are compared too."""
+    mask = bytearray(b"\xff" * header_end)
+    for start, end in ((4, 6), (10, 12), (36, 38)):
+        mask[start:end] = bytes(end - start)
+    mask[33] &= ~TCP_PSH & 0xFF
+    return int.from_bytes(mask, "big")
 
 
-def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview] | None]:
+#: By IP + TCP header length (TCP headers of 20 to 60 bytes): the mask, and the bit
+#: positions of the IP total length and the TCP sequence in the headers read as an integer.
+_FLOW_MASKS = {20 + tcp_len: (_flow_mask(20 + tcp_len), (20 + tcp_len - 4) * 8,
+                              (20 + tcp_len - 28) * 8) for tcp_len in range(20, 64, 4)}
+
+
+#: One write into the TUN: buffers written with ``writev``.
+IOVec = list[bytes | bytearray | memoryview]
+
+
+def merge_tcp(segments: list[memoryview]) -> Iterable[IOVec | None]:
     """Group consecutive segments of one TCP flow into GSO writes (iovecs for ``writev``),
     decrementing the TTL as it goes (None for each packet whose TTL reaches 0).
 
@@ -156,17 +168,23 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview] |
         if tcp_len:
             header_end = 20 + tcp_len
             mss = len(first) - header_end
-            seq = int.from_bytes(first[24:28], "big") + mss
-            key = _flow_key(first, header_end)
+            seq = int.from_bytes(first[24:28], "big")
+            mask, length_at, seq_at = _FLOW_MASKS[header_end]
+            # The first segment's headers without its length and sequence: a segment
+            # belongs to the run when its headers are these plus its own length and the
+            # next sequence number, which is one integer compare per segment.
+            flow = ((int.from_bytes(first[:header_end], "big") & mask)
+                    ^ (len(first) << length_at) ^ (seq << seq_at))
+            seq += mss
             psh = first[33] & TCP_PSH
             while i + run < count and run < 44:
                 segment = segments[i + run]
                 size = len(segment) - header_end
-                # The key covers version, header lengths, protocol, flags and TTL.
+                # The flow covers version, header lengths, protocol, flags and TTL.
                 if (size <= 0 or size > mss
-                        or (segment[2] << 8 | segment[3]) != len(segment)
-                        or int.from_bytes(segment[24:28], "big") != seq & 0xFFFFFFFF
-                        or _flow_key(segment, header_end) != key):
+                        or int.from_bytes(segment[:header_end], "big") & mask
+                        != flow | (len(segment) << length_at)
+                        | ((seq & 0xFFFFFFFF) << seq_at)):
                     break
                 psh |= segment[33] & TCP_PSH
                 seq += size
@@ -183,7 +201,7 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview] |
 
 
 def _merged(run: list[memoryview], header_end: int, mss: int, psh: int
-            ) -> list[bytes | memoryview]:
+            ) -> IOVec:
     first = run[0]
     payload_len = sum(len(s) for s in run) - header_end * len(run)
     total = header_end + payload_len

@@ -23,12 +23,14 @@ import struct
 import sys
 import time
 from ipaddress import IPv4Address, IPv4Network
+from typing import Any
 
 from flannel.kernel.host import Host
 from flannel.udp.packet import (
     IPV4_HEADER,
     VNET_HDR,
     VNET_HDR_NONE,
+    IOVec,
     PeerTable,
     decrement_ttl,
     merge_tcp,
@@ -53,7 +55,7 @@ COUNTERS = ("tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "tun_writes", "u
 
 
 class Worker:
-    def __init__(self, config: dict, control: socket.socket) -> None:
+    def __init__(self, config: dict[str, Any], control: socket.socket) -> None:
         self.tun_name: str = config["tun"]
         self.source = IPv4Address(config["source"])
         self.port: int = config["port"]
@@ -130,7 +132,7 @@ class Worker:
 
     # --- control channel -------------------------------------------------------------
 
-    def _send(self, message: dict) -> None:
+    def _send(self, message: dict[str, Any]) -> None:
         self.control.send(json.dumps(message).encode())
 
     def on_control(self) -> bool:
@@ -157,7 +159,7 @@ class Worker:
     def tun_to_udp(self) -> None:
         counters, table, tun = self.counters, self.table, self.tun
         group: list[memoryview] = []
-        group_dest: tuple[str, int] | None = None
+        group_dest: tuple[str, int] = ("", 0)  # set with the group's first packet
         group_size = 0
         for buffer in self.read_buffers:
             try:
@@ -264,7 +266,7 @@ class Worker:
                     else:
                         counters["drop_ttl"] += 1
 
-    def _write_tun(self, iovec: list) -> None:
+    def _write_tun(self, iovec: IOVec) -> None:
         try:
             os.writev(self.tun, iovec)
             self.counters["tun_writes"] += 1

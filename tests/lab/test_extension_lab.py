@@ -91,7 +91,7 @@ def test_flannel_lab_up_with_the_extension_backend(make_lab):
                              "--pods-per-node", "1"], capture_output=True, text=True,
                             timeout=180, check=False)
     assert result.returncode == 0, result.stderr
-    assert f"==> lab {lab.name} is up: 2 nodes, every pair connected (" in result.stdout
+    assert f"==> lab {lab.name} is up: 2 nodes, every pair connected " in result.stdout
     recorded = Lab(lab.name, root=lab.directory.parent)
     backend = json.loads(recorded.etcdctl("get", "--print-value-only",
                                           "/coreos.com/network/config"))["Backend"]

@@ -117,6 +117,10 @@ class RecordingBackend(Backend):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.recorder = RecordingApplier()
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
 
     async def prepare(self) -> LocalNetwork:
         return LocalNetwork("host-gw", 1500)
@@ -294,6 +298,7 @@ async def test_a_failing_task_exits_one_naming_it(tmp_path, log):
     assert lines(log)[-1] == ("Exiting: lease failed: the lease record is not a lease; "
                               "delete it")
     assert node.store.watch_closed
+    assert node.backend.closed == 1
 
 
 async def test_a_forever_task_that_returns_exits_one_naming_it(tmp_path, log):
@@ -335,6 +340,7 @@ async def test_a_signal_stops_cleanly_leaving_state_in_place(tmp_path, log):
             "again to exit immediately") in lines(log)
     assert lines(log)[-1] == "Exiting: stopped by signal"
     assert node.env_path.exists()
+    assert node.backend.closed == 1  # what the backend runs (a forwarder) is stopped
 
 
 def test_what_subnet_env_says_is_what_the_cni_plugin_reads(tmp_path):

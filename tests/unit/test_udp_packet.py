@@ -165,3 +165,12 @@ def test_runs_and_singles_at_ttl_one_are_dropped() -> None:
     single = [tcp(1000, bytes(100), flags=0x11, ttl=1)]
     assert list(merge_tcp(run)) == [None, None]
     assert list(merge_tcp(single)) == [None]
+
+
+def test_a_segment_whose_length_field_lies_or_sequence_jumps_ends_the_run() -> None:
+    lying = tcp(1100, bytes(100))
+    lying[2:4] = (len(lying) + 4).to_bytes(2, "big")
+    for second in (lying, tcp(1101, bytes(100)), tcp(1099, bytes(100))):
+        writes = list(merge_tcp([tcp(1000, bytes(100)), second]))
+        assert len(writes) == 2 and all(w is not None and w[0] == VNET_HDR_NONE
+                                        for w in writes), bytes(second[:40]).hex()

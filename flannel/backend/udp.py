@@ -1,0 +1,214 @@
+"""The udp backend: Go flannel's first data plane, bare IPv4 packets in UDP (port 8285).
+
+Owns the backend config (``Port``; IPv4 only), the lease (no BackendType, no BackendData,
+as Go's), the TUN ``flannel0`` described for the data plane (device, MTU, lease base /32,
+the route ``<Network> dev flannel0``, so that a change by hand is drift repaired within a
+second), and the forwarder process (``flannel/udp``): started at activation, handed the
+peer table (subnet -> PublicIP:Port) on every pass, restarted when it died, stopped by
+``close``. Go's udp backend does not filter leases on BackendType: every other lease of the
+network is a peer, except the leases of another backend (a vxlan node runs no forwarder),
+which are ignored and named once in the log.
+Must not touch: the store; packets (``flannel/udp/worker.py``); other devices and routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from ipaddress import IPv4Address, IPv4Network
+
+from flannel import gojson
+from flannel.backend.base import (
+    Applier,
+    ApplyResult,
+    BackendError,
+    BackendOptions,
+    LocalNetwork,
+    RouteLookup,
+)
+from flannel.backend.routed import RoutedBackend
+from flannel.config import NetworkConfig
+from flannel.kernel import device as kernel_device
+from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.reconcile import DesiredState, LinkState
+from flannel.kernel.rtnl import Route
+from flannel.lease import Lease
+from flannel.udp.device import TunSpec, ensure_tun, tun_index
+from flannel.udp.forwarder import ForwarderConfig, ForwarderError, UdpForwarder
+from flannel.udp.tunfd import TunError
+
+log = logging.getLogger(__name__)
+
+TUN_NAME = "flannel0"
+DEFAULT_PORT = 8285
+#: IPv4 (20) + UDP (8): the packet read from the TUN is the whole datagram payload.
+ENCAP_OVERHEAD = 28
+CONFIG_ERROR = "error decoding UDP backend config"
+
+
+def parse_port(backend: dict[str, object]) -> int:
+    """The ``Port`` of the backend config (default 8285); BackendError when unusable."""
+    try:
+        fields = gojson.decode_fields(backend, {"Port": (int, DEFAULT_PORT)}, CONFIG_ERROR)
+    except ValueError as err:
+        raise BackendError(str(err)) from None
+    port: int = fields["Port"]
+    if not 1 <= port <= 65535:
+        raise BackendError(f"{CONFIG_ERROR}: Port {port} is not a UDP port; give 1 to 65535 "
+                           f"(every node of the network must use the same one; default "
+                           f"{DEFAULT_PORT})")
+    return port
+
+
+class UdpBackend(RoutedBackend):
+    backend_type = ""  # Go's udp lease carries no BackendType
+
+    def __init__(self, ext: ExternalInterface, config: NetworkConfig,
+                 options: BackendOptions | None = None) -> None:
+        super().__init__(ext, config, options)
+        self.port = parse_port(self.config.backend)
+        self.mtu = self.ext.mtu - ENCAP_OVERHEAD
+        self.tun_index = 0
+        self.forwarder: UdpForwarder | None = None
+        self._applier = _ForwarderApplier(self)
+        self._sysctl_warned = False
+
+    async def prepare(self) -> LocalNetwork:
+        config = self.config
+        if config.enable_ipv6 or not config.enable_ipv4:
+            raise BackendError(
+                "the udp backend carries IPv4 only, but the network config "
+                + ("sets EnableIPv6" if config.enable_ipv6 else "disables IPv4")
+                + ": remove EnableIPv6 and IPv6Network (and keep EnableIPv4) to use udp, or "
+                "choose a backend with IPv6 support (vxlan, wireguard, host-gw)")
+        if self.ext.iface_addr is None or self.ext.ext_addr is None:
+            raise BackendError(f"the udp backend needs an IPv4 address on {self.ext.name}")
+        if self.mtu < kernel_device.MIN_MTU:
+            raise BackendError(f"{self.ext.name}'s MTU ({self.ext.mtu}) leaves {self.mtu} "
+                               f"bytes inside {ENCAP_OVERHEAD} bytes of IPv4 and UDP headers; "
+                               f"the TUN needs at least {kernel_device.MIN_MTU}")
+        return LocalNetwork("", self.mtu)
+
+    def _spec(self) -> TunSpec:
+        assert self.lease is not None and self.lease.subnet is not None
+        # No route here: the data plane owns the Network route like every other route
+        # (protocol flannel, drift watched), see desired_state.
+        return TunSpec(TUN_NAME, self.lease.subnet.network_address, self.mtu)
+
+    async def activate(self, lease: Lease) -> None:
+        if lease.subnet is None:
+            raise BackendError("the udp backend needs an IPv4 lease")
+        try:
+            await super().activate(lease)  # creates the TUN through ensure_local
+        except (TunError, OSError) as err:  # NetlinkError is an OSError
+            raise BackendError(f"cannot set up {TUN_NAME}: {err}") from None
+        assert self.ext.iface_addr is not None
+        self.forwarder = UdpForwarder(ForwarderConfig(
+            TUN_NAME, IPv4Address(self.ext.iface_addr), self.port,
+            lease.subnet.network_address, self.mtu, self.options.host))
+        try:
+            await asyncio.to_thread(self.forwarder.start)
+        except ForwarderError as err:
+            raise BackendError(str(err)) from None
+        log.info("udp forwarder started (pid %s): %s:%d <-> %s", self.forwarder.pid,
+                 self.ext.iface_addr, self.port, TUN_NAME)
+
+    def ensure_local(self) -> None:
+        for what in ensure_tun(self._spec(), self.options.host):
+            log.info("udp device: %s", what)
+        # The forwarder's ICMP "net unreachable" comes from our own lease base address; the
+        # kernel drops such a packet as a martian unless the TUN accepts local sources
+        # (Go leaves it unset, so its replies never arrive).
+        try:
+            self.options.host.write_sysctl(f"net/ipv4/conf/{TUN_NAME}/accept_local", "1")
+        except OSError as err:
+            if not self._sysctl_warned:
+                self._sysctl_warned = True
+                log.warning("cannot set net.ipv4.conf.%s.accept_local=1 (%s): the forwarder's "
+                            "ICMP net unreachable replies will be dropped by the kernel",
+                            TUN_NAME, err.strerror or err)
+        self.tun_index = tun_index(TUN_NAME, self.options.host)
+
+    def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
+        assert self.lease is not None and self.lease.subnet is not None
+        index, subnet = self.tun_index, self.lease.subnet
+        network = self.config.network
+        return DesiredState(
+            frozenset({Route(str(network), None, index)}) if network else frozenset(),
+            devices=frozenset({index}),
+            # Carrier: the TUN loses it when the forwarder exits, which starts a pass that
+            # restarts the forwarder (the applier).
+            links=frozenset({LinkState(index, TUN_NAME, self.mtu, "", carrier=True)}),
+            addresses=frozenset({(index, f"{subnet.network_address}/32")}),
+            networks=(network,) if network else (), local_subnets=(subnet,),
+            underlay=self.ext.index)
+
+    def appliers(self) -> Sequence[Applier]:
+        return (self._applier,)
+
+    def wants(self, lease: Lease) -> bool:
+        # Go's udp takes every lease; a lease with a BackendType is a node that runs no
+        # udp forwarder, so packets sent there would be lost.
+        if not lease.attrs.backend_type:
+            return True
+        self.ignore(lease)
+        return False
+
+    def close(self) -> None:
+        self._applier.close()
+
+
+class _ForwarderApplier:
+    """Hands the peer table to the forwarder; restarts a dead forwarder (the pass reports
+    the death, so the node is not ready until the restart worked)."""
+
+    name = "udp forwarder"
+
+    def __init__(self, backend: UdpBackend) -> None:
+        self.backend = backend
+        self.table: dict[IPv4Network, IPv4Address] = {}
+        self._lock = threading.Lock()  # close() against a pass still running at shutdown
+        self._closed = False
+        self._logged = ""
+
+    def apply(self, peers: Sequence[Lease]) -> ApplyResult:
+        table = {p.subnet: p.attrs.public_ip for p in peers
+                 if p.subnet is not None and p.attrs.public_ip is not None}
+        with self._lock:
+            forwarder = self.backend.forwarder
+            if self._closed or forwarder is None:
+                return ApplyResult(error="stopped (flanneld is shutting down)")
+            status = forwarder.status()
+            if not status.alive and status.pid is not None:  # running, but not answering
+                return ApplyResult(error=status.last_error)
+            if not status.alive:
+                if status.last_error != self._logged:  # once per cause, not per retry
+                    log.error("%s; restarting it", status.last_error)
+                    self._logged = status.last_error
+                try:
+                    forwarder.start()
+                except ForwarderError as err:
+                    return ApplyResult(error=str(err))
+                log.info("udp forwarder restarted (pid %s)", forwarder.pid)
+                self._logged = ""
+                self.table = {}  # start() re-sent the previous table: count it as new
+            changes = len(table.keys() ^ self.table.keys()) + sum(
+                1 for s in table.keys() & self.table.keys() if table[s] != self.table[s])
+            if changes or not status.alive:
+                try:
+                    forwarder.set_peers(table)
+                except ForwarderError as err:
+                    return ApplyResult(error=str(err))
+                self.table = table
+            if status.alive and not status.tun_attached:
+                return ApplyResult(changes, f"the forwarder is not attached to {TUN_NAME} "
+                                            f"yet ({status.last_error or 'reattaching'})")
+            return ApplyResult(changes)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self.backend.forwarder is not None:
+                self.backend.forwarder.stop()
