@@ -121,7 +121,7 @@ class Dataplane:
         """Reconcile until cancelled. A failed pass is retried, never raised."""
         loop = asyncio.get_running_loop()
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
-        watcher: asyncio.Task | None = None
+        watcher: asyncio.Task[None] | None = None
         self._report()
         try:
             # Never before the first peer set: a pass over an empty set would delete every

@@ -11,10 +11,19 @@ from __future__ import annotations
 import asyncio
 from abc import abstractmethod
 from collections.abc import Sequence
+from typing import TypedDict
 
 from flannel.backend.base import Backend, RouteLookup
-from flannel.kernel.reconcile import DesiredState
+from flannel.kernel.reconcile import DesiredState, IPNetwork
 from flannel.lease import Lease
+
+
+class Ownership(TypedDict):
+    """The ``DesiredState`` fields that bound route adoption."""
+
+    networks: tuple[IPNetwork, ...]
+    local_subnets: tuple[IPNetwork, ...]
+    underlay: int
 
 
 class RoutedBackend(Backend):
@@ -22,7 +31,7 @@ class RoutedBackend(Backend):
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         """The routes (and neighbours, FDB entries) the kernel must hold for ``peers``."""
 
-    def ownership(self) -> dict[str, object]:
+    def ownership(self) -> Ownership:
         """The bounds of route adoption for ``DesiredState``: our Network(s), our own
         subnet(s) (never adopted) and the external interface."""
         networks = tuple(n for n in (self.config.network, self.config.ipv6_network)
