@@ -24,6 +24,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
+from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
 
@@ -64,7 +65,7 @@ class UdpForwarder:
     def __init__(self, config: ForwarderConfig) -> None:
         self.config = config
         self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._control: socket.socket | None = None
         self._peers: list[tuple[str, str]] = []
         self._last_error = ""
@@ -115,33 +116,45 @@ class UdpForwarder:
         with self._lock:
             if not self._alive():
                 return ForwarderStatus(False, None, last_error=self._death_reason())
+            process = self._worker()
             try:
                 reply = self._request({"op": "status"})
             except ForwarderError as err:
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._process.wait(REQUEST_TIMEOUT)  # it closed the channel: dying
+                    process.wait(REQUEST_TIMEOUT)  # it closed the channel: dying
                 if not self._alive():
                     return ForwarderStatus(False, None, last_error=self._death_reason())
-                return ForwarderStatus(False, self._process.pid, last_error=str(err))
-            return ForwarderStatus(True, self._process.pid, reply["peers"],
+                return ForwarderStatus(False, process.pid, last_error=str(err))
+            return ForwarderStatus(True, process.pid, reply["peers"],
                                    reply["tun_attached"], reply["counters"],
                                    reply["cpu_seconds"], reply["last_error"])
 
     def stop(self, timeout: float = 5.0) -> None:
         with self._lock:
             if self._alive():
+                process = self._worker()
                 with contextlib.suppress(OSError):
-                    self._control.send(json.dumps({"op": "stop"}).encode())
+                    self._channel().send(json.dumps({"op": "stop"}).encode())
                 try:
-                    self._process.wait(timeout)
+                    process.wait(timeout)
                 except subprocess.TimeoutExpired:
-                    self._process.kill()
+                    process.kill()
             self._reap()
 
     # --- internals (lock held) ---------------------------------------------------------
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def _worker(self) -> subprocess.Popen[bytes]:
+        if self._process is None:
+            raise ForwarderError("udp forwarder not started")
+        return self._process
+
+    def _channel(self) -> socket.socket:
+        if self._control is None:
+            raise ForwarderError("udp forwarder not started")
+        return self._control
 
     def _death_reason(self) -> str:
         if self._process is None:
@@ -162,21 +175,22 @@ class UdpForwarder:
             self._control.close()
             self._control = None
 
-    def _receive(self, timeout: float) -> dict:
-        ready, _, _ = select.select([self._control], [], [], timeout)
+    def _receive(self, timeout: float) -> dict[str, Any]:
+        control = self._channel()
+        ready, _, _ = select.select([control], [], [], timeout)
         if not ready:
             raise ForwarderError(f"udp forwarder did not answer within {timeout:g} s")
         try:
-            raw = self._control.recv(1 << 20)
+            raw = control.recv(1 << 20)
         except OSError:
             raw = b""
         if not raw:
             raise ForwarderError("udp forwarder closed its control channel")
         return json.loads(raw)
 
-    def _request(self, message: dict) -> dict:
+    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
         try:
-            self._control.send(json.dumps(message).encode())
+            self._channel().send(json.dumps(message).encode())
         except OSError as err:
             raise ForwarderError(f"udp forwarder unreachable: {err.strerror}") from None
         reply = self._receive(REQUEST_TIMEOUT)

@@ -132,7 +132,8 @@ def _flow_key(packet: memoryview, header_end: int) -> bytes:
     return bytes(key)
 
 
-def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview] | None]:
+def merge_tcp(segments: list[memoryview]
+              ) -> Iterable[list[bytes | bytearray | memoryview] | None]:
     """Group consecutive segments of one TCP flow into GSO writes (iovecs for ``writev``),
     decrementing the TTL as it goes (None for each packet whose TTL reaches 0).
 
@@ -183,7 +184,7 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[list[bytes | memoryview] |
 
 
 def _merged(run: list[memoryview], header_end: int, mss: int, psh: int
-            ) -> list[bytes | memoryview]:
+            ) -> list[bytes | bytearray | memoryview]:
     first = run[0]
     payload_len = sum(len(s) for s in run) - header_end * len(run)
     total = header_end + payload_len

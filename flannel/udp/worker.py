@@ -157,7 +157,7 @@ class Worker:
     def tun_to_udp(self) -> None:
         counters, table, tun = self.counters, self.table, self.tun
         group: list[memoryview] = []
-        group_dest: tuple[str, int] | None = None
+        group_dest: tuple[str, int] = ("", 0)  # set with the first packet of a group
         group_size = 0
         for buffer in self.read_buffers:
             try:
