@@ -166,7 +166,6 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
         doctor_args = argparse.Namespace(**vars(args))
         doctor_args.fix_checksum_offload = False
         doctor_args.probe_timeout = 0.5
-        doctor_args.sysctl_root = Path("/proc/sys")
         ctx = gather(doctor_args)
         ctx.probe = False  # a bundle describes this node; probes belong to doctor
         findings = diagnose(ctx)
