@@ -18,6 +18,7 @@ Must not touch: anything that fails those checks; files are never followed throu
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -138,6 +139,7 @@ def kernel_items(inventory: Inventory) -> None:
                 raise failures[0]
         return run
 
+    family: int
     for family in (socket.AF_INET, socket.AF_INET6):
         for route, proto, table in sock.routes(family):
             if proto == rtnl.RTPROT_FLANNEL and table == rtnl.RT_TABLE_MAIN:
@@ -171,11 +173,11 @@ def rule_items(inventory: Inventory) -> None:
             listing = iptables.save_listing(variant, version)
             for found in iptables.find_own_chains(listing, variant, version):
                 inventory.items.append(Item(found.describe(),
-                                            lambda found=found: iptables.remove_chain(found)))
+                                            functools.partial(iptables.remove_chain, found)))
     for family, table in nftables.find_tables():
         inventory.items.append(Item(
             f"nft table {family} {table}",
-            lambda family=family, table=table: nftables.remove_table(family, table)))
+            functools.partial(nftables.remove_table, family, table)))
 
 
 # -- files -----------------------------------------------------------------------------------
@@ -255,7 +257,7 @@ def file_items(inventory: Inventory, subnet_file: Path, bin_dirs: list[Path],
                 inventory.items.append(Item(f"symlink {entry}", _remove_file(entry)))
             elif entry.is_dir() and _holds_plugin(entry):
                 inventory.items.append(Item(f"directory {entry}",
-                                            lambda entry=entry: shutil.rmtree(entry)))
+                                            functools.partial(shutil.rmtree, entry)))
             else:
                 inventory.kept.append(f"{entry}: does not hold the flannel CNI modules")
     for conf_dir in conf_dirs:

@@ -72,7 +72,7 @@ def _typed(name: str, value: Any, want: type, go_type: str) -> Any:
 
 
 def _uint(name: str, value: Any) -> int:
-    number = _typed(name, value, int, "an unsigned integer")
+    number: int = _typed(name, value, int, "an unsigned integer")
     if number < 0:
         raise ConfigError(f"config field {name!r}: {number} is negative; give a prefix length")
     return number

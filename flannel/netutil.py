@@ -1,4 +1,4 @@
-"""IP address parsing shared by the config, lease and interface code.
+"""IP address parsing and containment shared by the config, lease and interface code.
 
 Must not touch: anything outside parsing.
 """
@@ -6,7 +6,7 @@ Must not touch: anything outside parsing.
 from __future__ import annotations
 
 import ipaddress
-from ipaddress import IPv4Address, IPv6Address
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 #: How much of a bad value a message quotes.
 QUOTE_LIMIT = 60
@@ -42,3 +42,13 @@ def unusable_address(addr: IPv4Address | IPv6Address | None) -> str | None:
     if addr == IPv4Address("255.255.255.255"):
         return "it is the broadcast address"
     return None
+
+
+def within(subnet: IPv4Network | IPv6Network, network: IPv4Network | IPv6Network) -> bool:
+    """Whether ``subnet`` lies inside ``network``; False across families (where
+    ``subnet_of`` would raise TypeError)."""
+    if isinstance(subnet, IPv4Network) and isinstance(network, IPv4Network):
+        return subnet.subnet_of(network)
+    if isinstance(subnet, IPv6Network) and isinstance(network, IPv6Network):
+        return subnet.subnet_of(network)
+    return False

@@ -36,7 +36,8 @@ def backend_class(backend_type: str) -> type[Backend]:
         raise BackendError(f"unknown backend type: {backend_type}; set Backend.Type in the "
                            f"network config to one of: {known}")
     module_name, _, class_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    found: type[Backend] = getattr(importlib.import_module(module_name), class_name)
+    return found
 
 
 __all__ = ["Backend", "BackendError", "BackendOptions", "backend_class", "supported"]

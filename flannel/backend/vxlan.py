@@ -17,11 +17,14 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
+from typing import Any
 
 from flannel import gojson
-from flannel.backend.base import BackendError, LocalNetwork, RouteLookup
+from flannel.backend.base import BackendError, BackendOptions, LocalNetwork, RouteLookup
 from flannel.backend.routed import RoutedBackend
+from flannel.config import NetworkConfig
 from flannel.kernel import device
+from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState, LinkState
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, mac_bytes
 from flannel.lease import Lease
@@ -44,7 +47,7 @@ class VxlanConfig:
     direct_routing: bool = False
 
     @classmethod
-    def parse(cls, backend: dict) -> VxlanConfig:
+    def parse(cls, backend: dict[str, Any]) -> VxlanConfig:
         try:
             fields = gojson.decode_fields(backend, {
                 "VNI": (int, 1), "Port": (int, 0), "MTU": (int, 0), "GBP": (bool, False),
@@ -85,8 +88,9 @@ class _Family:
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, ext: ExternalInterface, config: NetworkConfig,
+                 options: BackendOptions | None = None) -> None:
+        super().__init__(ext, config, options)
         self.vxlan = VxlanConfig.parse(self.config.backend)
         self.families: dict[int, _Family] = {}
         self._warned: set[str] = set()
@@ -107,7 +111,8 @@ class VxlanBackend(RoutedBackend):
             log.warning("the vxlan MTU option (%d) exceeds %s's MTU (%d): encapsulated packets "
                         "larger than %d bytes will not fit the underlay", self.vxlan.mtu,
                         self.ext.name, self.ext.mtu, self.ext.mtu)
-        wanted = []
+        wanted: list[tuple[int, IPv4Address | IPv6Address | None,
+                           IPv4Address | IPv6Address | None]] = []
         if self.config.enable_ipv4:
             wanted.append((4, self.ext.iface_addr, self.ext.ext_addr))
         if self.config.enable_ipv6:

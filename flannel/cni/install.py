@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import flannel
@@ -299,7 +300,7 @@ def _check_launcher(launcher: Path, python: str, version: str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(bin_dir: Path):
+def _locked(bin_dir: Path) -> Iterator[None]:
     """One install at a time per bin dir (a bounded wait on a lock of the directory itself,
     so that no lock file is left behind)."""
     fd = os.open(bin_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

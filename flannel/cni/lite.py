@@ -49,10 +49,11 @@ class _ScanContext:
     parse_float = staticmethod(_parse_float)
     parse_int = staticmethod(_parse_int)
     parse_constant = staticmethod(_refuse_constant)
-    memo: dict = {}
+    memo: dict[str, str] = {}
 
 
-_scan = _json.make_scanner(_ScanContext())
+# typeshed types the context as a make_scanner; the C scanner reads only the attributes above.
+_scan = _json.make_scanner(_ScanContext())  # type: ignore[arg-type]
 _WHITESPACE = " \t\n\r"
 
 

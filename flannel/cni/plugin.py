@@ -22,6 +22,10 @@ import sys
 from flannel.cni import lite
 from flannel.version import __version__
 
+TYPE_CHECKING = False  # not typing's: importing typing would cost every pod ADD
+if TYPE_CHECKING:
+    from typing import Any
+
 SUPPORTED_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 DEFAULT_SUBNET_FILE = "/run/flannel/subnet.env"
 DEFAULT_DATA_DIR = "/var/lib/cni/flannel"
@@ -58,7 +62,8 @@ def _log(message: str) -> None:
 
 
 def _read_bounded(fd: int, what: str, code: int) -> bytes:
-    chunks, size = [], 0
+    chunks: list[bytes] = []
+    size = 0
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:
@@ -78,7 +83,7 @@ def _decode(raw: bytes, what: str) -> object:
 
 # ---- subnet.env --------------------------------------------------------------------------
 
-def parse_subnet_env(path: str) -> dict:
+def parse_subnet_env(path: str) -> dict[str, Any]:
     """Read subnet.env as the Go plugin does; CniError names what is wrong or missing."""
     wrap = "failed to load flannel 'subnet.env' file: "
     try:
@@ -110,11 +115,11 @@ def _mtu(value: bytes) -> int:
     return int(value)
 
 
-def parse_subnet_env_data(data: bytes, path: str) -> dict:
+def parse_subnet_env_data(data: bytes, path: str) -> dict[str, Any]:
     """subnet.env content -> networks and subnets (canonical CIDR strings, masked), mtu,
     ipmasq. Lines are split at the first ``=``; bytes that are not UTF-8 only matter inside
     a value that is used (a comment or an unknown key may hold anything, as upstream)."""
-    env: dict = {"networks": [], "ipv6_networks": [], "subnet": None, "ipv6_subnet": None,
+    env: dict[str, Any] = {"networks": [], "ipv6_networks": [], "subnet": None, "ipv6_subnet": None,
                  "mtu": None, "ipmasq": None}
     try:
         for line in data.split(b"\n"):
@@ -158,7 +163,7 @@ def parse_subnet_env_data(data: bytes, path: str) -> dict:
 
 # ---- netconf -----------------------------------------------------------------------------
 
-def _string_field(conf: dict, field: str, code: int = INVALID_NETWORK_CONFIG) -> str:
+def _string_field(conf: dict[str, Any], field: str, code: int = INVALID_NETWORK_CONFIG) -> str:
     value = conf.get(field)
     if value is None:
         return ""  # as Go decodes null into a string field
@@ -168,7 +173,7 @@ def _string_field(conf: dict, field: str, code: int = INVALID_NETWORK_CONFIG) ->
     return value
 
 
-def _object_field(conf: dict, field: str) -> dict | None:
+def _object_field(conf: dict[str, Any], field: str) -> dict[str, Any] | None:
     value = conf.get(field)
     if value is not None and not isinstance(value, dict):
         raise CniError(INVALID_NETWORK_CONFIG, f"'{field}' must be a JSON object, not "
@@ -176,7 +181,7 @@ def _object_field(conf: dict, field: str) -> dict | None:
     return value
 
 
-def _path_field(conf: dict, field: str, default: str) -> str:
+def _path_field(conf: dict[str, Any], field: str, default: str) -> str:
     path = _string_field(conf, field) or default
     bad = "\0" in path or len(path) > 4095
     try:
@@ -190,7 +195,7 @@ def _path_field(conf: dict, field: str, default: str) -> str:
     return path
 
 
-def _conf_version(conf: dict) -> str:
+def _conf_version(conf: dict[str, Any]) -> str:
     version = _string_field(conf, "cniVersion", DECODING_FAILURE) or "0.1.0"
     if version not in SUPPORTED_VERSIONS:
         raise CniError(INCOMPATIBLE_VERSION,
@@ -199,7 +204,7 @@ def _conf_version(conf: dict) -> str:
     return version
 
 
-def load_netconf(raw: bytes) -> dict:
+def load_netconf(raw: bytes) -> dict[str, Any]:
     """The decoded netconf, every field flannel reads checked for type (nothing saved yet)."""
     if len(raw) > MAX_INPUT:
         raise CniError(DECODING_FAILURE, f"failed to load netconf: larger than {MAX_INPUT} "
@@ -231,7 +236,7 @@ def load_netconf(raw: bytes) -> dict:
     return conf
 
 
-def _route_int(route: dict, field: str) -> int | None:
+def _route_int(route: dict[str, Any], field: str) -> int | None:
     value = route.get(field)
     if value is None:
         return None
@@ -242,7 +247,7 @@ def _route_int(route: dict, field: str) -> int | None:
     return value
 
 
-def _routes(ipam: dict) -> list:
+def _routes(ipam: dict[str, Any]) -> list[dict[str, Any]]:
     """ipam.routes as Go's types.Route round-trips them: dst/gw canonical (dst keeps its host
     bits), mtu/advmss/priority dropped when 0, table/scope kept when set, other keys dropped."""
     routes = ipam.get("routes") or []
@@ -253,7 +258,7 @@ def _routes(ipam: dict) -> list:
         for route in routes:
             if not isinstance(route, dict) or not isinstance(route.get("dst"), str):
                 raise ValueError(f"{lite.dumps(route)[:80]} has no \"dst\" string")
-            entry: dict = {"dst": lite.canonical_cidr(route["dst"])}
+            entry: dict[str, Any] = {"dst": lite.canonical_cidr(route["dst"])}
             gateway = route.get("gw")
             if gateway is not None and not isinstance(gateway, str):
                 raise ValueError(f"gw {lite.dumps(gateway)[:40]} is not a string")
@@ -272,7 +277,7 @@ def _routes(ipam: dict) -> list:
                        f"failed to read IPAM routes: failed to parse ipam.routes: {err}") from None
 
 
-def build_delegate(conf: dict, env: dict) -> dict:
+def build_delegate(conf: dict[str, Any], env: dict[str, Any]) -> dict[str, Any]:
     """The delegate config of an ADD (Go plugin's ``doCmdAdd`` for Linux)."""
     delegate = dict(conf.get("delegate") or {})
     delegate["name"] = conf["name"]
@@ -295,7 +300,7 @@ def build_delegate(conf: dict, env: dict) -> dict:
     return delegate
 
 
-def encode(doc: dict) -> bytes:
+def encode(doc: dict[str, Any]) -> bytes:
     """JSON as Go marshals a map: sorted keys, compact."""
     return lite.dumps(doc).encode()
 
@@ -390,6 +395,7 @@ def save_scratch(data_dir: str, container_id: str, data: bytes) -> None:
     """Write ``data_dir/container_id`` durably and atomically (dir 0700, file 0600); the temp
     file is created exclusively, never through a symlink, and removed on every failure."""
     dir_fd = open_data_dir(data_dir, create=True)
+    assert dir_fd is not None  # with create=True it is made or refused, never missing
     tmp = f".{os.getpid()}.tmp"  # saved configs start with a letter or digit: no clash
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -437,7 +443,7 @@ def find_plugin(plugin_type: str, cni_path: str) -> str:
                              "containernetworking-plugins) into a directory of CNI_PATH")
 
 
-def spawn(path: str, data: bytes, env: dict) -> tuple[int, bytes]:
+def spawn(path: str, data: bytes, env: dict[str, Any]) -> tuple[int, bytes]:
     """Run ``path`` with ``data`` on stdin; (exit status, stdout). Stderr is inherited.
 
     ``data`` fits in the pipe (MAX_DELEGATE_CONF), so writing it first never blocks; output
@@ -499,7 +505,7 @@ def _delegate_error(plugin_type: str, status: int, output: bytes) -> CniError:
                               f"error{said}. See its messages on stderr (in the runtime's log)")
 
 
-def delegate(command: str, conf: bytes, plugin_type: str, environ: dict) -> bytes:
+def delegate(command: str, conf: bytes, plugin_type: str, environ: dict[str, Any]) -> bytes:
     """Exec the delegate with the CNI environment; its stdout (the result) when it succeeds."""
     path = find_plugin(plugin_type, environ.get("CNI_PATH", ""))
     try:
@@ -512,13 +518,13 @@ def delegate(command: str, conf: bytes, plugin_type: str, environ: dict) -> byte
     return output
 
 
-def _require(environ: dict, *names: str) -> None:
+def _require(environ: dict[str, Any], *names: str) -> None:
     missing = [name for name in names if not environ.get(name)]
     if missing:
         raise CniError(INVALID_ENV, f"required env variables [{','.join(missing)}] missing")
 
 
-def cmd_add(conf: dict, environ: dict) -> bytes:
+def cmd_add(conf: dict[str, Any], environ: dict[str, Any]) -> bytes:
     container_id = environ["CNI_CONTAINERID"]
     env = parse_subnet_env(_path_field(conf, "subnetFile", DEFAULT_SUBNET_FILE))
     plugin = build_delegate(conf, env)
@@ -582,13 +588,13 @@ def _permanent(err: CniError) -> bool:
                                   or "cannot unmarshal" in err.msg))
 
 
-def _release_address(saved: dict, environ: dict) -> str:
+def _release_address(saved: dict[str, Any], environ: dict[str, Any]) -> str:
     """Ask the saved config's IPAM plugin to free the pod's address; what happened."""
     ipam = saved.get("ipam")
     ipam_type = ipam.get("type") if isinstance(ipam, dict) else None
     if not isinstance(ipam_type, str) or not _valid_plugin_name(ipam_type):
         return "it names no IPAM plugin, so no address could be released"
-    conf: dict = {"ipam": ipam, "name": saved.get("name")}
+    conf: dict[str, Any] = {"ipam": ipam, "name": saved.get("name")}
     if isinstance(saved.get("cniVersion"), str):
         conf["cniVersion"] = saved["cniVersion"]
     try:
@@ -599,7 +605,7 @@ def _release_address(saved: dict, environ: dict) -> str:
     return f"its address was released through {ipam_type}"
 
 
-def cmd_del(conf: dict, environ: dict) -> bytes:
+def cmd_del(conf: dict[str, Any], environ: dict[str, Any]) -> bytes:
     container_id = environ["CNI_CONTAINERID"]
     data_dir = _path_field(conf, "dataDir", DEFAULT_DATA_DIR)
     path = os.path.join(data_dir, container_id)
@@ -625,7 +631,8 @@ def cmd_del(conf: dict, environ: dict) -> bytes:
         if not problem and not (isinstance(plugin_type, str)
                                 and _valid_plugin_name(plugin_type)):
             problem = "names no valid delegate 'type'"
-        if not problem:
+        # (The isinstance checks repeat what ``problem`` already says, for the type checker.)
+        if not problem and isinstance(saved, dict) and isinstance(plugin_type, str):
             try:
                 # Re-encoded, so a config saved by an older version with e.g. "mtu": 1400.0
                 # reaches the delegate as Go's round trip would have written it.
@@ -679,7 +686,7 @@ _REQUIRED_ENV = {
 _MIN_VERSION = {"CHECK": "0.4.0", "GC": "1.1.0", "STATUS": "1.1.0"}
 
 
-def run(environ: dict, stdin: bytes) -> bytes:
+def run(environ: dict[str, Any], stdin: bytes) -> bytes:
     command = environ.get("CNI_COMMAND", "")
     if command == "VERSION":
         return version_result(stdin)
@@ -731,9 +738,10 @@ def _read_stdin() -> bytes:
 def _error_version(stdin: bytes) -> str:
     """The cniVersion for an error object: the request's when it is a supported one."""
     try:
-        version = lite.loads(stdin).get("cniVersion") if len(stdin) <= MAX_INPUT else None
-    except (ValueError, AttributeError):
-        version = None
+        request = lite.loads(stdin) if len(stdin) <= MAX_INPUT else None
+    except ValueError:
+        request = None
+    version = request.get("cniVersion") if isinstance(request, dict) else None
     return version if version in SUPPORTED_VERSIONS else SUPPORTED_VERSIONS[-1]
 
 

@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
+from typing import TypeVar
 
 from flannel.kernel import links, rtnl
 from flannel.kernel.host import LOCAL, Host
@@ -28,6 +29,7 @@ IFA_F_TENTATIVE = 0x40
 IFA_F_PERMANENT = 0x80
 
 IPAddress = IPv4Address | IPv6Address
+AddressT = TypeVar("AddressT", IPv4Address, IPv6Address)
 
 
 class InterfaceError(Exception):
@@ -180,8 +182,8 @@ def _pick(snapshot: NetSnapshot, opts: IfaceOptions, ipv4: bool, ipv6: bool,
           public_ip: IPAddress | None, public_ipv6: IPAddress | None
           ) -> tuple[Interface, IPAddress | None, IPAddress | None]:
     if not (opts.ifaces or opts.iface_regexes or opts.iface_can_reach):
-        if public_ip is not None or public_ipv6 is not None:
-            wanted = public_ip if public_ip is not None else public_ipv6
+        wanted = public_ip if public_ip is not None else public_ipv6
+        if wanted is not None:
             iface = snapshot.by_ip(wanted)
             if iface is None:
                 raise InterfaceError(
@@ -272,11 +274,16 @@ def select_external_interface(snapshot: NetSnapshot, opts: IfaceOptions, *, ipv4
         name=iface.name,
         index=iface.index,
         mtu=iface.mtu,
-        iface_addr=v4 if ipv4 else None,
-        iface_v6_addr=v6 if ipv6 else None,
-        ext_addr=(public_ip or v4) if ipv4 else None,
-        ext_v6_addr=(public_ipv6 or v6) if ipv6 else None,
+        iface_addr=_of_family(v4, IPv4Address) if ipv4 else None,
+        iface_v6_addr=_of_family(v6, IPv6Address) if ipv6 else None,
+        ext_addr=_of_family(public_ip or v4, IPv4Address) if ipv4 else None,
+        ext_v6_addr=_of_family(public_ipv6 or v6, IPv6Address) if ipv6 else None,
     )
+
+
+def _of_family(addr: IPAddress | None, family: type[AddressT]) -> AddressT | None:
+    """``addr`` as the family it was picked for (every pick above filters by version)."""
+    return addr if isinstance(addr, family) else None
 
 
 def read_snapshot(host: Host = LOCAL) -> NetSnapshot:

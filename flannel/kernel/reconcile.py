@@ -28,6 +28,7 @@ from typing import Protocol
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
+from flannel.netutil import within
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def adoptable(route: Route, protocol: int, desired: DesiredState) -> bool:
         return False
     dst = _network(route.dst)
     if not any(dst.version == net.version and dst.prefixlen > net.prefixlen
-               and dst.subnet_of(net) for net in desired.networks):
+               and within(dst, net) for net in desired.networks):
         return False
     return not any(dst.version == own.version and dst.overlaps(own)
                    for own in desired.local_subnets)
@@ -141,11 +142,12 @@ def read_actual(sock: Netlink, desired: DesiredState) -> ActualState:
     if desired.devices:
         for family in desired.families:
             for entry, state, _flags in sock.neighbours(family):
-                if entry.ifindex in desired.devices and state & rtnl.NUD_PERMANENT:
+                if isinstance(entry, Neighbour) and entry.ifindex in desired.devices \
+                        and state & rtnl.NUD_PERMANENT:
                     neighbours.add(entry)
         for entry, state, flags in sock.neighbours(AF_BRIDGE):
-            if entry.ifindex in desired.devices and state & rtnl.NUD_PERMANENT \
-                    and flags & rtnl.NTF_SELF:
+            if isinstance(entry, FdbEntry) and entry.ifindex in desired.devices \
+                    and state & rtnl.NUD_PERMANENT and flags & rtnl.NTF_SELF:
                 fdb.add(entry)
     return ActualState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
                        frozenset(adopted))

@@ -78,6 +78,8 @@ class NetlinkError(OSError):
     """A request the kernel refused; ``request`` says which, ``detail`` is the kernel's own
     explanation when it gave one (extended ACK), e.g. "Unknown device type"."""
 
+    errno: int  # always the kernel's error code, never None
+
     def __init__(self, code: int, request: str, detail: str = "") -> None:
         suffix = f": {detail}" if detail else ""
         super().__init__(code, f"{os.strerror(code)} ({request}{suffix})")
@@ -443,10 +445,10 @@ class Rtnl:
             for msg_type, _flags, msg_seq, body in iter_messages(data):
                 if msg_type != NLMSG_ERROR:
                     continue
-                op = pending.pop(msg_seq, None)
+                answered = pending.pop(msg_seq, None)
                 code = -_NLMSGERR.unpack_from(body)[0]
-                if op is not None and code and code not in op.ignore:
-                    failures.append(NetlinkError(code, op.what))
+                if answered is not None and code and code not in answered.ignore:
+                    failures.append(NetlinkError(code, answered.what))
 
     def _encode(self, verb: str, obj: object, seq: int, ack: bool = True) -> Op:
         base = NLM_F_REQUEST | (NLM_F_ACK if ack else 0)

@@ -92,7 +92,7 @@ def _flanneld_cmdlines() -> str:
 
 async def _store_files(args: argparse.Namespace) -> dict[str, str]:
     from flannel.cli import store_settings
-    from flannel.ops.leases import STORE_TIMEOUT, list_rows
+    from flannel.ops.leases import STORE_TIMEOUT, etcd_store, list_rows
     from flannel.subnet import StoreOpenError, open_store
     from flannel.subnet.errors import StoreError, StoreUnavailable
     from flannel.subnet.kube import KubeError
@@ -106,8 +106,9 @@ async def _store_files(args: argparse.Namespace) -> dict[str, str]:
     try:
         rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
         files["leases.json"] = json.dumps([row.as_json() for row in rows], indent=2)
-        if manager.name == "etcd":
-            kv, _ = await asyncio.wait_for(manager.client.get(manager.config_key),
+        etcd = etcd_store(manager)
+        if etcd is not None:
+            kv, _ = await asyncio.wait_for(etcd.client.get(etcd.config_key),
                                            STORE_TIMEOUT)
             files["config.json"] = kv.value.decode(errors="replace") if kv else "(none)\n"
     except (*errors, StoreError, StoreUnavailable, KubeError) as err:
@@ -165,7 +166,6 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
         doctor_args = argparse.Namespace(**vars(args))
         doctor_args.fix_checksum_offload = False
         doctor_args.probe_timeout = 0.5
-        doctor_args.sysctl_root = Path("/proc/sys")
         ctx = gather(doctor_args)
         ctx.probe = False  # a bundle describes this node; probes belong to doctor
         findings = diagnose(ctx)

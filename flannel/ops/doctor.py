@@ -104,7 +104,7 @@ async def read_store(ctx: Context, args: argparse.Namespace) -> None:
 def gather(args: argparse.Namespace) -> Context:
     from flannel.cleanup import running_flanneld
 
-    ctx = Context(subnet_file=Path(args.subnet_file), sysctl_root=args.sysctl_root,
+    ctx = Context(subnet_file=Path(args.subnet_file), sysctl_root=Path("/proc/sys"),
                   cni_bin_dirs=args.cni_bin_dir or [Path("/opt/cni/bin")],
                   cni_conf_dirs=args.cni_conf_dir or [Path("/etc/cni/net.d")],
                   probe_timeout=args.probe_timeout, fix_checksum=args.fix_checksum_offload)

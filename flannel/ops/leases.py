@@ -16,9 +16,13 @@ import socket
 import sys
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, ip_network
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flannel.lease import NO_IPV4, Lease, LeaseAttrs, LeaseDecodeError, parse_subnet_key
+
+if TYPE_CHECKING:
+    from flannel.subnet.etcd import EtcdSubnetManager
+    from flannel.subnet.manager import SubnetManager
 
 #: How long one store round trip may take before the command gives up.
 STORE_TIMEOUT = 10.0
@@ -152,6 +156,15 @@ def _cell(value: object) -> str:
     return "-" if value in (None, "") else str(value)
 
 
+def etcd_store(manager: SubnetManager) -> EtcdSubnetManager | None:
+    """The etcd store behind ``manager``, or None (its module is loaded only in etcd mode)."""
+    if manager.name != "etcd":
+        return None
+    from flannel.subnet.etcd import EtcdSubnetManager
+
+    return manager if isinstance(manager, EtcdSubnetManager) else None
+
+
 def table(rows: list[LeaseRow]) -> str:
     kube = any(row.node for row in rows)
     header = (["NODE"] if kube else []) + ["SUBNET", "IPV6 SUBNET", "PUBLIC IP", "BACKEND",
@@ -159,7 +172,7 @@ def table(rows: list[LeaseRow]) -> str:
     lines = [header]
     for row in sorted(rows, key=lambda r: (r.lease is None, r.key)):
         lease = row.lease
-        cells = [row.node] if kube else []
+        cells: list[object] = [row.node] if kube else []
         if lease is None:
             cells += [row.key, "", "", "", "", row.expires]
         else:
@@ -258,7 +271,8 @@ async def run_command(args: argparse.Namespace) -> int:
 
     manager = open_store(store_settings(args))
     try:
-        if args.leases_command in ("reserve", "release") and manager.name != "etcd":
+        etcd = etcd_store(manager)
+        if args.leases_command in ("reserve", "release") and etcd is None:
             raise LeaseCommandError(
                 f"leases {args.leases_command} works against etcd; in kube mode a lease is a "
                 "Node's podCIDR and annotations: change them with kubectl")
@@ -275,8 +289,8 @@ async def run_command(args: argparse.Namespace) -> int:
             rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
             row = find_row(rows, args.subnet)
             raw = None
-            if manager.name == "etcd":
-                kv, _ = await manager.client.get(manager.lease_key(row.key))
+            if etcd is not None:
+                kv, _ = await etcd.client.get(etcd.lease_key(row.key))
                 raw = kv.value if kv is not None else None
             print(json.dumps(row.as_json(), indent=2) if args.json else show_text(row, raw))
             return 0
@@ -291,8 +305,9 @@ async def run_command(args: argparse.Namespace) -> int:
         if not confirm(f"delete the {what} {row.key} of {owner}?", args.yes):
             print("nothing deleted")
             return 1
+        assert etcd is not None  # release is refused above in kube mode
         deleted = await asyncio.wait_for(
-            manager.client.delete(manager.lease_key(row.key)), STORE_TIMEOUT)
+            etcd.client.delete(etcd.lease_key(row.key)), STORE_TIMEOUT)
         if not deleted:
             print(f"{row.key} was already gone")
             return 0

@@ -95,8 +95,6 @@ def add_doctor(sub: Any) -> None:
     doctor.add_argument("--fix-checksum-offload", action="store_true",
                         help="turn tx-checksum-ip-generic off on the VXLAN device when the "
                              "conditions of the checksum bug are met")
-    doctor.add_argument("--sysctl-root", type=Path, default=Path("/proc/sys"),
-                        help=argparse.SUPPRESS)
     doctor.set_defaults(func=_later("flannel.ops.doctor", "cmd_doctor"))
 
 

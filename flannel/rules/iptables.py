@@ -108,7 +108,7 @@ def _binary(version: int, tool: str = "", variant: Variant = PLAIN) -> str:
 
 
 def _run(cmd: list[str], data: str | None = None, host: Host = LOCAL
-         ) -> subprocess.CompletedProcess:
+         ) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(host.command(cmd), input=data, capture_output=True, text=True,
                               timeout=30, check=False)

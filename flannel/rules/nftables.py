@@ -47,7 +47,7 @@ def forward_rules(spec: FamilyRules) -> list[str]:
 
 
 def _nft(args: list[str], data: str | None = None, host: Host = LOCAL
-         ) -> subprocess.CompletedProcess:
+         ) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("nft")
     if binary is None:
         raise RulesError("nft not found in PATH; install nftables (Debian package 'nftables') "
@@ -122,7 +122,7 @@ def find_tables(host: Host = LOCAL) -> list[tuple[str, str]]:
     ours = {table_of(version)[:2] for version in (4, 6)}
     present = {tuple(line.split()[1:3]) for line in listed.stdout.splitlines()
                if line.startswith("table ") and len(line.split()) == 3}
-    return sorted(present & ours)
+    return sorted(ours & present)
 
 
 def remove_table(family: str, table: str, host: Host = LOCAL) -> None:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 
 KUBE_PROXY_MARK = 0x4000
-MULTICAST = {4: IPv4Network("224.0.0.0/4"), 6: IPv6Network("ff00::/8")}
+MULTICAST: dict[int, IPv4Network | IPv6Network] = {
+    4: IPv4Network("224.0.0.0/4"), 6: IPv6Network("ff00::/8")}
 
 
 @dataclass(frozen=True)

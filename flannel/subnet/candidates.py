@@ -16,8 +16,10 @@ import hashlib
 import os
 from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from typing import TypeVar
 
 Subnet = IPv4Network | IPv6Network
+SubnetT = TypeVar("SubnetT", IPv4Network, IPv6Network)
 
 
 def merged_ranges(nets: Sequence[Subnet]) -> list[tuple[int, int]]:
@@ -60,9 +62,9 @@ def _first_free_from(base: int, last_base: int, first: int, size: int,
     return None
 
 
-def free_subnet(network_type: type, subnet_len: int, bits: int, subnet_min: object,
-                subnet_max: object, taken: Sequence[Subnet], seed: bytes,
-                attempt: int = 0) -> Subnet | None:
+def free_subnet(network_type: type[SubnetT], subnet_len: int, bits: int,
+                subnet_min: IPv4Address | IPv6Address, subnet_max: IPv4Address | IPv6Address,
+                taken: Sequence[Subnet], seed: bytes, attempt: int = 0) -> SubnetT | None:
     """The first free subnet at or after the hashed point of ``seed`` and ``attempt``,
     wrapping from SubnetMax to SubnetMin; None when every subnet overlaps ``taken``."""
     size = 1 << (bits - subnet_len)

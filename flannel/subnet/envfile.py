@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
+from typing import Literal, overload
 
 from flannel.fileutil import read_head, write_atomic
 
@@ -56,7 +57,7 @@ def write_subnet_env(path: str | Path, env: SubnetEnv) -> None:
     write_atomic(path, env.render().encode(), mode=0o644, dir_mode=0o755)
 
 
-def _parse_line(raw_line: str) -> tuple[str, str] | bool | None:
+def _parse_line(raw_line: str) -> tuple[str, str] | Literal[False] | None:
     """One dotenv line: (key, value), None for a blank or comment line, False if unparsable."""
     line = raw_line.strip()
     if not line or line.startswith("#"):
@@ -138,6 +139,10 @@ def cidrs_of(values: dict[str, str], key: str) -> list[IPv4Network | IPv6Network
     return out
 
 
+@overload
+def single_cidr(values: dict[str, str], key: str, version: Literal[4]) -> IPv4Network | None: ...
+@overload
+def single_cidr(values: dict[str, str], key: str, version: Literal[6]) -> IPv6Network | None: ...
 def single_cidr(values: dict[str, str], key: str, version: int) -> IPv4Network | IPv6Network | None:
     """The one CIDR of ``key`` in the given family; None when there are zero or several."""
     found = [net for net in cidrs_of(values, key) if net.version == version]

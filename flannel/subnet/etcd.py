@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
@@ -97,12 +97,15 @@ def subnet_fits(cfg: NetworkConfig, subnet: IPv4Network | None,
     if cfg.enable_ipv4:
         if subnet is None or subnet.prefixlen != cfg.subnet_len:
             return False
+        # parse_config sets the range of every enabled family.
+        assert cfg.subnet_min is not None and cfg.subnet_max is not None
         if not cfg.subnet_min <= subnet.network_address <= cfg.subnet_max:
             return False
     if not cfg.enable_ipv6:
         return ipv6_subnet is None
     if ipv6_subnet is None or ipv6_subnet.prefixlen != cfg.ipv6_subnet_len:
         return False
+    assert cfg.ipv6_subnet_min is not None and cfg.ipv6_subnet_max is not None
     return cfg.ipv6_subnet_min <= ipv6_subnet.network_address <= cfg.ipv6_subnet_max
 
 
@@ -340,12 +343,15 @@ class EtcdSubnetManager:
         seed = node_seed(attrs.public_ip, attrs.public_ipv6)
         subnet = ipv6_subnet = None
         if cfg.enable_ipv4:
+            # parse_config sets the range of every enabled family.
+            assert cfg.subnet_min is not None and cfg.subnet_max is not None
             subnet = free_subnet(IPv4Network, cfg.subnet_len, 32, cfg.subnet_min,
                                  cfg.subnet_max, [x.subnet for x in leases if x.subnet],
                                  seed, attempt)
             if subnet is None:
                 raise AcquireError(self._out_of_subnets(cfg, len(leases)))
         if cfg.enable_ipv6:
+            assert cfg.ipv6_subnet_min is not None and cfg.ipv6_subnet_max is not None
             ipv6_subnet = free_subnet(IPv6Network, cfg.ipv6_subnet_len, 128,
                                       cfg.ipv6_subnet_min, cfg.ipv6_subnet_max,
                                       [x.ipv6_subnet for x in leases if x.ipv6_subnet],
@@ -399,7 +405,7 @@ class EtcdSubnetManager:
                 self._known.pop(event.lease.key, None)
 
     async def watch_leases(self, config: NetworkConfig | None = None, *,
-                           max_backoff: float = 5.0) -> AsyncIterator[LeaseUpdate]:
+                           max_backoff: float = 5.0) -> AsyncGenerator[LeaseUpdate, None]:
         """A snapshot, then changes; survives disconnects, relists after compaction, and
         recovers from a wiped or restored store (see ``_recover``). Every key under the
         prefix is reported whatever ``config`` says (the daemon's ``LeaseWatcher`` filters)."""

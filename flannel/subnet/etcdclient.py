@@ -17,6 +17,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
@@ -313,8 +314,10 @@ class EtcdClient:
         return EtcdError(f"etcd {method} failed: {code.name}: {err.details()}{hint}", code)
 
     async def call(self, stub: type, method: str, request: object, *,
-                   require_leader: bool = False) -> object:
+                   require_leader: bool = False) -> Any:
         """Run one unary RPC: fail over on unavailability, re-authenticate on token expiry.
+
+        Returns the response message (aetcd's protobuf classes carry no type information).
 
         Raises EtcdUnavailable when retrying later may help, EtcdError when it will not.
         """
@@ -371,21 +374,21 @@ class EtcdClient:
     async def get(self, key: bytes) -> tuple[KeyValue | None, int]:
         response = await self.call(rpc.KVStub, "Range", rpc.RangeRequest(key=key))
         kvs = [KeyValue.from_pb(kv) for kv in response.kvs]
-        return (kvs[0] if kvs else None), response.header.revision
+        return (kvs[0] if kvs else None), int(response.header.revision)
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
         response = await self.call(rpc.KVStub, "Range", rpc.RangeRequest(
             key=prefix, range_end=prefix_range_end(prefix)))
-        return [KeyValue.from_pb(kv) for kv in response.kvs], response.header.revision
+        return [KeyValue.from_pb(kv) for kv in response.kvs], int(response.header.revision)
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         response = await self.call(rpc.KVStub, "Put", rpc.PutRequest(
             key=key, value=value, lease=lease))
-        return response.header.revision
+        return int(response.header.revision)
 
     async def delete(self, key: bytes) -> int:
         response = await self.call(rpc.KVStub, "DeleteRange", rpc.DeleteRangeRequest(key=key))
-        return response.deleted
+        return int(response.deleted)
 
     async def create(self, key: bytes, value: bytes, lease: int = 0, *,
                      else_list: bytes | None = None) -> tuple[bool, list[KeyValue]]:
@@ -417,7 +420,7 @@ class EtcdClient:
         response = await self.call(rpc.LeaseStub, "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl))
         if response.error:
             raise EtcdError(f"etcd refused a {ttl} s lease: {response.error}")
-        return response.ID, response.TTL
+        return int(response.ID), int(response.TTL)
 
     async def revoke(self, lease_id: int) -> None:
         """Revoke a lease; one that no longer exists (expired, store reset) is fine."""
@@ -431,7 +434,7 @@ class EtcdClient:
         """Seconds left on a lease; -1 when it does not exist."""
         response = await self.call(rpc.LeaseStub, "LeaseTimeToLive",
                                    rpc.LeaseTimeToLiveRequest(ID=lease_id))
-        return response.TTL
+        return int(response.TTL)
 
     async def compact(self, revision: int) -> None:
         await self.call(rpc.KVStub, "Compact", rpc.CompactionRequest(
@@ -496,8 +499,11 @@ def _request_key(request: object) -> str | None:
     return key.decode(errors="replace") if key else None
 
 
-def _watch_batch(response: rpc.WatchResponse | object) -> WatchBatch | None:
-    """The events of one watch response; None for the creation confirmation."""
+def _watch_batch(response: Any) -> WatchBatch | None:
+    """The events of one watch response; None for the creation confirmation.
+
+    ``response`` is an ``rpc.WatchResponse`` or ``grpc.aio.EOF`` (both untyped).
+    """
     if response is grpc.aio.EOF:
         raise EtcdUnavailable("etcd closed the watch stream")
     if response.compact_revision:

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, NoReturn
@@ -30,6 +30,7 @@ from flannel.backoff import Backoff
 from flannel.config import ConfigError, NetworkConfig, parse_config
 from flannel.fileutil import read_head
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
+from flannel.netutil import within
 from flannel.settings import KubeSettings
 from flannel.subnet.annotations import (
     AnnotationError,
@@ -71,16 +72,17 @@ def api_failure(err: Any, what: str) -> KubeError | KubeUnavailable:
 
 
 def _node_dict(node: Any) -> dict[str, Any]:
-    return node.to_dict() if hasattr(node, "to_dict") else node
+    as_dict: dict[str, Any] = node.to_dict() if hasattr(node, "to_dict") else node
+    return as_dict
 
 
-def _triple(lease: Lease) -> tuple:
+def _triple(lease: Lease) -> tuple[object, ...]:
     attrs = lease.attrs
     return (lease.subnet, lease.ipv6_subnet, attrs.backend_type, attrs.backend_data,
             attrs.backend_v6_data, attrs.public_ip, attrs.public_ipv6)
 
 
-def _decoder_inputs(node: dict[str, Any], prefix: str) -> tuple:
+def _decoder_inputs(node: dict[str, Any], prefix: str) -> tuple[object, ...]:
     """What ``node_lease`` reads of a node: its pod CIDRs and the annotations under flannel's
     prefix. Equal inputs decode to the same lease, so heartbeats and status churn skip it."""
     spec = node.get("spec") or {}
@@ -129,7 +131,7 @@ class KubeSubnetManager:
         self._resync = False
         self._changed = asyncio.Event()
         self._synced = asyncio.Event()
-        self._watch_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self.resource_version = ""
         self.undecodable = SkippedRecords("node")
 
@@ -224,7 +226,7 @@ class KubeSubnetManager:
             if subnet is None:
                 raise KubeError(f'node "{self.node_name}" has no {family} pod CIDR but the '
                                 f"flannel config enables {family}")
-            if network is None or not subnet.subnet_of(network):
+            if network is None or not within(subnet, network):
                 raise KubeError(f'subnet "{network}" specified in the flannel net config '
                                 f'doesn\'t contain "{subnet}" {pod_cidr} of the '
                                 f'"{self.node_name}" node; make the config\'s {family} network '
@@ -337,7 +339,7 @@ class KubeSubnetManager:
             self.undecodable.skip(name, str(err).removeprefix(f"node {name}: "))
             return None
 
-    async def watch_leases(self, config: NetworkConfig) -> AsyncIterator[LeaseUpdate]:
+    async def watch_leases(self, config: NetworkConfig) -> AsyncGenerator[LeaseUpdate, None]:
         """The leases of the nodes annotated for ``config``'s families."""
         if config.backend_type == "alloc":
             # Someone else routes: upstream disables the informer entirely.
@@ -354,7 +356,7 @@ class KubeSubnetManager:
                                 "CONT_WHEN_CACHE_NOT_READY=true to go on regardless)") from None
             log.warning("node cache not synced; continuing (CONT_WHEN_CACHE_NOT_READY=true)")
         emitted: dict[str, Lease] = {}
-        decoded: dict[str, tuple] = {}  # node name -> the inputs its lease was decoded from
+        decoded: dict[str, tuple[object, ...]] = {}  # node name -> inputs its lease came from
         prefix = self.names.prefix
         try:
             while True:
@@ -416,7 +418,7 @@ async def node_name_from_env(client: Any, environ: dict[str, str]) -> str:
     except ApiError as err:
         raise api_failure(err, f"error retrieving pod spec for '{namespace}/{pod}'") from None
     node_name = (found.get("spec") or {}).get("nodeName")
-    if not node_name:
+    if not node_name or not isinstance(node_name, str):
         raise KubeError(f"node name not present in pod spec '{namespace}/{pod}'")
     return node_name
 
@@ -439,6 +441,8 @@ def client_config(api_url: str, kubeconfig_file: str) -> Any:
             if not api_url:
                 return in_cluster
             single = in_cluster.get()
+            if single is None:  # a service-account config always has its one context
+                return in_cluster
             return KubeConfig.from_one(
                 cluster=Cluster(server=api_url,
                                 certificate_auth=single.cluster.certificate_auth),

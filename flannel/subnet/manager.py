@@ -11,7 +11,7 @@ Must not touch: the kernel.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from ipaddress import IPv4Address, IPv6Address
 from typing import NoReturn, Protocol
 
@@ -59,8 +59,10 @@ class StoreStatus:
 class SubnetManager(Protocol):
     name: str
     status: StoreStatus
-    #: This node's lease as the store holds it now (renewals and recoveries replace it).
-    lease: Lease | None
+
+    @property
+    def lease(self) -> Lease | None:
+        """This node's lease as the store holds it now (renewals and recoveries replace it)."""
 
     async def get_network_config(self) -> NetworkConfig:
         """The validated network config; raises ConfigError or a store error."""
@@ -71,7 +73,7 @@ class SubnetManager(Protocol):
     async def acquire_lease(self, config: NetworkConfig, attrs: LeaseAttrs) -> Lease:
         """This node's lease under ``config``, published with ``attrs``."""
 
-    def watch_leases(self, config: NetworkConfig) -> AsyncIterator[LeaseUpdate]:
+    def watch_leases(self, config: NetworkConfig) -> AsyncGenerator[LeaseUpdate, None]:
         """A snapshot of every lease, then changes, forever (close it with ``aclose``)."""
 
     async def keep_lease(self, lease: Lease) -> NoReturn:

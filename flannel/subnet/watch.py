@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from flannel.config import NetworkConfig
 from flannel.lease import Event, EventType, Lease
-from flannel.netutil import unusable_address
+from flannel.netutil import unusable_address, within
 from flannel.subnet.skips import SkippedRecords
 
 
@@ -45,6 +46,10 @@ class WatchResult:
 def _family_problem(lease: Lease, config: NetworkConfig | None, own: Lease | None,
                     v6: bool) -> str | None:
     """What is wrong with one family of a remote lease, or None."""
+    subnet: IPv4Network | IPv6Network | None
+    public: IPv4Address | IPv6Address | None
+    network: IPv4Network | IPv6Network | None
+    ours: IPv4Network | IPv6Network | None
     if v6:
         subnet, public, names = lease.ipv6_subnet, lease.attrs.public_ipv6, (
             "IPv6Network", "IPv6SubnetLen", "PublicIPv6")
@@ -58,9 +63,9 @@ def _family_problem(lease: Lease, config: NetworkConfig | None, own: Lease | Non
         ours = own.subnet if own else None
     assert subnet is not None
     if network is not None:
-        if subnet.supernet_of(network):
+        if within(network, subnet):
             return f"subnet {subnet} covers the whole {names[0]} {network}"
-        if not subnet.subnet_of(network):
+        if not within(subnet, network):
             return f"subnet {subnet} lies outside the {names[0]} {network}"
     if subnet_len and subnet.prefixlen != subnet_len:
         return f"subnet {subnet} is not a /{subnet_len} ({names[1]})"

@@ -117,6 +117,7 @@ class UdpForwarder:
             process = self._process
             if process is None or not self._alive():
                 return ForwarderStatus(False, None, last_error=self._death_reason())
+            process = self._worker()
             try:
                 reply = self._request({"op": "status"})
             except ForwarderError as err:
@@ -145,6 +146,16 @@ class UdpForwarder:
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
+
+    def _worker(self) -> subprocess.Popen[bytes]:
+        if self._process is None:
+            raise ForwarderError("udp forwarder not started")
+        return self._process
+
+    def _channel(self) -> socket.socket:
+        if self._control is None:
+            raise ForwarderError("udp forwarder not started")
+        return self._control
 
     def _death_reason(self) -> str:
         if self._process is None:
@@ -185,7 +196,7 @@ class UdpForwarder:
         if self._control is None:
             raise ForwarderError("udp forwarder not started")
         try:
-            self._control.send(json.dumps(message).encode())
+            self._channel().send(json.dumps(message).encode())
         except OSError as err:
             raise ForwarderError(f"udp forwarder unreachable: {err.strerror}") from None
         reply = self._receive(REQUEST_TIMEOUT)

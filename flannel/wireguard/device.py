@@ -92,7 +92,7 @@ class WireguardDevice:
         self.kind = ""
         self.index = 0
         self.pid: int | None = None
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self.control: Control = UapiControl(spec.socket_path)
         self.public_key = public_key(spec.private_key)
 
@@ -122,9 +122,11 @@ class WireguardDevice:
         prefix = self.spec.host.command([])
         self.control = WgToolControl(self.name, prefix)
 
-    def _use_userspace(self) -> None:
+    def _use_userspace(self) -> UapiControl:
         self.kind = "userspace"
-        self.control = UapiControl(self.spec.socket_path)
+        uapi = UapiControl(self.spec.socket_path)
+        self.control = uapi
+        return uapi
 
     def ensure(self) -> None:
         """Create or adopt the device, then make its key, port, MTU, state, addresses and
@@ -135,8 +137,8 @@ class WireguardDevice:
                 log.info("%s: adopting the existing kernel WireGuard device", self.name)
             self._use_kernel()
         elif found is not None:
-            self._use_userspace()
-            if not self.control.answers():
+            uapi = self._use_userspace()
+            if not uapi.answers():
                 if found[1] not in (None, "tun"):
                     raise DeviceError(f"a {found[1]} device named {self.name} exists; remove "
                                       f"it (`ip link del {self.name}`) so flannel can create "
@@ -145,9 +147,9 @@ class WireguardDevice:
                 log.warning("%s exists but no wireguard-go answers on %s; restarting it",
                             self.name, self.spec.socket_path)
                 self._remove_link()
-                self._start_userspace()
+                self._start_userspace(uapi)
             else:
-                self.pid = self.control.peer_pid()
+                self.pid = uapi.peer_pid()
                 log.info("%s: adopting the running wireguard-go (pid %s, socket %s)",
                          self.name, self.pid, self.spec.socket_path)
         elif self.spec.implementation != "userspace" and self._try_kernel():
@@ -156,8 +158,8 @@ class WireguardDevice:
         elif self.spec.implementation == "kernel":
             raise DeviceError(f"cannot create {self.name}: this kernel has no WireGuard")
         else:
-            self._use_userspace()
-            if self.control.answers():
+            uapi = self._use_userspace()
+            if uapi.answers():
                 raise DeviceError(
                     f"a wireguard-go already answers on {self.spec.socket_path} but there is "
                     f"no {self.name} in this network namespace; stop that wireguard-go (it "
@@ -165,7 +167,7 @@ class WireguardDevice:
             log.info("%s: %s; using wireguard-go (userspace)", self.name,
                      "userspace requested" if self.spec.implementation == "userspace"
                      else "the kernel has no WireGuard")
-            self._start_userspace()
+            self._start_userspace(uapi)
         self._configure()
 
     def _remove_link(self) -> None:
@@ -191,7 +193,7 @@ class WireguardDevice:
         except OSError:
             return ""
 
-    def _start_userspace(self) -> None:
+    def _start_userspace(self, uapi: UapiControl) -> None:
         binary = shutil.which(self.spec.wireguard_go)
         if binary is None:
             raise DeviceError("the kernel has no WireGuard and wireguard-go is not installed; "
@@ -217,7 +219,7 @@ class WireguardDevice:
             os.close(out)
         self.pid = self._process.pid
         deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not self.control.answers():
+        while not uapi.answers():
             if self._process.poll() is not None:
                 raise DeviceError(f"wireguard-go for {self.name} exited with status "
                                   f"{self._process.returncode}: {self._log_tail()}")

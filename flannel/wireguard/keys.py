@@ -24,6 +24,7 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 DEFAULT_KEY_FILE = "/run/flannel/wgkey"
 KEY_FILE_ENV = "WIREGUARD_KEY_FILE"
@@ -56,7 +57,7 @@ class Secret:
     def __hash__(self) -> int:
         return hash(self._raw)
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> NoReturn:
         raise TypeError("a Secret is not picklable")
 
     @property

@@ -9,6 +9,7 @@ from flannel.config import NetworkConfig
 from flannel.lease import Lease, LeaseAttrs
 from flannel.ops.checks import Context
 from flannel.ops.checks.cluster import check_clock, check_duplicates, check_outside
+from flannel.ops.checks.node import check_sysctls
 from flannel.ops.findings import Finding, exit_code, rank, render
 from flannel.ops.leases import LeaseRow
 
@@ -74,3 +75,29 @@ def test_lease_outside_the_network():
                             "10.244.0.0/16: left from an older config")
     # nor is it a peer doctor expects routes for
     assert context(rows=rows, config=cfg).peers == []
+
+
+def _sysctl_tree(root: Path, bridge_nf: str | None) -> Path:
+    """A /proc/sys stand-in: br_netfilter's sysctls exist for every namespace once the module
+    is loaded on the host, so its absence cannot be made in a lab node."""
+    (root / "net/ipv4/conf/all").mkdir(parents=True)
+    (root / "net/ipv4/ip_forward").write_text("1\n")
+    (root / "net/ipv4/conf/all/rp_filter").write_text("0\n")
+    if bridge_nf is not None:
+        (root / "net/bridge").mkdir(parents=True)
+        (root / "net/bridge/bridge-nf-call-iptables").write_text(bridge_nf + "\n")
+    return root
+
+
+def test_missing_br_netfilter_says_to_load_it(tmp_path):
+    found = check_sysctls(context(sysctl_root=_sysctl_tree(tmp_path, None)))
+    assert [(f.check, f.severity) for f in found] == [("sysctl", "warning")]
+    assert found[0].what.startswith("br_netfilter is not loaded")
+    assert found[0].fix.startswith("modprobe br_netfilter")
+    assert exit_code(found) == 1
+
+
+def test_bridge_nf_call_iptables_off_says_to_turn_it_on(tmp_path):
+    found = check_sysctls(context(sysctl_root=_sysctl_tree(tmp_path, "0")))
+    assert [f.what for f in found] == ["net.bridge.bridge-nf-call-iptables is 0"]
+    assert found[0].fix == "sysctl -w net.bridge.bridge-nf-call-iptables=1"

@@ -81,10 +81,11 @@ def check_mtu(ctx: Context) -> list[Finding]:
 
 def _peer_needs(ctx: Context) -> list[tuple[IPv4Network, str, IPv4Address]]:
     """(subnet, VTEP MAC, public IP) of every vxlan peer."""
-    needs = []
+    needs: list[tuple[IPv4Network, str, IPv4Address]] = []
     for lease in ctx.peers:
         mac = vtep_mac(lease)
-        if lease.attrs.backend_type == "vxlan" and mac and lease.subnet is not None:
+        if lease.attrs.backend_type == "vxlan" and mac and lease.subnet is not None \
+                and lease.attrs.public_ip is not None:
             needs.append((lease.subnet, mac, lease.attrs.public_ip))
     return needs
 
@@ -96,6 +97,7 @@ def check_routes(ctx: Context) -> list[Finding]:
     routes = {r.get("dst"): r for r in ctx.kernel.routes}
     for lease in ctx.peers:
         subnet = lease.subnet
+        assert subnet is not None  # ctx.peers holds only leases with a subnet
         route = routes.get(str(subnet))
         if route is None:
             found.append(Finding("routes", "error", f"no route to {subnet} "
@@ -132,11 +134,11 @@ def check_neighbours(ctx: Context) -> list[Finding]:
             found.append(Finding("neighbours", "error", f"the neighbour entry {addr} -> {mac} "
                                  f"for node {ip} {seen} on {dev}", RECONCILE_FIX))
     for entry in ctx.kernel.neighbours.get(dev, []):
-        addr = entry.get("dst")
-        if "PERMANENT" in entry.get("state", []) and addr not in wanted:
-            found.append(Finding("neighbours", "warning", f"neighbour {addr} lladdr "
+        dst = entry.get("dst")
+        if "PERMANENT" in entry.get("state", []) and dst not in wanted:
+            found.append(Finding("neighbours", "warning", f"neighbour {dst} lladdr "
                                  f"{entry.get('lladdr')} on {dev} matches no lease",
-                                 f"{RECONCILE_FIX}; by hand: ip neigh del {addr} dev {dev}"))
+                                 f"{RECONCILE_FIX}; by hand: ip neigh del {dst} dev {dev}"))
     return found
 
 
@@ -146,7 +148,7 @@ def check_fdb(ctx: Context) -> list[Finding]:
     dev = ctx.vxlan_device
     entries = [e for e in ctx.kernel.fdb.get(dev, []) if e.get("state") == "permanent"
                or "permanent" in str(e.get("state", ""))]
-    have = {}
+    have: dict[str, set[object]] = {}
     for entry in entries:
         have.setdefault(str(entry.get("mac", "")).lower(), set()).add(entry.get("dst"))
     found = []

@@ -132,8 +132,7 @@ def _conflist_types(text: str) -> set[str]:
     plugins = doc.get("plugins") if isinstance(doc, dict) else None
     if not isinstance(plugins, list):
         return set()
-    return {p.get("type") for p in plugins if isinstance(p, dict) and isinstance(p.get("type"),
-                                                                                 str)}
+    return {p["type"] for p in plugins if isinstance(p, dict) and isinstance(p.get("type"), str)}
 
 
 def check_cni(ctx: Context) -> list[Finding]:

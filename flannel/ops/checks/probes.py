@@ -82,6 +82,7 @@ def _underlay_mtu(ctx: Context) -> int | None:
 
 
 def probe_peer(ctx: Context, peer: Lease, own_vtep: str) -> list[Finding]:
+    assert peer.subnet is not None  # ctx.peers holds only leases with a subnet
     public = str(peer.attrs.public_ip)
     timeout = ctx.probe_timeout
     node = f"node {public} ({peer.subnet})"
@@ -114,6 +115,7 @@ def probe_mtu(ctx: Context, peer: Lease, own_vtep: str, node: str) -> list[Findi
     if not env_mtu.isdigit() or int(env_mtu) <= ICMP_HEADERS:
         return []
     mtu = int(env_mtu)
+    assert peer.subnet is not None  # ctx.peers holds only leases with a subnet
     target = str(peer.subnet.network_address)
     if ping(target, source=own_vtep, size=mtu - ICMP_HEADERS, timeout=ctx.probe_timeout):
         return []
