@@ -13,9 +13,10 @@ _REGISTRY = {
     "alloc": "flannel.backend.alloc:AllocBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
     "vxlan": "flannel.backend.vxlan:VxlanBackend",
+    "wireguard": "flannel.backend.wireguard:WireguardBackend",
 }
 # Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("udp", "ipip", "wireguard", "ipsec", "tencent-vpc", "extension")
+_UPSTREAM_ONLY = ("udp", "ipip", "ipsec", "tencent-vpc", "extension")
 
 
 def supported() -> list[str]:

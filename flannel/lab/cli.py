@@ -294,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="build a lab and start flanneld on every node")
     with_name(up)
     up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--backend", default="vxlan", choices=["vxlan", "host-gw", "alloc"],
+    up.add_argument("--backend", default="vxlan",
+                    choices=["vxlan", "host-gw", "wireguard", "alloc"],
                     help="alloc reserves subnets only: the lab shows leases, pings nothing")
     up.add_argument("--ipv6", action="store_true", help="dual-stack network")
     up.add_argument("--direct-routing", action="store_true", help="vxlan DirectRouting")

@@ -135,6 +135,7 @@ class WireguardDevice:
                 log.info("%s: adopting the existing kernel WireGuard device", self.name)
             self._use_kernel()
         elif found is not None:
+            known = self.kind == "userspace"
             self._use_userspace()
             if not self.control.answers():
                 if found[1] not in (None, "tun"):
@@ -147,9 +148,11 @@ class WireguardDevice:
                 self._remove_link()
                 self._start_userspace()
             else:
-                self.pid = self.control.peer_pid()
-                log.info("%s: adopting the running wireguard-go (pid %s, socket %s)",
-                         self.name, self.pid, self.spec.socket_path)
+                pid = self.control.peer_pid()
+                if not known or pid != self.pid:  # not once per check of our own device
+                    log.info("%s: adopting the running wireguard-go (pid %s, socket %s)",
+                             self.name, pid, self.spec.socket_path)
+                self.pid = pid
         elif self.spec.implementation != "userspace" and self._try_kernel():
             log.info("%s: using kernel WireGuard", self.name)
             self._use_kernel()
