@@ -92,8 +92,9 @@ class WireguardDevice:
         self.kind = ""
         self.index = 0
         self.pid: int | None = None
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self.control: Control = UapiControl(spec.socket_path)
+        self._uapi = UapiControl(spec.socket_path)  # the userspace channel, when that is used
         self.public_key = public_key(spec.private_key)
 
     # -- finding and creating the link ---------------------------------------------------
@@ -113,7 +114,7 @@ class WireguardDevice:
                 if err.errno in (errno.EOPNOTSUPP, errno.ENODEV, errno.EINVAL):
                     return False
                 raise DeviceError(f"cannot create WireGuard device {self.name}: "
-                                  f"{os.strerror(err.errno)}") from None
+                                  f"{os.strerror(err.errno or errno.EIO)}") from None
         return True
 
     def _use_kernel(self) -> None:
@@ -124,7 +125,8 @@ class WireguardDevice:
 
     def _use_userspace(self) -> None:
         self.kind = "userspace"
-        self.control = UapiControl(self.spec.socket_path)
+        self._uapi = UapiControl(self.spec.socket_path)
+        self.control = self._uapi
 
     def ensure(self) -> None:
         """Create or adopt the device, then make its key, port, MTU, state, addresses and
@@ -137,7 +139,7 @@ class WireguardDevice:
         elif found is not None:
             known = self.kind == "userspace"
             self._use_userspace()
-            if not self.control.answers():
+            if not self._uapi.answers():
                 if found[1] not in (None, "tun"):
                     raise DeviceError(f"a {found[1]} device named {self.name} exists; remove "
                                       f"it (`ip link del {self.name}`) so flannel can create "
@@ -148,7 +150,7 @@ class WireguardDevice:
                 self._remove_link()
                 self._start_userspace()
             else:
-                pid = self.control.peer_pid()
+                pid = self._uapi.peer_pid()
                 if not known or pid != self.pid:  # not once per check of our own device
                     log.info("%s: adopting the running wireguard-go (pid %s, socket %s)",
                              self.name, pid, self.spec.socket_path)
@@ -160,7 +162,7 @@ class WireguardDevice:
             raise DeviceError(f"cannot create {self.name}: this kernel has no WireGuard")
         else:
             self._use_userspace()
-            if self.control.answers():
+            if self._uapi.answers():
                 raise DeviceError(
                     f"a wireguard-go already answers on {self.spec.socket_path} but there is "
                     f"no {self.name} in this network namespace; stop that wireguard-go (it "
@@ -220,7 +222,7 @@ class WireguardDevice:
             os.close(out)
         self.pid = self._process.pid
         deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not self.control.answers():
+        while not self._uapi.answers():
             if self._process.poll() is not None:
                 raise DeviceError(f"wireguard-go for {self.name} exited with status "
                                   f"{self._process.returncode}: {self._log_tail()}")

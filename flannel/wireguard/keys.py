@@ -56,7 +56,7 @@ class Secret:
     def __hash__(self) -> int:
         return hash(self._raw)
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> str | tuple[object, ...]:
         raise TypeError("a Secret is not picklable")
 
     @property

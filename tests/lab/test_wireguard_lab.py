@@ -183,8 +183,16 @@ def test_dual_stack_pods_reach_each_other_and_the_underlay_carries_only_wireguar
     assert not in_clear, in_clear[:5]
     marker = bytes.fromhex(PATTERN)
     assert not [f for f in frames if marker in f]
-    # Each node holds its two peers as Go sets them: endpoint, allowed IPs, no PSK.
+    # Each node publishes its key and ports byte for byte as Go does, and holds its two
+    # peers as Go sets them: endpoint, allowed IPs, no PSK.
+    leases = lab.leases()
     for index, node in enumerate(nodes, 1):
+        key = wg(lab, index, "show", "flannel-wg", "public-key").strip()
+        value = json.loads(leases[next(k for k in leases if k.startswith(
+            lab.lease_key(index) + "&"))])
+        assert (value["BackendType"], value["BackendData"], value["BackendV6Data"]) == (
+            "wireguard", f'{{"PublicKey":"{key}","Port":51820}}',
+            f'{{"PublicKey":"{key}","Port":51821}}')
         others = [n for n in nodes if n is not node]
         v4, v6 = peers(lab, index), peers(lab, index, "flannel-wg-v6")
         assert sorted(p["endpoint"] for p in v4.values()) == sorted(
