@@ -5,10 +5,10 @@ PROGRAM ARGS...`` enters ``/run/netns/NAME``, and with ``--run-dir`` unshares th
 namespace and binds DIR over ``/run`` (so wireguard-go's ``/var/run/wireguard/<ifname>.sock``
 lands in ``DIR/wireguard/``, private to this node), then execs PROGRAM (no shell). Each
 ``--keep`` path under ``/run`` (e.g. a lab directory) stays visible at the same place: it is
-bound back over a directory of that name created in DIR. For labs and tests where several
-nodes on one host run a device of the same name (the lab runs each node's flanneld this
-way, so its key, wireguard-go and socket are the node's own); flanneld on a real node runs
-wireguard-go directly.
+bound over a directory of that name created in DIR before DIR covers ``/run``. For labs and
+tests where several nodes on one host run a device of the same name (the lab runs each
+node's flanneld this way, so its key, wireguard-go and socket are the node's own); flanneld
+on a real node runs wireguard-go directly.
 
 API: ``command(argv, host, run_dir, keep) -> list[str]`` (the argv to run ``argv`` that way).
 Must not touch: the caller's namespaces (only the new process's are changed).
@@ -54,19 +54,18 @@ def _private_run(libc: ctypes.CDLL, run_dir: Path, keep: Sequence[Path]) -> None
         relative = path.relative_to("/run")  # ValueError: not under /run
         if ".." in relative.parts or not relative.parts:
             raise ValueError(f"--keep {path}: give a directory under /run")
-        # Opened before /run is covered: the bind source stays reachable through the fd.
-        kept.append((relative, os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)))
+        kept.append((path, relative))
     _check(libc.unshare(CLONE_NEWNS), "unsharing the mount namespace")
     _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None),
            "making mounts private")
-    _check(libc.mount(bytes(run_dir), b"/run", None, MS_BIND, None),
-           f"binding {run_dir} over /run")
-    for relative, fd in kept:
-        target = Path("/run") / relative
+    # Kept paths are bound into DIR first; DIR, with them, then covers /run.
+    for path, relative in kept:
+        target = run_dir / relative
         target.mkdir(parents=True, exist_ok=True)
-        _check(libc.mount(f"/proc/self/fd/{fd}".encode(), bytes(target), None,
-                          MS_BIND | MS_REC, None), f"keeping {target}")
-        os.close(fd)
+        _check(libc.mount(bytes(path), bytes(target), None, MS_BIND | MS_REC, None),
+               f"keeping {path}")
+    _check(libc.mount(bytes(run_dir), b"/run", None, MS_BIND | MS_REC, None),
+           f"binding {run_dir} over /run")
 
 
 def main(args: Sequence[str] | None = None) -> int:
