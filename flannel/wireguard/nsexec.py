@@ -51,8 +51,8 @@ def _check(result: int, what: str) -> None:
 def _private_run(libc: ctypes.CDLL, run_dir: Path, keep: Sequence[Path]) -> None:
     kept = []
     for path in keep:
-        relative = path.relative_to("/run")  # ValueError: not under /run
-        if ".." in relative.parts or not relative.parts:
+        relative = path.relative_to("/run") if path.is_relative_to("/run") else None
+        if relative is None or ".." in relative.parts or not relative.parts:
             raise ValueError(f"--keep {path}: give a directory under /run")
         kept.append((path, relative))
     _check(libc.unshare(CLONE_NEWNS), "unsharing the mount namespace")
