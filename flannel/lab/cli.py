@@ -20,7 +20,7 @@ from pathlib import Path
 
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
-from flannel.lab.mesh import ring, start_nodes, wait_full_mesh
+from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
 ALL_PAIRS_UP_TO = 10  # up pings every pair up to this many nodes, a ring above
@@ -159,6 +159,9 @@ def print_node_state(lab: Lab, index: int) -> None:
             print(f"device {link['ifname']}: vxlan id {data.get('id')} port {data.get('port')} "
                   f"{'learning' if data.get('learning') else 'nolearning'} mtu {link['mtu']} "
                   f"mac {link.get('address')}")
+    if lab.state.backend == "wireguard":
+        for line in wg_show(lab, index).splitlines():
+            print(f"  {line}" if line else "")
     for family in ("-4", "-6") if lab.state.ipv6 else ("-4",):
         print(f"routes ({family}):")
         for line in ip(ns, family, "route", "show", "proto", "151").stdout.splitlines():

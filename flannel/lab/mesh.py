@@ -40,12 +40,17 @@ def peer_routes(lab: Lab, index: int) -> int:
         conn.close()
 
 
-def wireguard_peers(lab: Lab, index: int) -> int:
-    """Peers on node ``index``'s ``flannel-wg``, as ``wg`` shows them in the node's view."""
-    cmd = nsexec.command(["wg", "show", "flannel-wg", "peers"], Host(lab.node_ns(index)),
+def wg_show(lab: Lab, index: int, *args: str) -> str:
+    """``wg show ARGS`` in node ``index``'s view (its namespace and /run); "" if it fails."""
+    cmd = nsexec.command(["wg", "show", *args], Host(lab.node_ns(index)),
                          lab.node_run_dir(index))
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
-    return len(result.stdout.split()) if result.returncode == 0 else 0
+    return result.stdout if result.returncode == 0 else ""
+
+
+def wireguard_peers(lab: Lab, index: int) -> int:
+    """Peers on node ``index``'s ``flannel-wg``, as ``wg`` shows them."""
+    return len(wg_show(lab, index, "flannel-wg", "peers").split())
 
 
 def peers_programmed(lab: Lab, index: int) -> int:

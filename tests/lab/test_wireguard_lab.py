@@ -188,11 +188,10 @@ def test_dual_stack_pods_reach_each_other_and_the_underlay_carries_only_wireguar
     leases = lab.leases()
     for index, node in enumerate(nodes, 1):
         key = wg(lab, index, "show", "flannel-wg", "public-key").strip()
-        value = json.loads(leases[next(k for k in leases if k.startswith(
-            lab.lease_key(index) + "&"))])
-        assert (value["BackendType"], value["BackendData"], value["BackendV6Data"]) == (
-            "wireguard", f'{{"PublicKey":"{key}","Port":51820}}',
-            f'{{"PublicKey":"{key}","Port":51821}}')
+        value = leases[next(k for k in leases if k.startswith(lab.lease_key(index) + "&"))]
+        assert json.loads(value)["BackendType"] == "wireguard"
+        assert f'"BackendData":{{"PublicKey":"{key}","Port":51820}}' in value, value
+        assert f'"BackendV6Data":{{"PublicKey":"{key}","Port":51821}}' in value, value
         others = [n for n in nodes if n is not node]
         v4, v6 = peers(lab, index), peers(lab, index, "flannel-wg-v6")
         assert sorted(p["endpoint"] for p in v4.values()) == sorted(
