@@ -2,13 +2,14 @@
 
 Owns one judgement, from what the device reports per peer (last handshake, bytes received):
 a peer is *failing* when it has had no valid handshake while bytes kept arriving from it for
-at least ``grace`` seconds. Without a session every byte a peer sends is a handshake
-message, and WireGuard completes a handshake within one round trip when both sides agree on
-the keys and the PSK; so a peer that sends but never completes has another PSK, or does not
-have our public key. A peer that sends nothing (down, unreachable, idle) is never called
-failing: that is no configuration error, and it must not make every node unready.
+at least ``grace`` seconds, until it has sent nothing for ``quiet`` seconds. Without a
+session every byte a peer sends is a handshake message, and WireGuard completes a handshake
+within one round trip when both sides agree on the keys and the PSK; so a peer that sends
+but never completes has another PSK, or does not have our public key. A peer that sends
+nothing (down, unreachable, idle) is never called failing: that is no configuration error,
+and it must not make every node unready.
 
-API: ``HandshakeWatch(grace).observe(peers, now) -> {public_key: seconds failing}``.
+API: ``HandshakeWatch(grace, quiet).observe(peers, now) -> {public_key: seconds failing}``.
 Must not touch: the device (it only reads what it is given). Never sees a key but public ones.
 """
 
@@ -22,31 +23,45 @@ from flannel.wireguard.uapi import PeerState
 #: Longer than REKEY_TIMEOUT (5 s): an initiator retries once in that time, and a matching
 #: peer completes in one round trip.
 FAIL_AFTER = 7.0
+#: REKEY_ATTEMPT_TIME (90 s) and a margin: how long an initiator keeps retrying. A peer heard
+#: from no longer than this is no longer failing (a PSK fixed while no traffic flows).
+QUIET_AFTER = 95.0
+
+
+class _Peer:
+    def __init__(self, rx: int) -> None:
+        self.rx = rx
+        self.failing_since: float | None = None
+        self.last_growth = 0.0
 
 
 class HandshakeWatch:
-    def __init__(self, grace: float = FAIL_AFTER) -> None:
+    def __init__(self, grace: float = FAIL_AFTER, quiet: float = QUIET_AFTER) -> None:
         self.grace = grace
-        self._rx_base: dict[str, int] = {}  # bytes received at the last valid handshake
-        self._failing_since: dict[str, float] = {}
+        self.quiet = quiet
+        self._peers: dict[str, _Peer] = {}
 
     def observe(self, peers: Mapping[str, PeerState], now: float) -> dict[str, float]:
         """The peers failing now, with how long; call on every reading of the device."""
-        for gone in set(self._rx_base) - set(peers):
-            self._rx_base.pop(gone, None)
-            self._failing_since.pop(gone, None)
+        for gone in set(self._peers) - set(peers):
+            del self._peers[gone]
         failing: dict[str, float] = {}
         for key, state in peers.items():
+            seen = self._peers.get(key)
             valid = (state.last_handshake is not None
                      and now - state.last_handshake < HANDSHAKE_VALID)
-            if valid or key not in self._rx_base:
-                self._rx_base[key] = state.rx_bytes
-                self._failing_since.pop(key, None)
+            # New, in session, or re-added (its counters restart): nothing held against it.
+            if seen is None or valid or state.rx_bytes < seen.rx:
+                self._peers[key] = _Peer(state.rx_bytes)
                 continue
-            if state.rx_bytes < self._rx_base[key]:  # the peer was re-added: counters restart
-                self._rx_base[key] = state.rx_bytes
-            elif state.rx_bytes > self._rx_base[key]:
-                since = self._failing_since.setdefault(key, now)
-                if now - since >= self.grace:
-                    failing[key] = now - since
+            if state.rx_bytes > seen.rx:
+                seen.rx, seen.last_growth = state.rx_bytes, now
+                if seen.failing_since is None:
+                    seen.failing_since = now
+            if seen.failing_since is None:
+                continue
+            if now - seen.last_growth > self.quiet:
+                seen.failing_since = None  # it stopped trying: the episode is over
+            elif now - seen.failing_since >= self.grace:
+                failing[key] = now - seen.failing_since
         return failing

@@ -96,6 +96,18 @@ def test_a_peer_that_sends_but_never_completes_a_handshake_is_failing_after_the_
     assert watch.observe({"k": state(500)}, 400) == {}  # idle long after: not failing
 
 
+def test_a_failing_peer_that_stops_sending_is_no_longer_failing_after_the_quiet_time():
+    watch = HandshakeWatch(grace=7, quiet=95)
+    watch.observe({"k": state(0)}, 100)
+    watch.observe({"k": state(148)}, 101)
+    assert watch.observe({"k": state(296)}, 150) == {"k": 49}
+    assert watch.observe({"k": state(296)}, 245) == {"k": 144}  # 95 s since it last sent
+    assert watch.observe({"k": state(296)}, 246) == {}  # gave up (or its PSK was fixed)
+    watch.observe({"k": state(444)}, 300)  # trying again: a new episode, a new grace
+    assert watch.observe({"k": state(592)}, 306) == {}
+    assert watch.observe({"k": state(592)}, 307) == {"k": 7}
+
+
 def test_a_silent_peer_is_never_failing_nor_a_readded_one_counted_from_old_bytes():
     watch = HandshakeWatch(grace=7)
     for now in range(100, 200, 10):
