@@ -1,10 +1,10 @@
 """The data plane: makes the kernel, and any other engine, hold what the backend describes.
 
 Owns, for one daemon run: the reconcile loop (a pass at the first peer set, after every peer
-set change, within a second of a kernel event that shows drift, periodically, and retried
-with backoff after a failure), the kernel event watch, the one worker thread every pass runs
-in, the netlink request socket (created, used and closed in that thread only), the status,
-and the ``dataplane`` readiness component.
+set change, within a second of a kernel event that shows drift, periodically, when an
+applier asked to be re-checked, and retried with backoff after a failure), the kernel event
+watch, the one worker thread every pass runs in, the netlink request socket (created, used
+and closed in that thread only), the status, and the ``dataplane`` readiness component.
 
 A pass, in the worker thread: the backend's ``ensure_local()`` (when devices may have
 changed), its ``desired_state(peers, route_get)`` reconciled through netlink (when not None),
@@ -100,6 +100,8 @@ class Dataplane:
         self._first_peers = asyncio.Event()
         self._wake = asyncio.Event()
         self._check_local = True
+        self._full_due = 0.0  # time.monotonic() of the next periodic full pass
+        self._recheck = 0.0  # the soonest re-check the appliers asked for (0: none)
         self._repairing = ""  # why readiness says "repairing", until a pass repairs it
         self._drifted: set[str] = set()
         self._logged_cause = ""
@@ -142,15 +144,22 @@ class Dataplane:
             watcher = asyncio.create_task(self._follow_kernel(), name="netlink-events")
             while True:
                 if not self._wake.is_set():
+                    timeout = self.interval
+                    if self._recheck:
+                        timeout = max(0.0, min(self._recheck,
+                                               self._full_due - time.monotonic()))
                     try:
                         # Not wait_for: on 3.11 it can swallow a cancellation that races
                         # with the wake-up.
-                        async with asyncio.timeout(self.interval):
+                        async with asyncio.timeout(timeout):
                             await self._wake.wait()
                     except TimeoutError:
-                        self._check_local = True
+                        if time.monotonic() >= self._full_due:
+                            self._check_local = True
                 self._wake.clear()
                 check_local, self._check_local = self._check_local, False
+                if check_local:
+                    self._full_due = time.monotonic() + self.interval
                 version, peers = self.status.wanted_version, self._peers
                 started = time.monotonic()
                 try:
@@ -201,6 +210,7 @@ class Dataplane:
         failures: list[tuple[str, str]] = []
         changes: Counter[str] = Counter()
         desired = None
+        self._recheck = 0.0
         try:
             if check_local:
                 backend.ensure_local()
@@ -220,6 +230,8 @@ class Dataplane:
                 failures.append((f"{applier.name}: {err}", f"{applier.name}: {err}"))
                 continue
             changes[applier.name] += result.changes
+            if result.recheck > 0:
+                self._recheck = min(self._recheck or result.recheck, result.recheck)
             if result.error:
                 failures.append((f"{applier.name}: {result.error}",
                                  f"{applier.name}: {result.error}"))

@@ -16,9 +16,10 @@ _REGISTRY = {
     "ipip": "flannel.backend.ipip:IpipBackend",
     "udp": "flannel.backend.udp:UdpBackend",
     "vxlan": "flannel.backend.vxlan:VxlanBackend",
+    "wireguard": "flannel.backend.wireguard:WireguardBackend",
 }
 # Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("wireguard", "ipsec", "tencent-vpc")
+_UPSTREAM_ONLY = ("ipsec", "tencent-vpc")
 
 
 def supported() -> list[str]:

@@ -68,10 +68,13 @@ class BackendError(Exception):
 @dataclass(frozen=True)
 class ApplyResult:
     """What one applier pass did: ``changes`` made, and ``error`` ("" when in sync), which
-    becomes the data plane's readiness reason until a later pass succeeds."""
+    becomes the data plane's readiness reason until a later pass succeeds. ``recheck``:
+    run a pass again within this many seconds (0: only at the usual times), for an engine
+    whose drift raises no kernel event (WireGuard peers changed with ``wg``)."""
 
     changes: int = 0
     error: str = ""
+    recheck: float = 0.0
 
 
 @dataclass(frozen=True)

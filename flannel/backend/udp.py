@@ -25,6 +25,7 @@ from flannel.backend.base import (
     ApplyResult,
     BackendError,
     BackendOptions,
+    EngineSample,
     LocalNetwork,
     RouteLookup,
 )
@@ -160,6 +161,21 @@ class UdpBackend(RoutedBackend):
         self._applier.close()
 
 
+_COUNTER_HELP = {
+    "tx_packets": "Packets read from flannel0 and sent to a peer.",
+    "rx_packets": "Datagrams received from peers and written into flannel0.",
+    "tx_bytes": "Bytes of the packets sent to peers.",
+    "rx_bytes": "Bytes of the datagrams received from peers.",
+    "drop_no_route": "Packets dropped: no peer holds their destination.",
+    "drop_ttl": "Packets dropped: TTL reached 0.",
+    "drop_runt": "Datagrams dropped: shorter than an IPv4 header.",
+    "drop_send_error": "Packets dropped: the UDP send failed.",
+    "drop_tun_error": "Datagrams dropped: the write into flannel0 failed.",
+    "drop_not_ipv4": "Packets dropped: not IPv4.",
+    "icmp_unreachable": "ICMP net-unreachable replies written back into flannel0.",
+}
+
+
 class _ForwarderApplier:
     """Hands the peer table to the forwarder; restarts a dead forwarder (the pass reports
     the death, so the node is not ready until the restart worked)."""
@@ -172,6 +188,7 @@ class _ForwarderApplier:
         self._lock = threading.Lock()  # close() against a pass still running at shutdown
         self._closed = False
         self._logged = ""
+        self._counters: dict[str, int] = {}  # the forwarder's, as the last pass read them
 
     def apply(self, peers: Sequence[Lease]) -> ApplyResult:
         table = {p.subnet: p.attrs.public_ip for p in peers
@@ -181,6 +198,8 @@ class _ForwarderApplier:
             if self._closed or forwarder is None:
                 return ApplyResult(error="stopped (flanneld is shutting down)")
             status = forwarder.status()
+            if status.alive:
+                self._counters = dict(status.counters)
             if not status.alive and status.pid is not None:  # running, but not answering
                 return ApplyResult(error=status.last_error)
             if not status.alive:
@@ -206,6 +225,16 @@ class _ForwarderApplier:
                 return ApplyResult(changes, f"the forwarder is not attached to {TUN_NAME} "
                                             f"yet ({status.last_error or 'reattaching'})")
             return ApplyResult(changes)
+
+    def samples(self) -> list[EngineSample]:
+        """The forwarder's packet and drop counters as the last pass read them (a pass runs
+        at least every data plane interval); they restart from 0 with a new forwarder."""
+        counters = self._counters
+        return [EngineSample("udp_peers", "Peers in the udp forwarder's table.",
+                             len(self.table)),
+                *(EngineSample(f"udp_{name}_total", _COUNTER_HELP.get(name, name), value,
+                               counter=True)
+                  for name, value in sorted(counters.items()) if name.isidentifier())]
 
     def close(self) -> None:
         with self._lock:

@@ -21,7 +21,7 @@ from pathlib import Path
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.lab import extension
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
-from flannel.lab.mesh import ring, start_nodes, wait_full_mesh
+from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
 ALL_PAIRS_UP_TO = 10  # up pings every pair up to this many nodes, a ring above
@@ -173,6 +173,9 @@ def print_node_state(lab: Lab, index: int) -> None:
         elif info.get("info_kind") == "tun":
             print(f"device {link['ifname']}: tun mtu {link['mtu']} "
                   f"{'carrier' if 'LOWER_UP' in link.get('flags', []) else 'no carrier'}")
+    if lab.state.backend == "wireguard":
+        for line in wg_show(lab, index).splitlines():
+            print(f"  {line}" if line else "")
     for family in ("-4", "-6") if lab.state.ipv6 else ("-4",):
         print(f"routes ({family}):")
         for line in ip(ns, family, "route", "show", "proto", "151").stdout.splitlines():
@@ -309,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_name(up)
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--backend", default="vxlan",
-                    choices=["vxlan", "host-gw", "udp", "ipip", "extension", "alloc"],
+                    choices=["vxlan", "host-gw", "udp", "wireguard", "ipip", "extension", "alloc"],
                     help="alloc reserves subnets only: the lab shows leases, pings nothing; "
                     "extension runs deploy/examples/extension-vxlan (a vxlan built by "
                     "scripts); ipip needs the kernel's ipip module")

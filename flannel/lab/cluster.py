@@ -5,8 +5,11 @@ per underlay subnet, routed between each other) and a real etcd; node namespaces
 ``<name>-n<i>``, each wired to an underlay bridge by a veth pair and running ``flanneld``;
 the lab directory (etcd data, logs, subnet files, ``state.json``) under the lab root.
 ``state.json`` records every namespace and process the lab created (a process by pid and
-start time, so a reused pid is never signalled); ``down`` removes exactly those and the lab
-directory, never something that merely has a lab-like name. Creating the lab directory is
+start time, so a reused pid is never signalled); ``down`` removes exactly those, what still
+runs inside the node namespaces (wireguard-go, which outlives flanneld by design), and the
+lab directory, never something that merely has a lab-like name. Each node's flanneld runs
+with a private ``/run`` (``<node dir>/run``, the lab directory kept visible), as on a host of
+its own: its ``/run/flannel`` and ``/run/wireguard`` are the node's. Creating the lab directory is
 the claim on the name: a lab that exists is never built over.
 Must not touch: the root namespace's links, routes or firewall; namespaces, processes and
 files it did not record creating.
@@ -28,7 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from flannel.fileutil import write_atomic
+from flannel.kernel.host import LOCAL
 from flannel.lab.etcd import EtcdServer
+from flannel.wireguard import nsexec
 
 DEFAULT_ROOT = Path("/run/flannel-lab")
 STATE_FILE = "state.json"
@@ -163,6 +168,10 @@ class Lab:
     def node_ns(self, index: int) -> str:
         return f"{self.name}-n{index}"
 
+    def node_run_dir(self, index: int) -> Path:
+        """What node ``index``'s flanneld (and what it starts) sees as ``/run``."""
+        return self.directory / f"n{index}" / "run"
+
     def node(self, index: int) -> Node:
         for node in self.state.nodes:
             if node.index == index:
@@ -269,6 +278,10 @@ class Lab:
             node.extra_args = list(extra)
         args = [FLANNELD, f"--etcd-endpoints={self.state.etcd_endpoint}",
                 f"--subnet-file={node.subnet_file}", "--iface=eth0", *node.extra_args]
+        run_dir = self.node_run_dir(index)
+        run_dir.mkdir(mode=0o755, exist_ok=True)
+        keep = [self.directory] if self.directory.is_relative_to("/run") else []
+        args = nsexec.command(args, LOCAL, run_dir, keep)
         with open(node.log_file, "ab") as log:
             proc = subprocess.Popen([IP, "netns", "exec", node.netns, *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -305,8 +318,11 @@ class Lab:
         node = self.node(index)
         key = self.lease_key(index) if Path(node.subnet_file).exists() else ""
         self.stop_flanneld(index)
-        if key:
-            self.etcdctl("del", f"{ETCD_PREFIX}/subnets/{key}")
+        # Dual-stack keys hold both subnets: 10.244.3.0-24&fd00:10:244:3::-64.
+        for stored in self.leases() if key else ():
+            if stored == key or stored.startswith(f"{key}&"):
+                self.etcdctl("del", f"{ETCD_PREFIX}/subnets/{stored}")
+        _stop_processes_in(node.netns)
         run(["ip", "netns", "del", node.netns], check=False)
         self.state.nodes = [n for n in self.state.nodes if n.index != index]
         self.state.namespaces = [n for n in self.state.namespaces if n != node.netns]
@@ -438,6 +454,9 @@ class Lab:
             self.etcd.stop()
         elif self.state.etcd_pid:
             _stop_pid(self.state.etcd_pid, self.state.etcd_started, signal.SIGTERM, 10.0)
+        for node in self.state.nodes:
+            if node.netns.startswith(f"{self.name}-"):
+                _stop_processes_in(node.netns)
         for netns in reversed(self.state.namespaces):
             if netns.startswith(f"{self.name}-"):  # a state file edited by hand stays harmless
                 run(["ip", "netns", "del", netns], check=False)
@@ -445,6 +464,33 @@ class Lab:
             shutil.rmtree(self.directory, ignore_errors=True)
         self.owns_directory = False
         self.state = LabState(self.name, str(self.directory))
+
+
+def _stop_processes_in(netns: str, timeout: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL, every process whose network namespace is ``netns`` (one the
+    lab created: what runs there is the lab's, such as a wireguard-go left by flanneld)."""
+    try:
+        target = os.stat(f"/run/netns/{netns}")
+    except OSError:
+        return
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            found = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        if (found.st_dev, found.st_ino) == (target.st_dev, target.st_ino):
+            pid = int(entry)
+            pids.append((pid, _start_ticks(pid)))
+    for pid, started in pids:
+        _signal_own(pid, started, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_start_ticks(p) == s for p, s in pids):
+        time.sleep(0.02)
+    for pid, started in pids:
+        _signal_own(pid, started, signal.SIGKILL)
 
 
 def _start_ticks(pid: int) -> int:

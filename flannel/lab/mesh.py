@@ -1,9 +1,10 @@
 """What the lab observes about a running cluster, for ``flannel-lab up`` and the scale bench.
 
 Owns: starting many flanneld processes at a bounded pace, reading from each node's kernel how
-many peer routes flanneld programmed (routes of protocol 151 in the main table), waiting for
-the full mesh, pings between chosen node pairs (one-shot and long-running, with loss per
-pair), and the CPU and memory of the lab's flanneld processes from /proc.
+many peers flanneld programmed (routes of protocol 151 in the main table; WireGuard peers
+with the wireguard backend), waiting for the full mesh, pings between chosen node pairs
+(one-shot and long-running, with loss per pair), and the CPU and memory of the lab's
+flanneld processes from /proc.
 Must not touch: the kernel state of the nodes (it only reads it), processes the lab did not
 start.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from flannel.kernel import rtnl
 from flannel.kernel.host import Host
 from flannel.lab.cluster import IP, Lab, LabError
+from flannel.wireguard import nsexec
 
 MAIN_TABLE = 254
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -36,6 +38,26 @@ def peer_routes(lab: Lab, index: int) -> int:
                    if proto == rtnl.RTPROT_FLANNEL and table == MAIN_TABLE)
     finally:
         conn.close()
+
+
+def wg_show(lab: Lab, index: int, *args: str) -> str:
+    """``wg show ARGS`` in node ``index``'s view (its namespace and /run); "" if it fails."""
+    cmd = nsexec.command(["wg", "show", *args], Host(lab.node_ns(index)),
+                         lab.node_run_dir(index))
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    return result.stdout if result.returncode == 0 else ""
+
+
+def wireguard_peers(lab: Lab, index: int) -> int:
+    """Peers on node ``index``'s ``flannel-wg``, as ``wg`` shows them."""
+    return len(wg_show(lab, index, "flannel-wg", "peers").split())
+
+
+def peers_programmed(lab: Lab, index: int) -> int:
+    """Peers node ``index``'s flanneld programmed: WireGuard peers, or peer routes."""
+    if lab.state.backend == "wireguard":
+        return wireguard_peers(lab, index)
+    return peer_routes(lab, index)
 
 
 def start_nodes(lab: Lab, indexes: list[int], *args: str, starting_at_once: int = 8,
@@ -84,7 +106,7 @@ def wait_full_mesh(lab: Lab, indexes: list[int], timeout: float = 300.0,
     want = len(indexes) - 1
     last_report = start
     while True:
-        counts = {i: peer_routes(lab, i) for i in indexes}
+        counts = {i: peers_programmed(lab, i) for i in indexes}
         complete = sum(1 for c in counts.values() if c == want)
         now = time.monotonic()
         if complete == len(indexes):

@@ -94,6 +94,7 @@ class WireguardDevice:
         self.pid: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self.control: Control = UapiControl(spec.socket_path)
+        self._uapi = UapiControl(spec.socket_path)  # the userspace channel, when that is used
         self.public_key = public_key(spec.private_key)
 
     # -- finding and creating the link ---------------------------------------------------
@@ -113,7 +114,7 @@ class WireguardDevice:
                 if err.errno in (errno.EOPNOTSUPP, errno.ENODEV, errno.EINVAL):
                     return False
                 raise DeviceError(f"cannot create WireGuard device {self.name}: "
-                                  f"{os.strerror(err.errno)}") from None
+                                  f"{os.strerror(err.errno or errno.EIO)}") from None
         return True
 
     def _use_kernel(self) -> None:
@@ -122,11 +123,10 @@ class WireguardDevice:
         prefix = self.spec.host.command([])
         self.control = WgToolControl(self.name, prefix)
 
-    def _use_userspace(self) -> UapiControl:
+    def _use_userspace(self) -> None:
         self.kind = "userspace"
-        uapi = UapiControl(self.spec.socket_path)
-        self.control = uapi
-        return uapi
+        self._uapi = UapiControl(self.spec.socket_path)
+        self.control = self._uapi
 
     def ensure(self) -> None:
         """Create or adopt the device, then make its key, port, MTU, state, addresses and
@@ -137,8 +137,9 @@ class WireguardDevice:
                 log.info("%s: adopting the existing kernel WireGuard device", self.name)
             self._use_kernel()
         elif found is not None:
-            uapi = self._use_userspace()
-            if not uapi.answers():
+            known = self.kind == "userspace"
+            self._use_userspace()
+            if not self._uapi.answers():
                 if found[1] not in (None, "tun"):
                     raise DeviceError(f"a {found[1]} device named {self.name} exists; remove "
                                       f"it (`ip link del {self.name}`) so flannel can create "
@@ -147,19 +148,21 @@ class WireguardDevice:
                 log.warning("%s exists but no wireguard-go answers on %s; restarting it",
                             self.name, self.spec.socket_path)
                 self._remove_link()
-                self._start_userspace(uapi)
+                self._start_userspace()
             else:
-                self.pid = uapi.peer_pid()
-                log.info("%s: adopting the running wireguard-go (pid %s, socket %s)",
-                         self.name, self.pid, self.spec.socket_path)
+                pid = self._uapi.peer_pid()
+                if not known or pid != self.pid:  # not once per check of our own device
+                    log.info("%s: adopting the running wireguard-go (pid %s, socket %s)",
+                             self.name, pid, self.spec.socket_path)
+                self.pid = pid
         elif self.spec.implementation != "userspace" and self._try_kernel():
             log.info("%s: using kernel WireGuard", self.name)
             self._use_kernel()
         elif self.spec.implementation == "kernel":
             raise DeviceError(f"cannot create {self.name}: this kernel has no WireGuard")
         else:
-            uapi = self._use_userspace()
-            if uapi.answers():
+            self._use_userspace()
+            if self._uapi.answers():
                 raise DeviceError(
                     f"a wireguard-go already answers on {self.spec.socket_path} but there is "
                     f"no {self.name} in this network namespace; stop that wireguard-go (it "
@@ -167,7 +170,7 @@ class WireguardDevice:
             log.info("%s: %s; using wireguard-go (userspace)", self.name,
                      "userspace requested" if self.spec.implementation == "userspace"
                      else "the kernel has no WireGuard")
-            self._start_userspace(uapi)
+            self._start_userspace()
         self._configure()
 
     def _remove_link(self) -> None:
@@ -193,7 +196,7 @@ class WireguardDevice:
         except OSError:
             return ""
 
-    def _start_userspace(self, uapi: UapiControl) -> None:
+    def _start_userspace(self) -> None:
         binary = shutil.which(self.spec.wireguard_go)
         if binary is None:
             raise DeviceError("the kernel has no WireGuard and wireguard-go is not installed; "
@@ -219,7 +222,7 @@ class WireguardDevice:
             os.close(out)
         self.pid = self._process.pid
         deadline = time.monotonic() + STARTUP_TIMEOUT
-        while not uapi.answers():
+        while not self._uapi.answers():
             if self._process.poll() is not None:
                 raise DeviceError(f"wireguard-go for {self.name} exited with status "
                                   f"{self._process.returncode}: {self._log_tail()}")

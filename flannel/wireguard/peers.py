@@ -179,6 +179,7 @@ class PeerStatus:
     changes: int = 0
     handshake_age: dict[str, float | None] = field(default_factory=dict)
     checked_at: float = 0.0
+    states: dict[str, PeerState] = field(default_factory=dict)  # the wanted peers, as read
 
     def without_handshake(self, limit: float = HANDSHAKE_VALID) -> list[str]:
         return sorted(k for k, age in self.handshake_age.items() if age is None or age > limit)
@@ -244,9 +245,10 @@ class WireguardPeers:
                                    + "; ".join(describe(c) for c in left[:3]))
         now = self.clock()
         wanted = {p.public_key for p in desired}
+        states = {key: st for key, st in state.peers.items() if key in wanted}
         ages = {key: (None if st.last_handshake is None else max(0.0, now - st.last_handshake))
-                for key, st in state.peers.items() if key in wanted}
-        self.status = PeerStatus(True, "", len(changes), ages, now)
+                for key, st in states.items()}
+        self.status = PeerStatus(True, "", len(changes), ages, now, states)
         return changes
 
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from ipaddress import ip_address, ip_network
 from pathlib import Path
+from typing import Any
 
 from flannel.wireguard.keys import KEY_LEN, Secret
 
@@ -154,7 +155,7 @@ def decode_get(text: str) -> DeviceState:
     private: Secret | None = None
     port = 0
     peers: dict[str, PeerState] = {}
-    current: dict | None = None
+    current: dict[str, Any] | None = None  # one peer's fields of mixed types
 
     def flush() -> None:
         if current is None:

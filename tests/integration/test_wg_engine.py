@@ -311,3 +311,25 @@ def test_a_socket_serving_another_namespace_is_not_taken_over(pair):
         f"a wireguard-go already answers on {a.run_dir}/wireguard/flannel-wg.sock but there is "
         "no flannel-wg in this network namespace; stop that wireguard-go (it serves another "
         "namespace) or give this node its own /run/wireguard")
+
+
+def test_nsexec_gives_a_private_run_that_keeps_the_paths_asked_for(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "mine").write_text("node")
+    kept = Path("/run") / f"{netns.RUN_PREFIX}keep"
+    kept.mkdir()
+    try:
+        (kept / "state").write_text("lab")
+        cmd = nsexec.command(["sh", "-c", 'ls /run; cat /run/mine "$0"/state', str(kept)],
+                             Host(), run_dir, [kept])
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True)
+        assert out.stdout.split() == [*sorted(["mine", kept.name]), "nodelab"]
+        # Outside /run nothing can be kept: said, and nothing runs.
+        refused = subprocess.run(nsexec.command(["true"], Host(), run_dir, [tmp_path]),
+                                 capture_output=True, text=True, timeout=30, check=False)
+        assert (refused.returncode, refused.stderr) == (
+            2, f"nsexec: --keep {tmp_path}: give a directory under /run\n")
+    finally:
+        shutil.rmtree(kept)
+    assert os.listdir("/run").count(kept.name) == 0

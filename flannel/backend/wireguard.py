@@ -1,0 +1,203 @@
+"""The wireguard backend: pod traffic between nodes encrypted by WireGuard, wire-compatible
+with Go flannel.
+
+Owns the backend's life on the data plane contract: the config (``flannel.wireguard.config``)
+checked when the backend is created; ``prepare`` loads or creates the private key
+(``/run/flannel/wgkey``, ``WIREGUARD_KEY_FILE``), brings up ``flannel-wg`` (and
+``flannel-wg-v6`` in ``separate`` mode) with kernel WireGuard or wireguard-go, and publishes
+``{"PublicKey":..,"Port":..}`` per family; ``activate`` puts the lease address and the route
+to the cluster network on the devices; ``ensure_local`` re-creates what is missing (a
+wireguard-go that died is restarted); the ``wireguard peers`` applier keeps every device's
+peers equal to the remote leases and asks the data plane to re-check them every
+``RECHECK`` seconds, because a peer changed with ``wg`` raises no kernel event. Handshakes
+that keep failing with a peer that does reach us (another PSK or key) are logged naming the
+peer and counted on /metrics and /status, never silent; they do not make this node not
+ready (the other node is as likely to be the misconfigured one).
+Must not touch: the store; routes and links other than the devices'; the key outside its
+file (never logged, never in an error, readiness or status).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+
+from flannel.backend.base import (
+    ApplyResult,
+    Backend,
+    BackendError,
+    BackendOptions,
+    EngineSample,
+    LocalNetwork,
+)
+from flannel.config import NetworkConfig
+from flannel.kernel.iface import ExternalInterface
+from flannel.lease import Lease
+from flannel.wireguard.config import (
+    ConfigError,
+    DeviceLayout,
+    WireguardConfig,
+    encode_lease_data,
+)
+from flannel.wireguard.device import DeviceError, DeviceSpec, WireguardDevice
+from flannel.wireguard.handshakes import HandshakeWatch
+from flannel.wireguard.keys import KeyFileError, key_file_path, load_or_create_private_key
+from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, skipped_leases
+
+log = logging.getLogger(__name__)
+
+#: Seconds between peer checks: a peer removed or changed by hand is back within a second.
+RECHECK = 0.5
+
+
+class _Device:
+    """One WireGuard device of the backend: its layout, the device and its peer reconciler."""
+
+    def __init__(self, layout: DeviceLayout, device: WireguardDevice) -> None:
+        self.layout = layout
+        self.device = device
+        self.peers = WireguardPeers(device)
+        self.handshakes = HandshakeWatch()
+
+
+class WireguardBackend(Backend):
+    backend_type = "wireguard"
+
+    def __init__(self, ext: ExternalInterface, config: NetworkConfig,
+                 options: BackendOptions | None = None) -> None:
+        super().__init__(ext, config, options)
+        try:
+            self.wg = WireguardConfig.parse(self.config.backend)
+        except ConfigError as err:
+            raise BackendError(str(err)) from None
+        self.devices: list[_Device] = []
+        self._applier = PeerApplier(self)
+
+    def _mtu(self) -> int:
+        return self.wg.device_mtu(self.ext.mtu)
+
+    async def prepare(self) -> LocalNetwork:
+        if self.wg.mtu > self.ext.mtu:
+            log.warning("the wireguard MTU option (%d) exceeds %s's MTU (%d): encrypted "
+                        "packets larger than %d bytes will not fit the underlay", self.wg.mtu,
+                        self.ext.name, self.ext.mtu, self.ext.mtu)
+        for version, enabled, addr in ((4, self.config.enable_ipv4, self.ext.ext_addr),
+                                       (6, self.config.enable_ipv6, self.ext.ext_v6_addr)):
+            if enabled and addr is None:
+                flag = "--public-ipv6" if version == 6 else "--public-ip"
+                raise BackendError(f"wireguard needs an IPv{version} address on "
+                                   f"{self.ext.name} (or {flag})")
+        path = key_file_path()
+        try:
+            key, created = await asyncio.to_thread(load_or_create_private_key, path)
+        except KeyFileError as err:
+            raise BackendError(str(err)) from None
+        log.info("%s WireGuard private key %s", "created" if created else "using", path)
+        for layout in self.wg.devices(self.config.enable_ipv4, self.config.enable_ipv6):
+            spec = DeviceSpec(layout.name, layout.listen_port, self._mtu(), key,
+                              host=self.options.host)
+            self.devices.append(_Device(layout, WireguardDevice(spec)))
+        await asyncio.to_thread(self._ensure_devices)
+        public = self.devices[0].device.public_key
+        return LocalNetwork(
+            "wireguard", self._mtu(),
+            encode_lease_data(public, self.wg.listen_port) if self.config.enable_ipv4 else None,
+            encode_lease_data(public, self.wg.listen_port_v6) if self.config.enable_ipv6
+            else None)
+
+    def _ensure_devices(self) -> None:
+        for dev in self.devices:
+            dev.device.reap()
+            try:
+                dev.device.ensure()
+            except DeviceError as err:
+                raise BackendError(str(err)) from None
+
+    async def activate(self, lease: Lease) -> None:
+        await super().activate(lease)
+        for dev in self.devices:
+            addresses: list[tuple[IPv4Address | IPv6Address, IPv4Network | IPv6Network]] = []
+            routes: list[IPv4Network | IPv6Network] = []
+            for version in dev.layout.families:
+                subnet = lease.subnet if version == 4 else lease.ipv6_subnet
+                network = self.config.network if version == 4 else self.config.ipv6_network
+                if subnet is not None and network is not None:
+                    addresses.append((subnet.network_address, network))
+                    routes.append(network)
+            dev.device.spec = replace(dev.device.spec, addresses=tuple(addresses),
+                                      routes=tuple(routes))
+        await asyncio.to_thread(self._ensure_devices)
+
+    def ensure_local(self) -> None:
+        self._ensure_devices()
+
+    def appliers(self) -> Sequence[PeerApplier]:
+        return (self._applier,)
+
+
+class PeerApplier:
+    """The ``wireguard peers`` engine: every device's peers from the remote leases."""
+
+    name = "wireguard peers"
+
+    def __init__(self, backend: WireguardBackend) -> None:
+        self.backend = backend
+        self._warned: set[str] = set()
+        self._reported: set[str] = set()
+        self._peers = 0
+        self._failing = 0
+
+    def apply(self, peers: Sequence[Lease]) -> ApplyResult:
+        backend = self.backend
+        for key in skipped_leases(peers):
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning("ignoring peer %s: its wireguard backend data has no valid "
+                            "PublicKey", key)
+        local = LocalEndpoints(backend.ext.ext_addr, backend.ext.ext_v6_addr)
+        changes = configured = 0
+        errors: list[str] = []
+        failing: dict[str, float] = {}  # "peer <subnets> (public key ...) on <device>"
+        for dev in backend.devices:
+            desired = desired_peers(backend.wg, dev.layout, peers, local)
+            configured += len(desired)
+            status = dev.peers.reconcile(desired)
+            changes += status.changes
+            if not status.in_sync:
+                errors.append(f"{dev.layout.name}: {status.last_error}")
+                continue
+            subnets = {p.public_key: ", ".join(sorted(p.allowed_ips)) for p in desired}
+            for key, seconds in dev.handshakes.observe(status.states,
+                                                       status.checked_at).items():
+                failing[f"peer {subnets.get(key, '?')} (public key {key}) on "
+                        f"{dev.layout.name}"] = seconds
+        self._log_failing(failing)
+        # Not an error of this node's data plane: a peer with another PSK fails with every
+        # node, and making them all not ready would let one misconfigured node take the
+        # whole cluster out of service (and stall any rollout gated on readiness).
+        self._peers, self._failing = configured, len(failing)
+        return ApplyResult(changes, "; ".join(errors), recheck=RECHECK)
+
+    def samples(self) -> list[EngineSample]:
+        """Peers configured and peers whose handshakes keep failing, as the last pass saw."""
+        return [EngineSample("wireguard_peers", "Peers configured on the WireGuard devices.",
+                             self._peers),
+                EngineSample("wireguard_peers_failing_handshakes",
+                             "Peers that send to us but complete no handshake (another PSK "
+                             "or key); each is named in the log.", self._failing)]
+
+    def _log_failing(self, failing: dict[str, float]) -> None:
+        """Once per peer while it keeps failing, and once when it recovers."""
+        for peer, seconds in sorted(failing.items()):
+            if peer not in self._reported:
+                log.error("wireguard handshakes keep failing with %s for %.0fs: the peer "
+                          "sends, but no session is established, so its PSK or keys differ "
+                          "from ours; give every node the same PSK in the network config "
+                          "and restart the nodes whose flanneld runs with another",
+                          peer, seconds)
+        for peer in sorted(self._reported - set(failing)):
+            log.info("wireguard handshakes no longer failing with %s", peer)
+        self._reported = set(failing)
