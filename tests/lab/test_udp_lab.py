@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 NETWORK = "10.244.0.0/16"
 CONFIG = {"Network": NETWORK, "Backend": {"Type": "udp"}}
+HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=10280")
 TRANSFER = 100 * 1024 * 1024
 PORT = 5201
 
@@ -113,9 +114,18 @@ def alive(pid: int) -> bool:
 @pytest.fixture
 def udp_lab(make_lab):
     lab = make_lab()
-    nodes = build(lab, 3, CONFIG)
+    nodes = build(lab, 3, CONFIG, flanneld_args=HEALTH)
     wait_for_mesh(lab, nodes, ipv6=False, timeout=30)
     return lab
+
+
+def forwarder_metrics(lab: Lab, index: int) -> dict[str, float]:
+    """The udp forwarder's figures on the node's /metrics, by sample name."""
+    result = in_ns(lab.node_ns(index), sys.executable, "-c",
+                   "import urllib.request; print(urllib.request.urlopen("
+                   "'http://127.0.0.1:10280/metrics', timeout=5).read().decode())")
+    return {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^flannel_engine_(udp_\w+)\{engine="udp forwarder"\} (\S+)$', result.stdout, re.M)}
 
 
 def transfer(lab: Lab, server_pod, client_pod) -> tuple[str, str]:
@@ -167,6 +177,10 @@ def test_three_udp_nodes_carry_pod_traffic_intact_and_repair_their_tun(udp_lab):
         wait_until(lambda: lab.ping(1, 2) and lab.ping(2, 3), 10, what=f"{what}: pings")
     print("\nudp TUN repair times: " + ", ".join(f"{k} {v * 1000:.0f} ms"
                                                  for k, v in repairs.items()))
+    # The repairs ran passes on node 2, which read the forwarder's counters for /metrics.
+    figures = forwarder_metrics(lab, 2)
+    assert figures["udp_peers"] == 2, figures
+    assert figures["udp_rx_packets_total"] > 0 and figures["udp_tx_packets_total"] > 0, figures
     log = lab.log(2)
     # A deleted device is first reported down, then gone.
     assert "kernel drifted from desired state (device flannel0 down); repairing" in log
