@@ -82,8 +82,8 @@ class Dataplane:
         self.interval = interval
         self.status = DataplaneStatus()
         self._open_netlink = netlink or (lambda: rtnl.Rtnl(netns))
-        self._watch = watch or (lambda on_event, on_overrun:
-                                events.watch(on_event, on_overrun, netns))
+        self._watch = watch or (lambda on_event, on_overrun: events.watch(
+            on_event, on_overrun, netns, own_port=lambda: self._own_port))
         self._retry = Backoff(*retry)
         self._peers: tuple[Lease, ...] = ()
         self._first_peers = asyncio.Event()
@@ -94,6 +94,8 @@ class Dataplane:
         self._logged_cause = ""
         # Worker thread only:
         self._sock: Netlink | None = None
+        # Written by the worker thread, read by the event watch: the request socket's port.
+        self._own_port = 0
         # Written by the worker thread, read by the event handler on the loop.
         self._last: DesiredState | None = None
 
@@ -165,11 +167,13 @@ class Dataplane:
     def _netlink(self) -> Netlink:
         if self._sock is None:
             self._sock = self._open_netlink()
+            self._own_port = self._sock.port
         return self._sock
 
     def _close_netlink(self) -> None:
         if self._sock is not None:
             sock, self._sock = self._sock, None
+            self._own_port = 0
             sock.close()
 
     def _pass(self, peers: tuple[Lease, ...], check_local: bool

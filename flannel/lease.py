@@ -169,8 +169,9 @@ class Lease:
     expiration: float | None = None
     etcd_lease_id: int = 0
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
+        # Cached: a snapshot of 5000 leases asks each for its key several times.
         return make_subnet_key(self.subnet, self.ipv6_subnet)
 
     @property

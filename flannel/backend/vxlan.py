@@ -73,6 +73,9 @@ class VxlanConfig:
         return cfg
 
 
+_PeerEntries = tuple[Neighbour, FdbEntry, Route]
+
+
 @dataclass
 class _Family:
     """One vxlan device (one per IP family) and what it was last found as."""
@@ -90,6 +93,11 @@ class VxlanBackend(RoutedBackend):
         self.vxlan = VxlanConfig.parse(self.config.backend)
         self.families: dict[int, _Family] = {}
         self._warned: set[str] = set()
+        # (peer, IP version, device index) -> its neighbour, FDB entry and route (None: no
+        # usable VtepMAC), from the previous desired_state: a lease change then costs one
+        # peer's decoding, not every peer's. Rebuilt on every call, so it holds the current
+        # peers only.
+        self._entries: dict[tuple[Lease, int, int], _PeerEntries | None] = {}
 
     def device_mtu(self, version: int) -> int:
         return (self.vxlan.mtu or self.ext.mtu) - ENCAP_OVERHEAD[version]
@@ -157,10 +165,23 @@ class VxlanBackend(RoutedBackend):
                         peer.key, version)
         return None
 
+    def _peer_entries(self, peer: Lease, version: int, index: int
+                      ) -> _PeerEntries | None:
+        """The neighbour, FDB entry and onlink route of one peer on one device."""
+        subnet = peer.subnet if version == 4 else peer.ipv6_subnet
+        public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
+        mac = self._peer_mac(peer, version)
+        if subnet is None or public is None or mac is None:
+            return None
+        base = str(subnet.network_address)
+        return (Neighbour(index, base, mac), FdbEntry(index, mac, str(public)),
+                Route(str(subnet), base, index, onlink=True))
+
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes: set[Route] = set()
         neighbours: set[Neighbour] = set()
         fdb: set[FdbEntry] = set()
+        previous, self._entries = self._entries, {}
         for version, family in self.families.items():
             for peer in peers:
                 subnet = peer.subnet if version == 4 else peer.ipv6_subnet
@@ -172,13 +193,14 @@ class VxlanBackend(RoutedBackend):
                     if direct is not None and direct.gateway is None:
                         routes.add(Route(str(subnet), str(public), direct.oif))
                         continue
-                mac = self._peer_mac(peer, version)
-                if mac is None:
-                    continue
-                base = str(subnet.network_address)
-                neighbours.add(Neighbour(family.index, base, mac))
-                fdb.add(FdbEntry(family.index, mac, str(public)))
-                routes.add(Route(str(subnet), base, family.index, onlink=True))
+                key = (peer, version, family.index)
+                entries = previous[key] if key in previous else self._peer_entries(
+                    peer, version, family.index)
+                self._entries[key] = entries
+                if entries is not None:
+                    neighbours.add(entries[0])
+                    fdb.add(entries[1])
+                    routes.add(entries[2])
         return DesiredState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
                             frozenset(f.index for f in self.families.values()),
                             families=tuple(socket.AF_INET if v == 4 else socket.AF_INET6

@@ -1,8 +1,10 @@
 """Netlink notifications: the kernel telling us a route, neighbour, address or link changed.
 
 Owns an event socket (separate from the request socket, as rtnetlink requires) subscribed to
-link, address, neighbour and route groups, decoding of those events, and overrun detection
-(ENOBUFS means events were lost, so the caller must resync in full).
+link, address, neighbour and route groups, decoding of those events, skipping undecoded the
+notifications of changes made through the caller's own request socket (the kernel stamps a
+route or neighbour notification with the port id of the socket whose request caused it), and
+overrun detection (ENOBUFS means events were lost, so the caller must resync in full).
 Must not touch: kernel state (it only listens).
 """
 
@@ -58,8 +60,13 @@ def decode(msg_type: int, body: bytes) -> KernelEvent | None:
 
 
 async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[], None],
-                netns: str | None = None) -> None:
-    """Deliver kernel events until cancelled; call ``on_overrun`` when some were lost."""
+                netns: str | None = None, own_port: Callable[[], int] | None = None) -> None:
+    """Deliver kernel events until cancelled; call ``on_overrun`` when some were lost.
+
+    ``own_port()`` is the port id of the caller's request socket (0 when none is open):
+    notifications of its own changes are not drift, and a snapshot of 5000 peers makes
+    15,000 of them, so they are dropped before decoding.
+    """
     sock = rtnl.open_socket(netns, groups=GROUPS, rcvbuf=16 << 20)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
@@ -73,7 +80,10 @@ async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[]
                 log.warning("netlink event buffer overrun: events were lost; resyncing")
                 on_overrun()
                 continue
-            for msg_type, _flags, _seq, body in rtnl.iter_messages(data):
+            own = own_port() if own_port is not None else 0
+            for msg_type, port, body in rtnl.iter_notifications(data):
+                if own and port == own:
+                    continue
                 event = decode(msg_type, body)
                 if event is not None:
                     on_event(event)

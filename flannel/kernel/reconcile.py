@@ -18,13 +18,15 @@ here they are only compared, to notice drift); tasks, threads and sockets' lifet
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import operator
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
-from typing import Protocol
+from typing import Any, Protocol
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
@@ -159,15 +161,28 @@ def plan(desired: DesiredState, actual: ActualState) -> list[tuple[str, object]]
     deleted after its replacement went in.
     """
     ops: list[tuple[str, object]] = []
-    ops += [("replace", n) for n in sorted(desired.neighbours - actual.neighbours)]
-    ops += [("replace", f) for f in sorted(desired.fdb - actual.fdb)]
-    ops += [("replace", r) for r in sorted(desired.routes - actual.routes)]
-    ops += [("delete", r) for r in sorted((actual.routes | actual.adopted) - desired.routes)
+    ops += [("replace", n) for n in _sorted(desired.neighbours - actual.neighbours)]
+    ops += [("replace", f) for f in _sorted(desired.fdb - actual.fdb)]
+    ops += [("replace", r) for r in _sorted(desired.routes - actual.routes)]
+    ops += [("delete", r) for r in _sorted((actual.routes | actual.adopted) - desired.routes)
             if (r.dst, r.metric) not in desired.route_keys]
-    ops += [("delete", f) for f in sorted(actual.fdb - desired.fdb)]
-    ops += [("delete", n) for n in sorted(actual.neighbours - desired.neighbours)
+    ops += [("delete", f) for f in _sorted(actual.fdb - desired.fdb)]
+    ops += [("delete", n) for n in _sorted(actual.neighbours - desired.neighbours)
             if (n.ifindex, n.ip) not in desired.neighbour_keys]
     return ops
+
+
+_FIELDS = {cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
+           for cls in (Route, Neighbour, FdbEntry)}
+
+
+def _sorted(entries: frozenset[Route] | frozenset[Neighbour] | frozenset[FdbEntry]
+            ) -> list[Any]:
+    """The entries (all of one class) in their dataclass order, compared in C: the
+    generated ``__lt__`` made sorting a 5000-peer snapshot cost ~0.1 s."""
+    if not entries:
+        return []
+    return sorted(entries, key=_FIELDS[type(next(iter(entries)))])
 
 
 def drift(desired: DesiredState, event: events.KernelEvent) -> str:
@@ -287,7 +302,10 @@ class ReconcileError(Exception):
 
 
 class Netlink(Protocol):
-    """The request-socket surface a pass uses (``rtnl.Rtnl`` provides it)."""
+    """The request-socket surface a pass uses (``rtnl.Rtnl`` provides it). ``port``: the
+    socket's netlink port id (0 when it has none)."""
+
+    port: int
 
     def routes(self, family: int) -> list[tuple[Route, int, int]]: ...
 

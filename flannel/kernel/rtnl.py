@@ -243,6 +243,18 @@ def iter_messages(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
         offset += (length + 3) & ~3
 
 
+def iter_notifications(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(type, port id, body) of each message in a datagram of the event socket; the port id
+    is that of the socket whose request caused the change (0 for the kernel's own)."""
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, msg_type, _flags, _seq, port = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size:
+            break
+        yield msg_type, port, data[offset + _NLMSGHDR.size: offset + length]
+        offset += (length + 3) & ~3
+
+
 def decode_route(body: bytes) -> tuple[Route, int, int] | None:
     """A route message as (Route, protocol, table); None for multipath and other shapes."""
     family, dst_len, _src_len, _tos, table, protocol, _scope, kind, flags = \
@@ -390,6 +402,8 @@ class Rtnl:
 
     def __init__(self, netns: str | None = None) -> None:
         self.sock = open_socket(netns)
+        #: The port id the kernel gave the socket; notifications of its changes carry it.
+        self.port: int = self.sock.getsockname()[0]
         self._seq = 0
 
     def __enter__(self) -> Rtnl:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Network
 
 from flannel.config import NetworkConfig
 from flannel.lease import Event, EventType, Lease
@@ -103,7 +104,7 @@ class LeaseWatcher:
         self.config = config
         self.skipped = SkippedRecords("peer lease")
         self._leases: dict[str, Lease] = {}
-        self._by_subnet: dict[str, str] = {}
+        self._by_subnet: dict[IPv4Network | IPv6Network, str] = {}
 
     @property
     def leases(self) -> list[Lease]:
@@ -118,9 +119,8 @@ class LeaseWatcher:
         (a dual-stack lease and a single-stack one can be the same node's)."""
         if lease.key in self._leases:
             return lease.key
-        for key in (Lease(lease.subnet).key if lease.subnet else None,
-                    Lease(None, lease.ipv6_subnet).key if lease.ipv6_subnet else None):
-            candidate = self._by_subnet.get(key) if key else None
+        for subnet in (lease.subnet, lease.ipv6_subnet):
+            candidate = self._by_subnet.get(subnet) if subnet is not None else None
             if candidate in self._leases and self._leases[candidate].same_subnet(lease):
                 return candidate
         return None
@@ -132,9 +132,9 @@ class LeaseWatcher:
 
     def _index_one(self, key: str, lease: Lease) -> None:
         if lease.subnet is not None:
-            self._by_subnet[Lease(lease.subnet).key] = key
+            self._by_subnet[lease.subnet] = key
         if lease.ipv6_subnet is not None:
-            self._by_subnet[Lease(None, lease.ipv6_subnet).key] = key
+            self._by_subnet[lease.ipv6_subnet] = key
 
     def apply(self, update: LeaseUpdate) -> WatchResult:
         if isinstance(update, Snapshot):

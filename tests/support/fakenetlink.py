@@ -38,6 +38,7 @@ class Handle:
     """One request socket: the threads that opened it, used it and closed it."""
 
     kernel: FakeKernel
+    port: int = 0
     opened_in: int = field(default_factory=threading.get_ident)
     used_in: set[int] = field(default_factory=set)
     closed_in: int | None = None
