@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import os
 import shutil
@@ -223,7 +224,8 @@ def main() -> None:
                             if args.keep_logs:
                                 shutil.copy(workdir / "flanneld.log",
                                             Path(args.keep_logs) / f"{ns}.log")
-                            key = result["subnet"].replace("/", "-")
+                            subnet = ipaddress.ip_network(result["subnet"], strict=False)
+                            key = str(subnet).replace("/", "-")
                             server.ctl("del", f"{prefix}/subnets/{key}")
                     finally:
                         server.stop()

@@ -1,7 +1,8 @@
 """Reconciliation: make the kernel's routes, neighbours and FDB entries match desired state.
 
 Owns the diff between what a backend wants (derived from the current lease set) and what the
-kernel has, the batched apply of that diff (one synchronous pass), and the ownership rules
+kernel has (read back in a full pass; in an incremental pass, what the previous pass made it
+hold), the batched apply of that diff (one synchronous pass), and the ownership rules
 that say which kernel entries are ours and which kernel events are drift. When passes run,
 in which thread and with which socket is the data plane's (``flannel.dataplane``).
 
@@ -86,6 +87,14 @@ class DesiredState:
     @functools.cached_property
     def link_by_index(self) -> dict[int, LinkState]:
         return {link.index: link for link in self.links}
+
+    def same_frame(self, other: DesiredState) -> bool:
+        """Whether ``other`` has the same devices, families and adoption bounds, so that
+        only their entries differ (an incremental pass can go from one to the other)."""
+        return (self.devices, self.families, self.links, self.addresses, self.networks,
+                self.local_subnets, self.underlay) == (
+            other.devices, other.families, other.links, other.addresses, other.networks,
+            other.local_subnets, other.underlay)
 
     def device_name(self, index: int) -> str:
         link = self.link_by_index.get(index)
@@ -334,6 +343,23 @@ def reconcile(sock: Netlink, desired: DesiredState,
             log.info("taking over %d route(s) of another protocol that a previous flannel "
                      "left in the network, e.g. %s via %s", len(taken), taken[0].dst,
                      taken[0].gateway)
+    return _apply(sock, ops, hint)
+
+
+def reconcile_difference(sock: Netlink, programmed: DesiredState, desired: DesiredState,
+                         hint: Callable[[rtnl.NetlinkError], str] | None = None
+                         ) -> list[tuple[str, object]]:
+    """An incremental pass: go from ``programmed`` (what a previous pass made the kernel hold,
+    with no drift seen since) to ``desired`` without reading the kernel back; the changes
+    made. The same plan as ``reconcile`` with ``programmed`` standing for the kernel's
+    entries, so the same adds-before-deletes order and identity rules; raises
+    ``ReconcileError`` likewise. Both states must have the same frame (``same_frame``)."""
+    actual = ActualState(programmed.routes, programmed.neighbours, programmed.fdb)
+    return _apply(sock, plan(desired, actual), hint)
+
+
+def _apply(sock: Netlink, ops: list[tuple[str, object]],
+           hint: Callable[[rtnl.NetlinkError], str] | None) -> list[tuple[str, object]]:
     failures = sock.run(ops) if ops else []
     if failures:
         first = failures[0]
