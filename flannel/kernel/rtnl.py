@@ -399,6 +399,10 @@ def open_socket(netns: str | None = None, groups: int = 0, rcvbuf: int = 8 << 20
 
 
 _GONE = (errno.ESRCH, errno.ENOENT)
+_VERB_FLAGS = {"replace": NLM_F_REQUEST | NLM_F_CREATE | NLM_F_REPLACE,
+               "add": NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL,
+               "append": NLM_F_REQUEST | NLM_F_CREATE | NLM_F_APPEND,
+               "delete": NLM_F_REQUEST}
 
 
 def describe(verb: str, obj: object) -> str:
@@ -507,11 +511,7 @@ class Rtnl:
                     failures.append(NetlinkError(code, describe(*request)))
 
     def _encode(self, verb: str, obj: object, seq: int, ack: bool = True) -> bytes:
-        base = NLM_F_REQUEST | (NLM_F_ACK if ack else 0)
-        flags = {"replace": base | NLM_F_CREATE | NLM_F_REPLACE,
-                 "add": base | NLM_F_CREATE | NLM_F_EXCL,
-                 "append": base | NLM_F_CREATE | NLM_F_APPEND,
-                 "delete": base}[verb]
+        flags = _VERB_FLAGS[verb] | (NLM_F_ACK if ack else 0)
         if isinstance(obj, Route):
             return encode_route(obj, RTM_DELROUTE if verb == "delete" else RTM_NEWROUTE, flags,
                                 seq)
