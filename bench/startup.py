@@ -13,7 +13,8 @@ start acquires a new subnet, as a new node does.
 
 Cases, interleaved in every round (order alternating): a bare ``python -c 'import asyncio'``
 of the same interpreter (spawn to exit), flanneld with 0 leases, flanneld with N leases.
-Medians are printed, with the load average.
+Medians are printed, with the load average, and the CPU time each process had used when
+ready (user and system, reaped children included), which the machine's load disturbs less.
 
     .venv/bin/python -m bench.startup --peers 5000 --rounds 5
     .venv/bin/python -m bench.startup --peers 5000 --rounds 1 --profile /tmp/start.prof
@@ -26,6 +27,7 @@ import asyncio
 import ipaddress
 import json
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -75,6 +77,13 @@ def readyz(port: int) -> int:
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its reaped children (user and system: the kernel's work
+    on our netlink requests counts as ours)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def count_lines(*cmd: str) -> int:
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
     return len(out.splitlines())
@@ -102,6 +111,7 @@ def drive(endpoint: str, prefix: str, peers: int, workdir: Path, profile: str) -
                 raise RuntimeError(f"flanneld not ready in {TIMEOUT:g} s")
             time.sleep(POLL)
         ready = time.perf_counter() - started
+        cpu = cpu_seconds(proc.pid)
         routes = count_lines("ip", "-4", "route", "show", "proto", "151")
         neighbours = count_lines("ip", "-4", "neigh", "show", "dev", "flannel.1", "nud",
                                  "permanent")
@@ -118,13 +128,15 @@ def drive(endpoint: str, prefix: str, peers: int, workdir: Path, profile: str) -
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-    return {"seconds": ready, "subnet": subnet}
+    return {"seconds": ready, "cpu": cpu, "subnet": subnet}
 
 
 def bare() -> dict:
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import asyncio"], check=True, timeout=60)
-    return {"seconds": time.perf_counter() - started}
+    elapsed = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"seconds": elapsed, "cpu": usage.ru_utime + usage.ru_stime}
 
 
 async def put_leases(endpoint: str, peers: int) -> None:
@@ -194,6 +206,7 @@ def main() -> None:
         cases |= {"0 leases, compared tree": (0, args.compare),
                   f"{many}, compared tree": (args.peers, args.compare)}
     results: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
     loads: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         server = EtcdServer(Path(tmp) / "etcd")
@@ -230,14 +243,18 @@ def main() -> None:
                     finally:
                         server.stop()
                     results[name].append(result["seconds"])
+                    cpu[name].append(result["cpu"])
                     print(f"round {round_no + 1}: {name:28s} {result['seconds'] * 1000:8.1f} ms"
-                          f"  (load {loads[-1]:.1f})", flush=True)
+                          f", CPU {result['cpu'] * 1000:6.0f} ms  (load {loads[-1]:.1f})",
+                          flush=True)
                 finally:
                     subprocess.run(["ip", "netns", "del", ns], check=False, timeout=20)
     medians = {name: statistics.median(values) for name, values in results.items()}
+    cpus = {name: statistics.median(values) for name, values in cpu.items()}
     print(f"medians of {args.rounds} round(s); load average {min(loads):.1f}-{max(loads):.1f}")
     for name in cases:
-        print(f"  {name:28s} {medians[name] * 1000:8.1f} ms")
+        print(f"  {name:28s} {medians[name] * 1000:8.1f} ms, CPU to ready "
+              f"{cpus[name] * 1000:6.0f} ms")
     for suffix in ("", ", compared tree") if args.compare else ("",):
         figure = medians[many + suffix]
         print(f"start -> /readyz 200 with {many}{suffix}: {figure * 1000:.1f} ms; ratio to "
