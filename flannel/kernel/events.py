@@ -3,7 +3,8 @@
 Owns an event socket (separate from the request socket, as rtnetlink requires) subscribed to
 link, address, neighbour and route groups, decoding of those events, skipping undecoded the
 notifications of changes made through the caller's own request socket (the kernel stamps a
-route or neighbour notification with the port id of the socket whose request caused it), and
+route or neighbour notification with the port id of the socket whose request caused it; a
+socket filter drops them in the kernel, a check here catches those queued before it), and
 overrun detection (ENOBUFS means events were lost, so the caller must resync in full).
 Must not touch: kernel state (it only listens).
 """
@@ -11,8 +12,13 @@ Must not touch: kernel state (it only listens).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import errno
 import logging
+import socket
+import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -61,6 +67,31 @@ def decode(msg_type: int, body: bytes) -> KernelEvent | None:
     return None
 
 
+SO_ATTACH_FILTER, SO_DETACH_FILTER = 26, 27
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x15, 0x06
+_NLMSG_PID_OFFSET = 12
+
+
+def _drop_port(sock: socket.socket, port: int) -> None:
+    """Make the kernel drop notifications whose sender port is ``port`` (0: keep all, since
+    the kernel's own notifications, vxlan's FDB ones included, carry port 0). A classic BPF
+    program on the first message header of each datagram (a notification is a datagram of
+    its own); it loads in network byte order, so the port is compared byte-swapped."""
+    if not port:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+        return
+    swapped = int.from_bytes(port.to_bytes(4, sys.byteorder, signed=port < 0), "big")
+    program = struct.pack("=" + "HBBI" * 4,
+                          _BPF_LD_W_ABS, 0, 0, _NLMSG_PID_OFFSET,
+                          _BPF_JEQ_K, 0, 1, swapped,
+                          _BPF_RET_K, 0, 0, 0,  # ours: drop
+                          _BPF_RET_K, 0, 0, 0xFFFFFFFF)  # anything else: keep
+    code = ctypes.create_string_buffer(program)
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
+                    struct.pack("HP", 4, ctypes.addressof(code)))
+
+
 async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[], None],
                 netns: str | None = None, own_port: Callable[[], int] | None = None) -> None:
     """Deliver kernel events until cancelled; call ``on_overrun`` when some were lost.
@@ -87,8 +118,15 @@ async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[]
             if event is not None:
                 on_event(event)
 
+    filtered = 0
     try:
         while True:
+            # The kernel drops our own changes' notifications before they are queued; the
+            # filter follows the request socket (a new one after a failed pass).
+            own = own_port() if own_port is not None else 0
+            if own != filtered:
+                _drop_port(sock, own)
+                filtered = own
             try:
                 deliver(await loop.sock_recv_into(sock, buffer))
                 for _ in range(DRAIN - 1):

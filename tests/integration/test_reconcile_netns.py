@@ -20,7 +20,9 @@ from flannel.backend.routed import RoutedBackend
 from flannel.backend.vxlan import VxlanBackend
 from flannel.config import check_network_config, parse_config
 from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.kernel import events, rtnl
 from flannel.kernel.iface import IfaceOptions, read_snapshot, select_external_interface
+from flannel.kernel.reconcile import reconcile
 from flannel.lease import Lease, LeaseAttrs
 from flannel.readiness import Readiness
 from tests.support import netns
@@ -240,6 +242,33 @@ async def test_lease_changes_apply_the_difference_and_drift_in_between_is_repair
                                what="the tampered route back and the peer gone")
         await plane.programmed()
         assert status.full_passes == 2
+
+
+async def test_the_event_watch_drops_our_own_changes_and_keeps_everyone_elses(ns):
+    underlay(ns)
+    backend = await make_backend(ns, {"Type": "vxlan"})
+    await backend.prepare()
+    await backend.activate(OWN)
+    seen: list[events.KernelEvent] = []
+    with rtnl.Rtnl(ns) as sock:
+        watch = asyncio.create_task(events.watch(seen.append, lambda: None, ns,
+                                                 own_port=lambda: sock.port))
+        try:
+            await asyncio.sleep(0.2)  # subscribed, filter attached
+            peers = [vxlan_peer(third) for third in range(2, 6)]
+            await asyncio.to_thread(reconcile, sock, backend.desired_state(peers, sock.route_get))
+            netns.ip("route", "add", "10.244.77.0/24", "dev", "flannel.1", netns=ns)
+            await async_wait_until(
+                lambda: asyncio.sleep(0, any(isinstance(e.obj, rtnl.Route) for e in seen)),
+                5.0, what="the route added by ip")
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+    # Our routes and neighbours never reach us; the FDB notifications of vxlan carry no
+    # sender and do; the route added by another program does.
+    assert [e.obj.dst for e in seen if isinstance(e.obj, rtnl.Route)] == ["10.244.77.0/24"]
+    assert not [e for e in seen if isinstance(e.obj, rtnl.Neighbour)]
+    assert len([e for e in seen if isinstance(e.obj, rtnl.FdbEntry)]) == 4
 
 
 async def test_adopts_routes_a_previous_flannel_left_and_nothing_else(ns):
