@@ -23,7 +23,7 @@ from flannel.backend.base import BackendError, LocalNetwork, RouteLookup
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel import device
 from flannel.kernel.reconcile import DesiredState, LinkState
-from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, mac_bytes
+from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, ip_text, mac_bytes
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -93,11 +93,13 @@ class VxlanBackend(RoutedBackend):
         self.vxlan = VxlanConfig.parse(self.config.backend)
         self.families: dict[int, _Family] = {}
         self._warned: set[str] = set()
-        # (peer, IP version, device index) -> its neighbour, FDB entry and route (None: no
-        # usable VtepMAC), from the previous desired_state: a lease change then costs one
-        # peer's decoding, not every peer's. Rebuilt on every call, so it holds the current
-        # peers only.
-        self._entries: dict[tuple[Lease, int, int], _PeerEntries | None] = {}
+        # (id of the peer's lease, IP version, device index) -> the lease and its neighbour,
+        # FDB entry and route (None: no usable VtepMAC), from the previous desired_state: a
+        # lease change then costs one peer's decoding, not every peer's. Keyed by identity
+        # (the lease watcher hands over the same objects; hashing a lease costs more than
+        # what is cached), checked against the lease kept. Rebuilt on every call, so it
+        # holds the current peers only.
+        self._entries: dict[tuple[int, int, int], tuple[Lease, _PeerEntries | None]] = {}
 
     def device_mtu(self, version: int) -> int:
         return (self.vxlan.mtu or self.ext.mtu) - ENCAP_OVERHEAD[version]
@@ -173,9 +175,10 @@ class VxlanBackend(RoutedBackend):
         mac = self._peer_mac(peer, version)
         if subnet is None or public is None or mac is None:
             return None
-        base = str(subnet.network_address)
-        return (Neighbour(index, base, mac), FdbEntry(index, mac, str(public)),
-                Route(str(subnet), base, index, onlink=True))
+        # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
+        base = ip_text(subnet.network_address.packed)
+        return (Neighbour(index, base, mac), FdbEntry(index, mac, ip_text(public.packed)),
+                Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
 
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes: set[Route] = set()
@@ -193,10 +196,11 @@ class VxlanBackend(RoutedBackend):
                     if direct is not None and direct.gateway is None:
                         routes.add(Route(str(subnet), str(public), direct.oif))
                         continue
-                key = (peer, version, family.index)
-                entries = previous[key] if key in previous else self._peer_entries(
-                    peer, version, family.index)
-                self._entries[key] = entries
+                key = (id(peer), version, family.index)
+                cached = previous.get(key)
+                entries = cached[1] if cached is not None and cached[0] is peer else \
+                    self._peer_entries(peer, version, family.index)
+                self._entries[key] = (peer, entries)
                 if entries is not None:
                     neighbours.add(entries[0])
                     fdb.add(entries[1])
