@@ -6,6 +6,13 @@ applier asked to be re-checked, and retried with backoff after a failure), the k
 watch, the one worker thread every pass runs in, the netlink request socket (created, used
 and closed in that thread only), the status, and the ``dataplane`` readiness component.
 
+A pass is full (the kernel's tables read back and diffed) when it is the first, periodic,
+after a failure, or asked for by drift, an event overrun or a restarted watch; a pass for a
+peer set change alone is incremental: it applies the difference between the new desired
+state and the one the previous pass programmed, without reading the kernel (with 99 peers,
+reading the tables back was two thirds of a pass). The event watch and the periodic full
+pass keep the kernel honest meanwhile.
+
 A pass, in the worker thread: the backend's ``ensure_local()`` (when devices may have
 changed), its ``desired_state(peers, route_get)`` reconciled through netlink (when not None),
 then each of its ``appliers()`` handed the same peers. Peer sets handed over while a pass
@@ -27,7 +34,14 @@ from flannel.backend.base import Backend
 from flannel.backoff import Backoff
 from flannel.histogram import Durations
 from flannel.kernel import events, rtnl
-from flannel.kernel.reconcile import DesiredState, Netlink, drift, kind, reconcile
+from flannel.kernel.reconcile import (
+    DesiredState,
+    Netlink,
+    drift,
+    kind,
+    reconcile,
+    reconcile_difference,
+)
 from flannel.lease import Lease
 from flannel.readiness import Readiness
 
@@ -45,17 +59,20 @@ EventWatch = Callable[[Callable[[events.KernelEvent], None], Callable[[], None]]
 @dataclass
 class DataplaneStatus:
     """What the data plane last achieved. Versions count the peer sets handed over (0: none
-    yet); ``applied`` counts changes by kind (route, neighbour, fdb, or an applier's name);
-    ``repaired`` counts drift repairs by kind of what drifted (link, address, route...).
+    yet); ``full_passes`` counts the passes that read the kernel back (the worker thread
+    writes it); ``applied`` counts changes by kind (route, neighbour, fdb, or an applier's
+    name); ``repaired`` counts drift repairs by kind of what drifted (link, address, route...).
     ``wanted_peers`` is the size of the latest peer set, ``programmed_peers`` that of the
     set the last successful pass programmed. The other counters run since start; all are
-    written on the event loop except ``netlink_errors`` (the worker thread's only)."""
+    written on the event loop except ``netlink_errors`` and ``full_passes`` (the worker
+    thread's only)."""
 
     in_sync: bool = False
     wanted_version: int = 0
     programmed_version: int = 0
     last_error: str = ""
     passes: int = 0
+    full_passes: int = 0
     applied: Counter[str] = field(default_factory=Counter)
     repaired: Counter[str] = field(default_factory=Counter)
     failed_passes: int = 0
@@ -93,8 +110,8 @@ class Dataplane:
         self.interval = interval
         self.status = DataplaneStatus()
         self._open_netlink = netlink or (lambda: rtnl.Rtnl(host))
-        self._watch = watch or (lambda on_event, on_overrun:
-                                events.watch(on_event, on_overrun, host))
+        self._watch = watch or (lambda on_event, on_overrun: events.watch(
+            on_event, on_overrun, host, own_port=lambda: self._own_port))
         self._retry = Backoff(*retry)
         self._peers: tuple[Lease, ...] = ()
         self._first_peers = asyncio.Event()
@@ -102,11 +119,15 @@ class Dataplane:
         self._check_local = True
         self._full_due = 0.0  # time.monotonic() of the next periodic full pass
         self._recheck = 0.0  # the soonest re-check the appliers asked for (0: none)
+        self._full = True  # the next pass reads the kernel back
         self._repairing = ""  # why readiness says "repairing", until a pass repairs it
         self._drifted: set[str] = set()
         self._logged_cause = ""
-        # Worker thread only:
+        # Worker thread only: the socket, and the state the last successful pass left.
         self._sock: Netlink | None = None
+        self._programmed: DesiredState | None = None
+        # Written by the worker thread, read by the event watch: the request socket's port.
+        self._own_port = 0
         # Written by the worker thread, read by the event handler on the loop.
         self._last: DesiredState | None = None
 
@@ -121,7 +142,7 @@ class Dataplane:
         self._report()
 
     def trigger(self, why: str = "", check_local: bool = True) -> None:
-        """Ask for a pass soon (coalesced with other requests).
+        """Ask for a full pass soon (coalesced with other requests).
 
         ``check_local=False`` skips re-checking local devices, which costs more than the
         rest of a pass; a lease change does not need it.
@@ -129,6 +150,7 @@ class Dataplane:
         if why:
             log.debug("reconcile requested: %s", why)
         self._check_local |= check_local
+        self._full = True
         self._wake.set()
 
     async def run(self) -> None:
@@ -155,16 +177,17 @@ class Dataplane:
                             await self._wake.wait()
                     except TimeoutError:
                         if time.monotonic() >= self._full_due:
-                            self._check_local = True
+                            self._check_local = self._full = True
                 self._wake.clear()
                 check_local, self._check_local = self._check_local, False
+                full, self._full = self._full, False
                 if check_local:
                     self._full_due = time.monotonic() + self.interval
                 version, peers = self.status.wanted_version, self._peers
                 started = time.monotonic()
                 try:
                     uses_netlink, changes = await loop.run_in_executor(
-                        worker, self._pass, peers, check_local)
+                        worker, self._pass, peers, check_local, full)
                 except Exception as err:  # every failure is retried
                     self.status.pass_durations.observe(time.monotonic() - started)
                     self._failed(err)
@@ -194,17 +217,20 @@ class Dataplane:
     def _netlink(self) -> Netlink:
         if self._sock is None:
             self._sock = self._open_netlink()
+            self._own_port = self._sock.port
         return self._sock
 
     def _close_netlink(self) -> None:
         if self._sock is not None:
             sock, self._sock = self._sock, None
+            self._own_port = 0
             sock.close()
 
-    def _pass(self, peers: tuple[Lease, ...], check_local: bool
+    def _pass(self, peers: tuple[Lease, ...], check_local: bool, full: bool
               ) -> tuple[bool, Counter[str]]:
-        """One pass: whether the backend has netlink state, and the changes made by kind.
-        Raises PassError if anything could not be programmed (all is still attempted)."""
+        """One pass (full, or incremental when allowed; see the module docstring): whether
+        the backend has netlink state, and the changes made by kind. Raises PassError if
+        anything could not be programmed (all is still attempted)."""
         started = time.monotonic()
         backend = self.backend
         failures: list[tuple[str, str]] = []
@@ -217,7 +243,15 @@ class Dataplane:
             desired = backend.desired_state(peers, lambda ip: self._netlink().route_get(ip))
             if desired is not None:
                 self._last = desired
-                ops = reconcile(self._netlink(), desired, backend.failure_hint)
+                programmed, self._programmed = self._programmed, None
+                if full or check_local or programmed is None \
+                        or not programmed.same_frame(desired):
+                    ops = reconcile(self._netlink(), desired, backend.failure_hint)
+                    self.status.full_passes += 1
+                else:
+                    ops = reconcile_difference(self._netlink(), programmed, desired,
+                                               backend.failure_hint)
+                self._programmed = desired
                 changes.update(kind(obj) for _verb, obj in ops)
         except Exception as err:  # reported as the pass's failure
             self.status.netlink_errors += 1

@@ -11,6 +11,7 @@ import enum
 import functools
 import json
 import re
+import socket
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
@@ -52,7 +53,9 @@ def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
         return None
     v4_text, v4_len, v6_text, v6_len = match.groups()
     try:
-        v4_addr = IPv4Address(v4_text)
+        # inet_pton accepts exactly the dotted quads IPv4Address does, at a third of the cost
+        # (acquisition parses every key of the listing).
+        v4_addr = int.from_bytes(socket.inet_pton(socket.AF_INET, v4_text), "big")
         v4_prefix = int(v4_len)
         if v4_prefix > 31:
             return None
@@ -64,7 +67,7 @@ def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
             return None
         v6_addr = IPv6Address(v6_text)
         return subnet, IPv6Network((v6_addr, v6_prefix), strict=False)
-    except ValueError:
+    except (OSError, ValueError):
         return None
 
 
@@ -156,7 +159,11 @@ def _decode_str(value: Any, name: str) -> str:
 def _raw(members: dict[str, Any], name: str) -> str | None:
     if name not in members:
         return None
-    return json.dumps(members[name], separators=(",", ":"), ensure_ascii=False)
+    return _COMPACT.encode(members[name])
+
+
+# json.dumps with these options builds an encoder per call; a snapshot decodes 5000 values.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -169,8 +176,9 @@ class Lease:
     expiration: float | None = None
     etcd_lease_id: int = 0
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
+        # Cached: a snapshot of 5000 leases asks each for its key several times.
         return make_subnet_key(self.subnet, self.ipv6_subnet)
 
     @property

@@ -26,7 +26,7 @@ from flannel.config import NetworkConfig
 from flannel.kernel import device
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState, LinkState
-from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, mac_bytes
+from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, ip_text, mac_bytes
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,9 @@ class VxlanConfig:
         return cfg
 
 
+_PeerEntries = tuple[Neighbour, FdbEntry, Route]
+
+
 @dataclass
 class _Family:
     """One vxlan device (one per IP family) and what it was last found as."""
@@ -94,6 +97,13 @@ class VxlanBackend(RoutedBackend):
         self.vxlan = VxlanConfig.parse(self.config.backend)
         self.families: dict[int, _Family] = {}
         self._warned: set[str] = set()
+        # (id of the peer's lease, IP version, device index) -> the lease and its neighbour,
+        # FDB entry and route (None: no usable VtepMAC), from the previous desired_state: a
+        # lease change then costs one peer's decoding, not every peer's. Keyed by identity
+        # (the lease watcher hands over the same objects; hashing a lease costs more than
+        # what is cached), checked against the lease kept. Rebuilt on every call, so it
+        # holds the current peers only.
+        self._entries: dict[tuple[int, int, int], tuple[Lease, _PeerEntries | None]] = {}
 
     def device_mtu(self, version: int) -> int:
         return (self.vxlan.mtu or self.ext.mtu) - ENCAP_OVERHEAD[version]
@@ -162,10 +172,24 @@ class VxlanBackend(RoutedBackend):
                         peer.key, version)
         return None
 
+    def _peer_entries(self, peer: Lease, version: int, index: int
+                      ) -> _PeerEntries | None:
+        """The neighbour, FDB entry and onlink route of one peer on one device."""
+        subnet = peer.subnet if version == 4 else peer.ipv6_subnet
+        public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
+        mac = self._peer_mac(peer, version)
+        if subnet is None or public is None or mac is None:
+            return None
+        # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
+        base = ip_text(subnet.network_address.packed)
+        return (Neighbour(index, base, mac), FdbEntry(index, mac, ip_text(public.packed)),
+                Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
+
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes: set[Route] = set()
         neighbours: set[Neighbour] = set()
         fdb: set[FdbEntry] = set()
+        previous, self._entries = self._entries, {}
         for version, family in self.families.items():
             for peer in peers:
                 subnet = peer.subnet if version == 4 else peer.ipv6_subnet
@@ -177,13 +201,15 @@ class VxlanBackend(RoutedBackend):
                     if direct is not None and direct.gateway is None:
                         routes.add(Route(str(subnet), str(public), direct.oif))
                         continue
-                mac = self._peer_mac(peer, version)
-                if mac is None:
-                    continue
-                base = str(subnet.network_address)
-                neighbours.add(Neighbour(family.index, base, mac))
-                fdb.add(FdbEntry(family.index, mac, str(public)))
-                routes.add(Route(str(subnet), base, family.index, onlink=True))
+                key = (id(peer), version, family.index)
+                cached = previous.get(key)
+                entries = cached[1] if cached is not None and cached[0] is peer else \
+                    self._peer_entries(peer, version, family.index)
+                self._entries[key] = (peer, entries)
+                if entries is not None:
+                    neighbours.add(entries[0])
+                    fdb.add(entries[1])
+                    routes.add(entries[2])
         return DesiredState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
                             frozenset(f.index for f in self.families.values()),
                             families=tuple(socket.AF_INET if v == 4 else socket.AF_INET6

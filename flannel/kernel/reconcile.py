@@ -1,7 +1,8 @@
 """Reconciliation: make the kernel's routes, neighbours and FDB entries match desired state.
 
 Owns the diff between what a backend wants (derived from the current lease set) and what the
-kernel has, the batched apply of that diff (one synchronous pass), and the ownership rules
+kernel has (read back in a full pass; in an incremental pass, what the previous pass made it
+hold), the batched apply of that diff (one synchronous pass), and the ownership rules
 that say which kernel entries are ours and which kernel events are drift. When passes run,
 in which thread and with which socket is the data plane's (``flannel.dataplane``).
 
@@ -18,13 +19,15 @@ here they are only compared, to notice drift); tasks, threads and sockets' lifet
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import operator
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
-from typing import Protocol
+from typing import Any, Protocol
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
@@ -87,6 +90,14 @@ class DesiredState:
     @functools.cached_property
     def link_by_index(self) -> dict[int, LinkState]:
         return {link.index: link for link in self.links}
+
+    def same_frame(self, other: DesiredState) -> bool:
+        """Whether ``other`` has the same devices, families and adoption bounds, so that
+        only their entries differ (an incremental pass can go from one to the other)."""
+        return (self.devices, self.families, self.links, self.addresses, self.networks,
+                self.local_subnets, self.underlay) == (
+            other.devices, other.families, other.links, other.addresses, other.networks,
+            other.local_subnets, other.underlay)
 
     def device_name(self, index: int) -> str:
         link = self.link_by_index.get(index)
@@ -163,15 +174,28 @@ def plan(desired: DesiredState, actual: ActualState) -> list[tuple[str, object]]
     deleted after its replacement went in.
     """
     ops: list[tuple[str, object]] = []
-    ops += [("replace", n) for n in sorted(desired.neighbours - actual.neighbours)]
-    ops += [("replace", f) for f in sorted(desired.fdb - actual.fdb)]
-    ops += [("replace", r) for r in sorted(desired.routes - actual.routes)]
-    ops += [("delete", r) for r in sorted((actual.routes | actual.adopted) - desired.routes)
+    ops += [("replace", n) for n in _sorted(desired.neighbours - actual.neighbours)]
+    ops += [("replace", f) for f in _sorted(desired.fdb - actual.fdb)]
+    ops += [("replace", r) for r in _sorted(desired.routes - actual.routes)]
+    ops += [("delete", r) for r in _sorted((actual.routes | actual.adopted) - desired.routes)
             if (r.dst, r.metric) not in desired.route_keys]
-    ops += [("delete", f) for f in sorted(actual.fdb - desired.fdb)]
-    ops += [("delete", n) for n in sorted(actual.neighbours - desired.neighbours)
+    ops += [("delete", f) for f in _sorted(actual.fdb - desired.fdb)]
+    ops += [("delete", n) for n in _sorted(actual.neighbours - desired.neighbours)
             if (n.ifindex, n.ip) not in desired.neighbour_keys]
     return ops
+
+
+_FIELDS = {cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
+           for cls in (Route, Neighbour, FdbEntry)}
+
+
+def _sorted(entries: frozenset[Route] | frozenset[Neighbour] | frozenset[FdbEntry]
+            ) -> list[Any]:
+    """The entries (all of one class) in their dataclass order, compared in C: the
+    generated ``__lt__`` made sorting a 5000-peer snapshot cost ~0.1 s."""
+    for first in entries:
+        return sorted(entries, key=_FIELDS[type(first)])
+    return []
 
 
 def drift(desired: DesiredState, event: events.KernelEvent) -> str:
@@ -293,7 +317,10 @@ class ReconcileError(Exception):
 
 
 class Netlink(Protocol):
-    """The request-socket surface a pass uses (``rtnl.Rtnl`` provides it)."""
+    """The request-socket surface a pass uses (``rtnl.Rtnl`` provides it). ``port``: the
+    socket's netlink port id (0 when it has none)."""
+
+    port: int
 
     def routes(self, family: int) -> list[tuple[Route, int, int]]: ...
 
@@ -322,6 +349,23 @@ def reconcile(sock: Netlink, desired: DesiredState,
             log.info("taking over %d route(s) of another protocol that a previous flannel "
                      "left in the network, e.g. %s via %s", len(taken), taken[0].dst,
                      taken[0].gateway)
+    return _apply(sock, ops, hint)
+
+
+def reconcile_difference(sock: Netlink, programmed: DesiredState, desired: DesiredState,
+                         hint: Callable[[rtnl.NetlinkError], str] | None = None
+                         ) -> list[tuple[str, object]]:
+    """An incremental pass: go from ``programmed`` (what a previous pass made the kernel hold,
+    with no drift seen since) to ``desired`` without reading the kernel back; the changes
+    made. The same plan as ``reconcile`` with ``programmed`` standing for the kernel's
+    entries, so the same adds-before-deletes order and identity rules; raises
+    ``ReconcileError`` likewise. Both states must have the same frame (``same_frame``)."""
+    actual = ActualState(programmed.routes, programmed.neighbours, programmed.fdb)
+    return _apply(sock, plan(desired, actual), hint)
+
+
+def _apply(sock: Netlink, ops: list[tuple[str, object]],
+           hint: Callable[[rtnl.NetlinkError], str] | None) -> list[tuple[str, object]]:
     failures = sock.run(ops) if ops else []
     if failures:
         first = failures[0]

@@ -118,6 +118,12 @@ def _packed(text: str) -> tuple[int, bytes]:
 
 
 def mac_bytes(mac: str) -> bytes:
+    # The usual "0e:4c:1a:7b:22:01" in C (a snapshot encodes 10,000); anything else by parts.
+    if len(mac) == 17 and mac[2::3] == ":::::":
+        with contextlib.suppress(ValueError):
+            raw = bytes.fromhex(mac.replace(":", ""))
+            if len(raw) == 6:
+                return raw
     return bytes(int(part, 16) for part in mac.split(":"))
 
 
@@ -173,6 +179,11 @@ class FdbEntry:
     via: int = 0
 
 
+# Attributes every request of their kind carries, encoded once.
+_TABLE_MAIN = attr(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN))
+_PROTOCOL_FLANNEL = attr(NDA_PROTOCOL, bytes([RTPROT_FLANNEL]))
+
+
 def encode_route(route: Route, msg_type: int, flags: int, seq: int, *,
                  protocol: int = RTPROT_FLANNEL, scope: int | None = None) -> bytes:
     """A route request; ``scope`` None means link scope for a route without a gateway and
@@ -189,7 +200,7 @@ def encode_route(route: Route, msg_type: int, flags: int, seq: int, *,
                  else RT_SCOPE_LINK)
     body = _RTMSG.pack(family, int(plen), 0, 0, RT_TABLE_MAIN, protocol, scope,
                        route.kind, RTNH_F_ONLINK if route.onlink else 0)
-    attrs = attr(RTA_TABLE, struct.pack("=I", RT_TABLE_MAIN)) + attr(RTA_DST, dst)
+    attrs = _TABLE_MAIN + attr(RTA_DST, dst)
     if route.gateway is not None:
         attrs += attr(RTA_GATEWAY, _packed(route.gateway)[1])
     if route.oif:
@@ -205,8 +216,7 @@ def encode_neighbour(neigh: Neighbour, msg_type: int, flags: int, seq: int) -> b
     body = _NDMSG.pack(family, 0, 0, neigh.ifindex, NUD_PERMANENT, 0, RTN_UNICAST)
     attrs = attr(NDA_DST, addr)
     if msg_type == RTM_NEWNEIGH:
-        attrs += attr(NDA_LLADDR, mac_bytes(neigh.mac)) + attr(NDA_PROTOCOL,
-                                                                   bytes([RTPROT_FLANNEL]))
+        attrs += attr(NDA_LLADDR, mac_bytes(neigh.mac)) + _PROTOCOL_FLANNEL
     payload = body + attrs
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
 
@@ -244,6 +254,18 @@ def iter_messages(data: bytes) -> Iterator[tuple[int, int, int, bytes]]:
         if length < _NLMSGHDR.size:
             break
         yield msg_type, flags, seq, data[offset + _NLMSGHDR.size: offset + length]
+        offset += (length + 3) & ~3
+
+
+def iter_notifications(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """(type, port id, body) of each message in a datagram of the event socket; the port id
+    is that of the socket whose request caused the change (0 for the kernel's own)."""
+    offset = 0
+    while offset + _NLMSGHDR.size <= len(data):
+        length, msg_type, _flags, _seq, port = _NLMSGHDR.unpack_from(data, offset)
+        if length < _NLMSGHDR.size:
+            break
+        yield msg_type, port, data[offset + _NLMSGHDR.size: offset + length]
         offset += (length + 3) & ~3
 
 
@@ -353,13 +375,24 @@ def open_socket(host: Host = LOCAL, groups: int = 0, rcvbuf: int = 8 << 20
     return sock
 
 
-@dataclass(frozen=True)
-class Op:
-    """One request of a batch: what to send and how to describe it in errors."""
+_GONE = (errno.ESRCH, errno.ENOENT)
+_VERB_FLAGS = {"replace": NLM_F_REQUEST | NLM_F_CREATE | NLM_F_REPLACE,
+               "add": NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL,
+               "append": NLM_F_REQUEST | NLM_F_CREATE | NLM_F_APPEND,
+               "delete": NLM_F_REQUEST}
 
-    data: bytes
-    what: str
-    ignore: tuple[int, ...] = ()
+
+def describe(verb: str, obj: object) -> str:
+    """How a failed request of a batch is named in its error, e.g. "replace route 10.5.1.0/24
+    via 10.5.1.0" (built only on failure: a snapshot sends 15,000 requests)."""
+    if isinstance(obj, Route):
+        via = f" via {obj.gateway}" if obj.gateway else ""
+        return f"{verb} route {obj.dst}{via}"
+    if isinstance(obj, Neighbour):
+        return f"{verb} neighbour {obj.ip}"
+    if isinstance(obj, FdbEntry):
+        return f"{verb} fdb {obj.mac}"
+    return f"{verb} {obj!r}"
 
 
 class Rtnl:
@@ -367,6 +400,8 @@ class Rtnl:
 
     def __init__(self, host: Host = LOCAL) -> None:
         self.sock = open_socket(host)
+        #: The port id the kernel gave the socket; notifications of its changes carry it.
+        self.port: int = self.sock.getsockname()[0]
         self._seq = 0
 
     def __enter__(self) -> Rtnl:
@@ -431,43 +466,37 @@ class Rtnl:
         return failures
 
     def _run_chunk(self, batch: list[tuple[str, object]], failures: list[NetlinkError]) -> None:
-        pending: dict[int, Op] = {}
+        pending: dict[int, tuple[str, object]] = {}
         parts = []
         last = len(batch) - 1
         for i, (verb, obj) in enumerate(batch):
             seq = self.next_seq()
-            op = self._encode(verb, obj, seq, ack=i == last)
-            pending[seq] = op
-            parts.append(op.data)
+            parts.append(self._encode(verb, obj, seq, ack=i == last))
+            pending[seq] = (verb, obj)
         self.sock.sendall(b"".join(parts))
         while seq in pending:
             data = self.sock.recv(1 << 20)
             for msg_type, _flags, msg_seq, body in iter_messages(data):
                 if msg_type != NLMSG_ERROR:
                     continue
-                answered = pending.pop(msg_seq, None)
+                request = pending.pop(msg_seq, None)
                 code = -_NLMSGERR.unpack_from(body)[0]
-                if answered is not None and code and code not in answered.ignore:
-                    failures.append(NetlinkError(code, answered.what))
+                if request is None or not code:
+                    continue
+                # A delete of what is already gone is not a failure.
+                if request[0] != "delete" or code not in _GONE:
+                    failures.append(NetlinkError(code, describe(*request)))
 
-    def _encode(self, verb: str, obj: object, seq: int, ack: bool = True) -> Op:
-        base = NLM_F_REQUEST | (NLM_F_ACK if ack else 0)
-        flags = {"replace": base | NLM_F_CREATE | NLM_F_REPLACE,
-                 "add": base | NLM_F_CREATE | NLM_F_EXCL,
-                 "append": base | NLM_F_CREATE | NLM_F_APPEND,
-                 "delete": base}[verb]
-        gone = (errno.ESRCH, errno.ENOENT) if verb == "delete" else ()
+    def _encode(self, verb: str, obj: object, seq: int, ack: bool = True) -> bytes:
+        flags = _VERB_FLAGS[verb] | (NLM_F_ACK if ack else 0)
         if isinstance(obj, Route):
-            msg = RTM_DELROUTE if verb == "delete" else RTM_NEWROUTE
-            via = f" via {obj.gateway}" if obj.gateway else ""
-            return Op(encode_route(obj, msg, flags, seq), f"{verb} route {obj.dst}{via}", gone)
+            return encode_route(obj, RTM_DELROUTE if verb == "delete" else RTM_NEWROUTE, flags,
+                                seq)
+        msg = RTM_DELNEIGH if verb == "delete" else RTM_NEWNEIGH
         if isinstance(obj, Neighbour):
-            msg = RTM_DELNEIGH if verb == "delete" else RTM_NEWNEIGH
-            return Op(encode_neighbour(obj, msg, flags, seq), f"{verb} neighbour {obj.ip}",
-                      gone)
+            return encode_neighbour(obj, msg, flags, seq)
         if isinstance(obj, FdbEntry):
-            msg = RTM_DELNEIGH if verb == "delete" else RTM_NEWNEIGH
-            return Op(encode_fdb(obj, msg, flags, seq), f"{verb} fdb {obj.mac}", gone)
+            return encode_fdb(obj, msg, flags, seq)
         raise TypeError(f"cannot encode {obj!r}")
 
     def dump(self, msg_type: int, header: bytes) -> list[tuple[int, bytes]]:

@@ -169,16 +169,26 @@ class IptablesRules:
                                      f"failed: {result.stderr.strip()}")
 
     def missing(self) -> str:
-        """What is missing or different ("" when every rule is in place)."""
+        """What is missing or different ("" when every rule is in place).
+
+        One listing per table (``-S``, the same text as ``iptables-save``) shows both our
+        chains and the jumps to them: the check runs every ``--iptables-resync`` seconds,
+        and each process it spawns is most of an idle node's CPU.
+        """
         for spec in self.families:
+            listings: dict[str, list[str] | None] = {}
             for chain in self.chains(spec):
-                listed = _run([self._binary(spec.version), "-w", "-t", chain.table, "-S",
-                               chain.chain], host=self.host)
+                if chain.table not in listings:
+                    listed = _run([self._binary(spec.version), "-w", "-t", chain.table, "-S"],
+                                  host=self.host)
+                    listings[chain.table] = (listed.stdout.splitlines()
+                                             if listed.returncode == 0 else None)
+                lines = listings[chain.table]
                 want = [f"-A {chain.chain} {render(rule)}" for rule in chain.rules]
-                have = [line for line in listed.stdout.splitlines() if line.startswith("-A ")]
-                if listed.returncode != 0 or have != want:
+                if lines is None or f"-N {chain.chain}" not in lines or [
+                        line for line in lines if line.startswith(f"-A {chain.chain} ")] != want:
                     return f"IPv{spec.version} {chain.table} chain {chain.chain} differs"
-                if not self._has_jump(spec.version, chain):
+                if f"-A {chain.parent} {render(chain.jump)}" not in lines:
                     return f"IPv{spec.version} jump from {chain.parent} to {chain.chain} missing"
         return ""
 

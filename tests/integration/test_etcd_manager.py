@@ -141,6 +141,19 @@ async def test_same_public_ip_reuses_the_lease(client, prefix):
     assert [x.key for x in leases] == [first.key]
 
 
+async def test_reuse_by_public_ip_finds_an_escaped_ip_and_ignores_the_ip_elsewhere(
+        client, prefix):
+    sm = await setup(client, prefix)
+    # Another node whose backend data happens to hold our address: not ours.
+    await client.put(f"{prefix}/subnets/10.3.40.0-24".encode(),
+                     b'{"PublicIP":"5.6.7.8","BackendData":{"Note":"1.2.3.4"}}')
+    # Ours, written with JSON escapes (as any JSON encoder may): still ours.
+    await client.put(f"{prefix}/subnets/10.3.21.0-24".encode(),
+                     b'{"PublicIP":"\\u0031.2.3.4","PublicIPv6":null}')
+    lease = await acquire(sm, attrs())
+    assert lease.key == "10.3.21.0-24"  # inside SubnetMin..SubnetMax: reusable
+
+
 async def test_previous_subnet_is_reused_when_compatible(client, prefix):
     sm = await setup(client, prefix,
                      previous=PreviousSubnets(IPv4Network("10.3.6.0/24")))

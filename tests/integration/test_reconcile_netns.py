@@ -20,8 +20,10 @@ from flannel.backend.routed import RoutedBackend
 from flannel.backend.vxlan import VxlanBackend
 from flannel.config import check_network_config, parse_config
 from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
 from flannel.kernel.iface import IfaceOptions, read_snapshot, select_external_interface
+from flannel.kernel.reconcile import reconcile
 from flannel.lease import Lease, LeaseAttrs
 from flannel.readiness import Readiness
 from tests.support import netns
@@ -183,6 +185,91 @@ async def test_tampering_is_repaired_within_a_second(vxlan, command, reason):
     assert took < 1.0
     assert seen and seen[0][0] is False
     assert seen[0][1].startswith(f"{NOT_PROGRAMMED}repairing: {reason}"), seen
+
+
+def vxlan_peer(third: int, mac_suffix: int | None = None) -> Lease:
+    mac = f"0e:00:00:00:00:{mac_suffix if mac_suffix is not None else third:02x}"
+    return Lease(IPv4Network(f"10.244.{third}.0/24"), attrs=LeaseAttrs(
+        public_ip=IPv4Address(f"192.168.50.{third}"), backend_type="vxlan",
+        backend_data=json.dumps({"VNI": 1, "VtepMAC": mac})))
+
+
+def programmed_for(ns: str, peers: list[Lease]) -> bool:
+    """Whether the kernel holds exactly the routes, neighbours and FDB entries of ``peers``
+    (IPv4) and nothing else of ours."""
+    routes = netns.ip("-4", "route", "show", "proto", "151", netns=ns).stdout.splitlines()
+    neighbours = netns.ip("-4", "neigh", "show", "dev", "flannel.1", "nud", "permanent",
+                          netns=ns).stdout.splitlines()
+    fdb = subprocess.run(["bridge", "-n", ns, "fdb", "show", "dev", "flannel.1"],
+                         capture_output=True, text=True, timeout=20, check=True).stdout
+    want_routes, want_neighbours, want_fdb = set(), set(), set()
+    for peer in peers:
+        base = str(peer.subnet.network_address)
+        mac = json.loads(peer.attrs.backend_data)["VtepMAC"]
+        want_routes.add(f"{peer.subnet} via {base} dev flannel.1 onlink")
+        want_neighbours.add(f"{base} lladdr {mac} PERMANENT")
+        want_fdb.add(f"{mac} dst {peer.attrs.public_ip} self permanent")
+    have_fdb = {line.replace(" dev flannel.1", "").strip() for line in fdb.splitlines()
+                if "dst" in line}
+    def shown(lines: list[str]) -> set[str]:
+        return {line.replace(" proto 151", "").strip() for line in lines}
+
+    return (shown(routes), shown(neighbours), have_fdb) == (want_routes, want_neighbours,
+                                                             want_fdb)
+
+
+async def test_lease_changes_apply_the_difference_and_drift_in_between_is_repaired(ns):
+    underlay(ns)
+    backend = await make_backend(ns, {"Type": "vxlan"})
+    await backend.prepare()
+    await backend.activate(OWN)
+    peers = [vxlan_peer(third) for third in range(2, 8)]
+    async with running(backend, peers) as plane:
+        await plane.programmed()
+        status = plane.dataplane.status
+        assert (status.full_passes, programmed_for(ns, peers)) == (1, True)
+        # Two leave, one joins, one changes its VTEP MAC: applied without reading back.
+        peers = [vxlan_peer(2, 0x42), *peers[1:4], vxlan_peer(9)]
+        plane.dataplane.set_peers(peers)
+        await async_wait_until(lambda: asyncio.to_thread(programmed_for, ns, peers), 5.0,
+                               what="the changed peers programmed")
+        assert status.full_passes == 1
+        assert status.applied == {"route": 6 + 3, "neighbour": 6 + 4, "fdb": 6 + 5}
+        # Tampering, then a lease change at once: the event makes the next pass full.
+        netns.ip("route", "del", "10.244.3.0/24", netns=ns)
+        peers = peers[:-1]
+        plane.dataplane.set_peers(peers)
+        await async_wait_until(lambda: asyncio.to_thread(programmed_for, ns, peers), 5.0,
+                               what="the tampered route back and the peer gone")
+        await plane.programmed()
+        assert status.full_passes == 2
+
+
+async def test_the_event_watch_drops_our_own_changes_and_keeps_everyone_elses(ns):
+    underlay(ns)
+    backend = await make_backend(ns, {"Type": "vxlan"})
+    await backend.prepare()
+    await backend.activate(OWN)
+    seen: list[events.KernelEvent] = []
+    with rtnl.Rtnl(Host(ns)) as sock:
+        watch = asyncio.create_task(events.watch(seen.append, lambda: None, Host(ns),
+                                                 own_port=lambda: sock.port))
+        try:
+            await asyncio.sleep(0.2)  # subscribed, filter attached
+            peers = [vxlan_peer(third) for third in range(2, 6)]
+            await asyncio.to_thread(reconcile, sock, backend.desired_state(peers, sock.route_get))
+            netns.ip("route", "add", "10.244.77.0/24", "dev", "flannel.1", netns=ns)
+            await async_wait_until(
+                lambda: asyncio.sleep(0, any(isinstance(e.obj, rtnl.Route) for e in seen)),
+                5.0, what="the route added by ip")
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+    # Our routes and neighbours never reach us; the FDB notifications of vxlan carry no
+    # sender and do; the route added by another program does.
+    assert [e.obj.dst for e in seen if isinstance(e.obj, rtnl.Route)] == ["10.244.77.0/24"]
+    assert not [e for e in seen if isinstance(e.obj, rtnl.Neighbour)]
+    assert len([e for e in seen if isinstance(e.obj, rtnl.FdbEntry)]) == 4
 
 
 async def test_adopts_routes_a_previous_flannel_left_and_nothing_else(ns):

@@ -5,7 +5,8 @@ without root.
 What it models, from ``flannel.kernel.rtnl.Rtnl`` and ``flannel.kernel.events.watch``:
 - the main table's routes, keyed like the kernel's replace ((dst, metric)), with their
   protocol; permanent neighbours keyed (ifindex, ip); ``self`` FDB entries keyed
-  (ifindex, mac); dumps of each (``routes(family)``, ``neighbours(family)``, AF_BRIDGE for FDB);
+  (ifindex, mac); dumps of each (``routes(family)``, ``neighbours(family)``, AF_BRIDGE for FDB),
+  counted;
 - ``run(ops)``: replace/delete with the kernel's outcome per request: every request is
   attempted, refused ones are returned as ``NetlinkError`` with Rtnl's request text, a delete
   of what is gone is not a failure; routes we install get ``RTPROT_FLANNEL``;
@@ -38,6 +39,7 @@ class Handle:
     """One request socket: the threads that opened it, used it and closed it."""
 
     kernel: FakeKernel
+    port: int = 0
     opened_in: int = field(default_factory=threading.get_ident)
     used_in: set[int] = field(default_factory=set)
     closed_in: int | None = None
@@ -54,12 +56,14 @@ class Handle:
     def routes(self, family: int) -> list[tuple[Route, int, int]]:
         self._use()
         with self.kernel.lock:
+            self.kernel.dumps += 1
             return [(r, proto, rtnl.RT_TABLE_MAIN) for r, proto in self.kernel.routes.values()
                     if r.family == family]
 
     def neighbours(self, family: int) -> list[tuple[Neighbour | FdbEntry, int, int]]:
         self._use()
         with self.kernel.lock:
+            self.kernel.dumps += 1
             if family == rtnl.AF_BRIDGE:
                 return [(f, *PERMANENT_SELF) for f in self.kernel.fdb.values()]
             return [(n, rtnl.NUD_PERMANENT, 0) for n in self.kernel.neighbours.values()
@@ -110,6 +114,8 @@ class FakeKernel:
         self.refusals: dict[str, int] = {}
         self.handles: list[Handle] = []
         self.requests = 0
+        #: Table dumps asked for (what a full pass reads back).
+        self.dumps = 0
         #: Cleared to hold every socket call (a slow pass) until set again.
         self.gate = threading.Event()
         self.gate.set()

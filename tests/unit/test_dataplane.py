@@ -189,6 +189,44 @@ async def test_drift_is_not_ready_until_repaired_and_counted_by_kind(caplog):
         "repairing"]
 
 
+async def test_a_peer_change_applies_the_difference_without_reading_the_kernel_back():
+    kernel = FakeKernel()
+    async with running(hostgw(), kernel) as dataplane:
+        dataplane.set_peers([peer(2), peer(3)])
+        await programmed(dataplane)
+        dumps, requests = kernel.dumps, kernel.requests
+        assert (dumps, requests, dataplane.status.full_passes) == (1, 2, 1)
+        moved = Lease(peer(2).subnet, attrs=LeaseAttrs(
+            public_ip=IPv4Address("192.168.1.20"), backend_type="host-gw"))
+        dataplane.set_peers([moved, peer(4)])
+        await programmed(dataplane)
+        # peer 2 moved (one replace), 3 left (one delete), 4 joined (one replace)
+        assert kernel.ours() == {route(2, gateway="192.168.1.20"), route(4)}
+        assert (kernel.dumps, kernel.requests) == (dumps, requests + 3)
+        assert dataplane.status.full_passes == 1
+        # Drift makes the next pass a full one, which reads the kernel back.
+        await until(lambda: kernel.watching, "the event watch")
+        kernel.remove(route(4))
+        await until(lambda: dataplane.status.full_passes == 2, "a full pass")
+        await programmed(dataplane)
+        assert kernel.ours() == {route(2, gateway="192.168.1.20"), route(4)}
+        assert kernel.dumps == dumps + 1
+
+
+async def test_the_periodic_pass_reads_the_kernel_back_and_repairs_unseen_drift():
+    kernel = FakeKernel()
+    async with running(hostgw(), kernel, interval=0.3) as dataplane:
+        dataplane.set_peers([peer(2)])
+        await programmed(dataplane)
+        with kernel.lock:  # gone without an event: only reading the kernel shows it
+            del kernel.routes[("10.244.2.0/24", 0)]
+        dataplane.set_peers([peer(2), peer(3)])  # an incremental pass does not see it
+        await until(lambda: route(3) in kernel.ours(), "peer 3 programmed")
+        assert dataplane.status.full_passes == 1
+        await until(lambda: kernel.ours() == {route(2), route(3)}, "the periodic repair")
+        assert dataplane.status.full_passes >= 2
+
+
 async def test_lost_events_resync_in_full():
     kernel = FakeKernel()
     async with running(hostgw(), kernel) as dataplane:

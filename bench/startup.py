@@ -1,0 +1,266 @@
+"""Benchmark: a real flanneld from process start to /readyz 200 with N vxlan leases in etcd.
+
+One etcd (Debian ``etcd-server``) holds the network config and N synthetic vxlan leases
+under the default prefix, and the config alone under a second prefix (the 0-lease case).
+Every start runs in a fresh network namespace (underlay ``veth0``, etcd restarted inside it
+on its data dir), so the kernel holds nothing of a previous start: flanneld creates the vxlan
+device, installs its masquerade and forward rules (``--ip-masq``), acquires a lease, lists
+and programs every peer. A driver inside the namespace takes the time just before it spawns
+the process and polls ``/readyz`` every 5 ms; once it answers 200 the driver checks that the
+kernel holds a route, a permanent neighbour and an FDB entry per peer (so "ready" means
+programmed) and stops flanneld. Our lease is deleted from etcd after each start, so every
+start acquires a new subnet, as a new node does.
+
+Cases, interleaved in every round (order alternating): a bare ``python -c 'import asyncio'``
+of the same interpreter (spawn to exit), flanneld with 0 leases, flanneld with N leases.
+Medians are printed, with the load average, and the CPU time each process had used when
+ready (user and system, reaped children included), which the machine's load disturbs less.
+
+    .venv/bin/python -m bench.startup --peers 5000 --rounds 5
+    .venv/bin/python -m bench.startup --peers 5000 --rounds 1 --profile /tmp/start.prof
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.memory import FLANNELD, NETWORK, PREFIX
+from flannel.lab.etcd import EtcdServer
+
+ROOT = Path(__file__).resolve().parents[1]
+EMPTY_PREFIX = "/bench/empty"
+POLL = 0.005
+TIMEOUT = 120.0
+#: The node's underlay address; peers' public IPs are in the same /16, outside the Network.
+NODE_IP = "172.20.0.2/16"
+
+
+def peer(i: int) -> tuple[str, str, str]:
+    """(subnet, public IP, VTEP MAC) of synthetic peer ``i``."""
+    second, third = 100 + i // 250, i % 250
+    return (f"10.{second}.{third}.0/24", f"172.20.{1 + i // 250}.{1 + i % 250}",
+            f"0e:00:00:00:{second:02x}:{third:02x}")
+
+
+def make_ns(name: str) -> None:
+    for cmd in (["netns", "add", name], ["-n", name, "link", "set", "lo", "up"],
+                ["-n", name, "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"],
+                ["-n", name, "addr", "add", NODE_IP, "dev", "veth0"],
+                ["-n", name, "link", "set", "veth0", "up"],
+                ["-n", name, "link", "set", "veth1", "up"],
+                ["-n", name, "route", "add", "default", "via", "172.20.0.1"]):
+        subprocess.run(["ip", *cmd], check=True, timeout=20, capture_output=True)
+
+
+def readyz(port: int) -> int:
+    """The HTTP status of GET /readyz on loopback (0 when nothing answers yet)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+            sock.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = sock.recv(64)
+    except OSError:
+        return 0
+    parts = head.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its reaped children (user and system: the kernel's work
+    on our netlink requests counts as ours)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def count_lines(*cmd: str) -> int:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    return len(out.splitlines())
+
+
+def drive(endpoint: str, prefix: str, peers: int, workdir: Path, profile: str) -> dict:
+    """In the namespace: start flanneld, time it to /readyz 200, check the kernel, stop it."""
+    port = 17000 + os.getpid() % 1000
+    env_file = workdir / "subnet.env"
+    cmd = [FLANNELD]
+    if profile:
+        cmd = [sys.executable, "-m", "cProfile", "-o", profile, FLANNELD]
+    cmd += [f"--etcd-endpoints={endpoint}", f"--etcd-prefix={prefix}", "--ip-masq",
+            f"--subnet-file={env_file}", "--healthz-ip=127.0.0.1", f"--healthz-port={port}"]
+    log_path = workdir / "flanneld.log"
+    with log_path.open("wb") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = started + TIMEOUT
+        while readyz(port) != 200:
+            if proc.poll() is not None:
+                raise RuntimeError(f"flanneld exited: {log_path.read_text()[-3000:]}")
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"flanneld not ready in {TIMEOUT:g} s")
+            time.sleep(POLL)
+        ready = time.perf_counter() - started
+        cpu = cpu_seconds(proc.pid)
+        routes = count_lines("ip", "-4", "route", "show", "proto", "151")
+        neighbours = count_lines("ip", "-4", "neigh", "show", "dev", "flannel.1", "nud",
+                                 "permanent")
+        fdb = count_lines("bridge", "fdb", "show", "dev", "flannel.1")
+        if not routes == neighbours == fdb == peers:
+            raise RuntimeError(f"ready with {routes} routes, {neighbours} neighbours and "
+                               f"{fdb} FDB entries; want {peers} of each")
+        subnet = next(line.split("=", 1)[1] for line in env_file.read_text().splitlines()
+                      if line.startswith("FLANNEL_SUBNET="))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    return {"seconds": ready, "cpu": cpu, "subnet": subnet}
+
+
+def bare() -> dict:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import asyncio"], check=True, timeout=60)
+    elapsed = time.perf_counter() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"seconds": elapsed, "cpu": usage.ru_utime + usage.ru_stime}
+
+
+async def put_leases(endpoint: str, peers: int) -> None:
+    from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+
+    client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
+    config = json.dumps(NETWORK).encode()
+    try:
+        await client.put(f"{EMPTY_PREFIX}/config".encode(), config)
+        await client.put(f"{PREFIX}/config".encode(), config)
+        for i in range(peers):
+            subnet, public_ip, mac = peer(i)
+            value = {"PublicIP": public_ip, "PublicIPv6": None, "BackendType": "vxlan",
+                     "BackendData": {"VNI": 1, "VtepMAC": mac}}
+            await client.put(f"{PREFIX}/subnets/{subnet.replace('/', '-')}".encode(),
+                             json.dumps(value, separators=(",", ":")).encode())
+    finally:
+        await client.close()
+
+
+def in_ns(ns: str, *args: str, tree: str = "") -> dict:
+    env = {**os.environ, "PYTHONPATH": tree} if tree else None
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "bench.startup",
+                          *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         check=False, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench driver failed: {out.stderr[-3000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", default="",
+                        help="run the N-lease flanneld under cProfile, writing this file "
+                             "(one round is enough; the figure is then not comparable)")
+    parser.add_argument("--keep-logs", default="",
+                        help="copy each flanneld log into this directory")
+    parser.add_argument("--tree", default="",
+                        help="start the flannel package of this source tree instead of the "
+                             "installed one")
+    parser.add_argument("--compare", default="", metavar="TREE",
+                        help="also start the flannel package of another source tree (e.g. "
+                             "`git archive` of an earlier commit), interleaved")
+    parser.add_argument("--drive", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--put-leases", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.drive:
+        endpoint, prefix, peers, workdir, profile = args.drive
+        print(json.dumps(drive(endpoint, prefix, int(peers), Path(workdir), profile)))
+        return
+    if args.bare:
+        print(json.dumps(bare()))
+        return
+    if args.put_leases:
+        asyncio.run(put_leases(args.put_leases[0], int(args.put_leases[1])))
+        print("{}")
+        return
+
+    many = f"{args.peers} leases"
+    # name -> (leases, source tree); leases None: the bare interpreter.
+    cases: dict[str, tuple[int | None, str]] = {
+        "bare": (None, ""), "0 leases": (0, args.tree), many: (args.peers, args.tree)}
+    if args.compare:
+        cases |= {"0 leases, compared tree": (0, args.compare),
+                  f"{many}, compared tree": (args.peers, args.compare)}
+    results: dict[str, list[float]] = {name: [] for name in cases}
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+    loads: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EtcdServer(Path(tmp) / "etcd")
+        seeded = False
+        for round_no in range(args.rounds):
+            names = list(cases)
+            for index, name in enumerate(names if round_no % 2 == 0 else names[::-1]):
+                leases, tree = cases[name]
+                ns = f"flstart{os.getpid() % 100000}r{round_no}c{index}"
+                workdir = Path(tmp) / ns
+                workdir.mkdir()
+                make_ns(ns)
+                try:
+                    server.netns = ns
+                    server.start()
+                    try:
+                        if not seeded:
+                            in_ns(ns, "--put-leases", server.endpoint, str(args.peers))
+                            seeded = True
+                        loads.append(os.getloadavg()[0])
+                        if leases is None:
+                            result = in_ns(ns, "--bare")
+                        else:
+                            prefix = PREFIX if leases else EMPTY_PREFIX
+                            profile = args.profile if leases and tree == args.tree else ""
+                            result = in_ns(ns, "--drive", server.endpoint, prefix, str(leases),
+                                           str(workdir), profile, tree=tree)
+                            if args.keep_logs:
+                                shutil.copy(workdir / "flanneld.log",
+                                            Path(args.keep_logs) / f"{ns}.log")
+                            subnet = ipaddress.ip_network(result["subnet"], strict=False)
+                            key = str(subnet).replace("/", "-")
+                            server.ctl("del", f"{prefix}/subnets/{key}")
+                    finally:
+                        server.stop()
+                    results[name].append(result["seconds"])
+                    cpu[name].append(result["cpu"])
+                    print(f"round {round_no + 1}: {name:28s} {result['seconds'] * 1000:8.1f} ms"
+                          f", CPU {result['cpu'] * 1000:6.0f} ms  (load {loads[-1]:.1f})",
+                          flush=True)
+                finally:
+                    subprocess.run(["ip", "netns", "del", ns], check=False, timeout=20)
+    medians = {name: statistics.median(values) for name, values in results.items()}
+    cpus = {name: statistics.median(values) for name, values in cpu.items()}
+    print(f"medians of {args.rounds} round(s); load average {min(loads):.1f}-{max(loads):.1f}")
+    for name in cases:
+        print(f"  {name:28s} {medians[name] * 1000:8.1f} ms, CPU to ready "
+              f"{cpus[name] * 1000:6.0f} ms")
+    for suffix in ("", ", compared tree") if args.compare else ("",):
+        figure = medians[many + suffix]
+        print(f"start -> /readyz 200 with {many}{suffix}: {figure * 1000:.1f} ms; ratio to "
+              f"0 leases {figure / medians['0 leases' + suffix]:.2f}, to the bare "
+              f"interpreter {figure / medians['bare']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
