@@ -41,7 +41,7 @@ NETWORK = {"Network": "10.0.0.0/8", "SubnetLen": 24, "Backend": {"Type": "vxlan"
 def peer(i: int) -> tuple[str, str, str]:
     """(subnet, public IP, VTEP MAC) of synthetic peer ``i``."""
     second, third = 100 + i // 250, i % 250
-    return (f"10.{second}.{third}.0/24", f"10.99.{1 + i // 250}.{1 + i % 250}",
+    return (f"10.{second}.{third}.0/24", f"172.30.{1 + i // 250}.{1 + i % 250}",
             f"0e:00:00:00:{second:02x}:{third:02x}")
 
 
@@ -63,10 +63,10 @@ def ns_run(ns: str, *cmd: str) -> str:
 def make_ns(name: str) -> None:
     for cmd in (["netns", "add", name], ["-n", name, "link", "set", "lo", "up"],
                 ["-n", name, "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"],
-                ["-n", name, "addr", "add", "10.99.0.2/16", "dev", "veth0"],
+                ["-n", name, "addr", "add", "172.30.0.2/16", "dev", "veth0"],
                 ["-n", name, "link", "set", "veth0", "up"],
                 ["-n", name, "link", "set", "veth1", "up"],
-                ["-n", name, "route", "add", "default", "via", "10.99.0.1"]):
+                ["-n", name, "route", "add", "default", "via", "172.30.0.1"]):
         subprocess.run(["ip", *cmd], check=True, timeout=20, capture_output=True)
 
 

@@ -112,8 +112,11 @@ def add_bundle(sub: Any) -> None:
                         help="a flanneld log file to include (its last 4 MiB); repeatable")
     bundle.add_argument("--journal", default="", metavar="UNIT",
                         help="include the last 5000 journal lines of this systemd unit")
-    bundle.add_argument("--cni-bin-dir", type=Path, action="append", help=argparse.SUPPRESS)
-    bundle.add_argument("--cni-conf-dir", type=Path, action="append", help=argparse.SUPPRESS)
+    # The bundle includes doctor's findings, which read these.
+    bundle.add_argument("--cni-bin-dir", type=Path, action="append",
+                        help="CNI plugin directory, as for doctor (default /opt/cni/bin)")
+    bundle.add_argument("--cni-conf-dir", type=Path, action="append",
+                        help="CNI config directory, as for doctor (default /etc/cni/net.d)")
     bundle.set_defaults(func=_later("flannel.ops.bundle", "cmd_bundle"))
 
 
