@@ -11,11 +11,13 @@ from flannel.backend.base import Backend, BackendError, BackendOptions
 
 _REGISTRY = {
     "alloc": "flannel.backend.alloc:AllocBackend",
+    "aws-vpc": "flannel.backend.awsvpc:AwsVpcBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
+    "tencent-vpc": "flannel.backend.tencentvpc:TencentVpcBackend",
     "vxlan": "flannel.backend.vxlan:VxlanBackend",
 }
 # Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("udp", "ipip", "wireguard", "ipsec", "tencent-vpc", "extension")
+_UPSTREAM_ONLY = ("udp", "ipip", "wireguard", "ipsec", "extension")
 
 
 def supported() -> list[str]:

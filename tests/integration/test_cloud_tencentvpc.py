@@ -45,11 +45,11 @@ def cloud(monkeypatch):
 def engine(cloud, address: str, backend: dict | None = None,
            backoff: ThrottleRetry = FAST) -> TencentVpcRoutes:
     api, metadata = cloud
-    config = TencentVpcConfig.from_backend(
-        backend if backend is not None else {"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET},
-        NETWORK, IPv4Address(address), environ={})
-    return TencentVpcRoutes(config, MetadataClient(metadata.url, token=False),
-                            endpoint=api.endpoint, backoff=backoff)
+    members = backend if backend is not None else {"AccessKeyID": KEY_ID,
+                                                   "AccessKeySecret": SECRET}
+    config = TencentVpcConfig.from_backend({**members, "Endpoint": f"http://{api.endpoint}"},
+                                           NETWORK, IPv4Address(address), environ={})
+    return TencentVpcRoutes(config, MetadataClient(metadata.url, token=False), backoff=backoff)
 
 
 def lease(cidr: str) -> Lease:
@@ -200,3 +200,29 @@ def test_credentials_from_the_environment_as_go_reads_them():
     with pytest.raises(CloudError, match=r"Backend\.AccessKeySecret must be a string, not a"):
         TencentVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": 7}, network,
                                       address, environ={})
+
+
+@pytest.mark.parametrize(("members", "message"), [
+    ({"Endpoint": "vpc.tencentcloudapi.com"}, "Backend.Endpoint: 'vpc.tencentcloudapi.com' is "
+     "not a URL of the form http://host[:port] or https://host[:port]"),
+    ({"Endpoint": "https://user:pw@vpc.tencentcloudapi.com"}, "Backend.Endpoint: "),
+    ({"MetadataURL": "https://metadata.tencentyun.com"}, "Backend.MetadataURL: "
+     "'https://metadata.tencentyun.com' is not a URL of the form http://host[:port]"),
+    ({"MetadataURL": "http://127.0.0.1:notaport"}, "Backend.MetadataURL: "),
+])
+def test_bad_endpoint_options_are_refused(members, message):
+    with pytest.raises(CloudError) as raised:
+        TencentVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET,
+                                       **members}, NETWORK, IPv4Address(ADDRESSES[0]),
+                                      environ={})
+    assert str(raised.value).startswith(message)
+    assert SECRET not in str(raised.value)
+
+
+def test_endpoint_options_default_to_tencents_services():
+    config = TencentVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET,
+                                            "endpoint": "https://vpc.internal.tencentcloudapi"
+                                                        ".com/"},
+                                           NETWORK, IPv4Address(ADDRESSES[0]), environ={})
+    assert config.endpoint == "https://vpc.internal.tencentcloudapi.com"
+    assert config.metadata_url == "http://metadata.tencentyun.com"

@@ -18,6 +18,8 @@ import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from flannel.kernel.host import LOCAL, Host
+
 
 class FakeMetadata:
     def __init__(self, paths: dict[str, str], mode: str = "optional") -> None:
@@ -31,12 +33,14 @@ class FakeMetadata:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        address, port = self._server.server_address[:2]
+        return f"http://{address}:{port}"
 
     def expire_tokens(self) -> None:
         self.tokens.clear()
 
-    def start(self) -> FakeMetadata:
+    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> FakeMetadata:
+        """Serve on ``address`` (a free port) in ``host``'s network namespace."""
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -78,7 +82,8 @@ class FakeMetadata:
                     return self._answer(404)
                 return self._answer(200, double.paths[path])
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        with host.entered():  # the socket stays in that namespace; threads serve it from here
+            self._server = ThreadingHTTPServer((address, 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
