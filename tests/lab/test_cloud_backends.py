@@ -10,7 +10,10 @@ credentials never in the logs."""
 from __future__ import annotations
 
 import ipaddress
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,7 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 NETWORK = "10.244.0.0/16"
+FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 ROUTER = f"{UNDERLAYS[0][0]}.1"  # the underlay namespace's address on the nodes' bridge
 REGION = "eu-west-1"
 AWS_KEY_ID = "AKIAFLANNELLABKEY001"
@@ -233,3 +237,37 @@ def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monk
         lab.down()
         metadata.stop()
         api.stop()
+
+
+# --- the lab's aws-vpc mode ------------------------------------------------------------
+
+
+def test_lab_up_with_aws_vpc_connects_pods_through_the_vpc_router(make_lab):
+    pytest.importorskip("moto")
+    lab = make_lab()
+
+    def lab_cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
+                               "--name", lab.name, *argv[1:]], capture_output=True, text=True,
+                              timeout=300, check=False)
+
+    up = lab_cli("up", "--backend", "aws-vpc", "--nodes", "3", "--pods-per-node", "1")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
+    recorded = Lab(lab.name, root=lab.directory.parent)
+    cloud_pid = recorded.state.cloud_pid
+    assert cloud_pid and Path(f"/proc/{cloud_pid}").exists()
+    subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
+                                        strict=False)): recorded.node(i).address
+               for i in (1, 2, 3)}
+    # The router's routes are the route table's, which only the backends wrote.
+    assert vpcrouter.installed(recorded.underlay_ns) == subnets
+    ping = lab_cli("ping")
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    assert "IPv4 pod ping matrix:" in ping.stdout and "FAIL" not in ping.stdout
+    status = lab_cli("status")
+    for destination, via in subnets.items():
+        assert f"  {destination} via {via}" in status.stdout
+    down = lab_cli("down")
+    assert down.returncode == 0, down.stderr
+    wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")

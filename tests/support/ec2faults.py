@@ -55,12 +55,12 @@ class Ec2Relay:
         self._faults: dict[str, list[tuple[int, str, str]]] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._address = ""
 
     @property
     def url(self) -> str:
         assert self._server is not None
-        address, port = self._server.server_address[:2]
-        return f"http://{address}:{port}"
+        return f"http://{self._address}:{self._server.server_address[1]}"
 
     def fail(self, action: str, code: str, times: int, status: int = 400,
              message: str = "injected") -> None:
@@ -148,6 +148,7 @@ class Ec2Relay:
                     answer = relay._blackholes(answer)
                 return self._send(status, answer, content_type)
 
+        self._address = address
         with host.entered():  # the socket stays in that namespace; threads serve it from here
             self._server = ThreadingHTTPServer((address, 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()

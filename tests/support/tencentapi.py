@@ -57,12 +57,12 @@ class FakeTencentVpc:
         self._next_route = 1000
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._address = ""
 
     @property
     def endpoint(self) -> str:
         assert self._server is not None
-        address, port = self._server.server_address[:2]
-        return f"{address}:{port}"
+        return f"{self._address}:{self._server.server_address[1]}"
 
     # --- state, for tests --------------------------------------------------------------
 
@@ -257,6 +257,7 @@ class FakeTencentVpc:
                 self.end_headers()
                 self.wfile.write(data)
 
+        self._address = address
         with host.entered():  # the socket stays in that namespace; threads serve it from here
             self._server = ThreadingHTTPServer((address, 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
