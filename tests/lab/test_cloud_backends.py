@@ -104,7 +104,8 @@ def test_aws_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, aws_env)
                 {"mac": eni["MacAddress"], "ip": node.address, "eni": enis[index],
                  "subnet": vpc_subnet, "vpc": vpc}]), mode="required")
             served.append(metadata.start(ROUTER, Host(lab.underlay_ns)))
-            lab.start_flanneld(index, "--reconcile-interval=1", env={
+            # -v: debug logs too must hold no credential.
+            lab.start_flanneld(index, "--reconcile-interval=1", "-v=2", env={
                 **QUIET_AWS, "AWS_ACCESS_KEY_ID": AWS_KEY_ID,
                 "AWS_SECRET_ACCESS_KEY": AWS_SECRET, "AWS_ENDPOINT_URL_EC2": relay.url,
                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": metadata.url})
@@ -204,7 +205,7 @@ def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monk
         api.fail("CreateRoutes", "RequestLimitExceeded", times=2)
         for index in (1, 2, 3):
             lab.add_node(index)
-            lab.start_flanneld(index, "--reconcile-interval=1", env=env)
+            lab.start_flanneld(index, "--reconcile-interval=1", "-v=2", env=env)
         nodes = [1, 2, 3]
         wait_until(lambda: all(routed(i) for i in nodes), 30, what="every node's route")
         assert sum(lab.log(i).count("Tencent VPC CreateRoutes throttled "
