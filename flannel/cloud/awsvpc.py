@@ -28,6 +28,7 @@ from flannel import gojson
 from flannel.cloud.base import (
     CloudError,
     EngineStatus,
+    OrphanGrace,
     RouteChange,
     Throttled,
     ThrottleRetry,
@@ -102,6 +103,7 @@ class AwsVpcRoutes:
         self.identity: AwsIdentity | None = None
         self.tables: tuple[str, ...] = ()
         self._status = EngineStatus(backend="aws-vpc")
+        self._orphans = OrphanGrace()
 
     # --- calls -------------------------------------------------------------------------
 
@@ -224,6 +226,8 @@ class AwsVpcRoutes:
     def _reconcile(self, own: IPv4Network, live: set[IPv4Network], eni_id: str,
                    collect: bool) -> list[RouteChange]:
         changes = []
+        if collect:
+            self._orphans.begin()
         for table in self._describe_tables():
             table_id = str(table["RouteTableId"])
             ours = None
@@ -234,11 +238,18 @@ class AwsVpcRoutes:
                 if destination == own:
                     ours = route
                 elif collect and destination not in live and _target_of(route):
-                    changes.append(self._delete(table_id, destination, _target_of(route)))
+                    if self._orphans.confirmed(table_id, destination):
+                        changes.append(self._delete(table_id, destination, _target_of(route)))
+                    else:
+                        log.info("aws-vpc: %s -> %s in %s has no lease; deleting it at the "
+                                 "next pass if it still has none", destination,
+                                 _target_of(route), table_id)
             if ours is None:
                 changes.append(self._create(table_id, own, eni_id))
             elif ours.get("NetworkInterfaceId") != eni_id or ours.get("State") != "active":
                 changes.append(self._replace(table_id, own, eni_id))
+        if collect:
+            self._orphans.end()
         return changes
 
     def _create(self, table: str, destination: IPv4Network, eni_id: str) -> RouteChange:

@@ -30,6 +30,7 @@ from flannel import gojson
 from flannel.cloud.base import (
     CloudError,
     EngineStatus,
+    OrphanGrace,
     RouteChange,
     Throttled,
     ThrottleRetry,
@@ -137,6 +138,7 @@ class TencentVpcRoutes:
         self.identity: TencentIdentity | None = None
         self.table: str = ""
         self._status = EngineStatus(backend="tencent-vpc", target=str(config.external_address))
+        self._orphans = OrphanGrace()
 
     def _make_client(self, region: str) -> None:
         try:
@@ -230,19 +232,29 @@ class TencentVpcRoutes:
         doomed: list[tuple[dict[str, Any], IPv4Network]] = []
         ours: dict[str, Any] | None = None
         misdirected: dict[str, Any] | None = None
+        if collect:
+            self._orphans.begin()
         for route in tables[0].get("RouteSet") or []:
             destination = self._inside_network(route)
             if destination is None:
                 continue
             if destination != own:
-                if collect and destination not in live:
+                if not collect or destination in live:
+                    continue
+                if self._orphans.confirmed(self.table, destination):
                     doomed.append((route, destination))
+                else:
+                    log.info("tencent-vpc: %s -> %s in %s has no lease; deleting it at the "
+                             "next pass if it still has none", destination,
+                             route.get("GatewayId", ""), self.table)
             elif route.get("GatewayId") != gateway:
                 misdirected = misdirected or route
             elif not route.get("Enabled") or ours is not None:
                 doomed.append((route, destination))  # disabled or duplicate, as Go deletes
             else:
                 ours = route
+        if collect:
+            self._orphans.end()
         changes = []
         if doomed:
             self._call("DeleteRoutes", {"RouteTableId": self.table,
