@@ -3,9 +3,10 @@ node) against moto's EC2 server (through the fault-injecting relay) with a fake 
 service per node, or against the Tencent VPC API double. The underlay namespace, every
 node's default gateway, plays the VPC router: its routes follow the cloud's route table
 (``flannel.lab.vpcrouter``), so pods reach each other only through the routes the backend
-wrote. Checked: every node's route, a route deleted in the console repaired, a removed
-node's route collected, throttling retried, a full table reported (and recovered from),
-credentials never in the logs."""
+wrote. Checked: every node's route, blackholes removed at start, a route deleted in the
+console repaired, a removed node's route collected, throttling retried, a full table
+reported (and recovered from), credentials never in the logs (-v included). Also the lab's
+aws-vpc mode (``flannel-lab up --backend aws-vpc``)."""
 
 from __future__ import annotations
 
@@ -118,10 +119,21 @@ def test_aws_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, aws_env)
         def routed(index: int) -> bool:
             return routes().get(subnet(lab, index)) == enis[index]
 
+        # A route left by an instance that is gone (EC2 shows it as a blackhole).
+        dead = ec2.create_network_interface(SubnetId=vpc_subnet)["NetworkInterface"][
+            "NetworkInterfaceId"]
+        ec2.create_route(RouteTableId=table, DestinationCidrBlock="10.244.250.0/24",
+                         NetworkInterfaceId=dead)
+        relay.gone_targets.add(dead)
         # The first node's first CreateRoute calls are throttled: retried with backoff.
         relay.fail("CreateRoute", "RequestLimitExceeded", times=2, status=503)
         add_node(1)
         wait_until(lambda: routed(1), 30, what=f"node 1's route in {table}: {lab.log(1)}")
+        # The blackhole went at start, before our route was made (not as a lease-less route).
+        log = lab.log(1)
+        cleaned = log.find(f"aws-vpc: delete 10.244.250.0/24 -> {dead} in {table}")
+        assert -1 < cleaned < log.find(f"aws-vpc: create {subnet(lab, 1)} -> {enis[1]}"), log
+        assert "10.244.250.0/24" not in routes()
         assert lab.log(1).count("EC2 CreateRoute throttled (RequestLimitExceeded); "
                                 "retrying in") == 2
         for index in (2, 3):
