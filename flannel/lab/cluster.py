@@ -205,7 +205,10 @@ class Lab:
         for k in range(underlays):
             v4, v6 = UNDERLAYS[k]
             bridge = f"br{k}"
-            ip(ul, "link", "add", bridge, "type", "bridge")
+            # A set MAC: a bridge otherwise takes its lowest port's, which changes when that
+            # node leaves, and the other nodes' ARP entries for the gateway go stale.
+            ip(ul, "link", "add", bridge, "address", f"02:f1:00:00:00:{k:02x}", "type",
+               "bridge")
             ip(ul, "addr", "add", f"{v4}.1/24", "dev", bridge)
             if ipv6:
                 ip(ul, "addr", "add", f"{v6}::1/64", "dev", bridge, "nodad")

@@ -160,7 +160,8 @@ def test_aws_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, aws_env)
         gone = subnet(lab, 3)
         lab.remove_node(3)
         nodes = [1, 2]
-        wait_until(lambda: gone not in routes(), 20, what=f"{gone} collected")
+        wait_until(lambda: gone not in routes(), 20,
+                   what=f"{gone} collected: {lab.log(1)[-3000:]}")
         wait_until(lambda: pods_connected(lab, nodes, table_routes()), 20,
                    what="pods still connected")
 
