@@ -35,3 +35,6 @@ def setup(verbosity: int = 0) -> None:
     root.setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
     # gRPC is chatty at INFO; its warnings still come through.
     logging.getLogger("grpc").setLevel(logging.WARNING)
+    # The cloud SDKs' debug output holds signed request headers (the access key ID).
+    for sdk in ("botocore", "boto3", "urllib3", "tencentcloud_sdk_common"):
+        logging.getLogger(sdk).setLevel(logging.WARNING)

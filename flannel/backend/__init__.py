@@ -11,15 +11,17 @@ from flannel.backend.base import Backend, BackendError, BackendOptions
 
 _REGISTRY = {
     "alloc": "flannel.backend.alloc:AllocBackend",
+    "aws-vpc": "flannel.backend.awsvpc:AwsVpcBackend",
     "extension": "flannel.backend.extension:ExtensionBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
     "ipip": "flannel.backend.ipip:IpipBackend",
+    "tencent-vpc": "flannel.backend.tencentvpc:TencentVpcBackend",
     "udp": "flannel.backend.udp:UdpBackend",
     "vxlan": "flannel.backend.vxlan:VxlanBackend",
     "wireguard": "flannel.backend.wireguard:WireguardBackend",
 }
 # Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("ipsec", "tencent-vpc")
+_UPSTREAM_ONLY = ("ipsec",)
 
 
 def supported() -> list[str]:

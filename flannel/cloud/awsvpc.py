@@ -28,6 +28,7 @@ from flannel import gojson
 from flannel.cloud.base import (
     CloudError,
     EngineStatus,
+    OrphanGrace,
     RouteChange,
     Throttled,
     ThrottleRetry,
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 _ROUTE_TABLE_ID = re.compile(r"rtb-[0-9a-f]{8,32}", re.ASCII)
 _THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
 _MAX_ROUTE_TABLES = 16
+#: Seconds one API request may take: a pass never waits longer on one call (and its retries).
+API_TIMEOUT = 10
 
 
 class AwsApiError(CloudError):
@@ -100,6 +103,7 @@ class AwsVpcRoutes:
         self.identity: AwsIdentity | None = None
         self.tables: tuple[str, ...] = ()
         self._status = EngineStatus(backend="aws-vpc")
+        self._orphans = OrphanGrace()
 
     # --- calls -------------------------------------------------------------------------
 
@@ -110,7 +114,8 @@ class AwsVpcRoutes:
         except ImportError:
             raise CloudError("the aws-vpc backend needs boto3: install pyflannel[aws]") from None
         # Our own retry loop handles throttling (and logs it); botocore's would hide it.
-        config = Config(retries={"total_max_attempts": 1}, connect_timeout=5, read_timeout=30)
+        config = Config(retries={"total_max_attempts": 1}, connect_timeout=5,
+                        read_timeout=API_TIMEOUT)
         return boto3.session.Session().client("ec2", region_name=region,
                                               endpoint_url=self.endpoint_url, config=config)
 
@@ -119,7 +124,8 @@ class AwsVpcRoutes:
 
         def once() -> dict[str, Any]:
             try:
-                return getattr(self._ec2, method)(**params)
+                answer: dict[str, Any] = getattr(self._ec2, method)(**params)
+                return answer
             except ClientError as error:
                 details = error.response.get("Error", {})
                 code = str(details.get("Code", ""))
@@ -182,8 +188,10 @@ class AwsVpcRoutes:
 
     def _describe_tables(self) -> list[dict[str, Any]]:
         try:
-            return self._call("DescribeRouteTables", "describe_route_tables",
-                              RouteTableIds=list(self.tables)).get("RouteTables", [])
+            tables: list[dict[str, Any]] = self._call(
+                "DescribeRouteTables", "describe_route_tables",
+                RouteTableIds=list(self.tables)).get("RouteTables", [])
+            return tables
         except AwsApiError as error:
             if error.code == "InvalidRouteTableID.NotFound":
                 raise CloudError(f"{error}; check Backend.RouteTableID ({', '.join(self.tables)}"
@@ -196,14 +204,17 @@ class AwsVpcRoutes:
     def _inside_network(self, route: dict[str, Any]) -> IPv4Network | None:
         return route_in_network(route.get("DestinationCidrBlock"), self.config.network)
 
-    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease]) -> list[RouteChange]:
-        """Make the route tables match the leases; idempotent. Returns what was changed."""
+    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
+                  collect: bool = True) -> list[RouteChange]:
+        """Make the route tables match the leases; idempotent. Returns what was changed.
+
+        ``collect=False`` only routes our subnet (at start, before the peers are known)."""
         own, live = live_subnets("aws-vpc", own_lease, peer_leases)
         with self._lock:
             if self._ec2 is None or self.identity is None:
                 raise CloudError("aws-vpc: reconcile() before prepare()")
             try:
-                changes = self._reconcile(own, live, self.identity.eni_id)
+                changes = self._reconcile(own, live, self.identity.eni_id, collect)
             except CloudError as error:
                 self._status.last_error = str(error)
                 raise
@@ -212,9 +223,11 @@ class AwsVpcRoutes:
             self._status.last_error = None
             return changes
 
-    def _reconcile(self, own: IPv4Network, live: set[IPv4Network],
-                   eni_id: str) -> list[RouteChange]:
+    def _reconcile(self, own: IPv4Network, live: set[IPv4Network], eni_id: str,
+                   collect: bool) -> list[RouteChange]:
         changes = []
+        if collect:
+            self._orphans.begin()
         for table in self._describe_tables():
             table_id = str(table["RouteTableId"])
             ours = None
@@ -224,12 +237,19 @@ class AwsVpcRoutes:
                     continue
                 if destination == own:
                     ours = route
-                elif destination not in live and _target_of(route):
-                    changes.append(self._delete(table_id, destination, _target_of(route)))
+                elif collect and destination not in live and _target_of(route):
+                    if self._orphans.confirmed(table_id, destination):
+                        changes.append(self._delete(table_id, destination, _target_of(route)))
+                    else:
+                        log.info("aws-vpc: %s -> %s in %s has no lease; deleting it at the "
+                                 "next pass if it still has none", destination,
+                                 _target_of(route), table_id)
             if ours is None:
                 changes.append(self._create(table_id, own, eni_id))
             elif ours.get("NetworkInterfaceId") != eni_id or ours.get("State") != "active":
                 changes.append(self._replace(table_id, own, eni_id))
+        if collect:
+            self._orphans.end()
         return changes
 
     def _create(self, table: str, destination: IPv4Network, eni_id: str) -> RouteChange:

@@ -100,6 +100,31 @@ def with_retry(what: str, call: Callable[[], T], backoff: ThrottleRetry,
         ) from None
 
 
+class OrphanGrace:
+    """Which routes without a lease may go: only those a second pass in a row finds so.
+
+    A node that has just joined routes its subnet right after acquiring its lease; a peer's
+    pass working from a lease snapshot a moment older must not take that route for the route
+    of a vanished lease. The next pass sees the new lease. Use: ``begin()``, then
+    ``confirmed(table, destination)`` for each route without a lease, then ``end()`` once the
+    pass has gone through every table.
+    """
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, IPv4Network]] = set()
+        self._now: set[tuple[str, IPv4Network]] = set()
+
+    def begin(self) -> None:
+        self._now = set()
+
+    def confirmed(self, table: str, destination: IPv4Network) -> bool:
+        self._now.add((table, destination))
+        return (table, destination) in self._seen
+
+    def end(self) -> None:
+        self._seen = self._now
+
+
 def route_in_network(destination: object, network: IPv4Network) -> IPv4Network | None:
     """A route's destination when it lies strictly inside ``network`` (never the Network
     itself or anything wider): only such routes can be flannel's."""

@@ -24,11 +24,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
+from urllib.parse import urlsplit
 
 from flannel import gojson
 from flannel.cloud.base import (
     CloudError,
     EngineStatus,
+    OrphanGrace,
     RouteChange,
     Throttled,
     ThrottleRetry,
@@ -36,7 +38,12 @@ from flannel.cloud.base import (
     route_in_network,
     with_retry,
 )
-from flannel.cloud.metadata import MetadataClient, TencentIdentity, tencent_identity
+from flannel.cloud.metadata import (
+    TENCENT_METADATA,
+    MetadataClient,
+    TencentIdentity,
+    tencent_identity,
+)
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -44,6 +51,8 @@ log = logging.getLogger(__name__)
 GATEWAY_TYPE = "NORMAL_CVM"
 ROUTE_TYPE = "USER"
 _MAX_SECRET = 256
+#: Seconds one API request may take: a pass never waits longer on one call (and its retries).
+API_TIMEOUT = 10
 
 
 class TencentApiError(CloudError):
@@ -63,13 +72,20 @@ class TencentVpcConfig:
     external_address: IPv4Address
     access_key_id: str
     access_key_secret: str = field(repr=False)
+    #: ``Endpoint``: the VPC API's URL (default: the SDK's public endpoint), e.g. the
+    #: in-VPC ``https://vpc.internal.tencentcloudapi.com``.
+    endpoint: str = ""
+    #: ``MetadataURL``: the metadata service (default ``http://metadata.tencentyun.com``).
+    metadata_url: str = TENCENT_METADATA
 
     @classmethod
     def from_backend(cls, backend: dict[str, Any], network: IPv4Network,
                      external_address: IPv4Address,
                      environ: Mapping[str, str] = os.environ) -> TencentVpcConfig:
         members = gojson.fold_keys(backend, {"accesskeyid": "AccessKeyID",
-                                             "accesskeysecret": "AccessKeySecret"})
+                                             "accesskeysecret": "AccessKeySecret",
+                                             "endpoint": "Endpoint",
+                                             "metadataurl": "MetadataURL"})
         for name, value in members.items():
             if not isinstance(value, str):
                 raise CloudError(f"Backend.{name} must be a string, not a "
@@ -85,16 +101,35 @@ class TencentVpcConfig:
         if len(key_id) > _MAX_SECRET or len(secret) > _MAX_SECRET or not key_id.isprintable():
             raise CloudError("the Tencent Cloud access key is malformed (too long or not "
                              "printable); check AccessKeyID/AccessKeySecret")
-        return cls(network, external_address, key_id, secret)
+        return cls(network, external_address, key_id, secret,
+                   _url("Endpoint", members.get("Endpoint", ""), ("http", "https")),
+                   _url("MetadataURL", members.get("MetadataURL", ""), ("http",))
+                   or TENCENT_METADATA)
+
+
+def _url(name: str, value: str, schemes: tuple[str, ...]) -> str:
+    """``value`` checked as a bare ``scheme://host[:port]`` URL ("" stays "")."""
+    if not value:
+        return ""
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError when the port is not a number
+    except ValueError:
+        parts = None
+    if (parts is None or len(value) > 256 or parts.scheme not in schemes or not parts.hostname
+            or parts.username is not None or parts.path not in ("", "/") or parts.query
+            or parts.fragment):
+        raise CloudError(f"Backend.{name}: {value[:80]!r} is not a URL of the form "
+                         f"{' or '.join(s + '://host[:port]' for s in schemes)}")
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 class TencentVpcRoutes:
     def __init__(self, config: TencentVpcConfig, metadata: MetadataClient, *,
-                 endpoint: str | None = None, backoff: ThrottleRetry | None = None,
+                 backoff: ThrottleRetry | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.config = config
         self.metadata = metadata
-        self.endpoint = endpoint  # host:port of a plain-HTTP endpoint (tests); None: Tencent's
         self.backoff = backoff or ThrottleRetry()
         self._sleep = sleep
         self._lock = threading.Lock()
@@ -103,6 +138,7 @@ class TencentVpcRoutes:
         self.identity: TencentIdentity | None = None
         self.table: str = ""
         self._status = EngineStatus(backend="tencent-vpc", target=str(config.external_address))
+        self._orphans = OrphanGrace()
 
     def _make_client(self, region: str) -> None:
         try:
@@ -113,10 +149,11 @@ class TencentVpcRoutes:
         except ImportError:
             raise CloudError("the tencent-vpc backend needs the Tencent Cloud SDK: install "
                              "pyflannel[tencent]") from None
-        if self.endpoint is None:
-            http = HttpProfile(reqTimeout=30)
+        if self.config.endpoint:
+            scheme, _, host = self.config.endpoint.partition("://")
+            http = HttpProfile(protocol=scheme, endpoint=host, reqTimeout=API_TIMEOUT)
         else:
-            http = HttpProfile(protocol="http", endpoint=self.endpoint, reqTimeout=30)
+            http = HttpProfile(reqTimeout=API_TIMEOUT)
         cred = credential.Credential(self.config.access_key_id, self.config.access_key_secret)
         self._client = vpc_client.VpcClient(cred, region, ClientProfile(httpProfile=http))
         self._models = models
@@ -137,7 +174,8 @@ class TencentVpcRoutes:
                 if code == "RequestLimitExceeded":
                     raise Throttled(code) from None
                 raise TencentApiError(action, code, str(error.get_message() or "")) from None
-            return json.loads(answer.to_json_string())
+            decoded: dict[str, Any] = json.loads(answer.to_json_string())
+            return decoded
 
         return with_retry(f"Tencent VPC {action}", once, self.backoff, self._sleep)
 
@@ -164,14 +202,17 @@ class TencentVpcRoutes:
             return None
         return route_in_network(route.get("DestinationCidrBlock"), self.config.network)
 
-    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease]) -> list[RouteChange]:
-        """Make the route table match the leases; idempotent. Returns what was changed."""
+    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
+                  collect: bool = True) -> list[RouteChange]:
+        """Make the route table match the leases; idempotent. Returns what was changed.
+
+        ``collect=False`` only routes our subnet (at start, before the peers are known)."""
         own, live = live_subnets("tencent-vpc", own_lease, peer_leases)
         with self._lock:
             if not self.table:
                 raise CloudError("tencent-vpc: reconcile() before prepare()")
             try:
-                changes = self._reconcile(own, live)
+                changes = self._reconcile(own, live, collect)
             except CloudError as error:
                 self._status.last_error = str(error)
                 raise
@@ -180,7 +221,8 @@ class TencentVpcRoutes:
             self._status.last_error = None
             return changes
 
-    def _reconcile(self, own: IPv4Network, live: set[IPv4Network]) -> list[RouteChange]:
+    def _reconcile(self, own: IPv4Network, live: set[IPv4Network],
+                   collect: bool) -> list[RouteChange]:
         gateway = str(self.config.external_address)
         answer = self._call("DescribeRouteTables", {"RouteTableIds": [self.table]})
         tables = answer.get("RouteTableSet") or []
@@ -190,19 +232,29 @@ class TencentVpcRoutes:
         doomed: list[tuple[dict[str, Any], IPv4Network]] = []
         ours: dict[str, Any] | None = None
         misdirected: dict[str, Any] | None = None
+        if collect:
+            self._orphans.begin()
         for route in tables[0].get("RouteSet") or []:
             destination = self._inside_network(route)
             if destination is None:
                 continue
             if destination != own:
-                if destination not in live:
+                if not collect or destination in live:
+                    continue
+                if self._orphans.confirmed(self.table, destination):
                     doomed.append((route, destination))
+                else:
+                    log.info("tencent-vpc: %s -> %s in %s has no lease; deleting it at the "
+                             "next pass if it still has none", destination,
+                             route.get("GatewayId", ""), self.table)
             elif route.get("GatewayId") != gateway:
                 misdirected = misdirected or route
             elif not route.get("Enabled") or ours is not None:
                 doomed.append((route, destination))  # disabled or duplicate, as Go deletes
             else:
                 ours = route
+        if collect:
+            self._orphans.end()
         changes = []
         if doomed:
             self._call("DeleteRoutes", {"RouteTableId": self.table,

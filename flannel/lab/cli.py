@@ -85,10 +85,17 @@ def build(lab: Lab, nodes: int, config: dict | str, *, second_underlay_from: int
         extension.install_scripts(lab)
     lab.state.backend = decoded.backend_type
     lab.state.save()
-    lab.put_config(text)
     indexes = list(range(1, nodes + 1))
     for index in indexes:
         lab.add_node(index, 1 if second_underlay_from and index >= second_underlay_from else 0)
+    if decoded.backend_type == "aws-vpc":
+        table = lab.start_aws_cloud(str(decoded.network))
+        document = json.loads(text)
+        backend = next(v for k, v in document.items() if k.lower() == "backend")
+        if not any(k.lower() == "routetableid" for k in backend):
+            backend["RouteTableID"] = table
+        text = json.dumps(document)
+    lab.put_config(text)
     start_nodes(lab, indexes, *flanneld_args, timeout=60.0 + 3 * nodes)
     for index in indexes:
         lab.attach_pod_bridge(index)
@@ -98,9 +105,9 @@ def build(lab: Lab, nodes: int, config: dict | str, *, second_underlay_from: int
 def check_mesh(lab: Lab, indexes: list[int], ipv6: bool) -> str:
     """Wait for the full mesh in every node's kernel, then ping: every pair in a small lab,
     a ring (each node to the next) in a big one. What ``up`` reports. udp peers live in
-    the forwarder and the extension's routes are not flanneld's (protocol 151): there, the
-    pings are the mesh."""
-    if lab.state.backend in ("udp", "extension"):
+    the forwarder, the extension's routes are not flanneld's (protocol 151) and aws-vpc's
+    are in the VPC router: there, the pings are the mesh."""
+    if lab.state.backend in ("udp", "extension", "aws-vpc"):
         say("waiting for every node to reach every other")
         took = wait_for_mesh(lab, indexes, ipv6, timeout=60.0 + 3 * len(indexes))
         return f"every pair connected {took:.2f}s after every node had its subnet"
@@ -200,6 +207,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {key} {value}")
     for node in lab.state.nodes:
         print_node_state(lab, node.index)
+    if lab.state.backend == "aws-vpc":
+        from flannel.lab import vpcrouter
+
+        print(f"\n--- VPC router ({lab.underlay_ns}), following the route table:")
+        for destination, via in sorted(vpcrouter.installed(lab.underlay_ns).items()):
+            print(f"  {destination} via {via}")
     return 0
 
 
@@ -312,10 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     with_name(up)
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--backend", default="vxlan",
-                    choices=["vxlan", "host-gw", "udp", "wireguard", "ipip", "extension", "alloc"],
+                    choices=["vxlan", "host-gw", "udp", "wireguard", "ipip", "extension",
+                             "aws-vpc", "alloc"],
                     help="alloc reserves subnets only: the lab shows leases, pings nothing; "
                     "extension runs deploy/examples/extension-vxlan (a vxlan built by "
-                    "scripts); ipip needs the kernel's ipip module")
+                    "scripts); ipip needs the kernel's ipip module; aws-vpc runs moto's EC2 "
+                    "and a metadata service per node, the underlay namespace routing as the "
+                    "VPC router (needs moto[server] and boto3)")
     up.add_argument("--ipv6", action="store_true", help="dual-stack network")
     up.add_argument("--direct-routing", action="store_true", help="vxlan or ipip DirectRouting")
     up.add_argument("--second-underlay", type=int, default=0, metavar="K",

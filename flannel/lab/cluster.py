@@ -88,6 +88,7 @@ class Node:
     pid: int = 0
     started: int = 0  # the process's start time (clock ticks since boot), with pid
     extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # flanneld's, beyond the lab's own
 
 
 @dataclass
@@ -106,6 +107,8 @@ class LabState:
     etcd_endpoint: str = ""
     etcd_pid: int = 0
     etcd_started: int = 0
+    cloud_pid: int = 0  # the lab's cloud (flannel.lab.awscloud), if its backend needs one
+    cloud_started: int = 0
     ipv6: bool = False
     backend: str = ""
     namespaces: list[str] = field(default_factory=list)  # created by the lab, in order
@@ -211,7 +214,10 @@ class Lab:
         for k in range(underlays):
             v4, v6 = UNDERLAYS[k]
             bridge = f"br{k}"
-            ip(ul, "link", "add", bridge, "type", "bridge")
+            # A set MAC: a bridge otherwise takes its lowest port's, which changes when that
+            # node leaves, and the other nodes' ARP entries for the gateway go stale.
+            ip(ul, "link", "add", bridge, "address", f"02:f1:00:00:00:{k:02x}", "type",
+               "bridge")
             ip(ul, "addr", "add", f"{v4}.1/24", "dev", bridge)
             if ipv6:
                 ip(ul, "addr", "add", f"{v6}::1/64", "dev", bridge, "nodad")
@@ -269,6 +275,40 @@ class Lab:
         lines = self.etcdctl("get", "--prefix", f"{ETCD_PREFIX}/subnets/").splitlines()
         return {lines[i].rsplit("/", 1)[1]: lines[i + 1] for i in range(0, len(lines) - 1, 2)}
 
+    def start_aws_cloud(self, network: str, timeout: float = 90.0) -> str:
+        """Start the lab's AWS (``flannel.lab.awscloud``: moto, a metadata service per node,
+        the underlay namespace as VPC router) for the nodes added so far, point their
+        flanneld at it, and return its route table's ID."""
+        out = self.directory / "cloud.json"
+        router = f"{UNDERLAYS[0][0]}.1"
+        argv = [IP, "netns", "exec", self.underlay_ns, sys.executable, "-m",
+                "flannel.lab.awscloud", "--address", router, "--network", network,
+                "--router-netns", self.underlay_ns, "--out", str(out),
+                *(f"--node={node.index}={node.address}" for node in self.state.nodes)]
+        with open(self.directory / "cloud.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.state.cloud_pid, self.state.cloud_started = proc.pid, _start_ticks(proc.pid)
+        self.state.save()
+        deadline = time.monotonic() + timeout
+        while not out.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log_text = (self.directory / "cloud.log").read_text(errors="replace")
+                raise LabError(f"the lab's AWS did not start:\n{log_text[-3000:]}")
+            time.sleep(0.1)
+        cloud = json.loads(out.read_text())
+        from flannel.lab.awscloud import LAB_KEY_ID, LAB_SECRET
+
+        for node in self.state.nodes:
+            node.env = {"AWS_ACCESS_KEY_ID": LAB_KEY_ID, "AWS_SECRET_ACCESS_KEY": LAB_SECRET,
+                        "AWS_ENDPOINT_URL_EC2": cloud["ec2_url"],
+                        "AWS_EC2_METADATA_SERVICE_ENDPOINT": cloud["metadata"][str(node.index)],
+                        "AWS_EC2_METADATA_DISABLED": "true",
+                        "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE":
+                        "/nonexistent"}
+        self.state.save()
+        return str(cloud["route_table"])
+
     # -- flanneld ---------------------------------------------------------------------
 
     def start_flanneld(self, index: int, *extra: str, env: dict[str, str] | None = None
@@ -286,7 +326,7 @@ class Lab:
             proc = subprocess.Popen([IP, "netns", "exec", node.netns, *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True,
-                                    env={**os.environ, **(env or {})})
+                                    env={**os.environ, **node.env, **(env or {})})
         node.pid, node.started = proc.pid, _start_ticks(proc.pid)
         self.first_flanneld_start = self.first_flanneld_start or time.monotonic()
         self.state.save()
@@ -450,6 +490,8 @@ class Lab:
         for node in self.state.nodes:
             if node.pid:
                 _stop_pid(node.pid, node.started, signal.SIGTERM, 10.0)
+        if self.state.cloud_pid:
+            _stop_pid(self.state.cloud_pid, self.state.cloud_started, signal.SIGTERM, 10.0)
         if self.etcd is not None:
             self.etcd.stop()
         elif self.state.etcd_pid:

@@ -27,6 +27,8 @@ from urllib.parse import parse_qs
 
 from moto.server import ThreadedMotoServer
 
+from flannel.kernel.host import LOCAL, Host
+
 
 def _local(tag: str) -> str:
     """An element's name without its namespace (moto's responses may carry one or none)."""
@@ -53,11 +55,12 @@ class Ec2Relay:
         self._faults: dict[str, list[tuple[int, str, str]]] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._address = ""
 
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://{self._address}:{self._server.server_address[1]}"
 
     def fail(self, action: str, code: str, times: int, status: int = 400,
              message: str = "injected") -> None:
@@ -104,7 +107,8 @@ class Ec2Relay:
                 fields["state"].text = "blackhole"
         return ET.tostring(root, xml_declaration=True, encoding="utf-8")
 
-    def start(self) -> Ec2Relay:
+    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> Ec2Relay:
+        """Serve on ``address`` (a free port) in ``host``'s network namespace."""
         self.moto.start()
         relay = self
 
@@ -144,7 +148,9 @@ class Ec2Relay:
                     answer = relay._blackholes(answer)
                 return self._send(status, answer, content_type)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._address = address
+        with host.entered():  # the socket stays in that namespace; threads serve it from here
+            self._server = ThreadingHTTPServer((address, 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

@@ -31,6 +31,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from flannel.kernel.host import LOCAL, Host
+
 VERSION = "2017-03-12"
 
 
@@ -55,11 +57,12 @@ class FakeTencentVpc:
         self._next_route = 1000
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._address = ""
 
     @property
     def endpoint(self) -> str:
         assert self._server is not None
-        return f"127.0.0.1:{self._server.server_address[1]}"
+        return f"{self._address}:{self._server.server_address[1]}"
 
     # --- state, for tests --------------------------------------------------------------
 
@@ -79,7 +82,15 @@ class FakeTencentVpc:
                 "GatewayId": gateway_id, "Enabled": enabled}, route_type)["RouteId"]
 
     def routes(self, table_id: str) -> list[dict[str, Any]]:
-        return [dict(route) for route in self._table(table_id)["RouteSet"]]
+        with self._lock:
+            return [dict(route) for route in self._table(table_id)["RouteSet"]]
+
+    def delete_route(self, table_id: str, destination: str) -> None:
+        """Delete the routes to ``destination``, as an operator in the console does."""
+        with self._lock:
+            table = self._table(table_id)
+            table["RouteSet"] = [r for r in table["RouteSet"]
+                                 if r["DestinationCidrBlock"] != destination]
 
     def fail(self, action: str, code: str, times: int) -> None:
         with self._lock:
@@ -223,7 +234,8 @@ class FakeTencentVpc:
             new.append(dict(route))
         return {"OldRouteSet": old, "NewRouteSet": new}
 
-    def start(self) -> FakeTencentVpc:
+    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> FakeTencentVpc:
+        """Serve on ``address`` (a free port) in ``host``'s network namespace."""
         double = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -245,7 +257,9 @@ class FakeTencentVpc:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._address = address
+        with host.entered():  # the socket stays in that namespace; threads serve it from here
+            self._server = ThreadingHTTPServer((address, 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 

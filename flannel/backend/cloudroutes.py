@@ -1,0 +1,120 @@
+"""What the cloud route backends (aws-vpc, tencent-vpc) share: the start sequence and the
+applier that reconciles the cloud's route table on every data plane pass.
+
+These backends program nothing through netlink: the VPC's router carries pod traffic between
+nodes, by one route per node in its route table. ``prepare()`` checks the config and that the
+cloud SDK is installed; ``activate()`` runs the engine's start (metadata, identity, clean-up)
+and routes our subnet; the applier then makes the table match the live leases on every pass
+(lease changes, the periodic ``--reconcile-interval`` resync, retries after a failure), so a
+route deleted or redirected in the console is repaired and routes of vanished leases are
+collected. Every engine call blocks on HTTP and runs in the data plane's worker thread; the
+engines bound each request (``API_TIMEOUT``) and their throttling retries.
+Must not touch: the store, the kernel; which routes are ours (the engines decide).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from abc import abstractmethod
+from collections.abc import Iterable, Sequence
+from ipaddress import IPv4Address, IPv4Network
+from typing import Protocol
+
+from flannel.backend.base import Applier, ApplyResult, Backend, BackendError, LocalNetwork
+from flannel.cloud.base import CloudError, RouteChange
+from flannel.lease import Lease
+
+log = logging.getLogger(__name__)
+
+
+class RouteEngine(Protocol):
+    """A cloud route engine (``flannel.cloud.awsvpc``, ``flannel.cloud.tencentvpc``)."""
+
+    def prepare(self) -> object: ...
+
+    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
+                  collect: bool = True) -> list[RouteChange]: ...
+
+
+class CloudRoutes:
+    """The applier: our route present, routes of vanished leases gone, on every pass.
+
+    A cloud failure (throttling that outlasted the retries, a full route table, a missing
+    permission) is the pass's error, which the data plane logs once, reports as its
+    readiness reason and retries with backoff.
+    """
+
+    def __init__(self, name: str, engine: RouteEngine, lease: Lease) -> None:
+        self.name = name
+        self.engine = engine
+        self.lease = lease
+
+    def apply(self, peers: Sequence[Lease]) -> ApplyResult:
+        try:
+            changes = self.engine.reconcile(self.lease, peers)
+        except CloudError as err:
+            return ApplyResult(error=str(err))
+        return ApplyResult(changes=len(changes))
+
+
+class CloudRouteBackend(Backend):
+    #: Go's cloud backends publish no BackendType (their leases carry the PublicIP only).
+    backend_type = ""
+    #: The name users configure, and the SDK module and extra the backend needs.
+    type_name = ""
+    sdk_module = ""
+    extra = ""
+    # Set by prepare() and activate().
+    _engine: RouteEngine | None = None
+    _applier: CloudRoutes | None = None
+
+    @abstractmethod
+    def make_engine(self, network: IPv4Network) -> RouteEngine:
+        """The engine for this node (CloudError when the config is unusable)."""
+
+    async def prepare(self) -> LocalNetwork:
+        config = self.config
+        if config.network is None or not config.enable_ipv4 or config.enable_ipv6:
+            raise BackendError(f"the {self.type_name} backend routes IPv4 pod subnets only: "
+                               "set Network, and leave EnableIPv6 unset (or false)")
+        try:
+            # Off the event loop: the SDKs take a noticeable time to import.
+            await asyncio.to_thread(importlib.import_module, self.sdk_module)
+        except ImportError:
+            raise BackendError(f"the {self.type_name} backend needs the Python module "
+                               f"{self.sdk_module!r}, which is not installed: install it with "
+                               f"pip install 'pyflannel[{self.extra}]'") from None
+        try:
+            self._engine = self.make_engine(config.network)
+        except CloudError as err:
+            raise BackendError(f"{self.type_name} backend: {err}") from None
+        return LocalNetwork("", self.ext.mtu)
+
+    async def activate(self, lease: Lease) -> None:
+        await super().activate(lease)
+        engine = self._engine
+        if engine is None:
+            raise BackendError(f"{self.type_name} backend: activate() before prepare()")
+        try:
+            await asyncio.to_thread(engine.prepare)
+        except CloudError as err:
+            raise BackendError(f"{self.type_name} backend: {err}") from None
+        try:
+            # Our route only: the peers are not known yet, so nothing is collected.
+            await asyncio.to_thread(lambda: engine.reconcile(lease, (), collect=False))
+        except CloudError as err:
+            log.error("%s: our subnet %s is not routed yet (retried with every reconcile "
+                      "pass): %s", self.type_name, lease.subnet, err)
+        self._applier = CloudRoutes(f"{self.type_name} routes", engine, lease)
+
+    def appliers(self) -> Sequence[Applier]:
+        return () if self._applier is None else (self._applier,)
+
+    @staticmethod
+    def _address(address: IPv4Address | None, what: str) -> IPv4Address:
+        if address is None:
+            raise CloudError(f"the external interface has no IPv4 {what}; choose the "
+                             "interface attached to the VPC with --iface or --iface-regex")
+        return address

@@ -1,0 +1,108 @@
+"""A fake cloud instance metadata service (AWS IMDS, Tencent's metadata), served to the
+lab's nodes and used by the tests (there is no real one off the cloud).
+
+It models what the engines read: ``GET /latest/meta-data/<path>`` answering the text of
+``paths[<path>]`` (404 for anything else), and for AWS's IMDSv2 ``PUT /latest/api/token``
+with the ``X-aws-ec2-metadata-token-ttl-seconds`` header (1..21600, else 400) issuing a
+token that GETs carry in ``X-aws-ec2-metadata-token``. Modes: ``"optional"`` (IMDSv2 with
+v1 still allowed: a GET without a token is served, one with an unknown token gets 401, as
+AWS does), ``"required"`` (a GET without a valid token gets 401), ``"v1-only"`` (the token
+PUT gets 403, as when IMDSv2 is unavailable). ``expire_tokens()`` invalidates every token
+issued so far. Not modelled: token TTL expiry by time, hop limits, the dynamic/ and
+user-data/ trees. Requests are recorded in ``requests`` (method, path, had a token).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from flannel.kernel.host import LOCAL, Host
+
+
+class FakeMetadata:
+    def __init__(self, paths: dict[str, str], mode: str = "optional") -> None:
+        assert mode in ("optional", "required", "v1-only")
+        self.paths = dict(paths)
+        self.mode = mode
+        self.tokens: set[str] = set()
+        self.requests: list[tuple[str, str, bool]] = []
+        self._server: ThreadingHTTPServer | None = None
+        self._address = ""
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://{self._address}:{self._server.server_address[1]}"
+
+    def expire_tokens(self) -> None:
+        self.tokens.clear()
+
+    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> FakeMetadata:
+        """Serve on ``address`` (a free port) in ``host``'s network namespace."""
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self, status: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:
+                double.requests.append(("PUT", self.path, False))
+                if self.path != "/latest/api/token":
+                    return self._answer(404)
+                if double.mode == "v1-only":
+                    return self._answer(403)
+                ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+                if not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
+                    return self._answer(400)
+                token = secrets.token_urlsafe(24)
+                double.tokens.add(token)
+                return self._answer(200, token)
+
+            def do_GET(self) -> None:
+                token = self.headers.get("X-aws-ec2-metadata-token")
+                double.requests.append(("GET", self.path, token is not None))
+                if double.mode != "v1-only":
+                    if token is not None and token not in double.tokens:
+                        return self._answer(401)
+                    if token is None and double.mode == "required":
+                        return self._answer(401)
+                prefix = "/latest/meta-data/"
+                path = self.path[len(prefix):] if self.path.startswith(prefix) else None
+                if path is None or path not in double.paths:
+                    return self._answer(404)
+                return self._answer(200, double.paths[path])
+
+        self._address = address
+        with host.entered():  # the socket stays in that namespace; threads serve it from here
+            self._server = ThreadingHTTPServer((address, 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def aws_paths(instance_id: str, region: str, interfaces: list[dict[str, str]]) -> dict[str, str]:
+    """The IMDS tree of an instance; each interface has mac, ip, eni, subnet, vpc."""
+    paths = {"instance-id": instance_id, "placement/region": region,
+             "mac": interfaces[0]["mac"],
+             "network/interfaces/macs/": "\n".join(f"{i['mac']}/" for i in interfaces)}
+    for interface in interfaces:
+        base = f"network/interfaces/macs/{interface['mac']}"
+        paths[f"{base}/local-ipv4s"] = interface["ip"]
+        paths[f"{base}/interface-id"] = interface["eni"]
+        paths[f"{base}/subnet-id"] = interface["subnet"]
+        paths[f"{base}/vpc-id"] = interface["vpc"]
+    return paths
