@@ -55,20 +55,22 @@ async def connected_clients(endpoint: str, count: int) -> list[EtcdClient]:
     return clients
 
 
-async def baseline(clients: list[EtcdClient]) -> float:
+async def baseline(clients: list[EtcdClient]) -> tuple[float, float]:
+    """Wall time and this process's CPU time of the bare transactions."""
     prefix = f"/bench-{uuid.uuid4().hex[:8]}/txn/"
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     results = await asyncio.gather(*(
         c.create(f"{prefix}{i}".encode(), b'{"PublicIP":"0.0.0.0","PublicIPv6":null}')
         for i, c in enumerate(clients)))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     assert all(ok for ok, _ in results)
-    return elapsed
+    return elapsed, cpu
 
 
 @dataclass
 class Outcome:
     elapsed: float
+    cpu: float  # this process's CPU time: the client side of every simulated node
     duplicates: int  # nodes whose subnet another node also got
     failures: list[str]  # why nodes gave up (flanneld would exit)
 
@@ -80,15 +82,15 @@ async def acquisitions(clients: list[EtcdClient], network: str) -> Outcome:
     managers = [EtcdSubnetManager(c, prefix) for c in clients]
     config = await managers[0].get_network_config()  # the daemon reads it once, before
     first_ip = int(IPv4Address("172.16.0.1"))  # consecutive public IPs, as in a rack
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     stop = asyncio.Event()  # never set: nodes keep trying while the store is unavailable
     results = await asyncio.gather(*(
         daemon_acquire(sm, config, LeaseAttrs(public_ip=IPv4Address(first_ip + i)), stop)
         for i, sm in enumerate(managers)), return_exceptions=True)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     subnets = [r.subnet for r in results if not isinstance(r, BaseException)]
     failures = [str(r) for r in results if isinstance(r, BaseException)]
-    return Outcome(elapsed, len(subnets) - len(set(subnets)), failures)
+    return Outcome(elapsed, cpu, len(subnets) - len(set(subnets)), failures)
 
 
 async def run(nodes: int, rounds: int, network: str) -> int:
@@ -98,13 +100,16 @@ async def run(nodes: int, rounds: int, network: str) -> int:
     with tempfile.TemporaryDirectory() as tmp, EtcdServer(Path(tmp)) as server:
         clients = await connected_clients(server.endpoint, nodes)
         try:
-            base, acq, lost = [], [], []
+            base, acq, lost, base_cpu, acq_cpu = [], [], [], [], []
             duplicates, failures = 0, []
             for _ in range(rounds):
-                base.append(await baseline(clients))
+                elapsed, cpu = await baseline(clients)
+                base.append(elapsed)
+                base_cpu.append(cpu)
                 before = races.count
                 outcome = await acquisitions(clients, network)
                 acq.append(outcome.elapsed)
+                acq_cpu.append(outcome.cpu)
                 lost.append(races.count - before)
                 duplicates += outcome.duplicates
                 failures += outcome.failures
@@ -119,6 +124,9 @@ async def run(nodes: int, rounds: int, network: str) -> int:
     print(f"lost races per round: {lost} (median {statistics.median(lost):g}, "
           f"{statistics.median(lost) / nodes:.1%} of nodes)")
     print(f"ratio:    {a / b:.2f}")
+    bc, ac = statistics.median(base_cpu), statistics.median(acq_cpu)
+    print(f"client CPU (this process, median): baseline {bc * 1000:.1f} ms, acquisitions "
+          f"{ac * 1000:.1f} ms ({ac / nodes * 1000:.2f} ms per node, {ac / bc:.2f}x)")
     print(f"duplicate subnets: {duplicates}, nodes that gave up: {len(failures)}")
     for reason in sorted(set(failures)):
         print(f"  gave up: {reason}")

@@ -177,6 +177,10 @@ class EtcdClient:
         self.cluster_id = 0
         self.revision = 0
         self._reset: str | None = None
+        # Stubs of the current channel: building one registers every method of its service,
+        # a cost worth paying once per channel rather than once per call.
+        self._stubs_channel: grpc.aio.Channel | None = None
+        self._stubs: dict[type, Any] = {}
 
     def _load_credentials(self) -> grpc.ChannelCredentials | None:
         opts = self._options
@@ -236,6 +240,14 @@ class EtcdClient:
                         await self._discard(channel, failover=False)
                         raise
             return self._channel, self._metadata(require_leader)
+
+    def _stub(self, stub: type, channel: grpc.aio.Channel) -> Any:
+        if self._stubs_channel is not channel:
+            self._stubs_channel, self._stubs = channel, {}
+        made = self._stubs.get(stub)
+        if made is None:
+            made = self._stubs[stub] = stub(channel)
+        return made
 
     async def _authenticate(self, channel: grpc.aio.Channel) -> None:
         request = rpc.AuthenticateRequest(
@@ -333,7 +345,7 @@ class EtcdClient:
                 continue
             floor = self.revision
             try:
-                response = await getattr(stub(channel), method)(
+                response = await getattr(self._stub(stub, channel), method)(
                     request, timeout=self._options.timeout, metadata=metadata)
                 self._observe(response.header, floor)
                 return response
@@ -429,6 +441,11 @@ class EtcdClient:
         except EtcdError as err:
             if err.code != grpc.StatusCode.NOT_FOUND:
                 raise
+
+    async def leases(self) -> set[int]:
+        """The IDs of every etcd lease that exists now."""
+        response = await self.call(rpc.LeaseStub, "LeaseLeases", rpc.LeaseLeasesRequest())
+        return {int(status.ID) for status in response.leases}
 
     async def time_to_live(self, lease_id: int) -> int:
         """Seconds left on a lease; -1 when it does not exist."""

@@ -209,6 +209,24 @@ async def test_out_of_subnets_is_a_clear_error(client, prefix):
         await acquire(sm, attrs("1.1.1.3"))
 
 
+async def test_acquisitions_leave_no_unbound_etcd_lease(client, prefix):
+    # Whatever the outcome, the only etcd lease an acquisition leaves behind is the one
+    # its key is bound to.
+    config = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.2.0" }'
+    sm = await setup(client, prefix, config)
+    await client.put(f"{prefix}/subnets/10.3.2.0-24".encode(),
+                     b'{"PublicIP":"5.5.5.5","PublicIPv6":null}')
+    before = await client.leases()
+    lease = await acquire(sm, attrs("1.1.1.1"))
+    assert await client.leases() - before == {lease.etcd_lease_id}
+    before = await client.leases()
+    with pytest.raises(AcquireError, match="out of subnets"):
+        await acquire(sm, attrs("1.1.1.2"))
+    assert await client.leases() == before
+    assert (await acquire(sm, attrs("5.5.5.5"))).is_reservation
+    assert await client.leases() == before
+
+
 async def test_renewal_keeps_the_value_byte_identical(client, prefix):
     sm = await setup(client, prefix, lease_ttl=600)
     mine = LeaseAttrs(public_ip=IPv4Address("1.2.3.4"), backend_type="vxlan",
