@@ -64,16 +64,6 @@ def add_leases(sub: Any) -> None:
         parser.set_defaults(func=_later("flannel.ops.leases", "cmd_leases"))
 
 
-def _probe_timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.1 <= value <= 30:
-        raise argparse.ArgumentTypeError(f"{text!r}: give seconds from 0.1 to 30")
-    return value
-
-
 def add_doctor(sub: Any) -> None:
     doctor = sub.add_parser(
         "doctor", help="check this node and print a ranked diagnosis with fixes",
@@ -90,7 +80,8 @@ def add_doctor(sub: Any) -> None:
                         help="CNI plugin directory; repeat for several (default /opt/cni/bin)")
     doctor.add_argument("--cni-conf-dir", type=Path, action="append",
                         help="CNI config directory; repeat for several (default /etc/cni/net.d)")
-    doctor.add_argument("--probe-timeout", type=_probe_timeout, default=1.0, metavar="SECONDS",
+    doctor.add_argument("--probe-timeout", type=_bounded(float, 0.1, 30, "seconds"),
+                        default=1.0, metavar="SECONDS",
                         help="how long each probe waits for an answer (default %(default)s)")
     doctor.add_argument("--fix-checksum-offload", action="store_true",
                         help="turn tx-checksum-ip-generic off on the VXLAN device when the "
