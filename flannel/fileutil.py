@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -36,7 +35,7 @@ def _create_temp(dir_fd: int, name: str, mode: int) -> tuple[int, str]:
     """A fresh temp file next to ``name``, created by us (O_EXCL: never an existing file or
     a planted symlink), with exactly ``mode``."""
     for _ in range(100):
-        tmp_name = f".{name}.{secrets.token_hex(6)}.tmp"
+        tmp_name = f".{name}.{os.urandom(6).hex()}.tmp"
         try:
             fd = os.open(tmp_name, _TEMP_FLAGS, mode, dir_fd=dir_fd)
         except FileExistsError:

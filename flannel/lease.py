@@ -76,7 +76,7 @@ def go_string(text: str) -> str:
     return gojson.compact(json.dumps(text, ensure_ascii=False))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseAttrs:
     """What a node publishes with its subnet. Backend data are raw JSON text (or None)."""
 
@@ -166,7 +166,7 @@ def _raw(members: dict[str, Any], name: str) -> str | None:
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Lease:
     """A subnet lease. ``expiration`` is a Unix time, None for a reservation (no TTL)."""
 
@@ -175,11 +175,11 @@ class Lease:
     attrs: LeaseAttrs = field(default_factory=LeaseAttrs)
     expiration: float | None = None
     etcd_lease_id: int = 0
+    # Computed once: a snapshot of 5000 leases asks each for its key several times.
+    key: str = field(init=False, repr=False, compare=False)
 
-    @functools.cached_property
-    def key(self) -> str:
-        # Cached: a snapshot of 5000 leases asks each for its key several times.
-        return make_subnet_key(self.subnet, self.ipv6_subnet)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", make_subnet_key(self.subnet, self.ipv6_subnet))
 
     @property
     def is_reservation(self) -> bool:

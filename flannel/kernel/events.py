@@ -11,9 +11,9 @@ Must not touch: kernel state (it only listens).
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
-import ctypes
 import errno
 import logging
 import socket
@@ -88,9 +88,10 @@ def _drop_port(sock: socket.socket, port: int) -> None:
                           _BPF_JEQ_K, 0, 1, swapped,
                           _BPF_RET_K, 0, 0, 0,  # ours: drop
                           _BPF_RET_K, 0, 0, 0xFFFFFFFF)  # anything else: keep
-    code = ctypes.create_string_buffer(program)
+    # The kernel copies the program during setsockopt; ``code`` only has to outlive the call.
+    code = array.array("B", program)
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
-                    struct.pack("HP", 4, ctypes.addressof(code)))
+                    struct.pack("HP", 4, code.buffer_info()[0]))
 
 
 async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[], None],

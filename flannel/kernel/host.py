@@ -14,15 +14,32 @@ Must not touch: anything but the calling thread's namespace, and only for the du
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-_libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNET = 0x40000000
+
+
+@functools.cache
+def _libc() -> Any:
+    """libc for setns; ctypes is loaded on first use only, since flanneld itself runs in
+    its own namespace and never enters a named one."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _get_errno() -> int:
+    import ctypes
+
+    return ctypes.get_errno()
+
+
 # What `ip netns add` accepts and a path component can safely hold.
 _NETNS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
@@ -47,6 +64,7 @@ class Host:
         if not self.netns:
             yield
             return
+        libc = _libc()
         own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
         try:
             target = os.open(f"/run/netns/{self.netns}", os.O_RDONLY)
@@ -54,14 +72,14 @@ class Host:
             os.close(own)
             raise
         try:
-            if _libc.setns(target, CLONE_NEWNET) != 0:
-                code = ctypes.get_errno()
+            if libc.setns(target, CLONE_NEWNET) != 0:
+                code = _get_errno()
                 raise OSError(code, f"setns into {self.netns}: {os.strerror(code)}")
             try:
                 yield
             finally:
-                if _libc.setns(own, CLONE_NEWNET) != 0:
-                    code = ctypes.get_errno()
+                if libc.setns(own, CLONE_NEWNET) != 0:
+                    code = _get_errno()
                     raise OSError(code, f"setns back: {os.strerror(code)}")
         finally:
             os.close(own)

@@ -138,7 +138,7 @@ def ip_text(raw: bytes) -> str:
     return socket.inet_ntoa(raw) if len(raw) == 4 else str(IPv6Address(raw))
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Route:
     """A unicast route in the main table: ``dst via gateway dev oif [onlink]``."""
 
@@ -154,7 +154,7 @@ class Route:
         return socket.AF_INET6 if ":" in self.dst else socket.AF_INET
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Neighbour:
     """A permanent neighbour (ARP/NDP) entry."""
 
@@ -163,7 +163,7 @@ class Neighbour:
     mac: str
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class FdbEntry:
     """A permanent ``self`` FDB entry of a vxlan device: frames for ``mac`` go to ``dst``.
 
