@@ -15,10 +15,10 @@ user-data/ trees. Requests are recorded in ``requests`` (method, path, had a tok
 from __future__ import annotations
 
 import secrets
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.lab.served import serve, shut
 
 
 class FakeMetadata:
@@ -83,15 +83,11 @@ class FakeMetadata:
                 return self._answer(200, double.paths[path])
 
         self._address = address
-        with host.entered():  # the socket stays in that namespace; threads serve it from here
-            self._server = ThreadingHTTPServer((address, 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve(Handler, address, host)
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        shut(self._server)
 
 
 def aws_paths(instance_id: str, region: str, interfaces: list[dict[str, str]]) -> dict[str, str]:

@@ -255,19 +255,28 @@ async def test_the_event_watch_drops_our_own_changes_and_keeps_everyone_elses(ns
         watch = asyncio.create_task(events.watch(seen.append, lambda: None, Host(ns),
                                                  own_port=lambda: sock.port))
         try:
-            await asyncio.sleep(0.2)  # subscribed, filter attached
+            # Subscribed and filtered once another program's change shows up: re-add a
+            # probe route until one of its notifications arrives.
+            async def probe_seen() -> bool:
+                netns.ip("route", "del", "10.244.76.0/24", netns=ns, check=False)
+                netns.ip("route", "add", "10.244.76.0/24", "dev", "flannel.1", netns=ns)
+                await asyncio.sleep(0.05)
+                return any(isinstance(e.obj, rtnl.Route) for e in seen)
+            await async_wait_until(probe_seen, 5.0, what="the watch to see a route added by ip")
             peers = [vxlan_peer(third) for third in range(2, 6)]
             await asyncio.to_thread(reconcile, sock, backend.desired_state(peers, sock.route_get))
             netns.ip("route", "add", "10.244.77.0/24", "dev", "flannel.1", netns=ns)
             await async_wait_until(
-                lambda: asyncio.sleep(0, any(isinstance(e.obj, rtnl.Route) for e in seen)),
+                lambda: asyncio.sleep(0, any(isinstance(e.obj, rtnl.Route)
+                                             and e.obj.dst == "10.244.77.0/24" for e in seen)),
                 5.0, what="the route added by ip")
         finally:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
     # Our routes and neighbours never reach us; the FDB notifications of vxlan carry no
     # sender and do; the route added by another program does.
-    assert [e.obj.dst for e in seen if isinstance(e.obj, rtnl.Route)] == ["10.244.77.0/24"]
+    assert [e.obj.dst for e in seen if isinstance(e.obj, rtnl.Route)
+            and e.obj.dst != "10.244.76.0/24"] == ["10.244.77.0/24"]
     assert not [e for e in seen if isinstance(e.obj, rtnl.Neighbour)]
     assert len([e for e in seen if isinstance(e.obj, rtnl.FdbEntry)]) == 4
 

@@ -28,6 +28,7 @@ from urllib.parse import parse_qs
 from moto.server import ThreadedMotoServer
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.lab.served import serve, shut
 
 
 def _local(tag: str) -> str:
@@ -149,13 +150,9 @@ class Ec2Relay:
                 return self._send(status, answer, content_type)
 
         self._address = address
-        with host.entered():  # the socket stays in that namespace; threads serve it from here
-            self._server = ThreadingHTTPServer((address, 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve(Handler, address, host)
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        shut(self._server)
         self.moto.stop()

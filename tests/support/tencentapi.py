@@ -32,6 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.lab.served import serve, shut
 
 VERSION = "2017-03-12"
 
@@ -258,12 +259,8 @@ class FakeTencentVpc:
                 self.wfile.write(data)
 
         self._address = address
-        with host.entered():  # the socket stays in that namespace; threads serve it from here
-            self._server = ThreadingHTTPServer((address, 0), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = serve(Handler, address, host)
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        shut(self._server)

@@ -1,0 +1,28 @@
+"""Serving an HTTP double from a thread inside a network namespace (the lab's metadata
+services; the tests' cloud API doubles).
+
+Must not touch: anything but the server it starts and stops.
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from flannel.kernel.host import Host
+
+
+def serve(handler: type[BaseHTTPRequestHandler], address: str, host: Host
+          ) -> ThreadingHTTPServer:
+    """Listen on ``address`` (a free port) inside ``host``'s namespace, served by threads."""
+    with host.entered():  # the socket stays in that namespace; threads serve it from here
+        server = ThreadingHTTPServer((address, 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def shut(server: ThreadingHTTPServer | None) -> None:
+    """Stop serving and close the socket (nothing if never started)."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()
