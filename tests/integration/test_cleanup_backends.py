@@ -95,9 +95,11 @@ def test_cleanup_stops_our_wireguard_go_and_removes_the_udp_tun_keeping_foreign_
     netns.ip("link", "set", "tun-foreign", "up", netns=ns)
     netns.ip("route", "add", "10.77.0.0/16", "dev", "tun-foreign", "proto", "static", netns=ns)
     (run_dir / "flannel" / "other.conf").write_text("not ours\n")
+    (run_dir / "flannel" / "subnet.env").write_text(
+        "FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.1.1/24\nFLANNEL_MTU=1420\n"
+        "FLANNEL_IPMASQ=false\n")
     empty = tmp_path / "none"
-    options = ["--run-dir", "/run", "--subnet-file", str(empty / "subnet.env"),
-               "--cni-bin-dir", str(empty), "--cni-conf-dir", str(empty)]
+    options = ["--run-dir", "/run", "--cni-bin-dir", str(empty), "--cni-conf-dir", str(empty)]
 
     def state() -> tuple[str, str, list[str]]:
         return (run(ns, run_dir, "ip", "-br", "link").stdout,
@@ -117,6 +119,7 @@ def test_cleanup_stops_our_wireguard_go_and_removes_the_udp_tun_keeping_foreign_
         f"wireguard-go process {ours.pid} serving flannel-wg (socket "
         "/run/wireguard/flannel-wg.sock; its device goes with it)",
         "stale socket /run/wireguard/flannel-wg-v6.sock (its wireguard-go is gone)",
+        "file /run/flannel/subnet.env",
         "file /run/flannel/wgkey",
         "file /run/flannel/flannel-wg.log",
     ], dry.stdout
