@@ -3,8 +3,14 @@
 Owns the inventory of what is ours and how each object is recognised, so that nothing else
 is ever removed:
 - devices by name *and* type: ``flannel.<VNI>``/``flannel-v6.<VNI>`` vxlan, ``flannel.ipip``
-  ipip, ``flannel-wg``/``flannel-wg-v6`` wireguard, ``flannel<N>`` tun;
-- routes carrying our protocol (151) in the main table, blackholes included;
+  ipip, ``flannel-wg``/``flannel-wg-v6`` wireguard, ``flannel<N>`` tun (udp);
+- userspace WireGuard: a ``flannel-wg``/``flannel-wg-v6`` tun served by a wireguard-go in this
+  network namespace (stopped, which removes its device and its socket
+  ``/run/wireguard/<name>.sock``), or left without one (device and stale socket removed);
+  the private key flanneld created (``/run/flannel/wgkey``, only when it holds a key) and
+  wireguard-go's logs ``/run/flannel/flannel-wg*.log``;
+- routes carrying our protocol (151) in the main table, blackholes included, and the other
+  routes through our devices (the udp and wireguard network routes), kernel ones aside;
 - permanent neighbour and FDB entries on our vxlan devices;
 - the ``FLANNEL-POSTRTG``/``FLANNEL-FWD`` chains and the rules jumping to them, in every
   installed iptables backend (legacy, nft) and family; the nft tables ``flannel-ipv4`` and
@@ -13,18 +19,23 @@ is ever removed:
   ``flannel`` launcher install-cni writes, its ``.flannel-cni*`` module directories, and
   ``10-flannel.conflist`` when it configures the flannel plugin.
 Refuses while a flanneld runs in the same network namespace (it would recreate everything).
+Not on the node, so not here: the aws-vpc/tencent-vpc routes in the cloud's route table and
+whatever the extension backend's own commands created (docs/install.md, "Uninstall").
 Must not touch: anything that fails those checks; files are never followed through symlinks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +44,8 @@ from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
 from flannel.kernel import links, rtnl
 from flannel.rules import iptables, nftables
 from flannel.rules.mode import installed
+from flannel.wireguard.keys import KeyFileError, parse_key
+from flannel.wireguard.uapi import UapiControl, is_stale_socket
 
 # (name pattern, link kind) of every device a flannel backend creates.
 OWN_DEVICES = (
@@ -41,7 +54,9 @@ OWN_DEVICES = (
     (re.compile(r"flannel-wg(-v6)?"), "wireguard"),
     (re.compile(r"flannel\d+"), "tun"),
 )
+WIREGUARD_DEVICES = ("flannel-wg", "flannel-wg-v6")
 MAX_SCAN_BYTES = 64 * 1024  # files larger than this are not ours
+STOP_TIMEOUT = 5.0  # for a wireguard-go to exit on SIGTERM before it gets SIGKILL
 
 
 class CleanupError(Exception):
@@ -104,22 +119,29 @@ def _own_kind(name: str) -> str | None:
     return None
 
 
-def _route_text(route: rtnl.Route, names: dict[int, str]) -> str:
+_PROTOCOLS = {rtnl.RTPROT_BOOT: "boot", rtnl.RTPROT_STATIC: "static"}
+
+
+def _route_text(route: rtnl.Route, names: dict[int, str], proto: int) -> str:
+    said = _PROTOCOLS.get(proto, str(proto))
     if route.kind == rtnl.RTN_BLACKHOLE:
-        return f"blackhole route {route.dst} metric {route.metric} proto 151"
+        return f"blackhole route {route.dst} metric {route.metric} proto {said}"
     text = f"route {route.dst}"
     if route.gateway:
         text += f" via {route.gateway}"
     if route.oif:
         text += f" dev {names.get(route.oif, route.oif)}"
-    return text + (" onlink" if route.onlink else "") + " proto 151"
+    return text + (" onlink" if route.onlink else "") + f" proto {said}"
 
 
-def kernel_items(inventory: Inventory) -> None:
+def kernel_items(inventory: Inventory, run_dir: Path = Path("/run")) -> None:
+    """Our devices with their routes, neighbours and FDB entries; wireguard-go (whose
+    sockets are under ``run_dir``/wireguard)."""
     sock = rtnl.Rtnl()
     inventory.closers.append(sock.close)
     names: dict[int, str] = {}
     devices: list[tuple[int, str, str]] = []
+    userspace: dict[str, int] = {}  # wireguard-go's tun devices
     for details in links.dump_links(sock):
         index, name, kind = details.link.index, details.link.name or "", details.kind
         names[index] = name
@@ -128,6 +150,8 @@ def kernel_items(inventory: Inventory) -> None:
             continue
         if kind == want:
             devices.append((index, name, kind))
+        elif want == "wireguard" and kind == "tun":
+            userspace[name] = index
         else:
             inventory.kept.append(f"device {name}: a {kind or 'plain'} device, not the {want} "
                                   "device flannel creates")
@@ -139,11 +163,15 @@ def kernel_items(inventory: Inventory) -> None:
                 raise failures[0]
         return run
 
+    ours = {index for index, _, _ in devices} | set(userspace.values())
     family: int
     for family in (socket.AF_INET, socket.AF_INET6):
         for route, proto, table in sock.routes(family):
-            if proto == rtnl.RTPROT_FLANNEL and table == rtnl.RT_TABLE_MAIN:
-                inventory.items.append(Item(_route_text(route, names), delete(route)))
+            # Ours: flannel's protocol, or through our device; the kernel's own (address
+            # prefix, link-local) go with the device and are not worth a line.
+            if table == rtnl.RT_TABLE_MAIN and (proto == rtnl.RTPROT_FLANNEL or (
+                    route.oif in ours and proto != rtnl.RTPROT_KERNEL)):
+                inventory.items.append(Item(_route_text(route, names, proto), delete(route)))
     vxlan = {index: name for index, name, kind in devices if kind == "vxlan"}
     for family in (socket.AF_INET, socket.AF_INET6, rtnl.AF_BRIDGE):
         for entry, state, _flags in sock.neighbours(family):
@@ -155,6 +183,7 @@ def kernel_items(inventory: Inventory) -> None:
             else:
                 what = f"neighbour {entry.ip} lladdr {entry.mac} dev {dev}"
             inventory.items.append(Item(what, delete(entry)))
+
     def delete_link(index: int) -> Callable[[], None]:
         def run() -> None:
             links.delete_link(sock, index, "delete the device")
@@ -162,6 +191,91 @@ def kernel_items(inventory: Inventory) -> None:
 
     for index, name, kind in devices:
         inventory.items.append(Item(f"device {name} ({kind})", delete_link(index)))
+
+    def delete_tun(name: str) -> Callable[[], None]:
+        def run() -> None:  # by name: when its wireguard-go stopped, it went with it
+            found = links.get_link(sock, name)
+            if found is not None and found.kind == "tun":
+                links.delete_link(sock, found.link.index, "delete the device")
+        return run
+
+    for name in WIREGUARD_DEVICES:
+        wireguard_go_items(inventory, name, name in userspace, run_dir / "wireguard",
+                           delete_tun(name))
+
+
+# -- userspace WireGuard ---------------------------------------------------------------------
+
+def _same_netns(pid: int) -> bool:
+    try:
+        theirs = os.stat(f"/proc/{pid}/ns/net")
+        own = os.stat("/proc/self/ns/net")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _wireguard_go_argv(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [arg for arg in handle.read(4096).split(b"\0") if arg]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, waiting for its parent to collect it, has stopped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return False
+    return state != [b"Z"]
+
+
+def _stop_wireguard_go(pid: int, socket_path: Path, then: Callable[[], None]) -> None:
+    """SIGTERM (wireguard-go then removes its device and socket), SIGKILL after
+    STOP_TIMEOUT; then whatever it left: ``then`` (its device) and a stale socket."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    then()
+    if is_stale_socket(socket_path):
+        with contextlib.suppress(FileNotFoundError):
+            socket_path.unlink()
+
+
+def wireguard_go_items(inventory: Inventory, name: str, has_device: bool, socket_dir: Path,
+                       delete_device: Callable[[], None]) -> None:
+    """The wireguard-go serving ``name`` in this network namespace, its tun device (when
+    ``has_device``) and its socket in ``socket_dir``."""
+    socket_path = socket_dir / f"{name}.sock"
+    control = UapiControl(socket_path, timeout=1.0)
+    pid = control.peer_pid() if control.answers() else None
+    argv = _wireguard_go_argv(pid) if pid else []
+    serves_us = bool(argv) and os.path.basename(argv[0]) == b"wireguard-go" \
+        and name.encode() in argv and _same_netns(pid or 0)
+
+    if pid and serves_us:
+        inventory.items.append(Item(
+            f"wireguard-go process {pid} serving {name} (socket {socket_path}; its device "
+            "goes with it)", functools.partial(_stop_wireguard_go, pid, socket_path,
+                                               delete_device)))
+        return
+    if pid:
+        inventory.kept.append(f"socket {socket_path}: served by process {pid}, not a "
+                              f"wireguard-go for {name} in this network namespace")
+    if has_device:
+        inventory.items.append(Item(f"device {name} (tun: its wireguard-go is gone)",
+                                    delete_device))
+    if is_stale_socket(socket_path):
+        inventory.items.append(Item(f"stale socket {socket_path} (its wireguard-go is gone)",
+                                    _remove_file(socket_path)))
 
 
 def rule_items(inventory: Inventory) -> None:
@@ -235,8 +349,17 @@ def _holds_plugin(directory: Path) -> bool:
     return False
 
 
+def is_wireguard_key(text: str) -> bool:
+    try:
+        parse_key(text, "the file")
+    except KeyFileError:
+        return False
+    return True
+
+
 def file_items(inventory: Inventory, subnet_file: Path, bin_dirs: list[Path],
-               conf_dirs: list[Path]) -> None:
+               conf_dirs: list[Path], wireguard_key: Path,
+               run_dir: Path = Path("/run")) -> None:
     def consider(path: Path, ours: Callable[[str], bool], why_not: str) -> None:
         if not path.exists() and not path.is_symlink():
             return
@@ -247,6 +370,17 @@ def file_items(inventory: Inventory, subnet_file: Path, bin_dirs: list[Path],
             inventory.kept.append(f"file {path}: {why_not}")
 
     consider(subnet_file, is_subnet_env, "not a subnet.env written by flanneld")
+    consider(wireguard_key, is_wireguard_key, "does not hold a WireGuard key")
+    for name in WIREGUARD_DEVICES:  # wireguard-go's output (flannel/wireguard/device.py)
+        log = run_dir / "flannel" / f"{name}.log"
+        try:
+            regular = stat.S_ISREG(log.lstat().st_mode)
+        except OSError:
+            continue
+        if regular:
+            inventory.items.append(Item(f"file {log}", _remove_file(log)))
+        else:
+            inventory.kept.append(f"{log}: not a regular file")
     for bin_dir in bin_dirs:
         consider(bin_dir / "flannel", is_our_launcher,
                  "not the launcher install-cni writes (an upstream flannel CNI binary?)")
@@ -274,11 +408,15 @@ def _entries(directory: Path) -> Iterator[Path]:
 
 # -- the command -----------------------------------------------------------------------------
 
-def inventory(subnet_file: Path, bin_dirs: list[Path], conf_dirs: list[Path]) -> Inventory:
+def inventory(subnet_file: Path, bin_dirs: list[Path], conf_dirs: list[Path],
+              run_dir: Path = Path("/run"), wireguard_key: Path | None = None) -> Inventory:
+    """Everything of ours on this node; ``run_dir`` is the node's /run (wireguard-go's
+    sockets, its logs and the default key file are under it)."""
     found = Inventory()
-    kernel_items(found)
+    kernel_items(found, run_dir)
     rule_items(found)
-    file_items(found, subnet_file, bin_dirs, conf_dirs)
+    file_items(found, subnet_file, bin_dirs, conf_dirs,
+               wireguard_key or run_dir / "flannel" / "wgkey", run_dir)
     return found
 
 

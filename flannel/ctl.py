@@ -44,9 +44,10 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         print(f"flannelctl cleanup: {refusal}", file=sys.stderr)
         return 1
     try:
-        found = cleanup.inventory(args.subnet_file,
+        found = cleanup.inventory(args.subnet_file or args.run_dir / "flannel" / "subnet.env",
                                   args.cni_bin_dir or [Path("/opt/cni/bin")],
-                                  args.cni_conf_dir or [Path("/etc/cni/net.d")])
+                                  args.cni_conf_dir or [Path("/etc/cni/net.d")],
+                                  args.run_dir, args.wireguard_key_file)
     except OSError as err:
         print(f"flannelctl cleanup: cannot read this node's state: {err}", file=sys.stderr)
         return 1
@@ -109,8 +110,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="list every object that would be removed, remove nothing")
     clean.add_argument("--force", action="store_true",
                        help="clean up even while flanneld runs in this network namespace")
-    clean.add_argument("--subnet-file", type=Path, default=Path("/run/flannel/subnet.env"),
-                       help="the subnet.env flanneld wrote (default %(default)s)")
+    clean.add_argument("--subnet-file", type=Path, default=None,
+                       help="the subnet.env flanneld wrote (default "
+                            "RUN_DIR/flannel/subnet.env)")
+    clean.add_argument("--run-dir", type=Path, default=Path("/run"),
+                       help="the node's /run, where wireguard-go's sockets (wireguard/) and "
+                            "logs and the WireGuard key (flannel/) are; e.g. /host/run from a "
+                            "pod (default %(default)s)")
+    clean.add_argument("--wireguard-key-file", type=Path, default=None,
+                       help="the WireGuard private key flanneld created (its "
+                            "WIREGUARD_KEY_FILE; default RUN_DIR/flannel/wgkey); removed only "
+                            "when it holds a key")
     clean.add_argument("--cni-bin-dir", type=Path, action="append",
                        help="CNI plugin directory; repeat for several (default /opt/cni/bin)")
     clean.add_argument("--cni-conf-dir", type=Path, action="append",

@@ -36,7 +36,13 @@ def attach(name: str, vnet_hdr: bool = True) -> int:
     GSO packet (``packet.merge_tcp``). No TUNSETOFFLOAD: the kernel keeps computing the
     checksums of what we read, so every packet we send carries a verified-correct checksum.
     """
-    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as err:
+        raise TunError(f"cannot open /dev/net/tun for {name}: {err.strerror}; the udp backend "
+                       "needs the TUN device: load the tun module (modprobe tun), and in a "
+                       "container give it /dev/net/tun (privileged: true, as Go flannel's udp "
+                       "backend needs, or a hostPath volume of type CharDevice)") from None
     try:
         flags = IFF_TUN | IFF_NO_PI | (IFF_VNET_HDR if vnet_hdr else 0)
         fcntl.ioctl(fd, TUNSETIFF, _ifreq(name, flags))

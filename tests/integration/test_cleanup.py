@@ -140,7 +140,9 @@ def test_cleanup_removes_ours_and_keeps_foreign_state(node, tmp_path):
     before = state(ns, dirs)
     assert ":FLANNEL-POSTRTG" in before["iptables-legacy-save"]
     assert "flannel-v6.1" in before["links"] and "0e:00:00:00:00:07" in before["fdb"]
-    options = ["--subnet-file", str(env_file), "--cni-bin-dir", str(bin_dir),
+    # The node's /run: never the host's (wireguard-go sockets, the key, its logs).
+    options = ["--run-dir", str(tmp_path / "noderun"), "--subnet-file", str(env_file),
+               "--cni-bin-dir", str(bin_dir),
                "--cni-bin-dir", str(foreign_bin), "--cni-conf-dir", str(conf_dir)]
 
     dry = run(ns, FLANNELCTL, "cleanup", "--dry-run", *options)
@@ -212,14 +214,15 @@ def test_cleanup_refuses_while_flanneld_runs_here(node, tmp_path):
     daemon = start_flanneld(tmp_path, ns, server, env_file)
     try:
         wait_until(env_file.exists, 20, what=f"subnet.env:\n{daemon.log}")
-        refused = run(ns, FLANNELCTL, "cleanup", "--subnet-file", str(env_file), check=False)
+        refused = run(ns, FLANNELCTL, "cleanup", "--run-dir", str(tmp_path / "noderun"),
+                      "--subnet-file", str(env_file), check=False)
         assert refused.returncode == 1
         assert (f"flannelctl cleanup: flanneld is running in this network namespace (pid "
                 f"{daemon.proc.pid}); it would recreate what cleanup removes") in refused.stderr
         assert env_file.exists()
         assert "flannel.1" in run(ns, "ip", "link").stdout
-        forced = run(ns, FLANNELCTL, "cleanup", "--force", "--dry-run", "--subnet-file",
-                     str(env_file))
+        forced = run(ns, FLANNELCTL, "cleanup", "--force", "--dry-run", "--run-dir",
+                     str(tmp_path / "noderun"), "--subnet-file", str(env_file))
         assert "would remove: device flannel.1 (vxlan)" in forced.stdout
     finally:
         daemon.stop()
@@ -232,7 +235,8 @@ def test_a_flanneld_in_another_namespace_does_not_block(node, tmp_path):
     other = netns.create()
     try:
         wait_until(env_file.exists, 20, what=f"subnet.env:\n{daemon.log}")
-        result = run(other, FLANNELCTL, "cleanup", "--dry-run", "--subnet-file",
+        result = run(other, FLANNELCTL, "cleanup", "--dry-run", "--run-dir",
+                     str(tmp_path / "none"), "--subnet-file",
                      str(tmp_path / "none.env"), "--cni-bin-dir", str(tmp_path / "none"),
                      "--cni-conf-dir", str(tmp_path / "none"))
         assert result.stdout.strip() == "nothing of flannel's found"
