@@ -152,8 +152,8 @@ def test_what_flanneld_loads_starts_from_bytecode(box):
 
 
 # lightkube and its HTTP stack (httpx2, httpcore2, h2, anyio, msgspec...) weigh 7.1 MB in the
-# image with their bytecode; the target is met without them (docs/benchmarks.md). Strict: once the lock is free of
-# them, the size is asserted as it stands.
+# image with their bytecode; the target is met without them (docs/benchmarks.md). Strict: once the
+# lock is free of them, the size is asserted as it stands.
 CARRIES_LIGHTKUBE = "lightkube==" in (ROOT / "deploy" / "requirements.lock").read_text()
 
 
