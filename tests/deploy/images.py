@@ -1,9 +1,9 @@
 """Builds and runs images with Debian's buildah (chroot isolation), storage in the test cache.
 
 Owns the buildah storage under the test cache directory (see rootfs.py) and the local
-stand-in for the image's base (debian:bookworm-slim), committed from the cached slim rootfs. Layers
-stay cached there between runs so a rerun rebuilds only what changed; deleting the cache
-directory at any time is safe.
+stand-in for the image's base (debian:bookworm-slim), committed from the cached slim rootfs.
+Layers stay cached there between runs so a rerun rebuilds only what changed; deleting the
+cache directory at any time is safe.
 Must not touch: the host's own container storage, images or containers it did not make.
 """
 
@@ -90,11 +90,6 @@ def layer_sizes(name: str, scratch: Path) -> list[tuple[str, int]]:
     # A base committed without history has fewer steps than layers: those come first.
     steps = [""] * (len(sizes) - len(steps)) + steps[-len(sizes):]
     return list(zip(steps, sizes, strict=True))
-
-
-def size_bytes(name: str, scratch: Path) -> int:
-    """Uncompressed size of the image: its layers written out as plain tar files, summed."""
-    return sum(size for _, size in layer_sizes(name, scratch))
 
 
 @contextmanager
