@@ -1,9 +1,9 @@
 """Builds and runs images with Debian's buildah (chroot isolation), storage in the test cache.
 
 Owns the buildah storage under the test cache directory (see rootfs.py) and the local
-stand-in for the Python base image, committed from the cached debootstrap rootfs. Layers
-stay cached there between runs so a rerun rebuilds only what changed; deleting the cache
-directory at any time is safe.
+stand-in for the image's base (debian:bookworm-slim), committed from the cached slim rootfs.
+Layers stay cached there between runs so a rerun rebuilds only what changed; deleting the
+cache directory at any time is safe.
 Must not touch: the host's own container storage, images or containers it did not make.
 """
 
@@ -53,14 +53,14 @@ def image_exists(name: str) -> bool:
 
 
 def ensure_base_image() -> str:
-    """The local Python base (debootstrap bookworm with python3 and venv), made once."""
+    """The local debian:bookworm-slim stand-in (rootfs.SLIM), made once."""
     name = f"{BASE_NAME}:{base_key()}"
     if not image_exists(name):
         tarball = ensure_base_tarball()
         container = buildah("from", "scratch").strip()
         try:
             buildah("add", "--quiet", container, str(tarball), "/", timeout=600)
-            buildah("config", "--env", f"PATH={PATH}", "--cmd", "python3", container)
+            buildah("config", "--env", f"PATH={PATH}", "--cmd", "bash", container)
             buildah("commit", "--quiet", container, name, timeout=600)
         finally:
             buildah("rm", container)
@@ -75,14 +75,21 @@ def inspect(name: str) -> dict:
     return json.loads(buildah("inspect", "--type", "image", name))
 
 
-def size_bytes(name: str, scratch: Path) -> int:
-    """Uncompressed size of the image: its layers written out as plain tar files, summed."""
+def layer_sizes(name: str, scratch: Path) -> list[tuple[str, int]]:
+    """Uncompressed size of each layer of the image (written out as a plain tar file), with
+    the instruction that made it, base layers first."""
     scratch.mkdir(parents=True, exist_ok=True)
     target = scratch / "image-dir"
     buildah("push", "--quiet", "--disable-compression", name, f"dir:{target}", timeout=600)
     manifest = json.loads((target / "manifest.json").read_text())
-    return sum((target / layer["digest"].split(":", 1)[1]).stat().st_size
-               for layer in manifest["layers"])
+    config = json.loads((target / manifest["config"]["digest"].split(":", 1)[1]).read_text())
+    steps = [h.get("created_by", "") for h in config.get("history", [])
+             if not h.get("empty_layer")]
+    sizes = [(target / layer["digest"].split(":", 1)[1]).stat().st_size
+             for layer in manifest["layers"]]
+    # A base committed without history has fewer steps than layers: those come first.
+    steps = [""] * (len(sizes) - len(steps)) + steps[-len(sizes):]
+    return list(zip(steps, sizes, strict=True))
 
 
 @contextmanager

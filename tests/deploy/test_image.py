@@ -1,9 +1,12 @@
 """The container image, built as CI builds it: deploy/build-image.sh with Debian's buildah
-(chroot isolation) on a local debootstrap stand-in for the pinned Python base, since no
-registry is reachable here. Then flanneld and flannelctl run inside it as the DaemonSet runs
-them, and the image holds no installers and stays under its size target."""
+(chroot isolation) on a local debootstrap stand-in for the pinned debian:bookworm-slim base
+(made as Debian makes it, see rootfs.py), since no registry is reachable here. Then flanneld
+and flannelctl run inside it as the DaemonSet runs them, with the tools flanneld execs, and
+the image holds no installers, has bytecode for what flanneld loads, and stays under its size
+target."""
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -20,8 +23,6 @@ pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "localhost/pyflannel-test:latest"
 SIZE_TARGET = 150 * 1000 * 1000
-# The virtualenv (grpc alone is 19 MB) and iproute2, iptables, nftables.
-ADDED_BUDGET = 60 * 1000 * 1000
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
@@ -117,14 +118,57 @@ def test_no_build_leftovers(box):
     assert src_exists == "False"
 
 
+def test_tools_flanneld_runs_are_there(box):
+    """ip and bridge, both iptables variants (the mode detection compares their rules), nft."""
+    for command in (("ip", "-V"), ("bridge", "-V"), ("iptables-legacy", "--version"),
+                    ("iptables-nft", "--version"), ("ip6tables-legacy", "--version"),
+                    ("ip6tables-nft", "--version"), ("iptables-legacy-save", "--version"),
+                    ("iptables-nft-save", "--version"), ("nft", "--version")):
+        result = images.run(box, *command)
+        assert result.returncode == 0, f"{' '.join(command)}: {result.stderr}"
+
+
+def test_python_trusts_the_system_certificates(box):
+    result = images.run(box, "python", "-c",
+                        "import json, ssl; "
+                        "print(json.dumps(ssl.create_default_context().cert_store_stats()))")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["x509_ca"] > 100, result.stdout
+
+
+def test_what_flanneld_loads_starts_from_bytecode(box):
+    """On a read-only root filesystem nothing could be cached: every module the package
+    loads or imports anywhere (a store's client included), standard library included, must
+    come from bytecode shipped in the image. python -v names the file each module's code
+    came from; -B writes nothing."""
+    result = images.run(box, "python", "-B", "-v", "/deploy/write-bytecode.py",
+                        volumes=((ROOT / "deploy", "/deploy"),))
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = re.findall(r"^# code object from '?([^'\n]+)'?$", result.stderr, re.MULTILINE)
+    assert len(loaded) > 300, result.stderr[-3000:]
+    compiled = [path for path in loaded
+                if not path.endswith(".pyc") and path != "/deploy/write-bytecode.py"]
+    assert compiled == [], f"compiled at start, no bytecode in the image: {compiled}"
+
+
+# lightkube and its HTTP stack (httpx2, httpcore2, h2, anyio, msgspec...) weigh 7.1 MB in the
+# image with their bytecode; the target is met without them (docs/benchmarks.md). Strict: once the
+# lock is free of them, the size is asserted as it stands.
+CARRIES_LIGHTKUBE = "lightkube==" in (ROOT / "deploy" / "requirements.lock").read_text()
+
+
+@pytest.mark.xfail(CARRIES_LIGHTKUBE, strict=True,
+                   reason="the lock still carries lightkube and its HTTP stack (7.1 MB)")
 def test_size(image, tmp_path):
-    """What the image adds above its base stays within budget; the total is reported (the
-    150 MB target for the whole image depends on the base, see docs/benchmarks.md)."""
-    size = images.size_bytes(image, tmp_path / "image")
-    base_size = images.size_bytes(images.ensure_base_image(), tmp_path / "base")
-    print(f"\nimage size: {size / 1e6:.1f} MB uncompressed, base {base_size / 1e6:.1f} MB, "
-          f"{(size - base_size) / 1e6:.1f} MB above the base (target for the whole image: "
-          f"{SIZE_TARGET / 1e6:.0f} MB)")
-    assert size - base_size < ADDED_BUDGET, (
-        f"the image adds {(size - base_size) / 1e6:.1f} MB above its base, "
-        f"budget {ADDED_BUDGET / 1e6:.0f} MB")
+    """The whole image stays under the target; every layer's size is reported."""
+    layers = images.layer_sizes(image, tmp_path / "image")
+    base_layers = images.layer_sizes(images.ensure_base_image(), tmp_path / "base")
+    size = sum(layer for _, layer in layers)
+    base_size = sum(layer for _, layer in base_layers)
+    layers[:len(base_layers)] = [("(base)", layer) for _, layer in base_layers]
+    print(f"\nimage size: {size / 1e6:.1f} MB uncompressed (target {SIZE_TARGET / 1e6:.0f} MB), "
+          f"base {base_size / 1e6:.1f} MB, {(size - base_size) / 1e6:.1f} MB above the base")
+    for step, layer in layers:
+        print(f"  {layer / 1e6:6.1f} MB  {' '.join(step.split())[:100]}")
+    assert size < SIZE_TARGET, (
+        f"the image is {size / 1e6:.1f} MB uncompressed, target {SIZE_TARGET / 1e6:.0f} MB")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flannel.version import __version__
-from tests.deploy.rootfs import ensure_base_tarball, extract
+from tests.deploy.rootfs import HOST, ensure_base_tarball, extract
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1200)]
 
@@ -29,7 +29,7 @@ def host(tmp_path):
     if shutil.which("debootstrap") is None:
         pytest.fail("debootstrap is not installed: run ./install.sh")
     root = tmp_path / "root"
-    extract(ensure_base_tarball(), root)
+    extract(ensure_base_tarball(HOST), root)
     source = root / "src"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
