@@ -21,13 +21,12 @@ Must not touch: the kernel (the user's commands do), the store.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 
-from flannel import gojson
+from flannel import boundedjson, gojson
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
 from flannel.kernel.host import LOCAL, Host
 from flannel.lease import Lease, go_string
@@ -129,8 +128,8 @@ def peer_stdin(lease: Lease) -> str | None:
     if not raw:
         return "\n"
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = boundedjson.loads(raw, what="BackendData", max_bytes=boundedjson.MAX_LEASE_BYTES)
+    except boundedjson.JSONLimitError:
         return None
     return value + "\n" if isinstance(value, str) else None
 
@@ -191,7 +190,8 @@ class ExtensionPeers:
             if stdin is None:
                 if key not in self.status.skipped:
                     log.error("ignoring extension lease %s: its BackendData is not a JSON "
-                              "string", key)
+                              "string (the output of the owner's PreStartupCommand); the node "
+                              "that owns it rewrites it on restart, or delete the lease", key)
                 status.skipped.append(key)
                 continue
             if self.cfg.subnet_add and not self._run("subnet-add", self.cfg.subnet_add,

@@ -131,8 +131,12 @@ def test_failed_commands_are_retried_on_the_next_pass(tmp_path, caplog, monkeypa
 
 def test_a_lease_whose_data_is_not_a_json_string_is_skipped(recorder, caplog):
     peers = ExtensionPeers(cfg(SubnetAddCommand=f"{PY} -c $REC add"))
-    status = peers.reconcile([lease(2, data='{"VNI":1}'), lease(3, data=None)])
-    assert status.skipped == ["10.5.2.0-24"] and status.in_sync
-    assert "ignoring extension lease 10.5.2.0-24: its BackendData is not a JSON string" in (
-        caplog.text)
+    deep = "[" * 5000 + "]" * 5000  # past the recursion limit: skipped like any other
+    status = peers.reconcile([lease(2, data='{"VNI":1}'), lease(3, data=None),
+                              lease(4, data=deep)])
+    assert status.skipped == ["10.5.2.0-24", "10.5.4.0-24"] and status.in_sync
+    assert ("ignoring extension lease 10.5.2.0-24: its BackendData is not a JSON string (the "
+            "output of the owner's PreStartupCommand); the node that owns it rewrites it on "
+            "restart, or delete the lease") in caplog.text
+    assert "ignoring extension lease 10.5.4.0-24" in caplog.text
     assert [call[2] for call in recorder()] == ["\n"]
