@@ -101,6 +101,20 @@ def test_reserve_refuses(store, prefix, subnet, public_ip, message):
     assert (proc.returncode, proc.stderr) == (1, f"flannelctl leases: {message}\n")
 
 
+@pytest.mark.parametrize(("public_ip", "why"), [
+    ("0.0.0.0", "it is unspecified (0.0.0.0 or ::)"),
+    ("127.0.0.1", "it is a loopback address"),
+    ("224.0.0.1", "it is a multicast address"),
+])
+def test_reserve_refuses_a_public_ip_no_node_can_hold(store, prefix, public_ip, why):
+    proc = ctl(store, prefix, "reserve", "10.244.7.0/24", "--public-ip", public_ip)
+    assert proc.returncode == 2
+    assert proc.stderr.endswith(
+        f"flannelctl leases reserve: error: argument --public-ip: {public_ip}: {why}, so no "
+        "node can hold it; give the public IP of the node the subnet is for\n")
+    assert store.ctl("get", f"{prefix}/subnets/10.244.7.0-24").stdout == ""
+
+
 def test_reserve_rejects_a_non_base_subnet(store, prefix):
     proc = ctl(store, prefix, "reserve", "10.244.8.1/24", "--public-ip", "192.168.1.17")
     assert proc.returncode == 2
