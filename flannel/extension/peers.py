@@ -34,6 +34,8 @@ from flannel.lease import Lease, go_string
 log = logging.getLogger(__name__)
 
 _CONTEXT = "error decoding backend config"
+#: BackendData we publish: what peers accept in a lease value, less room for its other fields.
+MAX_PUBLISHED_DATA = boundedjson.MAX_LEASE_BYTES - 1024
 _LOG_OUTPUT = 2000
 
 
@@ -83,7 +85,13 @@ def pre_startup(cfg: ExtensionConfig, host: Host = LOCAL) -> str | None:
         _log_failure("pre-startup", cfg.pre_startup, result)
         raise CommandFailed(f"extension pre-startup command failed ({result.reason()}): "
                             f"{cfg.pre_startup}; output: {result.output[:_LOG_OUTPUT]}")
-    return go_string(result.output)
+    data = go_string(result.output)
+    if len(data.encode("utf-8", "surrogatepass")) > MAX_PUBLISHED_DATA:
+        raise CommandFailed(
+            f"extension pre-startup command printed {len(result.output)} characters: as "
+            f"BackendData that is more than the {MAX_PUBLISHED_DATA} bytes other nodes accept "
+            f"in a lease, so every peer would ignore this node; print less: {cfg.pre_startup}")
+    return data
 
 
 def post_startup_env(network: IPv4Network | None, ipv6_network: IPv6Network | None,

@@ -74,6 +74,17 @@ def test_pre_startup_output_is_published_as_a_json_string():
                                      "ls /nonexistent-pre-startup; output: ls: ")
 
 
+def test_pre_startup_output_peers_would_refuse_is_not_published():
+    # 40,000 NUL characters: 240,000 bytes as a JSON string, beyond a lease's 64 KiB.
+    command = "head -c 40000 /dev/zero"
+    with pytest.raises(CommandFailed) as err:
+        pre_startup(cfg(PreStartupCommand=command))
+    assert str(err.value) == (
+        "extension pre-startup command printed 40000 characters: as BackendData that is more "
+        "than the 64512 bytes other nodes accept in a lease, so every peer would ignore this "
+        f"node; print less: {command}")
+
+
 def test_post_startup_environment():
     own = lease(1, v6=True)
     assert post_startup_env(IPv4Network("10.5.0.0/16"), IPv6Network("fd00:5::/48"), own) == {
