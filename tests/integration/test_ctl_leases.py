@@ -189,3 +189,21 @@ def test_reserve_refused_in_kube_mode(tmp_path):
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert "in kube mode a lease is a Node's podCIDR and annotations" in proc.stderr
+
+
+def test_a_key_no_flanneld_can_use_is_shown_and_released_by_its_key(store, prefix):
+    """What `flannelctl doctor` advises for such a key must work."""
+    deep = '{"PublicIP":"192.168.1.13","BackendData":' + "[" * 40 + "]" * 40 + "}"
+    store.ctl("put", f"{prefix}/subnets/10.244.3.0-24", deep)
+    shown = ctl(store, prefix, "show", "10.244.3.0-24")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[:2] == [
+        "key:             10.244.3.0-24",
+        "problem:         lease value nests JSON deeper than the limit of 32 levels"]
+    released = ctl(store, prefix, "release", "10.244.3.0-24", "--yes")
+    assert (released.returncode, released.stdout) == (
+        0, "released 10.244.3.0-24 (lease that no flanneld can use: lease value nests JSON "
+           "deeper than the limit of 32 levels)\n")
+    assert store.ctl("get", f"{prefix}/subnets/10.244.3.0-24").stdout == ""
+    assert ctl(store, prefix, "release", "garbage", "--yes").returncode == 0
+    assert store.ctl("get", f"{prefix}/subnets/garbage").stdout == ""
