@@ -1,10 +1,12 @@
 """Fuzz command: 10,000+ hostile inputs per decoder, crashes counted per class (target: 0).
 
 Runs every target of ``tests.support.fuzz_store`` (network config, etcd lease, subnet key
-through the peer filter, node annotations, previous subnet.env) and ``tests.support.fuzz_cni``
-(the CNI plugin) under hypothesis. A crash is counted by class (exception type and where it
-was raised) instead of stopping the run. Baseline, measured in the same run: the time
-hypothesis spends generating the inputs; the ratio is the decoders' time over that.
+through the peer filter, node annotations, previous subnet.env), ``tests.support.fuzz_backends``
+(every backend's options, the BackendData decoders applied to peers' leases) and
+``tests.support.fuzz_cni`` (the CNI plugin) under hypothesis. A crash is counted by class
+(exception type and where it was raised) instead of stopping the run. Baseline, measured
+in the same run: the time hypothesis spends generating the inputs; the ratio is the
+decoders' time over that.
 
     .venv/bin/python -m bench.fuzz --examples 10000
 
@@ -23,7 +25,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.support import fuzz_cni, fuzz_store
+from tests.support import fuzz_backends, fuzz_cni, fuzz_store
 from tests.support.fuzzing import FuzzTarget, crash_class
 
 
@@ -58,7 +60,8 @@ def main() -> int:
     parser.add_argument("--only", default="", help="run only targets whose name contains this")
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # refusals log warnings by design
-    targets = [t for t in fuzz_store.TARGETS + fuzz_cni.TARGETS if args.only in t.name]
+    every = fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_cni.TARGETS
+    targets = [t for t in every if args.only in t.name]
     load = os.getloadavg()[0]
     print(f"fuzz: {args.examples} examples per target, {len(targets)} targets, "
           f"load average {load:.2f} on {os.cpu_count()} cores")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import re
 import shutil
@@ -40,6 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flannel import boundedjson
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
 from flannel.kernel import links, rtnl
 from flannel.rules import iptables, nftables
@@ -324,8 +324,8 @@ def is_our_launcher(text: str) -> bool:
 
 def is_flannel_conflist(text: str) -> bool:
     try:
-        document = json.loads(text)
-    except ValueError:
+        document = boundedjson.loads(text, what="conflist", max_bytes=boundedjson.MAX_CONFIG_BYTES)
+    except boundedjson.JSONLimitError:
         return False
     plugins = document.get("plugins") if isinstance(document, dict) else None
     return isinstance(plugins, list) and any(

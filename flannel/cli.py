@@ -54,7 +54,11 @@ def parse_go_int(text: str) -> int:
     try:
         return int(text, 0)
     except ValueError:
+        pass
+    try:
         return int(text, 10)
+    except ValueError:
+        raise ValueError(f"{text[:40]!r} is not an integer") from None
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
@@ -98,6 +102,14 @@ class Flag:
             "duration": parse_go_duration,
         }
         return converters[self.kind](text)
+
+    def convert_arg(self, text: str) -> Any:
+        """``convert`` for argparse, which would otherwise replace the reason with
+        "invalid convert value"."""
+        try:
+            return self.convert(text)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -262,12 +274,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help_text = f"{flag.help} (env {flag.env_name})"
         if flag.kind == "bool":
             parser.add_argument(*names, dest=flag.dest, nargs="?", const="true",
-                                type=flag.convert, default=_UNSET, help=help_text)
+                                type=flag.convert_arg, default=_UNSET, help=help_text)
         elif flag.kind == "list":
             parser.add_argument(*names, dest=flag.dest, action="append", default=None,
                                 help=help_text)
         else:
-            parser.add_argument(*names, dest=flag.dest, type=flag.convert, default=_UNSET,
+            parser.add_argument(*names, dest=flag.dest, type=flag.convert_arg, default=_UNSET,
                                 help=help_text)
     return parser
 

@@ -130,11 +130,17 @@ class HealthServer:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            async with asyncio.timeout(5):
-                request = await reader.readline()
-                for _ in range(100):  # headers, bounded
-                    if (await reader.readline()) in (b"\r\n", b"\n", b""):
-                        break
+            try:
+                async with asyncio.timeout(5):
+                    request = await reader.readline()
+                    for _ in range(100):  # headers, bounded
+                        if (await reader.readline()) in (b"\r\n", b"\n", b""):
+                            break
+            except ValueError:  # a line beyond the stream's limit (64 KiB)
+                writer.write(_response(431, "Request Header Fields Too Large",
+                                       "request line or header too long\n"))
+                await writer.drain()
+                return
             parts = request.decode("latin-1").split()
             if len(parts) >= 2:
                 await self._prepare(parts[1])

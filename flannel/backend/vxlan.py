@@ -168,8 +168,9 @@ class VxlanBackend(RoutedBackend):
             pass
         if peer.key not in self._warned:
             self._warned.add(peer.key)
-            log.warning("ignoring peer %s: its IPv%d backend data has no valid VtepMAC",
-                        peer.key, version)
+            log.warning("ignoring peer %s: its IPv%d backend data has no valid VtepMAC (a vxlan "
+                        "lease needs {\"VtepMAC\":\"<6-byte MAC>\"}); the node that owns it "
+                        "rewrites it on restart, or delete the lease", peer.key, version)
         return None
 
     def _peer_entries(self, peer: Lease, version: int, index: int

@@ -156,7 +156,9 @@ class PeerApplier:
             if key not in self._warned:
                 self._warned.add(key)
                 log.warning("ignoring peer %s: its wireguard backend data has no valid "
-                            "PublicKey", key)
+                            "PublicKey and Port (a wireguard lease needs {\"PublicKey\":\"<base64 "
+                            "key>\",\"Port\":<port>}); the node that owns it rewrites it on "
+                            "restart, or delete the lease", key)
         local = LocalEndpoints(backend.ext.ext_addr, backend.ext.ext_v6_addr)
         changes = configured = 0
         errors: list[str] = []

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import flannel
+from flannel import boundedjson
 from flannel.fileutil import write_atomic
 from flannel.version import __version__
 
@@ -390,9 +391,12 @@ def install_conflist(conf_dir: Path, source: Path | None = None) -> Path:
         document = DEFAULT_CONFLIST
     else:
         try:
-            document = json.loads(source.read_text())
-        except (OSError, ValueError) as err:
+            document = boundedjson.loads(source.read_bytes(), what=f"--conflist {source}",
+                                         max_bytes=boundedjson.MAX_CONFIG_BYTES)
+        except OSError as err:
             raise InstallError(f"--conflist {source}: {err}") from None
+        except boundedjson.JSONLimitError as err:
+            raise InstallError(str(err)) from None
         if not isinstance(document, dict) or not isinstance(document.get("plugins"), list):
             raise InstallError(f"--conflist {source}: not a CNI network config list (it needs "
                                "a \"plugins\" array)")

@@ -21,13 +21,12 @@ Must not touch: the kernel (the user's commands do), the store.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 
-from flannel import gojson
+from flannel import boundedjson, gojson
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
 from flannel.kernel.host import LOCAL, Host
 from flannel.lease import Lease, go_string
@@ -35,6 +34,8 @@ from flannel.lease import Lease, go_string
 log = logging.getLogger(__name__)
 
 _CONTEXT = "error decoding backend config"
+#: BackendData we publish: what peers accept in a lease value, less room for its other fields.
+MAX_PUBLISHED_DATA = boundedjson.MAX_LEASE_BYTES - 1024
 _LOG_OUTPUT = 2000
 
 
@@ -84,7 +85,13 @@ def pre_startup(cfg: ExtensionConfig, host: Host = LOCAL) -> str | None:
         _log_failure("pre-startup", cfg.pre_startup, result)
         raise CommandFailed(f"extension pre-startup command failed ({result.reason()}): "
                             f"{cfg.pre_startup}; output: {result.output[:_LOG_OUTPUT]}")
-    return go_string(result.output)
+    data = go_string(result.output)
+    if len(data.encode("utf-8", "surrogatepass")) > MAX_PUBLISHED_DATA:
+        raise CommandFailed(
+            f"extension pre-startup command printed {len(result.output)} characters: as "
+            f"BackendData that is more than the {MAX_PUBLISHED_DATA} bytes other nodes accept "
+            f"in a lease, so every peer would ignore this node; print less: {cfg.pre_startup}")
+    return data
 
 
 def post_startup_env(network: IPv4Network | None, ipv6_network: IPv6Network | None,
@@ -129,8 +136,8 @@ def peer_stdin(lease: Lease) -> str | None:
     if not raw:
         return "\n"
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = boundedjson.loads(raw, what="BackendData", max_bytes=boundedjson.MAX_LEASE_BYTES)
+    except boundedjson.JSONLimitError:
         return None
     return value + "\n" if isinstance(value, str) else None
 
@@ -191,7 +198,8 @@ class ExtensionPeers:
             if stdin is None:
                 if key not in self.status.skipped:
                     log.error("ignoring extension lease %s: its BackendData is not a JSON "
-                              "string", key)
+                              "string (the output of the owner's PreStartupCommand); the node "
+                              "that owns it rewrites it on restart, or delete the lease", key)
                 status.skipped.append(key)
                 continue
             if self.cfg.subnet_add and not self._run("subnet-add", self.cfg.subnet_add,

@@ -135,7 +135,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         _, decoded = decode_config(text)
     except ConfigError as err:
-        print(f"flannel-lab: --config: {err.describe()}", file=sys.stderr)
+        # A file name is the likeliest mistake: --config takes the JSON text itself.
+        hint = (f' (--config takes the JSON text, not a file name: --config "$(cat '
+                f'{args.config})")' if args.config and os.path.exists(args.config) else "")
+        print(f"flannel-lab: --config: {err.describe()}{hint}", file=sys.stderr)
         return 2
     if lab.exists:
         print(f"flannel-lab: {lab.exists_error()}", file=sys.stderr)

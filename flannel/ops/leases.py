@@ -185,7 +185,13 @@ def table(rows: list[LeaseRow]) -> str:
 
 
 def find_row(rows: list[LeaseRow], wanted: str) -> LeaseRow:
-    """The row a subnet (``10.5.1.0/24``), a key (``10.5.1.0-24``) or a public IP names."""
+    """The row a subnet (``10.5.1.0/24``), a key (``10.5.1.0-24``) or a public IP names.
+
+    A key names its row even when no flanneld can use it (so that it can be shown and
+    released)."""
+    for row in rows:
+        if row.key == wanted:
+            return row
     try:
         subnet = ip_network(wanted.replace("-", "/", 1) if "/" not in wanted and
                             "-" in wanted else wanted, strict=False)
@@ -206,7 +212,11 @@ def find_row(rows: list[LeaseRow], wanted: str) -> LeaseRow:
 
 def show_text(row: LeaseRow, raw: bytes | None) -> str:
     lease = row.lease
-    assert lease is not None
+    if lease is None:
+        pairs_bad = [("key", row.key), ("problem", row.problem)]
+        if raw is not None:
+            pairs_bad.append(("value", raw.decode(errors="replace")))
+        return "\n".join(f"{name + ':':17}{value}" for name, value in pairs_bad)
     attrs = lease.attrs
     pairs = [("key", row.key), ("node", row.node), ("subnet", lease.subnet),
              ("ipv6 subnet", lease.ipv6_subnet), ("public ip", attrs.public_ip),
@@ -301,8 +311,9 @@ async def run_command(args: argparse.Namespace) -> int:
         rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
         row = find_row(rows, args.subnet)
         what = "reservation" if row.lease and row.lease.is_reservation else "lease"
-        owner = row.lease.attrs.public_ip if row.lease else None
-        if not confirm(f"delete the {what} {row.key} of {owner}?", args.yes):
+        owner = (f"of {row.lease.attrs.public_ip}" if row.lease
+                 else f"that no flanneld can use: {row.problem}")
+        if not confirm(f"delete the {what} {row.key} {owner}?", args.yes):
             print("nothing deleted")
             return 1
         assert etcd is not None  # release is refused above in kube mode
@@ -311,7 +322,10 @@ async def run_command(args: argparse.Namespace) -> int:
         if not deleted:
             print(f"{row.key} was already gone")
             return 0
-        print(f"released {row.key} ({what} of {owner}); a flanneld still running there "
+        if row.lease is None:
+            print(f"released {row.key} ({what} {owner})")
+            return 0
+        print(f"released {row.key} ({what} {owner}); a flanneld still running there "
               "writes it again at its next renewal: stop it first to free the subnet")
         return 0
     finally:

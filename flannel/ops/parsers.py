@@ -14,6 +14,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from flannel.netutil import unusable_address
 from flannel.ops.storeopts import add_store_flags
 
 
@@ -32,11 +33,17 @@ def _subnet_arg(text: str) -> IPv4Network:
         ) from None
 
 
-def _ip_arg(text: str) -> IPv4Address:
+def _node_ip_arg(text: str) -> IPv4Address:
+    """A node's public IPv4 address: one that peers can send to."""
     try:
-        return IPv4Address(text)
+        addr = IPv4Address(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an IPv4 address") from None
+    why = unusable_address(addr)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text}: {why}, so no node can hold it; give the "
+                                         "public IP of the node the subnet is for")
+    return addr
 
 
 def add_leases(sub: Any) -> None:
@@ -52,7 +59,7 @@ def add_leases(sub: Any) -> None:
                     "that public IP takes this subnet when its flanneld starts, and the "
                     "subnet never expires.")
     reserve_p.add_argument("subnet", type=_subnet_arg)
-    reserve_p.add_argument("--public-ip", dest="reserve_for", type=_ip_arg, required=True,
+    reserve_p.add_argument("--public-ip", dest="reserve_for", type=_node_ip_arg, required=True,
                            help="the public IP of the node that gets the subnet")
     release = actions.add_parser("release", help="delete a lease or reservation")
     release.add_argument("subnet", help="subnet, lease key or public IP")

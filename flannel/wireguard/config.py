@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from flannel import gojson
+from flannel import boundedjson, gojson
 from flannel.wireguard.keys import KeyFileError, Secret, parse_key
 
 MODES = ("separate", "auto", "ipv4", "ipv6")
@@ -124,8 +124,8 @@ def decode_lease_data(raw: str | None) -> LeaseData | None:
     if not raw:
         return None
     try:
-        obj = json.loads(raw)
-    except ValueError:
+        obj = boundedjson.loads(raw, what="BackendData", max_bytes=boundedjson.MAX_LEASE_BYTES)
+    except boundedjson.JSONLimitError:
         return None
     if not isinstance(obj, dict):
         return None

@@ -101,6 +101,20 @@ def test_reserve_refuses(store, prefix, subnet, public_ip, message):
     assert (proc.returncode, proc.stderr) == (1, f"flannelctl leases: {message}\n")
 
 
+@pytest.mark.parametrize(("public_ip", "why"), [
+    ("0.0.0.0", "it is unspecified (0.0.0.0 or ::)"),
+    ("127.0.0.1", "it is a loopback address"),
+    ("224.0.0.1", "it is a multicast address"),
+])
+def test_reserve_refuses_a_public_ip_no_node_can_hold(store, prefix, public_ip, why):
+    proc = ctl(store, prefix, "reserve", "10.244.7.0/24", "--public-ip", public_ip)
+    assert proc.returncode == 2
+    assert proc.stderr.endswith(
+        f"flannelctl leases reserve: error: argument --public-ip: {public_ip}: {why}, so no "
+        "node can hold it; give the public IP of the node the subnet is for\n")
+    assert store.ctl("get", f"{prefix}/subnets/10.244.7.0-24").stdout == ""
+
+
 def test_reserve_rejects_a_non_base_subnet(store, prefix):
     proc = ctl(store, prefix, "reserve", "10.244.8.1/24", "--public-ip", "192.168.1.17")
     assert proc.returncode == 2
@@ -175,3 +189,21 @@ def test_reserve_refused_in_kube_mode(tmp_path):
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 1
     assert "in kube mode a lease is a Node's podCIDR and annotations" in proc.stderr
+
+
+def test_a_key_no_flanneld_can_use_is_shown_and_released_by_its_key(store, prefix):
+    """What `flannelctl doctor` advises for such a key must work."""
+    deep = '{"PublicIP":"192.168.1.13","BackendData":' + "[" * 40 + "]" * 40 + "}"
+    store.ctl("put", f"{prefix}/subnets/10.244.3.0-24", deep)
+    shown = ctl(store, prefix, "show", "10.244.3.0-24")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[:2] == [
+        "key:             10.244.3.0-24",
+        "problem:         lease value nests JSON deeper than the limit of 32 levels"]
+    released = ctl(store, prefix, "release", "10.244.3.0-24", "--yes")
+    assert (released.returncode, released.stdout) == (
+        0, "released 10.244.3.0-24 (lease that no flanneld can use: lease value nests JSON "
+           "deeper than the limit of 32 levels)\n")
+    assert store.ctl("get", f"{prefix}/subnets/10.244.3.0-24").stdout == ""
+    assert ctl(store, prefix, "release", "garbage", "--yes").returncode == 0
+    assert store.ctl("get", f"{prefix}/subnets/garbage").stdout == ""

@@ -2,9 +2,10 @@
 
 Three vxlan nodes run while leases that no node should act on are written under the subnets
 prefix: a value nested a thousand levels deep, a key that names the underlay itself, a key
-that names half of the address space, one with the wrong prefix length, and one whose public
-IP is loopback. Every node keeps running, programs none of them, keeps its pods connected,
-restarts cleanly with them present, and a new node still joins.
+that names half of the address space, one with the wrong prefix length, one whose public
+IP is loopback, and one whose vxlan data has no usable MAC. Every node keeps running,
+programs none of them, keeps its pods connected, restarts cleanly with them present, and a
+new node still joins.
 """
 
 from __future__ import annotations
@@ -38,9 +39,14 @@ HOSTILE = {
     "0.0.0.0-1": lease_value("192.168.111.79"),
     "10.244.78.0-25": lease_value("192.168.111.80"),  # not the configured SubnetLen
     "10.244.79.0-24": lease_value("127.0.0.1"),  # a public IP no peer can be reached at
+    # Usable for the store, not for vxlan: no MAC to send the peer's packets to.
+    "10.244.81.0-24": lease_value("192.168.111.81", '{"VNI":1,"VtepMAC":"zz"}'),
 }
 HOSTILE_ROUTES = ("10.244.77.0/24", "192.168.111.0/25", "0.0.0.0/1", "10.244.78.0/25",
-                  "10.244.79.0/24")
+                  "10.244.79.0/24", "10.244.81.0/24")
+VTEP_SKIPPED = ("ignoring peer 10.244.81.0-24: its IPv4 backend data has no valid VtepMAC (a "
+                'vxlan lease needs {"VtepMAC":"<6-byte MAC>"}); the node that owns it rewrites '
+                "it on restart, or delete the lease")
 
 
 def running(lab, index: int) -> bool:
@@ -76,6 +82,7 @@ def test_hostile_leases_are_skipped_and_harm_no_node(lab3):
         assert running(lab, index), lab.log(index)[-3000:]
         table = routes(lab, index)
         assert not any(route in table for route in HOSTILE_ROUTES), table
+        assert lab.log(index).count(VTEP_SKIPPED) == 1, lab.log(index)[-3000:]
     wait_for_mesh(lab, [1, 2, 3], ipv6=False, timeout=10)
 
     # A restart with the records present comes up and stays connected.

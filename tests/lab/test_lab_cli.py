@@ -124,7 +124,7 @@ def test_down_of_a_missing_lab_says_so(make_lab, tmp_path):
     lab.directory.rmdir()
 
 
-def test_bad_config_is_refused_before_anything_is_built(make_lab):
+def test_bad_config_is_refused_before_anything_is_built(make_lab, tmp_path):
     lab = make_lab()
     for config, message in (
             ('{"Network": ', "network config is not valid JSON: Expecting value: line 1 "
@@ -136,6 +136,14 @@ def test_bad_config_is_refused_before_anything_is_built(make_lab):
         assert (result.returncode, result.stdout) == (2, "")
         assert result.stderr == f"flannel-lab: --config: {message}\n"
         assert not lab.directory.exists()
+    # A file name instead of the JSON text: said so.
+    path = tmp_path / "net-conf.json"
+    path.write_text('{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}')
+    result = lab_cli(lab, "up", "--config", str(path))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.endswith(
+        f'(--config takes the JSON text, not a file name: --config "$(cat {path})")\n')
+    assert not lab.directory.exists()
 
 
 def test_config_members_are_case_insensitive_as_for_flanneld(make_lab):

@@ -36,6 +36,8 @@ def test_launcher_and_conflist_recognition(tmp_path):
     assert not is_flannel_conflist('{"plugins": [{"type": "calico"}]}')
     assert not is_flannel_conflist("[1, 2]")
     assert not is_flannel_conflist("not json")
+    # Nested past the recursion limit: not ours, and no crash (cleanup leaves it alone).
+    assert not is_flannel_conflist("{\"plugins\":" + "[" * 3000 + "]" * 3000 + "}")
 
 
 def test_symlinks_and_large_files_are_never_followed_or_taken(tmp_path):

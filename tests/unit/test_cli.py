@@ -205,6 +205,17 @@ GIVE_ADDRESS = "give this node's address on the network between the nodes"
     (["--healthz-ip="], {},
      "--healthz-ip=: not an IP address; give the address to listen on, such as 127.0.0.1, "
      "or 0.0.0.0 for every address"),
+    # A value of the wrong kind: the reason, not argparse's "invalid convert value".
+    (["--subnet-lease-ttl=999999999999"], {},
+     "argument -subnet-lease-ttl/--subnet-lease-ttl: '999999999999' is not a duration such "
+     "as 24h, 90m or 3600s"),
+    (["--iptables-resync=abc"], {},
+     "argument -iptables-resync/--iptables-resync: 'abc' is not an integer"),
+    (["--ip-masq=maybe"], {},
+     "argument -ip-masq/--ip-masq: 'maybe' is not a boolean (use true or false)"),
+    ([], {"FLANNELD_IPTABLES_RESYNC": "abc"},
+     "FLANNELD_IPTABLES_RESYNC='abc': invalid value for --iptables-resync: 'abc' is not an "
+     "integer"),
 ])
 def test_values_that_hurt_are_refused_with_the_flag_and_range(argv, env, message):
     with pytest.raises(UsageError) as caught:

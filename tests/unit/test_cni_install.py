@@ -163,6 +163,16 @@ def test_a_bad_conflist_is_refused(tmp_path):
     assert not (tmp_path / "conf" / "10-flannel.conflist").exists()
 
 
+def test_a_conflist_nested_too_deep_is_refused_without_a_traceback(tmp_path):
+    source = tmp_path / "cni-conf.json"
+    source.write_text('{"plugins":' + "[" * 3000 + "]" * 3000 + "}")
+    proc = install(tmp_path, "--plugin", "none", "--conflist", str(source))
+    assert proc.returncode == 1
+    assert proc.stderr == (f"flannelctl install-cni: --conflist {source} nests JSON deeper "
+                           "than the limit of 32 levels\n")
+    assert not (tmp_path / "conf" / "10-flannel.conflist").exists()
+
+
 def test_help_says_what_is_installed(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")
     with pytest.raises(SystemExit):

@@ -1,12 +1,14 @@
 """Property tests: every decoder flanneld applies to the store and its files survives
-hostile input (targets in tests/support/fuzz_store.py; bench/fuzz.py runs many more)."""
+hostile input (targets in tests/support/fuzz_store.py and tests/support/fuzz_backends.py;
+bench/fuzz.py runs many more)."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.support.fuzz_store import TARGETS
+from tests.support import fuzz_backends, fuzz_store
 
 EXAMPLES = 300
+TARGETS = fuzz_store.TARGETS + fuzz_backends.TARGETS
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])

@@ -74,6 +74,17 @@ def test_pre_startup_output_is_published_as_a_json_string():
                                      "ls /nonexistent-pre-startup; output: ls: ")
 
 
+def test_pre_startup_output_peers_would_refuse_is_not_published():
+    # 40,000 NUL characters: 240,000 bytes as a JSON string, beyond a lease's 64 KiB.
+    command = "head -c 40000 /dev/zero"
+    with pytest.raises(CommandFailed) as err:
+        pre_startup(cfg(PreStartupCommand=command))
+    assert str(err.value) == (
+        "extension pre-startup command printed 40000 characters: as BackendData that is more "
+        "than the 64512 bytes other nodes accept in a lease, so every peer would ignore this "
+        f"node; print less: {command}")
+
+
 def test_post_startup_environment():
     own = lease(1, v6=True)
     assert post_startup_env(IPv4Network("10.5.0.0/16"), IPv6Network("fd00:5::/48"), own) == {
@@ -131,8 +142,12 @@ def test_failed_commands_are_retried_on_the_next_pass(tmp_path, caplog, monkeypa
 
 def test_a_lease_whose_data_is_not_a_json_string_is_skipped(recorder, caplog):
     peers = ExtensionPeers(cfg(SubnetAddCommand=f"{PY} -c $REC add"))
-    status = peers.reconcile([lease(2, data='{"VNI":1}'), lease(3, data=None)])
-    assert status.skipped == ["10.5.2.0-24"] and status.in_sync
-    assert "ignoring extension lease 10.5.2.0-24: its BackendData is not a JSON string" in (
-        caplog.text)
+    deep = "[" * 5000 + "]" * 5000  # past the recursion limit: skipped like any other
+    status = peers.reconcile([lease(2, data='{"VNI":1}'), lease(3, data=None),
+                              lease(4, data=deep)])
+    assert status.skipped == ["10.5.2.0-24", "10.5.4.0-24"] and status.in_sync
+    assert ("ignoring extension lease 10.5.2.0-24: its BackendData is not a JSON string (the "
+            "output of the owner's PreStartupCommand); the node that owns it rewrites it on "
+            "restart, or delete the lease") in caplog.text
+    assert "ignoring extension lease 10.5.4.0-24" in caplog.text
     assert [call[2] for call in recorder()] == ["\n"]

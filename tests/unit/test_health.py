@@ -43,3 +43,32 @@ def test_one_bounded_line():
     text = public_reason("first\nsecond\r\x00third " + "x" * 1000)
     assert text.startswith("first second third x")
     assert len(text) == REASON_LIMIT and text.endswith("...")
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n",  # a request line beyond 64 KiB
+    b"GET /readyz HTTP/1.1\r\nX-Long: " + b"b" * 70000 + b"\r\n\r\n",  # one header too
+])
+async def test_an_oversized_request_gets_431_and_logs_no_traceback(request_bytes, caplog):
+    import asyncio
+
+    server = HealthServer(lambda: (True, ""))
+    await server.start("127.0.0.1", 0)
+    try:
+        port = server._server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(request_bytes)
+        await writer.drain()
+        reply = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        # The server still answers the next client.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\n\r\n")
+        healthy = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    finally:
+        await server.stop()
+    assert reply.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert reply.endswith(b"\r\n\r\nrequest line or header too long\n")
+    assert healthy.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert "Traceback" not in caplog.text and "Unhandled exception" not in caplog.text

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from flannel import boundedjson
 from flannel.ops.checks import Context
 from flannel.ops.findings import Finding
 from flannel.ops.kernelview import ToolError, read_sysctl, run_tool
@@ -126,8 +125,8 @@ def check_forward(ctx: Context) -> list[Finding]:
 
 def _conflist_types(text: str) -> set[str]:
     try:
-        doc = json.loads(text)
-    except ValueError:
+        doc = boundedjson.loads(text, what="conflist", max_bytes=boundedjson.MAX_CONFIG_BYTES)
+    except boundedjson.JSONLimitError:
         return set()
     plugins = doc.get("plugins") if isinstance(doc, dict) else None
     if not isinstance(plugins, list):
