@@ -455,13 +455,14 @@ def _credentials(user: _Fields, base: str, context: ssl.SSLContext | None,
                               "client certificate or an exec plugin")
     token, token_file = user.text("token"), user.path_of("tokenFile", base)
     username, password = user.text("username"), user.text("password")
+    # The order lightkube used: a token file (re-read, so it may rotate) over a token.
+    if token_file:
+        return TokenFile(token_file)
+    if token:
+        return StaticToken(token, f"the token of {user.path} in {file}")
     exec_spec = user.data.get("exec")
     if exec_spec is not None:
         return _exec_plugin(_Fields(exec_spec, user.name("exec"), file), base, context)
-    if token:
-        return StaticToken(token, f"the token of {user.path} in {file}")
-    if token_file:
-        return TokenFile(token_file)
     if username is not None or password is not None:
         if not username or password is None:
             raise user.refuse("username" if not username else "password",
