@@ -403,3 +403,24 @@ async def test_watch_stream_is_bounded_in_time(api, tmp_path):
         assert events == [("ADDED", "node2")]
     finally:
         await client.close()
+
+
+async def test_oversized_answers_are_refused_with_the_bound(api, tmp_path):
+    await api.start()
+    client = KubeClient(client_config(api.url, "", {}))
+    sm = manager(client, tmp_path)
+    try:
+        api.header_padding = 70_000
+        with pytest.raises(KubeUnavailable) as caught:
+            await sm.get_node()
+        assert str(caught.value) == (f"cannot get node 'node1': {api.url}: a header or "
+                                     "chunk-size line is longer than 65536 bytes")
+        api.header_padding = 0
+        api.put_node("node1", annotations={"example.com/big": "x" * (4 << 20)})
+        with pytest.raises(KubeUnavailable) as caught:
+            await sm.get_node()
+        assert str(caught.value).endswith("is larger than the limit of 3145728 bytes")
+        api.put_node("node1", annotations={"example.com/big": ""})
+        assert (await sm.get_node())["metadata"]["name"] == "node1"  # and it recovers
+    finally:
+        await sm.close()

@@ -27,8 +27,9 @@ real API server does:
 Served over TLS (``start(tls=...)``, an ``ssl.SSLContext`` that may require client
 certificates) and with an ``Authorization`` header required when ``authorization`` is set:
 anything else gets 401 ``Unauthorized`` as a ``Status``. ``fail_next`` queues error
-``Status`` answers for the next requests (429, 5xx, 403...), and ``truncate_next`` closes the
-connection halfway through the next response body.
+``Status`` answers for the next requests (429, 5xx, 403...), ``truncate_next`` closes the
+connection halfway through the next response body, and ``header_padding`` adds a header of
+that many bytes to every answer.
 
 Each event is serialized once and shared by every watch stream; a stream writes with flow
 control (a slow reader slows its own stream only) and ends when its client goes away.
@@ -102,6 +103,7 @@ class FakeKubeAPI:
         #: (code, message) error answers for the next requests, in order.
         self.fail_next: list[tuple[int, str]] = []
         self.truncate_next = 0
+        self.header_padding = 0  # bytes of an extra X-Padding header on every answer
         self.connections = 0  # connections accepted
 
     # -- test controls ------------------------------------------------------------------
@@ -216,8 +218,10 @@ class FakeKubeAPI:
                 else:
                     code, doc = await self._handle(method, url.path, query, headers, body)
                 data = json.dumps(doc).encode()
+                padding = f"X-Padding: {'x' * self.header_padding}\r\n" \
+                    if self.header_padding else ""
                 writer.write(f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(data)}\r\n\r\n".encode())
+                             f"{padding}Content-Length: {len(data)}\r\n\r\n".encode())
                 if self.truncate_next:
                     self.truncate_next -= 1
                     writer.write(data[:len(data) // 2])
