@@ -85,7 +85,8 @@ class KubeClient:
                  list_timeout: float = LIST_TIMEOUT, page_size: int = LIST_PAGE_SIZE,
                  max_page_bytes: int = MAX_PAGE_BYTES,
                  max_event_bytes: int = MAX_OBJECT_BYTES,
-                 watch_timeout: tuple[int, int] = WATCH_TIMEOUT_RANGE) -> None:
+                 watch_timeout: tuple[int, int] = WATCH_TIMEOUT_RANGE,
+                 watch_grace: float = WATCH_GRACE) -> None:
         self.config = config
         self.request_timeout = request_timeout
         self.list_timeout = list_timeout
@@ -93,6 +94,7 @@ class KubeClient:
         self.max_page_bytes = max_page_bytes
         self.max_event_bytes = max_event_bytes
         self.watch_timeout = watch_timeout
+        self.watch_grace = watch_grace
         self._idle: list[Connection] = []
 
     # -- transport ----------------------------------------------------------------------
@@ -143,8 +145,8 @@ class KubeClient:
             if content_type:
                 headers["Content-Type"] = content_type
             reused = bool(self._idle)
+            # The caller's timeout bounds this exchange: no watchdog timer of its own.
             conn = self._idle.pop() if reused else await self._connect(deadline)
-            conn.deadline = deadline
             answered = False
             try:
                 await conn.send(method, target, self.config.host_header, headers, body)
@@ -269,13 +271,13 @@ class KubeClient:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout
         conn = None
+        limit = self.request_timeout
         try:
             try:
                 async with asyncio.timeout_at(deadline):
                     headers = {"Accept": "application/json", "User-Agent": "flanneld",
                                **await self.config.credentials.headers()}
                     conn = await self._connect(deadline)
-                    conn.deadline = deadline
                     await conn.send("GET", target, self.config.host_header, headers)
                     head = await conn.read_head()
                     if head.status != 200:
@@ -283,13 +285,14 @@ class KubeClient:
                         if head.status == 401:
                             self.config.credentials.invalidate()
                         raise self._status_error(head.status, body, "watch nodes")
-                conn.deadline = loop.time() + seconds + WATCH_GRACE
+                limit = seconds + self.watch_grace
+                conn.deadline = loop.time() + limit
                 async for line in conn.lines(head, self.max_event_bytes):
                     yield self._event(line)
             except BodyTooLarge as err:
                 raise ApiUnreachable(f"node watch: {err}", relist=True) from None
             except (OSError, TimeoutError, ProtocolError, CredentialError) as err:
-                raise self._unreachable(err, self.request_timeout) from None
+                raise self._unreachable(err, limit) from None
         finally:
             if conn is not None:
                 conn.close()

@@ -4,8 +4,10 @@ Owns: writing a request, reading the status line and headers (at most ``MAX_HEAD
 ``MAX_HEADERS`` fields), reading a body framed by Content-Length, chunked transfer coding or
 the end of the connection, within a byte bound the caller gives, and splitting a streamed
 body into lines within a line bound (watch events). Every read ends by the connection's
-``deadline`` (a loop time) if one is set. Whatever the peer sends, the only exceptions are
-``ProtocolError``, ``OSError`` (``ConnectionError``, ``ssl.SSLError``) and ``TimeoutError``.
+``deadline`` (a loop time) if one is set: one timer per deadline aborts the connection
+(a timer per read cost more than the parsing of a watch event). Whatever the peer sends,
+the only exceptions are ``ProtocolError``, ``OSError`` (``ConnectionError``,
+``ssl.SSLError``) and ``TimeoutError``.
 Must not touch: the API's objects, credentials, the kernel.
 """
 
@@ -47,7 +49,9 @@ class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
-        self.deadline: float | None = None
+        self._deadline: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.expired = False
         self.reusable = False
 
     @classmethod
@@ -59,12 +63,36 @@ class Connection:
                 limit=MAX_HEAD_BYTES)
         return cls(reader, writer)
 
+    @property
+    def deadline(self) -> float | None:
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, when: float | None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._deadline, self._watchdog = when, None
+        if when is not None:
+            self._watchdog = asyncio.get_running_loop().call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.writer.transport.abort()
+
     async def _bounded(self, read: Awaitable[T]) -> T:
-        async with asyncio.timeout_at(self.deadline):
-            return await read
+        try:
+            result = await read
+        except (ConnectionError, asyncio.IncompleteReadError):
+            if self.expired:
+                raise TimeoutError("the deadline passed") from None
+            raise
+        if self.expired:  # an aborted connection reads as its end
+            raise TimeoutError("the deadline passed")
+        return result
 
     def close(self) -> None:
         self.reusable = False
+        self.deadline = None
         self.writer.close()
 
     async def send(self, method: str, target: str, host: str, headers: dict[str, str],

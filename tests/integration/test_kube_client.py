@@ -20,7 +20,7 @@ from flannel.lease import EventType
 from flannel.subnet.annotations import Annotations
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.kube import KubeError, KubeSubnetManager, KubeUnavailable, kube_client
-from flannel.subnet.kubeclient import KubeClient
+from flannel.subnet.kubeclient import ApiUnreachable, KubeClient
 from flannel.subnet.kubeconfig import client_config
 from tests.integration.test_kube_manager import VXLAN, Follower, remote
 from tests.support.kubeapi import FakeKubeAPI
@@ -401,6 +401,14 @@ async def test_watch_stream_is_bounded_in_time(api, tmp_path):
         api.put_node("node2", ["10.244.2.0/24"])
         await asyncio.wait_for(follow(), 10)  # ends by itself after timeoutSeconds
         assert events == [("ADDED", "node2")]
+    finally:
+        await client.close()
+    # A stream that stays silent past timeoutSeconds plus the grace is given up.
+    api.stall_watches = True
+    client = KubeClient(client_config(api.url, "", {}), watch_timeout=(1, 2), watch_grace=0.5)
+    try:
+        with pytest.raises(ApiUnreachable, match=f"^{api.url} did not answer within 1.5s$"):
+            await asyncio.wait_for(anext(client.watch_nodes(str(api.rv))), 10)
     finally:
         await client.close()
 

@@ -28,8 +28,9 @@ Served over TLS (``start(tls=...)``, an ``ssl.SSLContext`` that may require clie
 certificates) and with an ``Authorization`` header required when ``authorization`` is set:
 anything else gets 401 ``Unauthorized`` as a ``Status``. ``fail_next`` queues error
 ``Status`` answers for the next requests (429, 5xx, 403...), ``truncate_next`` closes the
-connection halfway through the next response body, and ``header_padding`` adds a header of
-that many bytes to every answer.
+connection halfway through the next response body, ``header_padding`` adds a header of
+that many bytes to every answer, and ``stall_watches`` makes watch streams outlive their
+``timeoutSeconds`` silently (as a stuck proxy would).
 
 Each event is serialized once and shared by every watch stream; a stream writes with flow
 control (a slow reader slows its own stream only) and ends when its client goes away.
@@ -105,6 +106,7 @@ class FakeKubeAPI:
         self.truncate_next = 0
         self.header_padding = 0  # bytes of an extra X-Padding header on every answer
         self.connections = 0  # connections accepted
+        self.stall_watches = False  # watch streams ignore timeoutSeconds (a stuck proxy)
 
     # -- test controls ------------------------------------------------------------------
 
@@ -289,11 +291,15 @@ class FakeKubeAPI:
         self._watch_writers.add(writer)
 
         def send(line: bytes) -> None:
+            if writer.is_closing():  # the client went away: the loop below ends the stream
+                return
             writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
 
         try:
             since = int(query.get("resourceVersion") or 0)
             timeout = float(query.get("timeoutSeconds") or 3600)
+            if self.stall_watches:
+                timeout = 3600
             if since == 0:
                 for node in self.nodes.values():
                     send(_event_line("ADDED", node))
