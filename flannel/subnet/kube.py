@@ -109,8 +109,19 @@ def node_view(raw: Any, prefix: str) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise UnusableNode(f"node {name}: spec is not a map")
     mine = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(prefix)}
+    for key, value in mine.items():
+        if not isinstance(value, str):
+            raise UnusableNode(f"node {name}: annotation {key} must be a string")
+    # Only strings are kept: nothing nested from the API outlives decoding.
+    cidr, cidrs = spec.get("podCIDR"), spec.get("podCIDRs")
+    cidr_ok = cidr is None or isinstance(cidr, str)
+    cidrs_ok = cidrs is None or (isinstance(cidrs, list) and
+                                 all(isinstance(c, str) for c in cidrs))
+    if not cidr_ok or not cidrs_ok:
+        raise UnusableNode(f'node "{name}": pod CIDRs must be a list of CIDR strings')
+    kept_spec = {k: v for k, v in (("podCIDR", cidr), ("podCIDRs", cidrs)) if v is not None}
     return {"metadata": {"name": name, "resourceVersion": version, "annotations": mine},
-            "spec": {k: spec[k] for k in ("podCIDR", "podCIDRs") if k in spec}}
+            "spec": kept_spec}
 
 
 def _name_of(raw: Any) -> str:
@@ -223,6 +234,8 @@ class KubeSubnetManager:
         try:
             v4 = annotations.get(self.names.node_public_ip)
             v6 = annotations.get(self.names.node_public_ipv6)
+            if not isinstance(v4 or "", str) or not isinstance(v6 or "", str):
+                raise ValueError("not a string")
             return (IPv4Address(v4) if v4 else None, IPv6Address(v6) if v6 else None)
         except ValueError as err:
             raise KubeError(f"node {self.node_name}: annotation {self.names.node_public_ip} "
@@ -386,6 +399,12 @@ class KubeSubnetManager:
                 self.status.reconnects += 1
                 log.warning("node watch failed (%s); retrying in %.1fs",
                             api_failure(err, "watch nodes"), backoff.delay)
+            except Exception as err:  # never let the watch task die: it would stall silently
+                self.status.watching = False
+                self.status.reconnects += 1
+                need_list = True
+                log.warning("node watch failed unexpectedly (%s: %s); relisting in %.1fs",
+                            type(err).__name__, err, backoff.delay)
             await backoff.wait()
 
     def _lease_of(self, node: dict[str, Any], config: NetworkConfig) -> Lease | None:

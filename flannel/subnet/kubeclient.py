@@ -42,8 +42,10 @@ MAX_PAGE_BYTES = 64 * 1024 * 1024
 #: One object: etcd refuses requests over 1.5 MiB, so no stored Node is larger; the watch
 #: envelope and JSON escaping stay within twice that.
 MAX_OBJECT_BYTES = 3 * 1024 * 1024
-#: API documents nest about 12 levels (a list, a node, managedFields' fieldsV1).
-MAX_API_DEPTH = 64
+#: API documents are decoded without boundedjson's depth pre-scan (at 5000 nodes it cost
+#: more than the decoding): the decoder's recursion guard bounds them, and the store keeps
+#: only flat views of nodes (kube.node_view), never their nested parts.
+MAX_API_DEPTH = None
 #: The server ends a watch after timeoutSeconds, picked at random in this range (as
 #: client-go does, so a fleet does not reconnect at once); a stream silent for longer than
 #: that plus WATCH_GRACE is dead.

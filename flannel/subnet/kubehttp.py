@@ -162,6 +162,8 @@ class Connection:
         """The body's data as it arrives, in reads of at most 64 KiB. ``whole``: the body
         may total at most ``max_bytes``; otherwise it is a stream the caller bounds."""
         chunked, length = self._framing(head)
+        if head.status in (204, 304):  # never a body (RFC 9112 6.3)
+            chunked, length = False, 0
         keep_alive = "close" not in head.headers.get("connection", "").lower()
         if not chunked:
             if length is not None and whole and length > max_bytes:

@@ -330,6 +330,8 @@ async def test_hostile_node_objects_are_skipped_once_and_others_converge(api, tm
         "annotations-list": {"metadata": {"name": "annotations-list", "annotations": ["a"]}},
         "metadata-number": {"metadata": 7},
         "name-number": {"metadata": {"name": 42, "annotations": {}}, "spec": {}},
+        "deep-annotation": {"metadata": {"name": "deep-annotation", "annotations": {
+            "flannel.alpha.coreos.com/backend-data": json.loads("[" * 100 + "]" * 100)}}},
         "cidrs-number": {"metadata": {"name": "cidrs-number", "annotations": {
             "flannel.alpha.coreos.com/kube-subnet-manager": "true"}}, "spec": {"podCIDRs": 7}},
         "annotation-number": {"metadata": {"name": "annotation-number", "annotations": {
@@ -360,10 +362,11 @@ async def test_hostile_node_objects_are_skipped_once_and_others_converge(api, tm
         "spec-string": "spec is not a map",
         "annotations-list": "metadata.annotations is not a map",
         "(unnamed)": "metadata.name is not a node name",
+        "deep-annotation": "annotation flannel.alpha.coreos.com/backend-data must be a string",
         "cidrs-number": 'node "cidrs-number": pod CIDRs must be a list of CIDR strings',
         "annotation-number": "annotation flannel.alpha.coreos.com/public-ip must be a string"}
     warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ignoring")]
-    assert len(warnings) == len(set(warnings)) == 5
+    assert len(warnings) == len(set(warnings)) == 6
     assert sm.undecodable.total >= len(hostile)
 
 
@@ -432,3 +435,36 @@ async def test_oversized_answers_are_refused_with_the_bound(api, tmp_path):
         assert (await sm.get_node())["metadata"]["name"] == "node1"  # and it recovers
     finally:
         await sm.close()
+
+
+async def test_kubeconfig_with_user_name_and_password_and_insecure_skip_verify(api, pki,
+                                                                              tmp_path):
+    api.authorization = "Basic " + base64.b64encode(b"admin:pa:ss").decode()
+    await api.start(tls=pki.server_context())
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                            {"insecure-skip-tls-verify": True},
+                            {"username": "admin", "password": "pa:ss"})
+    client = kube_client("", str(path), {})
+    try:
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+    finally:
+        await client.close()
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                            {"insecure-skip-tls-verify": "yes"}, {"username": "admin"})
+    with pytest.raises(KubeError, match=r"clusters\[0\]\.cluster\.insecure-skip-tls-verify "
+                                        "must be true or false"):
+        kube_client("", str(path), {})
+
+
+async def test_kube_api_url_replaces_the_kubeconfig_server(api, pki, tmp_path):
+    """As Go flannel's BuildConfigFromFlags: the flag wins, the kubeconfig's TLS and user
+    stay."""
+    api.authorization = "Bearer s3cret"
+    await api.start(tls=pki.server_context())
+    path = write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:1",
+                            {"certificate-authority": str(pki.ca)}, {"token": "s3cret"})
+    client = kube_client(api.url, str(path), {})
+    try:
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+    finally:
+        await client.close()
