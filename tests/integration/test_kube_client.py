@@ -468,3 +468,19 @@ async def test_kube_api_url_replaces_the_kubeconfig_server(api, pki, tmp_path):
         assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
     finally:
         await client.close()
+
+
+async def test_watch_events_cut_across_chunks_arrive_whole(api, tmp_path):
+    await api.start()
+    api.chunk_size = 7  # every event line spans many chunks, cut mid-token
+    client = KubeClient(client_config(api.url, "", {}), watch_timeout=(1, 2))
+    try:
+        since = str(api.rv)
+        api.put_node("node2", ["10.244.2.0/24"], {"example.com/x": "é" * 50})
+        api.delete_node("node2")
+        events = [(kind, node["metadata"]["name"], node["metadata"]["annotations"])
+                  async for kind, node in client.watch_nodes(since)]
+        assert events == [("ADDED", "node2", {"example.com/x": "é" * 50}),
+                          ("DELETED", "node2", {"example.com/x": "é" * 50})]
+    finally:
+        await client.close()

@@ -29,7 +29,8 @@ certificates) and with an ``Authorization`` header required when ``authorization
 anything else gets 401 ``Unauthorized`` as a ``Status``. ``fail_next`` queues error
 ``Status`` answers for the next requests (429, 5xx, 403...), ``truncate_next`` closes the
 connection halfway through the next response body, ``header_padding`` adds a header of
-that many bytes to every answer, and ``stall_watches`` makes watch streams outlive their
+that many bytes to every answer, ``chunk_size`` cuts watch events across chunks (as a proxy
+may), and ``stall_watches`` makes watch streams outlive their
 ``timeoutSeconds`` silently (as a stuck proxy would).
 
 Each event is serialized once and shared by every watch stream; a stream writes with flow
@@ -106,6 +107,7 @@ class FakeKubeAPI:
         self.truncate_next = 0
         self.header_padding = 0  # bytes of an extra X-Padding header on every answer
         self.connections = 0  # connections accepted
+        self.chunk_size = 0  # >0: watch events are cut into chunks of this many bytes
         self.stall_watches = False  # watch streams ignore timeoutSeconds (a stuck proxy)
 
     # -- test controls ------------------------------------------------------------------
@@ -293,7 +295,10 @@ class FakeKubeAPI:
         def send(line: bytes) -> None:
             if writer.is_closing():  # the client went away: the loop below ends the stream
                 return
-            writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            step = self.chunk_size or len(line)
+            for start in range(0, len(line), step):
+                piece = line[start:start + step]
+                writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
 
         try:
             since = int(query.get("resourceVersion") or 0)
