@@ -78,8 +78,7 @@ def api_failure(err: ApiStatusError | ApiUnreachable, what: str) -> KubeError | 
         return KubeUnavailable(f"{what}: {message} (HTTP {code})")
     if code == 401:
         return KubeError(f"{what}: {message} (HTTP 401): the API server did not accept "
-                         f"{err.credentials}; renew the token or fix the credentials of "
-                         "--kubeconfig-file")
+                         f"{err.credentials}; renew or correct these credentials")
     if code == 403:
         return KubeError(f"{what}: {message} (HTTP 403): allow flanneld's service account "
                          f"to {err.permission} (the ClusterRole flannel in "

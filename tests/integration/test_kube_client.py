@@ -84,8 +84,7 @@ async def test_in_cluster_token_file_rotation_is_picked_up(api, pki, tmp_path):
             await manager(client, tmp_path).get_node()
         assert str(caught.value) == (
             "cannot get node 'node1': Unauthorized (HTTP 401): the API server did not accept "
-            f"the token file {account}/token; renew the token or fix the credentials of "
-            "--kubeconfig-file")
+            f"the token file {account}/token; renew or correct these credentials")
     finally:
         await client.close()
 
@@ -152,8 +151,7 @@ async def test_kubeconfig_with_token_and_a_wrong_one(api, pki, tmp_path):
             await manager(client, tmp_path).get_node()
         assert str(caught.value) == (
             "cannot get node 'node1': Unauthorized (HTTP 401): the API server did not accept "
-            f"the token of users[0].user in {path}; renew the token or fix the credentials "
-            "of --kubeconfig-file")
+            f"the token of users[0].user in {path}; renew or correct these credentials")
         assert "wrong" not in str(caught.value)
     finally:
         await client.close()
