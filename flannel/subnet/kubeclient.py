@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from flannel import boundedjson
-from flannel.subnet.kubeconfig import ClusterConfig, CredentialError
+from flannel.subnet.kubeauth import CredentialError
+from flannel.subnet.kubeconfig import ClusterConfig
 from flannel.subnet.kubehttp import BodyTooLarge, Connection, ProtocolError
 
 log = logging.getLogger(__name__)

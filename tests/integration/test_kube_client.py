@@ -372,7 +372,7 @@ def test_key_files_are_private(tmp_path, pki, monkeypatch):
     """The scratch file ssl loads a key from is created 0600, O_EXCL, and is gone after."""
     import ssl
 
-    from flannel.subnet import kubeconfig
+    from flannel.subnet import kubeauth
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     seen = []
@@ -383,7 +383,7 @@ def test_key_files_are_private(tmp_path, pki, monkeypatch):
         return real(self, path, *rest)
 
     monkeypatch.setattr(ssl.SSLContext, "load_cert_chain", spy)
-    kubeconfig.load_key_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
+    kubeauth.load_key_pair(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT),
                              pki.client_cert.read_bytes(), pki.client_key.read_bytes())
     assert seen == [0o600] and list(tmp_path.iterdir()) == []
 

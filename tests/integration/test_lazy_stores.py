@@ -1,6 +1,6 @@
 """Each store's client is loaded only in its own mode: kube mode never loads grpc (the etcd
 client), etcd mode never loads flanneld's Kubernetes API client (flannel.subnet.kubeclient and
-its HTTP and config modules), ``flanneld --version`` loads neither."""
+its HTTP, config and credential modules), ``flanneld --version`` loads neither."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.support.waiting import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 ETCD_CLIENT = ("grpc", "aetcd")
 KUBE_CLIENT = ("flannel.subnet.kubeclient", "flannel.subnet.kubehttp",
-               "flannel.subnet.kubeconfig", "flannel.subnet.kube")
+               "flannel.subnet.kubeconfig", "flannel.subnet.kubeauth", "flannel.subnet.kube")
 
 PROBE = """
 import sys
