@@ -8,12 +8,12 @@ as the daemon's lease loop does, minus the kernel), and this orchestrator. Figur
 a baseline from the same rounds (rounds interleave figure and baseline; medians printed):
 
 - initial sync: first snapshot applied by the LeaseWatcher, vs a bare list of the same
-  objects from the same server (lightkube ``list(Node)``; etcd ``get_prefix``);
+  objects from the same server (the kube client's ``list_nodes``; etcd ``get_prefix``);
 - RSS of the driver holding the synced cache (from /proc), vs the same process before;
 - a storm of U updates that change nothing flannel publishes (kube: a heartbeat annotation
   and the Ready condition's heartbeat; etcd: every lease re-put with its value unchanged, as
   a renewal does): CPU per update and the lag behind the source, vs a bare watch consumer
-  (lightkube ``watch(Node)``; the etcd client's ``watch``) over the same storm; and the
+  (the kube client's ``watch_nodes``; the etcd client's ``watch``) over the same storm; and the
   LeaseWatcher events and backend syncs (updates handed to the lease loop) it caused;
 - a storm of U/10 updates that change a peer's public IP: the same, plus a check that every
   peer ends with its last published IP.
@@ -159,10 +159,8 @@ class Driver:
 
     def client(self) -> Any:
         if self.mode == "kube":
-            from lightkube import AsyncClient
-
-            from flannel.subnet.kube import client_config
-            return AsyncClient(config=client_config(self.url, ""))
+            from flannel.subnet.kube import kube_client
+            return kube_client(self.url, "", {})
         from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
         return EtcdClient(EtcdOptions(parse_endpoints(self.url)))
 
@@ -170,10 +168,9 @@ class Driver:
         client = self.client()
         start = time.perf_counter()
         if self.mode == "kube":
-            from lightkube.resources.core_v1 import Node
-            listing = client.list(Node)
-            count = len([node async for node in listing])
-            self.position = int(listing.resourceVersion)
+            nodes, version = await client.list_nodes(lambda node: node)
+            count = len(nodes)
+            self.position = int(version)
         else:
             kvs, self.position = await client.get_prefix(f"{PREFIX}/subnets/".encode())
             count = len(kvs)
@@ -237,9 +234,8 @@ class Driver:
 
         async def follow() -> None:
             if self.mode == "kube":
-                from lightkube.resources.core_v1 import Node
-                async for _kind, node in client.watch(Node, resource_version=str(self.position)):
-                    self.position = int(node.metadata.resourceVersion)
+                async for _kind, node in client.watch_nodes(str(self.position)):
+                    self.position = int(node["metadata"]["resourceVersion"])
             else:
                 async for batch in client.watch(f"{PREFIX}/subnets/".encode(),
                                                 self.position + 1):
@@ -287,8 +283,6 @@ async def drive(mode: str, url: str) -> None:
         driver = Driver(mode, url, Path(tmp))
         # Import the client and the manager first, so that RSS before a sync is the empty one.
         if mode == "kube":
-            from lightkube.resources.core_v1 import Node  # noqa: F401
-
             import flannel.subnet.kube
         else:
             import flannel.subnet.etcd  # noqa: F401

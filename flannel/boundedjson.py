@@ -88,20 +88,29 @@ def nests_deeper_than(text: str, max_depth: int) -> bool:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > max_depth
 
 
-def loads(raw: bytes | str, *, what: str, max_bytes: int, max_depth: int = MAX_DEPTH) -> Any:
+def loads(raw: bytes | str, *, what: str, max_bytes: int,
+          max_depth: int | None = MAX_DEPTH) -> Any:
     """Decode JSON within limits; JSONLimitError names ``what`` and the limit it broke.
 
     Bytes are UTF-8; invalid sequences become U+FFFD as Go's decoder does inside strings.
+    ``max_depth=None`` skips the pre-scan (it costs more than decoding a large document):
+    nesting is then bounded only by the decoder's recursion guard, whose RecursionError is
+    refused like any other limit. Only for callers that keep nothing nested of the result
+    (the Kubernetes client's node views).
     """
     size = _size(raw, max_bytes)
     if size > max_bytes:
         raise JSONLimitError(f"{what} is larger than the limit of {max_bytes} bytes")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     # Fewer openers than the limit cannot nest deeper: skip the scan (the common case).
-    if text.count("[") + text.count("{") > max_depth and nests_deeper_than(text, max_depth):
+    if max_depth is not None and text.count("[") + text.count("{") > max_depth and \
+            nests_deeper_than(text, max_depth):
         raise JSONLimitError(f"{what} nests JSON deeper than the limit of {max_depth} levels")
     try:
         return _DECODER.decode(text)
+    except RecursionError:
+        raise JSONLimitError(f"{what} nests JSON deeper than the decoder's recursion "
+                             "limit") from None
     except ValueError as err:
         # Also int() refusing more than sys.get_int_max_str_digits() digits.
         raise JSONLimitError(f"{what} is not valid JSON: {err}") from None

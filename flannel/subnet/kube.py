@@ -1,15 +1,17 @@
 """The Kubernetes subnet manager (``--kube-subnet-mgr``), compatible with kube-flannel.
 
-Owns: the API client config (``--kube-api-url`` / ``--kubeconfig-file`` / in-cluster), the
-node name (``NODE_NAME`` or the pod's ``spec.nodeName``), the network config file, this
+Owns: the node name (``NODE_NAME`` or the pod's ``spec.nodeName``), the network config file, this
 node's lease (its podCIDR(s), published as annotations with a strategic-merge patch of
 ``nodes/<name>/status``), the ``NetworkUnavailable=False`` condition, and the node
 list+watch: resumed from the last resourceVersion after a cut, relisted after 410 Gone,
 with a bounded wait for the first sync. Node changes are coalesced per node in a buffer of
 at most ``EVENT_QUEUE_DEPTH`` nodes (beyond that the consumer gets one snapshot instead),
-so the watch never blocks and the latest state of every node is never lost. API errors are
-classified by HTTP status: retryable (``KubeUnavailable``, a ``StoreUnavailable``) or fatal
-(``KubeError``, a ``StoreError`` saying what to fix).
+so the watch never blocks and the latest state of every node is never lost. Nodes are kept as
+small views (name, version, pod CIDRs, flannel's annotations); a node whose fields have the
+wrong types is skipped, logged once and counted, like one with bad annotations, and never
+stops the list or the watch. API errors are classified by HTTP status: retryable
+(``KubeUnavailable``, a ``StoreUnavailable``) or fatal (``KubeError``, a ``StoreError`` saying
+what to fix). The HTTP client and its config are kubeclient's and kubeconfig's.
 Must not touch: the kernel.
 """
 
@@ -41,6 +43,8 @@ from flannel.subnet.annotations import (
     published,
 )
 from flannel.subnet.errors import StoreError, StoreUnavailable
+from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.subnet.kubeconfig import KubeConfigError, client_config
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
@@ -63,17 +67,66 @@ class KubeUnavailable(StoreUnavailable):
     """The API server cannot answer now (overloaded, restarting); retry later."""
 
 
-def api_failure(err: Any, what: str) -> KubeError | KubeUnavailable:
-    """An ``ApiError`` classified by its HTTP status (never by its text)."""
-    code, message = err.status.code, err.status.message
+def api_failure(err: ApiStatusError | ApiUnreachable, what: str) -> KubeError | KubeUnavailable:
+    """A failed API call classified by its HTTP status (never by its text) or, without an
+    answer, as retryable unless retrying cannot help (an untrusted server certificate)."""
+    if isinstance(err, ApiUnreachable):
+        failure = KubeError if err.permanent else KubeUnavailable
+        return failure(f"{what}: {err.message}")
+    code, message = err.code, err.message
     if code in RETRYABLE_STATUS:
         return KubeUnavailable(f"{what}: {message} (HTTP {code})")
+    if code == 401:
+        return KubeError(f"{what}: {message} (HTTP 401): the API server did not accept "
+                         f"{err.credentials}; renew or correct these credentials")
+    if code == 403:
+        return KubeError(f"{what}: {message} (HTTP 403): allow flanneld's service account "
+                         f"to {err.permission} (the ClusterRole flannel in "
+                         "deploy/kube-flannel.yml)")
     return KubeError(f"{what}: {message}")
 
 
-def _node_dict(node: Any) -> dict[str, Any]:
-    as_dict: dict[str, Any] = node.to_dict() if hasattr(node, "to_dict") else node
-    return as_dict
+class UnusableNode(ValueError):
+    """A node object whose fields flanneld cannot read."""
+
+
+def node_view(raw: Any, prefix: str) -> dict[str, Any]:
+    """What flanneld keeps of a node: name, resourceVersion, pod CIDRs and the annotations
+    under ``prefix`` (nothing else is read, and a cluster of big nodes stays small)."""
+    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    version = meta.get("resourceVersion", "") if isinstance(meta, dict) else ""
+    if not isinstance(name, str) or not name or len(name) > 253 or not name.isprintable():
+        raise UnusableNode("metadata.name is not a node name")
+    if not isinstance(version, str):
+        raise UnusableNode(f"node {name}: metadata.resourceVersion is not a string")
+    assert isinstance(meta, dict)  # a name was found in it
+    annotations = meta.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        raise UnusableNode(f"node {name}: metadata.annotations is not a map")
+    spec = raw.get("spec") or {}
+    if not isinstance(spec, dict):
+        raise UnusableNode(f"node {name}: spec is not a map")
+    mine = {k: v for k, v in annotations.items() if isinstance(k, str) and k.startswith(prefix)}
+    for key, value in mine.items():
+        if not isinstance(value, str):
+            raise UnusableNode(f"node {name}: annotation {key} must be a string")
+    # Only strings are kept: nothing nested from the API outlives decoding.
+    cidr, cidrs = spec.get("podCIDR"), spec.get("podCIDRs")
+    cidr_ok = cidr is None or isinstance(cidr, str)
+    cidrs_ok = cidrs is None or (isinstance(cidrs, list) and
+                                 all(isinstance(c, str) for c in cidrs))
+    if not cidr_ok or not cidrs_ok:
+        raise UnusableNode(f'node "{name}": pod CIDRs must be a list of CIDR strings')
+    kept_spec = {k: v for k, v in (("podCIDR", cidr), ("podCIDRs", cidrs)) if v is not None}
+    return {"metadata": {"name": name, "resourceVersion": version, "annotations": mine},
+            "spec": kept_spec}
+
+
+def _name_of(raw: Any) -> str:
+    meta = raw.get("metadata") if isinstance(raw, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name[:253] if isinstance(name, str) and name.isprintable() else "(unnamed)"
 
 
 def _triple(lease: Lease) -> tuple[object, ...]:
@@ -105,7 +158,7 @@ def event_queue_depth(environ: dict[str, str]) -> int:
 class KubeSubnetManager:
     name = "kube"
 
-    def __init__(self, client: Any, node_name: str, names: Annotations,
+    def __init__(self, client: KubeClient, node_name: str, names: Annotations,
                  net_config_path: str, *, environ: dict[str, str] | None = None,
                  set_node_network_unavailable: bool = True,
                  queue_depth: int = DEFAULT_EVENT_QUEUE_DEPTH,
@@ -161,20 +214,27 @@ class KubeSubnetManager:
         return config
 
     async def get_node(self) -> dict[str, Any]:
-        from lightkube import ApiError
-        from lightkube.resources.core_v1 import Node
-
+        """This node's object, with ``metadata`` and ``spec`` maps (checked, else KubeError)."""
         name = await self.own_node_name()
         try:
-            return _node_dict(await self.client.get(Node, name))
-        except ApiError as err:
+            node = await self.client.get_node(name)
+        except (ApiStatusError, ApiUnreachable) as err:
             raise api_failure(err, f"cannot get node {name!r}") from None
+        meta = node.get("metadata") if isinstance(node, dict) else None
+        if not isinstance(meta, dict) or not isinstance(node.get("spec") or {}, dict) or \
+                not isinstance(meta.get("annotations") or {}, dict):
+            raise KubeError(f"node {name!r}: the API server sent a node whose metadata, "
+                            "annotations or spec is not a map")
+        checked: dict[str, Any] = node
+        return checked
 
     async def public_ip_overrides(self) -> tuple[IPv4Address | None, IPv6Address | None]:
         annotations = (await self._wait_for_own_node())["metadata"].get("annotations") or {}
         try:
             v4 = annotations.get(self.names.node_public_ip)
             v6 = annotations.get(self.names.node_public_ipv6)
+            if not isinstance(v4 or "", str) or not isinstance(v6 or "", str):
+                raise ValueError("not a string")
             return (IPv4Address(v4) if v4 else None, IPv6Address(v6) if v6 else None)
         except ValueError as err:
             raise KubeError(f"node {self.node_name}: annotation {self.names.node_public_ip} "
@@ -193,16 +253,14 @@ class KubeSubnetManager:
                 await asyncio.sleep(self.retry_interval)
 
     async def _patch_status(self, body: dict[str, Any]) -> None:
-        from lightkube.resources.core_v1 import Node
-        from lightkube.types import PatchType
-
         deadline = time.monotonic() + self.patch_timeout
         while True:
             try:
-                await self.client.patch(Node.Status, await self.own_node_name(), body,
-                                        patch_type=PatchType.STRATEGIC)
+                name = await self.own_node_name()
+                await self.client.patch_node_status(name, body)
                 return
-            except Exception as err:
+            except (ApiStatusError, ApiUnreachable) as failed:
+                err = api_failure(failed, "patch node status")
                 if time.monotonic() > deadline:
                     raise KubeError(f"timeout contacting kube-api, failed to patch node "
                                     f'"{self.node_name}". Error: {err}') from None
@@ -259,8 +317,22 @@ class KubeSubnetManager:
 
     # -- the node watch ---------------------------------------------------------------
 
-    def _store(self, node: dict[str, Any]) -> None:
-        name = node["metadata"]["name"]
+    def _view(self, raw: Any) -> dict[str, Any] | None:
+        """The node's view, or None when it is unusable (skipped: logged once, counted)."""
+        try:
+            return node_view(raw, self.names.prefix)
+        except UnusableNode as err:
+            name = _name_of(raw)
+            self.undecodable.skip(name, str(err).removeprefix(f"node {name}: "))
+            return None
+
+    def _store(self, raw: Any) -> None:
+        node = self._view(raw)
+        name = _name_of(raw)
+        if node is None:
+            if self.nodes.pop(name, None) is not None:  # what it published is void now
+                self._mark(name)
+            return
         self.nodes[name] = node
         self._mark(name)
 
@@ -274,11 +346,7 @@ class KubeSubnetManager:
         self._changed.set()
 
     async def _relist(self) -> None:
-        from lightkube.resources.core_v1 import Node
-
-        listing = self.client.list(Node)
-        nodes = [_node_dict(node) async for node in listing]
-        self.resource_version = listing.resourceVersion
+        nodes, self.resource_version = await self.client.list_nodes(self._view)
         self.nodes = {n["metadata"]["name"]: n for n in nodes}
         self._dirty.clear()
         self._resync = True
@@ -288,9 +356,6 @@ class KubeSubnetManager:
 
     async def _watch(self) -> None:
         """List, then watch from the listed version; resume after cuts, relist after 410."""
-        from lightkube import ApiError
-        from lightkube.resources.core_v1 import Node
-
         backoff = Backoff(0.1, 5.0)
         need_list = True
         while True:
@@ -299,34 +364,46 @@ class KubeSubnetManager:
                     await self._relist()
                     need_list = False
                 self.status.watching = True
-                async for kind, node in self.client.watch(
-                        Node, resource_version=self.resource_version):
-                    data = _node_dict(node)
-                    self.resource_version = data["metadata"].get("resourceVersion",
-                                                                 self.resource_version)
+                async for kind, raw in self.client.watch_nodes(self.resource_version):
+                    meta = raw.get("metadata")
+                    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+                    if isinstance(version, str) and version:
+                        self.resource_version = version
                     if kind == "DELETED":
-                        name = data["metadata"]["name"]
+                        name = _name_of(raw)
                         self.nodes.pop(name, None)
+                        self.undecodable.forget(name)
                         self._mark(name)
                     elif kind in ("ADDED", "MODIFIED"):
-                        self._store(data)
+                        self._store(raw)
                     backoff.reset()
-            except ApiError as err:
+            except ApiUnreachable as err:
                 self.status.watching = False
-                if err.status.code == 410:
+                self.status.reconnects += 1
+                if err.relist:
+                    log.warning("%s; relisting the nodes", err.message)
+                    need_list = True
+                else:
+                    log.warning("node watch interrupted (%s); resuming from resourceVersion "
+                                "%s in %.1fs", err.message, self.resource_version or "(list)",
+                                backoff.delay)
+            except ApiStatusError as err:
+                self.status.watching = False
+                if err.code == 410:
                     self.status.compactions += 1
                     log.info("node watch: resourceVersion %s is gone; relisting",
                              self.resource_version)
                     need_list = True
                     continue
                 self.status.reconnects += 1
-                log.warning("node watch failed (%s); retrying in %.1fs", err.status.message,
-                            backoff.delay)
-            except Exception as err:
+                log.warning("node watch failed (%s); retrying in %.1fs",
+                            api_failure(err, "watch nodes"), backoff.delay)
+            except Exception as err:  # never let the watch task die: it would stall silently
                 self.status.watching = False
                 self.status.reconnects += 1
-                log.warning("node watch interrupted (%s); resuming from resourceVersion %s "
-                            "in %.1fs", err, self.resource_version or "(list)", backoff.delay)
+                need_list = True
+                log.warning("node watch failed unexpectedly (%s: %s); relisting in %.1fs",
+                            type(err).__name__, err, backoff.delay)
             await backoff.wait()
 
     def _lease_of(self, node: dict[str, Any], config: NetworkConfig) -> Lease | None:
@@ -403,67 +480,43 @@ class KubeSubnetManager:
             await self.client.close()
 
 
-async def node_name_from_env(client: Any, environ: dict[str, str]) -> str:
+async def node_name_from_env(client: KubeClient, environ: dict[str, str]) -> str:
     name = environ.get("NODE_NAME", "")
     if name:
         return name
     pod, namespace = environ.get("POD_NAME", ""), environ.get("POD_NAMESPACE", "")
     if not pod or not namespace:
         raise KubeError("env variables POD_NAME and POD_NAMESPACE must be set (or NODE_NAME)")
-    from lightkube import ApiError
-    from lightkube.resources.core_v1 import Pod
-
     try:
-        found = _node_dict(await client.get(Pod, pod, namespace=namespace))
-    except ApiError as err:
+        found = await client.get_pod(namespace, pod)
+    except (ApiStatusError, ApiUnreachable) as err:
         raise api_failure(err, f"error retrieving pod spec for '{namespace}/{pod}'") from None
-    node_name = (found.get("spec") or {}).get("nodeName")
+    spec = found.get("spec") if isinstance(found, dict) else None
+    node_name = spec.get("nodeName") if isinstance(spec, dict) else None
     if not node_name or not isinstance(node_name, str):
         raise KubeError(f"node name not present in pod spec '{namespace}/{pod}'")
     return node_name
 
 
-def client_config(api_url: str, kubeconfig_file: str) -> Any:
-    """lightkube config: the kubeconfig file; else the in-cluster service account (with
+def kube_client(api_url: str, kubeconfig_file: str, environ: dict[str, str] | None = None,
+                **options: Any) -> KubeClient:
+    """The API client for the kubeconfig file; else the in-cluster service account (with
     ``api_url`` as the server if given); else ``api_url`` without credentials."""
-    from lightkube import KubeConfig
-    from lightkube.config.models import Cluster, User
-    from lightkube.core.exceptions import ConfigError as KubeConfigError
-
     try:
-        if kubeconfig_file:
-            return KubeConfig.from_file(kubeconfig_file)
-        try:
-            in_cluster = KubeConfig.from_service_account()
-        except (KubeConfigError, KeyError):
-            in_cluster = None
-        if in_cluster is not None:
-            if not api_url:
-                return in_cluster
-            single = in_cluster.get()
-            if single is None:  # a service-account config always has its one context
-                return in_cluster
-            return KubeConfig.from_one(
-                cluster=Cluster(server=api_url,
-                                certificate_auth=single.cluster.certificate_auth),
-                user=single.user, namespace=single.namespace)
-        if api_url:
-            return KubeConfig.from_one(cluster=Cluster(server=api_url), user=User())
-    except (KubeConfigError, OSError) as err:
+        config = client_config(api_url, kubeconfig_file,
+                               dict(os.environ) if environ is None else environ)
+    except KubeConfigError as err:
         raise KubeError(f"cannot build the Kubernetes client config: {err}") from None
-    raise KubeError("not running in a cluster: give --kubeconfig-file or --kube-api-url")
+    return KubeClient(config, **options)
 
 
 def make_kube_manager(settings: KubeSettings) -> KubeSubnetManager:
-    from lightkube import AsyncClient
-
-    config = client_config(settings.api_url, settings.kubeconfig_file)
     environ = dict(os.environ)
+    client = kube_client(settings.api_url, settings.kubeconfig_file, environ)
     try:
         names = Annotations.for_prefix(settings.annotation_prefix)
     except AnnotationError as err:
         raise KubeError(f"--kube-annotation-prefix: {err}") from None
-    client = AsyncClient(config=config)
     return KubeSubnetManager(
         client, environ.get("NODE_NAME", ""), names, settings.net_config_path,
         environ=environ, set_node_network_unavailable=settings.set_node_network_unavailable,

@@ -1,5 +1,5 @@
 """The kube subnet manager against the API-server test double (tests/support/kubeapi.py),
-through the real lightkube client over HTTP."""
+through the real API client (flannel.subnet.kubeclient) over HTTP."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ import re
 from ipaddress import IPv4Address, IPv6Address
 
 import pytest
-from lightkube import AsyncClient
 
 from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.annotations import Annotations
-from flannel.subnet.kube import KubeError, KubeSubnetManager, client_config, event_queue_depth
+from flannel.subnet.kube import KubeError, KubeSubnetManager, event_queue_depth, kube_client
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.waiting import async_wait_until
@@ -38,7 +37,7 @@ def manager(api: FakeKubeAPI, tmp_path, config: dict | None = None, node: str = 
     conf = tmp_path / "net-conf.json"
     conf.write_text(json.dumps(config or {"Network": "10.244.0.0/16",
                                           "Backend": {"Type": "vxlan"}}))
-    client = AsyncClient(config=client_config(api.url, ""))
+    client = kube_client(api.url, "", {})
     return KubeSubnetManager(client, node, NAMES, str(conf), patch_timeout=2,
                              retry_interval=0.1, **kwargs)
 
@@ -349,14 +348,8 @@ async def test_net_conf_is_read_bounded(api, tmp_path):
         await sm.close()
 
 
-async def test_api_errors_are_classified_by_http_status_not_text(api, tmp_path):
-    """A missing pod (404 from the API) is fatal; 429 and 5xx answers are retryable."""
-    import httpx2 as httpx
-    from lightkube import ApiError
-
-    from flannel.subnet.errors import StoreError, StoreUnavailable
-    from flannel.subnet.kube import KubeUnavailable, api_failure
-
+async def test_a_missing_pod_is_fatal_with_the_api_message(api, tmp_path):
+    """(The other statuses: tests/integration/test_kube_client.py.)"""
     sm = manager(api, tmp_path, node="", environ={"POD_NAME": "gone",
                                                    "POD_NAMESPACE": "kube-flannel"})
     try:
@@ -365,13 +358,3 @@ async def test_api_errors_are_classified_by_http_status_not_text(api, tmp_path):
             await sm.own_node_name()
     finally:
         await sm.close()
-    request = httpx.Request("GET", f"{api.url}/api/v1/nodes/node1")
-    for code, retryable in ((429, True), (500, True), (503, True), (504, True),
-                            (401, False), (403, False), (404, False), (422, False)):
-        response = httpx.Response(code, request=request, json={
-            "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-            # Texts that say the opposite of the status: only the status may count.
-            "message": "service unavailable" if not retryable else "forbidden"})
-        failure = api_failure(ApiError(request=request, response=response), "cannot get node")
-        assert isinstance(failure, StoreUnavailable if retryable else StoreError), code
-        assert isinstance(failure, KubeUnavailable) is retryable

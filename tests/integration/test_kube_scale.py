@@ -13,11 +13,10 @@ from collections import Counter
 from ipaddress import IPv4Network
 
 import pytest
-from lightkube import AsyncClient
 
 from flannel.lease import EventType, Lease
 from flannel.subnet.annotations import Annotations
-from flannel.subnet.kube import KubeSubnetManager, client_config
+from flannel.subnet.kube import KubeSubnetManager, kube_client
 from flannel.subnet.watch import Changes, LeaseWatcher, Snapshot
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.waiting import async_wait_until
@@ -54,7 +53,7 @@ async def cluster(tmp_path):
     await api.start()
     conf = tmp_path / "net-conf.json"
     conf.write_text(json.dumps({"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}))
-    sm = KubeSubnetManager(AsyncClient(config=client_config(api.url, "")), "node0",
+    sm = KubeSubnetManager(kube_client(api.url, "", {}), "node0",
                            Annotations.for_prefix("flannel.alpha.coreos.com"), str(conf))
     await sm.get_network_config()
     loop = LeaseLoop(sm)

@@ -1,5 +1,6 @@
-"""Each store's client library is loaded only in its own mode: kube mode never loads grpc
-(the etcd client), etcd mode never loads lightkube, ``flanneld --version`` loads neither."""
+"""Each store's client is loaded only in its own mode: kube mode never loads grpc (the etcd
+client), etcd mode never loads flanneld's Kubernetes API client (flannel.subnet.kubeclient and
+its HTTP, config and credential modules), ``flanneld --version`` loads neither."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ETCD_CLIENT = ("grpc", "aetcd")
-KUBE_CLIENT = ("lightkube", "httpx")
+KUBE_CLIENT = ("flannel.subnet.kubeclient", "flannel.subnet.kubehttp",
+               "flannel.subnet.kubeconfig", "flannel.subnet.kubeauth", "flannel.subnet.kube")
 
 PROBE = """
 import sys
@@ -29,7 +31,7 @@ else:
              else ["--etcd-endpoints=http://127.0.0.1:1"])
     manager = subnet.open_store(cli.parse_args(flags, {}).store)
     print(type(manager).__name__)
-print(" ".join(sorted(m for m in sys.modules if "." not in m)))
+print(" ".join(sorted(m for m in sys.modules if "." not in m or m.startswith("flannel."))))
 """
 
 
@@ -43,8 +45,10 @@ def loaded_after(mode: str) -> tuple[str, set[str]]:
 def test_kube_mode_construction_never_imports_the_etcd_client():
     manager, modules = loaded_after("kube")
     assert manager == "KubeSubnetManager"
-    assert "lightkube" in modules
+    assert set(KUBE_CLIENT) <= modules
     assert not modules & set(ETCD_CLIENT)
+    # PyYAML is for kubeconfig files: --kube-api-url needs none.
+    assert "yaml" not in modules
 
 
 def test_etcd_mode_construction_never_imports_the_kube_client():

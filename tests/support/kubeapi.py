@@ -7,6 +7,11 @@ real API server does:
 - nodes (cluster-scoped) and pods (namespaced) as JSON objects; every write bumps one global
   resourceVersion (as etcd revisions do) and stamps it on the object;
 - ``GET /api/v1/nodes``: a NodeList whose ``metadata.resourceVersion`` is the current one;
+  with ``limit=N`` at most N nodes (by name) and a ``metadata.continue`` token for the rest;
+  ``continue=T`` goes on after T's last name, answering with T's resourceVersion, or 410
+  ``Expired`` once the history holding that version is compacted (the real server keeps
+  the whole list at that version; here later pages show the current nodes, which the watch
+  from that version then corrects, as it would);
 - ``GET /api/v1/nodes?watch=true&resourceVersion=N``: newline-delimited watch events
   (``ADDED``/``MODIFIED``/``DELETED``) for every change after N, then live ones; N older than
   the retained history gives one ``ERROR`` event carrying a ``Status`` with code 410, reason
@@ -19,25 +24,36 @@ real API server does:
   ``status.conditions`` merges by its patch merge key ``type``, other fields are replaced;
   other patch types get 415.
 
+Served over TLS (``start(tls=...)``, an ``ssl.SSLContext`` that may require client
+certificates) and with an ``Authorization`` header required when ``authorization`` is set:
+anything else gets 401 ``Unauthorized`` as a ``Status``. ``fail_next`` queues error
+``Status`` answers for the next requests (429, 5xx, 403...), ``truncate_next`` closes the
+connection halfway through the next response body, ``header_padding`` adds a header of
+that many bytes to every answer, ``chunk_size`` cuts watch events across chunks (as a proxy
+may), and ``stall_watches`` makes watch streams outlive their
+``timeoutSeconds`` silently (as a stuck proxy would).
+
 Each event is serialized once and shared by every watch stream; a stream writes with flow
 control (a slow reader slows its own stream only) and ends when its client goes away.
 
-Not modelled: authentication and RBAC, other resources and verbs over HTTP, label/field
-selectors, chunked lists, bookmarks, a bounded watch cache. Tests change nodes through the
-Python methods (``put_node`` with pod CIDRs, annotations and status conditions,
-``delete_node``; synchronous, so a test can change several things with no watcher running
-in between), compact the history (``compact``) and cut watch streams
-(``cut_watches``); ``python -m tests.support.kubeapi`` runs it standalone for the lab.
+Not modelled: RBAC, other resources and verbs over HTTP, label/field selectors, bookmarks,
+a bounded watch cache. Tests change nodes through the Python methods (``put_node`` with pod
+CIDRs, annotations and status conditions, ``put_raw_node`` for any object, ``delete_node``;
+synchronous, so a test can change several things with no watcher running in between),
+compact the history (``compact``) and cut watch streams (``cut_watches``);
+``python -m tests.support.kubeapi`` runs it standalone for the lab.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import bisect
 import contextlib
 import copy
 import json
+import ssl
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -83,12 +99,23 @@ class FakeKubeAPI:
         self._watch_writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.Server | None = None
         self.port = 0
+        self.tls: ssl.SSLContext | None = None
+        #: The Authorization header every request must carry (None: no authentication).
+        self.authorization: str | None = None
+        #: (code, message) error answers for the next requests, in order.
+        self.fail_next: list[tuple[int, str]] = []
+        self.truncate_next = 0
+        self.header_padding = 0  # bytes of an extra X-Padding header on every answer
+        self.connections = 0  # connections accepted
+        self.chunk_size = 0  # >0: watch events are cut into chunks of this many bytes
+        self.stall_watches = False  # watch streams ignore timeoutSeconds (a stuck proxy)
 
     # -- test controls ------------------------------------------------------------------
 
     def _record(self, kind: str, obj: dict[str, Any]) -> None:
         self.rv += 1
-        obj["metadata"]["resourceVersion"] = str(self.rv)
+        if isinstance(obj.get("metadata"), dict):
+            obj["metadata"]["resourceVersion"] = str(self.rv)
         self.history.append((self.rv, _event_line(kind, obj)))
         if not self._notify_pending:  # one wake-up for a burst of writes
             self._notify_pending = True
@@ -120,6 +147,13 @@ class FakeKubeAPI:
         self._record("MODIFIED" if existing else "ADDED", node)
         return node
 
+    def put_raw_node(self, name: str, node: dict[str, Any]) -> None:
+        """Store ``node`` as it is, whatever its fields hold (the API server's schema checks
+        are what a hostile or buggy writer gets around; flanneld must cope regardless)."""
+        existing = name in self.nodes
+        self.nodes[name] = node
+        self._record("MODIFIED" if existing else "ADDED", node)
+
     def delete_node(self, name: str) -> None:
         node = self.nodes.pop(name)
         self._record("DELETED", node)
@@ -141,13 +175,15 @@ class FakeKubeAPI:
 
     # -- HTTP -------------------------------------------------------------------------
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._server = await asyncio.start_server(self._connection, host, port)
+    async def start(self, host: str = "127.0.0.1", port: int = 0,
+                    tls: ssl.SSLContext | None = None) -> None:
+        self.tls = tls
+        self._server = await asyncio.start_server(self._connection, host, port, ssl=tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def stop(self) -> None:
         self.cut_watches()
@@ -158,6 +194,7 @@ class FakeKubeAPI:
 
     async def _connection(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             while True:
                 line = await reader.readline()
@@ -172,28 +209,61 @@ class FakeKubeAPI:
                 self.requests.append(f"{method} {target}")
                 url = urlsplit(target)
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                if method == "GET" and url.path == "/api/v1/nodes" and \
+                if self.authorization is not None and \
+                        headers.get("authorization") != self.authorization:
+                    code, doc = 401, _status(401, "Unauthorized", "Unauthorized")
+                elif self.fail_next:
+                    failure, message = self.fail_next.pop(0)
+                    code, doc = failure, _status(failure, "Failure", message)
+                elif method == "GET" and url.path == "/api/v1/nodes" and \
                         query.get("watch") in ("true", "1"):
                     await self._watch(writer, query)
                     return
-                code, doc = await self._handle(method, url.path, headers, body)
+                else:
+                    code, doc = await self._handle(method, url.path, query, headers, body)
                 data = json.dumps(doc).encode()
+                padding = f"X-Padding: {'x' * self.header_padding}\r\n" \
+                    if self.header_padding else ""
                 writer.write(f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                             f"{padding}Content-Length: {len(data)}\r\n\r\n".encode())
+                if self.truncate_next:
+                    self.truncate_next -= 1
+                    writer.write(data[:len(data) // 2])
+                    await writer.drain()
+                    return
+                writer.write(data)
                 await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError,
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, ssl.SSLError,
                 asyncio.CancelledError):
             return  # a client went away, or the server is shutting down
         finally:
             writer.close()
 
-    async def _handle(self, method: str, path: str, headers: dict[str, str], body: bytes
-                      ) -> tuple[int, dict[str, Any]]:
+    def _list(self, query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        names = sorted(self.nodes)
+        version = self.rv
+        if query.get("continue"):
+            token = json.loads(base64.urlsafe_b64decode(query["continue"]))
+            version = token["rv"]
+            if version < self.oldest - 1:
+                return 410, _status(410, "Expired", "The provided continue parameter is too "
+                                    "old to display a consistent list result. You can start a "
+                                    "new list without the continue parameter.")
+            names = [n for n in names if n > token["after"]]
+        limit = int(query.get("limit") or 0)
+        meta: dict[str, Any] = {"resourceVersion": str(version)}
+        if 0 < limit < len(names):
+            names = names[:limit]
+            meta["continue"] = base64.urlsafe_b64encode(json.dumps(
+                {"rv": version, "after": names[-1]}).encode()).decode()
+        return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": meta,
+                     "items": [copy.deepcopy(self.nodes[n]) for n in names]}
+
+    async def _handle(self, method: str, path: str, query: dict[str, str],
+                      headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         parts = path.strip("/").split("/")
         if method == "GET" and path == "/api/v1/nodes":
-            return 200, {"kind": "NodeList", "apiVersion": "v1",
-                         "metadata": {"resourceVersion": str(self.rv)},
-                         "items": [copy.deepcopy(n) for n in self.nodes.values()]}
+            return self._list(query)
         if parts[:3] == ["api", "v1", "nodes"] and len(parts) >= 4:
             name = parts[3]
             if name not in self.nodes:
@@ -223,11 +293,18 @@ class FakeKubeAPI:
         self._watch_writers.add(writer)
 
         def send(line: bytes) -> None:
-            writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+            if writer.is_closing():  # the client went away: the loop below ends the stream
+                return
+            step = self.chunk_size or len(line)
+            for start in range(0, len(line), step):
+                piece = line[start:start + step]
+                writer.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
 
         try:
             since = int(query.get("resourceVersion") or 0)
             timeout = float(query.get("timeoutSeconds") or 3600)
+            if self.stall_watches:
+                timeout = 3600
             if since == 0:
                 for node in self.nodes.values():
                     send(_event_line("ADDED", node))

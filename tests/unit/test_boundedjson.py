@@ -53,3 +53,13 @@ def test_huge_integer_is_a_refusal_not_a_crash():
 
 def test_invalid_utf8_in_bytes_becomes_a_replacement_character_as_in_go():
     assert loads(b'{"a": "x\xffy"}', what="x", max_bytes=100) == {"a": "x\ufffdy"}
+
+
+def test_without_the_prescan_the_recursion_guard_still_refuses_deep_input():
+    deep = "[" * 100_000 + "]" * 100_000
+    with pytest.raises(JSONLimitError) as caught:
+        loads(deep, what="a node list", max_bytes=1 << 20, max_depth=None)
+    assert str(caught.value) == ("a node list nests JSON deeper than the decoder's recursion "
+                                 "limit")
+    assert loads("[" * 100 + "]" * 100, what="x", max_bytes=1000, max_depth=None) == \
+        loads("[" * 100 + "]" * 100, what="x", max_bytes=1000, max_depth=200)

@@ -1,0 +1,320 @@
+"""The few Kubernetes API calls flanneld makes, over kubehttp, as plain JSON documents.
+
+Owns: GET of a node and of a pod, the paginated LIST of nodes (``limit``/``continue``,
+relisted from the start when a continue token expires, pages halved when one is larger than
+its bound), the node WATCH (its own connection, ``timeoutSeconds`` plus a read deadline, one
+event line at most ``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``,
+keep-alive reuse of idle connections, and every request bounded in time and size. Answers
+are decoded with ``boundedjson``. Failures are two exceptions: ``ApiStatusError`` (the
+server answered with an error ``Status``: its code and message, and the permission the
+request needed) and ``ApiUnreachable`` (no usable answer: connection, TLS, timeout,
+protocol, credentials); the store maps them to its contract.
+Must not touch: node semantics (kube.py), the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import ssl
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from flannel import boundedjson
+from flannel.subnet.kubeauth import CredentialError
+from flannel.subnet.kubeconfig import ClusterConfig
+from flannel.subnet.kubehttp import BodyTooLarge, Connection, ProtocolError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: One GET or PATCH (lightkube's default was 10 s too).
+REQUEST_TIMEOUT = 10.0
+#: One page of the node list: up to LIST_PAGE_SIZE nodes of typically 5-30 KiB each.
+LIST_TIMEOUT = 60.0
+LIST_PAGE_SIZE = 500
+#: 500 nodes at the 128 KiB average this allows is far above real nodes (status.images and
+#: managedFields included); a page over it is asked again at half the size.
+MAX_PAGE_BYTES = 64 * 1024 * 1024
+#: One object: etcd refuses requests over 1.5 MiB, so no stored Node is larger; the watch
+#: envelope and JSON escaping stay within twice that.
+MAX_OBJECT_BYTES = 3 * 1024 * 1024
+#: API documents are decoded without boundedjson's depth pre-scan (at 5000 nodes it cost
+#: more than the decoding): the decoder's recursion guard bounds them, and the store keeps
+#: only flat views of nodes (kube.node_view), never their nested parts.
+MAX_API_DEPTH = None
+#: The server ends a watch after timeoutSeconds, picked at random in this range (as
+#: client-go does, so a fleet does not reconnect at once); a stream silent for longer than
+#: that plus WATCH_GRACE is dead.
+WATCH_TIMEOUT_RANGE = (300, 600)
+WATCH_GRACE = 30.0
+MAX_IDLE_CONNECTIONS = 2
+MAX_LIST_RESTARTS = 5
+_MAX_ERROR_BYTES = 1024 * 1024
+
+
+class ApiStatusError(Exception):
+    """The API server answered a request with an error status."""
+
+    def __init__(self, code: int, reason: str, message: str, permission: str,
+                 credentials: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+        self.permission = permission  # e.g. "list nodes": what RBAC must allow
+        self.credentials = credentials  # where the credentials we sent came from
+
+
+class ApiUnreachable(Exception):
+    """No usable answer. ``permanent``: retrying cannot help (the server's certificate is
+    not trusted). ``relist``: a watch stream delivered an event we cannot read."""
+
+    def __init__(self, message: str, *, permanent: bool = False, relist: bool = False,
+                 too_large: bool = False) -> None:
+        super().__init__(message)
+        self.message, self.permanent, self.relist = message, permanent, relist
+        self.too_large = too_large
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text[:limit])
+
+
+class KubeClient:
+    def __init__(self, config: ClusterConfig, *, request_timeout: float = REQUEST_TIMEOUT,
+                 list_timeout: float = LIST_TIMEOUT, page_size: int = LIST_PAGE_SIZE,
+                 max_page_bytes: int = MAX_PAGE_BYTES,
+                 max_event_bytes: int = MAX_OBJECT_BYTES,
+                 watch_timeout: tuple[int, int] = WATCH_TIMEOUT_RANGE,
+                 watch_grace: float = WATCH_GRACE) -> None:
+        self.config = config
+        self.request_timeout = request_timeout
+        self.list_timeout = list_timeout
+        self.page_size = page_size
+        self.max_page_bytes = max_page_bytes
+        self.max_event_bytes = max_event_bytes
+        self.watch_timeout = watch_timeout
+        self.watch_grace = watch_grace
+        self._idle: list[Connection] = []
+
+    # -- transport ----------------------------------------------------------------------
+
+    async def _connect(self, deadline: float) -> Connection:
+        cfg = self.config
+        return await Connection.open(cfg.host, cfg.port, cfg.context, cfg.server_hostname,
+                                     deadline)
+
+    def _unreachable(self, err: BaseException, timeout: float) -> ApiUnreachable:
+        server = self.config.server
+        if isinstance(err, ssl.SSLCertVerificationError):
+            return ApiUnreachable(
+                f"the certificate of {server} is not trusted ({err.verify_message}); check "
+                f"the certificate authority given by {self.config.where}", permanent=True)
+        if isinstance(err, TimeoutError):
+            return ApiUnreachable(f"{server} did not answer within {timeout:g}s")
+        if isinstance(err, CredentialError):
+            return ApiUnreachable(str(err))
+        if isinstance(err, ProtocolError):
+            return ApiUnreachable(f"{server}: {err}", too_large=isinstance(err, BodyTooLarge))
+        if isinstance(err, OSError):
+            return ApiUnreachable(f"cannot reach {server}: {err.strerror or err}")
+        return ApiUnreachable(f"{server}: {err}")
+
+    def _status_error(self, code: int, body: bytes, permission: str) -> ApiStatusError:
+        reason, message = "", ""
+        try:
+            doc = boundedjson.loads(body, what="an error status", max_bytes=_MAX_ERROR_BYTES)
+        except boundedjson.JSONLimitError:
+            doc = None
+        if isinstance(doc, dict):
+            reason, message = (text if isinstance(text := doc.get(key), str) else ""
+                               for key in ("reason", "message"))
+        if not message:
+            message = body.decode("utf-8", "replace").strip() or f"HTTP {code}"
+        return ApiStatusError(code, _printable(reason), _printable(message), permission,
+                              self.config.credentials.source)
+
+    async def _exchange(self, method: str, target: str, *, body: bytes, content_type: str,
+                        max_bytes: int, deadline: float) -> tuple[int, bytes]:
+        credentials = self.config.credentials
+        refused_once = False
+        stale_retries = 1
+        while True:
+            headers = {"Accept": "application/json", "User-Agent": "flanneld",
+                       **await credentials.headers()}
+            if content_type:
+                headers["Content-Type"] = content_type
+            reused = bool(self._idle)
+            # The caller's timeout bounds this exchange: no watchdog timer of its own.
+            conn = self._idle.pop() if reused else await self._connect(deadline)
+            answered = False
+            try:
+                await conn.send(method, target, self.config.host_header, headers, body)
+                head = await conn.read_head()
+                answered = True
+                data = await conn.read_body(head, max_bytes if head.status < 400
+                                            else _MAX_ERROR_BYTES)
+            except ConnectionError:
+                conn.close()
+                if reused and not answered and stale_retries:
+                    stale_retries -= 1  # the server closed an idle keep-alive connection
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            if conn.reusable and len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append(conn)
+            else:
+                conn.close()
+            if head.status == 401 and credentials.renewable and not refused_once:
+                refused_once = True  # a rotated token or an expired plugin answer
+                credentials.invalidate()
+                continue
+            return head.status, data
+
+    async def _json(self, method: str, target: str, permission: str, *,
+                    body: bytes = b"", content_type: str = "", timeout: float | None = None,
+                    max_bytes: int = MAX_OBJECT_BYTES) -> Any:
+        timeout = timeout or self.request_timeout
+        deadline = asyncio.get_running_loop().time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                code, data = await self._exchange(method, target, body=body,
+                                                  content_type=content_type,
+                                                  max_bytes=max_bytes, deadline=deadline)
+        except (OSError, TimeoutError, ProtocolError, CredentialError) as err:
+            raise self._unreachable(err, timeout) from None
+        if code >= 300:
+            raise self._status_error(code, data, permission)
+        try:
+            return boundedjson.loads(data, what=f"the answer to {method} {target.split('?')[0]}",
+                                     max_bytes=max_bytes, max_depth=MAX_API_DEPTH)
+        except boundedjson.JSONLimitError as err:
+            raise ApiUnreachable(f"{self.config.server}: {err}") from None
+
+    async def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+    # -- the calls flanneld makes ---------------------------------------------------------
+
+    async def get_node(self, name: str) -> Any:
+        return await self._json("GET", f"/api/v1/nodes/{quote(name, safe='')}", "get nodes")
+
+    async def get_pod(self, namespace: str, name: str) -> Any:
+        return await self._json(
+            "GET", f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}",
+            "get pods")
+
+    async def patch_node_status(self, name: str, patch: dict[str, Any]) -> Any:
+        return await self._json(
+            "PATCH", f"/api/v1/nodes/{quote(name, safe='')}/status", "patch nodes/status",
+            body=json.dumps(patch).encode(),
+            content_type="application/strategic-merge-patch+json")
+
+    async def list_nodes(self, keep: Callable[[Any], T | None]) -> tuple[list[T], str]:
+        """Every node, page by page, each passed through ``keep`` (None drops it) so no raw
+        page outlives its decoding; and the list's resourceVersion."""
+        restarts = 0
+        page_size = self.page_size
+        while True:
+            kept: list[T] = []
+            token = ""
+            version = ""
+            try:
+                while True:
+                    target = f"/api/v1/nodes?limit={page_size}"
+                    if token:
+                        target += f"&continue={quote(token, safe='')}"
+                    try:
+                        page = await self._json("GET", target, "list nodes",
+                                                timeout=self.list_timeout,
+                                                max_bytes=self.max_page_bytes)
+                    except ApiUnreachable as err:
+                        if not err.too_large or page_size == 1:
+                            raise
+                        page_size //= 2
+                        log.warning("a page of the node list is larger than %d bytes; "
+                                    "asking for %d nodes per page", self.max_page_bytes,
+                                    page_size)
+                        continue
+                    items, version, token = self._page(page)
+                    kept += [k for item in items if (k := keep(item)) is not None]
+                    del page, items
+                    if not token:
+                        return kept, version
+            except ApiStatusError as err:
+                if err.code != 410 or not token or restarts >= MAX_LIST_RESTARTS:
+                    raise
+                restarts += 1
+                log.info("node list: the continue token expired (%s); listing again",
+                         err.message)
+
+    def _page(self, page: Any) -> tuple[list[Any], str, str]:
+        meta = page.get("metadata") if isinstance(page, dict) else None
+        items = page.get("items") if isinstance(page, dict) else None
+        if not isinstance(meta, dict) or not isinstance(items, list):
+            raise ApiUnreachable(f"{self.config.server}: the node list is not a NodeList")
+        version, token = meta.get("resourceVersion"), meta.get("continue") or ""
+        if not isinstance(version, str) or not isinstance(token, str):
+            raise ApiUnreachable(f"{self.config.server}: the node list's metadata is not "
+                                 "strings")
+        return items, version, token
+
+    async def watch_nodes(self, resource_version: str) -> AsyncIterator[tuple[str, Any]]:
+        """(event type, object) from ``resource_version`` on, until the server ends the
+        stream; ``ApiStatusError`` 410 when that version is gone."""
+        seconds = random.randrange(*self.watch_timeout)
+        target = (f"/api/v1/nodes?watch=true&allowWatchBookmarks=true&timeoutSeconds={seconds}"
+                  f"&resourceVersion={quote(resource_version, safe='')}")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout
+        conn = None
+        limit = self.request_timeout
+        try:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    headers = {"Accept": "application/json", "User-Agent": "flanneld",
+                               **await self.config.credentials.headers()}
+                    conn = await self._connect(deadline)
+                    await conn.send("GET", target, self.config.host_header, headers)
+                    head = await conn.read_head()
+                    if head.status != 200:
+                        body = await conn.read_body(head, _MAX_ERROR_BYTES)
+                        if head.status == 401:
+                            self.config.credentials.invalidate()
+                        raise self._status_error(head.status, body, "watch nodes")
+                limit = seconds + self.watch_grace
+                conn.deadline = loop.time() + limit
+                async for line in conn.lines(head, self.max_event_bytes):
+                    yield self._event(line)
+            except BodyTooLarge as err:
+                raise ApiUnreachable(f"node watch: {err}", relist=True) from None
+            except (OSError, TimeoutError, ProtocolError, CredentialError) as err:
+                raise self._unreachable(err, limit) from None
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _event(self, line: bytes) -> tuple[str, Any]:
+        try:
+            event = boundedjson.loads(line, what="a node watch event",
+                                      max_bytes=self.max_event_bytes, max_depth=MAX_API_DEPTH)
+        except boundedjson.JSONLimitError as err:
+            raise ApiUnreachable(f"node watch: {err}", relist=True) from None
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(kind, str) or not isinstance(obj, dict):
+            raise ApiUnreachable("node watch: an event without a type and an object",
+                                 relist=True)
+        if kind == "ERROR":
+            code = obj.get("code")
+            raise ApiStatusError(code if isinstance(code, int) else 500,
+                                 _printable(str(obj.get("reason") or "")),
+                                 _printable(str(obj.get("message") or "watch error")),
+                                 "watch nodes", self.config.credentials.source)
+        return kind, obj

@@ -1,0 +1,241 @@
+"""HTTP/1.1 over one asyncio connection, for the Kubernetes API client: every read bounded.
+
+Owns: writing a request, reading the status line and headers (at most ``MAX_HEAD_BYTES``,
+``MAX_HEADERS`` fields), reading a body framed by Content-Length, chunked transfer coding or
+the end of the connection, within a byte bound the caller gives, and splitting a streamed
+body into lines within a line bound (watch events). Every read ends by the connection's
+``deadline`` (a loop time) if one is set: one timer per deadline aborts the connection
+(a timer per read cost more than the parsing of a watch event). Whatever the peer sends,
+the only exceptions are ``ProtocolError``, ``OSError`` (``ConnectionError``,
+``ssl.SSLError``) and ``TimeoutError``.
+Must not touch: the API's objects, credentials, the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+#: Status line plus headers. The API server sends well under 1 KiB; proxies add a little.
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+_READ = 64 * 1024  # one read of body data
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+T = TypeVar("T")
+
+
+class ProtocolError(Exception):
+    """The peer broke HTTP/1.1 or one of our bounds; the connection is unusable."""
+
+
+class BodyTooLarge(ProtocolError):
+    """A body or a line of it is larger than the bound the caller gave."""
+
+
+@dataclass(frozen=True)
+class Head:
+    status: int
+    reason: str
+    headers: dict[str, str]  # lower-case names; repeated fields joined with ", "
+
+
+class Connection:
+    """One HTTP/1.1 connection; ``reusable`` once a response was read to its end."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self._deadline: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.expired = False
+        self.reusable = False
+
+    @classmethod
+    async def open(cls, host: str, port: int, context: ssl.SSLContext | None,
+                   server_hostname: str | None, deadline: float) -> Connection:
+        async with asyncio.timeout_at(deadline):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=context, server_hostname=server_hostname if context else None,
+                limit=MAX_HEAD_BYTES)
+        return cls(reader, writer)
+
+    @property
+    def deadline(self) -> float | None:
+        return self._deadline
+
+    @deadline.setter
+    def deadline(self, when: float | None) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._deadline, self._watchdog = when, None
+        if when is not None:
+            self._watchdog = asyncio.get_running_loop().call_at(when, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        self.writer.transport.abort()
+
+    async def _bounded(self, read: Awaitable[T]) -> T:
+        try:
+            result = await read
+        except (ConnectionError, asyncio.IncompleteReadError):
+            if self.expired:
+                raise TimeoutError("the deadline passed") from None
+            raise
+        if self.expired:  # an aborted connection reads as its end
+            raise TimeoutError("the deadline passed")
+        return result
+
+    def close(self) -> None:
+        self.reusable = False
+        self.deadline = None
+        self.writer.close()
+
+    async def send(self, method: str, target: str, host: str, headers: dict[str, str],
+                   body: bytes = b"") -> None:
+        self.reusable = False
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if body or method in ("PATCH", "POST", "PUT"):
+            lines.append(f"Content-Length: {len(body)}")
+        for line in lines:
+            if "\r" in line or "\n" in line:
+                raise ProtocolError("a request header holds a line break")
+        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        await self._bounded(self.writer.drain())
+
+    async def _line(self) -> bytes:
+        try:
+            return await self._bounded(self.reader.readuntil(b"\n"))
+        except asyncio.LimitOverrunError:
+            raise ProtocolError(f"a header or chunk-size line is longer than "
+                                f"{MAX_HEAD_BYTES} bytes") from None
+        except asyncio.IncompleteReadError as err:
+            raise ConnectionResetError("the server closed the connection mid-response"
+                                       if err.partial else
+                                       "the server closed the connection") from None
+
+    async def read_head(self) -> Head:
+        size = 0
+        while True:  # 1xx interim answers are skipped
+            line = await self._line()
+            size += len(line)
+            parts = line.decode("latin-1").rstrip("\r\n").split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or \
+                    not parts[1].isdigit() or len(parts[1]) != 3:
+                raise ProtocolError(f"not an HTTP/1.1 status line: {line[:80]!r}")
+            status, reason = int(parts[1]), parts[2] if len(parts) > 2 else ""
+            headers: dict[str, str] = {}
+            while (field := await self._line()) not in (b"\r\n", b"\n"):
+                size += len(field)
+                if size > MAX_HEAD_BYTES or len(headers) >= MAX_HEADERS:
+                    raise ProtocolError(f"response headers exceed {MAX_HEAD_BYTES} bytes or "
+                                        f"{MAX_HEADERS} fields")
+                name, colon, value = field.decode("latin-1").partition(":")
+                if not colon or not name or name != name.strip():
+                    raise ProtocolError(f"malformed header field: {field[:80]!r}")
+                key, value = name.lower(), value.strip()
+                headers[key] = f"{headers[key]}, {value}" if key in headers else value
+            if status >= 200 or status == 101:
+                return Head(status, reason, headers)
+
+    def _framing(self, head: Head) -> tuple[bool, int | None]:
+        """(chunked, content length); a length of None means "until the connection ends"."""
+        coding = head.headers.get("transfer-encoding", "").lower()
+        if coding:
+            if coding.split(",")[-1].strip() != "chunked":
+                raise ProtocolError(f"unsupported transfer-encoding {coding!r}")
+            return True, None
+        text = head.headers.get("content-length")
+        if text is None:
+            return False, None
+        if not text.isdigit() or len(text) > 18:
+            raise ProtocolError(f"bad content-length {text[:40]!r}")
+        return False, int(text)
+
+    async def pieces(self, head: Head, max_bytes: int, *,
+                     whole: bool = True) -> AsyncIterator[bytes]:
+        """The body's data as it arrives, in reads of at most 64 KiB. ``whole``: the body
+        may total at most ``max_bytes``; otherwise it is a stream the caller bounds."""
+        chunked, length = self._framing(head)
+        if head.status in (204, 304):  # never a body (RFC 9112 6.3)
+            chunked, length = False, 0
+        keep_alive = "close" not in head.headers.get("connection", "").lower()
+        if not chunked:
+            if length is not None and whole and length > max_bytes:
+                raise BodyTooLarge(f"the response body of {length} bytes is larger than "
+                                   f"the limit of {max_bytes} bytes")
+            left = length
+            while left is None or left > 0:
+                data = await self._bounded(self.reader.read(
+                    _READ if left is None else min(left, _READ)))
+                if not data:
+                    if left is None:
+                        return
+                    raise ConnectionResetError("the server closed the connection mid-body")
+                if left is not None:
+                    left -= len(data)
+                yield data
+            self.reusable = keep_alive
+            return
+        total = 0
+        while True:
+            line = await self._line()
+            size_text = line.split(b";", 1)[0].strip()
+            if not size_text or len(size_text) > 16 or not set(size_text) <= _HEX:
+                raise ProtocolError(f"bad chunk size line {line[:40]!r}")
+            size = int(size_text, 16)
+            if size == 0:
+                break
+            total += size
+            if whole and total > max_bytes:
+                raise BodyTooLarge(f"the response body is larger than the limit of "
+                                   f"{max_bytes} bytes")
+            left = size
+            while left:
+                data = await self._bounded(self.reader.read(min(left, _READ)))
+                if not data:
+                    raise ConnectionResetError("the server closed the connection mid-body")
+                left -= len(data)
+                yield data
+            if await self._line() not in (b"\r\n", b"\n"):
+                raise ProtocolError("a chunk is longer than its size line says")
+        while await self._line() not in (b"\r\n", b"\n"):  # trailer fields: ignored
+            pass
+        self.reusable = keep_alive
+
+    async def read_body(self, head: Head, max_bytes: int) -> bytes:
+        parts = []
+        size = 0
+        async for data in self.pieces(head, max_bytes):
+            size += len(data)
+            if size > max_bytes:  # a body delimited by the connection's end
+                raise BodyTooLarge(f"the response body is larger than the limit of "
+                                   f"{max_bytes} bytes")
+            parts.append(data)
+        return b"".join(parts)
+
+    async def lines(self, head: Head, max_line: int) -> AsyncIterator[bytes]:
+        """The body's newline-terminated lines (without the newline), each at most
+        ``max_line`` bytes; a longer one raises BodyTooLarge."""
+        pending = bytearray()
+        async for data in self.pieces(head, max_line, whole=False):
+            start = 0
+            while (end := data.find(b"\n", start)) >= 0:
+                if len(pending) + end - start > max_line:
+                    raise BodyTooLarge(f"a line of the response is longer than the limit of "
+                                       f"{max_line} bytes")
+                pending += data[start:end]
+                yield bytes(pending)
+                pending.clear()
+                start = end + 1
+            if len(pending) + len(data) - start > max_line:
+                raise BodyTooLarge(f"a line of the response is longer than the limit of "
+                                   f"{max_line} bytes")
+            pending += data[start:]
+        if pending.strip():
+            yield bytes(pending)
