@@ -151,14 +151,6 @@ def test_what_flanneld_loads_starts_from_bytecode(box):
     assert compiled == [], f"compiled at start, no bytecode in the image: {compiled}"
 
 
-# lightkube and its HTTP stack (httpx2, httpcore2, h2, anyio, msgspec...) weigh 7.1 MB in the
-# image with their bytecode; the target is met without them (docs/benchmarks.md). Strict: once the
-# lock is free of them, the size is asserted as it stands.
-CARRIES_LIGHTKUBE = "lightkube==" in (ROOT / "deploy" / "requirements.lock").read_text()
-
-
-@pytest.mark.xfail(CARRIES_LIGHTKUBE, strict=True,
-                   reason="the lock still carries lightkube and its HTTP stack (7.1 MB)")
 def test_size(image, tmp_path):
     """The whole image stays under the target; every layer's size is reported."""
     layers = images.layer_sizes(image, tmp_path / "image")
