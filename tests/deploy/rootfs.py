@@ -7,27 +7,22 @@ Owns two stand-ins, since no registry is reachable here:
   the release, updates and security suites, no apt lists, caches or bootstrap logs.
 - ``HOST``: a plain host for the install-host test: a minbase bookworm with python3 and
   python3-venv, trimmed of documentation.
-Each tarball is cached under ``$PYFLANNEL_TEST_CACHE`` (default /var/cache/pyflannel-test),
-keyed by the variant, the month (so security updates arrive) and everything that shapes it,
-and published with an atomic rename so an interrupted run never leaves a half-made base.
+Each tarball is cached by tests/support/debootstrap.py, keyed by the variant, the month (so
+security updates arrive) and everything that shapes it.
 Must not touch: anything outside the cache directory and the temporary directories it makes.
 """
 
 from __future__ import annotations
 
-import datetime
 import fnmatch
-import hashlib
 import os
 import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.debootstrap import MIRROR, cache_dir, cached_tarball, extract, key
+
 SUITE = "bookworm"
-MIRROR = "http://deb.debian.org/debian"
-DEBOOTSTRAP_TIMEOUT = 900
 
 # debuerreotype's slim variant: these trees go, but for the kept files below, and dpkg is told
 # to leave them out of every later install too.
@@ -81,20 +76,16 @@ HOST = Variant("host", ("python3", "python3-venv", "ca-certificates"), slim=Fals
                         "var/cache/apt", "var/lib/apt/lists"))
 
 
-def cache_dir() -> Path:
-    path = Path(os.environ.get("PYFLANNEL_TEST_CACHE", "/var/cache/pyflannel-test"))
-    path.mkdir(parents=True, exist_ok=True, mode=0o755)
-    return path
-
-
-def base_key(variant: Variant = SLIM) -> str:
-    month = datetime.datetime.now(datetime.UTC).strftime("%Y-%m")
-    shape = [SUITE, MIRROR, *variant.packages, *variant.trimmed]
+def _shape_key(variant: Variant) -> list[str]:
+    shape = list(variant.trimmed)
     if variant.slim:
         shape += [*SLIM_EXCLUDES, *SLIM_INCLUDES, *SLIM_REMOVED, *SLIM_EMPTIED,
                   *(f"{path}={text}" for path, (text, _) in sorted(MINIMIZING_CONFIG.items()))]
-    digest = hashlib.sha256(" ".join(shape).encode())
-    return f"{variant.name}-{SUITE}-{month}-{digest.hexdigest()[:12]}"
+    return shape
+
+
+def base_key(variant: Variant = SLIM) -> str:
+    return f"{variant.name}-{key(SUITE, (*variant.packages, *_shape_key(variant)))}"
 
 
 def _matches(path: str, patterns: tuple[str, ...]) -> bool:
@@ -172,26 +163,8 @@ def _shape(root: Path, variant: Variant) -> None:
 
 def ensure_base_tarball(variant: Variant = SLIM) -> Path:
     """The cached rootfs tarball of ``variant``, made with debootstrap on first use."""
-    tarball = cache_dir() / f"rootfs-{base_key(variant)}.tar"
-    if tarball.exists():
-        return tarball
-    with tempfile.TemporaryDirectory(dir=cache_dir(), prefix="debootstrap-") as work:
-        root = Path(work) / "root"
-        include = [f"--include={','.join(variant.packages)}"] if variant.packages else []
-        subprocess.run(["debootstrap", "--variant=minbase", *include, SUITE, str(root), MIRROR],
-                       check=True, capture_output=True, timeout=DEBOOTSTRAP_TIMEOUT)
-        _shape(root, variant)
-        partial = Path(work) / "rootfs.tar"
-        subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."],
-                       check=True, timeout=300)
-        os.replace(partial, tarball)
-    for stale in cache_dir().glob(f"rootfs-{variant.name}-*.tar"):
-        if stale != tarball:
-            stale.unlink()
-    return tarball
+    return cached_tarball(f"rootfs-{variant.name}", SUITE, variant.packages,
+                          _shape_key(variant), lambda root: _shape(root, variant))
 
 
-def extract(tarball: Path, destination: Path) -> None:
-    destination.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "--numeric-owner", "-C", str(destination), "-xf", str(tarball)],
-                   check=True, timeout=300)
+__all__ = ["HOST", "SLIM", "base_key", "cache_dir", "ensure_base_tarball", "extract"]

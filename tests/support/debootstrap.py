@@ -1,0 +1,71 @@
+"""Debian root filesystems made with debootstrap from Debian's mirror, cached outside the repo.
+
+Owns the cache directory (``$PYFLANNEL_TEST_CACHE``, default /var/cache/pyflannel-test) and
+the making of one cached tarball: a minbase debootstrap, the caller's shaping step, then a tar
+published by an atomic rename (an interrupted run never leaves a half-made one) while older
+tarballs of the same name are removed. Callers (tests/deploy/rootfs.py,
+tests/support/debian_hosts.py) own what goes in and the key that names it.
+Must not touch: anything outside the cache directory and the temporary directories it makes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+MIRROR = "http://deb.debian.org/debian"
+DEBOOTSTRAP_TIMEOUT = 900
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("PYFLANNEL_TEST_CACHE", "/var/cache/pyflannel-test"))
+    path.mkdir(parents=True, exist_ok=True, mode=0o755)
+    return path
+
+
+def key(suite: str, shape: Sequence[str]) -> str:
+    """The suite, the month (so security updates arrive) and a digest of what shapes it."""
+    month = datetime.datetime.now(datetime.UTC).strftime("%Y-%m")
+    digest = hashlib.sha256(" ".join((suite, MIRROR, *shape)).encode()).hexdigest()[:12]
+    return f"{suite}-{month}-{digest}"
+
+
+def cached_tarball(name: str, suite: str, packages: Sequence[str],
+                   shape_key: Sequence[str] = (),
+                   shape: Callable[[Path], None] | None = None) -> Path:
+    """``<name>-<key>.tar`` in the cache, made on first use; ``shape_key`` names everything
+    ``shape`` does to the tree. Older tarballs of the same name and suite go."""
+    tarball = cache_dir() / f"{name}-{key(suite, (*packages, *shape_key))}.tar"
+    if tarball.exists():
+        return tarball
+    with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=f"debootstrap-{name}-") as work:
+        root = Path(work) / "root"
+        include = [f"--include={','.join(packages)}"] if packages else []
+        made = subprocess.run(["debootstrap", "--variant=minbase", *include, suite, str(root),
+                               MIRROR], capture_output=True, text=True,
+                              timeout=DEBOOTSTRAP_TIMEOUT, check=False)
+        if made.returncode != 0:
+            raise RuntimeError(f"debootstrap {suite} failed: {made.stdout[-2000:]}"
+                               f"{made.stderr[-2000:]}")
+        if shape is not None:
+            shape(root)
+        partial = Path(work) / "rootfs.tar"
+        subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."],
+                       check=True, timeout=300)
+        os.replace(partial, tarball)
+    for stale in cache_dir().glob(f"{name}-{suite}-*.tar"):
+        if stale != tarball:
+            stale.unlink()
+    return tarball
+
+
+def extract(tarball: Path, destination: Path) -> Path:
+    destination.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "--numeric-owner", "-C", str(destination), "-xf", str(tarball)],
+                   check=True, timeout=300)
+    return destination
