@@ -482,3 +482,39 @@ async def test_watch_events_cut_across_chunks_arrive_whole(api, tmp_path):
                           ("DELETED", "node2", {"example.com/x": "é" * 50})]
     finally:
         await client.close()
+
+
+SPLIT_PLUGIN = """#!{python}
+import sys, time
+credential = ('{{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential", '
+              '"status": {{"token": "from-plugin"}}}}')
+sys.stderr.write("x" * {stderr_bytes})
+sys.stderr.flush()
+half = len(credential) // 2
+sys.stdout.write(credential[:half])
+sys.stdout.flush()
+time.sleep(0.3)
+sys.stdout.write(credential[half:] + "\\n")
+"""
+
+
+@pytest.mark.parametrize("stderr_bytes", [0, 100 * 1024])
+async def test_exec_plugin_answer_in_parts_and_a_noisy_stderr(api, pki, tmp_path, stderr_bytes):
+    """A plugin's answer is read to its end, however many writes it takes, and its stderr is
+    drained as it runs: 100 KiB of it (more than a pipe holds) does not block the plugin."""
+    api.authorization = "Bearer from-plugin"
+    await api.start(tls=pki.server_context())
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(SPLIT_PLUGIN.format(python=sys.executable, stderr_bytes=stderr_bytes))
+    plugin.chmod(0o755)
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                            {"certificate-authority": str(pki.ca)}, {"exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1",
+                                "command": str(plugin)}})
+    client = kube_client("", str(path), {})
+    try:
+        node = await asyncio.wait_for(client.get_node("node1"), 10)
+        assert node["metadata"]["name"] == "node1"
+    finally:
+        await client.close()
+
