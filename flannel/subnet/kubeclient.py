@@ -152,7 +152,8 @@ class KubeClient:
             conn = self._idle.pop() if reused else await self._connect(deadline)
             answered = False
             try:
-                await conn.send(method, target, self.config.host_header, headers, body)
+                await conn.send(method, self.config.path_prefix + target,
+                                self.config.host_header, headers, body)
                 head = await conn.read_head()
                 answered = True
                 data = await conn.read_body(head, max_bytes if head.status < 400
@@ -281,7 +282,8 @@ class KubeClient:
                     headers = {"Accept": "application/json", "User-Agent": "flanneld",
                                **await self.config.credentials.headers()}
                     conn = await self._connect(deadline)
-                    await conn.send("GET", target, self.config.host_header, headers)
+                    await conn.send("GET", self.config.path_prefix + target,
+                                    self.config.host_header, headers)
                     head = await conn.read_head()
                     if head.status != 200:
                         body = await conn.read_body(head, _MAX_ERROR_BYTES)

@@ -45,31 +45,49 @@ class KubeConfigError(Exception):
 class ClusterConfig:
     """The server to talk to, the TLS context for it, and the credentials to send."""
 
-    server: str  # scheme://host:port, no path
+    server: str  # scheme://host[:port][/prefix], no user info: for messages
     host: str
     port: int
     context: ssl.SSLContext | None
     server_hostname: str | None
     credentials: Credentials
     where: str  # where this configuration came from, for messages
+    #: The server URL's path ("/k8s/clusters/c-abc" behind Rancher), without a trailing
+    #: slash: client-go puts it in front of every request path, and so do we.
+    path_prefix: str = ""
 
     @property
     def host_header(self) -> str:
-        return urlsplit(self.server).netloc
+        """host[:port] rebuilt from its parts, so user info in the URL never reaches it."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.server.startswith("https:") else 80
+        return host if self.port == default else f"{host}:{self.port}"
 
 
-def _server(url: str, what: str, base_path_ok: bool = True) -> tuple[str, str, int]:
+@dataclass(frozen=True)
+class _Server:
+    url: str  # for messages
+    host: str
+    port: int
+    path_prefix: str
+
+
+def _server(url: str, what: str) -> _Server:
     parts = urlsplit(url)
     try:
         port = parts.port
     except ValueError:
         raise KubeConfigError(f"{what}: {url!r} has a bad port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise KubeConfigError(f"{what}: {url!r} is not an http(s)://host[:port] URL")
-    if parts.path.strip("/") and not base_path_ok:
-        raise KubeConfigError(f"{what}: {url!r}: a path after the host is not supported")
+        raise KubeConfigError(f"{what}: {url!r} is not an http(s)://host[:port][/path] URL")
+    prefix = parts.path.rstrip("/")
+    if parts.query or parts.fragment or \
+            not all(c.isprintable() and not c.isspace() for c in prefix):
+        raise KubeConfigError(f"{what}: {url!r}: only a plain path may follow the host")
     port = port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{parts.netloc}", parts.hostname, port
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    shown = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    return _Server(shown + prefix, parts.hostname, port, prefix)
 
 
 def _tls(ca_file: str | None, ca_data: bytes | None, insecure: bool,
@@ -109,20 +127,21 @@ def in_cluster(environ: dict[str, str], api_url: str = "",
             raise KubeConfigError(f"{where}: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT "
                                   "must be set (or give --kube-api-url)")
         server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-    server, hostname, port_number = _server(server, "--kube-api-url" if api_url else where)
+    found = _server(server, "--kube-api-url" if api_url else where)
     ca = os.path.join(account_dir, "ca.crt")
     context = None
-    if server.startswith("https:"):
+    if found.url.startswith("https:"):
         context = _tls(ca if os.path.exists(ca) else None, None, False, f"{where} (ca.crt)")
-    return ClusterConfig(server, hostname, port_number, context, hostname,
-                         TokenFile(token), where)
+    return ClusterConfig(found.url, found.host, found.port, context, found.host,
+                         TokenFile(token), where, found.path_prefix)
 
 
 def from_url(api_url: str) -> ClusterConfig:
-    server, hostname, port = _server(api_url, "--kube-api-url")
-    context = _tls(None, None, False, "--kube-api-url") if server.startswith("https:") else None
-    return ClusterConfig(server, hostname, port, context, hostname, Credentials(),
-                         "--kube-api-url")
+    found = _server(api_url, "--kube-api-url")
+    context = _tls(None, None, False, "--kube-api-url") if found.url.startswith("https:") \
+        else None
+    return ClusterConfig(found.url, found.host, found.port, context, found.host, Credentials(),
+                         "--kube-api-url", found.path_prefix)
 
 
 class _Fields:
@@ -219,10 +238,10 @@ def from_kubeconfig(path: str, api_url: str = "") -> ClusterConfig:
     if server_text is None:
         raise cluster.refuse("server", "is not set")
     what = "--kube-api-url" if api_url else f"{path}: {cluster.name('server')}"
-    server, hostname, port = _server(server_text, what)
+    found = _server(server_text, what)
     user = root.named("users", user_name) if user_name else _Fields({}, "user", path)
     context_tls = None
-    if server.startswith("https:"):
+    if found.url.startswith("https:"):
         ca_file = cluster.path_of("certificate-authority", base)
         ca_data = cluster.base64("certificate-authority-data")
         field_name = cluster.name("certificate-authority" if ca_file else
@@ -230,9 +249,10 @@ def from_kubeconfig(path: str, api_url: str = "") -> ClusterConfig:
         context_tls = _tls(ca_file, ca_data, cluster.flag("insecure-skip-tls-verify"),
                            f"{path}: {field_name}")
         _client_certificate(context_tls, user, base)
-    server_hostname = cluster.text("tls-server-name") or hostname
-    return ClusterConfig(server, hostname, port, context_tls, server_hostname,
-                         _credentials(user, base, context_tls, path), f"the kubeconfig {path}")
+    server_hostname = cluster.text("tls-server-name") or found.host
+    return ClusterConfig(found.url, found.host, found.port, context_tls, server_hostname,
+                         _credentials(user, base, context_tls, path), f"the kubeconfig {path}",
+                         found.path_prefix)
 
 
 def _client_certificate(context: ssl.SSLContext, user: _Fields, base: str) -> None:

@@ -518,3 +518,24 @@ async def test_exec_plugin_answer_in_parts_and_a_noisy_stderr(api, pki, tmp_path
     finally:
         await client.close()
 
+
+async def test_a_server_url_path_prefixes_every_request(api, tmp_path):
+    """A server behind a proxy that serves it under a path (Rancher's /k8s/clusters/<id>):
+    list, watch, get and patch all go to that path, as client-go sends them."""
+    api.path_prefix = "/k8s/clusters/c-abc"
+    await api.start()
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url + "/", {}, {})
+    client = kube_client("", str(path), {})
+    try:
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+        nodes, version = await client.list_nodes(lambda node: node["metadata"]["name"])
+        assert nodes == ["node1"]
+        await client.patch_node_status("node1", {"metadata": {"labels": {"a": "b"}}})
+        events = client.watch_nodes(version)
+        kind, node = await asyncio.wait_for(anext(events), 10)
+        assert (kind, node["metadata"]["labels"]) == ("MODIFIED", {"a": "b"})
+        await events.aclose()
+    finally:
+        await client.close()
+    assert api.requests and all(r.split()[1].startswith("/k8s/clusters/c-abc/api/v1/nodes")
+                                for r in api.requests)

@@ -30,8 +30,10 @@ anything else gets 401 ``Unauthorized`` as a ``Status``. ``fail_next`` queues er
 ``Status`` answers for the next requests (429, 5xx, 403...), ``truncate_next`` closes the
 connection halfway through the next response body, ``header_padding`` adds a header of
 that many bytes to every answer, ``chunk_size`` cuts watch events across chunks (as a proxy
-may), and ``stall_watches`` makes watch streams outlive their
-``timeoutSeconds`` silently (as a stuck proxy would).
+may), ``stall_watches`` makes watch streams outlive their
+``timeoutSeconds`` silently (as a stuck proxy would), and ``path_prefix`` serves the API
+under a path (as Rancher's proxy does at ``/k8s/clusters/<id>``: requests outside it get 404,
+and ``url`` includes it).
 
 Each event is serialized once and shared by every watch stream; a stream writes with flow
 control (a slow reader slows its own stream only) and ends when its client goes away.
@@ -109,6 +111,7 @@ class FakeKubeAPI:
         self.connections = 0  # connections accepted
         self.chunk_size = 0  # >0: watch events are cut into chunks of this many bytes
         self.stall_watches = False  # watch streams ignore timeoutSeconds (a stuck proxy)
+        self.path_prefix = ""  # e.g. "/k8s/clusters/c-abc": the API is served under it
 
     # -- test controls ------------------------------------------------------------------
 
@@ -183,7 +186,7 @@ class FakeKubeAPI:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}{self.path_prefix}"
 
     async def stop(self) -> None:
         self.cut_watches()
@@ -208,8 +211,12 @@ class FakeKubeAPI:
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 self.requests.append(f"{method} {target}")
                 url = urlsplit(target)
+                outside = not url.path.startswith(self.path_prefix + "/")
+                url = url._replace(path=url.path[len(self.path_prefix):])
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                if self.authorization is not None and \
+                if outside:
+                    code, doc = 404, _status(404, "NotFound", f"nothing at {target}")
+                elif self.authorization is not None and \
                         headers.get("authorization") != self.authorization:
                     code, doc = 401, _status(401, "Unauthorized", "Unauthorized")
                 elif self.fail_next:
