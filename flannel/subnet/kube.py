@@ -358,6 +358,7 @@ class KubeSubnetManager:
         """List, then watch from the listed version; resume after cuts, relist after 410."""
         backoff = Backoff(0.1, 5.0)
         need_list = True
+        relisted = False  # relisted after a 410 with no event since
         while True:
             try:
                 if need_list:
@@ -377,6 +378,7 @@ class KubeSubnetManager:
                     elif kind in ("ADDED", "MODIFIED"):
                         self._store(raw)
                     backoff.reset()
+                    relisted = False
             except ApiUnreachable as err:
                 self.status.watching = False
                 self.status.reconnects += 1
@@ -394,7 +396,9 @@ class KubeSubnetManager:
                     log.info("node watch: resourceVersion %s is gone; relisting",
                              self.resource_version)
                     need_list = True
-                    continue
+                    if not relisted:  # once at once; a server that keeps answering 410
+                        relisted = True  # would otherwise be listed in a tight loop
+                        continue
                 self.status.reconnects += 1
                 log.warning("node watch failed (%s); retrying in %.1fs",
                             api_failure(err, "watch nodes"), backoff.delay)

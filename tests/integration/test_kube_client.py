@@ -25,6 +25,7 @@ from flannel.subnet.kubeconfig import client_config
 from tests.integration.test_kube_manager import VXLAN, Follower, remote
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.tlscerts import PKI, make_pki
+from tests.support.waiting import async_wait_until
 
 NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
 
@@ -539,3 +540,33 @@ async def test_a_server_url_path_prefixes_every_request(api, tmp_path):
         await client.close()
     assert api.requests and all(r.split()[1].startswith("/k8s/clusters/c-abc/api/v1/nodes")
                                 for r in api.requests)
+
+
+async def test_a_server_answering_every_watch_with_410_is_relisted_with_backoff(api, tmp_path):
+    """One relist at once after a 410, then the watch backoff between relists, so a server
+    whose history is always too short is not listed in a tight loop."""
+    api.expire_watches = True
+    await api.start()
+    client = KubeClient(client_config(api.url, "", {}))
+    sm = manager(client, tmp_path)
+    try:
+        config = await sm.get_network_config()
+        follower = Follower(sm, await sm.acquire_lease(config, VXLAN), config)
+
+        async def five_lists() -> bool:
+            return len(lists()) >= 5
+
+        def lists() -> list[float]:
+            return [t for r, t in zip(api.requests, api.request_times, strict=True)
+                    if r.startswith("GET /api/v1/nodes?limit=")]
+        try:
+            await async_wait_until(five_lists, 10, what="five lists")
+        finally:
+            await follower.stop()
+    finally:
+        await sm.close()
+    times = lists()
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    # list, 410, list at once, 410, 0.1 s, list, 410, 0.2 s, list, 410, 0.4 s, list
+    assert [g >= 0.9 * want for g, want in zip(gaps[1:4], (0.1, 0.2, 0.4), strict=True)] == \
+        [True] * 3, gaps

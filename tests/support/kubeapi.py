@@ -31,7 +31,8 @@ anything else gets 401 ``Unauthorized`` as a ``Status``. ``fail_next`` queues er
 connection halfway through the next response body, ``header_padding`` adds a header of
 that many bytes to every answer, ``chunk_size`` cuts watch events across chunks (as a proxy
 may), ``stall_watches`` makes watch streams outlive their
-``timeoutSeconds`` silently (as a stuck proxy would), and ``path_prefix`` serves the API
+``timeoutSeconds`` silently (as a stuck proxy would), ``expire_watches`` answers every watch with the 410 ``ERROR`` event (as a server whose
+history is always too short for the client), and ``path_prefix`` serves the API
 under a path (as Rancher's proxy does at ``/k8s/clusters/<id>``: requests outside it get 404,
 and ``url`` includes it).
 
@@ -111,6 +112,8 @@ class FakeKubeAPI:
         self.connections = 0  # connections accepted
         self.chunk_size = 0  # >0: watch events are cut into chunks of this many bytes
         self.stall_watches = False  # watch streams ignore timeoutSeconds (a stuck proxy)
+        self.expire_watches = False  # every watch gets 410 Expired at once
+        self.request_times: list[float] = []  # loop time of each entry of ``requests``
         self.path_prefix = ""  # e.g. "/k8s/clusters/c-abc": the API is served under it
 
     # -- test controls ------------------------------------------------------------------
@@ -210,6 +213,7 @@ class FakeKubeAPI:
                     headers[key.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 self.requests.append(f"{method} {target}")
+                self.request_times.append(asyncio.get_running_loop().time())
                 url = urlsplit(target)
                 outside = not url.path.startswith(self.path_prefix + "/")
                 url = url._replace(path=url.path[len(self.path_prefix):])
@@ -316,7 +320,7 @@ class FakeKubeAPI:
                 for node in self.nodes.values():
                     send(_event_line("ADDED", node))
                 since = self.rv
-            elif since < self.oldest - 1:
+            elif since < self.oldest - 1 or self.expire_watches:
                 send(_event_line("ERROR", _status(
                     410, "Expired", f"too old resource version: {since} ({self.oldest})")))
                 writer.write(b"0\r\n\r\n")
