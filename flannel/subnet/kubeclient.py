@@ -2,9 +2,9 @@
 
 Owns: GET of a node and of a pod, the paginated LIST of nodes (``limit``/``continue``,
 relisted from the start when a continue token expires, pages halved when one is larger than
-its bound), the node WATCH (its own connection, ``timeoutSeconds`` plus a read deadline, one
-event line at most ``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``,
-keep-alive reuse of idle connections, and every request bounded in time and size. Answers
+its bound), the node WATCH (its own connection, ``timeoutSeconds`` plus a read deadline,
+given up after ``watch_idle`` seconds without data, one event line at most
+``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``, keep-alive reuse of idle connections, and every request bounded in time and size. Answers
 are decoded with ``boundedjson``. Failures are two exceptions: ``ApiStatusError`` (the
 server answered with an error ``Status``: its code and message, and the permission the
 request needed) and ``ApiUnreachable`` (no usable answer: connection, TLS, timeout,
@@ -52,6 +52,12 @@ MAX_API_DEPTH = None
 #: that plus WATCH_GRACE is dead.
 WATCH_TIMEOUT_RANGE = (300, 600)
 WATCH_GRACE = 30.0
+#: A watch stream silent for this long is given up and resumed from its resourceVersion.
+#: It asks for bookmarks, which API servers since 1.27 send every minute, so a healthy
+#: stream is never this quiet there; older ones send one only before timeoutSeconds, and
+#: a quiet stream then costs one resumed watch per period. TCP keepalive finds a dead peer
+#: sooner; this finds a proxy that is alive while its upstream is gone.
+WATCH_IDLE = 150.0
 MAX_IDLE_CONNECTIONS = 2
 MAX_LIST_RESTARTS = 5
 _MAX_ERROR_BYTES = 1024 * 1024
@@ -89,7 +95,7 @@ class KubeClient:
                  max_page_bytes: int = MAX_PAGE_BYTES,
                  max_event_bytes: int = MAX_OBJECT_BYTES,
                  watch_timeout: tuple[int, int] = WATCH_TIMEOUT_RANGE,
-                 watch_grace: float = WATCH_GRACE) -> None:
+                 watch_grace: float = WATCH_GRACE, watch_idle: float = WATCH_IDLE) -> None:
         self.config = config
         self.request_timeout = request_timeout
         self.list_timeout = list_timeout
@@ -98,6 +104,7 @@ class KubeClient:
         self.max_event_bytes = max_event_bytes
         self.watch_timeout = watch_timeout
         self.watch_grace = watch_grace
+        self.watch_idle = watch_idle
         self._idle: list[Connection] = []
 
     # -- transport ----------------------------------------------------------------------
@@ -292,11 +299,17 @@ class KubeClient:
                         raise self._status_error(head.status, body, "watch nodes")
                 limit = seconds + self.watch_grace
                 conn.deadline = loop.time() + limit
+                conn.abort_when_idle(self.watch_idle)
                 async for line in conn.lines(head, self.max_event_bytes):
                     yield self._event(line)
             except BodyTooLarge as err:
                 raise ApiUnreachable(f"node watch: {err}", relist=True) from None
-            except (OSError, TimeoutError, ProtocolError, CredentialError) as err:
+            except TimeoutError:
+                if conn is None or not conn.idle_expired:
+                    raise self._unreachable(TimeoutError(), limit) from None
+                raise ApiUnreachable(f"{self.config.server} sent nothing on the node watch "
+                                     f"for {self.watch_idle:g}s") from None
+            except (OSError, ProtocolError, CredentialError) as err:
                 raise self._unreachable(err, limit) from None
         finally:
             if conn is not None:

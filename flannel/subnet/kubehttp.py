@@ -5,7 +5,9 @@ Owns: writing a request, reading the status line and headers (at most ``MAX_HEAD
 the end of the connection, within a byte bound the caller gives, and splitting a streamed
 body into lines within a line bound (watch events). Every read ends by the connection's
 ``deadline`` (a loop time) if one is set: one timer per deadline aborts the connection
-(a timer per read cost more than the parsing of a watch event). Whatever the peer sends,
+(a timer per read cost more than the parsing of a watch event); a stream may also be
+aborted after a time without data (``abort_when_idle``). Every connection has TCP
+keepalive on. Whatever the peer sends,
 the only exceptions are ``ProtocolError``, ``OSError`` (``ConnectionError``,
 ``ssl.SSLError``) and ``TimeoutError``.
 Must not touch: the API's objects, credentials, the kernel.
@@ -14,6 +16,7 @@ Must not touch: the API's objects, credentials, the kernel.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -24,6 +27,10 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 _READ = 64 * 1024  # one read of body data
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+#: TCP keepalive on every connection, as client-go's dialer sets (30 s): a peer gone
+#: without a word (a load balancer failing over without RST) is found dead within
+#: KEEPIDLE + KEEPINTVL * KEEPCNT = 60 s of silence, even on a quiet watch.
+KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
 
 T = TypeVar("T")
 
@@ -53,6 +60,11 @@ class Connection:
         self._watchdog: asyncio.TimerHandle | None = None
         self.expired = False
         self.reusable = False
+        self._loop = asyncio.get_running_loop()
+        self._idle = 0.0  # >0: abort once no body data arrived for this long
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0
+        self.idle_expired = False
 
     @classmethod
     async def open(cls, host: str, port: int, context: ssl.SSLContext | None,
@@ -61,6 +73,11 @@ class Connection:
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=context, server_hostname=server_hostname if context else None,
                 limit=MAX_HEAD_BYTES)
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in KEEPALIVE:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
         return cls(reader, writer)
 
     @property
@@ -74,6 +91,20 @@ class Connection:
         self._deadline, self._watchdog = when, None
         if when is not None:
             self._watchdog = asyncio.get_running_loop().call_at(when, self._expire)
+
+    def abort_when_idle(self, seconds: float) -> None:
+        """Abort the connection once no body data arrived for ``seconds`` (reads then raise
+        TimeoutError and ``idle_expired`` is set): one timer per idle period, not per read."""
+        self._idle, self._last_data = seconds, self._loop.time()
+        self._idle_timer = self._loop.call_at(self._last_data + seconds, self._check_idle)
+
+    def _check_idle(self) -> None:
+        if self._loop.time() - self._last_data >= self._idle:
+            self.idle_expired = True
+            self._expire()
+        else:
+            self._idle_timer = self._loop.call_at(self._last_data + self._idle,
+                                                  self._check_idle)
 
     def _expire(self) -> None:
         self.expired = True
@@ -93,6 +124,9 @@ class Connection:
     def close(self) -> None:
         self.reusable = False
         self.deadline = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self.writer.close()
 
     async def send(self, method: str, target: str, host: str, headers: dict[str, str],
@@ -179,6 +213,7 @@ class Connection:
                     raise ConnectionResetError("the server closed the connection mid-body")
                 if left is not None:
                     left -= len(data)
+                self._last_data = self._loop.time()
                 yield data
             self.reusable = keep_alive
             return
@@ -201,6 +236,7 @@ class Connection:
                 if not data:
                     raise ConnectionResetError("the server closed the connection mid-body")
                 left -= len(data)
+                self._last_data = self._loop.time()
                 yield data
             if await self._line() not in (b"\r\n", b"\n"):
                 raise ProtocolError("a chunk is longer than its size line says")

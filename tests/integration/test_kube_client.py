@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -566,7 +568,48 @@ async def test_a_server_answering_every_watch_with_410_is_relisted_with_backoff(
     finally:
         await sm.close()
     times = lists()
-    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
     # list, 410, list at once, 410, 0.1 s, list, 410, 0.2 s, list, 410, 0.4 s, list
     assert [g >= 0.9 * want for g, want in zip(gaps[1:4], (0.1, 0.2, 0.4), strict=True)] == \
         [True] * 3, gaps
+
+
+async def test_api_connections_have_tcp_keepalive(api):
+    """A peer gone without a word is found dead within a minute, as client-go's dialer does."""
+    await api.start()
+    client = KubeClient(client_config(api.url, "", {}))
+    try:
+        await client.get_node("node1")
+        sock = client._idle[0].writer.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert [sock.getsockopt(socket.IPPROTO_TCP, option) for option in (
+            socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT)] == [30, 10, 3]
+    finally:
+        await client.close()
+
+
+async def test_a_silent_watch_is_given_up_and_resumed(api, tmp_path, caplog):
+    """A watch stream that stays open but sends nothing (a proxy whose upstream is gone) is
+    abandoned after the idle bound and resumed from its resourceVersion."""
+    caplog.set_level(logging.WARNING)
+    await api.start()
+    client = KubeClient(client_config(api.url, "", {}), watch_idle=0.5)
+    sm = manager(client, tmp_path)
+
+    async def resumed() -> bool:
+        return sum("watch=true" in r for r in api.requests) >= 2
+
+    try:
+        config = await sm.get_network_config()
+        follower = Follower(sm, await sm.acquire_lease(config, VXLAN), config)
+        try:
+            await async_wait_until(resumed, 10, what="a second watch request")
+            remote(api, "node2", "10.244.2.0/24", "10.0.0.2")
+            await follower.wait_for(1)
+        finally:
+            await follower.stop()
+    finally:
+        await sm.close()
+    assert f"node watch interrupted ({api.url} sent nothing on the node watch for 0.5s)" \
+        in caplog.text
+    assert sm.status.relists == 1
