@@ -4,7 +4,8 @@ Owns: GET of a node and of a pod, the paginated LIST of nodes (``limit``/``conti
 relisted from the start when a continue token expires, pages halved when one is larger than
 its bound), the node WATCH (its own connection, ``timeoutSeconds`` plus a read deadline,
 given up after ``watch_idle`` seconds without data, one event line at most
-``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``, keep-alive reuse of idle connections, and every request bounded in time and size. Answers
+``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``, keep-alive
+reuse of idle connections, and every request bounded in time and size. Answers
 are decoded with ``boundedjson``. Failures are two exceptions: ``ApiStatusError`` (the
 server answered with an error ``Status``: its code and message, and the permission the
 request needed) and ``ApiUnreachable`` (no usable answer: connection, TLS, timeout,
