@@ -48,6 +48,7 @@ class Head:
     status: int
     reason: str
     headers: dict[str, str]  # lower-case names; repeated fields joined with ", "
+    version: str = "HTTP/1.1"
 
 
 class Connection:
@@ -163,6 +164,10 @@ class Connection:
                     not parts[1].isdigit() or len(parts[1]) != 3:
                 raise ProtocolError(f"not an HTTP/1.1 status line: {line[:80]!r}")
             status, reason = int(parts[1]), parts[2] if len(parts) > 2 else ""
+            if size > MAX_HEAD_BYTES:  # interim answers count too
+                raise ProtocolError(f"response headers exceed {MAX_HEAD_BYTES} bytes")
+            if status == 101:  # we never ask to switch protocols
+                raise ProtocolError("the server switched protocols (101) unasked")
             headers: dict[str, str] = {}
             while (field := await self._line()) not in (b"\r\n", b"\n"):
                 size += len(field)
@@ -174,8 +179,8 @@ class Connection:
                     raise ProtocolError(f"malformed header field: {field[:80]!r}")
                 key, value = name.lower(), value.strip()
                 headers[key] = f"{headers[key]}, {value}" if key in headers else value
-            if status >= 200 or status == 101:
-                return Head(status, reason, headers)
+            if status >= 200:
+                return Head(status, reason, headers, parts[0])
 
     def _framing(self, head: Head) -> tuple[bool, int | None]:
         """(chunked, content length); a length of None means "until the connection ends"."""
@@ -183,13 +188,30 @@ class Connection:
         if coding:
             if coding.split(",")[-1].strip() != "chunked":
                 raise ProtocolError(f"unsupported transfer-encoding {coding!r}")
-            return True, None
+            return True, None  # a Content-Length too: chunked wins, see _keep_alive
         text = head.headers.get("content-length")
         if text is None:
             return False, None
         if not text.isdigit() or len(text) > 18:
             raise ProtocolError(f"bad content-length {text[:40]!r}")
         return False, int(text)
+
+    @staticmethod
+    def _keep_alive(head: Head) -> bool:
+        """Whether the connection may carry another request (RFC 9112 9.3): HTTP/1.0 only
+        with ``Connection: keep-alive``; never after a message framed both by chunks and a
+        Content-Length (a sign of request smuggling between proxies, RFC 9112 6.3)."""
+        tokens = {t.strip() for t in head.headers.get("connection", "").lower().split(",")}
+        if "transfer-encoding" in head.headers and "content-length" in head.headers:
+            return False
+        if head.version == "HTTP/1.0":
+            return "keep-alive" in tokens
+        return "close" not in tokens
+
+    def _unread(self) -> bool:
+        """Bytes the server sent past the end of the response: the next answer on this
+        connection would not be ours. (StreamReader keeps its buffer private.)"""
+        return bool(getattr(self.reader, "_buffer", b""))
 
     async def pieces(self, head: Head, max_bytes: int, *,
                      whole: bool = True) -> AsyncIterator[bytes]:
@@ -198,7 +220,7 @@ class Connection:
         chunked, length = self._framing(head)
         if head.status in (204, 304):  # never a body (RFC 9112 6.3)
             chunked, length = False, 0
-        keep_alive = "close" not in head.headers.get("connection", "").lower()
+        keep_alive = self._keep_alive(head)
         if not chunked:
             if length is not None and whole and length > max_bytes:
                 raise BodyTooLarge(f"the response body of {length} bytes is larger than "
@@ -215,7 +237,7 @@ class Connection:
                     left -= len(data)
                 self._last_data = self._loop.time()
                 yield data
-            self.reusable = keep_alive
+            self.reusable = keep_alive and not self._unread()
             return
         total = 0
         while True:
@@ -242,7 +264,7 @@ class Connection:
                 raise ProtocolError("a chunk is longer than its size line says")
         while await self._line() not in (b"\r\n", b"\n"):  # trailer fields: ignored
             pass
-        self.reusable = keep_alive
+        self.reusable = keep_alive and not self._unread()
 
     async def read_body(self, head: Head, max_bytes: int) -> bytes:
         parts = []
