@@ -1,7 +1,8 @@
 """Where the Kubernetes API server is and how to prove who we are to it.
 
 Owns: reading a kubeconfig file (its current context's cluster and user: server,
-certificate-authority(-data), insecure-skip-tls-verify, tls-server-name, token, tokenFile,
+certificate-authority(-data) (the data winning, as in client-go), insecure-skip-tls-verify
+(refused with a certificate authority, as client-go does), tls-server-name, token, tokenFile,
 client-certificate(-data) + client-key(-data), username + password, and exec credential
 plugins of client.authentication.k8s.io v1 and v1beta1), the in-cluster service account
 (``KUBERNETES_SERVICE_HOST``/``_PORT``, its CA and a token file re-read as it rotates), and
@@ -242,12 +243,17 @@ def from_kubeconfig(path: str, api_url: str = "") -> ClusterConfig:
     user = root.named("users", user_name) if user_name else _Fields({}, "user", path)
     context_tls = None
     if found.url.startswith("https:"):
-        ca_file = cluster.path_of("certificate-authority", base)
         ca_data = cluster.base64("certificate-authority-data")
-        field_name = cluster.name("certificate-authority" if ca_file else
-                                  "certificate-authority-data")
-        context_tls = _tls(ca_file, ca_data, cluster.flag("insecure-skip-tls-verify"),
-                           f"{path}: {field_name}")
+        # As client-go: the embedded data wins over the file.
+        ca_file = None if ca_data else cluster.path_of("certificate-authority", base)
+        field_name = "certificate-authority-data" if ca_data else "certificate-authority"
+        insecure = cluster.flag("insecure-skip-tls-verify")
+        if insecure and (ca_data or ca_file):
+            raise cluster.refuse("insecure-skip-tls-verify", f"is set together with "
+                                 f"{cluster.name(field_name)}: specifying a root "
+                                 "certificates file with the insecure flag is not allowed; "
+                                 "remove one of them")
+        context_tls = _tls(ca_file, ca_data, insecure, f"{path}: {cluster.name(field_name)}")
         _client_certificate(context_tls, user, base)
     server_hostname = cluster.text("tls-server-name") or found.host
     return ClusterConfig(found.url, found.host, found.port, context_tls, server_hostname,

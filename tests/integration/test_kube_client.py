@@ -613,3 +613,41 @@ async def test_a_silent_watch_is_given_up_and_resumed(api, tmp_path, caplog):
     assert f"node watch interrupted ({api.url} sent nothing on the node watch for 0.5s)" \
         in caplog.text
     assert sm.status.relists == 1
+
+
+async def test_kubeconfig_certificate_authority_fields_as_client_go_reads_them(api, pki,
+                                                                               tmp_path):
+    """certificate-authority-data wins over certificate-authority; either one together with
+    insecure-skip-tls-verify is refused, as client-go refuses it."""
+    await api.start(tls=pki.server_context())
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                            {"certificate-authority": str(pki.other_ca),
+                             "certificate-authority-data": b64(pki.ca)}, {})
+    client = kube_client("", str(path), {})
+    try:
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+    finally:
+        await client.close()
+    for field, value in (("certificate-authority", str(pki.ca)),
+                         ("certificate-authority-data", b64(pki.ca))):
+        path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                                {field: value, "insecure-skip-tls-verify": True}, {})
+        with pytest.raises(KubeError) as caught:
+            kube_client("", str(path), {})
+        assert str(caught.value) == (
+            f"cannot build the Kubernetes client config: {path}: "
+            f"clusters[0].cluster.insecure-skip-tls-verify is set together with "
+            f"clusters[0].cluster.{field}: specifying a root certificates file with the "
+            "insecure flag is not allowed; remove one of them")
+
+
+async def test_the_host_header_never_carries_user_info(api):
+    await api.start()
+    client = KubeClient(client_config(f"http://user:pass@127.0.0.1:{api.port}", "", {}))
+    try:
+        await client.get_node("node1")
+    finally:
+        await client.close()
+    assert api.host_headers == [f"127.0.0.1:{api.port}"]
+    assert client_config("https://u:p@[fd00::1]:6443/x", "", {}).host_header == "[fd00::1]:6443"
+    assert client_config("https://u:p@[fd00::1]/x", "", {}).host_header == "[fd00::1]"

@@ -114,6 +114,7 @@ class FakeKubeAPI:
         self.stall_watches = False  # watch streams ignore timeoutSeconds (a stuck proxy)
         self.expire_watches = False  # every watch gets 410 Expired at once
         self.request_times: list[float] = []  # loop time of each entry of ``requests``
+        self.host_headers: list[str] = []  # the Host header of each entry of ``requests``
         self.path_prefix = ""  # e.g. "/k8s/clusters/c-abc": the API is served under it
 
     # -- test controls ------------------------------------------------------------------
@@ -214,6 +215,7 @@ class FakeKubeAPI:
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 self.requests.append(f"{method} {target}")
                 self.request_times.append(asyncio.get_running_loop().time())
+                self.host_headers.append(headers.get("host", ""))
                 url = urlsplit(target)
                 outside = not url.path.startswith(self.path_prefix + "/")
                 url = url._replace(path=url.path[len(self.path_prefix):])
