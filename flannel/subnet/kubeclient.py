@@ -175,14 +175,15 @@ class KubeClient:
             except BaseException:
                 conn.close()
                 raise
-            if conn.reusable and len(self._idle) < MAX_IDLE_CONNECTIONS:
+            if conn.reusable and len(self._idle) < MAX_IDLE_CONNECTIONS and head.status != 401:
                 self._idle.append(conn)
             else:
                 conn.close()
-            if head.status == 401 and credentials.renewable and not refused_once:
-                refused_once = True  # a rotated token or an expired plugin answer
-                credentials.invalidate()
-                continue
+            if head.status == 401:
+                self._refused()
+                if credentials.renewable and not refused_once:
+                    refused_once = True  # a rotated token or an expired plugin answer
+                    continue
             return head.status, data
 
     async def _json(self, method: str, target: str, permission: str, *,
@@ -205,9 +206,19 @@ class KubeClient:
         except boundedjson.JSONLimitError as err:
             raise ApiUnreachable(f"{self.config.server}: {err}") from None
 
-    async def close(self) -> None:
+    def _refused(self) -> None:
+        """The server refused our credentials: fetch them afresh, and drop idle connections,
+        whose TLS handshake carried the client certificate they had then (an exec plugin's
+        renewed certificate only reaches new connections)."""
+        self.config.credentials.invalidate()
+        self._close_idle()
+
+    def _close_idle(self) -> None:
         while self._idle:
             self._idle.pop().close()
+
+    async def close(self) -> None:
+        self._close_idle()
 
     # -- the calls flanneld makes ---------------------------------------------------------
 
@@ -296,7 +307,7 @@ class KubeClient:
                     if head.status != 200:
                         body = await conn.read_body(head, _MAX_ERROR_BYTES)
                         if head.status == 401:
-                            self.config.credentials.invalidate()
+                            self._refused()
                         raise self._status_error(head.status, body, "watch nodes")
                 limit = seconds + self.watch_grace
                 conn.deadline = loop.time() + limit

@@ -651,3 +651,40 @@ async def test_the_host_header_never_carries_user_info(api):
     assert api.host_headers == [f"127.0.0.1:{api.port}"]
     assert client_config("https://u:p@[fd00::1]:6443/x", "", {}).host_header == "[fd00::1]:6443"
     assert client_config("https://u:p@[fd00::1]/x", "", {}).host_header == "[fd00::1]"
+
+
+CERT_PLUGIN = """#!{python}
+import json, sys
+with open(sys.argv[1]) as cert, open(sys.argv[2]) as key:
+    status = {{"clientCertificateData": cert.read(), "clientKeyData": key.read()}}
+print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": status}}))
+"""
+
+
+async def test_a_rotated_exec_plugin_certificate_reaches_a_new_connection(api, pki, tmp_path):
+    """After a 401 the plugin's renewed client certificate is used at once: idle
+    connections, whose handshake carried the old one, are not reused."""
+    api.client_common_name = "flanneld"
+    await api.start(tls=pki.server_context(require_client_cert=True))
+    cert, key = tmp_path / "plugin.crt", tmp_path / "plugin.key"
+    cert.write_bytes(pki.client_cert.read_bytes())
+    key.write_bytes(pki.client_key.read_bytes())
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(CERT_PLUGIN.format(python=sys.executable))
+    plugin.chmod(0o755)
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                            {"certificate-authority": str(pki.ca)}, {"exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1",
+                                "command": str(plugin), "args": [str(cert), str(key)]}})
+    client = kube_client("", str(path), {})
+    try:
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+        # The certificate is rotated: the server now knows only the new one.
+        new_cert, new_key = pki.new_client_cert("flanneld-rotated")
+        cert.write_bytes(new_cert.read_bytes())
+        key.write_bytes(new_key.read_bytes())
+        api.client_common_name = "flanneld-rotated"
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+    finally:
+        await client.close()

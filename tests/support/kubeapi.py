@@ -25,9 +25,10 @@ real API server does:
   other patch types get 415.
 
 Served over TLS (``start(tls=...)``, an ``ssl.SSLContext`` that may require client
-certificates) and with an ``Authorization`` header required when ``authorization`` is set:
-anything else gets 401 ``Unauthorized`` as a ``Status``. ``fail_next`` queues error
-``Status`` answers for the next requests (429, 5xx, 403...), ``truncate_next`` closes the
+certificates) and with an ``Authorization`` header required when ``authorization`` is set,
+a client certificate of that common name when ``client_common_name`` is set (as the server
+maps a certificate to a user): anything else gets 401 ``Unauthorized`` as a ``Status``.
+``fail_next`` queues error ``Status`` answers for the next requests (429, 5xx, 403...), ``truncate_next`` closes the
 connection halfway through the next response body, ``header_padding`` adds a header of
 that many bytes to every answer, ``chunk_size`` cuts watch events across chunks (as a proxy
 may), ``stall_watches`` makes watch streams outlive their ``timeoutSeconds`` silently (as a
@@ -64,6 +65,11 @@ from urllib.parse import parse_qs, urlsplit
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
+
+
+def _common_name(writer: asyncio.StreamWriter) -> str | None:
+    subject = (writer.get_extra_info("peercert") or {}).get("subject", ())
+    return next((value for rdn in subject for key, value in rdn if key == "commonName"), None)
 
 
 def _event_line(kind: str, obj: dict[str, Any]) -> bytes:
@@ -105,6 +111,8 @@ class FakeKubeAPI:
         self.tls: ssl.SSLContext | None = None
         #: The Authorization header every request must carry (None: no authentication).
         self.authorization: str | None = None
+        #: The CN the client certificate must carry (None: any the TLS context accepts).
+        self.client_common_name: str | None = None
         #: (code, message) error answers for the next requests, in order.
         self.fail_next: list[tuple[int, str]] = []
         self.truncate_next = 0
@@ -222,8 +230,10 @@ class FakeKubeAPI:
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
                 if outside:
                     code, doc = 404, _status(404, "NotFound", f"nothing at {target}")
-                elif self.authorization is not None and \
-                        headers.get("authorization") != self.authorization:
+                elif (self.authorization is not None and
+                      headers.get("authorization") != self.authorization) or \
+                        (self.client_common_name is not None and
+                         _common_name(writer) != self.client_common_name):
                     code, doc = 401, _status(401, "Unauthorized", "Unauthorized")
                 elif self.fail_next:
                     failure, message = self.fail_next.pop(0)
