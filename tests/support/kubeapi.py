@@ -25,17 +25,17 @@ real API server does:
   other patch types get 415.
 
 Served over TLS (``start(tls=...)``, an ``ssl.SSLContext`` that may require client
-certificates) and with an ``Authorization`` header required when ``authorization`` is set,
-a client certificate of that common name when ``client_common_name`` is set (as the server
+certificates) and with an ``Authorization`` header required when ``authorization`` is set, a
+client certificate of that common name when ``client_common_name`` is set (as the server
 maps a certificate to a user): anything else gets 401 ``Unauthorized`` as a ``Status``.
 ``fail_next`` queues error ``Status`` answers for the next requests (429, 5xx, 403...),
 ``truncate_next`` closes the connection halfway through the next response body,
-``header_padding`` adds a header of that many bytes to every answer, ``chunk_size`` cuts watch events across chunks (as a proxy
-may), ``stall_watches`` makes watch streams outlive their ``timeoutSeconds`` silently (as a
-stuck proxy would), ``expire_watches`` answers every watch with the 410 ``ERROR`` event (as
-a server whose history is always too short for the client), and ``path_prefix`` serves the
-API under a path (as Rancher's proxy does at ``/k8s/clusters/<id>``: requests outside it
-get 404, and ``url`` includes it).
+``header_padding`` adds a header of that many bytes to every answer, ``chunk_size`` cuts
+watch events across chunks (as a proxy may), ``stall_watches`` makes watch streams outlive
+their ``timeoutSeconds`` silently (as a stuck proxy would), ``expire_watches`` answers every
+watch with the 410 ``ERROR`` event (as a server whose history is always too short for the
+client), and ``path_prefix`` serves the API under a path (as Rancher's proxy does at
+``/k8s/clusters/<id>``: requests outside it get 404, and ``url`` includes it).
 
 Each event is serialized once and shared by every watch stream; a stream writes with flow
 control (a slow reader slows its own stream only) and ends when its client goes away.
