@@ -44,7 +44,7 @@ from flannel.subnet.annotations import (
 )
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kubeconfig import KubeConfigError, client_config
+from flannel.subnet.kubeconfig import KubeConfigError, client_config, ignored_proxy
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
@@ -506,11 +506,15 @@ def kube_client(api_url: str, kubeconfig_file: str, environ: dict[str, str] | No
                 **options: Any) -> KubeClient:
     """The API client for the kubeconfig file; else the in-cluster service account (with
     ``api_url`` as the server if given); else ``api_url`` without credentials."""
+    environ = dict(os.environ) if environ is None else environ
     try:
-        config = client_config(api_url, kubeconfig_file,
-                               dict(os.environ) if environ is None else environ)
+        config = client_config(api_url, kubeconfig_file, environ)
     except KubeConfigError as err:
         raise KubeError(f"cannot build the Kubernetes client config: {err}") from None
+    variable = ignored_proxy(config, environ)
+    if variable is not None:
+        log.warning("%s is set and NO_PROXY does not cover %s, but flanneld does not use "
+                    "proxies: it connects to the API server directly", variable, config.host)
     return KubeClient(config, **options)
 
 

@@ -7,7 +7,8 @@ client-certificate(-data) + client-key(-data), username + password, and exec cre
 plugins of client.authentication.k8s.io v1 and v1beta1), the in-cluster service account
 (``KUBERNETES_SERVICE_HOST``/``_PORT``, its CA and a token file re-read as it rotates), and
 ``--kube-api-url`` as the server over either. Every bad field is refused with a message
-naming the field and the file. Key material from ``*-data`` fields reaches ssl only through
+naming the field and the file; a proxy variable client-go would honour is reported
+(``ignored_proxy``). Key material from ``*-data`` fields reaches ssl only through
 ``kubeauth.load_key_pair`` (a 0600 file removed at once); it is never logged.
 Must not touch: how credentials are obtained (kubeauth), requests (kubeclient), the kernel.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import os
 import ssl
 from dataclasses import dataclass
@@ -334,6 +336,48 @@ def _exec_plugin(spec: _Fields, base: str, context: ssl.SSLContext | None) -> Ex
             raise spec.refuse(f"env[{index}]", "must be {name: NAME, value: VALUE} strings")
         env[item["name"]] = item["value"]
     return ExecPlugin(command, list(args), env, api_version, context, spec.file)
+
+
+def ignored_proxy(config: ClusterConfig, environ: dict[str, str]) -> str | None:
+    """The proxy variable client-go would use for this server and we do not (flanneld
+    connects directly), or None: set, and its NO_PROXY does not cover the host. The
+    matching is client-go's (golang.org/x/net/http/httpproxy): ``*``, an IP, a CIDR, a domain
+    (its subdomains too), an optional port; loopback is never proxied."""
+    scheme = "HTTPS" if config.server.startswith("https:") else "HTTP"
+    name = next((n for n in (f"{scheme}_PROXY", f"{scheme.lower()}_proxy") if environ.get(n)),
+                None)
+    if name is None or config.host == "localhost":
+        return None
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = \
+            ipaddress.ip_address(config.host)
+    except ValueError:
+        address = None
+    if address is not None and address.is_loopback:
+        return None
+    no_proxy = environ.get("NO_PROXY") or environ.get("no_proxy") or ""
+    host = config.host.lower()
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if entry == "*":
+            return None
+        if not entry:
+            continue
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            network = None
+        if network is not None:
+            if address is not None and address in network:
+                return None
+            continue
+        name_part, _, port = entry.rpartition(":") if entry.count(":") == 1 else \
+            (entry, "", "")
+        if port and port != str(config.port):
+            continue
+        domain = name_part.strip("[]").lstrip(".")
+        if host == domain or host.endswith("." + domain):
+            return None
+    return name
 
 
 def client_config(api_url: str, kubeconfig_file: str, environ: dict[str, str],

@@ -688,3 +688,31 @@ async def test_a_rotated_exec_plugin_certificate_reaches_a_new_connection(api, p
         assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
     finally:
         await client.close()
+
+
+@pytest.mark.parametrize(("environ", "warned"), [
+    ({"HTTPS_PROXY": "http://proxy:3128"}, "HTTPS_PROXY"),
+    ({"https_proxy": "http://proxy:3128", "NO_PROXY": "example.com,10.0.0.0/8"}, "https_proxy"),
+    ({"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": ".cluster.example"}, None),
+    ({"HTTPS_PROXY": "http://proxy:3128", "no_proxy": "api.cluster.example:6443"}, None),
+    ({"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "*"}, None),
+    ({"HTTP_PROXY": "http://proxy:3128"}, None),
+])
+def test_a_proxy_variable_flanneld_does_not_use_is_warned_about(environ, warned, caplog):
+    """client-go would send API requests through HTTPS_PROXY; flanneld connects directly and
+    says so once, unless NO_PROXY covers the server."""
+    caplog.set_level(logging.WARNING)
+    client = kube_client("https://api.cluster.example:6443", "", environ)
+    assert client.config.host == "api.cluster.example"
+    warnings = [r.getMessage() for r in caplog.records if "proxies" in r.getMessage()]
+    assert warnings == ([] if warned is None else [
+        f"{warned} is set and NO_PROXY does not cover api.cluster.example, but flanneld does "
+        "not use proxies: it connects to the API server directly"])
+
+
+def test_a_proxy_is_never_warned_about_for_a_loopback_or_covered_address(caplog):
+    caplog.set_level(logging.WARNING)
+    for url, no_proxy in (("https://127.0.0.1:6443", ""), ("https://10.1.2.3", "10.0.0.0/8"),
+                          ("https://[fd00::1]:6443", "fd00::/64")):
+        kube_client(url, "", {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": no_proxy})
+    assert "proxies" not in caplog.text
