@@ -77,6 +77,8 @@ class _Server:
 
 def _server(url: str, what: str) -> _Server:
     parts = urlsplit(url)
+    # Messages show the URL without its user info: it may hold a password.
+    url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
     try:
         port = parts.port
     except ValueError:

@@ -716,3 +716,10 @@ def test_a_proxy_is_never_warned_about_for_a_loopback_or_covered_address(caplog)
                           ("https://[fd00::1]:6443", "fd00::/64")):
         kube_client(url, "", {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": no_proxy})
     assert "proxies" not in caplog.text
+
+
+def test_a_refused_server_url_is_shown_without_its_password():
+    with pytest.raises(KubeError) as caught:
+        kube_client("https://user:s3cret@api.example:99999", "", {})
+    assert str(caught.value) == ("cannot build the Kubernetes client config: --kube-api-url: "
+                                 "'https://api.example:99999' has a bad port")
