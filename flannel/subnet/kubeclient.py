@@ -54,9 +54,9 @@ MAX_API_DEPTH = None
 WATCH_TIMEOUT_RANGE = (300, 600)
 WATCH_GRACE = 30.0
 #: A watch stream silent for this long is given up and resumed from its resourceVersion.
-#: It asks for bookmarks, which API servers since 1.27 send every minute, so a healthy
-#: stream is never this quiet there; older ones send one only before timeoutSeconds, and
-#: a quiet stream then costs one resumed watch per period. TCP keepalive finds a dead peer
+#: It asks for bookmarks, which the API server's watch cache sends about every minute
+#: (defaultBookmarkFrequency), so a healthy stream is not this quiet; a server that sends
+#: one only before timeoutSeconds costs one resumed watch per period on a quiet cluster. TCP keepalive finds a dead peer
 #: sooner; this finds a proxy that is alive while its upstream is gone.
 WATCH_IDLE = 150.0
 MAX_IDLE_CONNECTIONS = 2
