@@ -56,8 +56,8 @@ WATCH_GRACE = 30.0
 #: A watch stream silent for this long is given up and resumed from its resourceVersion.
 #: It asks for bookmarks, which the API server's watch cache sends about every minute
 #: (defaultBookmarkFrequency), so a healthy stream is not this quiet; a server that sends
-#: one only before timeoutSeconds costs one resumed watch per period on a quiet cluster. TCP keepalive finds a dead peer
-#: sooner; this finds a proxy that is alive while its upstream is gone.
+#: one only before timeoutSeconds costs one resumed watch per period on a quiet cluster.
+#: TCP keepalive finds a dead peer sooner; this finds a proxy alive without its upstream.
 WATCH_IDLE = 150.0
 MAX_IDLE_CONNECTIONS = 2
 MAX_LIST_RESTARTS = 5
