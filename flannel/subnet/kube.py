@@ -44,7 +44,7 @@ from flannel.subnet.annotations import (
 )
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kubeconfig import KubeConfigError, client_config
+from flannel.subnet.kubeconfig import KubeConfigError, client_config, ignored_proxy
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
@@ -358,6 +358,7 @@ class KubeSubnetManager:
         """List, then watch from the listed version; resume after cuts, relist after 410."""
         backoff = Backoff(0.1, 5.0)
         need_list = True
+        relisted = False  # relisted after a 410 with no event since
         while True:
             try:
                 if need_list:
@@ -377,6 +378,7 @@ class KubeSubnetManager:
                     elif kind in ("ADDED", "MODIFIED"):
                         self._store(raw)
                     backoff.reset()
+                    relisted = False
             except ApiUnreachable as err:
                 self.status.watching = False
                 self.status.reconnects += 1
@@ -394,7 +396,9 @@ class KubeSubnetManager:
                     log.info("node watch: resourceVersion %s is gone; relisting",
                              self.resource_version)
                     need_list = True
-                    continue
+                    if not relisted:  # once at once; a server that keeps answering 410
+                        relisted = True  # would otherwise be listed in a tight loop
+                        continue
                 self.status.reconnects += 1
                 log.warning("node watch failed (%s); retrying in %.1fs",
                             api_failure(err, "watch nodes"), backoff.delay)
@@ -502,11 +506,15 @@ def kube_client(api_url: str, kubeconfig_file: str, environ: dict[str, str] | No
                 **options: Any) -> KubeClient:
     """The API client for the kubeconfig file; else the in-cluster service account (with
     ``api_url`` as the server if given); else ``api_url`` without credentials."""
+    environ = dict(os.environ) if environ is None else environ
     try:
-        config = client_config(api_url, kubeconfig_file,
-                               dict(os.environ) if environ is None else environ)
+        config = client_config(api_url, kubeconfig_file, environ)
     except KubeConfigError as err:
         raise KubeError(f"cannot build the Kubernetes client config: {err}") from None
+    variable = ignored_proxy(config, environ)
+    if variable is not None:
+        log.warning("%s is set and NO_PROXY does not cover %s, but flanneld does not use "
+                    "proxies: it connects to the API server directly", variable, config.host)
     return KubeClient(config, **options)
 
 

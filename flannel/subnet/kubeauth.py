@@ -30,6 +30,8 @@ MAX_TOKEN_BYTES = 64 * 1024
 #: An exec plugin answers with a small JSON document, and within this time.
 MAX_EXEC_OUTPUT_BYTES = 1024 * 1024
 EXEC_TIMEOUT_SECONDS = 60.0
+#: What is kept of a plugin's stderr for the message when it fails.
+MAX_STDERR_TAIL = 4096
 
 
 class CredentialError(Exception):
@@ -145,15 +147,16 @@ class ExecPlugin(Credentials):
         try:
             async with asyncio.timeout(EXEC_TIMEOUT_SECONDS):
                 assert proc.stdout is not None and proc.stderr is not None
-                out, err_text = await asyncio.gather(
-                    proc.stdout.read(MAX_EXEC_OUTPUT_BYTES + 1),
-                    proc.stderr.read(4096))
+                out, err_text = await asyncio.gather(_read_all(proc.stdout),
+                                                     _read_tail(proc.stderr))
                 code = await proc.wait()
         except TimeoutError:
             proc.kill()
             await proc.wait()
             raise CredentialError(f"{what} did not answer within "
                                   f"{EXEC_TIMEOUT_SECONDS:g}s") from None
+        if out is None:
+            raise CredentialError(f"{what} printed more than {MAX_EXEC_OUTPUT_BYTES} bytes")
         if code != 0:
             tail = err_text.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
             raise CredentialError(f"{what} exited with status {code}: {tail[0][:200]}")
@@ -194,6 +197,26 @@ class ExecPlugin(Credentials):
                 raise CredentialError(f"{what}: expirationTimestamp {str(stamp)[:40]!r} is "
                                       "not an RFC 3339 time") from None
         self._token, self._cached = token or "", True
+
+
+async def _read_all(stream: asyncio.StreamReader) -> bytes | None:
+    """The whole output, however many writes it came in; None past the bound (the rest is
+    still read, so the plugin never blocks on a full pipe)."""
+    parts: list[bytes] = []
+    size = 0
+    while data := await stream.read(64 * 1024):
+        size += len(data)
+        if size <= MAX_EXEC_OUTPUT_BYTES:
+            parts.append(data)
+    return b"".join(parts) if size <= MAX_EXEC_OUTPUT_BYTES else None
+
+
+async def _read_tail(stream: asyncio.StreamReader) -> bytes:
+    """Everything the plugin writes, drained so it never blocks; the last 4 KiB kept."""
+    tail = b""
+    while data := await stream.read(64 * 1024):
+        tail = (tail + data)[-MAX_STDERR_TAIL:]
+    return tail
 
 
 def load_key_pair(context: ssl.SSLContext, cert_pem: bytes, key_pem: bytes) -> None:

@@ -2,9 +2,10 @@
 
 Owns: GET of a node and of a pod, the paginated LIST of nodes (``limit``/``continue``,
 relisted from the start when a continue token expires, pages halved when one is larger than
-its bound), the node WATCH (its own connection, ``timeoutSeconds`` plus a read deadline, one
-event line at most ``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``,
-keep-alive reuse of idle connections, and every request bounded in time and size. Answers
+its bound), the node WATCH (its own connection, ``timeoutSeconds`` plus a read deadline,
+given up after ``watch_idle`` seconds without data, one event line at most
+``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``, keep-alive
+reuse of idle connections, and every request bounded in time and size. Answers
 are decoded with ``boundedjson``. Failures are two exceptions: ``ApiStatusError`` (the
 server answered with an error ``Status``: its code and message, and the permission the
 request needed) and ``ApiUnreachable`` (no usable answer: connection, TLS, timeout,
@@ -52,6 +53,12 @@ MAX_API_DEPTH = None
 #: that plus WATCH_GRACE is dead.
 WATCH_TIMEOUT_RANGE = (300, 600)
 WATCH_GRACE = 30.0
+#: A watch stream silent for this long is given up and resumed from its resourceVersion.
+#: It asks for bookmarks, which the API server's watch cache sends about every minute
+#: (defaultBookmarkFrequency), so a healthy stream is not this quiet; a server that sends
+#: one only before timeoutSeconds costs one resumed watch per period on a quiet cluster.
+#: TCP keepalive finds a dead peer sooner; this finds a proxy alive without its upstream.
+WATCH_IDLE = 150.0
 MAX_IDLE_CONNECTIONS = 2
 MAX_LIST_RESTARTS = 5
 _MAX_ERROR_BYTES = 1024 * 1024
@@ -89,7 +96,7 @@ class KubeClient:
                  max_page_bytes: int = MAX_PAGE_BYTES,
                  max_event_bytes: int = MAX_OBJECT_BYTES,
                  watch_timeout: tuple[int, int] = WATCH_TIMEOUT_RANGE,
-                 watch_grace: float = WATCH_GRACE) -> None:
+                 watch_grace: float = WATCH_GRACE, watch_idle: float = WATCH_IDLE) -> None:
         self.config = config
         self.request_timeout = request_timeout
         self.list_timeout = list_timeout
@@ -98,6 +105,7 @@ class KubeClient:
         self.max_event_bytes = max_event_bytes
         self.watch_timeout = watch_timeout
         self.watch_grace = watch_grace
+        self.watch_idle = watch_idle
         self._idle: list[Connection] = []
 
     # -- transport ----------------------------------------------------------------------
@@ -152,7 +160,8 @@ class KubeClient:
             conn = self._idle.pop() if reused else await self._connect(deadline)
             answered = False
             try:
-                await conn.send(method, target, self.config.host_header, headers, body)
+                await conn.send(method, self.config.path_prefix + target,
+                                self.config.host_header, headers, body)
                 head = await conn.read_head()
                 answered = True
                 data = await conn.read_body(head, max_bytes if head.status < 400
@@ -166,14 +175,15 @@ class KubeClient:
             except BaseException:
                 conn.close()
                 raise
-            if conn.reusable and len(self._idle) < MAX_IDLE_CONNECTIONS:
+            if conn.reusable and len(self._idle) < MAX_IDLE_CONNECTIONS and head.status != 401:
                 self._idle.append(conn)
             else:
                 conn.close()
-            if head.status == 401 and credentials.renewable and not refused_once:
-                refused_once = True  # a rotated token or an expired plugin answer
-                credentials.invalidate()
-                continue
+            if head.status == 401:
+                self._refused()
+                if credentials.renewable and not refused_once:
+                    refused_once = True  # a rotated token or an expired plugin answer
+                    continue
             return head.status, data
 
     async def _json(self, method: str, target: str, permission: str, *,
@@ -196,9 +206,19 @@ class KubeClient:
         except boundedjson.JSONLimitError as err:
             raise ApiUnreachable(f"{self.config.server}: {err}") from None
 
-    async def close(self) -> None:
+    def _refused(self) -> None:
+        """The server refused our credentials: fetch them afresh, and drop idle connections,
+        whose TLS handshake carried the client certificate they had then (an exec plugin's
+        renewed certificate only reaches new connections)."""
+        self.config.credentials.invalidate()
+        self._close_idle()
+
+    def _close_idle(self) -> None:
         while self._idle:
             self._idle.pop().close()
+
+    async def close(self) -> None:
+        self._close_idle()
 
     # -- the calls flanneld makes ---------------------------------------------------------
 
@@ -281,20 +301,27 @@ class KubeClient:
                     headers = {"Accept": "application/json", "User-Agent": "flanneld",
                                **await self.config.credentials.headers()}
                     conn = await self._connect(deadline)
-                    await conn.send("GET", target, self.config.host_header, headers)
+                    await conn.send("GET", self.config.path_prefix + target,
+                                    self.config.host_header, headers)
                     head = await conn.read_head()
                     if head.status != 200:
                         body = await conn.read_body(head, _MAX_ERROR_BYTES)
                         if head.status == 401:
-                            self.config.credentials.invalidate()
+                            self._refused()
                         raise self._status_error(head.status, body, "watch nodes")
                 limit = seconds + self.watch_grace
                 conn.deadline = loop.time() + limit
+                conn.abort_when_idle(self.watch_idle)
                 async for line in conn.lines(head, self.max_event_bytes):
                     yield self._event(line)
             except BodyTooLarge as err:
                 raise ApiUnreachable(f"node watch: {err}", relist=True) from None
-            except (OSError, TimeoutError, ProtocolError, CredentialError) as err:
+            except TimeoutError:
+                if conn is None or not conn.idle_expired:
+                    raise self._unreachable(TimeoutError(), limit) from None
+                raise ApiUnreachable(f"{self.config.server} sent nothing on the node watch "
+                                     f"for {self.watch_idle:g}s") from None
+            except (OSError, ProtocolError, CredentialError) as err:
                 raise self._unreachable(err, limit) from None
         finally:
             if conn is not None:

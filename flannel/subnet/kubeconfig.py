@@ -1,12 +1,14 @@
 """Where the Kubernetes API server is and how to prove who we are to it.
 
 Owns: reading a kubeconfig file (its current context's cluster and user: server,
-certificate-authority(-data), insecure-skip-tls-verify, tls-server-name, token, tokenFile,
+certificate-authority(-data) (the data winning, as in client-go), insecure-skip-tls-verify
+(refused with a certificate authority, as client-go does), tls-server-name, token, tokenFile,
 client-certificate(-data) + client-key(-data), username + password, and exec credential
 plugins of client.authentication.k8s.io v1 and v1beta1), the in-cluster service account
 (``KUBERNETES_SERVICE_HOST``/``_PORT``, its CA and a token file re-read as it rotates), and
 ``--kube-api-url`` as the server over either. Every bad field is refused with a message
-naming the field and the file. Key material from ``*-data`` fields reaches ssl only through
+naming the field and the file; a proxy variable client-go would honour is reported
+(``ignored_proxy``). Key material from ``*-data`` fields reaches ssl only through
 ``kubeauth.load_key_pair`` (a 0600 file removed at once); it is never logged.
 Must not touch: how credentials are obtained (kubeauth), requests (kubeclient), the kernel.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import os
 import ssl
 from dataclasses import dataclass
@@ -45,31 +48,51 @@ class KubeConfigError(Exception):
 class ClusterConfig:
     """The server to talk to, the TLS context for it, and the credentials to send."""
 
-    server: str  # scheme://host:port, no path
+    server: str  # scheme://host[:port][/prefix], no user info: for messages
     host: str
     port: int
     context: ssl.SSLContext | None
     server_hostname: str | None
     credentials: Credentials
     where: str  # where this configuration came from, for messages
+    #: The server URL's path ("/k8s/clusters/c-abc" behind Rancher), without a trailing
+    #: slash: client-go puts it in front of every request path, and so do we.
+    path_prefix: str = ""
 
     @property
     def host_header(self) -> str:
-        return urlsplit(self.server).netloc
+        """host[:port] rebuilt from its parts, so user info in the URL never reaches it."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.server.startswith("https:") else 80
+        return host if self.port == default else f"{host}:{self.port}"
 
 
-def _server(url: str, what: str, base_path_ok: bool = True) -> tuple[str, str, int]:
+@dataclass(frozen=True)
+class _Server:
+    url: str  # for messages
+    host: str
+    port: int
+    path_prefix: str
+
+
+def _server(url: str, what: str) -> _Server:
     parts = urlsplit(url)
+    # Messages show the URL without its user info: it may hold a password.
+    url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
     try:
         port = parts.port
     except ValueError:
         raise KubeConfigError(f"{what}: {url!r} has a bad port") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise KubeConfigError(f"{what}: {url!r} is not an http(s)://host[:port] URL")
-    if parts.path.strip("/") and not base_path_ok:
-        raise KubeConfigError(f"{what}: {url!r}: a path after the host is not supported")
+        raise KubeConfigError(f"{what}: {url!r} is not an http(s)://host[:port][/path] URL")
+    prefix = parts.path.rstrip("/")
+    if parts.query or parts.fragment or \
+            not all(c.isprintable() and not c.isspace() for c in prefix):
+        raise KubeConfigError(f"{what}: {url!r}: only a plain path may follow the host")
     port = port or (443 if parts.scheme == "https" else 80)
-    return f"{parts.scheme}://{parts.netloc}", parts.hostname, port
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    shown = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    return _Server(shown + prefix, parts.hostname, port, prefix)
 
 
 def _tls(ca_file: str | None, ca_data: bytes | None, insecure: bool,
@@ -109,20 +132,21 @@ def in_cluster(environ: dict[str, str], api_url: str = "",
             raise KubeConfigError(f"{where}: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT "
                                   "must be set (or give --kube-api-url)")
         server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-    server, hostname, port_number = _server(server, "--kube-api-url" if api_url else where)
+    found = _server(server, "--kube-api-url" if api_url else where)
     ca = os.path.join(account_dir, "ca.crt")
     context = None
-    if server.startswith("https:"):
+    if found.url.startswith("https:"):
         context = _tls(ca if os.path.exists(ca) else None, None, False, f"{where} (ca.crt)")
-    return ClusterConfig(server, hostname, port_number, context, hostname,
-                         TokenFile(token), where)
+    return ClusterConfig(found.url, found.host, found.port, context, found.host,
+                         TokenFile(token), where, found.path_prefix)
 
 
 def from_url(api_url: str) -> ClusterConfig:
-    server, hostname, port = _server(api_url, "--kube-api-url")
-    context = _tls(None, None, False, "--kube-api-url") if server.startswith("https:") else None
-    return ClusterConfig(server, hostname, port, context, hostname, Credentials(),
-                         "--kube-api-url")
+    found = _server(api_url, "--kube-api-url")
+    context = _tls(None, None, False, "--kube-api-url") if found.url.startswith("https:") \
+        else None
+    return ClusterConfig(found.url, found.host, found.port, context, found.host, Credentials(),
+                         "--kube-api-url", found.path_prefix)
 
 
 class _Fields:
@@ -219,20 +243,26 @@ def from_kubeconfig(path: str, api_url: str = "") -> ClusterConfig:
     if server_text is None:
         raise cluster.refuse("server", "is not set")
     what = "--kube-api-url" if api_url else f"{path}: {cluster.name('server')}"
-    server, hostname, port = _server(server_text, what)
+    found = _server(server_text, what)
     user = root.named("users", user_name) if user_name else _Fields({}, "user", path)
     context_tls = None
-    if server.startswith("https:"):
-        ca_file = cluster.path_of("certificate-authority", base)
+    if found.url.startswith("https:"):
         ca_data = cluster.base64("certificate-authority-data")
-        field_name = cluster.name("certificate-authority" if ca_file else
-                                  "certificate-authority-data")
-        context_tls = _tls(ca_file, ca_data, cluster.flag("insecure-skip-tls-verify"),
-                           f"{path}: {field_name}")
+        # As client-go: the embedded data wins over the file.
+        ca_file = None if ca_data else cluster.path_of("certificate-authority", base)
+        field_name = "certificate-authority-data" if ca_data else "certificate-authority"
+        insecure = cluster.flag("insecure-skip-tls-verify")
+        if insecure and (ca_data or ca_file):
+            raise cluster.refuse("insecure-skip-tls-verify", f"is set together with "
+                                 f"{cluster.name(field_name)}: specifying a root "
+                                 "certificates file with the insecure flag is not allowed; "
+                                 "remove one of them")
+        context_tls = _tls(ca_file, ca_data, insecure, f"{path}: {cluster.name(field_name)}")
         _client_certificate(context_tls, user, base)
-    server_hostname = cluster.text("tls-server-name") or hostname
-    return ClusterConfig(server, hostname, port, context_tls, server_hostname,
-                         _credentials(user, base, context_tls, path), f"the kubeconfig {path}")
+    server_hostname = cluster.text("tls-server-name") or found.host
+    return ClusterConfig(found.url, found.host, found.port, context_tls, server_hostname,
+                         _credentials(user, base, context_tls, path), f"the kubeconfig {path}",
+                         found.path_prefix)
 
 
 def _client_certificate(context: ssl.SSLContext, user: _Fields, base: str) -> None:
@@ -308,6 +338,48 @@ def _exec_plugin(spec: _Fields, base: str, context: ssl.SSLContext | None) -> Ex
             raise spec.refuse(f"env[{index}]", "must be {name: NAME, value: VALUE} strings")
         env[item["name"]] = item["value"]
     return ExecPlugin(command, list(args), env, api_version, context, spec.file)
+
+
+def ignored_proxy(config: ClusterConfig, environ: dict[str, str]) -> str | None:
+    """The proxy variable client-go would use for this server and we do not (flanneld
+    connects directly), or None: set, and its NO_PROXY does not cover the host. The
+    matching is client-go's (golang.org/x/net/http/httpproxy): ``*``, an IP, a CIDR, a domain
+    (its subdomains too), an optional port; loopback is never proxied."""
+    scheme = "HTTPS" if config.server.startswith("https:") else "HTTP"
+    name = next((n for n in (f"{scheme}_PROXY", f"{scheme.lower()}_proxy") if environ.get(n)),
+                None)
+    if name is None or config.host == "localhost":
+        return None
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = \
+            ipaddress.ip_address(config.host)
+    except ValueError:
+        address = None
+    if address is not None and address.is_loopback:
+        return None
+    no_proxy = environ.get("NO_PROXY") or environ.get("no_proxy") or ""
+    host = config.host.lower()
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if entry == "*":
+            return None
+        if not entry:
+            continue
+        try:
+            network = ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            network = None
+        if network is not None:
+            if address is not None and address in network:
+                return None
+            continue
+        name_part, _, port = entry.rpartition(":") if entry.count(":") == 1 else \
+            (entry, "", "")
+        if port and port != str(config.port):
+            continue
+        domain = name_part.strip("[]").lstrip(".")
+        if host == domain or host.endswith("." + domain):
+            return None
+    return name
 
 
 def client_config(api_url: str, kubeconfig_file: str, environ: dict[str, str],

@@ -5,7 +5,9 @@ Owns: writing a request, reading the status line and headers (at most ``MAX_HEAD
 the end of the connection, within a byte bound the caller gives, and splitting a streamed
 body into lines within a line bound (watch events). Every read ends by the connection's
 ``deadline`` (a loop time) if one is set: one timer per deadline aborts the connection
-(a timer per read cost more than the parsing of a watch event). Whatever the peer sends,
+(a timer per read cost more than the parsing of a watch event); a stream may also be
+aborted after a time without data (``abort_when_idle``). Every connection has TCP
+keepalive on. Whatever the peer sends,
 the only exceptions are ``ProtocolError``, ``OSError`` (``ConnectionError``,
 ``ssl.SSLError``) and ``TimeoutError``.
 Must not touch: the API's objects, credentials, the kernel.
@@ -14,6 +16,7 @@ Must not touch: the API's objects, credentials, the kernel.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -24,6 +27,10 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
 _READ = 64 * 1024  # one read of body data
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+#: TCP keepalive on every connection, as client-go's dialer sets (30 s): a peer gone
+#: without a word (a load balancer failing over without RST) is found dead within
+#: KEEPIDLE + KEEPINTVL * KEEPCNT = 60 s of silence, even on a quiet watch.
+KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
 
 T = TypeVar("T")
 
@@ -41,6 +48,7 @@ class Head:
     status: int
     reason: str
     headers: dict[str, str]  # lower-case names; repeated fields joined with ", "
+    version: str = "HTTP/1.1"
 
 
 class Connection:
@@ -53,6 +61,11 @@ class Connection:
         self._watchdog: asyncio.TimerHandle | None = None
         self.expired = False
         self.reusable = False
+        self._loop = asyncio.get_running_loop()
+        self._idle = 0.0  # >0: abort once no body data arrived for this long
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_data = 0.0
+        self.idle_expired = False
 
     @classmethod
     async def open(cls, host: str, port: int, context: ssl.SSLContext | None,
@@ -61,6 +74,11 @@ class Connection:
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=context, server_hostname=server_hostname if context else None,
                 limit=MAX_HEAD_BYTES)
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in KEEPALIVE:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
         return cls(reader, writer)
 
     @property
@@ -74,6 +92,20 @@ class Connection:
         self._deadline, self._watchdog = when, None
         if when is not None:
             self._watchdog = asyncio.get_running_loop().call_at(when, self._expire)
+
+    def abort_when_idle(self, seconds: float) -> None:
+        """Abort the connection once no body data arrived for ``seconds`` (reads then raise
+        TimeoutError and ``idle_expired`` is set): one timer per idle period, not per read."""
+        self._idle, self._last_data = seconds, self._loop.time()
+        self._idle_timer = self._loop.call_at(self._last_data + seconds, self._check_idle)
+
+    def _check_idle(self) -> None:
+        if self._loop.time() - self._last_data >= self._idle:
+            self.idle_expired = True
+            self._expire()
+        else:
+            self._idle_timer = self._loop.call_at(self._last_data + self._idle,
+                                                  self._check_idle)
 
     def _expire(self) -> None:
         self.expired = True
@@ -93,6 +125,9 @@ class Connection:
     def close(self) -> None:
         self.reusable = False
         self.deadline = None
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         self.writer.close()
 
     async def send(self, method: str, target: str, host: str, headers: dict[str, str],
@@ -129,6 +164,10 @@ class Connection:
                     not parts[1].isdigit() or len(parts[1]) != 3:
                 raise ProtocolError(f"not an HTTP/1.1 status line: {line[:80]!r}")
             status, reason = int(parts[1]), parts[2] if len(parts) > 2 else ""
+            if size > MAX_HEAD_BYTES:  # interim answers count too
+                raise ProtocolError(f"response headers exceed {MAX_HEAD_BYTES} bytes")
+            if status == 101:  # we never ask to switch protocols
+                raise ProtocolError("the server switched protocols (101) unasked")
             headers: dict[str, str] = {}
             while (field := await self._line()) not in (b"\r\n", b"\n"):
                 size += len(field)
@@ -140,8 +179,8 @@ class Connection:
                     raise ProtocolError(f"malformed header field: {field[:80]!r}")
                 key, value = name.lower(), value.strip()
                 headers[key] = f"{headers[key]}, {value}" if key in headers else value
-            if status >= 200 or status == 101:
-                return Head(status, reason, headers)
+            if status >= 200:
+                return Head(status, reason, headers, parts[0])
 
     def _framing(self, head: Head) -> tuple[bool, int | None]:
         """(chunked, content length); a length of None means "until the connection ends"."""
@@ -149,13 +188,30 @@ class Connection:
         if coding:
             if coding.split(",")[-1].strip() != "chunked":
                 raise ProtocolError(f"unsupported transfer-encoding {coding!r}")
-            return True, None
+            return True, None  # a Content-Length too: chunked wins, see _keep_alive
         text = head.headers.get("content-length")
         if text is None:
             return False, None
         if not text.isdigit() or len(text) > 18:
             raise ProtocolError(f"bad content-length {text[:40]!r}")
         return False, int(text)
+
+    @staticmethod
+    def _keep_alive(head: Head) -> bool:
+        """Whether the connection may carry another request (RFC 9112 9.3): HTTP/1.0 only
+        with ``Connection: keep-alive``; never after a message framed both by chunks and a
+        Content-Length (a sign of request smuggling between proxies, RFC 9112 6.3)."""
+        tokens = {t.strip() for t in head.headers.get("connection", "").lower().split(",")}
+        if "transfer-encoding" in head.headers and "content-length" in head.headers:
+            return False
+        if head.version == "HTTP/1.0":
+            return "keep-alive" in tokens
+        return "close" not in tokens
+
+    def _unread(self) -> bool:
+        """Bytes the server sent past the end of the response: the next answer on this
+        connection would not be ours. (StreamReader keeps its buffer private.)"""
+        return bool(getattr(self.reader, "_buffer", b""))
 
     async def pieces(self, head: Head, max_bytes: int, *,
                      whole: bool = True) -> AsyncIterator[bytes]:
@@ -164,7 +220,7 @@ class Connection:
         chunked, length = self._framing(head)
         if head.status in (204, 304):  # never a body (RFC 9112 6.3)
             chunked, length = False, 0
-        keep_alive = "close" not in head.headers.get("connection", "").lower()
+        keep_alive = self._keep_alive(head)
         if not chunked:
             if length is not None and whole and length > max_bytes:
                 raise BodyTooLarge(f"the response body of {length} bytes is larger than "
@@ -179,8 +235,9 @@ class Connection:
                     raise ConnectionResetError("the server closed the connection mid-body")
                 if left is not None:
                     left -= len(data)
+                self._last_data = self._loop.time()
                 yield data
-            self.reusable = keep_alive
+            self.reusable = keep_alive and not self._unread()
             return
         total = 0
         while True:
@@ -201,12 +258,13 @@ class Connection:
                 if not data:
                     raise ConnectionResetError("the server closed the connection mid-body")
                 left -= len(data)
+                self._last_data = self._loop.time()
                 yield data
             if await self._line() not in (b"\r\n", b"\n"):
                 raise ProtocolError("a chunk is longer than its size line says")
         while await self._line() not in (b"\r\n", b"\n"):  # trailer fields: ignored
             pass
-        self.reusable = keep_alive
+        self.reusable = keep_alive and not self._unread()
 
     async def read_body(self, head: Head, max_bytes: int) -> bytes:
         parts = []

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import os
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -25,6 +27,7 @@ from flannel.subnet.kubeconfig import client_config
 from tests.integration.test_kube_manager import VXLAN, Follower, remote
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.tlscerts import PKI, make_pki
+from tests.support.waiting import async_wait_until
 
 NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
 
@@ -482,3 +485,241 @@ async def test_watch_events_cut_across_chunks_arrive_whole(api, tmp_path):
                           ("DELETED", "node2", {"example.com/x": "é" * 50})]
     finally:
         await client.close()
+
+
+SPLIT_PLUGIN = """#!{python}
+import sys, time
+credential = ('{{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential", '
+              '"status": {{"token": "from-plugin"}}}}')
+sys.stderr.write("x" * {stderr_bytes})
+sys.stderr.flush()
+half = len(credential) // 2
+sys.stdout.write(credential[:half])
+sys.stdout.flush()
+time.sleep(0.3)
+sys.stdout.write(credential[half:] + "\\n")
+"""
+
+
+@pytest.mark.parametrize("stderr_bytes", [0, 100 * 1024])
+async def test_exec_plugin_answer_in_parts_and_a_noisy_stderr(api, pki, tmp_path, stderr_bytes):
+    """A plugin's answer is read to its end, however many writes it takes, and its stderr is
+    drained as it runs: 100 KiB of it (more than a pipe holds) does not block the plugin."""
+    api.authorization = "Bearer from-plugin"
+    await api.start(tls=pki.server_context())
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(SPLIT_PLUGIN.format(python=sys.executable, stderr_bytes=stderr_bytes))
+    plugin.chmod(0o755)
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                            {"certificate-authority": str(pki.ca)}, {"exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1",
+                                "command": str(plugin)}})
+    client = kube_client("", str(path), {})
+    try:
+        node = await asyncio.wait_for(client.get_node("node1"), 10)
+        assert node["metadata"]["name"] == "node1"
+    finally:
+        await client.close()
+
+
+async def test_a_server_url_path_prefixes_every_request(api, tmp_path):
+    """A server behind a proxy that serves it under a path (Rancher's /k8s/clusters/<id>):
+    list, watch, get and patch all go to that path, as client-go sends them."""
+    api.path_prefix = "/k8s/clusters/c-abc"
+    await api.start()
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url + "/", {}, {})
+    client = kube_client("", str(path), {})
+    try:
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+        nodes, version = await client.list_nodes(lambda node: node["metadata"]["name"])
+        assert nodes == ["node1"]
+        await client.patch_node_status("node1", {"metadata": {"labels": {"a": "b"}}})
+        events = client.watch_nodes(version)
+        kind, node = await asyncio.wait_for(anext(events), 10)
+        assert (kind, node["metadata"]["labels"]) == ("MODIFIED", {"a": "b"})
+        await events.aclose()
+    finally:
+        await client.close()
+    assert api.requests and all(r.split()[1].startswith("/k8s/clusters/c-abc/api/v1/nodes")
+                                for r in api.requests)
+
+
+async def test_a_server_answering_every_watch_with_410_is_relisted_with_backoff(api, tmp_path):
+    """One relist at once after a 410, then the watch backoff between relists, so a server
+    whose history is always too short is not listed in a tight loop."""
+    api.expire_watches = True
+    await api.start()
+    client = KubeClient(client_config(api.url, "", {}))
+    sm = manager(client, tmp_path)
+    try:
+        config = await sm.get_network_config()
+        follower = Follower(sm, await sm.acquire_lease(config, VXLAN), config)
+
+        async def five_lists() -> bool:
+            return len(lists()) >= 5
+
+        def lists() -> list[float]:
+            return [t for r, t in zip(api.requests, api.request_times, strict=True)
+                    if r.startswith("GET /api/v1/nodes?limit=")]
+        try:
+            await async_wait_until(five_lists, 10, what="five lists")
+        finally:
+            await follower.stop()
+    finally:
+        await sm.close()
+    times = lists()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    # list, 410, list at once, 410, 0.1 s, list, 410, 0.2 s, list, 410, 0.4 s, list
+    assert [g >= 0.9 * want for g, want in zip(gaps[1:4], (0.1, 0.2, 0.4), strict=True)] == \
+        [True] * 3, gaps
+
+
+async def test_api_connections_have_tcp_keepalive(api):
+    """A peer gone without a word is found dead within a minute, as client-go's dialer does."""
+    await api.start()
+    client = KubeClient(client_config(api.url, "", {}))
+    try:
+        await client.get_node("node1")
+        sock = client._idle[0].writer.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert [sock.getsockopt(socket.IPPROTO_TCP, option) for option in (
+            socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT)] == [30, 10, 3]
+    finally:
+        await client.close()
+
+
+async def test_a_silent_watch_is_given_up_and_resumed(api, tmp_path, caplog):
+    """A watch stream that stays open but sends nothing (a proxy whose upstream is gone) is
+    abandoned after the idle bound and resumed from its resourceVersion."""
+    caplog.set_level(logging.WARNING)
+    await api.start()
+    client = KubeClient(client_config(api.url, "", {}), watch_idle=0.5)
+    sm = manager(client, tmp_path)
+
+    async def resumed() -> bool:
+        return sum("watch=true" in r for r in api.requests) >= 2
+
+    try:
+        config = await sm.get_network_config()
+        follower = Follower(sm, await sm.acquire_lease(config, VXLAN), config)
+        try:
+            await async_wait_until(resumed, 10, what="a second watch request")
+            remote(api, "node2", "10.244.2.0/24", "10.0.0.2")
+            await follower.wait_for(1)
+        finally:
+            await follower.stop()
+    finally:
+        await sm.close()
+    assert f"node watch interrupted ({api.url} sent nothing on the node watch for 0.5s)" \
+        in caplog.text
+    assert sm.status.relists == 1
+
+
+async def test_kubeconfig_certificate_authority_fields_as_client_go_reads_them(api, pki,
+                                                                               tmp_path):
+    """certificate-authority-data wins over certificate-authority; either one together with
+    insecure-skip-tls-verify is refused, as client-go refuses it."""
+    await api.start(tls=pki.server_context())
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                            {"certificate-authority": str(pki.other_ca),
+                             "certificate-authority-data": b64(pki.ca)}, {})
+    client = kube_client("", str(path), {})
+    try:
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+    finally:
+        await client.close()
+    for field, value in (("certificate-authority", str(pki.ca)),
+                         ("certificate-authority-data", b64(pki.ca))):
+        path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                                {field: value, "insecure-skip-tls-verify": True}, {})
+        with pytest.raises(KubeError) as caught:
+            kube_client("", str(path), {})
+        assert str(caught.value) == (
+            f"cannot build the Kubernetes client config: {path}: "
+            f"clusters[0].cluster.insecure-skip-tls-verify is set together with "
+            f"clusters[0].cluster.{field}: specifying a root certificates file with the "
+            "insecure flag is not allowed; remove one of them")
+
+
+async def test_the_host_header_never_carries_user_info(api):
+    await api.start()
+    client = KubeClient(client_config(f"http://user:pass@127.0.0.1:{api.port}", "", {}))
+    try:
+        await client.get_node("node1")
+    finally:
+        await client.close()
+    assert api.host_headers == [f"127.0.0.1:{api.port}"]
+    assert client_config("https://u:p@[fd00::1]:6443/x", "", {}).host_header == "[fd00::1]:6443"
+    assert client_config("https://u:p@[fd00::1]/x", "", {}).host_header == "[fd00::1]"
+
+
+CERT_PLUGIN = """#!{python}
+import json, sys
+with open(sys.argv[1]) as cert, open(sys.argv[2]) as key:
+    status = {{"clientCertificateData": cert.read(), "clientKeyData": key.read()}}
+print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "ExecCredential",
+                  "status": status}}))
+"""
+
+
+async def test_a_rotated_exec_plugin_certificate_reaches_a_new_connection(api, pki, tmp_path):
+    """After a 401 the plugin's renewed client certificate is used at once: idle
+    connections, whose handshake carried the old one, are not reused."""
+    api.client_common_name = "flanneld"
+    await api.start(tls=pki.server_context(require_client_cert=True))
+    cert, key = tmp_path / "plugin.crt", tmp_path / "plugin.key"
+    cert.write_bytes(pki.client_cert.read_bytes())
+    key.write_bytes(pki.client_key.read_bytes())
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(CERT_PLUGIN.format(python=sys.executable))
+    plugin.chmod(0o755)
+    path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
+                            {"certificate-authority": str(pki.ca)}, {"exec": {
+                                "apiVersion": "client.authentication.k8s.io/v1",
+                                "command": str(plugin), "args": [str(cert), str(key)]}})
+    client = kube_client("", str(path), {})
+    try:
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+        # The certificate is rotated: the server now knows only the new one.
+        new_cert, new_key = pki.new_client_cert("flanneld-rotated")
+        cert.write_bytes(new_cert.read_bytes())
+        key.write_bytes(new_key.read_bytes())
+        api.client_common_name = "flanneld-rotated"
+        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(("environ", "warned"), [
+    ({"HTTPS_PROXY": "http://proxy:3128"}, "HTTPS_PROXY"),
+    ({"https_proxy": "http://proxy:3128", "NO_PROXY": "example.com,10.0.0.0/8"}, "https_proxy"),
+    ({"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": ".cluster.example"}, None),
+    ({"HTTPS_PROXY": "http://proxy:3128", "no_proxy": "api.cluster.example:6443"}, None),
+    ({"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "*"}, None),
+    ({"HTTP_PROXY": "http://proxy:3128"}, None),
+])
+def test_a_proxy_variable_flanneld_does_not_use_is_warned_about(environ, warned, caplog):
+    """client-go would send API requests through HTTPS_PROXY; flanneld connects directly and
+    says so once, unless NO_PROXY covers the server."""
+    caplog.set_level(logging.WARNING)
+    client = kube_client("https://api.cluster.example:6443", "", environ)
+    assert client.config.host == "api.cluster.example"
+    warnings = [r.getMessage() for r in caplog.records if "proxies" in r.getMessage()]
+    assert warnings == ([] if warned is None else [
+        f"{warned} is set and NO_PROXY does not cover api.cluster.example, but flanneld does "
+        "not use proxies: it connects to the API server directly"])
+
+
+def test_a_proxy_is_never_warned_about_for_a_loopback_or_covered_address(caplog):
+    caplog.set_level(logging.WARNING)
+    for url, no_proxy in (("https://127.0.0.1:6443", ""), ("https://10.1.2.3", "10.0.0.0/8"),
+                          ("https://[fd00::1]:6443", "fd00::/64")):
+        kube_client(url, "", {"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": no_proxy})
+    assert "proxies" not in caplog.text
+
+
+def test_a_refused_server_url_is_shown_without_its_password():
+    with pytest.raises(KubeError) as caught:
+        kube_client("https://user:s3cret@api.example:99999", "", {})
+    assert str(caught.value) == ("cannot build the Kubernetes client config: --kube-api-url: "
+                                 "'https://api.example:99999' has a bad port")

@@ -25,13 +25,17 @@ real API server does:
   other patch types get 415.
 
 Served over TLS (``start(tls=...)``, an ``ssl.SSLContext`` that may require client
-certificates) and with an ``Authorization`` header required when ``authorization`` is set:
-anything else gets 401 ``Unauthorized`` as a ``Status``. ``fail_next`` queues error
-``Status`` answers for the next requests (429, 5xx, 403...), ``truncate_next`` closes the
-connection halfway through the next response body, ``header_padding`` adds a header of
-that many bytes to every answer, ``chunk_size`` cuts watch events across chunks (as a proxy
-may), and ``stall_watches`` makes watch streams outlive their
-``timeoutSeconds`` silently (as a stuck proxy would).
+certificates) and with an ``Authorization`` header required when ``authorization`` is set, a
+client certificate of that common name when ``client_common_name`` is set (as the server
+maps a certificate to a user): anything else gets 401 ``Unauthorized`` as a ``Status``.
+``fail_next`` queues error ``Status`` answers for the next requests (429, 5xx, 403...),
+``truncate_next`` closes the connection halfway through the next response body,
+``header_padding`` adds a header of that many bytes to every answer, ``chunk_size`` cuts
+watch events across chunks (as a proxy may), ``stall_watches`` makes watch streams outlive
+their ``timeoutSeconds`` silently (as a stuck proxy would), ``expire_watches`` answers every
+watch with the 410 ``ERROR`` event (as a server whose history is always too short for the
+client), and ``path_prefix`` serves the API under a path (as Rancher's proxy does at
+``/k8s/clusters/<id>``: requests outside it get 404, and ``url`` includes it).
 
 Each event is serialized once and shared by every watch stream; a stream writes with flow
 control (a slow reader slows its own stream only) and ends when its client goes away.
@@ -61,6 +65,11 @@ from urllib.parse import parse_qs, urlsplit
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
+
+
+def _common_name(writer: asyncio.StreamWriter) -> str | None:
+    subject = (writer.get_extra_info("peercert") or {}).get("subject", ())
+    return next((value for rdn in subject for key, value in rdn if key == "commonName"), None)
 
 
 def _event_line(kind: str, obj: dict[str, Any]) -> bytes:
@@ -102,6 +111,8 @@ class FakeKubeAPI:
         self.tls: ssl.SSLContext | None = None
         #: The Authorization header every request must carry (None: no authentication).
         self.authorization: str | None = None
+        #: The CN the client certificate must carry (None: any the TLS context accepts).
+        self.client_common_name: str | None = None
         #: (code, message) error answers for the next requests, in order.
         self.fail_next: list[tuple[int, str]] = []
         self.truncate_next = 0
@@ -109,6 +120,10 @@ class FakeKubeAPI:
         self.connections = 0  # connections accepted
         self.chunk_size = 0  # >0: watch events are cut into chunks of this many bytes
         self.stall_watches = False  # watch streams ignore timeoutSeconds (a stuck proxy)
+        self.expire_watches = False  # every watch gets 410 Expired at once
+        self.request_times: list[float] = []  # loop time of each entry of ``requests``
+        self.host_headers: list[str] = []  # the Host header of each entry of ``requests``
+        self.path_prefix = ""  # e.g. "/k8s/clusters/c-abc": the API is served under it
 
     # -- test controls ------------------------------------------------------------------
 
@@ -183,7 +198,7 @@ class FakeKubeAPI:
 
     @property
     def url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}{self.path_prefix}"
 
     async def stop(self) -> None:
         self.cut_watches()
@@ -207,10 +222,18 @@ class FakeKubeAPI:
                     headers[key.strip().lower()] = value.strip()
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 self.requests.append(f"{method} {target}")
+                self.request_times.append(asyncio.get_running_loop().time())
+                self.host_headers.append(headers.get("host", ""))
                 url = urlsplit(target)
+                outside = not url.path.startswith(self.path_prefix + "/")
+                url = url._replace(path=url.path[len(self.path_prefix):])
                 query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-                if self.authorization is not None and \
-                        headers.get("authorization") != self.authorization:
+                if outside:
+                    code, doc = 404, _status(404, "NotFound", f"nothing at {target}")
+                elif (self.authorization is not None and
+                      headers.get("authorization") != self.authorization) or \
+                        (self.client_common_name is not None and
+                         _common_name(writer) != self.client_common_name):
                     code, doc = 401, _status(401, "Unauthorized", "Unauthorized")
                 elif self.fail_next:
                     failure, message = self.fail_next.pop(0)
@@ -309,7 +332,7 @@ class FakeKubeAPI:
                 for node in self.nodes.values():
                     send(_event_line("ADDED", node))
                 since = self.rv
-            elif since < self.oldest - 1:
+            elif since < self.oldest - 1 or self.expire_watches:
                 send(_event_line("ERROR", _status(
                     410, "Expired", f"too old resource version: {since} ({self.oldest})")))
                 writer.write(b"0\r\n\r\n")

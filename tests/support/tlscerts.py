@@ -2,7 +2,8 @@
 
 ``make_pki(directory)`` writes a CA, a server certificate for 127.0.0.1 (IP SAN) and
 localhost signed by it, a client certificate (CN ``flanneld``) signed by it, and a second,
-unrelated CA; it returns their paths and ssl contexts for the test double's side.
+unrelated CA; it returns their paths and ssl contexts for the test double's side, and makes
+further client certificates from the same CA on demand (``new_client_cert``).
 Must not touch: anything outside the directory it is given.
 """
 
@@ -30,6 +31,11 @@ class PKI:
             context.load_verify_locations(cafile=self.ca)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+    def new_client_cert(self, name: str) -> tuple[Path, Path]:
+        """Another client certificate (CN ``name``) from the same CA: a rotated one."""
+        return _leaf(self.ca.parent, name, (self.ca, self.ca.with_suffix(".key")),
+                     "extendedKeyUsage=clientAuth\n")
 
 
 def _openssl(*args: str | Path) -> None:
