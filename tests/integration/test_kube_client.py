@@ -58,6 +58,15 @@ def write_kubeconfig(path: Path, server: str, cluster: dict, user: dict) -> Path
     return path
 
 
+async def node_name_through(kubeconfig: Path) -> str:
+    """The name of node1 as read by a client made from ``kubeconfig``."""
+    client = kube_client("", str(kubeconfig), {})
+    try:
+        return (await client.get_node("node1"))["metadata"]["name"]
+    finally:
+        await client.close()
+
+
 def manager(client: KubeClient, tmp_path: Path) -> KubeSubnetManager:
     conf = tmp_path / "net-conf.json"
     conf.write_text(json.dumps({"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}))
@@ -102,11 +111,7 @@ async def test_kubeconfig_with_client_certificate_data_leaves_no_key_file(api, p
                             {"certificate-authority-data": b64(pki.ca)},
                             {"client-certificate-data": b64(pki.client_cert),
                              "client-key-data": b64(pki.client_key)})
-    client = kube_client("", str(path), {})
-    try:
-        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
-    finally:
-        await client.close()
+    assert await node_name_through(path) == "node1"
     assert list(scratch.iterdir()) == []  # the key went through a file removed at once
     # Without the certificate the server refuses the handshake.
     path = write_kubeconfig(tmp_path / "nocert", api.url,
@@ -129,11 +134,7 @@ async def test_kubeconfig_with_files_relative_to_it(api, pki, tmp_path):
                             {"certificate-authority": pki.ca.name},
                             {"client-certificate": pki.client_cert.name,
                              "client-key": pki.client_key.name})
-    client = kube_client("", str(path), {})
-    try:
-        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
-    finally:
-        await client.close()
+    assert await node_name_through(path) == "node1"
 
 
 async def test_kubeconfig_with_token_and_a_wrong_one(api, pki, tmp_path):
@@ -141,11 +142,7 @@ async def test_kubeconfig_with_token_and_a_wrong_one(api, pki, tmp_path):
     await api.start(tls=pki.server_context())
     path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
                             {"certificate-authority": str(pki.ca)}, {"token": "s3cret"})
-    client = kube_client("", str(path), {})
-    try:
-        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
-    finally:
-        await client.close()
+    assert await node_name_through(path) == "node1"
     path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
                             {"certificate-authority": str(pki.ca)}, {"token": "wrong"})
     client = kube_client("", str(path), {})
@@ -445,11 +442,7 @@ async def test_kubeconfig_with_user_name_and_password_and_insecure_skip_verify(a
     path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
                             {"insecure-skip-tls-verify": True},
                             {"username": "admin", "password": "pa:ss"})
-    client = kube_client("", str(path), {})
-    try:
-        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
-    finally:
-        await client.close()
+    assert await node_name_through(path) == "node1"
     path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
                             {"insecure-skip-tls-verify": "yes"}, {"username": "admin"})
     with pytest.raises(KubeError, match=r"clusters\[0\]\.cluster\.insecure-skip-tls-verify "
@@ -623,11 +616,7 @@ async def test_kubeconfig_certificate_authority_fields_as_client_go_reads_them(a
     path = write_kubeconfig(tmp_path / "kubeconfig", api.url,
                             {"certificate-authority": str(pki.other_ca),
                              "certificate-authority-data": b64(pki.ca)}, {})
-    client = kube_client("", str(path), {})
-    try:
-        assert (await client.get_node("node1"))["metadata"]["name"] == "node1"
-    finally:
-        await client.close()
+    assert await node_name_through(path) == "node1"
     for field, value in (("certificate-authority", str(pki.ca)),
                          ("certificate-authority-data", b64(pki.ca))):
         path = write_kubeconfig(tmp_path / "kubeconfig", api.url,

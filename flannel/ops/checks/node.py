@@ -176,7 +176,5 @@ def check_cni(ctx: Context) -> list[Finding]:
     return found
 
 
-
-
 CHECKS = [("flanneld", check_flanneld), ("subnet-env", check_subnet_env),
           ("sysctl", check_sysctls), ("forward", check_forward), ("cni", check_cni)]
