@@ -1,7 +1,8 @@
 """Debian root filesystems made with debootstrap from Debian's mirror, cached outside the repo.
 
 Owns the cache directory (``$PYFLANNEL_TEST_CACHE``, default /var/cache/pyflannel-test) and
-the making of one cached tarball: a minbase debootstrap, the caller's shaping step, then a tar
+the making of one cached tarball: a minbase debootstrap (from Debian's archive when the mirror
+no longer serves the suite), the caller's shaping step, then a tar
 published by an atomic rename (an interrupted run never leaves a half-made one) while older
 tarballs of the same name are removed. Callers (tests/deploy/rootfs.py,
 tests/support/debian_hosts.py) own what goes in and the key that names it.
@@ -13,12 +14,15 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 MIRROR = "http://deb.debian.org/debian"
+# Where a suite goes once Debian stops serving it (Debian 11 when its LTS has ended).
+ARCHIVE = "http://archive.debian.org/debian"
 DEBOOTSTRAP_TIMEOUT = 900
 
 
@@ -46,12 +50,18 @@ def cached_tarball(name: str, suite: str, packages: Sequence[str],
     with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=f"debootstrap-{name}-") as work:
         root = Path(work) / "root"
         include = [f"--include={','.join(packages)}"] if packages else []
-        made = subprocess.run(["debootstrap", "--variant=minbase", *include, suite, str(root),
-                               MIRROR], capture_output=True, text=True,
-                              timeout=DEBOOTSTRAP_TIMEOUT, check=False)
-        if made.returncode != 0:
-            raise RuntimeError(f"debootstrap {suite} failed: {made.stdout[-2000:]}"
-                               f"{made.stderr[-2000:]}")
+        failures = []
+        for mirror in (MIRROR, ARCHIVE):
+            made = subprocess.run(["debootstrap", "--variant=minbase", *include, suite,
+                                   str(root), mirror], capture_output=True, text=True,
+                                  timeout=DEBOOTSTRAP_TIMEOUT, check=False)
+            if made.returncode == 0:
+                break
+            failures.append(f"{mirror}: {made.stdout[-1500:]}{made.stderr[-1500:]}")
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            raise RuntimeError(f"debootstrap {suite} failed from every mirror: "
+                               + " | ".join(failures))
         if shape is not None:
             shape(root)
         partial = Path(work) / "rootfs.tar"
