@@ -18,7 +18,7 @@ import secrets
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.served import serve, shut
+from flannel.lab.served import endpoint, serve, shut
 
 
 class FakeMetadata:
@@ -29,12 +29,10 @@ class FakeMetadata:
         self.tokens: set[str] = set()
         self.requests: list[tuple[str, str, bool]] = []
         self._server: ThreadingHTTPServer | None = None
-        self._address = ""
 
     @property
     def url(self) -> str:
-        assert self._server is not None
-        return f"http://{self._address}:{self._server.server_address[1]}"
+        return f"http://{endpoint(self._server)}"
 
     def expire_tokens(self) -> None:
         self.tokens.clear()
@@ -82,7 +80,6 @@ class FakeMetadata:
                     return self._answer(404)
                 return self._answer(200, double.paths[path])
 
-        self._address = address
         self._server = serve(Handler, address, host)
         return self
 

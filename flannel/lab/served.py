@@ -21,6 +21,13 @@ def serve(handler: type[BaseHTTPRequestHandler], address: str, host: Host
     return server
 
 
+def endpoint(server: ThreadingHTTPServer | None) -> str:
+    """``address:port`` where ``server`` listens."""
+    assert server is not None, "the server is not started"
+    address, port = server.server_address[:2]
+    return f"{address!s}:{port}"
+
+
 def shut(server: ThreadingHTTPServer | None) -> None:
     """Stop serving and close the socket (nothing if never started)."""
     if server is not None:

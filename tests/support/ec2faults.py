@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 from moto.server import ThreadedMotoServer
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.served import serve, shut
+from flannel.lab.served import endpoint, serve, shut
 
 
 def _local(tag: str) -> str:
@@ -56,12 +56,10 @@ class Ec2Relay:
         self._faults: dict[str, list[tuple[int, str, str]]] = {}
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
-        self._address = ""
 
     @property
     def url(self) -> str:
-        assert self._server is not None
-        return f"http://{self._address}:{self._server.server_address[1]}"
+        return f"http://{endpoint(self._server)}"
 
     def fail(self, action: str, code: str, times: int, status: int = 400,
              message: str = "injected") -> None:
@@ -149,7 +147,6 @@ class Ec2Relay:
                     answer = relay._blackholes(answer)
                 return self._send(status, answer, content_type)
 
-        self._address = address
         self._server = serve(Handler, address, host)
         return self
 

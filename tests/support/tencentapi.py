@@ -32,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.served import serve, shut
+from flannel.lab.served import endpoint, serve, shut
 
 VERSION = "2017-03-12"
 
@@ -58,12 +58,10 @@ class FakeTencentVpc:
         self._next_route = 1000
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
-        self._address = ""
 
     @property
     def endpoint(self) -> str:
-        assert self._server is not None
-        return f"{self._address}:{self._server.server_address[1]}"
+        return endpoint(self._server)
 
     # --- state, for tests --------------------------------------------------------------
 
@@ -258,7 +256,6 @@ class FakeTencentVpc:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self._address = address
         self._server = serve(Handler, address, host)
         return self
 
