@@ -2,7 +2,8 @@
 
 Runs every target of ``tests.support.fuzz_store`` (network config, etcd lease, subnet key
 through the peer filter, node annotations, previous subnet.env), ``tests.support.fuzz_backends``
-(every backend's options, the BackendData decoders applied to peers' leases) and
+(every backend's options, the BackendData decoders applied to peers' leases),
+``tests.support.fuzz_udp`` (the udp forwarder's receive path, raw datagrams) and
 ``tests.support.fuzz_cni`` (the CNI plugin) under hypothesis. A crash is counted by class
 (exception type and where it was raised) instead of stopping the run. Baseline, measured
 in the same run: the time hypothesis spends generating the inputs; the ratio is the
@@ -25,7 +26,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.support import fuzz_backends, fuzz_cni, fuzz_store
+from tests.support import fuzz_backends, fuzz_cni, fuzz_store, fuzz_udp
 from tests.support.fuzzing import FuzzTarget, crash_class
 
 
@@ -60,7 +61,7 @@ def main() -> int:
     parser.add_argument("--only", default="", help="run only targets whose name contains this")
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # refusals log warnings by design
-    every = fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_cni.TARGETS
+    every = fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS + fuzz_cni.TARGETS
     targets = [t for t in every if args.only in t.name]
     load = os.getloadavg()[0]
     print(f"fuzz: {args.examples} examples per target, {len(targets)} targets, "

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from ipaddress import IPv4Address, IPv4Network
 
 from flannel import gojson
@@ -47,6 +48,10 @@ DEFAULT_PORT = 8285
 #: IPv4 (20) + UDP (8): the packet read from the TUN is the whole datagram payload.
 ENCAP_OVERHEAD = 28
 CONFIG_ERROR = "error decoding UDP backend config"
+#: Restarts of a dying forwarder wait 0.1 s, doubling up to 10 s; a forwarder that ran
+#: RESTART_QUIET seconds counts as healthy again. Whatever kills it (a bug a datagram
+#: triggers, a broken device) then costs a bounded share of the time, not a restart loop.
+RESTART_FIRST, RESTART_LONGEST, RESTART_QUIET = 0.1, 10.0, 30.0
 
 
 def parse_port(backend: dict[str, object]) -> int:
@@ -182,8 +187,12 @@ class _ForwarderApplier:
 
     name = "udp forwarder"
 
-    def __init__(self, backend: UdpBackend) -> None:
+    def __init__(self, backend: UdpBackend,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.backend = backend
+        self._clock = clock
+        self._restart_delay = 0.0  # 0 until a death; then the wait before the next start
+        self._started_at = clock()
         self.table: dict[IPv4Network, IPv4Address] = {}
         self._lock = threading.Lock()  # close() against a pass still running at shutdown
         self._closed = False
@@ -203,9 +212,19 @@ class _ForwarderApplier:
             if not status.alive and status.pid is not None:  # running, but not answering
                 return ApplyResult(error=status.last_error)
             if not status.alive:
+                now = self._clock()
+                if now - self._started_at >= RESTART_QUIET:
+                    self._restart_delay = 0.0
                 if status.last_error != self._logged:  # once per cause, not per retry
                     log.error("%s; restarting it", status.last_error)
                     self._logged = status.last_error
+                wait = self._started_at + self._restart_delay - now
+                if wait > 0:
+                    return ApplyResult(error=f"{status.last_error}; restarting it in "
+                                             f"{wait:.1f} s", recheck=wait)
+                self._restart_delay = min(max(2 * self._restart_delay, RESTART_FIRST),
+                                          RESTART_LONGEST)
+                self._started_at = now
                 try:
                     forwarder.start()
                 except ForwarderError as err:

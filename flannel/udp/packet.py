@@ -140,6 +140,9 @@ _FLOW_MASKS = {20 + tcp_len: (_flow_mask(20 + tcp_len), (20 + tcp_len - 4) * 8,
                               (20 + tcp_len - 28) * 8) for tcp_len in range(20, 64, 4)}
 
 
+#: The counters ``received_writes`` adds to.
+COUNTED = ("rx_packets", "drop_runt", "drop_not_ipv4", "drop_ttl")
+
 #: One write into the TUN: buffers written with ``writev``.
 IOVec = list[bytes | bytearray | memoryview]
 
@@ -198,6 +201,47 @@ def merge_tcp(segments: list[memoryview]) -> Iterable[IOVec | None]:
         else:
             yield _merged(segments[i:i + run], header_end, mss, psh)
         i += run
+
+
+def received_writes(datagram: memoryview, gro_size: int, gro: bool,
+                    counters: dict[str, int]) -> list[IOVec]:
+    """The TUN writes for one received UDP datagram (a UDP_GRO batch of ``gro_size``-byte
+    datagrams when ``gro_size`` > 0), TTLs decremented. Counted in ``counters``: the IPv4
+    packets taken (``rx_packets``) and the drops (``drop_runt``, ``drop_not_ipv4``,
+    ``drop_ttl``).
+
+    Any bytes at all are valid input here: the datagram comes from whoever can reach the
+    port. Empty datagrams, a batch size the kernel never sends (0, negative, larger than the
+    datagram) and segments shorter than an IPv4 header or of another IP version are dropped.
+    """
+    length = len(datagram)
+    step = gro_size if 0 < gro_size < length else length
+    segments = []
+    for offset in range(0, length, step) if length else ():
+        segment = datagram[offset:offset + step]
+        if len(segment) < IPV4_HEADER:
+            counters["drop_runt"] += 1
+        elif segment[0] >> 4 != 4:
+            counters["drop_not_ipv4"] += 1
+        else:
+            segments.append(segment)
+    if not length:
+        counters["drop_runt"] += 1
+    counters["rx_packets"] += len(segments)
+    writes: list[IOVec] = []
+    if gro:
+        for iovec in merge_tcp(segments):
+            if iovec is None:
+                counters["drop_ttl"] += 1
+            else:
+                writes.append(iovec)
+    else:
+        for packet in segments:
+            if decrement_ttl(packet):
+                writes.append([VNET_HDR_NONE, packet])
+            else:
+                counters["drop_ttl"] += 1
+    return writes
 
 
 def _merged(run: list[memoryview], header_end: int, mss: int, psh: int

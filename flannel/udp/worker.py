@@ -33,8 +33,8 @@ from flannel.udp.packet import (
     IOVec,
     PeerTable,
     decrement_ttl,
-    merge_tcp,
     net_unreachable,
+    received_writes,
 )
 from flannel.udp.tunfd import TunError, attach
 
@@ -239,32 +239,17 @@ class Worker:
             except OSError as err:  # e.g. ICMP port unreachable reported on the socket
                 self.last_error = f"UDP receive: {err.strerror}"
                 continue
-            step = length
+            gro_size = 0
             for level, kind, data in ancillary:
-                if level == SOL_UDP and kind == UDP_GRO:
-                    step = struct.unpack("=i", data[:4])[0] or length
-            segments = [view[offset:min(offset + step, length)]
-                        for offset in range(0, length, step)]
-            if segments and len(segments[-1]) < IPV4_HEADER:  # only a batch's last is short
-                counters["drop_runt"] += 1
-                segments.pop()
-            counters["rx_packets"] += len(segments)
+                if level == SOL_UDP and kind == UDP_GRO and len(data) >= 4:
+                    gro_size = struct.unpack("=i", data[:4])[0]
+            writes = received_writes(view[:length], gro_size, self.gro, counters)
             counters["rx_bytes"] += length
             if self.tun < 0:
-                counters["drop_tun_error"] += len(segments)
+                counters["drop_tun_error"] += len(writes)
                 continue
-            if self.gro:
-                for iovec in merge_tcp(segments):
-                    if iovec is None:
-                        counters["drop_ttl"] += 1
-                    else:
-                        self._write_tun(iovec)
-            else:
-                for packet in segments:
-                    if decrement_ttl(packet):
-                        self._write_tun([VNET_HDR_NONE, packet])
-                    else:
-                        counters["drop_ttl"] += 1
+            for iovec in writes:
+                self._write_tun(iovec)
 
     def _write_tun(self, iovec: IOVec) -> None:
         try:

@@ -235,20 +235,26 @@ def test_killed_forwarder_is_reported_and_restarts_with_its_peers(nodes: list[No
                what="pings through the restarted forwarder")
 
 
-def test_runt_datagrams_are_dropped(nodes: list[Node]) -> None:
+def test_empty_and_runt_datagrams_are_dropped_and_the_forwarder_lives_on(nodes: list[Node]
+                                                                          ) -> None:
     a, b = nodes[0], nodes[1]
+    pid = b.forwarder.pid
     with Host(a.ns).entered():
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with sock:
-        sock.sendto(bytes(19), (str(b.underlay), PORT))
-        wait_until(lambda: b.forwarder.status().counters["drop_runt"] == 1, timeout=5,
-                   what="the runt to be counted")
+        # Any host that reaches the port can send these: an empty one once killed it.
+        for length in (0, 0, 1, 19):
+            sock.sendto(bytes(length), (str(b.underlay), PORT))
+        wait_until(lambda: b.forwarder.status().counters["drop_runt"] == 4, timeout=5,
+                   what="the empty and short datagrams to be counted")
         # 20 bytes is enough to be written (a header with TTL 2 survives the decrement).
         header = bytes.fromhex("45000014000000000211") + bytes(10)
         sock.sendto(header, (str(b.underlay), PORT))
         wait_until(lambda: b.forwarder.status().counters["tun_writes"] >= 1, timeout=5,
                    what="the 20-byte datagram to be written")
-    assert b.forwarder.status().counters["drop_runt"] == 1
+    status = b.forwarder.status()
+    assert status.alive and status.pid == pid and status.counters["drop_runt"] == 4
+    assert ping(a, b.base).returncode == 0
 
 
 def test_ipv6_routed_into_the_tun_is_dropped_not_sent(nodes: list[Node]) -> None:

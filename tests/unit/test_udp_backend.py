@@ -3,6 +3,7 @@ asks the data plane to keep (no kernel involved)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 from ipaddress import IPv4Address, IPv4Network
 
@@ -10,12 +11,13 @@ import pytest
 
 from flannel.backend import backend_class
 from flannel.backend.base import BackendError
-from flannel.backend.udp import UdpBackend
+from flannel.backend.udp import UdpBackend, _ForwarderApplier
 from flannel.config import check_network_config, parse_config
 from flannel.kernel import events, rtnl
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import LinkState, drift
 from flannel.lease import Lease, LeaseAttrs
+from flannel.udp.forwarder import ForwarderStatus
 
 EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.168.1.1"), None,
                         IPv4Address("192.168.1.1"), None)
@@ -108,3 +110,52 @@ def test_the_forwarder_applier_reports_a_stopped_forwarder():
     [applier] = udp.appliers()
     assert applier.name == "udp forwarder"
     assert applier.apply([lease(2)]).error == "stopped (flanneld is shutting down)"
+
+
+class DyingForwarder:
+    """Stands in for ``UdpForwarder`` (a real one needs root and a TUN; the integration
+    tests cover it): reports itself dead until ``start``, and counts the starts."""
+
+    pid = 4242
+
+    def __init__(self) -> None:
+        self.alive, self.starts = False, 0
+
+    def status(self) -> ForwarderStatus:
+        if self.alive:
+            return ForwarderStatus(True, self.pid, tun_attached=True)
+        return ForwarderStatus(False, None, last_error="udp forwarder exited with code 1")
+
+    def start(self) -> None:
+        self.alive, self.starts = True, self.starts + 1
+
+    def set_peers(self, peers) -> None:
+        pass
+
+
+def test_a_forwarder_that_keeps_dying_is_restarted_with_a_growing_delay():
+    udp = backend()
+    udp.lease = lease(1)
+    forwarder = DyingForwarder()
+    udp.forwarder = forwarder  # type: ignore[assignment]
+    now = [100.0]
+    applier = _ForwarderApplier(udp, clock=lambda: now[0])
+    starts_at = []
+    for _ in range(4000):  # 10 ms between passes for 40 s: the forwarder dies every pass
+        result = applier.apply([lease(2)])
+        if forwarder.alive:
+            starts_at.append(now[0])
+            forwarder.alive = False
+        else:
+            assert "restarting it in" in result.error and result.recheck > 0
+        now[0] += 0.01
+    gaps = [b - a for a, b in itertools.pairwise(starts_at)]
+    assert len(starts_at) == 10, starts_at  # 0.1, 0.2, 0.4 ... 6.4, 10, 10 s apart: not 4000
+    assert gaps == sorted(gaps) and gaps[-1] == pytest.approx(10.0, abs=0.02)
+    # A forwarder that then runs for a while is restarted at once after its next death.
+    forwarder.start()
+    applier.apply([lease(2)])
+    now[0] += 60
+    forwarder.alive = False
+    applier.apply([lease(2)])
+    assert forwarder.alive

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flannel.udp.packet import (
+    COUNTED,
     VNET_F_NEEDS_CSUM,
     VNET_GSO_TCPV4,
     VNET_HDR,
@@ -19,6 +20,7 @@ from flannel.udp.packet import (
     decrement_ttl,
     merge_tcp,
     net_unreachable,
+    received_writes,
 )
 
 
@@ -174,3 +176,38 @@ def test_a_segment_whose_length_field_lies_or_sequence_jumps_ends_the_run() -> N
         writes = list(merge_tcp([tcp(1000, bytes(100)), second]))
         assert len(writes) == 2 and all(w is not None and w[0] == VNET_HDR_NONE
                                         for w in writes), bytes(second[:40]).hex()
+
+
+def counters() -> dict[str, int]:
+    return dict.fromkeys(COUNTED, 0)
+
+
+def test_datagrams_of_any_length_are_taken_or_counted_never_raised() -> None:
+    # An empty datagram once killed the forwarder (a zero batch step): any host can send it.
+    for length in (0, 1, 19):
+        seen = counters()
+        assert received_writes(memoryview(bytearray(length)), 0, True, seen) == []
+        assert seen["drop_runt"] == 1 and seen["rx_packets"] == 0
+    seen = counters()
+    header = ipv4("10.5.1.2", "10.5.2.2", 17, b"", ttl=2)
+    [write] = received_writes(memoryview(header), 0, True, seen)
+    assert bytes(write[1])[8] == 1 and seen["rx_packets"] == 1
+    seen = counters()
+    assert received_writes(memoryview(bytearray(65535)), 0, True, seen) == []
+    assert seen["drop_not_ipv4"] == 1
+
+
+def test_a_batch_is_split_at_the_reported_size_whatever_that_size_claims() -> None:
+    packet = ipv4("10.5.1.2", "10.5.2.2", 17, UDP_PAYLOAD)
+    batch = memoryview(bytearray(packet * 3 + packet[:10]))
+    seen = counters()
+    assert len(received_writes(batch, len(packet), False, seen)) == 3
+    assert seen == {"rx_packets": 3, "drop_runt": 1, "drop_not_ipv4": 0, "drop_ttl": 0}
+    # Sizes the kernel never reports (0, negative, past the end) read the whole datagram.
+    for size in (0, -1, len(batch) + 1):
+        seen = counters()
+        received_writes(memoryview(bytearray(packet)), size, False, seen)
+        assert seen["rx_packets"] == 1
+    seen = counters()
+    received_writes(memoryview(bytearray(packet * 2)), 1, False, seen)
+    assert seen["drop_runt"] == 2 * len(packet)
