@@ -414,3 +414,10 @@ def test_readme_lists_every_value():
         top = key.split(".")[:2] if key.startswith("flannel.") else key.split(".")[:1]
         assert f"`{'.'.join(top)}" in readme, key
 
+
+
+def test_update_strategy_can_wait_for_each_node():
+    docs = render({"flannel": {"updateStrategy": {"type": "OnDelete"}}})
+    assert docs["DaemonSet/kube-flannel-ds"]["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(docs["DaemonSet/kube-flannel-ds"], version, strict=True)
