@@ -28,6 +28,8 @@ from flannel.version import __version__
 from flannel.wireguard.config import WireguardConfig
 from tests.deploy.chart import (
     CHART,
+    NAMESPACE,
+    RELEASE,
     VALUES,
     chart_metadata,
     chart_schema,
@@ -35,6 +37,7 @@ from tests.deploy.chart import (
     lint,
     notes,
     render,
+    render_text,
     values_file,
 )
 from tests.deploy.manifests import BASE, KUBERNETES_VERSIONS, documents, pod_spec
@@ -421,3 +424,22 @@ def test_update_strategy_can_wait_for_each_node():
     assert docs["DaemonSet/kube-flannel-ds"]["spec"]["updateStrategy"] == {"type": "OnDelete"}
     for version in KUBERNETES_VERSIONS:
         kubernetes_validate.validate(docs["DaemonSet/kube-flannel-ds"], version, strict=True)
+
+
+def test_packaged_chart_renders_the_same(tmp_path):
+    """`helm package` (what a chart repository serves) keeps everything the chart needs:
+    the archive renders what the directory renders, schema included."""
+    archive = helm.package(CHART, destination=tmp_path)
+    assert archive.endswith(f"pyflannel-{__version__}.tgz")
+    values = values_file("wireguard")
+    with helm.Chart.load(archive) as packaged:
+        assert packaged.schema == chart_schema()
+        rendered = packaged.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    assert rendered == render_text(values)
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_lints_clean_for_each_kubernetes_version(version):
+    report = helm.lint(CHART, {}, strict=True, kube_version=f"v{version}")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
