@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KUSTOMIZE = ROOT / "deploy" / "kustomize"
 BASE = KUSTOMIZE / "base"
 RENDERED = ROOT / "deploy" / "kube-flannel.yml"
-OVERLAYS = ("host-gw", "dual-stack", "k3s", "nftables")
+OVERLAYS = ("host-gw", "dual-stack", "k3s", "nftables", "upstream-selector")
 # Oldest and newest Kubernetes minor releases the schemas cover that we claim to support.
 KUBERNETES_VERSIONS = ("1.28.0", "1.37.0")
 

@@ -178,3 +178,41 @@ def test_k3s_overlay_changes_only_the_cni_directories():
         "cni-plugin": "/var/lib/rancher/k3s/data/current/bin",
         "cni": "/var/lib/rancher/k3s/agent/etc/cni/net.d"}
     assert without(docs, net_conf_too=False) == without(base, net_conf_too=False)
+
+
+#: What Go flannel's kustomization (Documentation/kustomization/kube-flannel in v0.28.9, whose
+#: commonLabels is k8s-app: flannel) renders: the labels of each object, and the DaemonSet's
+#: selector and pod labels. Its plain manifest and its chart select by app: flannel alone.
+UPSTREAM_KUSTOMIZATION_LABELS = {
+    "Namespace/kube-flannel": {"k8s-app": "flannel",
+                               "pod-security.kubernetes.io/enforce": "privileged"},
+    "ServiceAccount/flannel": {"k8s-app": "flannel"},
+    "ClusterRole/flannel": {"k8s-app": "flannel"},
+    "ClusterRoleBinding/flannel": {"k8s-app": "flannel"},
+    "ConfigMap/kube-flannel-cfg": {"app": "flannel", "k8s-app": "flannel", "tier": "node"},
+    "DaemonSet/kube-flannel-ds": {"app": "flannel", "k8s-app": "flannel", "tier": "node"},
+}
+UPSTREAM_KUSTOMIZATION_SELECTOR = {"app": "flannel", "k8s-app": "flannel"}
+UPSTREAM_KUSTOMIZATION_POD_LABELS = {"app": "flannel", "k8s-app": "flannel", "tier": "node"}
+
+
+def selector_and_labels(docs: dict[str, dict]) -> tuple[dict, dict, dict]:
+    """Takes the labels, the selector and the pod labels out of the documents."""
+    daemonset = docs["DaemonSet/kube-flannel-ds"]
+    return ({key: doc["metadata"].pop("labels") for key, doc in docs.items()},
+            daemonset["spec"].pop("selector"),
+            daemonset["spec"]["template"]["metadata"].pop("labels"))
+
+
+def test_upstream_selector_overlay_keeps_go_flannels_kustomization_selector():
+    docs = documents(KUSTOMIZE / "overlays" / "upstream-selector")
+    base = documents(BASE)
+    labels, selector, pod_labels = selector_and_labels(docs)
+    assert labels == UPSTREAM_KUSTOMIZATION_LABELS
+    assert selector == {"matchLabels": UPSTREAM_KUSTOMIZATION_SELECTOR}
+    assert pod_labels == UPSTREAM_KUSTOMIZATION_POD_LABELS
+    # The base's selector is not that one, and a DaemonSet's selector is immutable: applying
+    # the base over such a cluster is refused, hence the overlay.
+    _, base_selector, _ = selector_and_labels(base)
+    assert base_selector == {"matchLabels": {"app": "flannel"}}
+    assert docs == base
