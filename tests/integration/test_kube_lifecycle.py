@@ -1,7 +1,8 @@
 """Kubernetes mode over a node's life: the daemon in-process with the real kube subnet manager
 and API client against the API-server test double (tests/support/kubeapi.py), and flanneld as
-a process for the alloc backend. What a user sees is asserted: flanneld keeps running, its
-node carries its annotations and condition, /readyz, /status and /metrics say what is wrong.
+a process in a network namespace (alloc; a node losing its annotations, then deleted). What a
+user sees is asserted: flanneld keeps running, its node carries its annotations and
+condition, /readyz, /status and /metrics say what is wrong.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import re
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -20,6 +22,7 @@ import pytest
 from flannel.backend import backend_class
 from flannel.config import NetworkConfig
 from flannel.daemon import Daemon, PublicIPs
+from flannel.kernel.host import Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.lab.etcd import free_port
 from flannel.settings import InterfaceSettings
@@ -292,3 +295,74 @@ def test_alloc_flanneld_process_stays_up(ns, tmp_path, monkeypatch):
         daemon.stop()
         api.terminate()
         api.wait(timeout=10)
+
+
+@contextlib.asynccontextmanager
+async def api_in(ns: str):
+    """The API double on this event loop, listening on 127.0.0.1 inside ``ns``."""
+    with Host(ns).entered():  # the socket stays in the namespace; this loop serves it
+        sock = socket.create_server(("127.0.0.1", 0))
+    server = FakeKubeAPI()
+    await server.start(sock=sock)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def test_flanneld_process_survives_its_node_losing_annotations_and_being_deleted(
+        ns, tmp_path, monkeypatch):
+    """What a DaemonSet's flanneld goes through: its annotations removed by hand, then its
+    Node deleted and registered again. It keeps running and puts its record back."""
+    netns.ip("link", "add", "veth0", "type", "veth", "peer", "name", "veth1", netns=ns)
+    netns.ip("addr", "add", "10.99.0.2/24", "dev", "veth0", netns=ns)
+    netns.ip("link", "set", "veth0", "up", netns=ns)
+    netns.ip("link", "set", "veth1", "up", netns=ns)
+    netns.ip("route", "add", "default", "via", "10.99.0.1", "dev", "veth0", netns=ns)
+    conf = tmp_path / "net-conf.json"
+    conf.write_text(json.dumps(HOST_GW))
+    monkeypatch.setenv("NODE_NAME", "node1")
+    published = {**PUBLISHED, P + "public-ip": "10.99.0.2"}
+    async with api_in(ns) as api:
+        api.put_node("node1", ["10.244.1.0/24"])
+        daemon = Flanneld(tmp_path, [
+            "--kube-subnet-mgr", f"--kube-api-url={api.url}", f"--net-config-path={conf}",
+            f"--subnet-file={tmp_path / 'subnet.env'}", "--iptables-forward-rules=false",
+            "--healthz-ip=127.0.0.1", "--healthz-port=10280"], netns=ns).start()
+
+        def alive() -> None:
+            assert daemon.proc is not None
+            assert daemon.proc.poll() is None, f"flanneld exited:\n{daemon.log}"
+
+        async def readyz() -> int:
+            return (await asyncio.to_thread(http_get, ns, "http://127.0.0.1:10280/readyz"))[0]
+
+        async def until_ok(check, what: str, timeout: float = 20) -> None:
+            async def holds():
+                alive()
+                return await check() if asyncio.iscoroutinefunction(check) else check()
+            await async_wait_until(holds, timeout, what=f"{what}:\n{daemon.log}")
+
+        try:
+            await until_ok(lambda: "Ready:" in daemon.log, "flanneld ready")
+            assert annotations(api) == published
+            api.remove_annotations("node1", *published)
+            await until_ok(lambda: annotations(api) == published, "annotations put back")
+            api.delete_node("node1")
+            await until_ok(lambda: "no longer in the API server" in daemon.log, "the loss logged")
+
+            async def not_ready():
+                return await readyz() == 503
+            await until_ok(not_ready, "/readyz 503 while the node is gone")
+            api.put_node("node1", ["10.244.1.0/24"])
+            await until_ok(lambda: annotations(api) == published
+                           and (condition(api) or {}).get("status") == "False",
+                           "annotations and condition on the node registered again")
+
+            async def ready():
+                return await readyz() == 200
+            await until_ok(ready, "/readyz 200 again")
+            daemon.signal()
+            assert await asyncio.to_thread(daemon.wait_exit) == 0
+        finally:
+            daemon.stop()

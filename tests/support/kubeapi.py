@@ -60,6 +60,7 @@ import bisect
 import contextlib
 import copy
 import json
+import socket
 import ssl
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -203,9 +204,15 @@ class FakeKubeAPI:
     # -- HTTP -------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0,
-                    tls: ssl.SSLContext | None = None) -> None:
+                    tls: ssl.SSLContext | None = None,
+                    sock: socket.socket | None = None) -> None:
+        """Listen on ``host``:``port``, or on ``sock`` (e.g. bound inside a test's network
+        namespace, so that a flanneld process there reaches this double)."""
         self.tls = tls
-        self._server = await asyncio.start_server(self._connection, host, port, ssl=tls)
+        if sock is not None:
+            self._server = await asyncio.start_server(self._connection, sock=sock, ssl=tls)
+        else:
+            self._server = await asyncio.start_server(self._connection, host, port, ssl=tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     @property
