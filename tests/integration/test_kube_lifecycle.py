@@ -366,3 +366,19 @@ async def test_flanneld_process_survives_its_node_losing_annotations_and_being_d
             assert await asyncio.to_thread(daemon.wait_exit) == 0
         finally:
             daemon.stop()
+
+
+async def test_a_node_registered_anew_with_other_pod_cidrs_is_reported(api, tmp_path, caplog):
+    """The subnet taken at start stays in use (pods hold its addresses); the log says the
+    node now has another and that a restart takes it."""
+    api.put_node("node1", ["10.244.1.0/24"])
+    async with running(api, tmp_path, HOST_GW) as node:
+        await node.wait_readyz(200)
+        api.delete_node("node1")
+        await node.wait_readyz(503, "node1")
+        api.put_node("node1", ["10.244.9.0/24"])
+        await until(lambda: annotations(api) == PUBLISHED, "the annotations published again")
+        await node.wait_readyz(200)
+        assert node.running()
+    assert ("node node1 now has the pod CIDR(s) 10.244.9.0/24 but this flanneld uses "
+            "10.244.1.0-24; restart flanneld to take the node's") in caplog.text
