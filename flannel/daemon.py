@@ -5,12 +5,14 @@ rules, subnet.env, lease watch, renewal), retries of the startup store phases wh
 is unavailable (a store error that retrying cannot fix exits 1 with its message), retries of
 the subnet.env write, the lease-to-data-plane flow (the full set of remote leases is handed
 to the data plane after every change, so it reconciles rather than patches), the readiness
-components it reports itself (startup phase, subnet.env, store status, rules; the data plane
-reports its own) and their reading (log lines, systemd told once), and the supervision of
-its tasks: they run in one ``asyncio.TaskGroup``; a task that fails, or one meant to run
-forever that returns, stops the daemon with exit 1; this node's lease removed on purpose
-stops it with exit 0. A signal stops the process and leaves the lease, subnet.env, the rules
-and every kernel object in place so that a restart is hitless; a second signal kills.
+components it reports itself (startup phase, subnet.env, store status, this node's record
+as the store keeps it, rules; the data plane reports its own) and their reading (log lines,
+systemd told once), and the supervision of its tasks: they run in one ``asyncio.TaskGroup``;
+a task that fails, or one meant to run forever that returns, stops the daemon with exit 1;
+this node's lease removed on purpose stops it with exit 0 (where the store says removal is
+revocation: etcd; kube puts it back). A signal stops the process and leaves the lease,
+subnet.env, the rules and every kernel object in place so that a restart is hitless; a
+second signal kills.
 Everything it creates is injectable (store, backend, data plane, interface selection, rules)
 so it runs in-process in tests; the defaults are production's.
 Must not touch: store internals or kernel internals beyond the interfaces it calls.
@@ -24,6 +26,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from flannel import log as flannel_log
@@ -57,7 +60,7 @@ SUBNET_ENV_BACKOFF = (0.5, 30.0)
 #: Lease updates with more events than this log them in one line (each one at -v).
 SNAPSHOT_LINES = 20
 #: The readiness components, in the order their reasons are shown.
-COMPONENTS = ("startup", "subnet.env", "store", "rules", "dataplane")
+COMPONENTS = ("startup", "subnet.env", "store", "lease", "rules", "dataplane")
 
 
 class StartupError(Exception):
@@ -88,14 +91,16 @@ class Supervised:
     forever: bool = True
 
 
-SelectInterface = Callable[[InterfaceSettings, NetworkConfig, SubnetManager],
+#: Public IPs the store imposes on this node (kube's node-public-ip annotations), if any.
+PublicIPs = tuple[IPv4Address | None, IPv6Address | None]
+SelectInterface = Callable[[InterfaceSettings, NetworkConfig, PublicIPs],
                            Awaitable[ExternalInterface]]
 MakeBackend = Callable[[ExternalInterface, NetworkConfig], Backend]
 MakeRules = Callable[[RulesSettings, NetworkConfig, Lease], Rules]
 
 
 async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
-                           sm: SubnetManager) -> ExternalInterface:
+                           imposed: PublicIPs) -> ExternalInterface:
     """The external interface of the flags, with the public IPs the store imposes."""
     from flannel.kernel.iface import (
         IfaceOptions,
@@ -104,7 +109,7 @@ async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
         select_external_interface,
     )
 
-    public_v4, public_v6 = await sm.public_ip_overrides()
+    public_v4, public_v6 = imposed
     options = IfaceOptions(settings.ifaces, settings.iface_regexes, settings.can_reach,
                            str(public_v4) if public_v4 else settings.public_ip,
                            str(public_v6) if public_v6 else settings.public_ipv6)
@@ -295,8 +300,14 @@ class Daemon:
                                                     (6, config.enable_ipv6)) if on])
             except RulesError as err:
                 raise StartupError(str(err)) from None
+        self.phase("reading this node's public IP from the store")
+        imposed = await retried(sm.public_ip_overrides, "Couldn't read this node's public IP",
+                                "Couldn't read this node's public IP", Backoff(*ACQUIRE_BACKOFF),
+                                self.stop)
+        if imposed is None:
+            return 0
         self.phase("selecting the external interface")
-        ext = await self._select_interface(self.settings.interface, config, sm)
+        ext = await self._select_interface(self.settings.interface, config, imposed)
         if overlap := network_overlaps_underlay(config, (ext.iface_addr, ext.ext_addr,
                                                          ext.iface_v6_addr, ext.ext_v6_addr)):
             raise StartupError(f"invalid network config: {overlap}")
@@ -318,6 +329,7 @@ class Daemon:
         await traffic.start()
         self._report_rules(traffic)
         sm.status.follow(lambda ready, why: self.readiness.report("store", ready, why))
+        sm.status.writes.follow(lambda ready, why: self.readiness.report("lease", ready, why))
         self.readiness.report("subnet.env", False, "subnet.env not written yet")
         self.readiness.report("startup", True)
         tasks = [
@@ -457,7 +469,7 @@ class Daemon:
                         verb = "added" if event.type is EventType.ADDED else "removed"
                         log.log(level, "Subnet %s: %s (public IP %s)", verb, event.lease.key,
                                 event.lease.attrs.public_ip)
-                if result.own_lease_removed:
+                if result.own_lease_removed and sm.revocable:
                     log.warning("Lease has been revoked. Shutting down daemon.")
                     raise OwnLeaseRevoked(f"this node's lease {own.key} was removed")
                 if isinstance(update, Snapshot):

@@ -110,6 +110,14 @@ class NodeCollector(Collector):
                        status.compactions)
         yield _counter("flannel_store_relists", "Full listings of every lease, the first "
                        "one included.", status.relists)
+        writes = status.writes
+        yield _by("flannel_store_write_failures", "Failed writes of this node's own record "
+                  "(kube: annotations, condition), retried with backoff.", "write",
+                  writes.failures)
+        yield _by("flannel_store_write_failing", "1 while a write of this node's own record "
+                  "fails (kube: annotations, condition).", "write",
+                  {write: int(write in writes.failing) for write in writes.failures},
+                  counter=False)
 
     def _peers(self) -> Iterator[Metric]:
         state = self.state

@@ -2,10 +2,11 @@
 
 Owns ``NodeState``, the references the daemon fills in as it starts (store, config,
 backend, data plane, rules, lease watcher), and ``status_document``: this node's lease,
-backend, devices, peers known vs programmed, readiness and why, rules and last errors, as
-the JSON ``flannelctl status`` reads. Everything is read from the live objects when asked:
-nothing here is updated by the components. The document holds no credentials, keys or
-backend data (the VTEP MAC of a device is the one the lease publishes anyway).
+backend, devices, peers known vs programmed, readiness and why, the writes of this node's
+record the store retries, rules and last errors, as the JSON ``flannelctl status`` reads.
+Everything is read from the live objects when asked: nothing here is updated by the
+components. The document holds no credentials, keys or backend data (the VTEP MAC of a
+device is the one the lease publishes anyway).
 Must not touch: the components it reads (reads only, on the event loop's thread).
 """
 
@@ -105,7 +106,11 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
             "kind": sm.name, "ready": store.ready, "reason": store.reason,
             "watching": store.watching, "reconnects": store.reconnects,
             "compactions": store.compactions, "relists": store.relists,
-            "renewals": store.renewals, "renewal_failures": store.renewal_failures}
+            "renewals": store.renewals, "renewal_failures": store.renewal_failures,
+            "writes": {write: {"ok": write not in store.writes.failing,
+                               "failures": failures,
+                               "error": store.writes.failing.get(write)}
+                       for write, failures in sorted(store.writes.failures.items())}}
         lease = sm.lease
         if lease is not None:
             expiry = lease.expiration
@@ -161,6 +166,9 @@ def last_errors(doc: dict[str, Any]) -> list[str]:
     store, rules, dataplane = doc["store"], doc["rules"], doc["dataplane"]
     if store is not None and not store["ready"]:
         errors.append(f"store: {store['reason']}")
+    if store is not None:
+        errors += [f"store: {name}: {write['error']}" for name, write in store["writes"].items()
+                   if write["error"]]
     if rules is not None and not rules["installed"] and rules["checks"]:
         errors.append(f"rules: {rules['reason']}")
     if dataplane is not None and dataplane["last_error"]:

@@ -138,6 +138,11 @@ def render(doc: dict[str, Any], base: str) -> str:
                               f"{store.get('compactions')} compaction(s); renewals "
                               f"{store.get('renewals')} ok, {store.get('renewal_failures')} "
                               "failed"))
+        writes = store.get("writes")
+        if isinstance(writes, dict) and writes:
+            rows.append(("  writes", "; ".join(
+                f"{name} {'ok' if _get(w, 'ok') else 'FAILING'}, {_get(w, 'failures')} failed"
+                for name, w in sorted(writes.items()))))
     devices = doc.get("devices")
     if isinstance(devices, list) and devices:
         rows.append(("devices", "; ".join(

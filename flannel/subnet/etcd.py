@@ -113,6 +113,7 @@ class EtcdSubnetManager:
     """Leases in etcd v3, wire-compatible with Go flannel."""
 
     name = "etcd"
+    revocable = True  # our key deleted: the lease was revoked (flanneld stops, as Go)
 
     def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX, *,
                  lease_ttl: int = DEFAULT_LEASE_TTL,

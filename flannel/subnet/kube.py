@@ -12,6 +12,9 @@ wrong types is skipped, logged once and counted, like one with bad annotations, 
 stops the list or the watch. API errors are classified by HTTP status: retryable
 (``KubeUnavailable``, a ``StoreUnavailable``) or fatal (``KubeError``, a ``StoreError`` saying
 what to fix). The HTTP client and its config are kubeclient's and kubeconfig's.
+Also owns the keeping of this node's record while flanneld runs: its annotations published
+again when they go missing, both written again when the Node is registered anew, every
+write retried with backoff without end (never fatal) and shown in ``status.writes``.
 Must not touch: the kernel.
 """
 
@@ -42,7 +45,7 @@ from flannel.subnet.annotations import (
     pod_cidrs,
     published,
 )
-from flannel.subnet.errors import StoreError, StoreUnavailable
+from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
 from flannel.subnet.kubeconfig import KubeConfigError, client_config, ignored_proxy
 from flannel.subnet.manager import StoreStatus
@@ -53,6 +56,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_EVENT_QUEUE_DEPTH = 5000
 FIRST_SYNC_TIMEOUT = 600.0
+#: First and longest wait between attempts to write this node's record after start.
+KEEP_BACKOFF = (1.0, 60.0)
+#: How often this node's record is looked at without a node watch (alloc), in seconds; Go
+#: flannel's informer resync period.
+RECHECK = 300.0
 
 
 #: HTTP statuses after which the same request may succeed later.
@@ -65,6 +73,10 @@ class KubeError(StoreError):
 
 class KubeUnavailable(StoreUnavailable):
     """The API server cannot answer now (overloaded, restarting); retry later."""
+
+
+class NodeMissing(KubeUnavailable):
+    """This node's Node object is not in the API server (not registered yet, or deleted)."""
 
 
 def api_failure(err: ApiStatusError | ApiUnreachable, what: str) -> KubeError | KubeUnavailable:
@@ -157,6 +169,9 @@ def event_queue_depth(environ: dict[str, str]) -> int:
 
 class KubeSubnetManager:
     name = "kube"
+    #: This node's annotations gone from the watch are put back by keep_lease (Go flannel
+    #: ignores its own node's events and keeps running).
+    revocable = False
 
     def __init__(self, client: KubeClient, node_name: str, names: Annotations,
                  net_config_path: str, *, environ: dict[str, str] | None = None,
@@ -164,7 +179,8 @@ class KubeSubnetManager:
                  queue_depth: int = DEFAULT_EVENT_QUEUE_DEPTH,
                  first_sync_timeout: float = FIRST_SYNC_TIMEOUT,
                  continue_when_cache_not_ready: bool = False,
-                 patch_timeout: float = 30.0, retry_interval: float = 3.0) -> None:
+                 keep_backoff: tuple[float, float] = KEEP_BACKOFF,
+                 recheck: float = RECHECK) -> None:
         self.client = client
         self.status = StoreStatus()  # always ready: a relist after 410 Gone needs no recovery
         self.node_name = node_name
@@ -175,9 +191,17 @@ class KubeSubnetManager:
         self.queue_depth = queue_depth
         self.first_sync_timeout = first_sync_timeout
         self.continue_when_cache_not_ready = continue_when_cache_not_ready
-        self.patch_timeout = patch_timeout
-        self.retry_interval = retry_interval
+        self.keep_backoff = keep_backoff
+        self.recheck = recheck
         self.lease: Lease | None = None
+        # What acquire_lease published, for keep_lease to publish again.
+        self._published: tuple[NetworkConfig, LeaseAttrs] | None = None
+        self._own_changed = asyncio.Event()  # the watch saw this node change (or relisted)
+        self._cidrs_reported: tuple[object, object] | None = None
+        self.status.writes.track("annotations", blocking=True)
+        if set_node_network_unavailable:
+            # Not a readiness matter: see docs/architecture.md, "The Kubernetes subnet manager".
+            self.status.writes.track("condition", blocking=False)
         # The watch cache: node name -> node dict, and what changed since the consumer looked.
         self.nodes: dict[str, dict[str, Any]] = {}
         self._dirty: dict[str, None] = {}
@@ -213,12 +237,15 @@ class KubeSubnetManager:
             raise ConfigError("none defined stack", "set EnableIPv4 or EnableIPv6 to true")
         return config
 
-    async def get_node(self) -> dict[str, Any]:
-        """This node's object, with ``metadata`` and ``spec`` maps (checked, else KubeError)."""
+    async def get_node(self, *, wait_if_missing: bool = False) -> dict[str, Any]:
+        """This node's object, with ``metadata`` and ``spec`` maps (checked, else KubeError).
+        A node that does not exist is fatal, or ``NodeMissing`` with ``wait_if_missing``."""
         name = await self.own_node_name()
         try:
             node = await self.client.get_node(name)
         except (ApiStatusError, ApiUnreachable) as err:
+            if wait_if_missing and isinstance(err, ApiStatusError) and err.code == 404:
+                raise self._missing() from None
             raise api_failure(err, f"cannot get node {name!r}") from None
         meta = node.get("metadata") if isinstance(node, dict) else None
         if not isinstance(meta, dict) or not isinstance(node.get("spec") or {}, dict) or \
@@ -228,8 +255,16 @@ class KubeSubnetManager:
         checked: dict[str, Any] = node
         return checked
 
+    def _missing(self) -> NodeMissing:
+        return NodeMissing(f'node "{self.node_name}" not found in the API server: waiting for '
+                           "it to be registered (by its kubelet; check NODE_NAME if it never "
+                           "is)")
+
     async def public_ip_overrides(self) -> tuple[IPv4Address | None, IPv6Address | None]:
-        annotations = (await self._wait_for_own_node())["metadata"].get("annotations") or {}
+        """The node-public-ip(v6) annotations; while the node cannot be read (not registered
+        yet, API server down) ``KubeUnavailable``, which the daemon retries, saying why."""
+        annotations = (await self.get_node(wait_if_missing=True))["metadata"].get(
+            "annotations") or {}
         try:
             v4 = annotations.get(self.names.node_public_ip)
             v6 = annotations.get(self.names.node_public_ipv6)
@@ -240,36 +275,23 @@ class KubeSubnetManager:
             raise KubeError(f"node {self.node_name}: annotation {self.names.node_public_ip} "
                             f"is not an IP address: {err}") from None
 
-    async def _wait_for_own_node(self) -> dict[str, Any]:
-        await self.own_node_name()  # a missing name is not worth waiting for
-        deadline = time.monotonic() + self.patch_timeout
-        while True:
-            try:
-                return await self.get_node()
-            except (KubeError, KubeUnavailable, OSError) as err:
-                if time.monotonic() > deadline:
-                    raise KubeError(f"timeout contacting kube-api, failed to patch node "
-                                    f'"{self.node_name}". Error: {err}') from None
-                await asyncio.sleep(self.retry_interval)
-
     async def _patch_status(self, body: dict[str, Any]) -> None:
-        deadline = time.monotonic() + self.patch_timeout
-        while True:
-            try:
-                name = await self.own_node_name()
-                await self.client.patch_node_status(name, body)
-                return
-            except (ApiStatusError, ApiUnreachable) as failed:
-                err = api_failure(failed, "patch node status")
-                if time.monotonic() > deadline:
-                    raise KubeError(f"timeout contacting kube-api, failed to patch node "
-                                    f'"{self.node_name}". Error: {err}') from None
-                log.warning("patching node %s failed (%s); retrying", self.node_name, err)
-                await asyncio.sleep(self.retry_interval)
+        """One strategic-merge patch of this node's status, failures classified (a node
+        that is gone is ``NodeMissing``)."""
+        name = await self.own_node_name()
+        try:
+            await self.client.patch_node_status(name, body)
+        except (ApiStatusError, ApiUnreachable) as failed:
+            if isinstance(failed, ApiStatusError) and failed.code == 404:
+                raise self._missing() from None
+            raise api_failure(failed, f"patch node {name} status") from None
 
     async def acquire_lease(self, config: NetworkConfig, attrs: LeaseAttrs) -> Lease:
+        """This node's lease from its pod CIDRs, its annotations published. Failures the
+        daemon retries (``KubeUnavailable``: API server down, node not registered yet) or
+        that stop the start (``KubeError``: what to fix)."""
         cfg = config
-        node = await self._wait_for_own_node()
+        node = await self.get_node(wait_if_missing=True)
         try:
             v4, v6 = pod_cidrs(self.node_name, node.get("spec") or {})
         except AnnotationError as err:
@@ -293,27 +315,142 @@ class KubeSubnetManager:
         wanted = published(self.names, attrs, existing, cfg.enable_ipv4, cfg.enable_ipv6)
         changes = {k: v for k, v in wanted.items() if existing.get(k) != v}
         if changes:
-            await self._patch_status({"metadata": {"annotations": changes}})
+            try:
+                await self._patch_status({"metadata": {"annotations": changes}})
+            except (KubeError, KubeUnavailable) as err:
+                self.status.writes.failed("annotations", self._unpublished(err))
+                raise
             log.info("published %d annotation(s) on node %s", len(changes), self.node_name)
+        self.status.writes.succeeded("annotations")
+        self._published = (cfg, attrs)
         dual = attrs.backend_type in ("vxlan", "host-gw", "wireguard")
         self.lease = Lease(v4 if cfg.enable_ipv4 else None,
                            v6 if cfg.enable_ipv6 and dual else None, attrs,
                            expiration=time.time() + 24 * 3600)
         return self.lease
 
+    # -- keeping this node's record -----------------------------------------------------
+
+    def _unpublished(self, err: Exception | str) -> str:
+        return f"lease annotations not published on node {self.node_name}: {err} (retrying)"
+
     async def keep_lease(self, lease: Lease) -> NoReturn:
-        """Set NetworkUnavailable=False once, then hold (kube leases are not renewed; the
-        node watch reports this node's removal)."""
-        if self.set_node_network_unavailable:
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        """Keep this node's record as long as flanneld runs (kube leases are not renewed):
+        its annotations, published again whenever they are missing or differ, and
+        NetworkUnavailable=False, set once and again when the Node is registered anew. The
+        node is read from the watch cache (woken by its changes) or, without a node watch
+        (alloc) or before the first sync, fetched every ``recheck`` seconds. A Node that is
+        gone is waited for. Failed writes and reads are logged and retried with backoff,
+        without end: a write that fails is in ``status.writes`` (the annotations' failure
+        makes the node not ready), never fatal."""
+        assert self._published is not None, "keep_lease before acquire_lease"
+        backoff = Backoff(*self.keep_backoff)
+        reads = RetryLog(log, f"could not read node {self.node_name}")
+        logs = {"annotations": RetryLog(log, "could not publish the lease annotations on "
+                                             f"node {self.node_name}"),
+                "condition": RetryLog(log, "could not set NetworkUnavailable=False on node "
+                                           f"{self.node_name}")}
+        condition_due = self.set_node_network_unavailable
+        gone = False
+        while True:
+            self._own_changed.clear()
+            try:
+                node = await self._own_node()
+            except (KubeError, KubeUnavailable) as err:
+                # Nothing is known about the node: what was written stays as it was.
+                reads.failed(err, backoff.delay)
+                await asyncio.sleep(backoff.grow())
+                continue
+            reads.succeeded()
+            if node is None:
+                if not gone:
+                    log.warning("node %s is no longer in the API server; flanneld keeps "
+                                "running and publishes its lease again once the node is "
+                                "registered again", self.node_name)
+                    gone = True
+                    condition_due = self.set_node_network_unavailable
+                self.status.writes.failed("annotations", self._unpublished(
+                    "the node is not in the API server"), counted=False)
+                await self._own_change(backoff.grow())
+                continue
+            if gone:
+                log.info("node %s is registered again: publishing its lease", self.node_name)
+                gone = False
+            self._check_pod_cidrs(node, lease)
+            ok = await self._keep_annotations(node, logs["annotations"], backoff.delay)
+            if condition_due:
+                condition_due = not await self._set_condition(logs["condition"],
+                                                              backoff.delay)
+            if ok and not condition_due:
+                backoff.reset()
+                await self._own_change(self.recheck)
+            else:
+                await asyncio.sleep(backoff.grow())
+
+    async def _own_node(self) -> dict[str, Any] | None:
+        """This node as the watch cache holds it (once synced), else as the API server
+        answers; None when it does not exist."""
+        if self._watch_task is not None and self._synced.is_set():
+            return self.nodes.get(self.node_name)
+        try:
+            return await self.get_node(wait_if_missing=True)
+        except NodeMissing:
+            return None
+
+    async def _own_change(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._own_changed.wait(), timeout)
+
+    def _check_pod_cidrs(self, node: dict[str, Any], lease: Lease) -> None:
+        """A Node registered anew may get other pod CIDRs: say so (the subnet flanneld took
+        at start stays in use until it is restarted)."""
+        try:
+            v4, v6 = pod_cidrs(self.node_name, node.get("spec") or {})
+        except AnnotationError:
+            v4 = v6 = None
+        now = (v4 if lease.subnet else None, v6 if lease.ipv6_subnet else None)
+        if now != (lease.subnet, lease.ipv6_subnet) and now != self._cidrs_reported:
+            self._cidrs_reported = now
+            log.error("node %s now has the pod CIDR(s) %s but this flanneld uses %s; restart "
+                      "flanneld to take the node's", self.node_name,
+                      ", ".join(str(c) for c in now if c) or "(none)", lease.key)
+
+    async def _keep_annotations(self, node: dict[str, Any], retries: RetryLog,
+                                retry_in: float) -> bool:
+        assert self._published is not None
+        config, attrs = self._published
+        existing = node["metadata"].get("annotations") or {}
+        wanted = published(self.names, attrs, existing, config.enable_ipv4, config.enable_ipv6)
+        changes = {k: v for k, v in wanted.items() if existing.get(k) != v}
+        if changes:
+            try:
+                await self._patch_status({"metadata": {"annotations": changes}})
+            except (KubeError, KubeUnavailable) as err:
+                self.status.writes.failed("annotations", self._unpublished(err))
+                retries.failed(err, retry_in)
+                return False
+            log.info("published %d missing or changed annotation(s) on node %s again",
+                     len(changes), self.node_name)
+        retries.succeeded()
+        self.status.writes.succeeded("annotations")
+        return True
+
+    async def _set_condition(self, retries: RetryLog, retry_in: float) -> bool:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
             await self._patch_status({"status": {"conditions": [{
                 "type": "NetworkUnavailable", "status": "False", "reason": "FlannelIsUp",
                 "message": "Flannel is running on this node", "lastHeartbeatTime": now,
                 "lastTransitionTime": now}]}})
-            log.info("node %s: NetworkUnavailable=False (FlannelIsUp)", self.node_name)
-        forever = asyncio.Event()
-        while True:
-            await forever.wait()
+        except (KubeError, KubeUnavailable) as err:
+            self.status.writes.failed("condition", f"NetworkUnavailable=False not set on node "
+                                                   f"{self.node_name}: {err} (retrying)")
+            retries.failed(err, retry_in)
+            return False
+        retries.succeeded()
+        self.status.writes.succeeded("condition")
+        log.info("node %s: NetworkUnavailable=False (FlannelIsUp)", self.node_name)
+        return True
 
     # -- the node watch ---------------------------------------------------------------
 
@@ -337,6 +474,8 @@ class KubeSubnetManager:
         self._mark(name)
 
     def _mark(self, name: str) -> None:
+        if name == self.node_name:
+            self._own_changed.set()
         if not self._resync:
             self._dirty[name] = None
             if len(self._dirty) > self.queue_depth:
@@ -351,6 +490,7 @@ class KubeSubnetManager:
         self._dirty.clear()
         self._resync = True
         self._changed.set()
+        self._own_changed.set()
         self.status.relists += 1
         self._synced.set()
 

@@ -5,7 +5,8 @@ The errors are declared: a store failure is ``StoreUnavailable`` (retry later, w
 network config is ``flannel.config.ConfigError``. The network config is handed to the calls
 that need it, so there is no order of calls to respect. ``status`` says whether the manager's
 view of the store can be trusted right now (it cannot while recovering from a wiped store)
-and tells whoever follows it when that changes.
+and tells whoever follows it when that changes; its ``writes`` say whether this node's own
+record, as flanneld keeps it after start, is written (kube: the annotations, the condition).
 Must not touch: the kernel.
 """
 
@@ -20,6 +21,62 @@ from flannel.lease import Lease, LeaseAttrs
 from flannel.subnet.watch import LeaseUpdate
 
 StatusListener = Callable[[bool, str], None]
+
+
+class WriteStatus:
+    """The writes of this node's own record that a store keeps retrying after start (kube:
+    ``annotations``, the published lease, and ``condition``, NetworkUnavailable=False).
+
+    ``failing`` maps a write to its latest error while it fails; ``failures`` counts failed
+    attempts since start, per write (for /metrics: the names are few and fixed). Only the
+    writes declared ``blocking`` make the node not ready while they fail: ``ready()`` says so,
+    with the reason, and followers hear of every change.
+    """
+
+    def __init__(self) -> None:
+        self.failing: dict[str, str] = {}
+        self.failures: dict[str, int] = {}
+        self._blocking: set[str] = set()
+        self._listeners: list[StatusListener] = []
+
+    def track(self, write: str, *, blocking: bool) -> None:
+        """Declare a write (shown from now on, as not failing)."""
+        self.failures.setdefault(write, 0)
+        if blocking:
+            self._blocking.add(write)
+
+    def failed(self, write: str, error: str, *, counted: bool = True) -> None:
+        """``write`` fails with ``error``; ``counted=False`` when no attempt was made (there
+        is nothing to write to)."""
+        if counted:
+            self.failures[write] = self.failures.get(write, 0) + 1
+        self._change(write, error)
+
+    def succeeded(self, write: str) -> None:
+        self._change(write, None)
+
+    def _change(self, write: str, error: str | None) -> None:
+        before = self.ready()
+        if error is None:
+            self.failing.pop(write, None)
+        else:
+            self.failing[write] = error
+        after = self.ready()
+        if after != before:  # a new reason too: /readyz says the latest
+            for listener in self._listeners:
+                listener(*after)
+
+    def ready(self) -> tuple[bool, str]:
+        """(False, why) while a blocking write fails."""
+        for write in sorted(self._blocking):
+            if write in self.failing:
+                return False, self.failing[write]
+        return True, ""
+
+    def follow(self, listener: StatusListener) -> None:
+        """Call ``listener(ready, reason)`` now and after every change (in the loop's thread)."""
+        self._listeners.append(listener)
+        listener(*self.ready())
 
 
 class StoreStatus:
@@ -40,6 +97,7 @@ class StoreStatus:
         self.relists = 0
         self.renewals = 0
         self.renewal_failures = 0
+        self.writes = WriteStatus()
         self._listeners: list[StatusListener] = []
 
     def set(self, ready: bool, reason: str = "") -> None:
@@ -59,6 +117,10 @@ class StoreStatus:
 class SubnetManager(Protocol):
     name: str
     status: StoreStatus
+    #: True when this node's lease vanishing from the lease watch means it was revoked on
+    #: purpose and flanneld must stop (etcd); False when the store keeps the lease itself and
+    #: puts it back (kube: ``keep_lease`` re-publishes the node's annotations).
+    revocable: bool
 
     @property
     def lease(self) -> Lease | None:
@@ -77,9 +139,9 @@ class SubnetManager(Protocol):
         """A snapshot of every lease, then changes, forever (close it with ``aclose``)."""
 
     async def keep_lease(self, lease: Lease) -> NoReturn:
-        """Keep ``lease`` (renewal, node condition) for as long as the node runs; returns
-        only by raising: ``OwnLeaseRevoked`` when it was removed on purpose, another
-        ``StoreError`` (``LeaseLost`` among them) when it cannot be kept."""
+        """Keep ``lease`` (renewal; in kube the node's annotations and condition) for as long
+        as the node runs; returns only by raising: ``OwnLeaseRevoked`` when it was removed on
+        purpose, another ``StoreError`` (``LeaseLost`` among them) when it cannot be kept."""
 
     async def close(self) -> None:
         """Release connections."""

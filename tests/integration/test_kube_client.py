@@ -70,8 +70,7 @@ async def node_name_through(kubeconfig: Path) -> str:
 def manager(client: KubeClient, tmp_path: Path) -> KubeSubnetManager:
     conf = tmp_path / "net-conf.json"
     conf.write_text(json.dumps({"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}))
-    return KubeSubnetManager(client, "node1", NAMES, str(conf), patch_timeout=2,
-                             retry_interval=0.1)
+    return KubeSubnetManager(client, "node1", NAMES, str(conf), keep_backoff=(0.05, 0.5))
 
 
 async def test_in_cluster_token_file_rotation_is_picked_up(api, pki, tmp_path):
@@ -265,8 +264,11 @@ async def test_keep_alive_and_a_body_cut_midway_is_retried(api, tmp_path):
         api.truncate_next = 1
         with pytest.raises(KubeUnavailable, match="closed the connection mid-body"):
             await sm.get_node()
-        api.truncate_next = 1  # the lease acquisition retries it
-        lease = await sm.acquire_lease(await sm.get_network_config(), VXLAN)
+        api.truncate_next = 1  # retryable in acquisition too (the daemon retries it)
+        config = await sm.get_network_config()
+        with pytest.raises(KubeUnavailable, match="closed the connection mid-body"):
+            await sm.acquire_lease(config, VXLAN)
+        lease = await sm.acquire_lease(config, VXLAN)
         assert str(lease.subnet) == "10.244.1.0/24"
     finally:
         await sm.close()

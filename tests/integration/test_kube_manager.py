@@ -38,8 +38,8 @@ def manager(api: FakeKubeAPI, tmp_path, config: dict | None = None, node: str = 
     conf.write_text(json.dumps(config or {"Network": "10.244.0.0/16",
                                           "Backend": {"Type": "vxlan"}}))
     client = kube_client(api.url, "", {})
-    return KubeSubnetManager(client, node, NAMES, str(conf), patch_timeout=2,
-                             retry_interval=0.1, **kwargs)
+    return KubeSubnetManager(client, node, NAMES, str(conf), keep_backoff=(0.05, 0.5),
+                             **kwargs)
 
 
 def remote(api: FakeKubeAPI, name: str, cidr: str, ip: str, mac: str = "0e:00:00:00:00:02"):

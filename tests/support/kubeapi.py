@@ -29,6 +29,8 @@ certificates) and with an ``Authorization`` header required when ``authorization
 client certificate of that common name when ``client_common_name`` is set (as the server
 maps a certificate to a user): anything else gets 401 ``Unauthorized`` as a ``Status``.
 ``fail_next`` queues error ``Status`` answers for the next requests (429, 5xx, 403...),
+``refuse_patches`` answers every node status patch with one error ``Status`` while it is set
+(the other requests go on: a webhook or an RBAC rule refusing writes only),
 ``truncate_next`` closes the connection halfway through the next response body,
 ``header_padding`` adds a header of that many bytes to every answer, ``chunk_size`` cuts
 watch events across chunks (as a proxy may), ``stall_watches`` makes watch streams outlive
@@ -42,7 +44,8 @@ control (a slow reader slows its own stream only) and ends when its client goes 
 
 Not modelled: RBAC, other resources and verbs over HTTP, label/field selectors, bookmarks,
 a bounded watch cache. Tests change nodes through the Python methods (``put_node`` with pod
-CIDRs, annotations and status conditions, ``put_raw_node`` for any object, ``delete_node``;
+CIDRs, annotations and status conditions, ``put_raw_node`` for any object,
+``remove_annotations``, ``delete_node``;
 synchronous, so a test can change several things with no watcher running in between),
 compact the history (``compact``) and cut watch streams (``cut_watches``);
 ``python -m tests.support.kubeapi`` runs it standalone for the lab.
@@ -57,6 +60,7 @@ import bisect
 import contextlib
 import copy
 import json
+import socket
 import ssl
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -124,6 +128,8 @@ class FakeKubeAPI:
         self.request_times: list[float] = []  # loop time of each entry of ``requests``
         self.host_headers: list[str] = []  # the Host header of each entry of ``requests``
         self.path_prefix = ""  # e.g. "/k8s/clusters/c-abc": the API is served under it
+        #: (code, message) answered to every node status patch while set.
+        self.refuse_patches: tuple[int, str] | None = None
 
     # -- test controls ------------------------------------------------------------------
 
@@ -169,6 +175,13 @@ class FakeKubeAPI:
         self.nodes[name] = node
         self._record("MODIFIED" if existing else "ADDED", node)
 
+    def remove_annotations(self, name: str, *keys: str) -> None:
+        """Remove annotations from a node (as ``kubectl annotate node <name> <key>-``)."""
+        node = self.nodes[name]
+        for key in keys:
+            node["metadata"]["annotations"].pop(key, None)
+        self._record("MODIFIED", node)
+
     def delete_node(self, name: str) -> None:
         node = self.nodes.pop(name)
         self._record("DELETED", node)
@@ -191,9 +204,15 @@ class FakeKubeAPI:
     # -- HTTP -------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0,
-                    tls: ssl.SSLContext | None = None) -> None:
+                    tls: ssl.SSLContext | None = None,
+                    sock: socket.socket | None = None) -> None:
+        """Listen on ``host``:``port``, or on ``sock`` (e.g. bound inside a test's network
+        namespace, so that a flanneld process there reaches this double)."""
         self.tls = tls
-        self._server = await asyncio.start_server(self._connection, host, port, ssl=tls)
+        if sock is not None:
+            self._server = await asyncio.start_server(self._connection, sock=sock, ssl=tls)
+        else:
+            self._server = await asyncio.start_server(self._connection, host, port, ssl=tls)
         self.port = self._server.sockets[0].getsockname()[1]
 
     @property
@@ -293,6 +312,9 @@ class FakeKubeAPI:
                 return 404, _status(404, "NotFound", f'nodes "{name}" not found')
             if method == "GET" and len(parts) == 4:
                 return 200, copy.deepcopy(self.nodes[name])
+            if method == "PATCH" and parts[4:] == ["status"] and self.refuse_patches:
+                code, message = self.refuse_patches
+                return code, _status(code, "Failure", message)
             if method == "PATCH" and parts[4:] == ["status"]:
                 if headers.get("content-type") != "application/strategic-merge-patch+json":
                     return 415, _status(415, "UnsupportedMediaType",

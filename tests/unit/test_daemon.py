@@ -56,6 +56,7 @@ class MemoryStore:
     """
 
     name = "memory"
+    revocable = True
 
     def __init__(self, unavailable: int = 0) -> None:
         self.status = StoreStatus()

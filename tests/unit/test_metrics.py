@@ -176,7 +176,7 @@ async def test_status_document_says_what_the_daemon_holds(tmp_path):
     assert code == 200
     assert doc["ready"] is True and doc["reason"] == ""
     assert [c["component"] for c in doc["readiness"]] == [
-        "startup", "subnet.env", "store", "rules", "dataplane"]
+        "startup", "subnet.env", "store", "lease", "rules", "dataplane"]
     assert doc["lease"]["subnet"] == "10.5.1.0/24" and doc["lease"]["public_ip"] == "192.0.2.1"
     assert doc["network"] == {"network": "10.5.0.0/16", "ipv6_network": None,
                               "backend": "host-gw"}
