@@ -225,6 +225,10 @@ class KubeSubnetManager:
                 not isinstance(meta.get("annotations") or {}, dict):
             raise KubeError(f"node {name!r}: the API server sent a node whose metadata, "
                             "annotations or spec is not a map")
+        if meta.get("name") != name:  # never take another node's podCIDR as ours
+            raise KubeError(f"asked the API server for node {name!r}, it answered with node "
+                            f"{_name_of(node)!r}; check the API server URL and any proxy "
+                            "in front of it")
         checked: dict[str, Any] = node
         return checked
 
@@ -411,14 +415,21 @@ class KubeSubnetManager:
             await backoff.wait()
 
     def _lease_of(self, node: dict[str, Any], config: NetworkConfig) -> Lease | None:
+        name = str(node["metadata"].get("name"))
         try:
-            return node_lease(node, self.names, config.enable_ipv4, config.enable_ipv6)
+            lease = node_lease(node, self.names, config.enable_ipv4, config.enable_ipv6)
         except NotManaged:
             return None
         except AnnotationError as err:
-            name = str(node["metadata"].get("name"))
             self.undecodable.skip(name, str(err).removeprefix(f"node {name}: "))
             return None
+        if name != self.node_name and self.lease is not None and lease.same_subnet(self.lease):
+            # Our lease is our Node's only: another node's claim on it is neither ours
+            # (its removal would read as our lease revoked) nor a peer's.
+            self.undecodable.skip(name, f"it claims this node's subnet {self.lease.key} "
+                                        f"(node {self.node_name})")
+            return None
+        return lease
 
     async def watch_leases(self, config: NetworkConfig) -> AsyncGenerator[LeaseUpdate, None]:
         """The leases of the nodes annotated for ``config``'s families."""

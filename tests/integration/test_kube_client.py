@@ -573,7 +573,7 @@ async def test_api_connections_have_tcp_keepalive(api):
     client = KubeClient(client_config(api.url, "", {}))
     try:
         await client.get_node("node1")
-        sock = client._idle[0].writer.get_extra_info("socket")
+        sock = client._idle[0].transport.get_extra_info("socket")
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
         assert [sock.getsockopt(socket.IPPROTO_TCP, option) for option in (
             socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT)] == [30, 10, 3]

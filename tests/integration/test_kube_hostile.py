@@ -1,0 +1,289 @@
+"""The Kubernetes client and the kube subnet manager against a hostile API server: raw
+asyncio servers on loopback that answer with bytes no real API server sends (an answer
+nobody asked for, another node's object, a list body that never ends, a watch closed
+after every event), and the API double (tests/support/kubeapi.py) where a real answer is
+needed. Each test says what a user would see go wrong without the defence."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from flannel.subnet.kube import KubeError
+from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.subnet.kubeconfig import client_config
+from flannel.subnet.watch import LeaseWatcher
+from tests.integration.test_kube_manager import VXLAN, manager, remote
+from tests.support.kubeapi import FakeKubeAPI
+from tests.support.waiting import async_wait_until
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def raw_server(handler: Handler) -> AsyncIterator[str]:
+    """A loopback server running ``handler`` for every connection; its URL."""
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tasks.add(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # the client went away, or the test is over
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def read_request(reader: asyncio.StreamReader) -> str:
+    """The request line of the next request (its headers skipped); "" at the end."""
+    line = await reader.readline()
+    while await reader.readline() not in (b"\r\n", b""):
+        pass
+    return line.decode().strip()
+
+
+def response(doc: object, status: str = "200 OK") -> bytes:
+    body = json.dumps(doc).encode()
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def node(name: str, cidr: str) -> dict[str, object]:
+    return {"kind": "Node", "apiVersion": "v1",
+            "metadata": {"name": name, "resourceVersion": "7"},
+            "spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
+
+
+def client_for(url: str, **options: object) -> KubeClient:
+    return KubeClient(client_config(url, "", {}), **options)  # type: ignore[arg-type]
+
+
+# -- 1. an answer nobody asked for ------------------------------------------------------
+
+@pytest.mark.parametrize("delivered", [True, False], ids=["in-the-stream", "in-the-kernel"])
+async def test_an_answer_sent_unasked_is_never_read_as_the_next_one(delivered):
+    """A server (or a proxy) sends a second answer after the first, unasked. Reusing the
+    kept-alive connection would read it as the answer to the next request: a forged podCIDR
+    for our node. The connection is dropped instead, and the next request gets its own
+    answer on a new one, whether the extra bytes already reached the client's buffer or
+    still wait in the kernel's."""
+    forge, forged = asyncio.Event(), asyncio.Event()
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        first = connections == 1
+        while await read_request(reader):
+            writer.write(response(node("node1", "10.244.1.0/24")))
+            await writer.drain()
+            if first:
+                first = False
+                await forge.wait()
+                writer.write(response(node("node1", "10.244.99.0/24")))
+                await writer.drain()
+                forged.set()
+
+    async with raw_server(handler) as url:
+        client = client_for(url)
+        try:
+            assert (await client.get_node("node1"))["spec"]["podCIDR"] == "10.244.1.0/24"
+            forge.set()
+            await forged.wait()
+            if delivered:  # let the loop hand the bytes to the client's connection
+                await asyncio.sleep(0.1)
+            assert (await client.get_node("node1"))["spec"]["podCIDR"] == "10.244.1.0/24"
+            assert connections == 2
+        finally:
+            await client.close()
+
+
+# -- 2. another node's object -------------------------------------------------------------
+
+@pytest.fixture
+async def api():
+    server = FakeKubeAPI()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_another_nodes_object_is_never_taken_as_ours(api, tmp_path):
+    """Asked for node1, the server answers with node2 (a misrouting proxy, a hostile
+    server): taking it would lease node2's podCIDR, a duplicate subnet in the cluster.
+    The answer is refused, naming both nodes, and nothing is published."""
+    peer = remote(api, "node2", "10.244.2.0/24", "10.0.0.2")
+    api.put_raw_node("node1", copy.deepcopy(peer))
+    sm = manager(api, tmp_path)
+    try:
+        config = await sm.get_network_config()
+        with pytest.raises(KubeError) as caught:
+            await sm.acquire_lease(config, VXLAN)
+    finally:
+        await sm.close()
+    assert str(caught.value).endswith(
+        "asked the API server for node 'node1', it answered with node 'node2'; check the API "
+        "server URL and any proxy in front of it")
+    assert api.patches == []
+
+
+async def test_another_node_claiming_our_subnet_does_not_revoke_our_lease(api, tmp_path,
+                                                                          caplog):
+    """A peer Node annotated with our podCIDR, then deleted: were its lease taken for ours,
+    its deletion would read as our lease revoked and flanneld would exit. It is ignored
+    (logged once, naming both) and our lease stays; real peers keep arriving."""
+    api.put_node("node1", ["10.244.1.0/24"])
+    sm = manager(api, tmp_path)
+    revoked: list[bool] = []
+    seen: list[str] = []
+    try:
+        config = await sm.get_network_config()
+        watcher = LeaseWatcher(await sm.acquire_lease(config, VXLAN), config)
+
+        async def follow() -> None:
+            async for update in sm.watch_leases(config):
+                result = watcher.apply(update)
+                revoked.append(result.own_lease_removed)
+                seen.extend(e.lease.key for e in result.events)
+
+        task = asyncio.create_task(follow())
+        try:
+            remote(api, "impostor", "10.244.1.0/24", "10.0.0.9")
+
+            async def cached() -> bool:
+                return "impostor" in sm.nodes
+            await async_wait_until(cached, 10, what="the impostor in the node cache")
+            api.delete_node("impostor")
+            remote(api, "node3", "10.244.3.0/24", "10.0.0.3")
+
+            async def peer_seen() -> bool:
+                return "10.244.3.0-24" in seen
+            await async_wait_until(peer_seen, 10, what="node3's lease")
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    finally:
+        await sm.close()
+    assert not any(revoked)
+    assert seen == ["10.244.3.0-24"]
+    assert "ignoring node impostor: it claims this node's subnet 10.244.1.0-24 (node node1)" \
+        in caplog.text
+
+
+# -- 3. a list that never ends ------------------------------------------------------------
+
+def chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def test_a_list_body_that_never_ends_costs_a_few_bounds_not_nine():
+    """A node list whose body never ends is cut at the page bound; each smaller page asked
+    for costs that bound again, so the halving stops after a few pages, the smaller size is
+    kept for the next listing, and the error names the bound."""
+    limits: list[str] = []
+    item = json.dumps(node("n", "10.244.1.0/24")).encode() + b","
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await read_request(reader):
+            limits.append(line.split("limit=")[1].split(" ")[0].split("&")[0])
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+            writer.write(chunk(b'{"kind":"NodeList","metadata":{"resourceVersion":"5"},'
+                               b'"items":['))
+            while True:  # until the client gives up on this connection
+                writer.write(chunk(item * 64))
+                await writer.drain()
+
+    async with raw_server(handler) as url:
+        client = client_for(url, max_page_bytes=256 * 1024)
+        try:
+            with pytest.raises(ApiUnreachable) as caught:
+                await client.list_nodes(lambda n: n)
+            assert caught.value.too_large
+            assert str(caught.value).endswith("larger than the limit of 262144 bytes")
+            assert limits == ["500", "250", "125", "62"]
+            with pytest.raises(ApiUnreachable):
+                await client.list_nodes(lambda n: n)
+            assert limits[4:] == ["62"]
+        finally:
+            await client.close()
+
+
+async def test_a_list_is_bounded_in_time_per_page_and_as_a_whole():
+    """A page body trickling a byte at a time ends at the page's deadline; pages that keep
+    coming with a continue token forever end at the listing's deadline (and what they gave
+    is not kept for the next listing)."""
+    endless_pages = False
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader):
+            if endless_pages:
+                writer.write(response({"kind": "NodeList", "metadata": {
+                    "resourceVersion": "5", "continue": "more"},
+                    "items": [node("n", "10.244.1.0/24")]}))
+                await writer.drain()
+                continue
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000000\r\n\r\n")
+            while True:
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.01)
+
+    async with raw_server(handler) as url:
+        client = client_for(url, list_timeout=0.5, list_deadline=1.5)
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(ApiUnreachable, match=r"did not answer within 0\.5s$"):
+                await client.list_nodes(lambda n: n)
+            assert loop.time() - started < 1.5
+            endless_pages = True
+            started = loop.time()
+            with pytest.raises(ApiUnreachable, match=r"the node list did not end within 1\.5s$"):
+                await client.list_nodes(lambda n: n)
+            assert loop.time() - started < 3
+        finally:
+            await client.close()
+
+
+async def test_a_listing_cut_part_way_goes_on_from_its_continue_token(api):
+    """The server fails the third page of a listing: the retry asks for the third page
+    again (its continue token), not for the whole list from the start."""
+    for i in range(2, 1201):
+        api.put_node(f"node{i}", [f"10.{i // 256}.{i % 256}.0/24"])
+    client = client_for(api.url, page_size=500)
+    seen = 0
+
+    def keep(item: dict) -> str:
+        nonlocal seen
+        seen += 1
+        if seen == 501:  # the second page is being read: the third one will fail
+            api.fail_next.append((503, "the server is shutting down"))
+        return item["metadata"]["name"]
+
+    try:
+        with pytest.raises(ApiStatusError):
+            await client.list_nodes(keep)
+        api.requests.clear()
+        names, version = await client.list_nodes(keep)
+        assert sorted(names) == sorted(api.nodes) and version == str(api.rv)
+        assert len(api.requests) == 1 and "continue=" in api.requests[0]
+    finally:
+        await client.close()
