@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, NoReturn
@@ -53,6 +53,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_EVENT_QUEUE_DEPTH = 5000
 FIRST_SYNC_TIMEOUT = 600.0
+#: Between node watches (and listings that failed): the first delay, the longest.
+WATCH_BACKOFF = (0.1, 30.0)
+#: A watch that lived this long was healthy: the next one opens after the first delay.
+#: A real API server ends a watch after its timeoutSeconds (5-10 min) and sends a bookmark
+#: about every minute; shorter watches (a server or proxy that ends every watch at once, or
+#: after one event) back off. Bookmarks alone do not count: a server that sends one and
+#: closes is as short-lived as any other.
+WATCH_HEALTHY = 30.0
 
 
 #: HTTP statuses after which the same request may succeed later.
@@ -164,7 +172,8 @@ class KubeSubnetManager:
                  queue_depth: int = DEFAULT_EVENT_QUEUE_DEPTH,
                  first_sync_timeout: float = FIRST_SYNC_TIMEOUT,
                  continue_when_cache_not_ready: bool = False,
-                 patch_timeout: float = 30.0, retry_interval: float = 3.0) -> None:
+                 patch_timeout: float = 30.0, retry_interval: float = 3.0,
+                 watch_healthy: float = WATCH_HEALTHY) -> None:
         self.client = client
         self.status = StoreStatus()  # always ready: a relist after 410 Gone needs no recovery
         self.node_name = node_name
@@ -177,6 +186,7 @@ class KubeSubnetManager:
         self.continue_when_cache_not_ready = continue_when_cache_not_ready
         self.patch_timeout = patch_timeout
         self.retry_interval = retry_interval
+        self.watch_healthy = watch_healthy
         self.lease: Lease | None = None
         # The watch cache: node name -> node dict, and what changed since the consumer looked.
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -359,8 +369,10 @@ class KubeSubnetManager:
         self._synced.set()
 
     async def _watch(self) -> None:
-        """List, then watch from the listed version; resume after cuts, relist after 410."""
-        backoff = Backoff(0.1, 5.0)
+        """List, then watch from the listed version; resume after cuts, relist after 410.
+        Every reopening backs off, unless the watch before it lived ``watch_healthy``
+        seconds: a server that ends every watch at once is not asked again and again."""
+        backoff = Backoff(*WATCH_BACKOFF)
         need_list = True
         relisted = False  # relisted after a 410 with no event since
         while True:
@@ -369,7 +381,8 @@ class KubeSubnetManager:
                     await self._relist()
                     need_list = False
                 self.status.watching = True
-                async for kind, raw in self.client.watch_nodes(self.resource_version):
+                async for kind, raw in self._timed(
+                        self.client.watch_nodes(self.resource_version), backoff):
                     meta = raw.get("metadata")
                     version = meta.get("resourceVersion") if isinstance(meta, dict) else None
                     if isinstance(version, str) and version:
@@ -381,7 +394,6 @@ class KubeSubnetManager:
                         self._mark(name)
                     elif kind in ("ADDED", "MODIFIED"):
                         self._store(raw)
-                    backoff.reset()
                     relisted = False
             except ApiUnreachable as err:
                 self.status.watching = False
@@ -413,6 +425,18 @@ class KubeSubnetManager:
                 log.warning("node watch failed unexpectedly (%s: %s); relisting in %.1fs",
                             type(err).__name__, err, backoff.delay)
             await backoff.wait()
+
+    async def _timed(self, events: AsyncIterator[tuple[str, Any]],
+                     backoff: Backoff) -> AsyncIterator[tuple[str, Any]]:
+        """``events``; once they end (or fail) after ``watch_healthy`` seconds, the watch
+        was healthy and ``backoff`` starts over."""
+        opened = time.monotonic()
+        try:
+            async for event in events:
+                yield event
+        finally:
+            if time.monotonic() - opened >= self.watch_healthy:
+                backoff.reset()
 
     def _lease_of(self, node: dict[str, Any], config: NetworkConfig) -> Lease | None:
         name = str(node["metadata"].get("name"))

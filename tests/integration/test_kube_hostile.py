@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import itertools
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from flannel.subnet.kube import KubeError
+from flannel.subnet.annotations import Annotations
+from flannel.subnet.kube import KubeError, KubeSubnetManager, kube_client
 from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
 from flannel.subnet.kubeconfig import client_config
 from flannel.subnet.watch import LeaseWatcher
@@ -22,6 +24,7 @@ from tests.integration.test_kube_manager import VXLAN, manager, remote
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.waiting import async_wait_until
 
+NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
@@ -287,3 +290,77 @@ async def test_a_listing_cut_part_way_goes_on_from_its_continue_token(api):
         assert len(api.requests) == 1 and "continue=" in api.requests[0]
     finally:
         await client.close()
+
+
+# -- 4. a watch closed after every event --------------------------------------------------
+
+def sm_for(url: str, tmp_path, **options: object) -> KubeSubnetManager:
+    conf = tmp_path / "net-conf.json"
+    conf.write_text(json.dumps({"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}))
+    return KubeSubnetManager(kube_client(url, "", {}), "node1", NAMES, str(conf),
+                             patch_timeout=2, retry_interval=0.1, **options)  # type: ignore[arg-type]
+
+
+def short_watches(hold: float, times: list[float]) -> Handler:
+    """A server whose every watch delivers one event, stays open ``hold`` seconds, then
+    ends; the loop time of each watch request goes to ``times``."""
+    version = 5
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal version
+        while line := await read_request(reader):
+            if "watch=true" not in line:
+                writer.write(response({"kind": "NodeList", "metadata": {"resourceVersion": "5"},
+                                       "items": [node("node1", "10.244.1.0/24")]}))
+                await writer.drain()
+                continue
+            times.append(asyncio.get_running_loop().time())
+            version += 1
+            event = node("node2", "10.244.2.0/24")
+            event["metadata"]["resourceVersion"] = str(version)  # type: ignore[index]
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n" + chunk(json.dumps(
+                             {"type": "MODIFIED", "object": event}).encode() + b"\n"))
+            await writer.drain()
+            await asyncio.sleep(hold)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return
+
+    return handler
+
+
+async def watches_of(url: str, tmp_path, count: int, times: list[float],
+                     **options: object) -> list[float]:
+    """The gaps between the first ``count`` watch requests of a node store."""
+    sm = sm_for(url, tmp_path, **options)
+    updates = sm.watch_leases(await sm.get_network_config())
+    try:
+        await asyncio.wait_for(anext(updates), 10)
+
+        async def enough() -> bool:
+            return len(times) >= count
+        await async_wait_until(enough, 20, what=f"{count} watch requests, got {len(times)}")
+    finally:
+        await updates.aclose()
+        await sm.close()
+    return [later - earlier for earlier, later in itertools.pairwise(times[:count])]
+
+
+async def test_a_watch_ended_after_every_event_is_reopened_with_backoff(tmp_path):
+    """A server that ends every watch right after one event would be asked again ten times
+    a second: each reopening waits twice as long as the one before."""
+    times: list[float] = []
+    async with raw_server(short_watches(0, times)) as url:
+        gaps = await watches_of(url, tmp_path, 5, times)
+    assert [gap >= 0.9 * want for gap, want in zip(gaps, (0.1, 0.2, 0.4, 0.8), strict=True)] \
+        == [True] * 4, gaps
+
+
+async def test_watches_that_lived_long_enough_are_reopened_at_once(tmp_path):
+    """A watch that lived its course (a real server's timeoutSeconds, here shortened with
+    ``watch_healthy``) is not penalised: every reopening waits the first delay only."""
+    times: list[float] = []
+    async with raw_server(short_watches(0.4, times)) as url:
+        gaps = await watches_of(url, tmp_path, 5, times, watch_healthy=0.3)
+    assert [gap < 0.4 + 0.1 + 0.3 for gap in gaps] == [True] * 4, gaps
