@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, NoReturn
@@ -42,7 +42,7 @@ from flannel.subnet.annotations import (
     pod_cidrs,
     published,
 )
-from flannel.subnet.errors import StoreError, StoreUnavailable
+from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
 from flannel.subnet.kubeconfig import KubeConfigError, client_config, ignored_proxy
 from flannel.subnet.manager import StoreStatus
@@ -137,6 +137,15 @@ def _name_of(raw: Any) -> str:
     return name[:253] if isinstance(name, str) and name.isprintable() else "(unnamed)"
 
 
+def _lacks_pod_cidr(node: dict[str, Any]) -> str:
+    """Why our Node cannot give a lease yet: kube-controller-manager assigns the podCIDR
+    shortly after the kubelet registers the Node."""
+    spec = node.get("spec") or {}
+    if spec.get("podCIDR") or spec.get("podCIDRs"):
+        return ""
+    return "its podCIDR is not assigned yet (kube-controller-manager --allocate-node-cidrs)"
+
+
 def _triple(lease: Lease) -> tuple[object, ...]:
     attrs = lease.attrs
     return (lease.subnet, lease.ipv6_subnet, attrs.backend_type, attrs.backend_data,
@@ -175,7 +184,8 @@ class KubeSubnetManager:
                  patch_timeout: float = 30.0, retry_interval: float = 3.0,
                  watch_healthy: float = WATCH_HEALTHY) -> None:
         self.client = client
-        self.status = StoreStatus()  # always ready: a relist after 410 Gone needs no recovery
+        # Not ready only while the start waits for our Node (a relist needs no recovery).
+        self.status = StoreStatus()
         self.node_name = node_name
         self.environ = environ or {}
         self.names = names
@@ -254,17 +264,36 @@ class KubeSubnetManager:
             raise KubeError(f"node {self.node_name}: annotation {self.names.node_public_ip} "
                             f"is not an IP address: {err}") from None
 
-    async def _wait_for_own_node(self) -> dict[str, Any]:
+    async def _wait_for_own_node(self, lacks: Callable[[dict[str, Any]], str] | None = None
+                                 ) -> dict[str, Any]:
+        """Our Node, waited for up to ``patch_timeout`` while the API server cannot give it
+        and, with ``lacks``, while ``lacks(node)`` names what it still lacks (at the deadline
+        it is returned as it is: the caller's check says what is wrong). Each cause is logged
+        once and is the store's status (so /readyz names it) while we wait."""
         await self.own_node_name()  # a missing name is not worth waiting for
         deadline = time.monotonic() + self.patch_timeout
-        while True:
-            try:
-                return await self.get_node()
-            except (KubeError, KubeUnavailable, OSError) as err:
+        retries = RetryLog(log, f"waiting for node {self.node_name}")
+        try:
+            while True:
+                node = None
+                try:
+                    node = await self.get_node()
+                    cause = lacks(node) if lacks is not None else ""
+                    if not cause:
+                        retries.succeeded()
+                        return node
+                except (KubeError, KubeUnavailable, OSError) as err:
+                    cause = str(err)
                 if time.monotonic() > deadline:
+                    if node is not None:
+                        return node
                     raise KubeError(f"timeout contacting kube-api, failed to patch node "
-                                    f'"{self.node_name}". Error: {err}') from None
+                                    f'"{self.node_name}". Error: {cause}') from None
+                self.status.set(False, f"waiting for node {self.node_name}: {cause}")
+                retries.failed(cause, self.retry_interval)
                 await asyncio.sleep(self.retry_interval)
+        finally:
+            self.status.set(True)
 
     async def _patch_status(self, body: dict[str, Any]) -> None:
         deadline = time.monotonic() + self.patch_timeout
@@ -283,7 +312,7 @@ class KubeSubnetManager:
 
     async def acquire_lease(self, config: NetworkConfig, attrs: LeaseAttrs) -> Lease:
         cfg = config
-        node = await self._wait_for_own_node()
+        node = await self._wait_for_own_node(_lacks_pod_cidr)
         try:
             v4, v6 = pod_cidrs(self.node_name, node.get("spec") or {})
         except AnnotationError as err:

@@ -23,6 +23,8 @@ from flannel.subnet.watch import LeaseWatcher
 from tests.integration.test_kube_manager import VXLAN, manager, remote
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.waiting import async_wait_until
+from tests.unit.test_daemon import CONFIG
+from tests.unit.test_daemon import Node as DaemonNode
 
 NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -34,7 +36,7 @@ async def raw_server(handler: Handler) -> AsyncIterator[str]:
     tasks: set[asyncio.Task[None]] = set()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        tasks.add(asyncio.current_task())  # type: ignore[arg-type]
+        tasks.add(asyncio.current_task())
         try:
             await handler(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -73,7 +75,7 @@ def node(name: str, cidr: str) -> dict[str, object]:
 
 
 def client_for(url: str, **options: object) -> KubeClient:
-    return KubeClient(client_config(url, "", {}), **options)  # type: ignore[arg-type]
+    return KubeClient(client_config(url, "", {}), **options)
 
 
 # -- 1. an answer nobody asked for ------------------------------------------------------
@@ -298,7 +300,7 @@ def sm_for(url: str, tmp_path, **options: object) -> KubeSubnetManager:
     conf = tmp_path / "net-conf.json"
     conf.write_text(json.dumps({"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}))
     return KubeSubnetManager(kube_client(url, "", {}), "node1", NAMES, str(conf),
-                             patch_timeout=2, retry_interval=0.1, **options)  # type: ignore[arg-type]
+                             **{"patch_timeout": 2, "retry_interval": 0.1, **options})
 
 
 def short_watches(hold: float, times: list[float]) -> Handler:
@@ -317,7 +319,7 @@ def short_watches(hold: float, times: list[float]) -> Handler:
             times.append(asyncio.get_running_loop().time())
             version += 1
             event = node("node2", "10.244.2.0/24")
-            event["metadata"]["resourceVersion"] = str(version)  # type: ignore[index]
+            event["metadata"]["resourceVersion"] = str(version)
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                          b"Transfer-Encoding: chunked\r\n\r\n" + chunk(json.dumps(
                              {"type": "MODIFIED", "object": event}).encode() + b"\n"))
@@ -364,3 +366,59 @@ async def test_watches_that_lived_long_enough_are_reopened_at_once(tmp_path):
     async with raw_server(short_watches(0.4, times)) as url:
         gaps = await watches_of(url, tmp_path, 5, times, watch_healthy=0.3)
     assert [gap < 0.4 + 0.1 + 0.3 for gap in gaps] == [True] * 4, gaps
+
+
+# -- 5. what the start waits for ---------------------------------------------------------
+
+async def test_the_start_says_what_it_waits_for_once_per_cause(api, tmp_path, caplog):
+    """While our Node is missing, then has no podCIDR yet, the lease acquisition waits:
+    the store's status (what /readyz shows) names the cause, each cause is logged once,
+    and the lease comes as soon as the podCIDR is assigned."""
+    sm = sm_for(api.url, tmp_path, patch_timeout=20)
+    causes: list[str] = []
+    sm.status.follow(lambda ready, why: causes.append("ready" if ready else why))
+    try:
+        config = await sm.get_network_config()
+        acquiring = asyncio.create_task(sm.acquire_lease(config, VXLAN))
+
+        def waiting_for(text: str) -> Callable[[], Awaitable[bool]]:
+            async def named() -> bool:
+                return text in sm.status.reason
+            return named
+        await async_wait_until(waiting_for('nodes "node1" not found'), 10)
+        api.put_node("node1", [])
+        await async_wait_until(waiting_for("podCIDR is not assigned yet"), 10)
+        api.put_node("node1", ["10.244.7.0/24"])
+        lease = await asyncio.wait_for(acquiring, 10)
+    finally:
+        await sm.close()
+    assert str(lease.subnet) == "10.244.7.0/24"
+    assert causes == [
+        "ready",
+        "waiting for node node1: cannot get node 'node1': nodes \"node1\" not found",
+        "waiting for node node1: its podCIDR is not assigned yet "
+        "(kube-controller-manager --allocate-node-cidrs)",
+        "ready"]
+    logged = [r.getMessage() for r in caplog.records if "waiting for node" in r.getMessage()]
+    assert [line.split(" (retrying")[0] for line in logged] == [
+        "waiting for node node1: cannot get node 'node1': nodes \"node1\" not found",
+        "waiting for node node1: its podCIDR is not assigned yet "
+        "(kube-controller-manager --allocate-node-cidrs)"]
+
+
+async def test_readyz_names_what_the_start_waits_for(api, tmp_path):
+    """flanneld in kube mode on a node whose podCIDR is not assigned yet: /readyz says the
+    lease acquisition waits for it (not just "acquiring a lease"), then goes ready."""
+    api.put_node("node1", [])
+    conf = tmp_path / "net-conf.json"
+    conf.write_text(CONFIG)
+    sm = KubeSubnetManager(kube_client(api.url, "", {}), "node1", NAMES, str(conf),
+                           patch_timeout=20, retry_interval=0.1)
+    node = DaemonNode(tmp_path, store=sm).start()  # the real store, a recording backend
+    try:
+        await node.wait_readyz(503, "acquiring a lease: waiting for node node1: its podCIDR "
+                                    "is not assigned yet")
+        api.put_node("node1", ["10.5.1.0/24"])
+        assert await node.wait_readyz(200) == "flanneld is ready\n"
+    finally:
+        await node.stop()
