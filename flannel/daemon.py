@@ -459,6 +459,7 @@ class Daemon:
                              dataplane: Dataplane, own: Lease) -> None:
         watcher = LeaseWatcher(own, config)
         self.state.peers = watcher
+        handed = False  # the data plane was given a peer set
         async with contextlib.aclosing(sm.watch_leases(config)) as updates:
             async for update in updates:
                 result = watcher.apply(update)
@@ -477,8 +478,11 @@ class Daemon:
                              len(watcher.leases), sum(e.type is EventType.ADDED
                                                       for e in result.events),
                              sum(e.type is EventType.REMOVED for e in result.events))
-                elif not result.events:
-                    continue  # e.g. a renewal: the peer set is what the data plane has
+                if not result.events and (handed or not isinstance(update, Snapshot)):
+                    # A renewal, or a relist that found what we had: the data plane has
+                    # this peer set, and readiness must not flip while it is programmed.
+                    continue
+                handed = True
                 dataplane.set_peers(watcher.leases)
 
 

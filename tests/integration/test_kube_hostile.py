@@ -11,6 +11,7 @@ import contextlib
 import copy
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -420,5 +421,52 @@ async def test_readyz_names_what_the_start_waits_for(api, tmp_path):
                                     "is not assigned yet")
         api.put_node("node1", ["10.5.1.0/24"])
         assert await node.wait_readyz(200) == "flanneld is ready\n"
+    finally:
+        await node.stop()
+
+
+# -- 6. a relist while the data plane is programmed -----------------------------------
+
+async def test_a_relist_keeps_a_programmed_node_ready(api, tmp_path, caplog, monkeypatch):
+    """After a 410 Gone the store relists every node; when nothing changed, the data plane
+    still has every peer, and the node must not go not ready meanwhile (a rollout gated on
+    readiness, or a load balancer health check, would see it flap at every relist)."""
+    caplog.set_level(logging.INFO)
+    api.put_node("node1", ["10.5.1.0/24"])
+    prefix = "flannel.alpha.coreos.com/"
+    api.put_node("node2", ["10.5.2.0/24"], {
+        prefix + "kube-subnet-manager": "true", prefix + "backend-type": "host-gw",
+        prefix + "backend-data": "null", prefix + "public-ip": "192.0.2.2"})
+    conf = tmp_path / "net-conf.json"
+    conf.write_text(CONFIG)
+    sm = KubeSubnetManager(kube_client(api.url, "", {}), "node1", NAMES, str(conf),
+                           patch_timeout=20, retry_interval=0.1)
+    node = DaemonNode(tmp_path, store=sm).start()
+    try:
+        await node.wait_readyz(200)
+        assert node.backend is not None and len(node.backend.peer_sets[-1]) == 1
+        readiness = node.daemon.readiness
+        flips: list[str] = []
+        report = readiness.report
+
+        def recording(component: str, ready: bool, reason: str = "") -> None:
+            report(component, ready, reason)
+            if not readiness.current()[0]:
+                flips.append(readiness.current()[1])
+        monkeypatch.setattr(readiness, "report", recording)
+
+        def snapshots() -> int:
+            return sum(r.getMessage().startswith("Lease snapshot:") for r in caplog.records)
+        before = snapshots()
+        api.cut_watches()
+        api.put_node("node2", conditions=[{"type": "Ready", "status": "True"}])
+        api.compact()  # the resumed watch missed a change: 410 Gone, a full relist
+
+        async def relisted() -> bool:
+            return snapshots() > before
+        await async_wait_until(relisted, 10, what="the relist's snapshot")
+        assert sm.status.relists == 2
+        assert flips == []
+        assert await node.readyz() == (200, "flanneld is ready\n")
     finally:
         await node.stop()
