@@ -63,9 +63,9 @@ async def read_request(reader: asyncio.StreamReader) -> str:
     return line.decode().strip()
 
 
-def response(doc: object, status: str = "200 OK") -> bytes:
+def response(doc: object) -> bytes:
     body = json.dumps(doc).encode()
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+    return (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
