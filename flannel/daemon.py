@@ -201,12 +201,23 @@ class Daemon:
         self._make_rules = rules
         self.stop = asyncio.Event()
         self.readiness = Readiness(COMPONENTS)
-        self.readiness.report("startup", False, "waiting for the network config")
+        self._phase = "waiting for the network config"
+        self._started = False
+        self.readiness.report("startup", False, self._phase)
         #: What /status and /metrics read; filled in as the parts are created.
         self.state = NodeState(self.readiness)
 
     def phase(self, what: str) -> None:
-        self.readiness.report("startup", False, what)
+        """The startup step under way; with what the store waits for, if it does."""
+        self._phase = what
+        store = self.state.store
+        why = store.status.reason if store is not None and not store.status.ready else ""
+        self.readiness.report("startup", False, f"{what}: {why}" if why else what)
+
+    def _store_status(self, ready: bool, why: str) -> None:
+        self.readiness.report("store", ready, why)
+        if not self._started:
+            self.phase(self._phase)
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -250,6 +261,7 @@ class Daemon:
             except StoreError as err:
                 raise StartupError(str(err)) from None
             self.state.store = sm
+            sm.status.follow(self._store_status)
             try:
                 return await self._run_with(sm)
             except StoreError as err:
@@ -328,9 +340,9 @@ class Daemon:
         self.state.rules = traffic.status
         await traffic.start()
         self._report_rules(traffic)
-        sm.status.follow(lambda ready, why: self.readiness.report("store", ready, why))
         sm.status.writes.follow(lambda ready, why: self.readiness.report("lease", ready, why))
         self.readiness.report("subnet.env", False, "subnet.env not written yet")
+        self._started = True
         self.readiness.report("startup", True)
         tasks = [
             Supervised("dataplane", dataplane.run()),
@@ -459,6 +471,7 @@ class Daemon:
                              dataplane: Dataplane, own: Lease) -> None:
         watcher = LeaseWatcher(own, config)
         self.state.peers = watcher
+        handed = False  # the data plane was given a peer set
         async with contextlib.aclosing(sm.watch_leases(config)) as updates:
             async for update in updates:
                 result = watcher.apply(update)
@@ -477,8 +490,11 @@ class Daemon:
                              len(watcher.leases), sum(e.type is EventType.ADDED
                                                       for e in result.events),
                              sum(e.type is EventType.REMOVED for e in result.events))
-                elif not result.events:
-                    continue  # e.g. a renewal: the peer set is what the data plane has
+                if not result.events and (handed or not isinstance(update, Snapshot)):
+                    # A renewal, or a relist that found what we had: the data plane has
+                    # this peer set, and readiness must not flip while it is programmed.
+                    continue
+                handed = True
                 dataplane.set_peers(watcher.leases)
 
 

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, NoReturn
@@ -61,6 +61,16 @@ KEEP_BACKOFF = (1.0, 60.0)
 #: How often this node's record is looked at without a node watch (alloc), in seconds; Go
 #: flannel's informer resync period.
 RECHECK = 300.0
+#: How long the start waits for kube-controller-manager to assign our Node's podCIDR.
+POD_CIDR_WAIT = 30.0
+#: Between node watches (and listings that failed): the first delay, the longest.
+WATCH_BACKOFF = (0.1, 30.0)
+#: A watch that lived this long was healthy: the next one opens after the first delay.
+#: A real API server ends a watch after its timeoutSeconds (5-10 min) and sends a bookmark
+#: about every minute; shorter watches (a server or proxy that ends every watch at once, or
+#: after one event) back off. Bookmarks alone do not count: a server that sends one and
+#: closes is as short-lived as any other.
+WATCH_HEALTHY = 30.0
 
 
 #: HTTP statuses after which the same request may succeed later.
@@ -141,6 +151,15 @@ def _name_of(raw: Any) -> str:
     return name[:253] if isinstance(name, str) and name.isprintable() else "(unnamed)"
 
 
+def _lacks_pod_cidr(node: dict[str, Any]) -> str:
+    """Why our Node cannot give a lease yet: kube-controller-manager assigns the podCIDR
+    shortly after the kubelet registers the Node."""
+    spec = node.get("spec") or {}
+    if spec.get("podCIDR") or spec.get("podCIDRs"):
+        return ""
+    return "its podCIDR is not assigned yet (kube-controller-manager --allocate-node-cidrs)"
+
+
 def _triple(lease: Lease) -> tuple[object, ...]:
     attrs = lease.attrs
     return (lease.subnet, lease.ipv6_subnet, attrs.backend_type, attrs.backend_data,
@@ -180,9 +199,11 @@ class KubeSubnetManager:
                  first_sync_timeout: float = FIRST_SYNC_TIMEOUT,
                  continue_when_cache_not_ready: bool = False,
                  keep_backoff: tuple[float, float] = KEEP_BACKOFF,
-                 recheck: float = RECHECK) -> None:
+                 recheck: float = RECHECK, pod_cidr_wait: float = POD_CIDR_WAIT,
+                 retry_interval: float = 3.0, watch_healthy: float = WATCH_HEALTHY) -> None:
         self.client = client
-        self.status = StoreStatus()  # always ready: a relist after 410 Gone needs no recovery
+        # Not ready only while the start waits for our Node (a relist needs no recovery).
+        self.status = StoreStatus()
         self.node_name = node_name
         self.environ = environ or {}
         self.names = names
@@ -193,6 +214,9 @@ class KubeSubnetManager:
         self.continue_when_cache_not_ready = continue_when_cache_not_ready
         self.keep_backoff = keep_backoff
         self.recheck = recheck
+        self.pod_cidr_wait = pod_cidr_wait
+        self.retry_interval = retry_interval
+        self.watch_healthy = watch_healthy
         self.lease: Lease | None = None
         # What acquire_lease published, for keep_lease to publish again.
         self._published: tuple[NetworkConfig, LeaseAttrs] | None = None
@@ -252,6 +276,10 @@ class KubeSubnetManager:
                 not isinstance(meta.get("annotations") or {}, dict):
             raise KubeError(f"node {name!r}: the API server sent a node whose metadata, "
                             "annotations or spec is not a map")
+        if meta.get("name") != name:  # never take another node's podCIDR as ours
+            raise KubeError(f"asked the API server for node {name!r}, it answered with node "
+                            f"{_name_of(node)!r}; check the API server URL and any proxy "
+                            "in front of it")
         checked: dict[str, Any] = node
         return checked
 
@@ -275,6 +303,37 @@ class KubeSubnetManager:
             raise KubeError(f"node {self.node_name}: annotation {self.names.node_public_ip} "
                             f"is not an IP address: {err}") from None
 
+    async def _wait_for_own_node(self, lacks: Callable[[dict[str, Any]], str]
+                                 ) -> dict[str, Any]:
+        """Our Node, waited for without end while the API server cannot give it (down, the
+        Node not registered yet) and up to ``pod_cidr_wait`` while ``lacks(node)`` names what
+        it still lacks (then it is returned as it is: the caller's check says what is
+        wrong). Each cause is logged once and is the store's status (so /readyz names it)
+        while we wait. A refusal that waiting cannot cure (KubeError) is raised at once."""
+        await self.own_node_name()  # a missing name is not worth waiting for
+        deadline: float | None = None
+        retries = RetryLog(log, f"waiting for node {self.node_name}")
+        try:
+            while True:
+                try:
+                    node = await self.get_node(wait_if_missing=True)
+                except KubeUnavailable as err:
+                    cause = str(err)
+                else:
+                    cause = lacks(node)
+                    if not cause:
+                        retries.succeeded()
+                        return node
+                    if deadline is None:
+                        deadline = time.monotonic() + self.pod_cidr_wait
+                    elif time.monotonic() > deadline:
+                        return node
+                self.status.set(False, f"waiting for node {self.node_name}: {cause}")
+                retries.failed(cause, self.retry_interval)
+                await asyncio.sleep(self.retry_interval)
+        finally:
+            self.status.set(True)
+
     async def _patch_status(self, body: dict[str, Any]) -> None:
         """One strategic-merge patch of this node's status, failures classified (a node
         that is gone is ``NodeMissing``)."""
@@ -291,7 +350,7 @@ class KubeSubnetManager:
         daemon retries (``KubeUnavailable``: API server down, node not registered yet) or
         that stop the start (``KubeError``: what to fix)."""
         cfg = config
-        node = await self.get_node(wait_if_missing=True)
+        node = await self._wait_for_own_node(_lacks_pod_cidr)
         try:
             v4, v6 = pod_cidrs(self.node_name, node.get("spec") or {})
         except AnnotationError as err:
@@ -495,8 +554,10 @@ class KubeSubnetManager:
         self._synced.set()
 
     async def _watch(self) -> None:
-        """List, then watch from the listed version; resume after cuts, relist after 410."""
-        backoff = Backoff(0.1, 5.0)
+        """List, then watch from the listed version; resume after cuts, relist after 410.
+        Every reopening backs off, unless the watch before it lived ``watch_healthy``
+        seconds: a server that ends every watch at once is not asked again and again."""
+        backoff = Backoff(*WATCH_BACKOFF)
         need_list = True
         relisted = False  # relisted after a 410 with no event since
         while True:
@@ -505,7 +566,8 @@ class KubeSubnetManager:
                     await self._relist()
                     need_list = False
                 self.status.watching = True
-                async for kind, raw in self.client.watch_nodes(self.resource_version):
+                async for kind, raw in self._timed(
+                        self.client.watch_nodes(self.resource_version), backoff):
                     meta = raw.get("metadata")
                     version = meta.get("resourceVersion") if isinstance(meta, dict) else None
                     if isinstance(version, str) and version:
@@ -517,7 +579,6 @@ class KubeSubnetManager:
                         self._mark(name)
                     elif kind in ("ADDED", "MODIFIED"):
                         self._store(raw)
-                    backoff.reset()
                     relisted = False
             except ApiUnreachable as err:
                 self.status.watching = False
@@ -550,15 +611,34 @@ class KubeSubnetManager:
                             type(err).__name__, err, backoff.delay)
             await backoff.wait()
 
-    def _lease_of(self, node: dict[str, Any], config: NetworkConfig) -> Lease | None:
+    async def _timed(self, events: AsyncIterator[tuple[str, Any]],
+                     backoff: Backoff) -> AsyncIterator[tuple[str, Any]]:
+        """``events``; once they end (or fail) after ``watch_healthy`` seconds, the watch
+        was healthy and ``backoff`` starts over."""
+        opened = time.monotonic()
         try:
-            return node_lease(node, self.names, config.enable_ipv4, config.enable_ipv6)
+            async for event in events:
+                yield event
+        finally:
+            if time.monotonic() - opened >= self.watch_healthy:
+                backoff.reset()
+
+    def _lease_of(self, node: dict[str, Any], config: NetworkConfig) -> Lease | None:
+        name = str(node["metadata"].get("name"))
+        try:
+            lease = node_lease(node, self.names, config.enable_ipv4, config.enable_ipv6)
         except NotManaged:
             return None
         except AnnotationError as err:
-            name = str(node["metadata"].get("name"))
             self.undecodable.skip(name, str(err).removeprefix(f"node {name}: "))
             return None
+        if name != self.node_name and self.lease is not None and lease.same_subnet(self.lease):
+            # Our lease is our Node's only: another node's claim on it is neither ours
+            # (its removal would read as our lease revoked) nor a peer's.
+            self.undecodable.skip(name, f"it claims this node's subnet {self.lease.key} "
+                                        f"(node {self.node_name})")
+            return None
+        return lease
 
     async def watch_leases(self, config: NetworkConfig) -> AsyncGenerator[LeaseUpdate, None]:
         """The leases of the nodes annotated for ``config``'s families."""

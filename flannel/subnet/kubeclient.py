@@ -1,10 +1,11 @@
 """The few Kubernetes API calls flanneld makes, over kubehttp, as plain JSON documents.
 
 Owns: GET of a node and of a pod, the paginated LIST of nodes (``limit``/``continue``,
-relisted from the start when a continue token expires, pages halved when one is larger than
-its bound), the node WATCH (its own connection, ``timeoutSeconds`` plus a read deadline,
-given up after ``watch_idle`` seconds without data, one event line at most
-``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``, keep-alive
+relisted from the start when a continue token expires, pages halved a few times when one is
+larger than its bound, a listing that failed part-way resumed from its last continue token,
+the whole listing bounded in time), the node WATCH (its own connection, ``timeoutSeconds``
+plus a read deadline, given up after ``watch_idle`` seconds without data, one event line at
+most ``max_event_bytes``), the strategic-merge PATCH of ``nodes/<n>/status``, keep-alive
 reuse of idle connections, and every request bounded in time and size. Answers
 are decoded with ``boundedjson``. Failures are two exceptions: ``ApiStatusError`` (the
 server answered with an error ``Status``: its code and message, and the permission the
@@ -21,6 +22,7 @@ import logging
 import random
 import ssl
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -59,6 +61,13 @@ WATCH_GRACE = 30.0
 #: one only before timeoutSeconds costs one resumed watch per period on a quiet cluster.
 #: TCP keepalive finds a dead peer sooner; this finds a proxy alive without its upstream.
 WATCH_IDLE = 150.0
+#: A whole listing, every page and retry of one call: a server whose pages never end
+#: (each page is bounded by LIST_TIMEOUT and MAX_PAGE_BYTES) is given up then.
+LIST_DEADLINE = 600.0
+#: A page over MAX_PAGE_BYTES is asked again at half the size at most this many times
+#: (500 -> 62 nodes per page), and the smaller size kept: a body that never ends costs
+#: this many downloads of the bound plus one, not nine.
+MAX_PAGE_HALVINGS = 3
 MAX_IDLE_CONNECTIONS = 2
 MAX_LIST_RESTARTS = 5
 _MAX_ERROR_BYTES = 1024 * 1024
@@ -86,13 +95,24 @@ class ApiUnreachable(Exception):
         self.too_large = too_large
 
 
+@dataclass
+class _Listing:
+    """A node listing under way: what its pages kept so far, its resourceVersion, and the
+    continue token of the next page ("" before the first)."""
+
+    kept: list[Any]
+    version: str = ""
+    token: str = ""
+
+
 def _printable(text: str, limit: int = 300) -> str:
     return "".join(c if c.isprintable() else "?" for c in text[:limit])
 
 
 class KubeClient:
     def __init__(self, config: ClusterConfig, *, request_timeout: float = REQUEST_TIMEOUT,
-                 list_timeout: float = LIST_TIMEOUT, page_size: int = LIST_PAGE_SIZE,
+                 list_timeout: float = LIST_TIMEOUT, list_deadline: float = LIST_DEADLINE,
+                 page_size: int = LIST_PAGE_SIZE,
                  max_page_bytes: int = MAX_PAGE_BYTES,
                  max_event_bytes: int = MAX_OBJECT_BYTES,
                  watch_timeout: tuple[int, int] = WATCH_TIMEOUT_RANGE,
@@ -100,7 +120,11 @@ class KubeClient:
         self.config = config
         self.request_timeout = request_timeout
         self.list_timeout = list_timeout
+        self.list_deadline = list_deadline
         self.page_size = page_size
+        self._page_size = page_size  # halved for good after a page over its bound
+        self._smallest_page = max(1, page_size >> MAX_PAGE_HALVINGS)
+        self._listing: _Listing | None = None
         self.max_page_bytes = max_page_bytes
         self.max_event_bytes = max_event_bytes
         self.watch_timeout = watch_timeout
@@ -155,9 +179,11 @@ class KubeClient:
                        **await credentials.headers()}
             if content_type:
                 headers["Content-Type"] = content_type
-            reused = bool(self._idle)
+            conn = self._take_idle()
+            reused = conn is not None
             # The caller's timeout bounds this exchange: no watchdog timer of its own.
-            conn = self._idle.pop() if reused else await self._connect(deadline)
+            if conn is None:
+                conn = await self._connect(deadline)
             answered = False
             try:
                 await conn.send(method, self.config.path_prefix + target,
@@ -206,6 +232,15 @@ class KubeClient:
         except boundedjson.JSONLimitError as err:
             raise ApiUnreachable(f"{self.config.server}: {err}") from None
 
+    def _take_idle(self) -> Connection | None:
+        """An idle connection fit to carry a request; the unfit ones are closed."""
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.fit_for_reuse():
+                return conn
+            conn.close()
+        return None
+
     def _refused(self) -> None:
         """The server refused our credentials: fetch them afresh, and drop idle connections,
         whose TLS handshake carried the client certificate they had then (an exec plugin's
@@ -238,41 +273,57 @@ class KubeClient:
 
     async def list_nodes(self, keep: Callable[[Any], T | None]) -> tuple[list[T], str]:
         """Every node, page by page, each passed through ``keep`` (None drops it) so no raw
-        page outlives its decoding; and the list's resourceVersion."""
+        page outlives its decoding; and the list's resourceVersion.
+
+        A call that fails part-way keeps what its pages gave: the next call goes on from
+        the last page's continue token (from the start once that token expired), so a flaky
+        server does not cost the whole list at every retry. A call that outlives
+        ``list_deadline`` fails and the next one starts afresh. One listing at a time per
+        client (the node store's)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.list_deadline
+        listing = self._listing or _Listing([])
+        self._listing = listing
         restarts = 0
-        page_size = self.page_size
         while True:
-            kept: list[T] = []
-            token = ""
-            version = ""
+            left = deadline - loop.time()
+            if left <= 0:
+                raise self._list_overdue()
+            target = f"/api/v1/nodes?limit={self._page_size}"
+            if listing.token:
+                target += f"&continue={quote(listing.token, safe='')}"
             try:
-                while True:
-                    target = f"/api/v1/nodes?limit={page_size}"
-                    if token:
-                        target += f"&continue={quote(token, safe='')}"
-                    try:
-                        page = await self._json("GET", target, "list nodes",
-                                                timeout=self.list_timeout,
-                                                max_bytes=self.max_page_bytes)
-                    except ApiUnreachable as err:
-                        if not err.too_large or page_size == 1:
-                            raise
-                        page_size //= 2
-                        log.warning("a page of the node list is larger than %d bytes; "
-                                    "asking for %d nodes per page", self.max_page_bytes,
-                                    page_size)
-                        continue
-                    items, version, token = self._page(page)
-                    kept += [k for item in items if (k := keep(item)) is not None]
-                    del page, items
-                    if not token:
-                        return kept, version
+                page = await self._json("GET", target, "list nodes",
+                                        timeout=min(self.list_timeout, left),
+                                        max_bytes=self.max_page_bytes)
+            except ApiUnreachable as err:
+                if loop.time() >= deadline:
+                    raise self._list_overdue() from None
+                if not err.too_large or self._page_size <= self._smallest_page:
+                    raise
+                self._page_size //= 2
+                log.warning("a page of the node list is larger than %d bytes; asking for %d "
+                            "nodes per page", self.max_page_bytes, self._page_size)
+                continue
             except ApiStatusError as err:
-                if err.code != 410 or not token or restarts >= MAX_LIST_RESTARTS:
+                if err.code != 410 or not listing.token or restarts >= MAX_LIST_RESTARTS:
                     raise
                 restarts += 1
                 log.info("node list: the continue token expired (%s); listing again",
                          err.message)
+                listing = self._listing = _Listing([])
+                continue
+            items, listing.version, listing.token = self._page(page)
+            listing.kept += [k for item in items if (k := keep(item)) is not None]
+            del page, items
+            if not listing.token:
+                self._listing = None
+                return listing.kept, listing.version
+
+    def _list_overdue(self) -> ApiUnreachable:
+        self._listing = None  # a list that never ends must not grow across calls
+        return ApiUnreachable(f"{self.config.server}: the node list did not end within "
+                              f"{self.list_deadline:g}s")
 
     def _page(self, page: Any) -> tuple[list[Any], str, str]:
         meta = page.get("metadata") if isinstance(page, dict) else None

@@ -7,7 +7,9 @@ body into lines within a line bound (watch events). Every read ends by the conne
 ``deadline`` (a loop time) if one is set: one timer per deadline aborts the connection
 (a timer per read cost more than the parsing of a watch event); a stream may also be
 aborted after a time without data (``abort_when_idle``). Every connection has TCP
-keepalive on. Whatever the peer sends,
+keepalive on. Bytes are read through a protocol of our own whose buffer is bounded, so a
+connection with anything left after its response (an answer nobody asked for) is never
+reused (``reusable``, ``fit_for_reuse``). Whatever the peer sends,
 the only exceptions are ``ProtocolError``, ``OSError`` (``ConnectionError``,
 ``ssl.SSLError``) and ``TimeoutError``.
 Must not touch: the API's objects, credentials, the kernel.
@@ -51,12 +53,118 @@ class Head:
     version: str = "HTTP/1.1"
 
 
+class _Stream(asyncio.Protocol):
+    """The connection's bytes as the loop delivers them, in a buffer of our own: what is
+    left unread after a response is known. Reading pauses while more than ``limit`` bytes
+    wait, so a peer that sends unasked cannot grow the buffer."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.buffer = bytearray()
+        self.ended = False  # the peer closed its side, or the connection is gone
+        self.error: BaseException | None = None
+        self.transport: asyncio.Transport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._writable: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) > self.limit and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        self._wake()
+        return False  # close the transport: we never write after the peer's end
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        self.error = exc
+        self._wake()
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._writable = self._loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _more(self) -> None:
+        """Wait for data or the end; raise the connection's failure, if any."""
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        if self.error is not None:
+            raise self.error
+
+    async def readuntil(self, separator: bytes, limit: int) -> bytes:
+        """Up to and including ``separator``; ProtocolError past ``limit`` bytes, and
+        IncompleteReadError at the end of the connection."""
+        start = 0
+        while (found := self.buffer.find(separator, start)) < 0:
+            if len(self.buffer) > limit:
+                raise ProtocolError(f"a header or chunk-size line is longer than "
+                                    f"{limit} bytes")
+            if self.ended:
+                if self.error is not None:
+                    raise self.error
+                partial = bytes(self.buffer)
+                self.buffer.clear()
+                raise asyncio.IncompleteReadError(partial, None)
+            start = max(0, len(self.buffer) - len(separator) + 1)
+            await self._more()
+        end = found + len(separator)
+        if end > limit:
+            raise ProtocolError(f"a header or chunk-size line is longer than {limit} bytes")
+        line = bytes(self.buffer[:end])
+        del self.buffer[:end]
+        return line
+
+    async def read(self, most: int) -> bytes:
+        """At most ``most`` bytes, as soon as some are there; b"" at the end."""
+        while not self.buffer:
+            if self.ended:
+                if self.error is not None:
+                    raise self.error
+                return b""
+            await self._more()
+        data = bytes(self.buffer[:most])
+        del self.buffer[:most]
+        return data
+
+    async def drain(self) -> None:
+        if self._writable is not None:
+            await self._writable
+        if self.error is not None:
+            raise self.error
+
+
 class Connection:
     """One HTTP/1.1 connection; ``reusable`` once a response was read to its end."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, transport: asyncio.Transport, stream: _Stream) -> None:
+        self.transport = transport
+        self._stream = stream
         self._deadline: float | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self.expired = False
@@ -70,16 +178,37 @@ class Connection:
     @classmethod
     async def open(cls, host: str, port: int, context: ssl.SSLContext | None,
                    server_hostname: str | None, deadline: float) -> Connection:
+        loop = asyncio.get_running_loop()
         async with asyncio.timeout_at(deadline):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=context, server_hostname=server_hostname if context else None,
-                limit=MAX_HEAD_BYTES)
-        sock = writer.get_extra_info("socket")
+            transport, stream = await loop.create_connection(
+                lambda: _Stream(MAX_HEAD_BYTES), host, port, ssl=context,
+                server_hostname=server_hostname if context else None)
+        sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             for option, value in KEEPALIVE:
                 sock.setsockopt(socket.IPPROTO_TCP, option, value)
-        return cls(reader, writer)
+        assert isinstance(transport, asyncio.Transport)
+        return cls(transport, stream)
+
+    def fit_for_reuse(self) -> bool:
+        """Whether an idle connection may carry the next request: it was left reusable,
+        the server has not closed it, and sent nothing since (an answer nobody asked for
+        would be read as the next request's). Bytes still in the kernel's buffer, not yet
+        delivered to the stream, are seen with a non-blocking peek at the socket."""
+        stream = self._stream
+        if not self.reusable or stream.buffer or stream.ended or self.transport.is_closing():
+            return False
+        sock = self.transport.get_extra_info("socket")
+        if sock is None:
+            return True
+        with sock.dup() as peek:
+            try:
+                return not peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
 
     @property
     def deadline(self) -> float | None:
@@ -109,12 +238,12 @@ class Connection:
 
     def _expire(self) -> None:
         self.expired = True
-        self.writer.transport.abort()
+        self.transport.abort()
 
     async def _bounded(self, read: Awaitable[T]) -> T:
         try:
             result = await read
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (OSError, asyncio.IncompleteReadError):
             if self.expired:
                 raise TimeoutError("the deadline passed") from None
             raise
@@ -128,7 +257,7 @@ class Connection:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
-        self.writer.close()
+        self.transport.close()
 
     async def send(self, method: str, target: str, host: str, headers: dict[str, str],
                    body: bytes = b"") -> None:
@@ -140,15 +269,14 @@ class Connection:
         for line in lines:
             if "\r" in line or "\n" in line:
                 raise ProtocolError("a request header holds a line break")
-        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-        await self._bounded(self.writer.drain())
+        if self._stream.ended:  # the server closed an idle connection
+            raise ConnectionResetError("the server closed the connection")
+        self.transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        await self._bounded(self._stream.drain())
 
     async def _line(self) -> bytes:
         try:
-            return await self._bounded(self.reader.readuntil(b"\n"))
-        except asyncio.LimitOverrunError:
-            raise ProtocolError(f"a header or chunk-size line is longer than "
-                                f"{MAX_HEAD_BYTES} bytes") from None
+            return await self._bounded(self._stream.readuntil(b"\n", MAX_HEAD_BYTES))
         except asyncio.IncompleteReadError as err:
             raise ConnectionResetError("the server closed the connection mid-response"
                                        if err.partial else
@@ -210,8 +338,8 @@ class Connection:
 
     def _unread(self) -> bool:
         """Bytes the server sent past the end of the response: the next answer on this
-        connection would not be ours. (StreamReader keeps its buffer private.)"""
-        return bool(getattr(self.reader, "_buffer", b""))
+        connection would not be ours."""
+        return bool(self._stream.buffer)
 
     async def pieces(self, head: Head, max_bytes: int, *,
                      whole: bool = True) -> AsyncIterator[bytes]:
@@ -227,7 +355,7 @@ class Connection:
                                    f"the limit of {max_bytes} bytes")
             left = length
             while left is None or left > 0:
-                data = await self._bounded(self.reader.read(
+                data = await self._bounded(self._stream.read(
                     _READ if left is None else min(left, _READ)))
                 if not data:
                     if left is None:
@@ -254,7 +382,7 @@ class Connection:
                                    f"{max_bytes} bytes")
             left = size
             while left:
-                data = await self._bounded(self.reader.read(min(left, _READ)))
+                data = await self._bounded(self._stream.read(min(left, _READ)))
                 if not data:
                     raise ConnectionResetError("the server closed the connection mid-body")
                 left -= len(data)

@@ -30,7 +30,7 @@ async def exchange(raw: bytes) -> tuple[Connection, bytes]:
             head = await conn.read_head()
             return conn, await conn.read_body(head, 1024)
     finally:
-        conn.writer.close()
+        conn.transport.close()
         server.close()
 
 
