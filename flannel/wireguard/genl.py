@@ -28,7 +28,7 @@ import socket
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from ipaddress import ip_address
+from ipaddress import IPv6Address, ip_address
 from typing import Protocol
 
 from flannel.kernel import rtnl
@@ -247,22 +247,35 @@ def _endpoint(raw: bytes) -> str | None:
     if family == socket.AF_INET and len(raw) >= _SOCKADDR_IN_LEN:
         return f"{socket.inet_ntoa(raw[4:8])}:{port}"
     if family == socket.AF_INET6 and len(raw) >= _SOCKADDR_IN6_LEN:
-        return f"[{ip_address(raw[8:24])}]:{port}"
+        return f"[{IPv6Address(raw[8:24])}]:{port}"
     raise ControlError("the kernel answered an unreadable endpoint")
+
+
+_ADDR_BYTES = {socket.AF_INET: 4, socket.AF_INET6: 16}
+
+
+def _network_text(raw: bytes, cidr: int) -> str:
+    """``raw/cidr`` as ``uapi.Peer.normalised`` writes it (host bits cleared), without an
+    ``ipaddress`` object for IPv4: a dump holds one or two per peer, thousands of peers."""
+    width = len(raw) * 8
+    if cidr > width:
+        raise ControlError("the kernel answered an unreadable allowed IP")
+    value = int.from_bytes(raw, "big") & ~((1 << (width - cidr)) - 1)
+    if width == 32:
+        return f"{socket.inet_ntoa(value.to_bytes(4, 'big'))}/{cidr}"
+    return f"{IPv6Address(value)}/{cidr}"
 
 
 def _allowed_ips(payload: bytes) -> Iterator[str]:
     for _index, nest in iter_attrs(payload):
         attrs = dict(iter_attrs(nest))
         family = _U16.unpack(_fixed(attrs.get(WGALLOWEDIP_A_FAMILY, b""), "allowed IP", 2))[0]
-        size = {socket.AF_INET: 4, socket.AF_INET6: 16}.get(family)
+        size = _ADDR_BYTES.get(family)
         if size is None:
             raise ControlError("the kernel answered an allowed IP of an unknown family")
-        addr = ip_address(_fixed(attrs.get(WGALLOWEDIP_A_IPADDR, b""), "allowed IP", size))
-        cidr = _fixed(attrs.get(WGALLOWEDIP_A_CIDR_MASK, b""), "allowed IP", 1)[0]
-        if cidr > addr.max_prefixlen:
-            raise ControlError("the kernel answered an unreadable allowed IP")
-        yield f"{addr}/{cidr}"
+        raw = _fixed(attrs.get(WGALLOWEDIP_A_IPADDR, b""), "allowed IP", size)
+        yield _network_text(raw, _fixed(attrs.get(WGALLOWEDIP_A_CIDR_MASK, b""),
+                                        "allowed IP", 1)[0])
 
 
 @dataclass
@@ -318,14 +331,11 @@ def decode_get_device(bodies: list[bytes]) -> DeviceState:
             elif kind == WGDEVICE_A_PEERS:
                 for _index, nest in iter_attrs(raw):
                     _read_peer(nest, peers)
-    states: dict[str, PeerState] = {}
-    for key, f in peers.items():
-        try:
-            peer = Peer(key, f.endpoint, frozenset(f.allowed), f.psk, f.keepalive).normalised()
-        except ValueError:
-            raise ControlError("the kernel answered an unreadable allowed IP") from None
-        sec, nsec = f.handshake
-        states[key] = PeerState(peer, sec + nsec / 1e9 if sec else None, f.rx, f.tx)
+    # Endpoints and allowed IPs are already in the canonical text ``Peer.normalised`` gives.
+    states = {key: PeerState(Peer(key, f.endpoint, frozenset(f.allowed), f.psk, f.keepalive),
+                             f.handshake[0] + f.handshake[1] / 1e9 if f.handshake[0] else None,
+                             f.rx, f.tx)
+              for key, f in peers.items()}
     return DeviceState(private, port, states)
 
 
@@ -479,10 +489,10 @@ class GenlControl(Control):
             return ControlError(f"{self.ifname} is not a WireGuard device; remove it (`ip link "
                                 f"del {self.ifname}`) so flannel can create its own")
         if code == errno.EPERM:
-            return ControlError(f"the kernel refused to configure {self.ifname} (EPERM): "
-                                "flanneld needs CAP_NET_ADMIN in this network namespace; run "
-                                "it as root or grant it NET_ADMIN (the DaemonSet's "
-                                "securityContext)")
+            return ControlError(f"the kernel refused flanneld access to {self.ifname} "
+                                "(EPERM): reading or configuring WireGuard needs CAP_NET_ADMIN "
+                                "in this network namespace; run flanneld as root or grant it "
+                                "NET_ADMIN (the DaemonSet's securityContext)")
         if code == errno.EADDRINUSE and update is not None and update.listen_port:
             return ControlError(f"{self.ifname} cannot listen on UDP port "
                                 f"{update.listen_port}: another socket holds it; stop that "

@@ -426,9 +426,9 @@ def test_permission_and_port_refusals_name_the_fix_and_no_key():
     with pytest.raises(ControlError) as err:
         control.set(update)
     assert str(err.value) == (
-        "the kernel refused to configure flannel-wg (EPERM): flanneld needs CAP_NET_ADMIN in "
-        "this network namespace; run it as root or grant it NET_ADMIN (the DaemonSet's "
-        "securityContext)")
+        "the kernel refused flanneld access to flannel-wg (EPERM): reading or configuring "
+        "WireGuard needs CAP_NET_ADMIN in this network namespace; run flanneld as root or "
+        "grant it NET_ADMIN (the DaemonSet's securityContext)")
     with pytest.raises(ControlError) as err:
         control.set(update)
     assert str(err.value) == (
