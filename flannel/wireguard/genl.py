@@ -163,14 +163,15 @@ def _peer_parts(peer: PeerUpdate, room: int) -> list[bytes]:
     more = key + rtnl.attr(WGPEER_A_FLAGS, _U32.pack(WGPEER_F_UPDATE_ONLY))
     parts: list[bytes] = []
     ips: list[bytes] = []
-    fixed = _ATTR.size * 2 + len(head)  # the peer's nest and its ALLOWEDIPS nest
+    size = _ATTR.size * 2 + len(head)  # the peer's nest, its ALLOWEDIPS nest, the IPs so far
     for net in sorted(peer.allowed_ips or ()):
         entry = _allowed_ip(net)
-        if ips and fixed + sum(map(len, ips)) + len(entry) > room:
+        if ips and size + len(entry) > room:
             parts.append(_nest(0, head + _nest(WGPEER_A_ALLOWEDIPS, b"".join(ips))))
             head, ips = more, []
-            fixed = _ATTR.size * 2 + len(head)
+            size = _ATTR.size * 2 + len(head)
         ips.append(entry)
+        size += len(entry)
     parts.append(_nest(0, head + (_nest(WGPEER_A_ALLOWEDIPS, b"".join(ips)) if ips else b"")))
     return parts
 
