@@ -48,7 +48,6 @@ from flannel.wireguard.uapi import (
 )
 
 NETLINK_GENERIC = 16
-NLM_F_MULTI = 0x2
 NLM_F_DUMP_INTR = 0x10  # the object changed while it was dumped: read it again
 NLA_F_NESTED = 0x8000
 
@@ -448,7 +447,8 @@ LOAD_MODULE = "load the wireguard module (`modprobe wireguard`)"
 
 class GenlControl(Control):
     """A kernel WireGuard device, read and configured over generic netlink (a socket per
-    call, entered into ``host``'s namespace; the family id is resolved once)."""
+    call, entered into ``host``'s namespace; the family id is resolved once). ``connect``
+    opens that socket (tests give one whose other end is a double of the kernel)."""
 
     def __init__(self, ifname: str, host: Host = LOCAL,
                  connect: Callable[[], GenlSocket] | None = None) -> None:
@@ -467,7 +467,7 @@ class GenlControl(Control):
             if self._family is None:
                 try:
                     self._family = resolve_family(sock, WG_GENL_NAME)
-                except NetlinkError as err:
+                except OSError as err:
                     raise self._error(err, None) from None
                 if self._family is None:
                     raise ControlError(f"{NO_FAMILY}; {LOAD_MODULE}")
@@ -476,8 +476,11 @@ class GenlControl(Control):
             raise
         return sock, self._family
 
-    def _error(self, err: NetlinkError, update: DeviceUpdate | None) -> ControlError:
-        """The kernel's refusal as the error the backend shows: what is wrong and the fix."""
+    def _error(self, err: OSError, update: DeviceUpdate | None) -> ControlError:
+        """The kernel's refusal (or the socket's failure) as the error the backend shows:
+        what is wrong and the fix."""
+        if not isinstance(err, NetlinkError):
+            return ControlError(f"{self.ifname}: generic netlink socket: {err.strerror or err}")
         code = err.errno
         if code == errno.ENODEV:
             return ControlUnavailable(f"{self.ifname} does not exist in {self.host}")
@@ -508,7 +511,7 @@ class GenlControl(Control):
                 try:
                     bodies, interrupted = sock.dump(encode_get_device(family, self.ifname, seq),
                                                     seq, f"get {self.ifname}")
-                except NetlinkError as err:
+                except OSError as err:
                     raise self._error(err, None) from None
                 if not interrupted:
                     return decode_get_device(bodies)
@@ -524,5 +527,5 @@ class GenlControl(Control):
             for seq, message in enumerate(messages, first):
                 try:
                     sock.request(message, seq, f"set {self.ifname}")
-                except NetlinkError as err:
+                except OSError as err:
                     raise self._error(err, update) from None

@@ -474,3 +474,16 @@ def test_the_peer_reconciler_reports_the_refusal_and_recreates_a_vanished_device
     kernel.answers += [dump(device_fields()), refuse(errno.EPERM)]
     status = peers.reconcile(desired)
     assert not status.in_sync and "needs CAP_NET_ADMIN" in status.last_error
+
+
+def test_a_failing_socket_is_a_control_error_not_a_crash():
+    control = resolved(kernel := KernelDouble())
+
+    def overrun(_size: int) -> bytes:
+        raise OSError(errno.ENOBUFS, "No buffer space available")
+
+    kernel.answers.append(lambda seq: [])
+    kernel.recv = overrun  # type: ignore[method-assign]
+    with pytest.raises(ControlError) as err:
+        control.get()
+    assert str(err.value) == "flannel-wg: generic netlink socket: No buffer space available"
