@@ -92,7 +92,7 @@ def frame(msg_type: int, flags: int, seq: int, payload: bytes) -> bytes:
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(payload), msg_type, flags, seq, 0) + payload
 
 
-def _ack_detail(flags: int, body: bytes) -> str:
+def ack_detail(flags: int, body: bytes) -> str:
     """The extended ACK's message text of an error message, "" when there is none."""
     if not flags & NLM_F_ACK_TLVS or len(body) < 4 + _NLMSGHDR.size:
         return ""
@@ -355,11 +355,12 @@ def decode_address(body: bytes) -> Address | None:
     return Address(index, f"{ip_address(raw)}/{prefixlen}")
 
 
-def open_socket(host: Host = LOCAL, groups: int = 0, rcvbuf: int = 8 << 20
-                ) -> socket.socket:
-    """A NETLINK_ROUTE socket bound to ``host``'s namespace, subscribed to ``groups``."""
+def open_socket(host: Host = LOCAL, groups: int = 0, rcvbuf: int = 8 << 20,
+                protocol: int = NETLINK_ROUTE) -> socket.socket:
+    """A netlink socket (NETLINK_ROUTE unless ``protocol`` says otherwise) bound to
+    ``host``'s namespace, subscribed to ``groups``."""
     with host.entered():
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, protocol)
     try:
         for option in (NETLINK_CAP_ACK, NETLINK_EXT_ACK, NETLINK_GET_STRICT_CHK):
             with contextlib.suppress(OSError):
@@ -430,7 +431,7 @@ class Rtnl:
                     continue
                 code = -_NLMSGERR.unpack_from(body)[0]
                 if code and code not in ignore:
-                    raise NetlinkError(code, what, _ack_detail(flags, body))
+                    raise NetlinkError(code, what, ack_detail(flags, body))
                 return replies
 
     def replace_route(self, route: Route, *, protocol: int = RTPROT_FLANNEL,

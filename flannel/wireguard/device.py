@@ -1,5 +1,5 @@
-"""A WireGuard device: kernel when the kernel has WireGuard, else wireguard-go, kept across
-flanneld restarts.
+"""A WireGuard device: kernel when the kernel has WireGuard (its generic netlink family
+answers), else wireguard-go, kept across flanneld restarts.
 
 Owns: the link named ``spec.name`` (created, or adopted as it is), its private key and listen
 port, MTU, up state, the lease address(es) on it and the route(s) to the cluster network
@@ -11,7 +11,8 @@ Nothing is deleted at shutdown: keys, peers and sessions survive a restart.
 
 API: ``DeviceSpec``; ``WireguardDevice(spec)``: ``.ensure()`` (idempotent: call at start
 and whenever the control channel stops answering), ``.kind`` ("kernel" | "userspace"),
-``.control`` (a ``uapi.Control``), ``.index``, ``.pid`` (wireguard-go, when known),
+``.control`` (a ``uapi.Control``: generic netlink for a kernel device, the UAPI socket for
+wireguard-go; no tool is run), ``.index``, ``.pid`` (wireguard-go, when known),
 ``.public_key``. Synchronous (rtnetlink through ``kernel/links.py``, sockets): call from a
 worker thread.
 Must not touch: other links, peers (``peers.WireguardPeers``), routes other than its own.
@@ -37,13 +38,13 @@ from flannel.kernel.device import ensure_address
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import NetlinkError, Rtnl
 from flannel.wireguard import nsexec
+from flannel.wireguard.genl import LOAD_MODULE, NO_FAMILY, GenlControl, wireguard_family
 from flannel.wireguard.keys import Secret, public_key
 from flannel.wireguard.uapi import (
     Control,
     ControlError,
     DeviceUpdate,
     UapiControl,
-    WgToolControl,
     is_stale_socket,
 )
 
@@ -117,11 +118,25 @@ class WireguardDevice:
                                   f"{os.strerror(err.errno or errno.EIO)}") from None
         return True
 
+    def _create_kernel(self) -> str | None:
+        """Create the device with kernel WireGuard: None when done, else why it cannot be.
+        The generic netlink family is asked first: it is how the device is configured."""
+        try:
+            family = wireguard_family(self.spec.host)
+        except (OSError, ControlError) as err:
+            raise DeviceError(f"cannot ask the kernel for WireGuard in {self.spec.host}: "
+                              f"{err}") from None
+        if family is None:
+            return NO_FAMILY
+        if not self._try_kernel():
+            return "the kernel refused to create a wireguard link"
+        return None
+
     def _use_kernel(self) -> None:
         self.kind = "kernel"
         self.pid = None
-        prefix = self.spec.host.command([])
-        self.control = WgToolControl(self.name, prefix)
+        if not isinstance(self.control, GenlControl):  # keeps the resolved family id
+            self.control = GenlControl(self.name, self.spec.host)
 
     def _use_userspace(self) -> None:
         self.kind = "userspace"
@@ -155,11 +170,11 @@ class WireguardDevice:
                     log.info("%s: adopting the running wireguard-go (pid %s, socket %s)",
                              self.name, pid, self.spec.socket_path)
                 self.pid = pid
-        elif self.spec.implementation != "userspace" and self._try_kernel():
+        elif self.spec.implementation != "userspace" and (why := self._create_kernel()) is None:
             log.info("%s: using kernel WireGuard", self.name)
             self._use_kernel()
         elif self.spec.implementation == "kernel":
-            raise DeviceError(f"cannot create {self.name}: this kernel has no WireGuard")
+            raise DeviceError(f"cannot create {self.name}: {why}; {LOAD_MODULE}")
         else:
             self._use_userspace()
             if self._uapi.answers():
@@ -169,7 +184,7 @@ class WireguardDevice:
                     "serves another namespace) or give this node its own /run/wireguard")
             log.info("%s: %s; using wireguard-go (userspace)", self.name,
                      "userspace requested" if self.spec.implementation == "userspace"
-                     else "the kernel has no WireGuard")
+                     else why)
             self._start_userspace()
         self._configure()
 

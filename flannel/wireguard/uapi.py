@@ -1,10 +1,10 @@
 """WireGuard's cross-platform configuration protocol (UAPI): encoding, decoding, transport.
 
 Owns: the text protocol of wireguard.com/xplatform (``get=1`` returns ``key=value`` lines
-ending with ``errno=N`` and an empty line; ``set=1`` takes the same keys; keys in hex), and
-two transports that speak it in effect: ``UapiControl`` (the unix socket of a userspace
-implementation, ``<run dir>/wireguard/<ifname>.sock``) and ``WgToolControl`` (the ``wg``
-tool, for kernel devices, keys passed through pipes, never on a command line).
+ending with ``errno=N`` and an empty line; ``set=1`` takes the same keys; keys in hex), its
+transport ``UapiControl`` (the unix socket of a userspace implementation,
+``<run dir>/wireguard/<ifname>.sock``), and the records and ``Control`` interface that the
+kernel's transport (``genl.GenlControl``, generic netlink) shares.
 
 API: ``Peer`` (desired or actual peer config), ``DeviceState`` (``get``'s answer),
 ``DeviceUpdate`` / ``PeerUpdate`` (what ``set`` changes), ``encode_set(update)``,
@@ -16,13 +16,10 @@ Must not touch: anything but the one device's control channel. Never logs a key.
 from __future__ import annotations
 
 import base64
-import contextlib
 import errno
 import os
 import socket
 import stat
-import subprocess
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from ipaddress import ip_address, ip_network
 from pathlib import Path
@@ -304,96 +301,6 @@ class UapiControl(Control):
         _body, code = _split_errno(self._exchange(encode_set(update)))
         if code:
             raise ControlError(f"set on {self.socket_path} failed: {os.strerror(code)}")
-
-
-class WgToolControl(Control):
-    """A device driven by the ``wg`` tool (kernel WireGuard); ``prefix`` wraps the command
-    (e.g. to enter a namespace). Keys go through pipes as ``/dev/fd/N``."""
-
-    def __init__(self, ifname: str, prefix: Sequence[str] = (), timeout: float = 10.0) -> None:
-        self.ifname = ifname
-        self.prefix = list(prefix)
-        self.timeout = timeout
-
-    def _run(self, args: Sequence[str | Secret]) -> str:
-        """Run ``wg`` with ``args``; each Secret is handed over as ``/dev/fd/N`` of a pipe."""
-        readers: list[int] = []
-        argv = [*self.prefix, "wg"]
-        try:
-            for arg in args:
-                if isinstance(arg, Secret):
-                    r, w = os.pipe()
-                    readers.append(r)
-                    os.write(w, arg.base64().encode())  # 44 bytes: far below a pipe buffer
-                    os.close(w)
-                    argv.append(f"/dev/fd/{r}")
-                else:
-                    argv.append(arg)
-            result = subprocess.run(argv, capture_output=True, text=True, check=False,
-                                    timeout=self.timeout, pass_fds=readers)
-        except subprocess.TimeoutExpired:
-            raise ControlError(f"wg did not finish within {self.timeout:g}s") from None
-        except FileNotFoundError:
-            raise ControlError("the `wg` tool is missing; install wireguard-tools") from None
-        finally:
-            for fd in readers:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        if result.returncode != 0:
-            message = result.stderr.strip()[:300]
-            if "No such device" in message or "Unable to access interface" in message:
-                raise ControlUnavailable(f"wg: {message}")
-            raise ControlError(f"wg: {message}")
-        return result.stdout
-
-    def get(self) -> DeviceState:
-        lines = self._run(["show", self.ifname, "dump"]).splitlines()
-        if not lines:
-            raise ControlError("wg show dump answered nothing")
-        head = lines[0].split("\t")
-        text = [f"private_key={_b64_hex(head[0])}", f"listen_port={head[2]}"]
-        for line in lines[1:]:
-            cols = line.split("\t")
-            if len(cols) < 8:
-                raise ControlError("wg show dump answered an unreadable line")
-            text += [f"public_key={_b64_hex(cols[0])}", f"preshared_key={_b64_hex(cols[1])}",
-                     f"last_handshake_time_sec={cols[4]}", f"rx_bytes={cols[5]}",
-                     f"tx_bytes={cols[6]}",
-                     f"persistent_keepalive_interval={0 if cols[7] == 'off' else cols[7]}"]
-            if cols[2] != "(none)":
-                text.append(f"endpoint={cols[2]}")
-            text += [f"allowed_ip={n}" for n in cols[3].split(",") if n and n != "(none)"]
-        return decode_get("\n".join(text))
-
-    def set(self, update: DeviceUpdate) -> None:
-        args: list[str | Secret] = ["set", self.ifname]
-        if update.private_key is not None:
-            args += ["private-key", update.private_key]
-        if update.listen_port is not None:
-            args += ["listen-port", str(update.listen_port)]
-        for peer in update.peers:
-            args += ["peer", peer.public_key]
-            if peer.remove:
-                args.append("remove")
-                continue
-            if peer.set_psk or peer.psk is not None:
-                args += ["preshared-key", peer.psk or "/dev/null"]
-            if peer.endpoint is not None:
-                args += ["endpoint", peer.endpoint]
-            if peer.keepalive is not None:
-                args += ["persistent-keepalive", str(peer.keepalive)]
-            if peer.allowed_ips is not None:
-                args += ["allowed-ips", ",".join(sorted(peer.allowed_ips))]
-        self._run(args)
-
-
-def _b64_hex(text: str) -> str:
-    if text == "(none)":
-        return _ZERO_KEY
-    try:
-        return _key_hex(text)
-    except ValueError:
-        raise ControlError("wg answered a malformed key") from None
 
 
 def is_stale_socket(path: Path) -> bool:

@@ -1,7 +1,8 @@
 """The WireGuard engine on real wireguard-go in two namespaces joined by a veth.
 
 This kernel has no WireGuard module, so every device here is wireguard-go (userspace), each
-node with a private /run (its UAPI socket directory) via ``flannel.wireguard.nsexec``.
+node with a private /run (its UAPI socket directory) via ``flannel.wireguard.nsexec``; the
+kernel path (generic netlink) is shown finding no "wireguard" family here and falling back.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import threading
@@ -20,18 +22,19 @@ from pathlib import Path
 
 import pytest
 
+from flannel.kernel import rtnl
 from flannel.kernel.host import Host
 from flannel.lease import Lease, LeaseAttrs
 from flannel.wireguard import nsexec
 from flannel.wireguard.config import WireguardConfig, encode_lease_data
 from flannel.wireguard.device import DeviceError, DeviceSpec, WireguardDevice
+from flannel.wireguard.genl import GenlControl, GenlSocket, resolve_family
 from flannel.wireguard.keys import Secret, generate_private_key, public_key
-from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, diff_peers
+from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
 from flannel.wireguard.uapi import (
+    ControlError,
     DeviceUpdate,
-    PeerUpdate,
     UapiControl,
-    WgToolControl,
     is_stale_socket,
 )
 from tests.support import netns
@@ -245,17 +248,50 @@ def test_a_psk_mismatch_shows_in_the_status(pair):
     assert PSK_A not in repr(status) and PSK_A not in status.summary()
 
 
-def test_the_wg_tool_control_reads_and_writes_like_the_socket(pair):
-    """The kernel path's transport (``wg`` with keys through pipes), run against
-    wireguard-go, since both answer the same tool."""
+NO_FAMILY = ('this kernel has no WireGuard (generic netlink has no "wireguard" family); '
+             'load the wireguard module (`modprobe wireguard`)')
+
+
+def test_this_kernels_generic_netlink_is_read_and_has_no_wireguard(pair):
+    a, _b = pair
+    with GenlSocket(rtnl.open_socket(Host(a.ns), protocol=16)) as sock:
+        assert resolve_family(sock, "nlctrl") == 0x10  # the lookup itself works here
+        assert resolve_family(sock, "wireguard") is None
+        # nlctrl's own dump of every family: several messages, then NLMSG_DONE.
+        seq = sock.next_seq()
+        bodies, interrupted = sock.dump(rtnl.frame(
+            0x10, rtnl.NLM_F_REQUEST | rtnl.NLM_F_DUMP, seq, struct.pack("=BBH", 3, 1, 0)),
+            seq, "dump families")
+    names = {rtnl.parse_attrs(body, 4)[2].rstrip(b"\0").decode() for body in bodies}
+    assert {"nlctrl", "netdev"} <= names and "wireguard" not in names and not interrupted
+
+
+def test_the_kernel_path_runs_no_wg_and_falls_back_to_wireguard_go(pair, tmp_path,
+                                                                    monkeypatch, caplog):
+    """A ``wg`` first in PATH that records being run: neither the kernel path nor the
+    fallback runs it."""
     a, b = pair
-    dev_a, _peers, want_a = engine(a, b, WireguardConfig.parse({
-        "PSK": PSK_A, "PersistentKeepaliveInterval": 25}))
-    tool = WgToolControl("flannel-wg", nsexec.command([], Host(), a.run_dir))
-    tool.set(DeviceUpdate(peers=diff_peers(want_a, {})))
-    assert tool.get() == dev_a.control.get()
-    assert dev_a.control.get().peers[public_key(b.key)].peer == want_a[0]
-    assert want_a[0].psk is not None and want_a[0].keepalive == 25
+    caplog.set_level("INFO")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ran = tmp_path / "wg-ran"
+    fake = bin_dir / "wg"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> {ran}\nexit 1\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(DeviceError) as err:
+        WireguardDevice(replace(a.spec(), implementation="kernel")).ensure()
+    assert str(err.value) == f"cannot create flannel-wg: {NO_FAMILY}"
+    control = GenlControl("flannel-wg", Host(a.ns))
+    for call in (control.get, lambda: control.set(DeviceUpdate(listen_port=51820))):
+        with pytest.raises(ControlError) as err:
+            call()
+        assert str(err.value) == NO_FAMILY
+    dev_a, peers_a, want_a = engine(a, b)
+    assert dev_a.kind == "userspace" and peers_a.reconcile(want_a).in_sync
+    assert ('flannel-wg: this kernel has no WireGuard (generic netlink has no "wireguard" '
+            "family); using wireguard-go (userspace)") in caplog.text
+    assert not ran.exists()
 
 
 def test_the_choice_is_logged_and_keys_never_are(pair, caplog):
@@ -264,8 +300,8 @@ def test_the_choice_is_logged_and_keys_never_are(pair, caplog):
     cfg = WireguardConfig.parse({"PSK": PSK_A})
     dev_a, peers_a, want_a = engine(a, b, cfg)
     peers_a.reconcile(want_a)
-    assert "flannel-wg: the kernel has no WireGuard; using wireguard-go (userspace)" in (
-        caplog.text)
+    assert ('flannel-wg: this kernel has no WireGuard (generic netlink has no "wireguard" '
+            "family); using wireguard-go (userspace)") in caplog.text
     assert f"flannel-wg: wireguard-go started (pid {dev_a.pid}" in caplog.text
     assert f"add peer {public_key(b.key)} (endpoint, preshared key, keepalive, allowed IPs)" in (
         caplog.text)
@@ -280,24 +316,12 @@ def test_kernel_only_and_foreign_devices_are_refused_with_a_message(pair):
     spec = a.spec()
     with pytest.raises(DeviceError) as err:
         WireguardDevice(replace(spec, implementation="kernel")).ensure()
-    assert str(err.value) == "cannot create flannel-wg: this kernel has no WireGuard"
+    assert str(err.value) == f"cannot create flannel-wg: {NO_FAMILY}"
     netns.ip("link", "add", "flannel-wg", "type", "bridge", netns=a.ns)
     with pytest.raises(DeviceError) as err:
         WireguardDevice(spec).ensure()
     assert str(err.value) == ("a bridge device named flannel-wg exists; remove it (`ip link "
                               "del flannel-wg`) so flannel can create its WireGuard device")
-
-
-def test_the_wg_tool_control_clears_a_psk_and_removes_a_peer(pair):
-    a, b = pair
-    dev_a, _peers, want_a = engine(a, b, WireguardConfig.parse({"PSK": PSK_A}))
-    tool = WgToolControl("flannel-wg", nsexec.command([], Host(), a.run_dir))
-    key_b = public_key(b.key)
-    tool.set(DeviceUpdate(peers=diff_peers(want_a, {})))
-    tool.set(DeviceUpdate(peers=(PeerUpdate(key_b, update_only=True, set_psk=True),)))
-    assert dev_a.control.get().peers[key_b].peer.psk is None
-    tool.set(DeviceUpdate(peers=(PeerUpdate(key_b, remove=True),)))
-    assert dev_a.control.get().peers == {}
 
 
 def test_a_socket_serving_another_namespace_is_not_taken_over(pair):
