@@ -45,15 +45,20 @@ API = "http://192.168.111.1:6443"
 
 
 def kernel_state(lab: Lab, index: int) -> dict[str, list[str]]:
-    """flannel's device, routes, neighbours and FDB entries on a node, as text."""
+    """flannel's device (index, MAC, MTU, state), its addresses, the routes of protocol 151,
+    the permanent neighbours (every one on the device is flanneld's, whatever its protocol)
+    and the permanent FDB entries on a node, as text."""
     ns = lab.node_ns(index)
     link = json.loads(ip(ns, "-j", "-d", "link", "show", "flannel.1").stdout)[0]
+    addresses = json.loads(ip(ns, "-j", "addr", "show", "dev", "flannel.1").stdout)[0]
+    neighbours = json.loads(ip(ns, "-j", "neigh", "show", "dev", "flannel.1", "nud",
+                               "permanent").stdout)
     fdb = in_ns(ns, "bridge", "fdb", "show", "dev", "flannel.1").stdout
     return {
-        "device": [link["address"], str(link["mtu"]), link["operstate"]],
-        "addresses": sorted(ip(ns, "-4", "addr", "show", "dev", "flannel.1").stdout.split()),
+        "device": [str(link["ifindex"]), link["address"], str(link["mtu"]), link["operstate"]],
+        "addresses": sorted(f"{a['local']}/{a['prefixlen']}" for a in addresses["addr_info"]),
         "routes": sorted(ip(ns, "route", "show", "proto", "151").stdout.splitlines()),
-        "neighbours": sorted(ip(ns, "neigh", "show", "proto", "151").stdout.splitlines()),
+        "neighbours": sorted(f"{n['dst']} {n['lladdr']}" for n in neighbours),
         "fdb": sorted(line for line in fdb.splitlines() if "self permanent" in line),
     }
 
@@ -88,7 +93,7 @@ class Rollout:
         self.doctor_args = [*store_flags, f"--cni-bin-dir={lab.cni_bin}",
                             "--cni-bin-dir=/usr/lib/cni", f"--cni-conf-dir={cni_conf}"]
         self.handover_seconds: dict[int, float] = {}
-        self.findings: set[str] = set()  # what doctor said on both sides of a handover
+        self.findings: set[str] | None = None  # what doctor said on both sides of a handover
 
     def doctor(self, index: int) -> list[dict]:
         node = self.lab.node(index)
@@ -120,20 +125,22 @@ class Rollout:
         assert "reconciled:" not in log, log  # found in sync: nothing was changed
         assert "created flannel.1" not in log, log
         assert self.doctor(index) == diagnosis  # nothing new
-        self.findings.update(f"{f['severity']} {f['check']}" for f in diagnosis)
+        self.findings = (self.findings or set()) | {f"{f['severity']} {f['check']}"
+                                                    for f in diagnosis}
         for other in others:
             assert ready(lab, other)
 
-    def run(self) -> list[Flow]:
+    def run(self, handover: Callable[[int], None] | None = None) -> list[Flow]:
         with UdpMesh(self.endpoints) as mesh:
             wait_until(mesh.received_from_all, 10, what="the streams to reach every pod")
             started = time.monotonic()
             for index in NODES:
-                self.roll(index)
+                (handover or self.roll)(index)
             rollout = time.monotonic() - started
             flows = mesh.stop()
         report(flows, rollout, self.handover_seconds)
-        print(f"  doctor before and after each handover: {sorted(self.findings) or 'nothing'}")
+        if self.findings is not None:
+            print(f"  doctor before and after each handover: {sorted(self.findings) or 'nothing'}")
         for flow in flows:
             # The streams ran through the whole rollout (at least half the nominal rate).
             assert flow.sent >= rollout / mesh.interval / 2, flow
@@ -146,7 +153,7 @@ class Rollout:
 def report(flows: list[Flow], rollout: float, handovers: dict[int, float]) -> None:
     sent = sum(f.sent for f in flows)
     lost = sum(f.lost for f in flows)
-    print(f"\nrolling update of {len(handovers)} nodes in {rollout:.2f}s (SIGTERM to ready: "
+    print(f"\nhandover of {len(handovers)} nodes in {rollout:.2f}s (each, to ready: "
           + ", ".join(f"n{i} {s:.2f}s" for i, s in handovers.items())
           + f"); {sent} datagrams sent on {len(flows)} flows, {lost} lost; longest silence "
           f"{max(f.max_gap for f in flows) * 1000:.0f} ms")
@@ -217,6 +224,79 @@ def test_rolling_update_in_kube_mode_loses_no_packet(make_lab, tmp_path):
     finally:
         api.terminate()
         api.wait(timeout=10)
+
+
+def leave_as_go_flannel(lab: Lab, index: int) -> None:
+    """Make node ``index``'s kernel state what Go flanneld (vxlan) leaves when it stops: the
+    device made as Go makes it (same MAC, VNI 1, the kernel's default port, no learning),
+    and per peer a permanent neighbour and FDB entry without a protocol and an onlink
+    route of the default protocol (boot), in Go's order."""
+    ns = lab.node_ns(index)
+    mac = json.loads(ip(ns, "-j", "link", "show", "flannel.1").stdout)[0]["address"]
+    base = lab.lease_key(index).split("-")[0]
+    ip(ns, "link", "del", "flannel.1")
+    ip(ns, "link", "add", "flannel.1", "address", mac, "mtu", "1450", "type", "vxlan", "id",
+       "1", "local", lab.node(index).address, "dev", "eth0", "nolearning")
+    ip(ns, "addr", "add", f"{base}/32", "dev", "flannel.1")
+    ip(ns, "link", "set", "flannel.1", "up")
+    own = lab.node(index).address
+    for key, value in lab.leases().items():
+        lease = json.loads(value)
+        if lease["PublicIP"] == own:
+            continue
+        peer_base, peer_mac = key.split("-")[0], lease["BackendData"]["VtepMAC"]
+        ip(ns, "neigh", "replace", peer_base, "lladdr", peer_mac, "dev", "flannel.1", "nud",
+           "permanent")
+        in_ns(ns, "bridge", "fdb", "replace", peer_mac, "dev", "flannel.1", "dst",
+              lease["PublicIP"], "self", "permanent")
+        ip(ns, "route", "replace", key.replace("-", "/"), "via", peer_base, "dev", "flannel.1",
+           "onlink")
+
+
+def test_taking_over_what_go_flannel_leaves_loses_no_packet(make_lab, tmp_path):
+    """The Go-to-pyflannel handover, as far as it runs here (no Go flanneld on this
+    machine): every node's daemon stopped, its kernel state remade as Go flannel leaves it,
+    then pyflannel started node by node while the streams run. The device is reused with its
+    MAC, Go's entries are taken over in place, and each node ends exactly as pyflannel
+    programs it."""
+    lab = make_lab()
+    build(lab, len(NODES), CONFIG, flanneld_args=("--ip-masq", *HEALTH))
+    wait_for_mesh(lab, list(NODES), ipv6=False, timeout=20)
+    rollout = Rollout(lab, tmp_path, lambda i: lab.start_flanneld(i), lambda i: None,
+                      [f"--etcd-endpoints={lab.state.etcd_endpoint}"])
+    programmed = {i: kernel_state(lab, i) for i in NODES}
+    leases = lab.leases()
+    subnet_envs = {i: Path(lab.node(i).subnet_file).read_text() for i in NODES}
+    for index in NODES:
+        assert lab.stop_flanneld(index, signal.SIGTERM) == 0
+    for index in NODES:
+        leave_as_go_flannel(lab, index)
+        assert "proto 151" not in ip(lab.node_ns(index), "route").stdout
+
+    def take_over(index: int) -> None:
+        go_device = kernel_state(lab, index)["device"]
+        log_start = len(lab.log(index))
+        started = time.monotonic()
+        lab.start_flanneld(index)
+        wait_until(lambda: ready(lab, index), 30, interval=0.1,
+                   what=f"pyflannel on node {index} to be ready")
+        rollout.handover_seconds[index] = time.monotonic() - started
+        wait_until(lambda: kernel_state(lab, index)["routes"] == programmed[index]["routes"],
+                   5, what=f"node {index}'s routes taken over")
+        state = kernel_state(lab, index)
+        assert state["device"] == go_device  # the same device: index, MAC, MTU, up
+        assert {k: v for k, v in state.items() if k != "device"} == {
+            k: v for k, v in programmed[index].items() if k != "device"}
+        assert Path(lab.node(index).subnet_file).read_text() == subnet_envs[index]
+        log = lab.log(index)[log_start:]
+        assert "created flannel.1" not in log and "incompatible" not in log, log
+        assert "taking over" in log, log
+        assert [f for f in rollout.doctor(index) if f["severity"] == "error"] == []
+
+    rollout.run(take_over)
+    assert lab.leases().keys() == leases.keys()
+    for key, value in lab.leases().items():
+        assert json.loads(value) == json.loads(leases[key])
 
 
 def test_a_lost_packet_is_counted(make_lab):
