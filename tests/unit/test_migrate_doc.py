@@ -75,6 +75,15 @@ def test_the_readme_links_the_guide():
     assert "(docs/migrate.md)" in (ROOT / "README.md").read_text()
 
 
+def test_every_link_within_the_guide_leads_to_a_heading():
+    def slug(heading: str) -> str:  # as GitHub makes anchors
+        return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+    anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", TEXT, re.M)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", TEXT))
+    assert links and links <= anchors, links - anchors
+
+
 def repo_paths() -> list[str]:
     return sorted(set(re.findall(r"(?<![\w./-])((?:deploy|docs|tests)/[\w.-]+(?:/[\w.-]+)*)",
                                  TEXT)))
