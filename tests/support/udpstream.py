@@ -8,8 +8,9 @@ ends the sending everywhere first, lets what is in flight arrive, then collects 
 ordered pair: sent (by the source's count), received (by the destination's), lost.
 
 A datagram the kernel refuses to send (no route: ``sendto`` fails) still takes its sequence
-number, so it counts as lost. Endpoints talk to the test through their stdin and stdout
-(``stop``, then ``report``); each exits when its stdin closes, so none outlives the test.
+number, so it counts as lost. Endpoints take commands on their stdin (``go``, ``seen``,
+``stop``, ``report``) and answer each on one stdout line; each exits after its report or when
+its stdin closes, so none outlives the test.
 Must not touch: anything but its own sockets in the namespaces it is given.
 """
 
@@ -54,7 +55,6 @@ class UdpMesh:
         self.port = port
         self.interval = interval
         self.procs: dict[str, subprocess.Popen] = {}
-        self.started = 0.0
 
     def __enter__(self) -> UdpMesh:
         try:
@@ -71,7 +71,6 @@ class UdpMesh:
         except BaseException:
             self.close()
             raise
-        self.started = time.monotonic()
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -123,6 +123,17 @@ def test_the_example_overlay_renders_with_the_image_swapped(tmp_path):
     assert images["kube-flannel"] == images["install-cni"] == IMAGE
 
 
+def test_the_canary_patch_holds_the_rollout(tmp_path):
+    patch = yaml.safe_load(textwrap.dedent(next(b for b in blocks("yaml") if "OnDelete" in b)))
+    own = tmp_path / "my-flannel"
+    own.mkdir()
+    (tmp_path / "deploy").symlink_to(ROOT / "deploy")
+    (own / "kustomization.yaml").write_text(yaml.safe_dump(
+        {"resources": ["../deploy/kustomize/base"], **patch}))
+    daemonset = documents(own)["DaemonSet/kube-flannel-ds"]
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+
+
 def test_set_image_names_the_containers_of_the_daemonset():
     """`kubectl set image` by container name: the doc's names are the DaemonSet's."""
     spec = pod_spec(documents(KUSTOMIZE / "base"))
