@@ -2,7 +2,8 @@
 kustomizations it names and shows render with kubectl (the upstream-selector overlay with
 upstream's selector), every pyflannel command line in it parses with our tools,
 ``mk-docker-opts`` run as its systemd drop-in runs it writes the Docker options, the
-settings file it shows is accepted by flanneld, and what it says flanneld lacks, it lacks.
+settings file and ExecStart lines it shows are accepted by flanneld, the flags it says Go
+flanneld lacks are exactly ours beyond Go's, and the backend it calls unsupported is not ours.
 What needs a cluster, Helm or systemd (kubectl apply, helm upgrade, systemctl) is not run:
 tests/lab/test_rolling_update.py measures the node-by-node handover itself."""
 
