@@ -60,37 +60,83 @@ class EtcdOptionError(ValueError):
     """An etcd connection option is malformed."""
 
 
+#: The longest path a unix socket address holds (sun_path, with its terminating NUL).
+_MAX_SOCKET_PATH = 107
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    scheme: str
-    host: str
-    port: int
+    """One ``--etcd-endpoints`` item, read as Go's etcd client reads it: ``http://`` never
+    uses TLS, ``https://`` and ``unixs://`` always do, and ``unix://`` or a bare
+    ``host:port`` use it when a client certificate is given."""
+
+    scheme: str  # http, https, unix or unixs
+    host: str = ""
+    port: int = 0
+    path: str = ""  # the socket of a unix(s) endpoint
+    bare: bool = False  # given as host:port, without a scheme
 
     @property
     def target(self) -> str:
+        """The gRPC target."""
+        if self.path:
+            return f"unix://{self.path}" if self.path.startswith("/") else f"unix:{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
+    @property
+    def server_name(self) -> str:
+        """The name the server certificate must carry: the host, or for a socket (as Go's
+        client, to allow testing TLS locally) its file name without any ``:port``."""
+        if not self.path:
+            return self.host
+        return self.path.rsplit("/", 1)[-1].split(":", 1)[0]
+
+    def uses_tls(self, client_certificate: bool) -> bool:
+        if self.scheme in ("https", "unixs"):
+            return True
+        if self.scheme == "unix" or self.bare:
+            return client_certificate
+        return False
+
     def __str__(self) -> str:
+        if self.path:
+            return f"{self.scheme}://{self.path}"
         return f"{self.scheme}://{self.target}"
 
 
+def _socket_endpoint(item: str) -> Endpoint:
+    """``unix:///abs``, ``unix://rel`` or ``unix:rel`` (and ``unixs``), as Go's client."""
+    scheme, _, rest = item.partition(":")
+    path = rest[2:] if rest.startswith("//") else rest
+    if not path or "\0" in path or len(path.encode()) > _MAX_SOCKET_PATH:
+        raise EtcdOptionError(
+            f"--etcd-endpoints: {item[:200]!r} does not name a socket; give "
+            f"{scheme}:///path/to/etcd.sock (at most {_MAX_SOCKET_PATH} bytes)")
+    return Endpoint(scheme, path=path)
+
+
 def parse_endpoints(text: str) -> list[Endpoint]:
-    """Split ``--etcd-endpoints`` on commas; each item is ``http(s)://host:port``."""
+    """Split ``--etcd-endpoints`` on commas; each item is ``http(s)://host:port``,
+    ``unix(s)://path`` or a bare ``host:port``."""
     endpoints = []
     for item in text.split(","):
         item = item.strip()
         if not item:
             continue
+        if item.startswith(("unix:", "unixs:")):
+            endpoints.append(_socket_endpoint(item))
+            continue
         parts = urlsplit(item if "://" in item else f"http://{item}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise EtcdOptionError(
-                f"--etcd-endpoints: {item!r} is not an endpoint such as http://127.0.0.1:2379")
+                f"--etcd-endpoints: {item!r} is not an endpoint such as http://127.0.0.1:2379 "
+                "or unix:///run/etcd.sock")
         try:
             port = parts.port or 2379
         except ValueError:
             raise EtcdOptionError(f"--etcd-endpoints: {item!r} has a bad port") from None
-        endpoints.append(Endpoint(parts.scheme, parts.hostname, port))
+        endpoints.append(Endpoint(parts.scheme, parts.hostname, port, bare="://" not in item))
     if not endpoints:
         raise EtcdOptionError("--etcd-endpoints: no endpoint given, e.g. http://127.0.0.1:2379")
     return endpoints
@@ -183,12 +229,18 @@ class EtcdClient:
         self._stubs: dict[type, Any] = {}
 
     def _load_credentials(self) -> grpc.ChannelCredentials | None:
+        """The TLS credentials of the endpoints that use TLS (None when none does).
+
+        As Go flannel, a client certificate is sent only when both --etcd-certfile and
+        --etcd-keyfile are given; one without the other is ignored with a warning.
+        """
         opts = self._options
         if bool(opts.certfile) != bool(opts.keyfile):
-            raise EtcdOptionError(
-                "--etcd-certfile and --etcd-keyfile must be given together for TLS")
-        wants_tls = bool(opts.certfile) or any(e.scheme == "https" for e in opts.endpoints)
-        if not wants_tls:
+            given, missing = (("--etcd-certfile", "--etcd-keyfile") if opts.certfile
+                              else ("--etcd-keyfile", "--etcd-certfile"))
+            log.warning("%s is given without %s: no client certificate is sent to etcd; "
+                        "give both to authenticate with one", given, missing)
+        if not any(e.uses_tls(self._client_certificate) for e in opts.endpoints):
             return None
 
         def read(path: str, flag: str) -> bytes | None:
@@ -199,11 +251,16 @@ class EtcdClient:
             except OSError as err:
                 raise EtcdOptionError(f"{flag}: cannot read {path}: {err.strerror}") from None
 
+        pair = self._client_certificate
         return grpc.ssl_channel_credentials(
             root_certificates=read(opts.cafile, "--etcd-cafile"),
-            private_key=read(opts.keyfile, "--etcd-keyfile"),
-            certificate_chain=read(opts.certfile, "--etcd-certfile"),
+            private_key=read(opts.keyfile, "--etcd-keyfile") if pair else None,
+            certificate_chain=read(opts.certfile, "--etcd-certfile") if pair else None,
         )
+
+    @property
+    def _client_certificate(self) -> bool:
+        return bool(self._options.certfile and self._options.keyfile)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -221,10 +278,15 @@ class EtcdClient:
             self, require_leader: bool) -> tuple[grpc.aio.Channel, tuple[tuple[str, str], ...]]:
         async with self._lock:
             if self._channel is None:
-                target = self.endpoint.target
-                if self._credentials is not None:
-                    channel = grpc.aio.secure_channel(
-                        target, self._credentials, options=_CHANNEL_OPTIONS)
+                endpoint = self.endpoint
+                target = endpoint.target
+                if self._credentials is not None \
+                        and endpoint.uses_tls(self._client_certificate):
+                    options: tuple[tuple[str, str | int], ...] = _CHANNEL_OPTIONS
+                    if endpoint.path:
+                        options += (("grpc.ssl_target_name_override", endpoint.server_name),)
+                    channel = grpc.aio.secure_channel(target, self._credentials,
+                                                      options=options)
                 else:
                     channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
                 self._channel = channel

@@ -492,3 +492,19 @@ async def test_hostile_leases_are_skipped_by_list_acquisition_and_watch(client, 
     deep_warnings = [r.getMessage() for r in caplog.records if "10.3.30.0-24" in r.getMessage()]
     assert deep_warnings == ["ignoring lease 10.3.30.0-24: lease value nests JSON deeper than "
                              "the limit of 32 levels"]
+
+
+async def test_relative_prefix_addresses_the_keys_go_does(client, prefix):
+    """A prefix without a leading slash names keys without one, as Go's path.Join makes
+    them (``coreos.com/network/config``), not the slash-led keys of the default prefix."""
+    relative = prefix.lstrip("/") + "/"
+    await client.put(f"{prefix}/config".encode(), b'{"Network": "10.99.0.0/16"}')
+    await client.put(f"{relative}config".encode(), CONFIG.encode())
+    sm = EtcdSubnetManager(client, relative)
+    config = await sm.get_network_config()
+    assert str(config.network) == "10.3.0.0/16"
+    lease = await acquire(sm, attrs())
+    kv, _ = await client.get(f"{relative}subnets/{lease.key}".encode())
+    assert kv is not None
+    kvs, _ = await client.get_prefix(f"{prefix}/subnets/".encode())
+    assert kvs == []
