@@ -1,8 +1,8 @@
 """A throw-away etcd (Debian ``etcd-server``) for the lab, the tests and the benchmarks.
 
 Owns one etcd process: free ports, a data dir of the caller's, optionally inside a network
-namespace, with TLS client-certificate auth or a short auth-token TTL, on a TCP port or a
-unix socket (in ``socket_dir``, named ``localhost:<port>`` because etcd takes a socket as
+namespace, with TLS (client-certificate auth unless told not to) or a short auth-token
+TTL, on a TCP port or a unix socket (in ``socket_dir``, named ``localhost:<port>`` because etcd takes a socket as
 ``unix://host:port``, relative to its working directory). Every wait is
 bounded; ``stop`` always reaps the process. Must not touch: anything outside its data dir
 and its own process.
@@ -41,7 +41,8 @@ class TlsFiles:
 class EtcdServer:
     def __init__(self, workdir: Path, *, tls: TlsFiles | None = None,
                  auth_token_ttl: int | None = None, netns: str | None = None,
-                 host: str = "127.0.0.1", socket_dir: Path | None = None) -> None:
+                 host: str = "127.0.0.1", socket_dir: Path | None = None,
+                 client_cert_auth: bool = True) -> None:
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.tls = tls
@@ -49,6 +50,7 @@ class EtcdServer:
         self.netns = netns
         self.host = host
         self.socket_dir = socket_dir
+        self.client_cert_auth = client_cert_auth
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -89,8 +91,10 @@ class EtcdServer:
                "--logger", "zap"]
         if self.tls:
             cmd += ["--cert-file", str(self.tls.server_cert), "--key-file",
-                    str(self.tls.server_key), "--trusted-ca-file", str(self.tls.ca),
-                    "--client-cert-auth"]
+                    str(self.tls.server_key)]
+            if self.client_cert_auth:
+                # etcd asks every client for a certificate once it has a CA to check it with.
+                cmd += ["--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         if self.auth_token_ttl is not None:
             cmd += ["--auth-token-ttl", str(self.auth_token_ttl)]
         log = self.log_path.open("ab")

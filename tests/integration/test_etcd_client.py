@@ -68,6 +68,20 @@ async def test_key_without_cert_is_ignored_with_a_warning_as_go(tmp_path, tls_fi
                        and missing in r.getMessage() for r in caplog.records)
 
 
+async def test_cafile_alone_verifies_an_https_etcd(tmp_path, tls_files):
+    """Go reads --etcd-cafile only with a client certificate pair (otherwise https is checked
+    against the system's CAs); ours uses it for https endpoints in any case."""
+    with EtcdServer(tmp_path / "etcd", tls=tls_files, client_cert_auth=False) as server:
+        client = EtcdClient(EtcdOptions(parse_endpoints(server.endpoint),
+                                        cafile=str(tls_files.ca), timeout=2))
+        try:
+            await client.put(b"/ca-only/key", b"v")
+            kv, _ = await client.get(b"/ca-only/key")
+            assert kv is not None and kv.value == b"v"
+        finally:
+            await client.close()
+
+
 async def test_unix_socket_endpoint(tmp_path):
     """Go's etcd client dials unix://path endpoints; so does ours (plain, no TLS)."""
     with EtcdServer(tmp_path / "etcd", socket_dir=tmp_path) as server:
