@@ -2,8 +2,8 @@
 
 Owns one etcd process: free ports, a data dir of the caller's, optionally inside a network
 namespace, with TLS (client-certificate auth unless told not to) or a short auth-token
-TTL, on a TCP port or a unix socket (in ``socket_dir``, named ``localhost:<port>`` because etcd takes a socket as
-``unix://host:port``, relative to its working directory). Every wait is
+TTL, on a TCP port or a unix socket (in ``socket_dir``, named ``localhost:<port>``: etcd
+takes a socket as ``unix://host:port``, relative to its working directory). Every wait is
 bounded; ``stop`` always reaps the process. Must not touch: anything outside its data dir
 and its own process.
 """
