@@ -18,7 +18,6 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from flannel.settings import (
     DataplaneSettings,
@@ -322,18 +321,15 @@ def _go_duration(seconds: float) -> str:
 
 
 def _masked_url(text: str) -> str:
-    """``text`` (a URL, or a comma-separated list of them) with passwords masked."""
+    """``text`` (a URL, or a comma-separated list of them) with the password, or a user
+    part that may be a token, masked: ``user:*****@host``, ``*****@host``."""
     items = []
     for item in text.split(","):
-        try:
-            parts = urlsplit(item.strip())
-        except ValueError:
-            items.append(_MASK)
-            continue
-        if parts.password is not None or (parts.username is not None and "@" in item):
-            netloc = parts.netloc.rpartition("@")[2]
-            user = parts.username or ""
-            item = parts._replace(netloc=f"{user}:{_MASK}@{netloc}").geturl()
+        scheme, sep, rest = item.partition("://")
+        userinfo, at, host = rest.partition("@") if sep else ("", "", "")
+        if at:
+            user, colon, _password = userinfo.partition(":")
+            item = f"{scheme}://{user + ':' if colon else ''}{_MASK}@{host}"
         items.append(item)
     return ",".join(items)
 

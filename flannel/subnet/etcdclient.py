@@ -1,12 +1,12 @@
 """A thin asyncio etcd v3 client: the few RPCs flannel needs, over aetcd's gRPC stubs.
 
-Owns the gRPC channel (plain or TLS with client certificates), failover across several
-endpoints, password authentication and re-authentication when the token expires, per-call
-deadlines, watch streams that report compaction, the classification of every gRPC status
-into retryable (``StoreUnavailable``) or fatal (``StoreError``, saying what to fix), and the
-cluster ID and highest revision seen, so that a wiped or restored store is noticed. aetcd's
-own ``Client`` is not used because it hard-codes an insecure channel and never
-re-authenticates.
+Owns the gRPC channel (TCP or unix socket; plain or TLS with client certificates, chosen
+per endpoint as Go's etcd client chooses), failover across several endpoints, password
+authentication and re-authentication when the token expires, per-call deadlines, watch
+streams that report compaction, the classification of every gRPC status into retryable
+(``StoreUnavailable``) or fatal (``StoreError``, saying what to fix), and the cluster ID and
+highest revision seen, so that a wiped or restored store is noticed. aetcd's own ``Client``
+is not used because it hard-codes an insecure channel and never re-authenticates.
 Must not touch: flannel semantics (keys, lease JSON) and the kernel.
 """
 
@@ -240,6 +240,11 @@ class EtcdClient:
                               else ("--etcd-keyfile", "--etcd-certfile"))
             log.warning("%s is given without %s: no client certificate is sent to etcd; "
                         "give both to authenticate with one", given, missing)
+        if self._client_certificate:
+            for endpoint in opts.endpoints:
+                if endpoint.scheme == "http" and not endpoint.bare:
+                    log.warning("%s is plain http: the client certificate is not used there "
+                                "(give https://%s for TLS)", endpoint, endpoint.target)
         if not any(e.uses_tls(self._client_certificate) for e in opts.endpoints):
             return None
 

@@ -239,7 +239,7 @@ def test_effective_options_name_their_source_and_mask_secrets():
            "FLANNELD_ETCD_PREFIX": "/from/env"}
     settings = parse("--etcd-prefix=/from/flag", "--iface=eth0", "--iface=eth1",
                      "--etcd-endpoints=https://flannel:pw@10.0.0.1:2379,http://10.0.0.2:2379",
-                     env=env)
+                     "--kube-api-url=https://t0ken@api:6443", env=env)
     options = {o.name: (o.shown, o.source) for o in settings.options}
     assert "version" not in options
     assert options["etcd-prefix"] == ("/from/flag", "flag")  # the flag wins over the env
@@ -247,9 +247,11 @@ def test_effective_options_name_their_source_and_mask_secrets():
     assert options["etcd-password"] == ("*****", "FLANNELD_ETCD_PASSWORD")
     assert options["etcd-endpoints"] == (
         "https://flannel:*****@10.0.0.1:2379,http://10.0.0.2:2379", "flag")
+    assert options["kube-api-url"] == ("https://*****@api:6443", "flag")
     assert options["iface"] == ("eth0,eth1", "flag")
     assert options["ip-masq"] == ("false", "default")
     assert options["subnet-lease-ttl"] == ("24h0m0s", "default")
     assert options["etcd-keyfile"] == ("", "default")
     assert [o.name for o in settings.options] == [f.name for f in FLAGS if f.name != "version"]
-    assert "s3cret" not in repr(settings.options) and ":pw@" not in repr(settings.options)
+    shown = repr(settings.options)
+    assert "s3cret" not in shown and ":pw@" not in shown and "t0ken" not in shown

@@ -48,3 +48,15 @@ def test_prefix_makes_the_keys_go_makes(prefix, config, subnets):
     assert sm.config_key == config
     assert sm.subnets_prefix == subnets
     assert sm.lease_key("10.5.34.0-24") == subnets + b"10.5.34.0-24"
+
+
+def test_a_client_certificate_with_an_http_endpoint_is_warned_about(tmp_path, caplog):
+    """Go's client drops TLS on http:// endpoints, certificate or not; we do the same and
+    say so, since a certificate given suggests TLS was meant."""
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("unused")
+    key.write_text("unused")
+    EtcdClient(EtcdOptions(parse_endpoints("http://10.0.0.1:2379"), certfile=str(cert),
+                           keyfile=str(key)))
+    assert ("http://10.0.0.1:2379 is plain http: the client certificate is not used there "
+            "(give https://10.0.0.1:2379 for TLS)") in caplog.text
