@@ -171,7 +171,9 @@ FLAGS: tuple[Flag, ...] = (
          "configuration file (kube mode)"),
     Flag("set-node-network-unavailable", "bool", True, "set NetworkUnavailable=False on the "
          "node when ready (kube mode)"),
-    Flag("v", "int", 0, "log level for V logs, 0 to 10"),
+    Flag("v", "int", 0, "log level for V logs (klog's: any 32-bit number is taken; 0 info, "
+         "1 pass and check reasons, 2 per peer, 4 kernel changes, 6 rule payloads, 10 and "
+         "above everything)"),
     Flag("vmodule", "str", "", "comma-separated list of pattern=N settings for file-filtered "
          "logging (accepted for compatibility)"),
     Flag("log_backtrace_at", "str", "", "when logging hits line file:N, emit a stack trace "
@@ -188,7 +190,8 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "healthz-port": (0, 65535, "a port from {} to {} (0 turns the health server off)"),
     "reconcile-interval": (1, 86400, "seconds from {} to {}"),
     "iptables-resync": (1, 86400, "seconds from {} to {}"),
-    "v": (0, 10, "a log level from {} to {}"),
+    # klog's Level is an int32; below 0 logs as 0, above 10 as 10.
+    "v": (-2**31, 2**31 - 1, "a log level from {} to {}"),
 }
 
 

@@ -143,8 +143,8 @@ GIVE_ADDRESS = "give this node's address on the network between the nodes"
      "1439"),
     (["--reconcile-interval=0"], {},
      "--reconcile-interval=0: out of acceptable range; give seconds from 1 to 86400"),
-    (["-v=11"], {}, "-v=11: out of acceptable range; give a log level from 0 to 10"),
-    (["-v=-1"], {}, "-v=-1: out of acceptable range; give a log level from 0 to 10"),
+    (["-v=2147483648"], {}, "-v=2147483648: out of acceptable range; give a log level from "
+     "-2147483648 to 2147483647"),
     (["--subnet-lease-ttl=30m"], {},
      "--subnet-lease-ttl=1800s: must be longer than --subnet-lease-renew-margin (60 min), or "
      "the lease would be renewed continuously"),
@@ -226,7 +226,7 @@ def test_values_that_hurt_are_refused_with_the_flag_and_range(argv, env, message
 @pytest.mark.parametrize("argv", [
     ["--public-ip=192.0.2.10", "--public-ipv6=2001:db8::10"],
     ["--public-ip=10.1.2.3", "--healthz-ip=::1", "--healthz-port=65535"],
-    ["--iptables-resync=1", "--reconcile-interval=86400", "-v=10"],
+    ["--iptables-resync=1", "--reconcile-interval=86400", "-v=10"], ["-v=11"], ["-v=-1"],
     ["--subnet-lease-ttl=61m", "--subnet-lease-renew-margin=60"],
     ["--subnet-lease-ttl=9000000000s", "--subnet-lease-renew-margin=1439"],
 ])

@@ -34,6 +34,8 @@ def _restore_root_logger():
     (6, ["V1", "V2", "V4", "V6"]),
     (9, ["V1", "V2", "V4", "V6"]),
     (10, ["V1", "V2", "V4", "V6", "DEBUG"]),
+    (2**31 - 1, ["V1", "V2", "V4", "V6", "DEBUG"]),  # klog takes any int32
+    (-1, []),
 ])
 def test_each_level_shows_its_records_and_those_below(v, shown, capsys):
     flannel_log.setup(v)
