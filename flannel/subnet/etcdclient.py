@@ -220,6 +220,11 @@ class EtcdClient:
         self._token: str | None = None
         self._lock = asyncio.Lock()
         self._credentials = self._load_credentials()
+        if bool(options.username) != bool(options.password):
+            given, missing = (("--etcd-username", "--etcd-password") if options.username
+                              else ("--etcd-password", "--etcd-username"))
+            log.warning("%s is given without %s: no password authentication with etcd; "
+                        "give both to authenticate as a user", given, missing)
         self.cluster_id = 0
         self.revision = 0
         self._reset: str | None = None
@@ -264,6 +269,11 @@ class EtcdClient:
         )
 
     @property
+    def _password_auth(self) -> bool:
+        """As Go's etcd client: a user name and a password, or no authentication."""
+        return bool(self._options.username and self._options.password)
+
+    @property
     def _client_certificate(self) -> bool:
         return bool(self._options.certfile and self._options.keyfile)
 
@@ -295,7 +305,7 @@ class EtcdClient:
                 else:
                     channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
                 self._channel = channel
-                if self._options.username:
+                if self._password_auth:
                     try:
                         await self._authenticate(channel)
                     except grpc.aio.AioRpcError as err:
@@ -376,7 +386,7 @@ class EtcdClient:
         if code == grpc.StatusCode.PERMISSION_DENIED:
             key = _request_key(request)
             verb = "read" if method == "Range" else "write"
-            user = self._options.username
+            user = self._options.username if self._password_auth else ""
             who = f"etcd user {user!r}" if user else "the etcd client certificate's user"
             if key is None:
                 return EtcdError(f"{who} may not call {method}: grant it the permission "
@@ -387,7 +397,7 @@ class EtcdClient:
                 f"role grant-permission <role> readwrite {prefix} --prefix=true; etcdctl "
                 f"user grant-role {user or '<user>'} <role>)", code)
         hint = ""
-        if code == grpc.StatusCode.INVALID_ARGUMENT and not self._options.username:
+        if code == grpc.StatusCode.INVALID_ARGUMENT and not self._password_auth:
             hint = ("; if etcd has authentication enabled, pass --etcd-username and "
                     "--etcd-password")
         return EtcdError(f"etcd {method} failed: {code.name}: {err.details()}{hint}", code)
@@ -418,7 +428,7 @@ class EtcdClient:
                 return response
             except grpc.aio.AioRpcError as err:
                 code = err.code()
-                if code == grpc.StatusCode.UNAUTHENTICATED and self._options.username \
+                if code == grpc.StatusCode.UNAUTHENTICATED and self._password_auth \
                         and not reauthed:
                     reauthed = True
                     try:
@@ -566,7 +576,7 @@ class EtcdClient:
             if code in _RETRY_ELSEWHERE:
                 async with self._lock:
                     await self._discard(channel, failover=True)
-            elif code == grpc.StatusCode.UNAUTHENTICATED and self._options.username:
+            elif code == grpc.StatusCode.UNAUTHENTICATED and self._password_auth:
                 await self._reauthenticate(channel, dict(metadata).get("token"))
             if code in (*_RETRY_ELSEWHERE, *_RETRY_LATER):
                 raise EtcdUnavailable(f"watch stream broken: {err.details()}") from None

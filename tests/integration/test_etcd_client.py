@@ -82,6 +82,21 @@ async def test_cafile_alone_verifies_an_https_etcd(tmp_path, tls_files):
             await client.close()
 
 
+async def test_user_name_without_password_means_no_authentication_as_go(etcd, caplog):
+    """Go's etcd client authenticates only with both a user name and a password; one alone
+    is no authentication (an etcd without auth answers), said in a warning."""
+    client = EtcdClient(EtcdOptions(parse_endpoints(etcd.endpoint), username="flannel",
+                                    timeout=2))
+    try:
+        await client.put(b"/user-only/key", b"v")
+        kv, _ = await client.get(b"/user-only/key")
+        assert kv is not None and kv.value == b"v"
+    finally:
+        await client.close()
+    assert ("--etcd-username is given without --etcd-password: no password authentication "
+            "with etcd; give both to authenticate as a user") in caplog.text
+
+
 async def test_unix_socket_endpoint(tmp_path):
     """Go's etcd client dials unix://path endpoints; so does ours (plain, no TLS)."""
     with EtcdServer(tmp_path / "etcd", socket_dir=tmp_path) as server:

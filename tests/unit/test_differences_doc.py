@@ -19,6 +19,7 @@ KNOWN_DIFFERENCES = frozenset({
     "v-levels", "start-up-options-line",
     # etcd
     "etcd-tls-warning", "etcd-cafile-without-client-cert", "etcd-subnets-directory",
+    "etcd-prefix-not-a-regex", "etcd-endpoints-lenient", "etcd-username-without-password",
     "lost-race-retried", "subnet-search-hashed", "reservations-honoured",
     "renewal-revokes-old-lease", "remote-ttl-not-looked-up", "etcd-reset-detected",
     "store-errors-classified", "relist-reports-changed-attributes",

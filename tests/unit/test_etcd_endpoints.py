@@ -41,6 +41,8 @@ def test_which_endpoints_use_tls(text, plain, with_cert):
     ("/a/./b/../c", b"/a/c/config", b"/a/c/subnets/"),
     ("", b"config", b"subnets/"),
     ("/", b"/config", b"/subnets/"),
+    # Go compiles the prefix into a regular expression and panics on this one.
+    ("/a(b[/network", b"/a(b[/network/config", b"/a(b[/network/subnets/"),
 ])
 def test_prefix_makes_the_keys_go_makes(prefix, config, subnets):
     client = EtcdClient(EtcdOptions(parse_endpoints("http://127.0.0.1:2379")))
@@ -60,3 +62,10 @@ def test_a_client_certificate_with_an_http_endpoint_is_warned_about(tmp_path, ca
                            keyfile=str(key)))
     assert ("http://10.0.0.1:2379 is plain http: the client certificate is not used there "
             "(give https://10.0.0.1:2379 for TLS)") in caplog.text
+
+
+def test_endpoints_are_trimmed_empty_ones_skipped_and_the_port_defaults_to_2379():
+    """Go hands each comma-separated item to its client as it is: one with spaces around it
+    or without a port never connects, an empty one is an endpoint that fails."""
+    endpoints = parse_endpoints(" http://10.0.0.1 , ,https://10.0.0.2:2380,")
+    assert [str(e) for e in endpoints] == ["http://10.0.0.1:2379", "https://10.0.0.2:2380"]
