@@ -27,6 +27,7 @@ from flannel.settings import (
     InterfaceSettings,
     KubeSettings,
     LogSettings,
+    OptionSource,
     RulesSettings,
     Settings,
     StoreSettings,
@@ -170,7 +171,9 @@ FLAGS: tuple[Flag, ...] = (
          "configuration file (kube mode)"),
     Flag("set-node-network-unavailable", "bool", True, "set NetworkUnavailable=False on the "
          "node when ready (kube mode)"),
-    Flag("v", "int", 0, "log level for V logs, 0 to 10"),
+    Flag("v", "int", 0, "log level for V logs (klog's: any 32-bit number is taken; 0 info, "
+         "1 pass and check reasons, 2 per peer, 4 kernel changes, 6 rule payloads, 10 and "
+         "above everything)"),
     Flag("vmodule", "str", "", "comma-separated list of pattern=N settings for file-filtered "
          "logging (accepted for compatibility)"),
     Flag("log_backtrace_at", "str", "", "when logging hits line file:N, emit a stack trace "
@@ -187,7 +190,8 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "healthz-port": (0, 65535, "a port from {} to {} (0 turns the health server off)"),
     "reconcile-interval": (1, 86400, "seconds from {} to {}"),
     "iptables-resync": (1, 86400, "seconds from {} to {}"),
-    "v": (0, 10, "a log level from {} to {}"),
+    # klog's Level is an int32; below 0 logs as 0, above 10 as 10.
+    "v": (-2**31, 2**31 - 1, "a log level from {} to {}"),
 }
 
 
@@ -300,6 +304,62 @@ def store_settings(args: argparse.Namespace) -> StoreSettings:
         previous_subnet_file=args.subnet_file)
 
 
+#: Flags whose value is never shown.
+_SECRET_FLAGS = frozenset({"etcd-password"})
+#: Flags holding URLs, whose user information (``user:password@``) is masked.
+_URL_FLAGS = frozenset({"etcd-endpoints", "kube-api-url"})
+_MASK = "*****"
+
+
+def _go_duration(seconds: float) -> str:
+    """Go's Duration.String of whole seconds: ``24h0m0s``, ``1m30s``, ``45s``."""
+    whole = int(seconds)
+    if whole != seconds or whole <= 0:
+        return f"{seconds:.15g}s"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def _masked_url(text: str) -> str:
+    """``text`` (a URL, or a comma-separated list of them) with the password, or a user
+    part that may be a token, masked: ``user:*****@host``, ``*****@host``."""
+    items = []
+    for item in text.split(","):
+        scheme, sep, rest = item.partition("://")
+        userinfo, at, host = rest.partition("@") if sep else ("", "", "")
+        if at:
+            user, colon, _password = userinfo.partition(":")
+            item = f"{scheme}://{user + ':' if colon else ''}{_MASK}@{host}"
+        items.append(item)
+    return ",".join(items)
+
+
+def shown_value(flag: Flag, value: Any) -> str:
+    """A flag's value as the start-up line shows it, secrets masked."""
+    if flag.name in _SECRET_FLAGS:
+        return _MASK if value else ""
+    if flag.kind == "bool":
+        return "true" if value else "false"
+    if flag.kind == "list":
+        return ",".join(value)
+    if flag.kind == "duration":
+        return _go_duration(value)
+    if flag.name in _URL_FLAGS:
+        return _masked_url(str(value))
+    return str(value)
+
+
+def effective_options(args: argparse.Namespace) -> tuple[OptionSource, ...]:
+    """Every flag's effective value and its source, as ``parse_namespace`` recorded them."""
+    sources: dict[str, str] = getattr(args, "sources", {})
+    return tuple(OptionSource(flag.name, shown_value(flag, getattr(args, flag.dest)),
+                              sources.get(flag.name, "default"))
+                 for flag in FLAGS if flag.name != "version")
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     """The typed settings of checked flags."""
     return Settings(
@@ -316,7 +376,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         dataplane=DataplaneSettings(reconcile_interval=args.reconcile_interval),
         files=FileSettings(subnet_file=args.subnet_file),
         log=LogSettings(v=args.v, vmodule=args.vmodule, backtrace_at=args.log_backtrace_at),
-        version=args.version)
+        version=args.version, options=effective_options(args))
 
 
 def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> Settings:
@@ -336,10 +396,12 @@ def parse_namespace(argv: Sequence[str], environ: dict[str, str] | None = None
     if args.version is True:
         # Honoured before the environment, as upstream: FLANNELD_VERSION has no effect.
         return args
+    sources: dict[str, str] = {}
     for flag in FLAGS:
         value = getattr(args, flag.dest)
         if value is None and flag.kind == "list":
             value = _UNSET
+        sources[flag.name] = "flag" if value is not _UNSET else "default"
         if value is _UNSET and flag.name == "version":
             value = False
         elif value is _UNSET:
@@ -353,9 +415,11 @@ def parse_namespace(argv: Sequence[str], environ: dict[str, str] | None = None
                     ) from None
                 value = [converted] if flag.kind == "list" else converted
                 from_env.add(flag.name)
+                sources[flag.name] = flag.env_name
             else:
                 value = list(flag.default) if flag.kind == "list" else flag.default
         setattr(args, flag.dest, value)
+    args.sources = sources
     check_values(args, from_env)
     return args
 

@@ -37,11 +37,12 @@ from flannel.dataplane import Dataplane
 from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import EventType, Lease, LeaseAttrs
+from flannel.log import V2
 from flannel.nodestate import NodeState
 from flannel.readiness import Readiness
 from flannel.rules.iptables import RulesError
 from flannel.sdnotify import notify
-from flannel.settings import InterfaceSettings, RulesSettings, Settings
+from flannel.settings import InterfaceSettings, RulesSettings, Settings, options_line
 from flannel.subnet import open_store
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
@@ -475,8 +476,8 @@ class Daemon:
         async with contextlib.aclosing(sm.watch_leases(config)) as updates:
             async for update in updates:
                 result = watcher.apply(update)
-                # A line per subnet of a large snapshot (5000 cost ~0.15 s) only at -v.
-                level = logging.INFO if len(result.events) <= SNAPSHOT_LINES else logging.DEBUG
+                # A line per subnet of a large snapshot (5000 cost ~0.15 s) only at -v=2.
+                level = logging.INFO if len(result.events) <= SNAPSHOT_LINES else V2
                 if log.isEnabledFor(level):
                     for event in result.events:
                         verb = "added" if event.type is EventType.ADDED else "removed"
@@ -500,6 +501,7 @@ class Daemon:
 
 def main(settings: Settings) -> int:
     flannel_log.setup(settings.log.v)
+    log.info("CLI flags config: %s", options_line(settings.options))
 
     async def runner() -> int:
         return await Daemon(settings).run()

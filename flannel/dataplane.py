@@ -43,6 +43,7 @@ from flannel.kernel.reconcile import (
     reconcile_difference,
 )
 from flannel.lease import Lease
+from flannel.log import V1
 from flannel.readiness import Readiness
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class Dataplane:
         rest of a pass; a lease change does not need it.
         """
         if why:
-            log.debug("reconcile requested: %s", why)
+            log.log(V1, "reconcile requested: %s", why)
         self._check_local |= check_local
         self._full = True
         self._wake.set()
@@ -335,7 +336,7 @@ class Dataplane:
         if not why:
             return
         if self._repairing:
-            log.debug("kernel drifted from desired state (%s)", why)
+            log.log(V1, "kernel drifted from desired state (%s)", why)
         else:
             log.info("kernel drifted from desired state (%s); repairing", why)
             self._repairing = why

@@ -1,6 +1,11 @@
 """Logging in klog's line format (``I1121 15:04:19.123456   4242 file.py:42] message``).
 
-Owns the root logger's handler and level. Must not touch: anything else.
+Owns the root logger's handler and level, and the ``-v`` levels: ``V1`` .. ``V9`` are
+logging levels between INFO and DEBUG (``V(n)`` is INFO - n), so a record logged at ``V(n)``
+shows when ``-v`` is n or more, as klog's ``V(n).Info``. What each level adds (README.md):
+0 info, warnings, errors; 1 the reason for every data plane pass and store check; 2 a
+line per peer subnet change; 4 every kernel change and etcd watch start; 6 iptables and
+nftables payloads; 10 every library's debug records. Must not touch: anything else.
 """
 
 from __future__ import annotations
@@ -10,8 +15,20 @@ import os
 import sys
 import time
 
-_LEVEL_LETTER = {logging.DEBUG: "I", logging.INFO: "I", logging.WARNING: "W",
-                 logging.ERROR: "E", logging.CRITICAL: "F"}
+#: The most verbose ``-v``: everything, libraries' debug records included.
+MAX_VERBOSITY = 10
+
+
+def v_level(n: int) -> int:
+    """The logging level of klog's ``V(n)``."""
+    return logging.INFO - n
+
+
+V1, V2, V4, V6 = v_level(1), v_level(2), v_level(4), v_level(6)
+for _n in range(1, MAX_VERBOSITY):
+    logging.addLevelName(v_level(_n), f"V{_n}")
+
+_LEVEL_LETTER = {logging.WARNING: "W", logging.ERROR: "E", logging.CRITICAL: "F"}
 
 
 class KlogFormatter(logging.Formatter):
@@ -27,12 +44,12 @@ class KlogFormatter(logging.Formatter):
 
 
 def setup(verbosity: int = 0) -> None:
-    """Send every record to stderr (klog's logtostderr); ``-v`` >= 1 adds debug records."""
+    """Send every record to stderr (klog's logtostderr) down to ``V(verbosity)``."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(KlogFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbosity > 0 else logging.INFO)
+    root.setLevel(v_level(min(max(verbosity, 0), MAX_VERBOSITY)))
     # gRPC is chatty at INFO; its warnings still come through.
     logging.getLogger("grpc").setLevel(logging.WARNING)
     # The cloud SDKs' debug output holds signed request headers (the access key ID).

@@ -92,6 +92,21 @@ class LogSettings:
 
 
 @dataclass(frozen=True)
+class OptionSource:
+    """One effective option as logged at start."""
+
+    name: str  # the flag's name, without dashes
+    shown: str  # its value as text, secrets masked
+    source: str  # "flag", the FLANNELD_* variable it came from, or "default"
+
+
+def options_line(options: tuple[OptionSource, ...]) -> str:
+    """The options as one line: ``--name=value (source)`` each."""
+    return " ".join(f"{'-' if len(o.name) == 1 else '--'}{o.name}={o.shown} ({o.source})"
+                    for o in options)
+
+
+@dataclass(frozen=True)
 class Settings:
     store: StoreSettings = EtcdSettings()
     interface: InterfaceSettings = InterfaceSettings()
@@ -101,3 +116,5 @@ class Settings:
     files: FileSettings = FileSettings()
     log: LogSettings = LogSettings()
     version: bool = False  # print the version and exit
+    #: Every option's effective value and where it came from, in flag order.
+    options: tuple[OptionSource, ...] = ()

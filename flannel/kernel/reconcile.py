@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
+from flannel.log import V4
 from flannel.netutil import within
 
 log = logging.getLogger(__name__)
@@ -366,6 +367,9 @@ def reconcile_difference(sock: Netlink, programmed: DesiredState, desired: Desir
 
 def _apply(sock: Netlink, ops: list[tuple[str, object]],
            hint: Callable[[rtnl.NetlinkError], str] | None) -> list[tuple[str, object]]:
+    if log.isEnabledFor(V4):
+        for verb, obj in ops:
+            log.log(V4, "netlink: %s %s %s", verb, kind(obj), obj)
     failures = sock.run(ops) if ops else []
     if failures:
         first = failures[0]

@@ -1,7 +1,9 @@
 """A throw-away etcd (Debian ``etcd-server``) for the lab, the tests and the benchmarks.
 
 Owns one etcd process: free ports, a data dir of the caller's, optionally inside a network
-namespace, with TLS client-certificate auth or a short auth-token TTL. Every wait is
+namespace, with TLS (client-certificate auth unless told not to) or a short auth-token
+TTL, on a TCP port or a unix socket (in ``socket_dir``, named ``localhost:<port>``: etcd
+takes a socket as ``unix://host:port``, relative to its working directory). Every wait is
 bounded; ``stop`` always reaps the process. Must not touch: anything outside its data dir
 and its own process.
 """
@@ -39,13 +41,16 @@ class TlsFiles:
 class EtcdServer:
     def __init__(self, workdir: Path, *, tls: TlsFiles | None = None,
                  auth_token_ttl: int | None = None, netns: str | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", socket_dir: Path | None = None,
+                 client_cert_auth: bool = True) -> None:
         self.workdir = workdir
         self.data_dir = workdir / "data"
         self.tls = tls
         self.auth_token_ttl = auth_token_ttl
         self.netns = netns
         self.host = host
+        self.socket_dir = socket_dir
+        self.client_cert_auth = client_cert_auth
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -57,7 +62,20 @@ class EtcdServer:
 
     @property
     def endpoint(self) -> str:
+        if self.socket_dir is not None:
+            return f"unix{'s' if self.tls else ''}://{self.socket_path}"
         return f"{self.scheme}://{self.host}:{self.client_port}"
+
+    @property
+    def socket_path(self) -> Path:
+        assert self.socket_dir is not None
+        return self.socket_dir.resolve() / f"localhost:{self.client_port}"
+
+    @property
+    def _listen_url(self) -> str:
+        if self.socket_dir is not None:
+            return f"unix{'s' if self.tls else ''}://localhost:{self.client_port}"
+        return self.endpoint
 
     def _prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.netns] if self.netns else []
@@ -66,19 +84,22 @@ class EtcdServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         peer = f"http://{self.host}:{self.peer_port}"
         cmd = [*self._prefix(), ETCD, "--name", "test", "--data-dir", str(self.data_dir),
-               "--listen-client-urls", self.endpoint, "--advertise-client-urls", self.endpoint,
+               "--listen-client-urls", self._listen_url,
+               "--advertise-client-urls", self._listen_url,
                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                "--initial-cluster", f"test={peer}", "--log-level", "warn",
                "--logger", "zap"]
         if self.tls:
             cmd += ["--cert-file", str(self.tls.server_cert), "--key-file",
-                    str(self.tls.server_key), "--trusted-ca-file", str(self.tls.ca),
-                    "--client-cert-auth"]
+                    str(self.tls.server_key)]
+            if self.client_cert_auth:
+                # etcd asks every client for a certificate once it has a CA to check it with.
+                cmd += ["--trusted-ca-file", str(self.tls.ca), "--client-cert-auth"]
         if self.auth_token_ttl is not None:
             cmd += ["--auth-token-ttl", str(self.auth_token_ttl)]
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, cwd=self.socket_dir)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -135,6 +156,9 @@ class EtcdServer:
         if self.tls:
             cmd += ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
                     "--key", str(self.tls.client_key)]
+            if self.socket_dir is not None:
+                # etcdctl 3.4 checks a socket's whole path as the server name.
+                cmd.append("--insecure-skip-tls-verify")
         if user:
             cmd += ["--user", user]
         cmd += list(args)

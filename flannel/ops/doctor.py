@@ -47,6 +47,8 @@ def _etcd_clock_skew(args: argparse.Namespace, timeout: float) -> float | None:
 
     context = None
     for endpoint in parse_endpoints(args.etcd_endpoints):
+        if endpoint.path:
+            continue  # urllib speaks TCP only
         url = f"{endpoint.scheme}://{endpoint.target}/version"
         try:
             if endpoint.scheme == "https":

@@ -10,6 +10,7 @@ Must not touch: chains other than ours, except the one jump rule in POSTROUTING 
 
 from __future__ import annotations
 
+import logging
 import re
 import shlex
 import shutil
@@ -17,7 +18,10 @@ import subprocess
 from dataclasses import dataclass
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.log import V6
 from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules
+
+log = logging.getLogger(__name__)
 
 MASQ_COMMENT = "flanneld masq"
 FORWARD_COMMENT = "flanneld forward"
@@ -162,8 +166,11 @@ class IptablesRules:
                     if not self._has_jump(spec.version, chain):
                         lines.append(f"-A {chain.parent} {render(chain.jump)}")
                 lines.append("COMMIT")
+                payload = "\n".join(lines) + "\n"
+                log.log(V6, "%s --noflush < %s", self.variant.command(spec.version, "restore"),
+                        payload)
                 result = _run([self._binary(spec.version, "restore"), "--noflush", "--wait"],
-                              "\n".join(lines) + "\n", self.host)
+                              payload, self.host)
                 if result.returncode != 0:
                     raise RulesError(f"{self.variant.command(spec.version, 'restore')} ({table}) "
                                      f"failed: {result.stderr.strip()}")

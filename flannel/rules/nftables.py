@@ -10,12 +10,16 @@ Must not touch: other tables.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import subprocess
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.log import V6
 from flannel.rules.iptables import RulesError
 from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules
+
+log = logging.getLogger(__name__)
 
 POSTRTG_COMMENT = "chain to manage traffic masquerading by flannel"
 FORWARD_COMMENT = "chain to accept flannel traffic"
@@ -94,7 +98,9 @@ class NftablesRules:
         return "\n".join(lines) + "\n"
 
     def apply(self) -> None:
-        result = _nft(["-f", "-"], self.script(), self.host)
+        script = self.script()
+        log.log(V6, "nft -f - < %s", script)
+        result = _nft(["-f", "-"], script, self.host)
         if result.returncode != 0:
             raise RulesError(f"nft rejected the flannel rules: {result.stderr.strip()}")
 

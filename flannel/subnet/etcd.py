@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import posixpath
+import re
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, replace
@@ -37,6 +39,7 @@ from flannel.lease import (
     LeaseDecodeError,
     parse_subnet_key,
 )
+from flannel.log import V1, V4
 from flannel.settings import EtcdSettings
 from flannel.subnet.candidates import free_subnet, node_seed
 from flannel.subnet.envfile import read_env, single_cidr
@@ -63,6 +66,17 @@ MAX_LEASE_TTL = 9_000_000_000  # etcd's MaxLeaseTTL
 ACQUIRE_ATTEMPTS = 10
 CHECK_INTERVAL = 5.0
 RESET_GRACE = 30.0
+
+
+def go_path_join(*elements: str) -> str:
+    """Go's ``path.Join``, which upstream uses to make every key from ``--etcd-prefix``:
+    empty elements are dropped and the result is cleaned (repeated slashes collapsed, ``.``
+    and ``..`` resolved), so a prefix without a leading slash gives keys without one."""
+    joined = "/".join(e for e in elements if e)
+    if not joined:
+        return ""
+    # posixpath keeps a leading "//" (POSIX leaves it implementation-defined); Go does not.
+    return posixpath.normpath(re.sub("/+", "/", joined))
 
 
 class ConfigNotFound(StoreUnavailable):
@@ -124,7 +138,7 @@ class EtcdSubnetManager:
                  check_interval: float = CHECK_INTERVAL,
                  reset_grace: float = RESET_GRACE) -> None:
         self.client = client
-        self.prefix = "/" + prefix.strip("/") if prefix.strip("/") else ""
+        self.prefix = prefix
         self.lease_ttl = lease_ttl
         self.renew_margin = renew_margin
         self.renew_retry = renew_retry
@@ -150,11 +164,13 @@ class EtcdSubnetManager:
 
     @property
     def config_key(self) -> bytes:
-        return f"{self.prefix}/config".encode()
+        return go_path_join(self.prefix, "config").encode()
 
     @property
     def subnets_prefix(self) -> bytes:
-        return f"{self.prefix}/subnets/".encode()
+        # Go lists "<prefix>/subnets" as a bare key prefix, which also takes in
+        # "<prefix>/subnets-old/...": the trailing slash keeps to the subnets directory.
+        return (go_path_join(self.prefix, "subnets") + "/").encode()
 
     def lease_key(self, lease_key: str) -> bytes:
         return self.subnets_prefix + lease_key.encode()
@@ -485,6 +501,8 @@ class EtcdSubnetManager:
     async def _pump(self, start_revision: int,
                     queue: asyncio.Queue[WatchBatch | Exception]) -> None:
         """Feed one watch stream into ``queue``, ending with the error that broke it."""
+        log.log(V4, "watching %s from revision %d", self.subnets_prefix.decode(errors="replace"),
+                start_revision)
         try:
             async for batch in self.client.watch(self.subnets_prefix, start_revision):
                 await queue.put(batch)
@@ -499,7 +517,7 @@ class EtcdSubnetManager:
         try:
             kv, _ = await self.client.get(self.lease_key(own.key) if own else self.config_key)
         except (StoreUnavailable, StoreError) as err:
-            log.debug("store check failed (the watch reports outages): %s", err)
+            log.log(V1, "store check failed (the watch reports outages): %s", err)
             return None
         reason = self.client.take_reset()
         if reason is not None or own is None or self._own_deleted or kv is not None:
@@ -671,9 +689,11 @@ def make_etcd_manager(settings: EtcdSettings) -> EtcdSubnetManager:
         username=settings.username, password=settings.password,
     )
     client = EtcdClient(options)
-    if not settings.certfile and all(e.scheme == "http" for e in options.endpoints):
+    pair = bool(settings.certfile and settings.keyfile)
+    if not any(e.uses_tls(pair) for e in options.endpoints):
         log.warning("etcd TLS is off: use https:// etcd endpoints with --etcd-cafile (and "
-                    "--etcd-certfile, --etcd-keyfile if etcd wants client certificates)")
+                    "--etcd-certfile, --etcd-keyfile if etcd wants client certificates), "
+                    "or a unix:// socket only this host can reach")
     previous = read_env(settings.previous_subnet_file)
     return EtcdSubnetManager(
         client, settings.prefix, lease_ttl=settings.lease_ttl,

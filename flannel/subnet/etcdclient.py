@@ -1,12 +1,12 @@
 """A thin asyncio etcd v3 client: the few RPCs flannel needs, over aetcd's gRPC stubs.
 
-Owns the gRPC channel (plain or TLS with client certificates), failover across several
-endpoints, password authentication and re-authentication when the token expires, per-call
-deadlines, watch streams that report compaction, the classification of every gRPC status
-into retryable (``StoreUnavailable``) or fatal (``StoreError``, saying what to fix), and the
-cluster ID and highest revision seen, so that a wiped or restored store is noticed. aetcd's
-own ``Client`` is not used because it hard-codes an insecure channel and never
-re-authenticates.
+Owns the gRPC channel (TCP or unix socket; plain or TLS with client certificates, chosen
+per endpoint as Go's etcd client chooses), failover across several endpoints, password
+authentication and re-authentication when the token expires, per-call deadlines, watch
+streams that report compaction, the classification of every gRPC status into retryable
+(``StoreUnavailable``) or fatal (``StoreError``, saying what to fix), and the cluster ID and
+highest revision seen, so that a wiped or restored store is noticed. aetcd's own ``Client``
+is not used because it hard-codes an insecure channel and never re-authenticates.
 Must not touch: flannel semantics (keys, lease JSON) and the kernel.
 """
 
@@ -60,37 +60,83 @@ class EtcdOptionError(ValueError):
     """An etcd connection option is malformed."""
 
 
+#: The longest path a unix socket address holds (sun_path, with its terminating NUL).
+_MAX_SOCKET_PATH = 107
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    scheme: str
-    host: str
-    port: int
+    """One ``--etcd-endpoints`` item, read as Go's etcd client reads it: ``http://`` never
+    uses TLS, ``https://`` and ``unixs://`` always do, and ``unix://`` or a bare
+    ``host:port`` use it when a client certificate is given."""
+
+    scheme: str  # http, https, unix or unixs
+    host: str = ""
+    port: int = 0
+    path: str = ""  # the socket of a unix(s) endpoint
+    bare: bool = False  # given as host:port, without a scheme
 
     @property
     def target(self) -> str:
+        """The gRPC target."""
+        if self.path:
+            return f"unix://{self.path}" if self.path.startswith("/") else f"unix:{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
+    @property
+    def server_name(self) -> str:
+        """The name the server certificate must carry: the host, or for a socket (as Go's
+        client, to allow testing TLS locally) its file name without any ``:port``."""
+        if not self.path:
+            return self.host
+        return self.path.rsplit("/", 1)[-1].split(":", 1)[0]
+
+    def uses_tls(self, client_certificate: bool) -> bool:
+        if self.scheme in ("https", "unixs"):
+            return True
+        if self.scheme == "unix" or self.bare:
+            return client_certificate
+        return False
+
     def __str__(self) -> str:
+        if self.path:
+            return f"{self.scheme}://{self.path}"
         return f"{self.scheme}://{self.target}"
 
 
+def _socket_endpoint(item: str) -> Endpoint:
+    """``unix:///abs``, ``unix://rel`` or ``unix:rel`` (and ``unixs``), as Go's client."""
+    scheme, _, rest = item.partition(":")
+    path = rest[2:] if rest.startswith("//") else rest
+    if not path or "\0" in path or len(path.encode()) > _MAX_SOCKET_PATH:
+        raise EtcdOptionError(
+            f"--etcd-endpoints: {item[:200]!r} does not name a socket; give "
+            f"{scheme}:///path/to/etcd.sock (at most {_MAX_SOCKET_PATH} bytes)")
+    return Endpoint(scheme, path=path)
+
+
 def parse_endpoints(text: str) -> list[Endpoint]:
-    """Split ``--etcd-endpoints`` on commas; each item is ``http(s)://host:port``."""
+    """Split ``--etcd-endpoints`` on commas; each item is ``http(s)://host:port``,
+    ``unix(s)://path`` or a bare ``host:port``."""
     endpoints = []
     for item in text.split(","):
         item = item.strip()
         if not item:
             continue
+        if item.startswith(("unix:", "unixs:")):
+            endpoints.append(_socket_endpoint(item))
+            continue
         parts = urlsplit(item if "://" in item else f"http://{item}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise EtcdOptionError(
-                f"--etcd-endpoints: {item!r} is not an endpoint such as http://127.0.0.1:2379")
+                f"--etcd-endpoints: {item!r} is not an endpoint such as http://127.0.0.1:2379 "
+                "or unix:///run/etcd.sock")
         try:
             port = parts.port or 2379
         except ValueError:
             raise EtcdOptionError(f"--etcd-endpoints: {item!r} has a bad port") from None
-        endpoints.append(Endpoint(parts.scheme, parts.hostname, port))
+        endpoints.append(Endpoint(parts.scheme, parts.hostname, port, bare="://" not in item))
     if not endpoints:
         raise EtcdOptionError("--etcd-endpoints: no endpoint given, e.g. http://127.0.0.1:2379")
     return endpoints
@@ -174,6 +220,11 @@ class EtcdClient:
         self._token: str | None = None
         self._lock = asyncio.Lock()
         self._credentials = self._load_credentials()
+        if bool(options.username) != bool(options.password):
+            given, missing = (("--etcd-username", "--etcd-password") if options.username
+                              else ("--etcd-password", "--etcd-username"))
+            log.warning("%s is given without %s: no password authentication with etcd; "
+                        "give both to authenticate as a user", given, missing)
         self.cluster_id = 0
         self.revision = 0
         self._reset: str | None = None
@@ -183,12 +234,23 @@ class EtcdClient:
         self._stubs: dict[type, Any] = {}
 
     def _load_credentials(self) -> grpc.ChannelCredentials | None:
+        """The TLS credentials of the endpoints that use TLS (None when none does).
+
+        As Go flannel, a client certificate is sent only when both --etcd-certfile and
+        --etcd-keyfile are given; one without the other is ignored with a warning.
+        """
         opts = self._options
         if bool(opts.certfile) != bool(opts.keyfile):
-            raise EtcdOptionError(
-                "--etcd-certfile and --etcd-keyfile must be given together for TLS")
-        wants_tls = bool(opts.certfile) or any(e.scheme == "https" for e in opts.endpoints)
-        if not wants_tls:
+            given, missing = (("--etcd-certfile", "--etcd-keyfile") if opts.certfile
+                              else ("--etcd-keyfile", "--etcd-certfile"))
+            log.warning("%s is given without %s: no client certificate is sent to etcd; "
+                        "give both to authenticate with one", given, missing)
+        if self._client_certificate:
+            for endpoint in opts.endpoints:
+                if endpoint.scheme == "http" and not endpoint.bare:
+                    log.warning("%s is plain http: the client certificate is not used there "
+                                "(give https://%s for TLS)", endpoint, endpoint.target)
+        if not any(e.uses_tls(self._client_certificate) for e in opts.endpoints):
             return None
 
         def read(path: str, flag: str) -> bytes | None:
@@ -199,11 +261,21 @@ class EtcdClient:
             except OSError as err:
                 raise EtcdOptionError(f"{flag}: cannot read {path}: {err.strerror}") from None
 
+        pair = self._client_certificate
         return grpc.ssl_channel_credentials(
             root_certificates=read(opts.cafile, "--etcd-cafile"),
-            private_key=read(opts.keyfile, "--etcd-keyfile"),
-            certificate_chain=read(opts.certfile, "--etcd-certfile"),
+            private_key=read(opts.keyfile, "--etcd-keyfile") if pair else None,
+            certificate_chain=read(opts.certfile, "--etcd-certfile") if pair else None,
         )
+
+    @property
+    def _password_auth(self) -> bool:
+        """As Go's etcd client: a user name and a password, or no authentication."""
+        return bool(self._options.username and self._options.password)
+
+    @property
+    def _client_certificate(self) -> bool:
+        return bool(self._options.certfile and self._options.keyfile)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -221,14 +293,19 @@ class EtcdClient:
             self, require_leader: bool) -> tuple[grpc.aio.Channel, tuple[tuple[str, str], ...]]:
         async with self._lock:
             if self._channel is None:
-                target = self.endpoint.target
-                if self._credentials is not None:
-                    channel = grpc.aio.secure_channel(
-                        target, self._credentials, options=_CHANNEL_OPTIONS)
+                endpoint = self.endpoint
+                target = endpoint.target
+                if self._credentials is not None \
+                        and endpoint.uses_tls(self._client_certificate):
+                    options: tuple[tuple[str, str | int], ...] = _CHANNEL_OPTIONS
+                    if endpoint.path:
+                        options += (("grpc.ssl_target_name_override", endpoint.server_name),)
+                    channel = grpc.aio.secure_channel(target, self._credentials,
+                                                      options=options)
                 else:
                     channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
                 self._channel = channel
-                if self._options.username:
+                if self._password_auth:
                     try:
                         await self._authenticate(channel)
                     except grpc.aio.AioRpcError as err:
@@ -309,7 +386,7 @@ class EtcdClient:
         if code == grpc.StatusCode.PERMISSION_DENIED:
             key = _request_key(request)
             verb = "read" if method == "Range" else "write"
-            user = self._options.username
+            user = self._options.username if self._password_auth else ""
             who = f"etcd user {user!r}" if user else "the etcd client certificate's user"
             if key is None:
                 return EtcdError(f"{who} may not call {method}: grant it the permission "
@@ -320,7 +397,7 @@ class EtcdClient:
                 f"role grant-permission <role> readwrite {prefix} --prefix=true; etcdctl "
                 f"user grant-role {user or '<user>'} <role>)", code)
         hint = ""
-        if code == grpc.StatusCode.INVALID_ARGUMENT and not self._options.username:
+        if code == grpc.StatusCode.INVALID_ARGUMENT and not self._password_auth:
             hint = ("; if etcd has authentication enabled, pass --etcd-username and "
                     "--etcd-password")
         return EtcdError(f"etcd {method} failed: {code.name}: {err.details()}{hint}", code)
@@ -351,7 +428,7 @@ class EtcdClient:
                 return response
             except grpc.aio.AioRpcError as err:
                 code = err.code()
-                if code == grpc.StatusCode.UNAUTHENTICATED and self._options.username \
+                if code == grpc.StatusCode.UNAUTHENTICATED and self._password_auth \
                         and not reauthed:
                     reauthed = True
                     try:
@@ -499,7 +576,7 @@ class EtcdClient:
             if code in _RETRY_ELSEWHERE:
                 async with self._lock:
                     await self._discard(channel, failover=True)
-            elif code == grpc.StatusCode.UNAUTHENTICATED and self._options.username:
+            elif code == grpc.StatusCode.UNAUTHENTICATED and self._password_auth:
                 await self._reauthenticate(channel, dict(metadata).get("token"))
             if code in (*_RETRY_ELSEWHERE, *_RETRY_LATER):
                 raise EtcdUnavailable(f"watch stream broken: {err.details()}") from None

@@ -49,10 +49,85 @@ async def test_tls_with_client_certificates(tmp_path, tls_files):
             await anonymous.close()
 
 
-def test_tls_needs_both_cert_and_key(tls_files):
-    with pytest.raises(EtcdOptionError, match="--etcd-certfile and --etcd-keyfile"):
-        EtcdClient(EtcdOptions(parse_endpoints("https://127.0.0.1:2379"),
-                               certfile=str(tls_files.client_cert)))
+async def test_key_without_cert_is_ignored_with_a_warning_as_go(tmp_path, tls_files, caplog):
+    """Go flannel sends no client certificate unless both files are given, and goes on."""
+    with EtcdServer(tmp_path / "etcd") as server:
+        for half in ({"keyfile": str(tls_files.client_key)},
+                     {"certfile": str(tls_files.client_cert)}):
+            caplog.clear()
+            client = EtcdClient(EtcdOptions(parse_endpoints(server.endpoint), **half))
+            try:
+                await client.put(b"/half/key", b"v")
+                kv, _ = await client.get(b"/half/key")
+                assert kv is not None and kv.value == b"v"
+            finally:
+                await client.close()
+            given, missing = (("--etcd-keyfile", "--etcd-certfile") if "keyfile" in half
+                              else ("--etcd-certfile", "--etcd-keyfile"))
+            assert any(r.levelno == logging.WARNING and given in r.getMessage()
+                       and missing in r.getMessage() for r in caplog.records)
+
+
+async def test_cafile_alone_verifies_an_https_etcd(tmp_path, tls_files):
+    """Go reads --etcd-cafile only with a client certificate pair (otherwise https is checked
+    against the system's CAs); ours uses it for https endpoints in any case."""
+    with EtcdServer(tmp_path / "etcd", tls=tls_files, client_cert_auth=False) as server:
+        client = EtcdClient(EtcdOptions(parse_endpoints(server.endpoint),
+                                        cafile=str(tls_files.ca), timeout=2))
+        try:
+            await client.put(b"/ca-only/key", b"v")
+            kv, _ = await client.get(b"/ca-only/key")
+            assert kv is not None and kv.value == b"v"
+        finally:
+            await client.close()
+
+
+async def test_user_name_without_password_means_no_authentication_as_go(etcd, caplog):
+    """Go's etcd client authenticates only with both a user name and a password; one alone
+    is no authentication (an etcd without auth answers), said in a warning."""
+    client = EtcdClient(EtcdOptions(parse_endpoints(etcd.endpoint), username="flannel",
+                                    timeout=2))
+    try:
+        await client.put(b"/user-only/key", b"v")
+        kv, _ = await client.get(b"/user-only/key")
+        assert kv is not None and kv.value == b"v"
+    finally:
+        await client.close()
+    assert ("--etcd-username is given without --etcd-password: no password authentication "
+            "with etcd; give both to authenticate as a user") in caplog.text
+
+
+async def test_unix_socket_endpoint(tmp_path):
+    """Go's etcd client dials unix://path endpoints; so does ours (plain, no TLS)."""
+    with EtcdServer(tmp_path / "etcd", socket_dir=tmp_path) as server:
+        assert server.endpoint.startswith(f"unix://{tmp_path}/localhost:")
+        client = EtcdClient(EtcdOptions(parse_endpoints(server.endpoint), timeout=2))
+        try:
+            await client.put(b"/unix/key", b"over a socket")
+            kv, _ = await client.get(b"/unix/key")
+            assert kv is not None and kv.value == b"over a socket"
+        finally:
+            await client.close()
+
+
+async def test_unixs_socket_endpoint_with_client_certificates(tmp_path, tls_files):
+    """unixs:// always uses TLS; the server name checked is the socket's file name without
+    its ``:port`` (as Go's client), so ``localhost:<port>`` verifies against a certificate
+    for localhost."""
+    with EtcdServer(tmp_path / "etcd", tls=tls_files, socket_dir=tmp_path) as server:
+        assert server.endpoint.startswith(f"unixs://{tmp_path}/localhost:")
+        client = EtcdClient(EtcdOptions(
+            parse_endpoints(server.endpoint), cafile=str(tls_files.ca),
+            certfile=str(tls_files.client_cert), keyfile=str(tls_files.client_key), timeout=2))
+        try:
+            await client.put(b"/unixs/key", b"v")
+            kv, _ = await client.get(b"/unixs/key")
+            assert kv is not None and kv.value == b"v"
+        finally:
+            await client.close()
+
+
+def test_unreadable_cafile_is_named(tls_files):
     with pytest.raises(EtcdOptionError, match="--etcd-cafile: cannot read"):
         EtcdClient(EtcdOptions(parse_endpoints("https://127.0.0.1:2379"),
                                cafile="/nonexistent/ca.pem"))
@@ -114,7 +189,8 @@ async def test_all_endpoints_down_is_unavailable():
         await client.close()
 
 
-@pytest.mark.parametrize("text", ["", "ftp://x:1", "http://:2379", "http://h:99999"])
+@pytest.mark.parametrize("text", ["", "ftp://x:1", "http://:2379", "http://h:99999",
+                                  "unix://", "unixs:", "unix:///" + "s" * 200])
 def test_bad_endpoints_name_the_flag(text):
     with pytest.raises(EtcdOptionError, match="--etcd-endpoints"):
         parse_endpoints(text)

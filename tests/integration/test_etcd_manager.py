@@ -492,3 +492,41 @@ async def test_hostile_leases_are_skipped_by_list_acquisition_and_watch(client, 
     deep_warnings = [r.getMessage() for r in caplog.records if "10.3.30.0-24" in r.getMessage()]
     assert deep_warnings == ["ignoring lease 10.3.30.0-24: lease value nests JSON deeper than "
                              "the limit of 32 levels"]
+
+
+async def test_relative_prefix_addresses_the_keys_go_does(client, prefix):
+    """A prefix without a leading slash names keys without one, as Go's path.Join makes
+    them (``coreos.com/network/config``), not the slash-led keys of the default prefix."""
+    relative = prefix.lstrip("/") + "/"
+    await client.put(f"{prefix}/config".encode(), b'{"Network": "10.99.0.0/16"}')
+    await client.put(f"{relative}config".encode(), CONFIG.encode())
+    sm = EtcdSubnetManager(client, relative)
+    config = await sm.get_network_config()
+    assert str(config.network) == "10.3.0.0/16"
+    lease = await acquire(sm, attrs())
+    kv, _ = await client.get(f"{relative}subnets/{lease.key}".encode())
+    assert kv is not None
+    kvs, _ = await client.get_prefix(f"{prefix}/subnets/".encode())
+    assert kvs == []
+
+
+async def test_keys_beside_the_subnets_directory_are_not_leases(client, prefix):
+    """Go lists ``<prefix>/subnets`` as a bare key prefix and would take
+    ``<prefix>/subnets-old/10.3.200.0-24`` for a lease; ours reads ``<prefix>/subnets/``."""
+    sm = await setup(client, prefix)
+    value = b'{"PublicIP":"192.0.2.9","PublicIPv6":null}'
+    await client.put(f"{prefix}/subnets-old/10.3.200.0-24".encode(), value)
+    await client.put(f"{prefix}/subnets/10.3.201.0-24".encode(), value)
+    leases, _ = await sm.list_leases()
+    assert [lease.key for lease in leases] == ["10.3.201.0-24"]
+
+
+async def test_remote_lease_expirations_are_not_looked_up(client, prefix):
+    """Go asks etcd for every listed key's TimeToLive (and consumes none of it); a listed
+    lease here carries its etcd lease ID and no expiration."""
+    sm = await setup(client, prefix)
+    lease_id, _ = await client.grant(600)
+    await client.put(f"{prefix}/subnets/10.3.202.0-24".encode(),
+                     b'{"PublicIP":"192.0.2.9","PublicIPv6":null}', lease=lease_id)
+    (lease,), _ = await sm.list_leases()
+    assert (lease.etcd_lease_id, lease.expiration) == (lease_id, None)

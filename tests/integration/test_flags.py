@@ -102,3 +102,42 @@ def test_default_healthz_ip_is_said_to_answer_everywhere(ns, tmp_path):
                                        "config\n")
     finally:
         proc.stop()
+
+
+def test_start_up_line_shows_every_option_with_its_source(tmp_path):
+    """As Go's "CLI flags config: {...}", but each option says where it came from, and the
+    etcd password is masked (Go prints it)."""
+    closed = free_port()
+    proc = Flanneld(tmp_path, [f"--etcd-endpoints=http://127.0.0.1:{closed}",
+                               f"--subnet-file={tmp_path / 'subnet.env'}", "-v=2"],
+                    env={"FLANNELD_ETCD_PASSWORD": "s3cret-pw", "FLANNELD_ETCD_USERNAME": "fl",
+                         "FLANNELD_IPTABLES_RESYNC": "7"}).start()
+    try:
+        _fetching_config(proc)
+        (line,) = [x for x in proc.log.splitlines() if "CLI flags config: " in x]
+        assert line.startswith("I")
+        for shown in (f"--etcd-endpoints=http://127.0.0.1:{closed} (flag)",
+                      "-v=2 (flag)", "--etcd-username=fl (FLANNELD_ETCD_USERNAME)",
+                      "--etcd-password=***** (FLANNELD_ETCD_PASSWORD)",
+                      "--iptables-resync=7 (FLANNELD_IPTABLES_RESYNC)",
+                      "--etcd-prefix=/coreos.com/network (default)",
+                      "--subnet-lease-ttl=24h0m0s (default)"):
+            assert shown in line
+        assert "s3cret-pw" not in proc.log
+    finally:
+        proc.stop()
+
+
+def test_key_without_cert_starts_with_a_warning(tmp_path):
+    """Go flannel warns and connects without a client certificate; so do we (it was fatal)."""
+    tls = make_tls_files(tmp_path / "tls")
+    closed = free_port()
+    proc = Flanneld(tmp_path, [f"--etcd-endpoints=http://127.0.0.1:{closed}",
+                               f"--etcd-keyfile={tls.client_key}",
+                               f"--subnet-file={tmp_path / 'subnet.env'}"]).start()
+    try:
+        _fetching_config(proc)
+        assert ("--etcd-keyfile is given without --etcd-certfile: no client certificate is "
+                "sent to etcd; give both to authenticate with one") in proc.log
+    finally:
+        proc.stop()

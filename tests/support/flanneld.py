@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -15,8 +16,9 @@ FLANNELD = str(Path(sys.executable).parent / "flanneld")
 
 class Flanneld:
     def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
-                 name: str = "flanneld") -> None:
+                 name: str = "flanneld", env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
+        self.env = env
         self.args = args
         self.netns = netns
         self.log_path = workdir / f"{name}.log"
@@ -27,7 +29,9 @@ class Flanneld:
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([*prefix, FLANNELD, *self.args], stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=None if self.env is None else
+                                         {**os.environ, **self.env})
         return self
 
     @property

@@ -143,8 +143,8 @@ GIVE_ADDRESS = "give this node's address on the network between the nodes"
      "1439"),
     (["--reconcile-interval=0"], {},
      "--reconcile-interval=0: out of acceptable range; give seconds from 1 to 86400"),
-    (["-v=11"], {}, "-v=11: out of acceptable range; give a log level from 0 to 10"),
-    (["-v=-1"], {}, "-v=-1: out of acceptable range; give a log level from 0 to 10"),
+    (["-v=2147483648"], {}, "-v=2147483648: out of acceptable range; give a log level from "
+     "-2147483648 to 2147483647"),
     (["--subnet-lease-ttl=30m"], {},
      "--subnet-lease-ttl=1800s: must be longer than --subnet-lease-renew-margin (60 min), or "
      "the lease would be renewed continuously"),
@@ -226,9 +226,32 @@ def test_values_that_hurt_are_refused_with_the_flag_and_range(argv, env, message
 @pytest.mark.parametrize("argv", [
     ["--public-ip=192.0.2.10", "--public-ipv6=2001:db8::10"],
     ["--public-ip=10.1.2.3", "--healthz-ip=::1", "--healthz-port=65535"],
-    ["--iptables-resync=1", "--reconcile-interval=86400", "-v=10"],
+    ["--iptables-resync=1", "--reconcile-interval=86400", "-v=10"], ["-v=11"], ["-v=-1"],
     ["--subnet-lease-ttl=61m", "--subnet-lease-renew-margin=60"],
     ["--subnet-lease-ttl=9000000000s", "--subnet-lease-renew-margin=1439"],
 ])
 def test_sensible_values_pass(argv):
     parse(*argv)
+
+
+def test_effective_options_name_their_source_and_mask_secrets():
+    env = {"FLANNELD_ETCD_PASSWORD": "s3cret", "FLANNELD_IPTABLES_RESYNC": "7",
+           "FLANNELD_ETCD_PREFIX": "/from/env"}
+    settings = parse("--etcd-prefix=/from/flag", "--iface=eth0", "--iface=eth1",
+                     "--etcd-endpoints=https://flannel:pw@10.0.0.1:2379,http://10.0.0.2:2379",
+                     "--kube-api-url=https://t0ken@api:6443", env=env)
+    options = {o.name: (o.shown, o.source) for o in settings.options}
+    assert "version" not in options
+    assert options["etcd-prefix"] == ("/from/flag", "flag")  # the flag wins over the env
+    assert options["iptables-resync"] == ("7", "FLANNELD_IPTABLES_RESYNC")
+    assert options["etcd-password"] == ("*****", "FLANNELD_ETCD_PASSWORD")
+    assert options["etcd-endpoints"] == (
+        "https://flannel:*****@10.0.0.1:2379,http://10.0.0.2:2379", "flag")
+    assert options["kube-api-url"] == ("https://*****@api:6443", "flag")
+    assert options["iface"] == ("eth0,eth1", "flag")
+    assert options["ip-masq"] == ("false", "default")
+    assert options["subnet-lease-ttl"] == ("24h0m0s", "default")
+    assert options["etcd-keyfile"] == ("", "default")
+    assert [o.name for o in settings.options] == [f.name for f in FLAGS if f.name != "version"]
+    shown = repr(settings.options)
+    assert "s3cret" not in shown and ":pw@" not in shown and "t0ken" not in shown

@@ -3,7 +3,7 @@ involved)."""
 
 import errno
 import json
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address
 
 import pytest
 
@@ -105,3 +105,15 @@ def test_host_gw_explains_an_unreachable_peer():
         "reachable on eth0, with no router in between; across routed networks use the vxlan "
         "backend (DirectRouting keeps direct routes for the peers on the same segment)")
     assert hostgw.failure_hint(NetlinkError(errno.EEXIST, "replace route x")) == ""
+
+
+def test_the_ipv6_device_mtu_leaves_room_for_the_outer_ipv6_header():
+    """Go flannel subtracts 50 for both families; the outer IPv6 header is 20 bytes longer."""
+    ext = ExternalInterface("eth0", 2, 1500, IPv4Address("192.168.1.1"), IPv6Address("fd00::1"),
+                            IPv4Address("192.168.1.1"), IPv6Address("fd00::1"))
+    config = parse_config(json.dumps({"Network": "10.244.0.0/16", "EnableIPv6": True,
+                                      "IPv6Network": "fd10::/56",
+                                      "Backend": {"Type": "vxlan"}}))
+    check_network_config(config)
+    vxlan = VxlanBackend(ext, config)
+    assert (vxlan.device_mtu(4), vxlan.device_mtu(6)) == (1450, 1430)
