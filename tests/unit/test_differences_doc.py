@@ -32,13 +32,20 @@ KNOWN_DIFFERENCES = frozenset({
     "extension-retries", "extension-ipv6-env", "cloud-routes-reconciled",
     "tencent-secret-not-logged", "udp-icmp-reaches-sender", "udp-other-backends-not-peers",
     "udp-tun-kept", "udp-runt-no-icmp", "wireguard-kept-across-restarts",
-    "wireguard-peers-reconciled", "wireguard-failing-handshakes",
+    "wireguard-peers-reconciled", "wireguard-failing-handshakes", "wireguard-genl-messages",
+    "wireguard-genl-errors", "neighbours-adopted-any-protocol",
     # rules
     "iptables-refill-chains", "nftables-rechecked", "iptables-mode",
     # health, tools, memory
     "readyz-no-paths", "metrics-and-status", "flannelctl-cleanup", "lazy-store-clients",
     # kube
-    "kube-watch-resumes", "kube-no-http-proxy",
+    "kube-watch-resumes", "kube-no-http-proxy", "kube-record-republished",
+    "kube-writes-retried", "kube-readiness-lease-published", "kube-start-waits-for-node",
+    "kube-pod-cidr-change-reported", "kube-node-name-checked", "kube-watch-reopen-backoff",
+    "kube-list-resumes",
+    # Helm chart
+    "chart-default-image", "chart-tunnel-mode-json", "chart-values-checked", "chart-extra-keys",
+    "chart-objects",
     # CNI
     "cni-del-keeps-config", "cni-del-refused-for-good", "cni-error-codes",
     "cni-data-dir-safety", "cni-exact-numbers",
