@@ -19,14 +19,12 @@ import time
 from pathlib import Path
 
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
-from flannel.lab import extension
+from flannel.lab import extension, tour
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
 from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
 ALL_PAIRS_UP_TO = 10  # up pings every pair up to this many nodes, a ring above
-DEMO_CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 20, "SubnetMin": "10.10.0.0",
-               "SubnetMax": "10.99.0.0", "Backend": {"Type": "vxlan", "VNI": 100, "Port": 8472}}
 
 
 def say(message: str) -> None:
@@ -280,36 +278,24 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``demo`` and ``tour`` (flannel/lab/tour.py): the lab is removed at the end unless
+    ``--keep``."""
     lab = Lab(args.name, args.root, progress=say)
     if lab.exists:
         print(f"flannel-lab: {lab.exists_error()}", file=sys.stderr)
         return 1
+    walk = tour.tour if args.command == "tour" else tour.demo
     try:
-        say("etcd config: " + json.dumps(DEMO_CONFIG))
-        build(lab, 2, DEMO_CONFIG, flanneld_args=("--ip-masq",))
-        say("waiting until node 1 reaches node 2")
-        took = wait_for_mesh(lab, [1, 2], False)
-        pods = []
-        for index in (1, 2):
-            pods.append(lab.add_pod(index))
-            say(f"pod {pods[-1].name} attached by the flannel CNI plugin: {pods[-1].address}")
-        for index in (1, 2):
-            print_node_state(lab, index)
-        say(f"ping from pod {pods[0].name} ({pods[0].address}) to pod {pods[1].name} "
-            f"({pods[1].address}) across the vxlan overlay (nodes connected after {took:.2f}s)")
-        result = in_ns(pods[0].netns, "ping", "-c", "3", "-i", "0.2", pods[1].address,
-                       check=False)
-        print(result.stdout.strip())
-        if result.returncode != 0:
-            print("flannel-lab: the ping failed", file=sys.stderr)
-            return 1
-        return 0
+        return walk(lab, build)
     except LabError as err:
         print(f"flannel-lab: {err}", file=sys.stderr)
         return 1
     finally:
-        if lab.owns_directory:
-            say("removing the demo lab")
+        if lab.owns_directory and args.keep:
+            say(f"lab {lab.name} kept: 'flannel-lab status --name {lab.name}' shows it, "
+                f"'flannel-lab down --name {lab.name}' removes it")
+        elif lab.owns_directory:
+            say(f"removing the {args.command} lab")
             lab.down()
 
 
@@ -350,9 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         with_name(p)
         p.set_defaults(func=func)
-    demo = sub.add_parser("demo", help="the classic two-node vxlan walkthrough")
-    with_name(demo, "fl-demo")
-    demo.set_defaults(func=cmd_demo)
+    for name, text in (("demo", "two vxlan nodes explained: the leases in etcd, "
+                        "subnet.env, a packet's path through route, neighbour and FDB, a ping"),
+                       ("tour", "the demo, and more: a node joining (its lease, the entries "
+                        "each node adds for it), an entry deleted by hand and repaired")):
+        p = sub.add_parser(name, help=text, description=text)
+        with_name(p, f"fl-{name}")
+        p.add_argument("--keep", action="store_true",
+                       help="leave the lab running at the end (remove it with down)")
+        p.set_defaults(func=cmd_demo)
     return parser
 
 
