@@ -89,6 +89,12 @@ ETCD_CONFIG = {"Network": "10.11.0.0/16", "Backend": {"Type": "vxlan"}}
 # images/Dockerfile copies dist/mk-docker-opts.sh to /opt/bin; its flags are in its usage.
 MK_DOCKER_OPTS = "/opt/bin/mk-docker-opts.sh"
 
+# What else images/Dockerfile's final stage (alpine) puts on PATH: wireguard-tools, strongSwan,
+# kubernetes-sigs' iptables-wrapper (as /usr/sbin/iptables-wrapper, installed as iptables),
+# busybox. Ours has none of them (docs/install.md lists them).
+UPSTREAM_ONLY = {"wg": "wireguard-tools", "ipsec": "strongswan",
+                 "iptables-wrapper": "iptables-wrapper", "busybox": "alpine's busybox"}
+
 
 def configmap(directory: Path, data: dict[str, str]) -> Path:
     """A ConfigMap volume as the kubelet lays it out: each key a symlink into ..data."""
@@ -140,6 +146,28 @@ def test_the_entrypoint_is_upstreams_and_runs_flanneld(image, box):
     assert not config.get("Cmd")
     result = images.run(box, *config["Entrypoint"], "--version")
     assert (result.returncode, result.stderr) == (0, f"{__version__}\n")
+
+
+def test_upstreams_paths_are_links_to_our_commands(box):
+    """Each needs the image's virtualenv: unlike upstream's static flanneld and shell
+    script, none can be copied out of the image onto a host."""
+    paths = ("/opt/bin/flanneld", "/opt/bin/install-conf", MK_DOCKER_OPTS)
+    result = images.run(box, "python", "-c",
+                        "import json, os, sys; "
+                        "print(json.dumps({p: os.readlink(p) for p in sys.argv[1:]}))", *paths)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "/opt/bin/flanneld": "/opt/pyflannel/bin/flanneld",
+        "/opt/bin/install-conf": "/opt/pyflannel/bin/install-conf",
+        MK_DOCKER_OPTS: "/opt/pyflannel/bin/mk-docker-opts"}
+
+
+@pytest.mark.parametrize("command", UPSTREAM_ONLY)
+def test_what_upstreams_image_has_and_ours_has_not(box, command):
+    """A difference the docs list: adding one to the image must update docs/install.md."""
+    result = images.run(box, "python", "-c",
+                        "import shutil, sys; print(shutil.which(sys.argv[1]))", command)
+    assert (result.returncode, result.stdout) == (0, "None\n"), UPSTREAM_ONLY[command]
 
 
 @pytest.mark.parametrize("where", CONFLIST_INSTALLS)

@@ -94,6 +94,19 @@ def test_docker_opt_variables_of_the_environment_are_kept(tmp_path):
         '--mtu=1472"']
 
 
+def test_an_option_is_written_whole_and_only_docker_opt_names_count(tmp_path):
+    """Unlike upstream's word-split ``set | grep DOCKER_OPT_`` loop: a value keeps its
+    spaces, and a variable whose name merely contains DOCKER_OPT_ is no option."""
+    dst = tmp_path / "docker_opts.env"
+    result = run_cli("-f", str(tmp_path / "missing.env"), "-d", str(dst),
+                     env={"DOCKER_OPT_LABELS": "--label a=1  --label b=2",
+                          "MY_DOCKER_OPT_X": "--not-an-option"})
+    assert (result.returncode, result.stderr) == (0, "")
+    assert dst.read_text().splitlines() == [
+        'DOCKER_OPT_LABELS="--label a=1  --label b=2"',
+        'DOCKER_OPTS=" --label a=1  --label b=2"']
+
+
 def test_the_file_wins_over_the_environment_and_fills_what_it_lacks(tmp_path):
     """Upstream sources the file over its environment: FLANNEL_* of the environment count
     where the file has none, and the file's DOCKER_OPT_* replace the environment's."""
