@@ -79,6 +79,11 @@ def read_flannel_env(path: str) -> dict[str, str]:
     return parse_dotenv(text)
 
 
+def is_option(name: str) -> bool:
+    """Whether a variable is a Docker option: a shell variable named DOCKER_OPT_*."""
+    return name.startswith(OPTION_PREFIX) and _KEY.fullmatch(name) is not None
+
+
 def check(variables: Mapping[str, str], key: str, origin: Mapping[str, str]) -> None:
     """Refuse a value that would not be a Docker option; ``origin`` names where each of
     ``variables`` came from (the flannel env file or the environment)."""
@@ -94,7 +99,7 @@ def check(variables: Mapping[str, str], key: str, origin: Mapping[str, str]) -> 
         raise InputError(f"Invalid value of FLANNEL_MTU in {origin['FLANNEL_MTU']}: {mtu!r} "
                          "is not a number")
     for name, value in sorted(variables.items()):
-        if name != key and not name.startswith(OPTION_PREFIX):
+        if name != key and not is_option(name):
             continue
         if _UNQUOTABLE.search(value) or len(value) > MAX_VALUE:
             raise InputError(f"Invalid value of {name} in {origin[name]}: {value[:100]!r} "
@@ -139,8 +144,7 @@ def render(variables: Mapping[str, str], *, individual: bool, combined: bool,
     values replacing any of the same name. The combined value starts with the key's own value
     and a space when that is set, then a space before each option.
     """
-    options = {name: value for name, value in variables.items()
-               if name.startswith(OPTION_PREFIX) and _KEY.fullmatch(name)}
+    options = {name: value for name, value in variables.items() if is_option(name)}
     if variables.get("FLANNEL_SUBNET"):
         options["DOCKER_OPT_BIP"] = f"--bip={variables['FLANNEL_SUBNET']}"
     if variables.get("FLANNEL_MTU"):

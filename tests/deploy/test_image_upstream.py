@@ -10,6 +10,7 @@ flanneld does to a network happens in a network namespace of the test's own.
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -120,10 +121,10 @@ def underlay(ns: str) -> None:
     netns.ip("route", "add", "default", "via", "10.99.0.1", netns=ns)
 
 
-def wait_for_file(path: Path, log: Path, timeout: float) -> None:
-    """Wait until ``path`` exists; a timeout shows the end of the process's ``log``."""
+def wait_logged(condition: Callable[[], object], log: Path, timeout: float, what: str) -> None:
+    """Wait for ``condition``; a timeout shows the end of the process's ``log``."""
     try:
-        wait_until(path.exists, timeout, interval=0.2, what=str(path))
+        wait_until(condition, timeout, interval=0.2, what=what)
     except AssertionError as err:
         raise AssertionError(f"{err}; its log:\n{log.read_text(errors='replace')[-3000:]}"
                              ) from None
@@ -211,7 +212,7 @@ def kube_mounts(tmp_path: Path) -> tuple[tuple[Path, str], ...]:
 def test_flanneld_takes_upstreams_kube_args_and_wants_only_a_cluster(box, ns, tmp_path,
                                                                     where):
     """Outside a pod (no service account), flanneld gets as far as the Kubernetes client
-    and stops there, saying what is missing: every flag and variable was accepted."""
+    and stops there, saying what is missing: every flag was accepted."""
     command = FLANNELD_KUBE[where]
     result = images.run(box, *command, volumes=kube_mounts(tmp_path), env=KUBE_ENV,
                         netns=ns, cap_add=KUBE_CAPABILITIES, timeout=60)
@@ -257,7 +258,7 @@ def test_flanneld_as_upstreams_daemonset_runs_it_joins_the_cluster(box, ns, tmp_
                                 log=log, volumes=mounts, env=env, netns=ns,
                                 cap_add=KUBE_CAPABILITIES)
         subnet_env = tmp_path / "run-flannel" / "subnet.env"
-        wait_for_file(subnet_env, log, 60)
+        wait_logged(subnet_env.exists, log, 60, str(subnet_env))
         assert "FLANNEL_SUBNET=10.244.1.1/24\n" in subnet_env.read_text()
         assert " vxlan id 1 " in netns.ip("-d", "link", "show", "flannel.1", netns=ns).stdout
         ready = ("import urllib.request; "
@@ -299,8 +300,8 @@ def test_flanneld_with_upstreams_functional_test_args_leases_from_etcd(image, bo
         flanneld = images.start(box, *command, log=log, netns=ns, cap_add=KUBE_CAPABILITIES,
                                 volumes=volumes)
         try:
-            wait_until(lambda: f"Wrote {subnet_file}:" in log.read_text(errors="replace"), 60,
-                       interval=0.2, what=f"flanneld to write {subnet_file}")
+            wait_logged(lambda: f"Wrote {subnet_file}:" in log.read_text(errors="replace"),
+                        log, 60, f"flanneld to write {subnet_file}")
             # Read inside the container, as upstream's test does (docker exec cat).
             result = images.run(box, "cat", subnet_file, volumes=volumes)
             assert result.returncode == 0, result.stderr
@@ -313,7 +314,9 @@ def test_flanneld_with_upstreams_functional_test_args_leases_from_etcd(image, bo
             stop(flanneld)
 
 
-def test_mk_docker_opts_sh_writes_the_docker_options(box, tmp_path):
+def test_mk_docker_opts_sh_writes_the_docker_options(box, ns, tmp_path):
+    """As a host's docker unit runs it, -c and -k as in its usage; the routing table it
+    checks is the test namespace's."""
     run_flannel = tmp_path / "run-flannel"
     run_flannel.mkdir()
     (run_flannel / "subnet.env").write_text(
@@ -323,7 +326,7 @@ def test_mk_docker_opts_sh_writes_the_docker_options(box, tmp_path):
     out.mkdir()
     result = images.run(box, MK_DOCKER_OPTS, "-f", "/run/flannel/subnet.env",
                         "-d", "/out/docker_opts.env", "-c", "-k", "DOCKER_NETWORK_OPTIONS",
-                        volumes=((run_flannel, "/run/flannel"), (out, "/out")))
+                        volumes=((run_flannel, "/run/flannel"), (out, "/out")), netns=ns)
     assert (result.returncode, result.stderr) == (0, "")
     assert (out / "docker_opts.env").read_text() == (
         'DOCKER_NETWORK_OPTIONS=" --bip=10.1.74.1/24 --ip-masq=true --mtu=1472"\n')
