@@ -4,7 +4,8 @@ in ours with the same arguments, environment and mounts, and does its job.
 
 The commands below are facts read from flannel-io/flannel at tag v0.28.9 (each names its
 file); the test runs them inside the built image (buildah, chroot isolation). Whatever
-flanneld does to a network happens in a network namespace of the test's own.
+flanneld does to a network happens in a network namespace of the test's own, and every
+long-running command runs in one, whose removal stops all that runs there.
 """
 
 import json
@@ -44,6 +45,11 @@ CONFLIST_INSTALLS = {
     "Documentation/kustomization/kube-flannel/kube-flannel.yml": ("cp", "-f", CONF_SRC,
                                                                   CONF_DEST),
 }
+# Documentation/minikube.yml's install-cni container (same mounts) copies it with a shell and
+# then stays up.
+MINIKUBE_INSTALL_CNI = ("/bin/sh", "-c", "set -e -x; cat /etc/kube-flannel/cni-conf.json; "
+                        "cp -f /etc/kube-flannel/cni-conf.json /etc/cni/net.d/10-flannel.conf; "
+                        "while true; do sleep 3600; done")
 
 # The kube-flannel container's command and args. The chart's come from values.yaml
 # (flannel.args, flannel.healthz.port: 8081), as chart/kube-flannel/tests/daemonset_test.yaml
@@ -183,6 +189,25 @@ def test_the_init_container_installs_the_conflist(box, tmp_path, where):
     assert (result.returncode, result.stderr) == (0, "")
     assert (netd / "10-flannel.conflist").read_text() == data["cni-conf.json"]
     assert [p.name for p in netd.iterdir()] == ["10-flannel.conflist"]
+
+
+def test_minikubes_install_cni_container_copies_the_conf_and_stays_up(box, ns, tmp_path):
+    """Run in a namespace of the test's own so that its end stops the shell's sleep too
+    (stopping buildah run ends the shell, not its child)."""
+    data = our_configmap()
+    cfg = configmap(tmp_path / "flannel-cfg", data)
+    netd = tmp_path / "net.d"
+    netd.mkdir()
+    log = tmp_path / "install-cni.log"
+    process = images.start(box, *MINIKUBE_INSTALL_CNI, log=log, netns=ns,
+                           volumes=((netd, "/etc/cni/net.d"), (cfg, "/etc/kube-flannel/")))
+    try:
+        conf = netd / "10-flannel.conf"
+        wait_logged(lambda: conf.exists() and conf.read_text() == data["cni-conf.json"], log,
+                    30, f"{conf} with the ConfigMap's cni-conf.json")
+        assert process.poll() is None, log.read_text()
+    finally:
+        stop(process)
 
 
 def test_install_conf_refuses_a_missing_source_naming_it(box, tmp_path):
