@@ -272,7 +272,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="flanneld", usage="%(prog)s [OPTION]...", allow_abbrev=False)
+    parser = _Parser(prog="flanneld", usage="%(prog)s [OPTION]...", allow_abbrev=False,
+                     add_help=False)
+    # Go's flag package takes -help as well as -h and --help.
+    parser.add_argument("-h", "-help", "--help", action="help",
+                        help="show this help message and exit")
     for flag in FLAGS:
         names = [f"-{flag.name}", f"--{flag.name}"]
         help_text = f"{flag.help} (env {flag.env_name})"

@@ -102,11 +102,38 @@ def container(image: str) -> Iterator[str]:
         buildah("rm", name)
 
 
-def run(container_name: str, *command: str, volumes: tuple[tuple[Path, str], ...] = (),
-        timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``command`` in the container (no shell), with host directories bind-mounted."""
-    args = ["buildah", "run"]
+def run_args(container_name: str, *command: str, volumes: tuple[tuple[Path, str], ...] = (),
+             env: dict[str, str] | None = None, netns: str | None = None,
+             cap_add: tuple[str, ...] = ()) -> list[str]:
+    """The command line running ``command`` in the container (no shell), with host
+    directories bind-mounted, ``env`` set, capabilities added to buildah's default set, and
+    in network namespace ``netns`` if given (chroot isolation has no network namespace of
+    its own)."""
+    args = [*(["ip", "netns", "exec", netns] if netns else []), "buildah", "run"]
     for host, inside in volumes:
         args += ["--volume", f"{host}:{inside}"]
-    return subprocess.run([*args, container_name, "--", *command], env=environment(),
-                          capture_output=True, text=True, timeout=timeout)
+    for capability in cap_add:
+        args += ["--cap-add", capability]
+    for name, value in (env or {}).items():
+        args += ["--env", f"{name}={value}"]
+    return [*args, container_name, "--", *command]
+
+
+def run(container_name: str, *command: str, volumes: tuple[tuple[Path, str], ...] = (),
+        env: dict[str, str] | None = None, netns: str | None = None,
+        cap_add: tuple[str, ...] = (), timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``command`` in the container to its end (see run_args)."""
+    return subprocess.run(run_args(container_name, *command, volumes=volumes, env=env,
+                                   netns=netns, cap_add=cap_add),
+                          env=environment(), capture_output=True, text=True, timeout=timeout)
+
+
+def start(container_name: str, *command: str, log: Path,
+          volumes: tuple[tuple[Path, str], ...] = (), env: dict[str, str] | None = None,
+          netns: str | None = None, cap_add: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Start ``command`` in the container (see run_args), its output going to ``log``."""
+    with log.open("ab") as out:
+        return subprocess.Popen(run_args(container_name, *command, volumes=volumes, env=env,
+                                         netns=netns, cap_add=cap_add),
+                                env=environment(), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)

@@ -7,9 +7,7 @@ target."""
 
 import json
 import re
-import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -21,36 +19,7 @@ from tests.deploy.manifests import BASE, documents, pod_spec
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
-TAG = "localhost/pyflannel-test:latest"
 SIZE_TARGET = 150 * 1000 * 1000
-HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
-
-
-@pytest.fixture(scope="module")
-def image():
-    for tool in ("buildah", "debootstrap"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} is not installed: run ./install.sh")
-    started = time.monotonic()
-    base = images.ensure_base_image()
-    base_ready = time.monotonic()
-    command = [str(ROOT / "deploy" / "build-image.sh"), "--tool", "buildah", "--base", base,
-               "--tag", TAG]
-    if HOST_CA_BUNDLE.exists():
-        # Trust what this host trusts while pip downloads (a TLS-inspecting proxy, if any).
-        command += ["--ca-bundle", str(HOST_CA_BUNDLE)]
-    result = subprocess.run(command, env=images.environment(), capture_output=True, text=True,
-                            timeout=1500)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    print(f"\nimage: base ready in {base_ready - started:.1f} s, "
-          f"built in {time.monotonic() - base_ready:.1f} s")
-    return TAG
-
-
-@pytest.fixture
-def box(image):
-    with images.container(image) as name:
-        yield name
 
 
 def test_flanneld_runs_and_says_its_version(box):

@@ -48,7 +48,8 @@ CIDRs, annotations and status conditions, ``put_raw_node`` for any object,
 ``remove_annotations``, ``delete_node``;
 synchronous, so a test can change several things with no watcher running in between),
 compact the history (``compact``) and cut watch streams (``cut_watches``);
-``python -m tests.support.kubeapi`` runs it standalone for the lab.
+``python -m tests.support.kubeapi`` runs it standalone (nodes, pods, a bearer token, TLS),
+for the lab and for a flanneld that runs in another network namespace or an image.
 """
 
 from __future__ import annotations
@@ -385,13 +386,23 @@ class FakeKubeAPI:
             self._watch_writers.discard(writer)
 
 
-async def _serve(host: str, port: int, nodes: list[str]) -> None:
+async def _serve(args: argparse.Namespace) -> None:
     api = FakeKubeAPI()
-    for spec in nodes:
+    for spec in args.node:
         name, _, cidrs = spec.partition("=")
         api.put_node(name, cidrs.split(","))
-    await api.start(host, port)
-    print(f"listening on {host}:{api.port}", flush=True)
+    for spec in args.pod:
+        pod, _, node = spec.partition("=")
+        namespace, _, name = pod.partition("/")
+        api.put_pod(namespace, name, node)
+    if args.token:
+        api.authorization = f"Bearer {args.token}"
+    tls = None
+    if args.tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
+    await api.start(args.host, args.port, tls=tls)
+    print(f"listening on {args.host}:{api.port}", flush=True)
     await asyncio.Event().wait()
 
 
@@ -401,8 +412,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--node", action="append", default=[],
                         help="NAME=CIDR[,CIDR]: a node and its pod CIDRs")
+    parser.add_argument("--pod", action="append", default=[],
+                        help="NAMESPACE/NAME=NODE: a pod and the node it runs on")
+    parser.add_argument("--token", help="the bearer token every request must carry")
+    parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", help="the certificate's key (PEM)")
     args = parser.parse_args()
-    asyncio.run(_serve(args.host, args.port, args.node))
+    asyncio.run(_serve(args))
 
 
 if __name__ == "__main__":

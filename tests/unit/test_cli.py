@@ -106,9 +106,11 @@ def test_version_goes_to_stderr_and_ignores_env(capsys, monkeypatch):
     assert parse(env={"FLANNELD_VERSION": "true"}).version is False
 
 
-def test_help_exits_zero(capsys):
+@pytest.mark.parametrize("flag", ["--help", "-help", "-h"])
+def test_help_exits_zero(capsys, flag):
+    """Every spelling Go's flag package takes (docker run IMAGE -help reaches flanneld)."""
     with pytest.raises(SystemExit) as caught:
-        parse("--help")
+        parse(flag)
     assert caught.value.code == 0
     assert "usage: flanneld [OPTION]..." in capsys.readouterr().out
 
