@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from flannel.backend.base import Applier, Backend, EngineSample
     from flannel.config import NetworkConfig
     from flannel.dataplane import Dataplane
+    from flannel.health import HealthStats
     from flannel.rules.manager import RulesStatus
     from flannel.subnet.manager import SubnetManager
     from flannel.subnet.watch import LeaseWatcher
@@ -45,6 +46,7 @@ class NodeState:
     dataplane: Dataplane | None = None
     rules: RulesStatus | None = None
     peers: LeaseWatcher | None = None
+    health: HealthStats | None = None
 
     def engines(self) -> list[tuple[str, Sequence[EngineSample]]]:
         """(engine name, samples) of every applier that offers samples."""

@@ -1,11 +1,17 @@
 """WireGuard keys: the private key file, key parsing, and a type that never prints a key.
 
 Owns: ``/run/flannel/wgkey`` (or ``WIREGUARD_KEY_FILE``): created with O_CREAT|O_EXCL|
-O_NOFOLLOW, mode 0400, in a 0700 directory when missing; read and checked otherwise. Refused,
-with a message naming the file: a file group or others can access, one owned by another
-user, a symlink, content that is not one base64 32-byte key. Owner-only modes such as the
-0600 of ``umask 077; wg genkey > file`` are accepted. Key generation (X25519, RFC 7748) and
-public key derivation.
+O_NOFOLLOW, mode 0400, in a 0700 directory when missing; read and checked otherwise. Read
+with O_NONBLOCK, following symbolic links as Go does, so a key mounted from a Kubernetes
+Secret (``key -> ..data/key``, ``..data -> ..<timestamp>``, root-owned, mode 0644) is used.
+Refused, with a message naming the file and the fix: anything but a regular file (a FIFO,
+device, socket or directory), a file owned by another user than root or this process's, and
+a key that someone else could change: the file, a symbolic link on the way, or a directory
+on the way writable by group or others (a sticky directory such as /tmp, or the 1777 root of
+a Secret volume, only protects entries owned by root or us; nothing on a read-only mount can
+be changed); content that is not one base64 32-byte key. A key readable by others on a
+writable file system is used with one warning. Key generation (X25519, RFC 7748) and public
+key derivation.
 
 API: ``Secret`` (a 32-byte key; ``repr``/``str`` show only ``Secret(<hidden>)``; ``.base64()``
 and ``.hex()`` give the key for the one place it must go), ``parse_key(text, what)``,
@@ -19,17 +25,21 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import errno
+import logging
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
+log = logging.getLogger(__name__)
+
 DEFAULT_KEY_FILE = "/run/flannel/wgkey"
 KEY_FILE_ENV = "WIREGUARD_KEY_FILE"
 KEY_LEN = 32
 _MAX_KEY_FILE = 4096
+_MAX_LINKS = 40  # the kernel's own limit on symbolic links in one lookup
+_warned_readable: set[str] = set()
 
 
 class KeyFileError(Exception):
@@ -149,28 +159,115 @@ def _ensure_private_dir(directory: Path) -> None:
                         f"or set {KEY_FILE_ENV} to a file in another directory")
 
 
-def read_key_file(path: Path) -> Secret:
-    """A key from a file only its owner (this process's user) can read: the private key, or
-    a PSK file."""
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _trusted(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
+def _read_only(path: str | int) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = os.fstatvfs(path).f_flag if isinstance(path, int) else os.statvfs(path).f_flag
+    except OSError:
+        return False
+    return bool(flags & os.ST_RDONLY)
+
+
+def _others_write(info: os.stat_result) -> bool:
+    """Whether users other than root and the owner may write it (group root is root's)."""
+    return bool(info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != 0))
+
+
+def _unsafe_directory(directory: str, entry: str) -> str | None:
+    """Why someone else could replace ``entry`` in ``directory``; None if no one can."""
+    info = os.stat(directory)
+    if not _trusted(info.st_uid):
+        return f"directory {directory} is owned by uid {info.st_uid}"
+    if not _others_write(info) or _read_only(directory):
+        return None
+    if info.st_mode & stat.S_ISVTX and _trusted(os.lstat(os.path.join(directory, entry)).st_uid):
+        return None  # sticky: only its owner (root or us) may replace the entry
+    return (f"directory {directory} is writable by other users (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}): run `chmod go-w {directory}`")
+
+
+def _unsafe_path(path: Path) -> tuple[str | None, str]:
+    """(Why someone other than root or us could change what ``path`` leads to, or None; the
+    file it leads to), following the path as the kernel does: every directory passed
+    through, and every symbolic link (its owner and its directory)."""
+    todo = list(reversed((Path.cwd() / path).parts[1:]))
+    current, links = "/", 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        why = _unsafe_directory(current, name)
+        if why is not None:
+            return why, current
+        candidate = os.path.join(current, name)
+        info = os.lstat(candidate)
+        if not stat.S_ISLNK(info.st_mode):
+            current = candidate
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            return "it goes through too many symbolic links", candidate
+        if not _trusted(info.st_uid) and not _read_only(current):
+            return f"symbolic link {candidate} is owned by uid {info.st_uid}", candidate
+        target = os.readlink(candidate)
+        if os.path.isabs(target):
+            current = "/"
+        todo.extend(reversed(Path(target).parts[1 if os.path.isabs(target) else 0:]))
+    return None, current
+
+
+def read_key_file(path: Path) -> Secret:
+    """A key from a file only root or this process's user can change: the private key, or a
+    PSK file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise KeyFileError(f"WireGuard key file {path} is a symbolic link; replace it with "
-                            "the key file itself") from None
         raise KeyFileError(f"cannot read WireGuard key file {path}: {err.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise KeyFileError(f"WireGuard key file {path} is not a regular file")
-        if info.st_uid != os.geteuid():
+            raise KeyFileError(f"WireGuard key file {path} is {_kind(info.st_mode)}, not a "
+                               "regular file: remove it (flanneld then creates a key there) "
+                               f"or set {KEY_FILE_ENV} to the key file")
+        if not _trusted(info.st_uid):
             raise KeyFileError(f"WireGuard key file {path} is owned by uid {info.st_uid}, not "
-                               f"by this process (uid {os.geteuid()}); run `chown "
+                               f"by root or this process (uid {os.geteuid()}); run `chown "
                                f"{os.geteuid()} {path}` if it is really the key to use")
-        if info.st_mode & 0o077:
+        read_only = _read_only(fd)
+        if _others_write(info) and not read_only:
             raise KeyFileError(f"WireGuard key file {path} has mode "
-                            f"{stat.S_IMODE(info.st_mode):04o}, readable by others; "
-                            f"run `chmod 0400 {path}` (and consider the key leaked)")
+                               f"{stat.S_IMODE(info.st_mode):04o}, writable by other users; "
+                               f"run `chmod 0400 {path}` (and consider the key leaked)")
+        try:
+            why, real = _unsafe_path(path)
+        except OSError as err:
+            raise KeyFileError(f"cannot check WireGuard key file {path}: {err.strerror}") \
+                from None
+        if why is not None:
+            raise KeyFileError(f"WireGuard key file {path} could be replaced by another user: "
+                               f"{why}; keep the key where only root can change it")
+        if (os.stat(real).st_dev, os.stat(real).st_ino) != (info.st_dev, info.st_ino):
+            raise KeyFileError(f"WireGuard key file {path} changed while it was read; "
+                               "start flanneld again")
+        if info.st_mode & 0o044 and not read_only and str(path) not in _warned_readable:
+            _warned_readable.add(str(path))
+            log.warning("WireGuard key file %s has mode %04o, readable by other users; run "
+                        "`chmod 0400 %s`", path, stat.S_IMODE(info.st_mode), path)
         data = os.read(fd, _MAX_KEY_FILE + 1)
     finally:
         os.close(fd)
