@@ -118,6 +118,7 @@ class NodeCollector(Collector):
         status = state.dataplane.status if state.dataplane is not None else None
         wanted = status.wanted_peers if status is not None else 0
         programmed = status.programmed_peers if status is not None else 0
+        programmed = max(0, programmed - len(self.state.refused()))
         yield _gauge("flannel_peers_known", "Usable remote leases the lease watch holds.",
                      known)
         yield _gauge("flannel_peers_wanted", "Usable remote leases of this node's backend "

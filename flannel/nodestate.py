@@ -59,6 +59,16 @@ class NodeState:
                 out.append((applier.name, samples))
         return out
 
+    def refused(self) -> dict[str, str]:
+        """Peers the backend's engines skip because their commands fail for them (extension):
+        lease key -> why."""
+        out: dict[str, str] = {}
+        for applier in self.backend.appliers() if self.backend is not None else ():
+            refused = getattr(applier, "refused_peers", None)
+            if callable(refused):
+                out.update(refused())
+        return out
+
     def skipped_now(self) -> int:
         """Lease records skipped right now: undecodable in the store, or unusable as peers."""
         count = len(self.peers.skipped.current) if self.peers is not None else 0
@@ -139,13 +149,17 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
             "netlink_errors": status.netlink_errors,
             "event_overruns": status.event_overruns}
     peers = state.peers
+    refused = state.refused()
     doc["peers"] = {
         "known": peers.count if peers is not None else 0,
         "for_backend": dataplane.status.wanted_peers if dataplane is not None else 0,
-        "programmed": dataplane.status.programmed_peers if dataplane is not None else 0,
+        "programmed": max(0, dataplane.status.programmed_peers - len(refused))
+        if dataplane is not None else 0,
         "skipped": state.skipped_now(),
         "skipped_reasons": dict(sorted(peers.skipped.current.items())[:SKIPPED_SHOWN])
         if peers is not None else {}}
+    doc["peers"]["refused"] = len(refused)
+    doc["peers"]["refused_reasons"] = dict(sorted(refused.items())[:SKIPPED_SHOWN])
     rules = state.rules
     if rules is not None:
         doc["rules"] = {"mode": rules.mode, "installed": rules.installed,
