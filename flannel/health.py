@@ -163,7 +163,7 @@ class HealthServer:
         self._acceptor: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         # Connections still waiting for their request head, oldest first.
-        self._waiting: dict[int, asyncio.Transport] = {}
+        self._waiting: dict[int, asyncio.WriteTransport] = {}
         self._ids = itertools.count()
         self._log_dropped = _RateLimitedLog(clock)
         self._log_accept = _RateLimitedLog(clock)
@@ -236,7 +236,7 @@ class HealthServer:
             return
         transport = writer.transport
         key = next(self._ids)
-        self._waiting[key] = transport  # type: ignore[assignment]
+        self._waiting[key] = transport
         done = False
         try:
             try:

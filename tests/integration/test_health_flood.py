@@ -5,9 +5,11 @@ its own netns, and 2,000 connections that never send a byte."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.integration.test_flanneld import CONFIG, PREFIX, flanneld, node  # noqa: F401
 from tests.support.healthflood import HealthFlood
@@ -43,6 +45,9 @@ def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_pa
         proc.wait_log("Ready:", timeout=60)
         wait_until(lambda: "MASQUERADE" in nat_chain(ns), 15, what="rules installed")
         rules = nat_chain(ns)
+        # As a Go program does, flanneld took its hard limit as its soft one.
+        limits = Path(f"/proc/{proc.proc.pid}/limits").read_text()
+        assert re.search(r"Max open files\s+20000\s+20000", limits), limits
         assert http_get(ns, f"http://127.0.0.1:{PORT}/metrics")[0] == 200  # code loaded
         rss_before = proc.rss_kib()
 
