@@ -66,6 +66,7 @@ def test_a_key_file_readable_by_others_is_used_with_a_warning(tmp_path, caplog):
             f"`chmod 0400 {path}`") in caplog.text
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 @pytest.mark.parametrize("mode", [0o666, 0o620])
 def test_a_key_file_others_can_write_is_refused(tmp_path, mode):
     path = tmp_path / "wgkey"
@@ -112,6 +113,7 @@ def test_a_secret_key_in_a_directory_others_can_write_is_refused(tmp_path):
         f"{timestamped}`; keep the key where only root can change it")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="lchown needs root")
 def test_a_symlink_another_user_owns_is_refused(tmp_path):
     path, _ = secret_volume(tmp_path / "secret")
     os.lchown(tmp_path / "secret" / "..data", 1234, 1234)
