@@ -145,7 +145,11 @@ class _RateLimitedLog:
         self._unlogged += 1
         if now < self._next:
             return
-        log.warning(message + " (%d time(s) since the last such line)", *args, self._unlogged)
+        if self._unlogged > 1:
+            log.warning(message + " (%d times since the last such line)", *args,
+                        self._unlogged)
+        else:
+            log.warning(message, *args)
         self._unlogged = 0
         self._next = now + LOG_EVERY
 
@@ -285,9 +289,10 @@ class HealthServer:
 
     def _dropped(self) -> None:
         self.stats.dropped += 1
-        self._log_dropped("health server: closed a connection, %d were open (the most it "
-                          "keeps); %d closed so since start: a client opens connections "
-                          "and sends no request", self.stats.open, self.stats.dropped)
+        self._log_dropped("health server: closed a connection: %d were open, the most it "
+                          "keeps (the oldest one still waiting for its request goes first); "
+                          "%d closed so since start: a client opens connections and sends "
+                          "no request", self.max_connections, self.stats.dropped)
 
     def _admit(self, conn: socket.socket) -> None:
         self.stats.accepted += 1

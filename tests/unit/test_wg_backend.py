@@ -60,7 +60,7 @@ async def test_a_key_file_others_can_write_is_refused_without_showing_the_key(
     key_file = tmp_path / "wgkey"
     key = generate_private_key()
     key_file.write_text(key.base64())
-    os.chmod(key_file, 0o646)
+    os.chmod(key_file, 0o646)  # noqa: S103 (the unsafe mode under test)
     monkeypatch.setenv(KEY_FILE_ENV, str(key_file))
     caplog.set_level(logging.DEBUG)
     with pytest.raises(BackendError) as raised:
