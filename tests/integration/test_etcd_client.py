@@ -84,6 +84,18 @@ def test_a_fifo_as_a_tls_file_is_refused_at_once(tmp_path):
                        "give the path of a PEM file"]
 
 
+def test_a_ca_file_others_could_replace_is_warned_about(tls_files, tmp_path, caplog):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    ca = shared / "ca.pem"
+    ca.write_bytes(tls_files.ca.read_bytes())
+    EtcdClient(EtcdOptions(parse_endpoints("https://127.0.0.1:2379"), cafile=str(ca)))
+    assert (f"--etcd-cafile {ca} can be replaced by other users: directory {shared} is "
+            f"writable by other users (mode 0777): run `chmod go-w {shared}`; whoever "
+            "replaces it decides which etcd flanneld trusts") in caplog.text
+
+
 async def test_password_auth_and_reauthentication_after_token_expiry(tmp_path, caplog):
     with EtcdServer(tmp_path / "etcd", auth_token_ttl=1) as server:
         server.ctl("user", "add", "root", "--new-user-password=s3cret")
