@@ -34,6 +34,7 @@ from flannel.backend import Backend, BackendError, backend_class
 from flannel.backoff import Backoff
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
 from flannel.dataplane import Dataplane
+from flannel.fdlimit import raise_open_files_limit
 from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import EventType, Lease, LeaseAttrs
@@ -250,6 +251,7 @@ class Daemon:
         health = None
         if self.settings.health.port:
             health = HealthServer(self.readiness.current, self.state)
+            self.state.health = health.stats
             ip, port = self.settings.health.ip, self.settings.health.port
             try:
                 await health.start(ip, port)
@@ -502,6 +504,7 @@ class Daemon:
 def main(settings: Settings) -> int:
     flannel_log.setup(settings.log.v)
     log.info("CLI flags config: %s", options_line(settings.options))
+    raise_open_files_limit()
 
     async def runner() -> int:
         return await Daemon(settings).run()

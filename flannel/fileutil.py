@@ -1,7 +1,8 @@
 """Atomic file writes with explicit modes, shared by everything that writes files we own.
 
-Owns: the temp-file (O_EXCL|O_NOFOLLOW, explicit mode) + fsync + rename sequence, and
-bounded reads of files we only consume.
+Owns: the temp-file (O_EXCL|O_NOFOLLOW, explicit mode) + fsync + rename sequence, bounded
+reads of files we only consume (O_NONBLOCK, regular files only), and the check that no one
+but root or this process's user can change what a path leads to.
 Must not touch: anything but the target path and a temporary sibling of it.
 """
 
@@ -12,6 +13,8 @@ import errno
 import os
 import stat
 from pathlib import Path
+
+_MAX_LINKS = 40  # the kernel's own limit on symbolic links in one lookup
 
 
 def _make_dirs(path: Path, mode: int) -> None:
@@ -74,6 +77,15 @@ def write_atomic(path: str | Path, data: bytes, mode: int, dir_mode: int = 0o755
         os.close(dir_fd)
 
 
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is: "a FIFO", "a directory", ..."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
 def read_head(path: str | Path, limit: int) -> tuple[bytes, bool]:
     """Up to ``limit`` bytes of a regular file and whether it holds more; OSError otherwise.
 
@@ -85,7 +97,7 @@ def read_head(path: str | Path, limit: int) -> tuple[bytes, bool]:
         if not stat.S_ISREG(mode):
             code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
             raise OSError(code, "Is a directory" if code == errno.EISDIR else
-                          "Not a regular file", str(path))
+                          f"Not a regular file but {file_kind(mode)}", str(path))
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, limit + 1 - size)
@@ -97,3 +109,69 @@ def read_head(path: str | Path, limit: int) -> tuple[bytes, bool]:
         os.close(fd)
     data = b"".join(chunks)
     return data[:limit], len(data) > limit
+
+
+def trusted_owner(uid: int) -> bool:
+    """Root, or this process's user."""
+    return uid in (0, os.geteuid())
+
+
+def read_only(path: str | int) -> bool:
+    """Whether the file system of this path (or open file) is mounted read-only."""
+    try:
+        flags = os.fstatvfs(path).f_flag if isinstance(path, int) else os.statvfs(path).f_flag
+    except OSError:
+        return False
+    return bool(flags & os.ST_RDONLY)
+
+
+def others_can_write(info: os.stat_result) -> bool:
+    """Whether users other than root and the owner may write it (group root is root's)."""
+    return bool(info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != 0))
+
+
+def unsafe_directory(directory: str, entry: str) -> str | None:
+    """Why someone else could replace ``entry`` in ``directory``; None if no one can."""
+    info = os.stat(directory)
+    if not trusted_owner(info.st_uid):
+        return f"directory {directory} is owned by uid {info.st_uid}"
+    if not others_can_write(info) or read_only(directory):
+        return None
+    entry_owner = os.lstat(os.path.join(directory, entry)).st_uid
+    if info.st_mode & stat.S_ISVTX and trusted_owner(entry_owner):
+        return None  # sticky: only its owner (root or us) may replace the entry
+    return (f"directory {directory} is writable by other users (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}): run `chmod go-w {directory}`")
+
+
+def unsafe_path(path: Path) -> tuple[str | None, str]:
+    """(Why someone other than root or us could change what ``path`` leads to, or None; the
+    file it leads to), following the path as the kernel does: every directory passed
+    through, and every symbolic link (its owner and its directory)."""
+    todo = list(reversed((Path.cwd() / path).parts[1:]))
+    current, links = "/", 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = os.path.dirname(current)
+            continue
+        why = unsafe_directory(current, name)
+        if why is not None:
+            return why, current
+        candidate = os.path.join(current, name)
+        info = os.lstat(candidate)
+        if not stat.S_ISLNK(info.st_mode):
+            current = candidate
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            return "it goes through too many symbolic links", candidate
+        if not trusted_owner(info.st_uid) and not read_only(current):
+            return f"symbolic link {candidate} is owned by uid {info.st_uid}", candidate
+        target = os.readlink(candidate)
+        if os.path.isabs(target):
+            current = "/"
+        todo.extend(reversed(Path(target).parts[1 if os.path.isabs(target) else 0:]))
+    return None, current

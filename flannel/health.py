@@ -11,20 +11,34 @@ anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
 (``flannel.nodestate``) tells more (whole reasons, addresses, devices), so it answers only
 a client on this host: one that connects from a loopback address or from the very address
 it connected to; any other gets 403.
-Must not touch: anything but its listening socket.
+
+Nothing a client does takes it down: at most ``max_connections`` are open at once (a quarter
+of the process's file limit, at most 128), and a connection over that closes the oldest one
+still waiting for its request (a flood of idle connections never locks out a probe, which
+sends its request at once), or the new one if none waits; the request head must arrive
+within ``HEAD_TIMEOUT`` and the reply be taken within ``WRITE_TIMEOUT``; every reply closes
+its connection (no keep-alive); lines are bounded, so is what is buffered per connection.
+An accept that fails for want of files is logged, at most once a minute, never with a
+traceback. ``HealthStats`` counts all of it for /metrics.
+Must not touch: anything but its listening socket and the connections it accepted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib
 import ipaddress
+import itertools
 import json
 import logging
 import re
+import resource
 import socket
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flannel.nodestate import NodeState, status_document
@@ -41,6 +55,25 @@ Readiness = Callable[[], tuple[bool, str]]
 _PATH = re.compile(r"(?<![\w.:/~-])(?:~|\.{1,2})?/[^\s'\",:;()\[\]]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 REASON_LIMIT = 600
+
+#: Open connections at most (a quarter of the file limit if that is less): health probes,
+#: scrapes and flannelctl need a handful.
+MAX_CONNECTIONS = 128
+#: Seconds for the request line and headers to arrive (probes send them at once).
+HEAD_TIMEOUT = 5.0
+#: Seconds for the client to take the whole reply.
+WRITE_TIMEOUT = 10.0
+#: Bytes per request or header line; the reader buffers at most about twice that.
+LINE_LIMIT = 8192
+HEADER_LINES = 100
+BACKLOG = 128
+#: Seconds between two log lines about refused connections or failed accepts.
+LOG_EVERY = 60.0
+#: Seconds to wait after an accept failed and no connection could be closed to make room.
+ACCEPT_PAUSE = 0.1
+_OUT_OF_FILES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+#: Failures of one incoming connection, not of the server: accept the next.
+_ABORTED = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT, errno.ECONNRESET}
 
 
 def _last_part(path: re.Match[str]) -> str:
@@ -77,12 +110,74 @@ def same_host(peer: Any, local: Any) -> bool:
     return source.is_loopback or source == target
 
 
+def connection_limit() -> int:
+    """MAX_CONNECTIONS, or a quarter of the process's soft file limit when that is less."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS
+    return max(4, min(MAX_CONNECTIONS, soft // 4))
+
+
+@dataclass
+class HealthStats:
+    """What the health server did with its connections since start (for /metrics)."""
+
+    accepted: int = 0
+    #: Closed at once because ``max_connections`` were open (the oldest idle one, or the new).
+    dropped: int = 0
+    #: Closed because the request head or the reply's taking overran its deadline.
+    timed_out: int = 0
+    #: accept() failures (out of files, and the like).
+    accept_errors: int = 0
+    open: int = 0
+
+
+class _RateLimitedLog:
+    """One warning now, then at most one every ``LOG_EVERY`` seconds with the count since."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._next = 0.0
+        self._unlogged = 0
+
+    def __call__(self, message: str, *args: object) -> None:
+        now = self._clock()
+        self._unlogged += 1
+        if now < self._next:
+            return
+        if self._unlogged > 1:
+            log.warning(message + " (%d times since the last such line)", *args,
+                        self._unlogged)
+        else:
+            log.warning(message, *args)
+        self._unlogged = 0
+        self._next = now + LOG_EVERY
+
+
 class HealthServer:
-    def __init__(self, readiness: Readiness, state: NodeState | None = None) -> None:
+    def __init__(self, readiness: Readiness, state: NodeState | None = None,
+                 max_connections: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.readiness = readiness
         self.state = state
+        self.max_connections = max_connections or connection_limit()
+        self.stats = HealthStats()
         self._exposition: Exposition | None = None
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._acceptor: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        # Connections still waiting for their request head, oldest first.
+        self._waiting: dict[int, asyncio.WriteTransport] = {}
+        self._ids = itertools.count()
+        self._log_dropped = _RateLimitedLog(clock)
+        self._log_accept = _RateLimitedLog(clock)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the server listens on."""
+        assert self._listener is not None, "not started"
+        host, port = self._listener.getsockname()[:2]
+        return host, port
 
     def answer(self, method: str, path: str, local: bool = False) -> bytes:
         """The reply to one request; ``local``: the client is on this host."""
@@ -128,46 +223,148 @@ class HealthServer:
             return _response(500, "Internal Server Error", "rendering the metrics failed; "
                              "see flanneld's log\n")
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _read_head(self, reader: asyncio.StreamReader) -> bytes:
+        """The request line; the headers are read and dropped (none is used)."""
+        request = await reader.readline()
+        for _ in range(HEADER_LINES):
+            if (await reader.readline()) in (b"\r\n", b"\n", b""):
+                break
+        return request
+
+    async def _serve(self, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn, limit=LINE_LIMIT)
+        except OSError:
+            conn.close()
+            self.stats.open -= 1
+            return
+        transport = writer.transport
+        key = next(self._ids)
+        self._waiting[key] = transport
+        done = False
         try:
             try:
-                async with asyncio.timeout(5):
-                    request = await reader.readline()
-                    for _ in range(100):  # headers, bounded
-                        if (await reader.readline()) in (b"\r\n", b"\n", b""):
-                            break
-            except ValueError:  # a line beyond the stream's limit (64 KiB)
-                writer.write(_response(431, "Request Header Fields Too Large",
-                                       "request line or header too long\n"))
-                await writer.drain()
+                async with asyncio.timeout(HEAD_TIMEOUT):
+                    request = await self._read_head(reader)
+                reply = None
+            except ValueError:  # a line beyond LINE_LIMIT
+                reply = _response(431, "Request Header Fields Too Large",
+                                  "request line or header too long\n")
+            finally:
+                evicted = self._waiting.pop(key, None) is None
+            if evicted:
                 return
-            parts = request.decode("latin-1").split()
-            if len(parts) >= 2:
-                await self._prepare(parts[1])
-            local = same_host(writer.get_extra_info("peername"),
-                              writer.get_extra_info("sockname"))
-            reply = self.answer(parts[0], parts[1], local) if len(parts) >= 2 else _response(
-                400, "Bad Request", "bad request\n")
-            writer.write(reply)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
+            if reply is None:
+                parts = request.decode("latin-1").split()
+                if len(parts) >= 2:
+                    await self._prepare(parts[1])
+                    local = same_host(writer.get_extra_info("peername"),
+                                      writer.get_extra_info("sockname"))
+                    reply = self.answer(parts[0], parts[1], local)
+                else:
+                    reply = _response(400, "Bad Request", "bad request\n")
+            async with asyncio.timeout(WRITE_TIMEOUT):
+                writer.write(reply)
+                await writer.drain()
+                writer.close()
+                await writer.wait_closed()
+            done = True
+        except TimeoutError:
+            self.stats.timed_out += 1
+        except OSError:  # reset by the client, and the like
             pass
         finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            if not done:
+                transport.abort()
+            self.stats.open -= 1
+
+    def _evict_oldest(self) -> bool:
+        """Close the oldest connection still waiting for its request; False if none."""
+        if not self._waiting:
+            return False
+        key = next(iter(self._waiting))
+        self._waiting.pop(key).abort()
+        self._dropped()
+        return True
+
+    def _dropped(self) -> None:
+        self.stats.dropped += 1
+        self._log_dropped("health server: closed a connection: %d were open, the most it "
+                          "keeps (the oldest one still waiting for its request goes first); "
+                          "%d closed so since start: a client opens connections and sends "
+                          "no request", self.max_connections, self.stats.dropped)
+
+    def _admit(self, conn: socket.socket) -> None:
+        self.stats.accepted += 1
+        if self.stats.open >= self.max_connections and not self._evict_oldest():
+            conn.close()
+            self._dropped()
+            return
+        self.stats.open += 1
+        task = asyncio.create_task(self._serve(conn))
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listener)
+            except OSError as err:
+                if err.errno in _ABORTED:
+                    continue
+                self.stats.accept_errors += 1
+                out_of_files = err.errno in _OUT_OF_FILES
+                self._log_accept("health server: cannot accept a connection: %s%s",
+                                 err.strerror or err,
+                                 "; closing the oldest idle health connection to make room "
+                                 "(raise LimitNOFILE if flanneld itself needs more files)"
+                                 if out_of_files else "")
+                if out_of_files and self._evict_oldest():
+                    await asyncio.sleep(0)  # the aborted socket is closed on this loop turn
+                else:
+                    await asyncio.sleep(ACCEPT_PAUSE)
+                continue
+            self._admit(conn)
+            # A pending accept completes without yielding: let the connections accepted so
+            # far read their requests before more arrive (and may push them out).
+            await asyncio.sleep(0)
+
+    def _accept_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("health server stopped accepting connections",
+                      exc_info=task.exception())
 
     async def start(self, host: str, port: int) -> None:
         # A numeric host only: the flag is checked to be an IP, and no name lookup happens.
-        self._server = await asyncio.start_server(
-            self._handle, host, port, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)[0]
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            listener.bind(where)
+            listener.listen(BACKLOG)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
+        self._acceptor = asyncio.create_task(self._accept(listener))
+        self._acceptor.add_done_callback(self._accept_ended)
         log.info("health server listening on %s port %d (/healthz, /readyz%s)%s", host, port,
                  ", /metrics, /status" if self.state is not None else "",
                  "; every address of this host answers, --healthz-ip limits that"
                  if host in ("0.0.0.0", "::") else "")
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 3)
+        tasks = [t for t in (self._acceptor, *self._handlers) if t is not None]
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 3)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None

@@ -80,6 +80,7 @@ class NodeCollector(Collector):
         yield from self._dataplane()
         yield from self._rules()
         yield from self._engines()
+        yield from self._health()
 
     def _lease(self) -> Iterator[Metric]:
         sm = self.state.store
@@ -125,6 +126,7 @@ class NodeCollector(Collector):
         status = state.dataplane.status if state.dataplane is not None else None
         wanted = status.wanted_peers if status is not None else 0
         programmed = status.programmed_peers if status is not None else 0
+        programmed = max(0, programmed - len(self.state.refused()))
         yield _gauge("flannel_peers_known", "Usable remote leases the lease watch holds.",
                      known)
         yield _gauge("flannel_peers_wanted", "Usable remote leases of this node's backend "
@@ -180,6 +182,22 @@ class NodeCollector(Collector):
                        "re-applied them.", rules.repairs)
         yield _counter("flannel_rules_failures", "Checks that could not install the "
                        "rules.", rules.failures)
+
+    def _health(self) -> Iterator[Metric]:
+        health = self.state.health
+        if health is None:
+            return
+        yield _gauge("flannel_health_connections_open", "Connections to the health server "
+                     "open now.", health.open)
+        yield _counter("flannel_health_connections_accepted", "Connections the health server "
+                       "accepted.", health.accepted)
+        yield _counter("flannel_health_connections_dropped", "Connections closed at once "
+                       "because the most the health server keeps were open.", health.dropped)
+        yield _counter("flannel_health_connections_timed_out", "Connections closed because "
+                       "the request did not arrive, or the reply was not taken, in time.",
+                       health.timed_out)
+        yield _counter("flannel_health_accept_errors", "Failures to accept a connection "
+                       "(e.g. out of files).", health.accept_errors)
 
     def _engines(self) -> Iterator[Metric]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}

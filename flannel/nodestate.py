@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from flannel.backend.base import Applier, Backend, EngineSample
     from flannel.config import NetworkConfig
     from flannel.dataplane import Dataplane
+    from flannel.health import HealthStats
     from flannel.rules.manager import RulesStatus
     from flannel.subnet.manager import SubnetManager
     from flannel.subnet.watch import LeaseWatcher
@@ -46,6 +47,7 @@ class NodeState:
     dataplane: Dataplane | None = None
     rules: RulesStatus | None = None
     peers: LeaseWatcher | None = None
+    health: HealthStats | None = None
 
     def engines(self) -> list[tuple[str, Sequence[EngineSample]]]:
         """(engine name, samples) of every applier that offers samples."""
@@ -56,6 +58,16 @@ class NodeState:
             samples = _samples(applier)
             if samples is not None:
                 out.append((applier.name, samples))
+        return out
+
+    def refused(self) -> dict[str, str]:
+        """Peers the backend's engines skip because their commands fail for them (extension):
+        lease key -> why."""
+        out: dict[str, str] = {}
+        for applier in self.backend.appliers() if self.backend is not None else ():
+            refused = getattr(applier, "refused_peers", None)
+            if callable(refused):
+                out.update(refused())
         return out
 
     def skipped_now(self) -> int:
@@ -142,13 +154,17 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
             "netlink_errors": status.netlink_errors,
             "event_overruns": status.event_overruns}
     peers = state.peers
+    refused = state.refused()
     doc["peers"] = {
         "known": peers.count if peers is not None else 0,
         "for_backend": dataplane.status.wanted_peers if dataplane is not None else 0,
-        "programmed": dataplane.status.programmed_peers if dataplane is not None else 0,
+        "programmed": max(0, dataplane.status.programmed_peers - len(refused))
+        if dataplane is not None else 0,
         "skipped": state.skipped_now(),
         "skipped_reasons": dict(sorted(peers.skipped.current.items())[:SKIPPED_SHOWN])
         if peers is not None else {}}
+    doc["peers"]["refused"] = len(refused)
+    doc["peers"]["refused_reasons"] = dict(sorted(refused.items())[:SKIPPED_SHOWN])
     rules = state.rules
     if rules is not None:
         doc["rules"] = {"mode": rules.mode, "installed": rules.installed,

@@ -4,9 +4,13 @@ Owns the backend's place in the data plane contract: the pre-startup command at 
 (its output, as a JSON string, is our ``BackendData``; a failure stops the start, since
 there would be nothing true to publish), the post-startup command once our lease is known,
 and an applier that runs the subnet-add command for every new or changed peer lease and the
-subnet-remove command for every lease that went. A failed post-startup or subnet command is
-logged with its output and tried again on the next pass (the data plane retries with
-backoff); it is never fatal. The lease is published with the interface's addresses, not
+subnet-remove command for every lease that went. A failed post-startup command, or a subnet
+command that cannot run at all, is this node's failure: logged with its output, it fails the
+pass (readiness says so) and is tried again on the next one (the data plane retries with
+backoff). A subnet command that fails for one peer makes that peer a bad peer: skipped,
+counted on /metrics (``flannel_engine_extension_*``), listed in /status, retried with its own
+backoff, and not a readiness failure: every node would otherwise go not ready for one bad
+node. Nothing is fatal. The lease is published with the interface's addresses, not
 ``--public-ip``, as Go does. How commands run (no shell, ``$VAR`` expansion, timeouts, stdin)
 is ``flannel/extension``'s.
 Must not touch: the store; the kernel (the commands do, in the ``Host``'s namespace).
@@ -23,6 +27,7 @@ from flannel.backend.base import (
     Backend,
     BackendError,
     BackendOptions,
+    EngineSample,
     LocalNetwork,
 )
 from flannel.config import NetworkConfig
@@ -82,8 +87,21 @@ class ExtensionCommands:
         if status.pending_remove:
             failed.append(f"subnet-remove command failed for {_some(status.pending_remove)}")
         if failed:
-            return ApplyResult(changes, "; ".join(failed) + " (output in the log); retrying")
-        return ApplyResult(changes)
+            return ApplyResult(changes, "; ".join(failed) + " (output in the log); retrying",
+                               status.retry_in)
+        return ApplyResult(changes, recheck=status.retry_in)
+
+    def samples(self) -> list[EngineSample]:
+        return [
+            EngineSample("extension_bad_peers", "Peer leases skipped because the subnet "
+                         "command fails for them (retried with backoff).",
+                         len(self.peers.bad)),
+            EngineSample("extension_peer_command_failures_total", "Subnet commands that "
+                         "failed for a peer since start.", self.peers.failures, counter=True)]
+
+    def refused_peers(self) -> dict[str, str]:
+        """Bad peers: lease key -> why (for /status)."""
+        return {key: bad.reason for key, bad in sorted(self.peers.bad.items())}
 
 
 class ExtensionBackend(Backend):

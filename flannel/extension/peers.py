@@ -7,26 +7,35 @@ examples is ignored, as in Go), the pre-startup output published as a JSON strin
 ``PUBLIC_IP``, ``PUBLIC_IPV6``), and per remote lease: the add command (env ``SUBNET``,
 ``PUBLIC_IP``, and ``IPV6SUBNET`` / ``PUBLIC_IPV6`` when the lease has them; stdin = the
 remote BackendData string and a newline) when the lease appears or changes, the remove
-command when it goes. A command that fails is logged with its output and tried again on the
-next pass; nothing here is fatal.
+command when it goes. Nothing here is fatal. A subnet command that ran and failed for one
+lease (its exit status, a signal, its timeout) makes that lease a bad peer: what it is given
+comes from the peer, so one node's bad data must not hold back every other node. A bad
+peer is logged once with the command's output, counted, skipped, and tried again with
+backoff (``BAD_PEER_BACKOFF``: 5 s doubling to 5 min; at once when its lease changes). A
+command that cannot run at all (not found, not executable, empty) fails for every peer
+alike: that is this node's own failure, owed and reported on every pass.
 
 API: ``ExtensionConfig.parse(backend_obj)``; ``pre_startup(cfg, host) -> str | None``
 (the ``BackendData`` JSON text, None without a command; raises ``CommandFailed``);
 ``post_startup_env(network, ipv6_network, lease)``; ``run_post_startup(cfg, env, host)``;
 ``ExtensionPeers(cfg, host).reconcile(leases) -> ExtensionStatus`` (synchronous, runs
-commands: call from a worker thread after every lease change; it owns no task). Every
-command runs in the ``Host``'s network namespace.
+commands: call from a worker thread after every lease change; it owns no task; its
+``retry_in`` says when a bad peer is due again), ``ExtensionPeers.bad`` (lease key ->
+``BadPeer``) and ``.failures`` (commands that failed for a peer since start). Every command
+runs in the ``Host``'s network namespace.
 Must not touch: the kernel (the user's commands do), the store.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 
 from flannel import boundedjson, gojson
+from flannel.backoff import Backoff
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
 from flannel.kernel.host import LOCAL, Host
 from flannel.lease import Lease, go_string
@@ -37,6 +46,8 @@ _CONTEXT = "error decoding backend config"
 #: BackendData we publish: what peers accept in a lease value, less room for its other fields.
 MAX_PUBLISHED_DATA = boundedjson.MAX_LEASE_BYTES - 1024
 _LOG_OUTPUT = 2000
+#: Seconds before a bad peer's command is tried again: first, doubling up to longest.
+BAD_PEER_BACKOFF = (5.0, 300.0)
 
 
 class ExtensionConfigError(ValueError):
@@ -147,15 +158,35 @@ def _fingerprint(lease: Lease) -> tuple[object, ...]:
     return (lease.subnet, lease.ipv6_subnet, a.public_ip, a.public_ipv6, a.backend_data)
 
 
+def _own_failure(result: CommandResult) -> bool:
+    """The command could not run at all: whatever the peer, it fails the same way."""
+    return result.returncode is None and not result.error.startswith("timed out")
+
+
+@dataclass
+class BadPeer:
+    """A lease our subnet command failed for: why, how often, and when it is tried again."""
+
+    action: str  # "subnet-add" or "subnet-remove"
+    reason: str  # the command's result: exit status and the first line of its output
+    fingerprint: tuple[object, ...]
+    backoff: Backoff
+    due: float
+    failures: int = 1
+
+
 @dataclass
 class ExtensionStatus:
-    """After a pass: commands that ran successfully (``ran``) and peers whose command is
-    still owed (retried next pass), by lease key."""
+    """After a pass: commands that ran successfully (``ran``), this node's own failures still
+    owed (retried next pass), bad peers skipped (retried with backoff), by lease key."""
 
     ran: int = 0
     pending_add: list[str] = field(default_factory=list)
     pending_remove: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    bad: list[str] = field(default_factory=list)
+    #: Seconds until the next bad peer is due (0: none).
+    retry_in: float = 0.0
 
     @property
     def in_sync(self) -> bool:
@@ -164,31 +195,72 @@ class ExtensionStatus:
 
 class ExtensionPeers:
     """Runs the add command once per remote lease (again when it changes) and the remove
-    command when it goes; failures stay owed and are retried on the next pass."""
+    command when it goes; this node's failures stay owed and are retried on the next pass,
+    a peer the command fails for is retried with backoff."""
 
-    def __init__(self, cfg: ExtensionConfig, host: Host = LOCAL) -> None:
+    def __init__(self, cfg: ExtensionConfig, host: Host = LOCAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.host = host
+        self.clock = clock
         self.applied: dict[str, tuple[Lease, tuple[object, ...]]] = {}
+        self.bad: dict[str, BadPeer] = {}
+        self.failures = 0
         self.status = ExtensionStatus()
 
-    def _run(self, what: str, command: str, lease: Lease, stdin: str) -> bool:
+    def _run(self, what: str, command: str, lease: Lease, stdin: str) -> CommandResult:
         result = run_command(command, peer_env(lease), stdin=stdin, timeout=self.cfg.timeout,
                              host=self.host)
-        if not result.ok:
+        if result.ok:
+            log.info("extension %s command for %s ran: %s; output: %s", what, lease.key,
+                     command, result.output[:_LOG_OUTPUT])
+            if self.bad.pop(lease.key, None) is not None:
+                log.info("extension lease %s is no longer refused: the %s command succeeded",
+                         lease.key, what)
+        elif _own_failure(result):
             _log_failure(f"{what} ({lease.key})", command, result)
-            return False
-        log.info("extension %s command for %s ran: %s; output: %s", what, lease.key,
-                 command, result.output[:_LOG_OUTPUT])
-        return True
+        else:
+            self._refused(what, command, lease, result)
+        return result
+
+    def _refused(self, what: str, command: str, lease: Lease, result: CommandResult) -> None:
+        self.failures += 1
+        fingerprint = _fingerprint(lease)
+        bad = self.bad.get(lease.key)
+        first_line = result.output.strip().splitlines()[0][:200] if result.output.strip() \
+            else "no output"
+        reason = f"{what} command failed ({result.reason()}): {first_line}"
+        if bad is None or bad.fingerprint != fingerprint or bad.action != what:
+            bad = BadPeer(what, reason, fingerprint, Backoff(*BAD_PEER_BACKOFF), 0.0, 0)
+            self.bad[lease.key] = bad
+            _log_failure(f"{what} ({lease.key})", command, result)
+            log.error("skipping extension lease %s: the %s command fails for it, so this node "
+                      "cannot reach that node; the other peers are not held back. Retried in "
+                      "%g s, then less and less often (every %g s at most), at once when the "
+                      "lease changes", lease.key, what, bad.backoff.delay, bad.backoff.longest)
+        else:
+            log.debug("extension %s command still fails for %s (%d time(s)): %s", what,
+                      lease.key, bad.failures + 1, reason)
+        bad.reason = reason
+        bad.failures += 1
+        bad.due = self.clock() + bad.backoff.grow()
+
+    def _waiting(self, key: str, action: str, lease: Lease, now: float) -> bool:
+        """Whether ``key`` is a bad peer not due yet (same lease, same command)."""
+        bad = self.bad.get(key)
+        return (bad is not None and bad.action == action and now < bad.due
+                and bad.fingerprint == _fingerprint(lease))
 
     def reconcile(self, leases: Iterable[Lease]) -> ExtensionStatus:
         status = ExtensionStatus()
+        now = self.clock()
         wanted: dict[str, Lease] = {}
         for lease in leases:
             if lease.attrs.backend_type != "extension":
                 continue
             wanted[lease.key] = lease
+        for key in set(self.bad) - set(wanted) - set(self.applied):
+            del self.bad[key]  # gone before it was ever added: nothing is owed
         for key, lease in sorted(wanted.items()):
             fingerprint = _fingerprint(lease)
             done = self.applied.get(key)
@@ -202,20 +274,29 @@ class ExtensionPeers:
                               "that owns it rewrites it on restart, or delete the lease", key)
                 status.skipped.append(key)
                 continue
-            if self.cfg.subnet_add and not self._run("subnet-add", self.cfg.subnet_add,
-                                                     lease, stdin):
-                status.pending_add.append(key)
+            if self._waiting(key, "subnet-add", lease, now):
                 continue
+            if self.cfg.subnet_add:
+                result = self._run("subnet-add", self.cfg.subnet_add, lease, stdin)
+                if not result.ok:
+                    (status.pending_add if _own_failure(result) else status.bad).append(key)
+                    continue
             status.ran += bool(self.cfg.subnet_add)
             self.applied[key] = (lease, fingerprint)
         for key in sorted(set(self.applied) - set(wanted)):
             lease = self.applied[key][0]
             stdin = peer_stdin(lease) or "\n"
-            if self.cfg.subnet_remove and not self._run("subnet-remove",
-                                                        self.cfg.subnet_remove, lease, stdin):
-                status.pending_remove.append(key)
+            if self._waiting(key, "subnet-remove", lease, now):
                 continue
+            if self.cfg.subnet_remove:
+                result = self._run("subnet-remove", self.cfg.subnet_remove, lease, stdin)
+                if not result.ok:
+                    (status.pending_remove if _own_failure(result) else status.bad).append(key)
+                    continue
             status.ran += bool(self.cfg.subnet_remove)
             del self.applied[key]
+        status.bad = sorted(self.bad)
+        if self.bad:
+            status.retry_in = max(0.05, min(b.due for b in self.bad.values()) - self.clock())
         self.status = status
         return status

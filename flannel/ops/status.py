@@ -151,10 +151,15 @@ def render(doc: dict[str, Any], base: str) -> str:
     if isinstance(peers, dict):
         rows.append(("peers", f"{peers.get('known')} known, {peers.get('for_backend')} for "
                               f"this backend, {peers.get('programmed')} programmed, "
-                              f"{peers.get('skipped')} skipped as invalid"))
+                              f"{peers.get('skipped')} skipped as invalid"
+                              + (f", {peers.get('refused')} refused by the backend's commands"
+                                 if peers.get("refused") else "")))
         reasons = peers.get("skipped_reasons")
         for key, why in (reasons.items() if isinstance(reasons, dict) else ()):
             rows.append(("  skipped", f"{key}: {why}"))
+        refused = peers.get("refused_reasons")
+        for key, why in (refused.items() if isinstance(refused, dict) else ()):
+            rows.append(("  refused", f"{key}: {why}"))
     dataplane = doc.get("dataplane")
     if isinstance(dataplane, dict):
         rows.append(("data plane", f"{'in sync' if dataplane.get('in_sync') else 'NOT in sync'}"

@@ -3,7 +3,9 @@
 Owns the exact line format and order of upstream's ``WriteSubnetFile`` and the dotenv-style
 reading used to find the previous subnet. The previous file is read tolerantly: whatever
 cannot be read or parsed is ignored with a warning, never fatal (it only helps reuse the
-previous subnet). Must not touch: the store, the kernel.
+previous subnet). A directory on the way to the file that other users can write (so they
+could replace what every pod's network is made from) is warned about once per path.
+Must not touch: the store, the kernel.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Literal, overload
 
-from flannel.fileutil import read_head, write_atomic
+from flannel.fileutil import read_head, unsafe_path, write_atomic
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "/run/flannel/subnet.env"
 #: How much of a previous subnet.env is read; the real file is about 150 bytes.
 MAX_ENV_BYTES = 64 * 1024
+
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,16 @@ def _first_usable(subnet: IPv4Network | IPv6Network) -> str:
 def write_subnet_env(path: str | Path, env: SubnetEnv) -> None:
     """Write subnet.env atomically, mode 0644 whatever the umask, parent dirs 0755."""
     write_atomic(path, env.render().encode(), mode=0o644, dir_mode=0o755)
+    if str(path) in _warned:
+        return
+    try:
+        why, _ = unsafe_path(Path(path))
+    except OSError:
+        return  # replaced meanwhile: the next write checks again
+    if why is not None:
+        _warned.add(str(path))
+        log.warning("%s can be replaced by other users: %s; the CNI plugin builds every pod's "
+                    "network from it", path, why)
 
 
 def _parse_line(raw_line: str) -> tuple[str, str] | Literal[False] | None:

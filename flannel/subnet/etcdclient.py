@@ -13,6 +13,7 @@ Must not touch: flannel semantics (keys, lease JSON) and the kernel.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 import grpc
 from aetcd import rpc
 
+from flannel.fileutil import read_head, unsafe_path
 from flannel.subnet.errors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -192,6 +194,9 @@ def prefix_range_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
+#: A CA bundle, certificate or key file; the system CA bundle is about 200 KiB.
+MAX_PEM_BYTES = 4 * 1024 * 1024
+
 _RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # etcd's "too many requests", "leader changed" and server-side hiccups: retry later.
 _RETRY_LATER = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
@@ -257,9 +262,19 @@ class EtcdClient:
             if not path:
                 return None
             try:
-                return Path(path).read_bytes()
+                data, more = read_head(path, MAX_PEM_BYTES)
             except OSError as err:
-                raise EtcdOptionError(f"{flag}: cannot read {path}: {err.strerror}") from None
+                raise EtcdOptionError(f"{flag}: cannot read {path}: {err.strerror}; give "
+                                      "the path of a PEM file") from None
+            if more:
+                raise EtcdOptionError(f"{flag}: {path} is larger than {MAX_PEM_BYTES} bytes; "
+                                      "give the path of a PEM file")
+            with contextlib.suppress(OSError):  # it was just read: a race at most
+                why, _ = unsafe_path(Path(path))
+                if why is not None:  # Go flannel does not look: warned, not refused
+                    log.warning("%s %s can be replaced by other users: %s; whoever replaces "
+                                "it decides which etcd flanneld trusts", flag, path, why)
+            return data
 
         pair = self._client_certificate
         return grpc.ssl_channel_credentials(

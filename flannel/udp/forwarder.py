@@ -180,8 +180,9 @@ class UdpForwarder:
         control = self._control
         if control is None:
             raise ForwarderError("udp forwarder not started")
-        ready, _, _ = select.select([control], [], [], timeout)
-        if not ready:
+        poller = select.poll()  # select() fails on a descriptor numbered 1024 or more
+        poller.register(control, select.POLLIN)
+        if not poller.poll(timeout * 1000):
             raise ForwarderError(f"udp forwarder did not answer within {timeout:g} s")
         try:
             raw = control.recv(1 << 20)

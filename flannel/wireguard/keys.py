@@ -1,11 +1,17 @@
 """WireGuard keys: the private key file, key parsing, and a type that never prints a key.
 
 Owns: ``/run/flannel/wgkey`` (or ``WIREGUARD_KEY_FILE``): created with O_CREAT|O_EXCL|
-O_NOFOLLOW, mode 0400, in a 0700 directory when missing; read and checked otherwise. Refused,
-with a message naming the file: a file group or others can access, one owned by another
-user, a symlink, content that is not one base64 32-byte key. Owner-only modes such as the
-0600 of ``umask 077; wg genkey > file`` are accepted. Key generation (X25519, RFC 7748) and
-public key derivation.
+O_NOFOLLOW, mode 0400, in a 0700 directory when missing; read and checked otherwise. Read
+with O_NONBLOCK, following symbolic links as Go does, so a key mounted from a Kubernetes
+Secret (``key -> ..data/key``, ``..data -> ..<timestamp>``, root-owned, mode 0644) is used.
+Refused, with a message naming the file and the fix: anything but a regular file (a FIFO,
+device, socket or directory), a file owned by another user than root or this process's, and
+a key that someone else could change: the file, a symbolic link on the way, or a directory
+on the way writable by group or others (a sticky directory such as /tmp, or the 1777 root of
+a Secret volume, only protects entries owned by root or us; nothing on a read-only mount can
+be changed); content that is not one base64 32-byte key. A key readable by others on a
+writable file system is used with one warning. Key generation (X25519, RFC 7748) and public
+key derivation.
 
 API: ``Secret`` (a 32-byte key; ``repr``/``str`` show only ``Secret(<hidden>)``; ``.base64()``
 and ``.hex()`` give the key for the one place it must go), ``parse_key(text, what)``,
@@ -19,17 +25,28 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import errno
+import logging
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
+from flannel.fileutil import (
+    file_kind,
+    others_can_write,
+    read_only,
+    trusted_owner,
+    unsafe_path,
+)
+
+log = logging.getLogger(__name__)
+
 DEFAULT_KEY_FILE = "/run/flannel/wgkey"
 KEY_FILE_ENV = "WIREGUARD_KEY_FILE"
 KEY_LEN = 32
 _MAX_KEY_FILE = 4096
+_warned_readable: set[str] = set()
 
 
 class KeyFileError(Exception):
@@ -150,27 +167,42 @@ def _ensure_private_dir(directory: Path) -> None:
 
 
 def read_key_file(path: Path) -> Secret:
-    """A key from a file only its owner (this process's user) can read: the private key, or
-    a PSK file."""
+    """A key from a file only root or this process's user can change: the private key, or a
+    PSK file."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
-        if err.errno == errno.ELOOP:
-            raise KeyFileError(f"WireGuard key file {path} is a symbolic link; replace it with "
-                            "the key file itself") from None
         raise KeyFileError(f"cannot read WireGuard key file {path}: {err.strerror}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise KeyFileError(f"WireGuard key file {path} is not a regular file")
-        if info.st_uid != os.geteuid():
+            raise KeyFileError(f"WireGuard key file {path} is {file_kind(info.st_mode)}, not a "
+                               "regular file: remove it (flanneld then creates a key there) "
+                               f"or set {KEY_FILE_ENV} to the key file")
+        if not trusted_owner(info.st_uid):
             raise KeyFileError(f"WireGuard key file {path} is owned by uid {info.st_uid}, not "
-                               f"by this process (uid {os.geteuid()}); run `chown "
+                               f"by root or this process (uid {os.geteuid()}); run `chown "
                                f"{os.geteuid()} {path}` if it is really the key to use")
-        if info.st_mode & 0o077:
+        on_read_only = read_only(fd)
+        if others_can_write(info) and not on_read_only:
             raise KeyFileError(f"WireGuard key file {path} has mode "
-                            f"{stat.S_IMODE(info.st_mode):04o}, readable by others; "
-                            f"run `chmod 0400 {path}` (and consider the key leaked)")
+                               f"{stat.S_IMODE(info.st_mode):04o}, writable by other users; "
+                               f"run `chmod 0400 {path}` (and consider the key leaked)")
+        try:
+            why, real = unsafe_path(path)
+        except OSError as err:
+            raise KeyFileError(f"cannot check WireGuard key file {path}: {err.strerror}") \
+                from None
+        if why is not None:
+            raise KeyFileError(f"WireGuard key file {path} could be replaced by another user: "
+                               f"{why}; keep the key where only root can change it")
+        if (os.stat(real).st_dev, os.stat(real).st_ino) != (info.st_dev, info.st_ino):
+            raise KeyFileError(f"WireGuard key file {path} changed while it was read; "
+                               "start flanneld again")
+        if info.st_mode & 0o044 and not on_read_only and str(path) not in _warned_readable:
+            _warned_readable.add(str(path))
+            log.warning("WireGuard key file %s has mode %04o, readable by other users; run "
+                        "`chmod 0400 %s`", path, stat.S_IMODE(info.st_mode), path)
         data = os.read(fd, _MAX_KEY_FILE + 1)
     finally:
         os.close(fd)

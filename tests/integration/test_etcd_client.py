@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 
 import pytest
 
@@ -131,6 +133,42 @@ def test_unreadable_cafile_is_named(tls_files):
     with pytest.raises(EtcdOptionError, match="--etcd-cafile: cannot read"):
         EtcdClient(EtcdOptions(parse_endpoints("https://127.0.0.1:2379"),
                                cafile="/nonexistent/ca.pem"))
+
+
+def test_a_fifo_as_a_tls_file_is_refused_at_once(tmp_path):
+    """Opening a FIFO for reading waits for a writer: flanneld's start would hang."""
+    fifo = tmp_path / "ca.pem"
+    os.mkfifo(fifo, 0o600)
+    outcome: list[str] = []
+
+    def attempt() -> None:
+        try:
+            EtcdClient(EtcdOptions(parse_endpoints("https://127.0.0.1:2379"), cafile=str(fifo)))
+            outcome.append("accepted")
+        except EtcdOptionError as err:
+            outcome.append(str(err))
+
+    reader = threading.Thread(target=attempt, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # release the reader stuck in open()
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+        pytest.fail("reading a FIFO as --etcd-cafile blocked")
+    assert outcome == [f"--etcd-cafile: cannot read {fifo}: Not a regular file but a FIFO; "
+                       "give the path of a PEM file"]
+
+
+def test_a_ca_file_others_could_replace_is_warned_about(tls_files, tmp_path, caplog):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    ca = shared / "ca.pem"
+    ca.write_bytes(tls_files.ca.read_bytes())
+    EtcdClient(EtcdOptions(parse_endpoints("https://127.0.0.1:2379"), cafile=str(ca)))
+    assert (f"--etcd-cafile {ca} can be replaced by other users: directory {shared} is "
+            f"writable by other users (mode 0777): run `chmod go-w {shared}`; whoever "
+            "replaces it decides which etcd flanneld trusts") in caplog.text
 
 
 async def test_password_auth_and_reauthentication_after_token_expiry(tmp_path, caplog):

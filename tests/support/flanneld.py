@@ -16,23 +16,33 @@ FLANNELD = str(Path(sys.executable).parent / "flanneld")
 
 class Flanneld:
     def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
-                 name: str = "flanneld", env: dict[str, str] | None = None) -> None:
+                 name: str = "flanneld", env: dict[str, str] | None = None,
+                 open_files: tuple[int, int] | None = None) -> None:
         self.workdir = workdir
         self.env = env
         self.args = args
         self.netns = netns
+        self.open_files = open_files  # (soft, hard) RLIMIT_NOFILE it starts with
         self.log_path = workdir / f"{name}.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> Flanneld:
         self.workdir.mkdir(parents=True, exist_ok=True)
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        if self.open_files is not None:
+            prefix += ["prlimit", "--nofile={}:{}".format(*self.open_files), "--"]
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([*prefix, FLANNELD, *self.args], stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=None if self.env is None else
                                          {**os.environ, **self.env})
         return self
+
+    def rss_kib(self) -> int:
+        """The process's resident memory now (VmRSS), in KiB."""
+        assert self.proc is not None
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        return int(status.split("VmRSS:", 1)[1].split()[0])
 
     @property
     def log(self) -> str:

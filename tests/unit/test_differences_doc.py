@@ -38,6 +38,10 @@ KNOWN_DIFFERENCES = frozenset({
     "iptables-refill-chains", "nftables-rechecked", "iptables-mode",
     # health, tools, memory
     "readyz-no-paths", "metrics-and-status", "flannelctl-cleanup", "lazy-store-clients",
+    "health-server-bounded",
+    # files, the image and its tools
+    "key-and-tls-files-checked", "subnet-env-dir-warning", "image-paths-are-links",
+    "install-conf-checked", "mk-docker-opts-as-data",
     # kube
     "kube-watch-resumes", "kube-no-http-proxy", "kube-record-republished",
     "kube-writes-retried", "kube-readiness-lease-published", "kube-start-waits-for-node",

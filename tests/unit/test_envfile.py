@@ -13,6 +13,8 @@ from flannel.subnet.envfile import (
     write_subnet_env,
 )
 
+ENV = SubnetEnv(IPv4Network("10.5.0.0/16"), IPv4Network("10.5.72.0/24"), None, None, 1450, False)
+
 
 def test_running_md_vector(tmp_path):
     path = tmp_path / "run" / "flannel" / "subnet.env"
@@ -102,7 +104,8 @@ def test_fifo_at_the_path_does_not_block(tmp_path, caplog):
     os.mkfifo(path)
     assert read_env(path) == {}
     assert warnings_of(caplog) == [
-        f"ignoring the previous {path}: Not a regular file; a new subnet may be chosen"]
+        f"ignoring the previous {path}: Not a regular file but a FIFO; a new subnet may be "
+        "chosen"]
 
 
 def test_unreadable_file_reads_as_absent(tmp_path, caplog):
@@ -146,3 +149,25 @@ def test_failed_write_leaves_no_temp_file(tmp_path):
         raise AssertionError("writing over a directory must fail")
     assert [p.name for p in tmp_path.iterdir()] == ["subnet.env"]
     assert path.is_dir()
+
+
+def test_a_directory_others_can_write_is_warned_about_once(tmp_path, caplog):
+    directory = tmp_path / "run"
+    directory.mkdir()
+    directory.chmod(0o777)
+    path = directory / "subnet.env"
+    write_subnet_env(path, ENV)
+    write_subnet_env(path, ENV)
+    assert warnings_of(caplog) == [
+        f"{path} can be replaced by other users: directory {directory} is writable by other "
+        f"users (mode 0777): run `chmod go-w {directory}`; the CNI plugin builds every pod's "
+        "network from it"]
+
+
+def test_a_sticky_directory_and_a_private_one_are_not_warned_about(tmp_path, caplog):
+    for mode in (0o1777, 0o755):
+        directory = tmp_path / f"{mode:o}"
+        directory.mkdir()
+        directory.chmod(mode)
+        write_subnet_env(directory / "subnet.env", ENV)
+    assert warnings_of(caplog) == []

@@ -143,26 +143,42 @@ async def test_subnet_commands_follow_the_peers_through_the_data_plane(calls):
                                             "PUBLIC_IP": "192.168.1.2"}, "0e:00:00:00:00:02\n"]
 
 
-async def test_a_failing_subnet_command_is_reported_and_retried_until_it_succeeds(
-        calls, tmp_path, caplog):
+async def test_peers_the_subnet_command_fails_for_are_skipped_not_a_readiness_failure(
+        calls, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr("flannel.extension.peers.BAD_PEER_BACKOFF", (0.2, 0.4))
     ext = backend(SubnetAddCommand=f"{PY} -c $REC add $SUBNET")
+    (engine,) = ext.appliers()
     (tmp_path / "gate").unlink()
     async with running(ext) as dataplane:
         dataplane.set_peers([peer(2), peer(3)])
-        await until(lambda: len(calls()) >= 6, "three attempts per peer")
-        ready, reason = dataplane.readiness.current()
-        assert not ready
-        assert reason == (NOT_PROGRAMMED + "extension commands: subnet-add command failed for "
-                          "10.244.2.0-24 and 1 more (output in the log); retrying")
+        await until(lambda: len(calls()) >= 6, "three attempts per peer, backing off")
+        assert dataplane.readiness.current() == (True, "")
+        assert engine.refused_peers() == {
+            "10.244.2.0-24": "subnet-add command failed (exit status 1): no output",
+            "10.244.3.0-24": "subnet-add command failed (exit status 1): no output"}
+        samples = {s.name: s.value for s in engine.samples()}
+        assert samples["extension_bad_peers"] == 2
+        assert samples["extension_peer_command_failures_total"] >= 4
         assert ("extension subnet-add (10.244.2.0-24) command failed (exit status 1): "
                 f"{PY} -c $REC add $SUBNET; output: (no output)") in caplog.text
         (tmp_path / "gate").touch()
-        await until(lambda: dataplane.readiness.current()[0], "ready after the retries")
+        await until(lambda: engine.refused_peers() == {}, "both added once the command works")
         attempts = len(calls())
         dataplane.trigger("a periodic pass")
         await until(lambda: dataplane.status.passes > 0 and dataplane.status.in_sync,
                     "in sync")
         assert len(calls()) == attempts  # nothing owed: nothing runs again
+
+
+async def test_a_subnet_command_that_cannot_run_keeps_the_node_not_ready():
+    ext = backend(SubnetAddCommand="/nonexistent/add-peer")
+    async with running(ext) as dataplane:
+        dataplane.set_peers([peer(2)])
+        await until(lambda: "cannot" in dataplane.readiness.current()[1] or
+                    "failed" in dataplane.readiness.current()[1], "not ready")
+        assert dataplane.readiness.current() == (False, NOT_PROGRAMMED + (
+            "extension commands: subnet-add command failed for 10.244.2.0-24 (output in the "
+            "log); retrying"))
 
 
 async def test_subnet_commands_wait_for_a_failed_post_startup_command(calls, tmp_path):

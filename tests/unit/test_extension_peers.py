@@ -2,6 +2,7 @@
 stdin, and retries of failed commands on the next pass. Commands are real programs."""
 
 import json
+import logging
 import sys
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
@@ -122,22 +123,66 @@ def test_remove_runs_when_a_lease_goes(recorder):
     assert len(recorder()) == 3
 
 
-def test_failed_commands_are_retried_on_the_next_pass(tmp_path, caplog, monkeypatch):
-    gate = tmp_path / "gate"
-    monkeypatch.setenv("GATE", "import os, sys; ok = os.path.exists(sys.argv[1]); "
-                               "print('ran' if ok else 'gate closed'); sys.exit(0 if ok else 1)")
+def test_a_peer_the_command_fails_for_is_skipped_and_retried_with_backoff(tmp_path, caplog,
+                                                                         monkeypatch):
+    gate, tries = tmp_path / "gate", tmp_path / "tries"
+    # Refuses 10.5.2.0/24 while the gate is closed; every call is one line in $TRIES.
+    monkeypatch.setenv("GATE", "import os, sys; open(os.environ['TRIES'], 'a').write("
+                               "os.environ['SUBNET'] + '\\n'); ok = os.environ['SUBNET'] != "
+                               "'10.5.2.0/24' or os.path.exists(sys.argv[1]); print('ran' if "
+                               "ok else 'gate closed'); sys.exit(0 if ok else 1)")
+    monkeypatch.setenv("TRIES", str(tries))
+    caplog.set_level(logging.INFO, logger="flannel.extension.peers")
+    now = [100.0]
     peers = ExtensionPeers(cfg(SubnetAddCommand=f"{PY} -c $GATE {gate} add",
-                               SubnetRemoveCommand=f"{PY} -c $GATE {gate} remove"))
-    status = peers.reconcile([lease(2)])
-    assert status.pending_add == ["10.5.2.0-24"] and not status.in_sync
+                               SubnetRemoveCommand=f"{PY} -c $GATE {gate} remove"),
+                           clock=lambda: now[0])
+
+    def tried() -> list[str]:
+        return tries.read_text().split() if tries.exists() else []
+
+    status = peers.reconcile([lease(2), lease(3)])
+    assert status.in_sync and status.bad == ["10.5.2.0-24"] and status.retry_in == 5.0
+    assert list(peers.applied) == ["10.5.3.0-24"] and peers.failures == 1
     assert "extension subnet-add (10.5.2.0-24) command failed (exit status 1)" in caplog.text
     assert "output: gate closed" in caplog.text
+    assert ("skipping extension lease 10.5.2.0-24: the subnet-add command fails for it, so "
+            "this node cannot reach that node; the other peers are not held back. Retried in "
+            "5 s, then less and less often (every 300 s at most), at once when the lease "
+            "changes") in caplog.text
+    assert peers.bad["10.5.2.0-24"].reason == "subnet-add command failed (exit status 1): " \
+                                              "gate closed"
+    now[0] += 4.9
+    peers.reconcile([lease(2), lease(3)])
+    assert tried() == ["10.5.2.0/24", "10.5.3.0/24"]  # not due yet: not run
+    now[0] += 0.2
+    assert peers.reconcile([lease(2), lease(3)]).retry_in == 10.0  # failed again: backs off
+    assert tried().count("10.5.2.0/24") == 2 and peers.failures == 2
+    assert caplog.text.count("skipping extension lease 10.5.2.0-24") == 1  # logged once
+    # A changed lease is tried at once.
+    peers.reconcile([lease(2, data='"0e:00:00:00:00:22"'), lease(3)])
+    assert tried().count("10.5.2.0/24") == 3
     gate.touch()
-    assert peers.reconcile([lease(2)]).in_sync
+    now[0] += 300
+    status = peers.reconcile([lease(2, data='"0e:00:00:00:00:22"'), lease(3)])
+    assert status.bad == [] and status.retry_in == 0 and peers.bad == {}
+    assert "extension lease 10.5.2.0-24 is no longer refused" in caplog.text
+    # The remove command failing for a peer is the same: skipped, retried later.
     gate.unlink()
-    assert peers.reconcile([]).pending_remove == ["10.5.2.0-24"]
+    status = peers.reconcile([lease(3)])
+    assert status.in_sync and status.bad == ["10.5.2.0-24"] and "10.5.2.0-24" in peers.applied
     gate.touch()
-    assert peers.reconcile([]).in_sync and peers.applied == {}
+    now[0] += 5
+    assert peers.reconcile([lease(3)]).bad == [] and list(peers.applied) == ["10.5.3.0-24"]
+
+
+def test_a_command_that_cannot_run_is_this_nodes_failure(caplog):
+    peers = ExtensionPeers(cfg(SubnetAddCommand="/nonexistent/add-peer"))
+    status = peers.reconcile([lease(2), lease(3)])
+    assert status.pending_add == ["10.5.2.0-24", "10.5.3.0-24"] and not status.in_sync
+    assert status.bad == [] and peers.failures == 0
+    assert "cannot run /nonexistent/add-peer" in caplog.text
+    assert peers.reconcile([lease(2), lease(3)]).pending_add == ["10.5.2.0-24", "10.5.3.0-24"]
 
 
 def test_a_lease_whose_data_is_not_a_json_string_is_skipped(recorder, caplog):

@@ -55,7 +55,7 @@ async def test_an_oversized_request_gets_431_and_logs_no_traceback(request_bytes
     server = HealthServer(lambda: (True, ""))
     await server.start("127.0.0.1", 0)
     try:
-        port = server._server.sockets[0].getsockname()[1]
+        port = server.address[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request_bytes)
         await writer.drain()
@@ -72,3 +72,54 @@ async def test_an_oversized_request_gets_431_and_logs_no_traceback(request_bytes
     assert reply.endswith(b"\r\n\r\nrequest line or header too long\n")
     assert healthy.startswith(b"HTTP/1.1 200 OK\r\n")
     assert "Traceback" not in caplog.text and "Unhandled exception" not in caplog.text
+
+
+async def _get(port: int, path: str = "/readyz") -> bytes:
+    import asyncio
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\n\r\n".encode())
+        return await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+
+
+async def test_idle_connections_beyond_the_limit_make_room_for_a_probe(caplog):
+    import asyncio
+
+    server = HealthServer(lambda: (True, ""), max_connections=4)
+    await server.start("127.0.0.1", 0)
+    idle = []
+    try:
+        for _ in range(10):
+            idle.append(await asyncio.open_connection(*server.address))
+        # The six oldest are closed to keep four open; the probe gets an answer.
+        reply = await _get(server.address[1])
+        assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+        for reader, _ in idle[:6]:
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        assert server.stats.dropped >= 6 and server.stats.open <= 4
+        assert "health server: closed a connection: 4 were open, the most it keeps" \
+            in caplog.text
+        assert caplog.text.count("health server: closed a connection") == 1  # rate-limited
+    finally:
+        for _, writer in idle:
+            writer.close()
+        await server.stop()
+
+
+async def test_a_request_that_never_comes_is_timed_out(monkeypatch):
+    import asyncio
+
+    monkeypatch.setattr("flannel.health.HEAD_TIMEOUT", 0.2)
+    server = HealthServer(lambda: (True, ""))
+    await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(*server.address)
+        writer.write(b"GET /readyz HTTP/1.1\r\n")  # and no end of the headers
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        assert server.stats.timed_out == 1 and server.stats.open == 0
+    finally:
+        await server.stop()

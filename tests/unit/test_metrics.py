@@ -181,6 +181,7 @@ async def test_status_document_says_what_the_daemon_holds(tmp_path):
     assert doc["network"] == {"network": "10.5.0.0/16", "ipv6_network": None,
                               "backend": "host-gw"}
     assert doc["peers"] == {"known": 2, "for_backend": 2, "programmed": 2, "skipped": 1,
+                            "refused": 0, "refused_reasons": {},
                             "skipped_reasons": {"10.9.3.0-24": "subnet 10.9.3.0/24 lies "
                                                 "outside the Network 10.5.0.0/16"}}
     assert doc["engines"] == {"counting": {"peers": 2, "packets_total": 42, "Bad Name!": 1}}

@@ -55,19 +55,19 @@ def test_a_bad_config_is_refused_when_the_backend_is_created(backend, message):
     assert "hunter2" not in str(raised.value)
 
 
-async def test_a_key_file_others_can_read_is_refused_without_showing_the_key(
+async def test_a_key_file_others_can_write_is_refused_without_showing_the_key(
         tmp_path, monkeypatch, caplog):
     key_file = tmp_path / "wgkey"
     key = generate_private_key()
     key_file.write_text(key.base64())
-    os.chmod(key_file, 0o644)
+    os.chmod(key_file, 0o646)  # noqa: S103 (the unsafe mode under test)
     monkeypatch.setenv(KEY_FILE_ENV, str(key_file))
     caplog.set_level(logging.DEBUG)
     with pytest.raises(BackendError) as raised:
         await WireguardBackend(EXT, config({})).prepare()
-    assert str(raised.value) == (f"WireGuard key file {key_file} has mode 0644, readable by "
-                                 f"others; run `chmod 0400 {key_file}` (and consider the key "
-                                 "leaked)")
+    assert str(raised.value) == (f"WireGuard key file {key_file} has mode 0646, writable by "
+                                 f"other users; run `chmod 0400 {key_file}` (and consider the "
+                                 "key leaked)")
     assert key.base64() not in caplog.text
 
 

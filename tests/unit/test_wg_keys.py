@@ -5,6 +5,8 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -55,25 +57,105 @@ def test_an_existing_key_made_by_wg_is_read(tmp_path):
     assert public_key(key) == pub
 
 
-def test_a_key_file_readable_by_others_is_refused(tmp_path):
+def test_a_key_file_readable_by_others_is_used_with_a_warning(tmp_path, caplog):
+    path = tmp_path / "wgkey"
+    key, _ = load_or_create_private_key(path)
+    path.chmod(0o644)
+    assert load_or_create_private_key(path) == (key, False)
+    assert (f"WireGuard key file {path} has mode 0644, readable by other users; run "
+            f"`chmod 0400 {path}`") in caplog.text
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+@pytest.mark.parametrize("mode", [0o666, 0o620])
+def test_a_key_file_others_can_write_is_refused(tmp_path, mode):
     path = tmp_path / "wgkey"
     load_or_create_private_key(path)
-    path.chmod(0o644)
+    os.chown(path, 0, 1234)
+    path.chmod(mode)
     with pytest.raises(KeyFileError) as err:
         load_or_create_private_key(path)
-    assert str(err.value) == (f"WireGuard key file {path} has mode 0644, readable by others; "
-                              f"run `chmod 0400 {path}` (and consider the key leaked)")
+    assert str(err.value) == (f"WireGuard key file {path} has mode {mode:04o}, writable by "
+                              f"other users; run `chmod 0400 {path}` (and consider the key "
+                              "leaked)")
 
 
-def test_a_key_file_that_is_a_symlink_is_refused(tmp_path):
+def secret_volume(root, mode=0o644):
+    """A key as kubelet mounts a Secret: ``wgkey -> ..data/wgkey``, ``..data ->
+    ..2024_05_01_12_00_00.123``, all root's, in a 1777 volume root."""
+    root.mkdir()
+    root.chmod(0o1777)
+    timestamped = root / "..2024_05_01_12_00_00.123"
+    timestamped.mkdir()
+    timestamped.chmod(0o755)
+    key = generate_private_key()
+    (timestamped / "wgkey").write_text(key.base64())
+    (timestamped / "wgkey").chmod(mode)
+    (root / "..data").symlink_to(timestamped.name)
+    (root / "wgkey").symlink_to("..data/wgkey")
+    return root / "wgkey", key
+
+
+def test_a_key_mounted_from_a_kubernetes_secret_is_used(tmp_path):
+    path, key = secret_volume(tmp_path / "secret")
+    assert load_or_create_private_key(path) == (key, False)
+
+
+def test_a_secret_key_in_a_directory_others_can_write_is_refused(tmp_path):
+    path, _ = secret_volume(tmp_path / "secret")
+    timestamped = tmp_path / "secret" / "..2024_05_01_12_00_00.123"
+    timestamped.chmod(0o777)
+    with pytest.raises(KeyFileError) as err:
+        load_or_create_private_key(path)
+    assert str(err.value) == (
+        f"WireGuard key file {path} could be replaced by another user: directory "
+        f"{timestamped} is writable by other users (mode 0777): run `chmod go-w "
+        f"{timestamped}`; keep the key where only root can change it")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="lchown needs root")
+def test_a_symlink_another_user_owns_is_refused(tmp_path):
+    path, _ = secret_volume(tmp_path / "secret")
+    os.lchown(tmp_path / "secret" / "..data", 1234, 1234)
+    with pytest.raises(KeyFileError) as err:
+        load_or_create_private_key(path)
+    assert str(err.value) == (
+        f"WireGuard key file {path} could be replaced by another user: "
+        f"directory {tmp_path / 'secret'} is writable by other users (mode 1777): run "
+        f"`chmod go-w {tmp_path / 'secret'}`; keep the key where only root can change it")
+
+
+def test_a_root_owned_symlink_in_a_private_directory_is_followed(tmp_path):
     real = tmp_path / "real"
-    load_or_create_private_key(real)
+    key, _ = load_or_create_private_key(real)
     link = tmp_path / "wgkey"
     link.symlink_to(real)
-    with pytest.raises(KeyFileError) as err:
-        load_or_create_private_key(link)
-    assert str(err.value) == (f"WireGuard key file {link} is a symbolic link; replace it with "
-                              "the key file itself")
+    assert load_or_create_private_key(link) == (key, False)
+
+
+def test_a_fifo_at_the_key_path_is_refused_at_once(tmp_path):
+    """Opening a FIFO for reading waits for a writer: start-up would hang."""
+    path = tmp_path / "wgkey"
+    os.mkfifo(path, 0o600)
+    outcome: list[object] = []
+    reader = threading.Thread(target=lambda: outcome.append(_attempt(path)), daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # release the reader stuck in open()
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+        pytest.fail("reading a FIFO key file blocked")
+    assert outcome == [
+        f"WireGuard key file {path} is a FIFO, not a regular file: remove it (flanneld then "
+        "creates a key there) or set WIREGUARD_KEY_FILE to the key file"]
+
+
+def _attempt(path):
+    try:
+        load_or_create_private_key(path)
+    except KeyFileError as err:
+        return str(err)
+    return "accepted"
 
 
 @pytest.mark.parametrize("content", [b"", b"not a key", b"\xff\xfe" * 22,
@@ -99,7 +181,16 @@ def test_a_directory_in_place_of_the_key_file_is_refused(tmp_path):
     path.mkdir(mode=0o700)
     with pytest.raises(KeyFileError) as err:
         load_or_create_private_key(path)
-    assert str(err.value) == f"WireGuard key file {path} is not a regular file"
+    assert str(err.value) == (
+        f"WireGuard key file {path} is a directory, not a regular file: remove it (flanneld "
+        "then creates a key there) or set WIREGUARD_KEY_FILE to the key file")
+
+
+def test_a_device_as_the_key_file_is_refused(tmp_path):
+    with pytest.raises(KeyFileError) as err:
+        read_key_file(Path("/dev/null"))
+    assert str(err.value).startswith("WireGuard key file /dev/null is a character device, "
+                                     "not a regular file")
 
 
 def test_the_key_file_path_follows_wireguard_key_file():
@@ -146,9 +237,9 @@ def test_a_key_file_owned_by_another_user_is_refused(tmp_path):
     os.chown(path, 65534, 65534)
     with pytest.raises(KeyFileError) as err:
         load_or_create_private_key(path)
-    assert str(err.value) == (f"WireGuard key file {path} is owned by uid 65534, not by this "
-                              f"process (uid 0); run `chown 0 {path}` if it is really the key "
-                              "to use")
+    assert str(err.value) == (f"WireGuard key file {path} is owned by uid 65534, not by root "
+                              f"or this process (uid 0); run `chown 0 {path}` if it is really "
+                              "the key to use")
 
 
 def test_an_owner_only_0600_file_and_a_psk_file_are_read(tmp_path):

@@ -1,0 +1,129 @@
+"""A flood of idle connections to the health port does not take flanneld down: flanneld run
+as a process with systemd's default soft file limit (1024), a real etcd, iptables rules in
+its own netns, and 2,000 connections that never send a byte."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.test_flanneld import CONFIG, PREFIX, flanneld, node  # noqa: F401
+from tests.support.healthflood import HealthFlood
+from tests.support.traffic import http_get
+from tests.support.waiting import wait_until
+
+PORT = 8081
+FLOOD = 2000
+
+
+def nat_chain(ns: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", ns, "iptables-nft", "-t", "nat", "-S",
+                           "FLANNEL-POSTRTG"], capture_output=True, text=True, timeout=30,
+                          check=False).stdout
+
+
+def metric(ns: str, name: str) -> float:
+    status, body = http_get(ns, f"http://127.0.0.1:{PORT}/metrics")
+    assert status == 200, body
+    line = next(line for line in body.splitlines() if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_path):  # noqa: F811
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    proc = flanneld(tmp_path, ns, server, "--ip-masq", "--iptables-mode=nft",
+                    "--iptables-resync=1", "--healthz-ip=127.0.0.1", f"--healthz-port={PORT}")
+    proc.open_files = (1024, 20000)  # systemd's default soft limit, a higher hard one
+    proc.start()
+    flood = None
+    try:
+        proc.wait_log("Ready:", timeout=60)
+        wait_until(lambda: "MASQUERADE" in nat_chain(ns), 15, what="rules installed")
+        rules = nat_chain(ns)
+        # As a Go program does, flanneld took its hard limit as its soft one.
+        limits = Path(f"/proc/{proc.proc.pid}/limits").read_text()
+        assert re.search(r"Max open files\s+20000\s+20000", limits), limits
+        assert http_get(ns, f"http://127.0.0.1:{PORT}/metrics")[0] == 200  # code loaded
+        rss_before = proc.rss_kib()
+
+        flood = HealthFlood(ns, PORT, FLOOD)
+        opened = flood.ask(f"wait {FLOOD} 10")
+        probes = flood.ask("probe 25 /readyz 0.2")["probes"]  # over 5 s of flood
+        latencies = [p["ms"] for p in probes]
+        print(f"\nflood: {opened}; /readyz under it: median {statistics.median(latencies)} ms, "
+              f"max {max(latencies)} ms")
+        assert all(p["status"] == 200 for p in probes), probes
+        assert statistics.median(latencies) < 100, latencies
+
+        # The rules resync still runs commands (it needs files: pipes, the command's own).
+        subprocess.run(["ip", "netns", "exec", ns, "iptables-nft", "-t", "nat", "-F",
+                        "FLANNEL-POSTRTG"], check=True, timeout=30)
+        wait_until(lambda: nat_chain(ns) == rules, 10, what=f"rules restored:\n{proc.log}")
+        rss_flood = proc.rss_kib()
+        stats = flood.ask("stats")
+        flood.close()
+        flood = None
+
+        wait_until(lambda: metric(ns, "flannel_health_connections_open") == 1, 30,
+                   what="every flood connection closed")  # 1: the scrape itself
+        rss_after = proc.rss_kib()
+        dropped = metric(ns, "flannel_health_connections_dropped_total")
+        print(f"flood stats {stats}; dropped {dropped}; RSS before {rss_before} KiB, "
+              f"during {rss_flood} KiB, after {rss_after} KiB")
+        assert dropped > 0
+        assert "health server: closed a connection" in proc.log
+        assert rss_after - rss_before < 8 * 1024
+        assert "Traceback" not in proc.log, proc.log
+        assert len(proc.log) < 200_000  # a few lines, not one per connection
+    finally:
+        if flood is not None:
+            flood.close()
+        proc.stop()
+
+
+SERVER = """
+import asyncio, os, resource, sys
+from flannel import log
+from flannel.health import HealthServer
+
+async def main():
+    server = HealthServer(lambda: (True, ""))
+    await server.start("127.0.0.1", int(sys.argv[1]))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+    print("listening", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop()
+
+log.setup(0)
+asyncio.run(main())
+"""
+
+
+def test_running_out_of_files_is_one_log_line_and_readyz_still_answers(ns, tmp_path):
+    """Eight files left to the process: the health server itself runs out of them."""
+    err = tmp_path / "server.log"
+    with err.open("wb") as out:
+        server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", SERVER,
+                                   str(PORT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=out)
+    try:
+        assert server.stdout.readline() == b"listening\n", err.read_text()
+        with HealthFlood(ns, PORT, 300) as flood:
+            flood.ask("wait 300 5")
+            probes = flood.ask("probe 5 /readyz")["probes"]
+        assert [p["status"] for p in probes] == [200] * 5, probes
+    finally:
+        server.stdin.close()
+        server.wait(timeout=10)
+        server.stdout.close()
+    text = err.read_text()
+    assert "Traceback" not in text, text
+    lines = [line for line in text.splitlines() if "cannot accept a connection" in line]
+    assert len(lines) == 1, text
+    assert "Too many open files; closing the oldest idle health connection" in lines[0]
