@@ -95,8 +95,11 @@ def test_host_gets_upstreams_static_plugin_and_only_the_conflist_from_us():
                                                             "/opt/cni/bin/flannel"]]
     assert plugin["volumeMounts"] == [{"name": "cni-plugin", "mountPath": "/opt/cni/bin"}]
     assert conflist["name"] == "install-cni"
-    assert conflist["command"] == ["flannelctl"]
-    assert conflist["args"][0] == "install-cni"
+    # The commands are those of Go flannel's image, which ours has too.
+    assert [conflist["command"], conflist["args"]] == [
+        ["/opt/bin/install-conf"],
+        ["/etc/kube-flannel/cni-conf.json", "/etc/cni/net.d/10-flannel.conflist"]]
+    assert spec["containers"][0]["command"] == ["/opt/bin/flanneld"]
     # The host's CNI bin directory is not visible to pyflannel's init container, so no
     # pod ADD ever depends on the host's Python.
     assert {m["name"] for m in conflist["volumeMounts"]} == {"cni", "flannel-cfg"}
