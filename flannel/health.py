@@ -1,7 +1,8 @@
 """The health endpoints: ``/healthz`` (alive), ``/readyz`` (network programmed),
 ``/metrics`` (Prometheus) and ``/status`` (JSON for ``flannelctl status``).
 
-Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port``. ``/readyz`` answers 200
+Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port`` and on flanneld's local
+socket (``flannel.localsock``: mode 0600, so every client there is local). ``/readyz`` answers 200
 only when every readiness component has reported ready (``flannel.readiness``: startup,
 subnet.env, store, rules, data plane); otherwise 503 with the reason in the body. The default
 address 0.0.0.0 serves that text on every address of the host, so the body says what is
@@ -82,7 +83,7 @@ class HealthServer:
         self.readiness = readiness
         self.state = state
         self._exposition: Exposition | None = None
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
 
     def answer(self, method: str, path: str, local: bool = False) -> bytes:
         """The reply to one request; ``local``: the client is on this host."""
@@ -128,7 +129,8 @@ class HealthServer:
             return _response(500, "Internal Server Error", "rendering the metrics failed; "
                              "see flanneld's log\n")
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      unix: bool = False) -> None:
         try:
             try:
                 async with asyncio.timeout(5):
@@ -144,8 +146,8 @@ class HealthServer:
             parts = request.decode("latin-1").split()
             if len(parts) >= 2:
                 await self._prepare(parts[1])
-            local = same_host(writer.get_extra_info("peername"),
-                              writer.get_extra_info("sockname"))
+            local = unix or same_host(writer.get_extra_info("peername"),
+                                      writer.get_extra_info("sockname"))
             reply = self.answer(parts[0], parts[1], local) if len(parts) >= 2 else _response(
                 400, "Bad Request", "bad request\n")
             writer.write(reply)
@@ -159,15 +161,24 @@ class HealthServer:
 
     async def start(self, host: str, port: int) -> None:
         # A numeric host only: the flag is checked to be an IP, and no name lookup happens.
-        self._server = await asyncio.start_server(
-            self._handle, host, port, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
+        self._servers.append(await asyncio.start_server(
+            self._handle, host, port, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST))
         log.info("health server listening on %s port %d (/healthz, /readyz%s)%s", host, port,
                  ", /metrics, /status" if self.state is not None else "",
                  "; every address of this host answers, --healthz-ip limits that"
                  if host in ("0.0.0.0", "::") else "")
 
+    async def start_unix(self, sock: socket.socket) -> None:
+        """Serve on a listening unix socket (``flannel.localsock``)."""
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._handle(reader, writer, unix=True)
+
+        self._servers.append(await asyncio.start_unix_server(handle, sock=sock))
+
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
+        for server in self._servers:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._server.wait_closed(), 3)
+                await asyncio.wait_for(server.wait_closed(), 3)

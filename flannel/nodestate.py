@@ -12,12 +12,14 @@ Must not touch: the components it reads (reads only, on the event loop's thread)
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flannel.readiness import Readiness
+from flannel.settings import OptionSource
 from flannel.version import __version__
 
 if TYPE_CHECKING:
@@ -46,6 +48,11 @@ class NodeState:
     dataplane: Dataplane | None = None
     rules: RulesStatus | None = None
     peers: LeaseWatcher | None = None
+    #: The effective options and their sources, secrets masked (``settings.options``).
+    options: tuple[OptionSource, ...] = ()
+    #: Where flannelctl reaches this flanneld: its local socket, its health server.
+    socket: str | None = None
+    health_address: str | None = None
 
     def engines(self) -> list[tuple[str, Sequence[EngineSample]]]:
         """(engine name, samples) of every applier that offers samples."""
@@ -96,6 +103,10 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
         "reason": why,
         "readiness": [{"component": name, "ready": ok, "reason": reason}
                       for name, ok, reason in state.readiness.components()],
+        "flanneld": {"pid": os.getpid(), "socket": state.socket,
+                     "health": state.health_address,
+                     "options": [{"name": o.name, "value": o.shown, "source": o.source}
+                                 for o in state.options]},
         "lease": None, "network": None, "store": None, "devices": [], "peers": None,
         "dataplane": None, "rules": None, "engines": {},
     }

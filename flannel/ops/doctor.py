@@ -17,11 +17,14 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flannel.ops.checks import Context, all_checks
 from flannel.ops.findings import Finding, exit_code, rank, render
 from flannel.ops.kernelview import read_kernel
+
+if TYPE_CHECKING:
+    from flannel.ops.discover import Flanneld
 
 STORE_TIMEOUT = 10.0
 
@@ -127,18 +130,53 @@ def diagnose(ctx: Context) -> list[Finding]:
     return rank(findings)
 
 
+def store_source(args: argparse.Namespace, found: Flanneld | None, given: list[str],
+                 note: str) -> Finding:
+    """Which store doctor read, and whose settings say so."""
+    from flannel.cli import FLAGS, shown_value
+
+    flags = {flag.name: flag for flag in FLAGS}
+    if args.kube_subnet_mgr:
+        api = args.kube_api_url or args.kubeconfig_file or "in-cluster"
+        place = f"the Kubernetes API ({api}), network config {args.net_config_path}"
+    else:
+        place = (f"etcd {shown_value(flags['etcd-endpoints'], args.etcd_endpoints)}, "
+                 f"prefix {args.etcd_prefix}")
+    if found is not None and found.args is not None:
+        whose = f"the settings of flanneld (pid {found.pid})"
+        if given:
+            whose += f", overridden by {', '.join('--' + name for name in given)}"
+    elif given:
+        whose = "the flags given"
+    else:
+        whose = "flanneld's defaults"
+    what = f"read {place}, from {whose}; subnet.env {args.subnet_file}"
+    if note:
+        return Finding("store", "warning", f"{what}; {note}",
+                       "run flannelctl doctor as root, or give flanneld's store flags")
+    return Finding("store", "info", what)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from flannel.cli import UsageError
-    from flannel.ops.storeopts import quiet_store_logs, resolve
+    from flannel.ops.discover import NotFound, find
+    from flannel.ops.storeopts import explicit, of_running, quiet_store_logs, resolve
 
+    given = explicit(args)
     try:
-        resolve(args)
+        found, note = find(), ""
+    except NotFound as err:
+        found, note = None, str(err)
+    if found is not None:
+        note = found.why
+    try:
+        resolve(args, running=of_running(found) if found is not None else None)
     except UsageError as err:
         print(f"flannelctl doctor: {err}", file=sys.stderr)
         return 2
     quiet_store_logs()
     try:
-        findings = diagnose(gather(args))
+        findings = rank([*diagnose(gather(args)), store_source(args, found, given, note)])
     except KeyboardInterrupt:
         return 130
     if args.json:

@@ -1,4 +1,5 @@
-"""Runs the installed ``flanneld`` console script as a real process, optionally in a netns."""
+"""Runs the installed ``flanneld`` console script as a real process, optionally in a netns
+and with a private ``/run`` (``run_dir``, as a lab node has)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flannel.kernel.host import LOCAL
+from flannel.wireguard import nsexec
 from tests.support.waiting import wait_until
 
 FLANNELD = str(Path(sys.executable).parent / "flanneld")
@@ -16,8 +19,10 @@ FLANNELD = str(Path(sys.executable).parent / "flanneld")
 
 class Flanneld:
     def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
-                 name: str = "flanneld", env: dict[str, str] | None = None) -> None:
+                 name: str = "flanneld", env: dict[str, str] | None = None,
+                 run_dir: Path | None = None) -> None:
         self.workdir = workdir
+        self.run_dir = run_dir
         self.env = env
         self.args = args
         self.netns = netns
@@ -27,8 +32,12 @@ class Flanneld:
     def start(self) -> Flanneld:
         self.workdir.mkdir(parents=True, exist_ok=True)
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        argv = [FLANNELD, *self.args]
+        if self.run_dir is not None:
+            self.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            argv = nsexec.command(argv, LOCAL, self.run_dir)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([*prefix, FLANNELD, *self.args], stdout=log,
+            self.proc = subprocess.Popen([*prefix, *argv], stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=None if self.env is None else
                                          {**os.environ, **self.env})
