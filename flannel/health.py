@@ -83,7 +83,8 @@ class HealthServer:
         self.readiness = readiness
         self.state = state
         self._exposition: Exposition | None = None
-        self._servers: list[asyncio.Server] = []
+        self._server: asyncio.Server | None = None
+        self._unix: asyncio.Server | None = None
 
     def answer(self, method: str, path: str, local: bool = False) -> bytes:
         """The reply to one request; ``local``: the client is on this host."""
@@ -161,8 +162,8 @@ class HealthServer:
 
     async def start(self, host: str, port: int) -> None:
         # A numeric host only: the flag is checked to be an IP, and no name lookup happens.
-        self._servers.append(await asyncio.start_server(
-            self._handle, host, port, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST))
+        self._server = await asyncio.start_server(
+            self._handle, host, port, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
         log.info("health server listening on %s port %d (/healthz, /readyz%s)%s", host, port,
                  ", /metrics, /status" if self.state is not None else "",
                  "; every address of this host answers, --healthz-ip limits that"
@@ -174,11 +175,12 @@ class HealthServer:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._handle(reader, writer, unix=True)
 
-        self._servers.append(await asyncio.start_unix_server(handle, sock=sock))
+        self._unix = await asyncio.start_unix_server(handle, sock=sock)
 
     async def stop(self) -> None:
-        for server in self._servers:
+        servers = [s for s in (self._server, self._unix) if s is not None]
+        for server in servers:
             server.close()
-        for server in self._servers:
+        for server in servers:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(server.wait_closed(), 3)

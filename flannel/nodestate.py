@@ -6,7 +6,8 @@ backend, devices, peers known vs programmed, readiness and why, the writes of th
 record the store retries, rules and last errors, as the JSON ``flannelctl status`` reads.
 Everything is read from the live objects when asked: nothing here is updated by the
 components. The document holds no credentials, keys or backend data (the VTEP MAC of a
-device is the one the lease publishes anyway).
+device is the one the lease publishes anyway); flanneld's options are listed as its start-up
+line shows them (credentials in URLs masked), the password flag left out.
 Must not touch: the components it reads (reads only, on the event loop's thread).
 """
 
@@ -106,7 +107,7 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
         "flanneld": {"pid": os.getpid(), "socket": state.socket,
                      "health": state.health_address,
                      "options": [{"name": o.name, "value": o.shown, "source": o.source}
-                                 for o in state.options]},
+                                 for o in state.options if not o.secret]},
         "lease": None, "network": None, "store": None, "devices": [], "peers": None,
         "dataplane": None, "rules": None, "engines": {},
     }

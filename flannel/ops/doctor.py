@@ -150,7 +150,9 @@ def store_source(args: argparse.Namespace, found: Flanneld | None, given: list[s
         whose = "the flags given"
     else:
         whose = "flanneld's defaults"
-    what = f"read {place}, from {whose}; subnet.env {args.subnet_file}"
+    env = (found.subnet_file if found is not None and found.args is not None
+           and "subnet-file" not in given else args.subnet_file)
+    what = f"read {place}, from {whose}; subnet.env {env}"
     if note:
         return Finding("store", "warning", f"{what}; {note}",
                        "run flannelctl doctor as root, or give flanneld's store flags")
