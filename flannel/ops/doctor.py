@@ -130,8 +130,7 @@ def diagnose(ctx: Context) -> list[Finding]:
     return rank(findings)
 
 
-def store_source(args: argparse.Namespace, found: Flanneld | None, given: list[str],
-                 note: str) -> Finding:
+def store_source(args: argparse.Namespace, found: Flanneld | None, given: list[str]) -> str:
     """Which store doctor read, and whose settings say so."""
     from flannel.cli import FLAGS, shown_value
 
@@ -143,7 +142,7 @@ def store_source(args: argparse.Namespace, found: Flanneld | None, given: list[s
         place = (f"etcd {shown_value(flags['etcd-endpoints'], args.etcd_endpoints)}, "
                  f"prefix {args.etcd_prefix}")
     if found is not None and found.args is not None:
-        whose = f"the settings of flanneld (pid {found.pid})"
+        whose = "the settings of the flanneld running here"
         if given:
             whose += f", overridden by {', '.join('--' + name for name in given)}"
     elif given:
@@ -152,11 +151,7 @@ def store_source(args: argparse.Namespace, found: Flanneld | None, given: list[s
         whose = "flanneld's defaults"
     env = (found.subnet_file if found is not None and found.args is not None
            and "subnet-file" not in given else args.subnet_file)
-    what = f"read {place}, from {whose}; subnet.env {env}"
-    if note:
-        return Finding("store", "warning", f"{what}; {note}",
-                       "run flannelctl doctor as root, or give flanneld's store flags")
-    return Finding("store", "info", what)
+    return f"{place}, from {whose}; subnet.env {env}"
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -177,16 +172,22 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"flannelctl doctor: {err}", file=sys.stderr)
         return 2
     quiet_store_logs()
+    source = store_source(args, found, given)
+    # Without flags, settings that could not be read leave doctor guessing: say so.
+    unread = [Finding("store", "warning", f"flanneld's settings are unknown: {note}",
+                      "run flannelctl doctor as root, or give flanneld's store flags")
+              ] if note and not given else []
     try:
-        findings = rank([*diagnose(gather(args)), store_source(args, found, given, note)])
+        findings = rank([*diagnose(gather(args)), *unread])
     except KeyboardInterrupt:
         return 130
     if args.json:
-        doc: dict[str, Any] = {"healthy": exit_code(findings) == 0,
+        doc: dict[str, Any] = {"healthy": exit_code(findings) == 0, "store": source,
                                "findings": [f.as_json() for f in findings]}
         print(json.dumps(doc, indent=2))
     else:
         print(render(findings))
+        print(f"store read: {source}")
     return exit_code(findings)
 
 
