@@ -6,7 +6,7 @@ install runs it) against a real etcd in that namespace, its prefix given only in
 environment. The tools, run in the namespace (``ip netns exec``), find it, read its status
 through its socket and the leases through its store. Another user can neither use the
 socket nor read the settings; a socket left by a killed flanneld is reported, not a
-traceback, and replaced by the next flanneld.
+traceback, removed by ``flannelctl cleanup`` and replaced by the next flanneld.
 """
 
 from __future__ import annotations
@@ -145,6 +145,13 @@ def test_a_socket_left_by_a_killed_flanneld_is_reported_and_replaced(node, tmp_p
     assert stale.stderr == (f"flannelctl status: flanneld is not running: {sock} is a stale "
                             "socket left by a flanneld that ended (the next flanneld "
                             "replaces it)\n")
+
+    # cleanup (flanneld is gone) removes the stale socket with the rest.
+    env = run_dir / "flannel" / "subnet.env"
+    dry = ctl(ns, "cleanup", "--dry-run", f"--run-dir={run_dir}", f"--subnet-file={env}",
+              f"--cni-bin-dir={tmp_path / 'none'}", f"--cni-conf-dir={tmp_path / 'none'}")
+    assert (f"would remove: socket {sock} (nobody listens: left by a flanneld that ended)"
+            in dry.stdout.splitlines()), dry
 
     again = Flanneld(tmp_path, [f"--etcd-endpoints={server.endpoint}"], netns=ns,
                      env={"FLANNELD_ETCD_PREFIX": PREFIX}, run_dir=run_dir, name="again")
