@@ -65,7 +65,7 @@ def _read(path: Path, limit: int) -> bytes:
         return handle.read(limit)
 
 
-def _flanneld_argv(cmdline: bytes) -> list[str]:
+def flanneld_argv(cmdline: bytes) -> list[str]:
     """flanneld's own arguments: what follows ``flanneld`` (itself, or the script a Python
     runs) on its command line."""
     argv = [arg.decode(errors="surrogateescape") for arg in cmdline.split(b"\0")]
@@ -92,7 +92,7 @@ def describe(pid: int) -> Flanneld:
     same = _same_mount_namespace(proc)
     root, cwd = (Path("/"), proc / "cwd") if same else (proc / "root", proc / "cwd")
     try:
-        argv = _flanneld_argv(_read(proc / "cmdline", MAX_CMDLINE))
+        argv = flanneld_argv(_read(proc / "cmdline", MAX_CMDLINE))
     except OSError as err:
         return Flanneld(pid, None, f"flanneld (pid {pid}) could not be read: "
                         f"{err.strerror or err}", root, cwd)
