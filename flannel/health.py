@@ -2,17 +2,18 @@
 ``/metrics`` (Prometheus) and ``/status`` (JSON for ``flannelctl status``).
 
 Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port`` and on flanneld's local
-socket (``flannel.localsock``: mode 0600, so every client there is local). ``/readyz`` answers 200
-only when every readiness component has reported ready (``flannel.readiness``: startup,
-subnet.env, store, rules, data plane); otherwise 503 with the reason in the body. The default
-address 0.0.0.0 serves that text on every address of the host, so the body says what is
-wrong but never where: paths (files, store keys) are cut to their last part; the log
-has them whole. ``/metrics`` (``flannel.metrics``, imported at the first scrape) answers
+socket (``flannel.localsock``: mode 0600, so every client there is local). ``/readyz``
+answers 200 only when every readiness component has reported ready (``flannel.readiness``:
+startup, subnet.env, store, rules, data plane); otherwise 503 with the reason in the body.
+The default address 0.0.0.0 serves that text on every address of the host, so the body says
+what is wrong but never where: paths (files, store keys) are cut to their last part; the
+log has them whole. ``/metrics`` (``flannel.metrics``, imported at the first scrape) answers
 anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
 (``flannel.nodestate``) tells more (whole reasons, addresses, devices), so it answers only
 a client on this host: one that connects from a loopback address or from the very address
 it connected to; any other gets 403.
-Must not touch: anything but its listening socket.
+Must not touch: anything but its listening sockets (the local one is made and removed by
+``flannel.localsock``).
 """
 
 from __future__ import annotations

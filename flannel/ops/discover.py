@@ -89,8 +89,7 @@ def _same_mount_namespace(proc: Path) -> bool:
 def describe(pid: int) -> Flanneld:
     """What can be learnt of flanneld ``pid``; its options only with the right to read them."""
     proc = Path(f"/proc/{pid}")
-    same = _same_mount_namespace(proc)
-    root, cwd = (Path("/"), proc / "cwd") if same else (proc / "root", proc / "cwd")
+    root, cwd = Path("/") if _same_mount_namespace(proc) else proc / "root", proc / "cwd"
     try:
         argv = flanneld_argv(_read(proc / "cmdline", MAX_CMDLINE))
     except OSError as err:

@@ -59,6 +59,7 @@ class Where:
     socket: Path | None = None
     shown: str = ""  # how the socket is named to the user
     pid: int = 0  # the flanneld found running in this network namespace, if any
+    looked: bool = False  # no flag said where: this network namespace was searched
 
     def __str__(self) -> str:
         return self.url or self.shown or str(self.socket)
@@ -81,9 +82,13 @@ def _socket_failure(where: Where, err: OSError) -> StatusUnavailable:
         if where.pid:
             return StatusUnavailable(f"{running}{where} does not exist: its log says why "
                                      "it does not serve flannelctl")
-        return StatusUnavailable(f"flanneld is not running in this network namespace (no "
-                                 f"flanneld process, no socket {where}); run flannelctl in "
-                                 "flanneld's network namespace, or give --health-url")
+        if where.looked:
+            return StatusUnavailable(
+                f"flanneld is not running in this network namespace (no flanneld process, "
+                f"no socket {where}); run flannelctl in flanneld's network namespace, or "
+                "give --health-url")
+        return StatusUnavailable(f"there is no socket {where}: is flanneld running, and "
+                                 "is that next to its --subnet-file?")
     if err.errno == errno.ECONNREFUSED:
         if where.pid:
             return StatusUnavailable(f"{running}nobody answers on {where}: it is starting "
@@ -291,11 +296,11 @@ def locate(args: argparse.Namespace, environ: dict[str, str] | None = None) -> W
         return Where(socket=socket_path(given))
     found = find()
     if found is None:
-        return Where(socket=socket_path(DEFAULT_SUBNET_FILE))
+        return Where(socket=socket_path(DEFAULT_SUBNET_FILE), looked=True)
     shown = str(socket_path(found.subnet_file))
     if found.socket != Path(shown):
         shown += f" (in the mount namespace of flanneld pid {found.pid})"
-    return Where(socket=found.socket, shown=shown, pid=found.pid)
+    return Where(socket=found.socket, shown=shown, pid=found.pid, looked=True)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
