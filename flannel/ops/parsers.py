@@ -74,8 +74,10 @@ def add_leases(sub: Any) -> None:
 def add_doctor(sub: Any) -> None:
     doctor = sub.add_parser(
         "doctor", help="check this node and print a ranked diagnosis with fixes",
-        description="Check this node (run it in flanneld's network namespace, with "
-                    "flanneld's store flags): flanneld, subnet.env, sysctls, FORWARD policy, "
+        description="Check this node (run it as root in flanneld's network namespace; "
+                    "with no store flag it reads the store and subnet.env of the flanneld "
+                    "running there, a flag given wins): flanneld, subnet.env, sysctls, "
+                    "FORWARD policy, "
                     "CNI plugins and config, the VTEP device, MAC and MTU, routes, neighbours "
                     "and FDB against the leases, duplicate or stray leases, clock skew, and "
                     "probes to every peer (overlay, underlay, VXLAN port, path MTU). Prints "
