@@ -15,7 +15,8 @@ is ever removed:
 - the ``FLANNEL-POSTRTG``/``FLANNEL-FWD`` chains and the rules jumping to them, in every
   installed iptables backend (legacy, nft) and family; the nft tables ``flannel-ipv4`` and
   ``flannel-ipv6``;
-- subnet.env when it holds only ``FLANNEL_*`` settings; in the CNI directories, the
+- subnet.env when it holds only ``FLANNEL_*`` settings, and flanneld's socket beside it when
+  nobody listens on it (left by a flanneld that was killed); in the CNI directories, the
   ``flannel`` launcher install-cni writes, its ``.flannel-cni*`` module directories, and
   ``10-flannel.conflist`` when it configures the flannel plugin.
 Refuses while a flanneld runs in the same network namespace (it would recreate everything).
@@ -42,6 +43,7 @@ from pathlib import Path
 from flannel import boundedjson
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
 from flannel.kernel import links, rtnl
+from flannel.localsock import connect, socket_path
 from flannel.rules import iptables, nftables
 from flannel.rules.mode import installed
 from flannel.wireguard.keys import KeyFileError, parse_key
@@ -370,6 +372,7 @@ def file_items(inventory: Inventory, subnet_file: Path, bin_dirs: list[Path],
             inventory.kept.append(f"file {path}: {why_not}")
 
     consider(subnet_file, is_subnet_env, "not a subnet.env written by flanneld")
+    socket_item(inventory, socket_path(subnet_file))
     consider(wireguard_key, is_wireguard_key, "does not hold a WireGuard key")
     for name in WIREGUARD_DEVICES:  # wireguard-go's output (flannel/wireguard/device.py)
         log = run_dir / "flannel" / f"{name}.log"
@@ -397,6 +400,20 @@ def file_items(inventory: Inventory, subnet_file: Path, bin_dirs: list[Path],
     for conf_dir in conf_dirs:
         consider(conf_dir / CONFLIST_NAME, is_flannel_conflist,
                  "does not configure the flannel plugin")
+
+
+def socket_item(inventory: Inventory, path: Path) -> None:
+    """flanneld's socket, when it is one nobody listens on (a live one is a flanneld's,
+    maybe another namespace's: not a leftover)."""
+    try:
+        connect(path, 1.0).close()
+    except FileNotFoundError:
+        pass
+    except ConnectionRefusedError:
+        inventory.items.append(Item(f"socket {path} (nobody listens: left by a flanneld "
+                                    "that ended)", _remove_file(path)))
+    except OSError as err:
+        inventory.kept.append(f"{path}: not a socket flanneld left ({err.strerror or err})")
 
 
 def _entries(directory: Path) -> Iterator[Path]:

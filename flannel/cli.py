@@ -360,7 +360,7 @@ def effective_options(args: argparse.Namespace) -> tuple[OptionSource, ...]:
     """Every flag's effective value and its source, as ``parse_namespace`` recorded them."""
     sources: dict[str, str] = getattr(args, "sources", {})
     return tuple(OptionSource(flag.name, shown_value(flag, getattr(args, flag.dest)),
-                              sources.get(flag.name, "default"))
+                              sources.get(flag.name, "default"), flag.name in _SECRET_FLAGS)
                  for flag in FLAGS if flag.name != "version")
 
 

@@ -38,6 +38,7 @@ from flannel.fdlimit import raise_open_files_limit
 from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import EventType, Lease, LeaseAttrs
+from flannel.localsock import LocalSocket, SocketError, listen, socket_path
 from flannel.log import V2
 from flannel.nodestate import NodeState
 from flannel.readiness import Readiness
@@ -207,7 +208,7 @@ class Daemon:
         self._started = False
         self.readiness.report("startup", False, self._phase)
         #: What /status and /metrics read; filled in as the parts are created.
-        self.state = NodeState(self.readiness)
+        self.state = NodeState(self.readiness, options=settings.options)
 
     def phase(self, what: str) -> None:
         """The startup step under way; with what the store waits for, if it does."""
@@ -247,17 +248,34 @@ class Daemon:
         finally:
             self._remove_signals()
 
+    async def _serve_locally(self, health: HealthServer) -> LocalSocket | None:
+        """The health endpoints on the local socket next to subnet.env, for flannelctl;
+        flanneld runs without it (with a warning) when it cannot be made."""
+        path = socket_path(self.settings.files.subnet_file)
+        try:
+            local = listen(path)
+        except (SocketError, OSError) as err:
+            log.warning("Not serving flannelctl on %s: %s", path,
+                        err if isinstance(err, SocketError) else err.strerror or err)
+            return None
+        await health.start_unix(local.sock)
+        self.state.socket = str(path)
+        log.info("Serving /healthz, /readyz, /metrics and /status to flannelctl on %s "
+                 "(mode 0600)", path)
+        return local
+
     async def _serve(self) -> int:
-        health = None
+        health = HealthServer(self.readiness.current, self.state)
+        self.state.health = health.stats
         if self.settings.health.port:
-            health = HealthServer(self.readiness.current, self.state)
-            self.state.health = health.stats
             ip, port = self.settings.health.ip, self.settings.health.port
             try:
                 await health.start(ip, port)
             except OSError as err:
                 raise StartupError(f"--healthz-ip/--healthz-port {ip}:{port}: "
                                    f"{err.strerror}") from None
+            self.state.health_address = f"{ip}:{port}"
+        local = await self._serve_locally(health)
         try:
             try:
                 sm = self._open_store(self.settings)
@@ -272,8 +290,9 @@ class Daemon:
             finally:
                 await sm.close()
         finally:
-            if health is not None:
-                await health.stop()
+            await health.stop()
+            if local is not None:
+                local.remove()
 
     async def _start_backend(self, sm: SubnetManager, config: NetworkConfig,
                              ext: ExternalInterface) -> tuple[Backend, Lease, int] | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 _MAX_LINKS = 40  # the kernel's own limit on symbolic links in one lookup
 
 
-def _make_dirs(path: Path, mode: int) -> None:
+def make_dirs(path: Path, mode: int) -> None:
     """Create missing directories with exactly ``mode`` (mkdir alone is subject to umask)."""
     missing = []
     while not path.exists():
@@ -57,7 +57,7 @@ def write_atomic(path: str | Path, data: bytes, mode: int, dir_mode: int = 0o755
     """
     target = Path(path)
     parent = target.parent
-    _make_dirs(parent, dir_mode)
+    make_dirs(parent, dir_mode)
     dir_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         fd, tmp_name = _create_temp(dir_fd, target.name, mode)

@@ -1,12 +1,13 @@
 """The health endpoints: ``/healthz`` (alive), ``/readyz`` (network programmed),
 ``/metrics`` (Prometheus) and ``/status`` (JSON for ``flannelctl status``).
 
-Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port``. ``/readyz`` answers 200
-only when every readiness component has reported ready (``flannel.readiness``: startup,
-subnet.env, store, rules, data plane); otherwise 503 with the reason in the body. The default
-address 0.0.0.0 serves that text on every address of the host, so the body says what is
-wrong but never where: paths (files, store keys) are cut to their last part; the log
-has them whole. ``/metrics`` (``flannel.metrics``, imported at the first scrape) answers
+Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port`` and on flanneld's local
+socket (``flannel.localsock``: mode 0600, so every client there is local). ``/readyz``
+answers 200 only when every readiness component has reported ready (``flannel.readiness``:
+startup, subnet.env, store, rules, data plane); otherwise 503 with the reason in the body.
+The default address 0.0.0.0 serves that text on every address of the host, so the body says
+what is wrong but never where: paths (files, store keys) are cut to their last part; the
+log has them whole. ``/metrics`` (``flannel.metrics``, imported at the first scrape) answers
 anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
 (``flannel.nodestate``) tells more (whole reasons, addresses, devices), so it answers only
 a client on this host: one that connects from a loopback address or from the very address
@@ -19,8 +20,10 @@ sends its request at once), or the new one if none waits; the request head must 
 within ``HEAD_TIMEOUT`` and the reply be taken within ``WRITE_TIMEOUT``; every reply closes
 its connection (no keep-alive); lines are bounded, so is what is buffered per connection.
 An accept that fails for want of files is logged, at most once a minute, never with a
-traceback. ``HealthStats`` counts all of it for /metrics.
-Must not touch: anything but its listening socket and the connections it accepted.
+traceback. ``HealthStats`` counts all of it for /metrics. The same server also answers on
+flanneld's local socket (a client there is on this host), within the same bounds.
+Must not touch: anything but its listening sockets (the local one is made and removed by
+``flannel.localsock``) and the connections it accepted.
 """
 
 from __future__ import annotations
@@ -163,8 +166,9 @@ class HealthServer:
         self.max_connections = max_connections or connection_limit()
         self.stats = HealthStats()
         self._exposition: Exposition | None = None
-        self._listener: socket.socket | None = None
-        self._acceptor: asyncio.Task[None] | None = None
+        self._listener: socket.socket | None = None  # the TCP one
+        self._unix_listeners: list[socket.socket] = []
+        self._acceptors: list[asyncio.Task[None]] = []
         self._handlers: set[asyncio.Task[None]] = set()
         # Connections still waiting for their request head, oldest first.
         self._waiting: dict[int, asyncio.WriteTransport] = {}
@@ -231,9 +235,10 @@ class HealthServer:
                 break
         return request
 
-    async def _serve(self, conn: socket.socket) -> None:
+    async def _serve(self, conn: socket.socket, unix: bool) -> None:
         try:
-            reader, writer = await asyncio.open_connection(sock=conn, limit=LINE_LIMIT)
+            reader, writer = await asyncio.open_connection(sock=conn, limit=LINE_LIMIT) \
+                if not unix else await asyncio.open_unix_connection(sock=conn, limit=LINE_LIMIT)
         except OSError:
             conn.close()
             self.stats.open -= 1
@@ -258,8 +263,8 @@ class HealthServer:
                 parts = request.decode("latin-1").split()
                 if len(parts) >= 2:
                     await self._prepare(parts[1])
-                    local = same_host(writer.get_extra_info("peername"),
-                                      writer.get_extra_info("sockname"))
+                    local = unix or same_host(writer.get_extra_info("peername"),
+                                              writer.get_extra_info("sockname"))
                     reply = self.answer(parts[0], parts[1], local)
                 else:
                     reply = _response(400, "Bad Request", "bad request\n")
@@ -294,18 +299,18 @@ class HealthServer:
                           "%d closed so since start: a client opens connections and sends "
                           "no request", self.max_connections, self.stats.dropped)
 
-    def _admit(self, conn: socket.socket) -> None:
+    def _admit(self, conn: socket.socket, unix: bool) -> None:
         self.stats.accepted += 1
         if self.stats.open >= self.max_connections and not self._evict_oldest():
             conn.close()
             self._dropped()
             return
         self.stats.open += 1
-        task = asyncio.create_task(self._serve(conn))
+        task = asyncio.create_task(self._serve(conn, unix))
         self._handlers.add(task)
         task.add_done_callback(self._handlers.discard)
 
-    async def _accept(self, listener: socket.socket) -> None:
+    async def _accept(self, listener: socket.socket, unix: bool = False) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -325,7 +330,7 @@ class HealthServer:
                 else:
                     await asyncio.sleep(ACCEPT_PAUSE)
                 continue
-            self._admit(conn)
+            self._admit(conn, unix)
             # A pending accept completes without yielding: let the connections accepted so
             # far read their requests before more arrive (and may push them out).
             await asyncio.sleep(0)
@@ -352,15 +357,26 @@ class HealthServer:
             listener.close()
             raise
         self._listener = listener
-        self._acceptor = asyncio.create_task(self._accept(listener))
-        self._acceptor.add_done_callback(self._accept_ended)
+        self._start_accepting(listener, unix=False)
         log.info("health server listening on %s port %d (/healthz, /readyz%s)%s", host, port,
                  ", /metrics, /status" if self.state is not None else "",
                  "; every address of this host answers, --healthz-ip limits that"
                  if host in ("0.0.0.0", "::") else "")
 
+    def _start_accepting(self, listener: socket.socket, unix: bool) -> None:
+        acceptor = asyncio.create_task(self._accept(listener, unix))
+        acceptor.add_done_callback(self._accept_ended)
+        self._acceptors.append(acceptor)
+
+    async def start_unix(self, sock: socket.socket) -> None:
+        """Serve on a listening unix socket made by ``flannel.localsock`` (which removes its
+        file); ``stop`` closes it."""
+        sock.setblocking(False)
+        self._unix_listeners.append(sock)
+        self._start_accepting(sock, unix=True)
+
     async def stop(self) -> None:
-        tasks = [t for t in (self._acceptor, *self._handlers) if t is not None]
+        tasks = [t for t in (*self._acceptors, *self._handlers) if t is not None]
         for task in tasks:
             task.cancel()
         with contextlib.suppress(TimeoutError):
@@ -368,3 +384,6 @@ class HealthServer:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+        for sock in self._unix_listeners:
+            sock.close()
+        self._unix_listeners.clear()

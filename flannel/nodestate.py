@@ -6,18 +6,21 @@ backend, devices, peers known vs programmed, readiness and why, the writes of th
 record the store retries, rules and last errors, as the JSON ``flannelctl status`` reads.
 Everything is read from the live objects when asked: nothing here is updated by the
 components. The document holds no credentials, keys or backend data (the VTEP MAC of a
-device is the one the lease publishes anyway).
+device is the one the lease publishes anyway); flanneld's options are listed as its start-up
+line shows them (credentials in URLs masked), the password flag left out.
 Must not touch: the components it reads (reads only, on the event loop's thread).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from flannel.readiness import Readiness
+from flannel.settings import OptionSource
 from flannel.version import __version__
 
 if TYPE_CHECKING:
@@ -48,6 +51,11 @@ class NodeState:
     rules: RulesStatus | None = None
     peers: LeaseWatcher | None = None
     health: HealthStats | None = None
+    #: The effective options and their sources, secrets masked (``settings.options``).
+    options: tuple[OptionSource, ...] = ()
+    #: Where flannelctl reaches this flanneld: its local socket, its health server.
+    socket: str | None = None
+    health_address: str | None = None
 
     def engines(self) -> list[tuple[str, Sequence[EngineSample]]]:
         """(engine name, samples) of every applier that offers samples."""
@@ -108,6 +116,10 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
         "reason": why,
         "readiness": [{"component": name, "ready": ok, "reason": reason}
                       for name, ok, reason in state.readiness.components()],
+        "flanneld": {"pid": os.getpid(), "socket": state.socket,
+                     "health": state.health_address,
+                     "options": [{"name": o.name, "value": o.shown, "source": o.source}
+                                 for o in state.options if not o.secret]},
         "lease": None, "network": None, "store": None, "devices": [], "peers": None,
         "dataplane": None, "rules": None, "engines": {},
     }

@@ -98,6 +98,7 @@ class OptionSource:
     name: str  # the flag's name, without dashes
     shown: str  # its value as text, secrets masked
     source: str  # "flag", the FLANNELD_* variable it came from, or "default"
+    secret: bool = False  # a credential: masked in the log, left out of /status
 
 
 def options_line(options: tuple[OptionSource, ...]) -> str:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
+from flannel.cli import UsageError, parse_namespace
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.lab import extension, tour
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
@@ -44,6 +46,31 @@ def network_config(args: argparse.Namespace, lab: Lab) -> str:
     if args.ipv6:
         config.update(EnableIPv6=True, IPv6Network="fd00:10:244::/56")
     return json.dumps(config)
+
+
+#: flanneld flags the lab sets itself: where the store and subnet.env are, the interface.
+LAB_FLAGS = ("etcd-endpoints", "subnet-file", "iface", "iface-regex", "iface-can-reach")
+
+
+def flanneld_args(args: argparse.Namespace) -> list[str]:
+    """The extra flanneld flags of ``--flanneld-arg`` and ``--flanneld-args`` (split as a
+    shell would, never run by one), checked as flanneld checks them; UsageError says what
+    is wrong."""
+    extra = list(args.flanneld_arg or [])
+    for text in args.flanneld_args or []:
+        try:
+            extra += shlex.split(text)
+        except ValueError as err:
+            raise UsageError(f"--flanneld-args {text!r}: {err}") from None
+    try:
+        parsed = parse_namespace(extra, {})
+    except UsageError as err:
+        raise UsageError(f"--flanneld-arg: {err}") from None
+    taken = [f"--{name}" for name in LAB_FLAGS if parsed.sources.get(name) == "flag"]
+    if taken or parsed.version is True:
+        raise UsageError(f"--flanneld-arg: {', '.join(taken) or '--version'} cannot be "
+                         "given: the lab sets it for every node")
+    return extra
 
 
 def decode_config(config: dict | str) -> tuple[str, NetworkConfig]:
@@ -138,12 +165,17 @@ def cmd_up(args: argparse.Namespace) -> int:
                 f'{args.config})")' if args.config and os.path.exists(args.config) else "")
         print(f"flannel-lab: --config: {err.describe()}{hint}", file=sys.stderr)
         return 2
+    try:
+        extra = flanneld_args(args)
+    except UsageError as err:
+        print(f"flannel-lab: {err}", file=sys.stderr)
+        return 2
     if lab.exists:
         print(f"flannel-lab: {lab.exists_error()}", file=sys.stderr)
         return 1
     try:
         indexes = build(lab, args.nodes, text, second_underlay_from=args.second_underlay,
-                        flanneld_args=("--ip-masq",))
+                        flanneld_args=("--ip-masq", *extra))
         if has_data_path(lab):
             done = check_mesh(lab, indexes, decoded.enable_ipv6)
         else:
@@ -329,6 +361,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "(overrides the options above)")
     up.add_argument("--pods-per-node", type=int, default=0, metavar="K",
                     help="attach K pods per node through the flannel CNI plugin")
+    up.add_argument("--flanneld-arg", action="append", metavar="FLAG",
+                    help="one more flag for every node's flanneld (after the lab's "
+                    "--ip-masq), given with '=': --flanneld-arg=--healthz-port=8081; "
+                    "repeatable")
+    up.add_argument("--flanneld-args", action="append", metavar="FLAGS",
+                    help="more flanneld flags in one string, split as a shell would (no "
+                    "shell runs them), given with '=': --flanneld-args='-v=2 "
+                    "--iptables-resync=10'")
     up.set_defaults(func=cmd_up)
     for name, func, text in (("status", cmd_status, "leases, routes, neighbours, FDB"),
                              ("ping", cmd_ping, "pod-to-pod ping matrix"),

@@ -17,11 +17,14 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flannel.ops.checks import Context, all_checks
 from flannel.ops.findings import Finding, exit_code, rank, render
 from flannel.ops.kernelview import read_kernel
+
+if TYPE_CHECKING:
+    from flannel.ops.discover import Flanneld
 
 STORE_TIMEOUT = 10.0
 
@@ -127,26 +130,64 @@ def diagnose(ctx: Context) -> list[Finding]:
     return rank(findings)
 
 
+def store_source(args: argparse.Namespace, found: Flanneld | None, given: list[str]) -> str:
+    """Which store doctor read, and whose settings say so."""
+    from flannel.cli import FLAGS, shown_value
+
+    flags = {flag.name: flag for flag in FLAGS}
+    if args.kube_subnet_mgr:
+        api = args.kube_api_url or args.kubeconfig_file or "in-cluster"
+        place = f"the Kubernetes API ({api}), network config {args.net_config_path}"
+    else:
+        place = (f"etcd {shown_value(flags['etcd-endpoints'], args.etcd_endpoints)}, "
+                 f"prefix {args.etcd_prefix}")
+    if found is not None and found.args is not None:
+        whose = "the settings of the flanneld running here"
+        if given:
+            whose += f", overridden by {', '.join('--' + name for name in given)}"
+    elif given:
+        whose = "the flags given"
+    else:
+        whose = "flanneld's defaults"
+    env = (found.subnet_file if found is not None and found.args is not None
+           and "subnet-file" not in given else args.subnet_file)
+    return f"{place}, from {whose}; subnet.env {env}"
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from flannel.cli import UsageError
-    from flannel.ops.storeopts import quiet_store_logs, resolve
+    from flannel.ops.discover import NotFound, find
+    from flannel.ops.storeopts import explicit, of_running, quiet_store_logs, resolve
 
+    given = explicit(args)
     try:
-        resolve(args)
+        found, note = find(), ""
+    except NotFound as err:
+        found, note = None, str(err)
+    if found is not None:
+        note = found.why
+    try:
+        resolve(args, running=of_running(found) if found is not None else None)
     except UsageError as err:
         print(f"flannelctl doctor: {err}", file=sys.stderr)
         return 2
     quiet_store_logs()
+    source = store_source(args, found, given)
+    # Without flags, settings that could not be read leave doctor guessing: say so.
+    unread = [Finding("store", "warning", f"flanneld's settings are unknown: {note}",
+                      "run flannelctl doctor as root, or give flanneld's store flags")
+              ] if note and not given else []
     try:
-        findings = diagnose(gather(args))
+        findings = rank([*diagnose(gather(args)), *unread])
     except KeyboardInterrupt:
         return 130
     if args.json:
-        doc: dict[str, Any] = {"healthy": exit_code(findings) == 0,
+        doc: dict[str, Any] = {"healthy": exit_code(findings) == 0, "store": source,
                                "findings": [f.as_json() for f in findings]}
         print(json.dumps(doc, indent=2))
     else:
         print(render(findings))
+        print(f"store read: {source}")
     return exit_code(findings)
 
 

@@ -74,8 +74,10 @@ def add_leases(sub: Any) -> None:
 def add_doctor(sub: Any) -> None:
     doctor = sub.add_parser(
         "doctor", help="check this node and print a ranked diagnosis with fixes",
-        description="Check this node (run it in flanneld's network namespace, with "
-                    "flanneld's store flags): flanneld, subnet.env, sysctls, FORWARD policy, "
+        description="Check this node (run it as root in flanneld's network namespace; "
+                    "with no store flag it reads the store and subnet.env of the flanneld "
+                    "running there, a flag given wins): flanneld, subnet.env, sysctls, "
+                    "FORWARD policy, "
                     "CNI plugins and config, the VTEP device, MAC and MTU, routes, neighbours "
                     "and FDB against the leases, duplicate or stray leases, clock skew, and "
                     "probes to every peer (overlay, underlay, VXLAN port, path MTU). Prints "
@@ -163,15 +165,23 @@ def add_check(sub: Any) -> None:
 def add_status(sub: Any) -> None:
     status = sub.add_parser(
         "status", help="this node's lease, peers, readiness and errors, as flanneld sees them",
-        description="Ask this node's flanneld for its status through its health server's "
-                    "/status endpoint (served to clients on the same host only): the lease "
-                    "and its expiry, backend and devices, peers known vs programmed, "
-                    "readiness and why, the traffic rules and the last errors. Exit code 0 "
-                    "when ready, 1 when not ready, 3 when flanneld does not answer.")
-    status.add_argument("--health-url", default="http://127.0.0.1:8081",
-                        help="flanneld's health server, http://<healthz-ip>:<healthz-port> "
-                             "(default %(default)s, the port of the deployed manifest; "
-                             "flanneld serves it only with --healthz-port)")
+        description="Ask this node's flanneld for its status: the lease and its expiry, "
+                    "the store, backend and devices, peers known vs programmed, readiness "
+                    "and why, the traffic rules and the last errors. With no flag it finds "
+                    "the flanneld of this network namespace and asks it on its local socket "
+                    "(flanneld.sock next to its subnet.env, root only): run it on the node, "
+                    "or in the node's namespace (ip netns exec NODE flannelctl status). Exit "
+                    "code 0 when ready, 1 when not ready, 3 when flanneld does not answer.")
+    status.add_argument("--health-url", default="",
+                        help="ask flanneld's health server instead, "
+                             "http://<healthz-ip>:<healthz-port> (flanneld serves it only "
+                             "with --healthz-port; /status answers clients on its host only)")
+    status.add_argument("--socket", default="", metavar="PATH",
+                        help="flanneld's local socket (default: that of the flanneld running "
+                             "in this network namespace, else /run/flannel/flanneld.sock)")
+    status.add_argument("--subnet-file", default="", metavar="PATH",
+                        help="the subnet.env of the flanneld to ask: its socket is next to it "
+                             "(env FLANNELD_SUBNET_FILE)")
     status.add_argument("--timeout", type=_bounded(float, 0.1, 60, "seconds"), default=3.0,
                         help="seconds to wait for the answer (default %(default)s)")
     status.add_argument("--json", action="store_true", help="the status document as JSON")

@@ -1,24 +1,34 @@
-"""``flannelctl status``: this node's flanneld as its local ``/status`` endpoint tells it.
+"""``flannelctl status``: this node's flanneld as its ``/status`` endpoint tells it.
 
-Owns fetching ``/status`` from flanneld's health server (``--health-url``, plain HTTP, one
-bounded request), checking the answer's shape, and showing it: a human table by default,
-the document itself with ``--json``. Exit codes: 0 ready, 1 running but not ready,
-2 a bad flag, 3 flanneld did not answer (or answered something that is not its status).
+Owns finding where to ask (``--health-url``: plain HTTP to the health server; ``--socket``,
+or the socket next to ``--subnet-file``; with neither, the local socket of the flanneld of
+this network namespace, found by ``flannel.ops.discover``, else the default
+``/run/flannel/flanneld.sock``), fetching ``/status`` (one bounded request), checking the
+answer's shape, and showing it: a human table by default, the document itself with
+``--json``. Exit codes: 0 ready, 1 running but not ready, 2 a bad flag, 3 flanneld did not
+answer (not running, a stale socket, no right to use it) or answered something that is not
+its status.
 Must not touch: the kernel, the store (the daemon's view is what is shown).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import http.client
 import json
+import os
 import sys
 import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flannel import boundedjson
+from flannel.localsock import connect, socket_path
 
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8081"
+DEFAULT_SUBNET_FILE = "/run/flannel/subnet.env"
 MAX_STATUS_BYTES = 4 << 20
 EXIT_NOT_READY = 1
 EXIT_UNREACHABLE = 3
@@ -41,20 +51,81 @@ def check_url(text: str) -> tuple[str, int]:
     return url.hostname, port or 80
 
 
-def fetch_status(base: str, timeout: float) -> dict[str, Any]:
-    """flanneld's status document from the health server at ``base``."""
-    host, port = check_url(base)
-    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+@dataclass(frozen=True)
+class Where:
+    """Where flanneld is asked: a health server URL, or a local socket."""
+
+    url: str = ""
+    socket: Path | None = None
+    shown: str = ""  # how the socket is named to the user
+    pid: int = 0  # the flanneld found running in this network namespace, if any
+    looked: bool = False  # no flag said where: this network namespace was searched
+
+    def __str__(self) -> str:
+        return self.url or self.shown or str(self.socket)
+
+
+class _SocketConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = connect(self._path, self.timeout if self.timeout is not None else 3.0)
+
+
+def _socket_failure(where: Where, err: OSError) -> StatusUnavailable:
+    """What a socket that cannot be used means, and what to do."""
+    running = (f"flanneld (pid {where.pid}) runs in this network namespace, but "
+               if where.pid else "")
+    if err.errno == errno.ENOENT:
+        if where.pid:
+            return StatusUnavailable(f"{running}{where} does not exist: its log says why "
+                                     "it does not serve flannelctl")
+        if where.looked:
+            return StatusUnavailable(
+                f"flanneld is not running in this network namespace (no flanneld process, "
+                f"no socket {where}); run flannelctl in flanneld's network namespace, or "
+                "give --health-url")
+        return StatusUnavailable(f"there is no socket {where}: is flanneld running, and "
+                                 "is that next to its --subnet-file?")
+    if err.errno == errno.ECONNREFUSED:
+        if where.pid:
+            return StatusUnavailable(f"{running}nobody answers on {where}: it is starting "
+                                     "or stopping; try again")
+        return StatusUnavailable(f"flanneld is not running: {where} is a stale socket left "
+                                 "by a flanneld that ended (the next flanneld replaces it)")
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return StatusUnavailable(f"{where} is flanneld's and only root (or flanneld's user) "
+                                 f"may use it ({err.strerror}): run flannelctl as root")
+    return StatusUnavailable(f"flanneld's socket {where} cannot be used: "
+                             f"{err.strerror or err}")
+
+
+def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
+    """flanneld's status document from its health server or local socket."""
+    where = Where(url=where) if isinstance(where, str) else where
+    base = str(where)
+    connection: http.client.HTTPConnection
+    if where.url:
+        host, port = check_url(where.url)
+        connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    else:
+        assert where.socket is not None
+        connection = _SocketConnection(where.socket, timeout)
     try:
         connection.request("GET", "/status", headers={"Accept": "application/json"})
         reply = connection.getresponse()
         body = reply.read(MAX_STATUS_BYTES + 1)
     except (OSError, http.client.HTTPException) as err:
+        if not where.url and isinstance(err, OSError) and err.errno is not None:
+            raise _socket_failure(where, err) from None
         why = getattr(err, "strerror", None) or str(err) or type(err).__name__
         raise StatusUnavailable(
             f"flanneld's health server at {base} did not answer ({why}); is flanneld "
             "running with --healthz-port, and is --health-url its --healthz-ip:"
-            "--healthz-port?") from None
+            "--healthz-port?" if where.url else
+            f"flanneld did not answer on {base} ({why})") from None
     finally:
         connection.close()
     if reply.status == 403:
@@ -118,6 +189,14 @@ def _lease_line(lease: Any) -> str:
     return f"{subnets} (public IP {public or '?'}), {expiry}"
 
 
+def _store_place(kind: str, options: dict[Any, Any]) -> str:
+    """Where the store is, from flanneld's options (credentials are masked there)."""
+    if kind == "etcd":
+        return f"{options.get('etcd-endpoints')}, prefix {options.get('etcd-prefix')}"
+    api = options.get("kube-api-url") or options.get("kubeconfig-file") or "in-cluster"
+    return f"{api}, annotations {options.get('kube-annotation-prefix')}"
+
+
 def render(doc: dict[str, Any], base: str) -> str:
     """The human table."""
     rows: list[tuple[str, str]] = []
@@ -129,7 +208,17 @@ def render(doc: dict[str, Any], base: str) -> str:
         nets = ", ".join(str(n) for n in (network.get("network"), network.get("ipv6_network"))
                          if n)
         rows.append(("network", f"{nets}, backend {network.get('backend')}"))
+    flanneld = doc.get("flanneld")
+    if isinstance(flanneld, dict):
+        rows.append(("serving", ", ".join(
+            f"{what} {where}" for what, where in (("socket", flanneld.get("socket")),
+                                                 ("health", flanneld.get("health"))) if where)
+            or "no socket, no health port"))
+    options = {_get(o, "name"): _get(o, "value")
+               for o in (_get(flanneld, "options") or []) if isinstance(o, dict)}
     store = doc.get("store")
+    if isinstance(store, dict) and options:
+        rows.append(("store at", _store_place(str(store.get("kind")), options)))
     if isinstance(store, dict):
         rows.append(("store", f"{store.get('kind')}: "
                               f"{'watching' if store.get('watching') else 'NOT watching'}, "
@@ -196,19 +285,46 @@ def render(doc: dict[str, Any], base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def locate(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Where:
+    """Where to ask: ``--health-url``, ``--socket``, the socket next to ``--subnet-file``
+    (or ``FLANNELD_SUBNET_FILE``), else that of this network namespace's flanneld, else the
+    default one. NotFound when several flanneld run here."""
+    from flannel.ops.discover import find
+
+    environ = dict(os.environ if environ is None else environ)
+    if args.health_url:
+        return Where(url=args.health_url)
+    if args.socket:
+        return Where(socket=Path(args.socket))
+    given = args.subnet_file or environ.get("FLANNELD_SUBNET_FILE")
+    if given:
+        return Where(socket=socket_path(given))
+    found = find()
+    if found is None:
+        return Where(socket=socket_path(DEFAULT_SUBNET_FILE), looked=True)
+    shown = str(socket_path(found.subnet_file))
+    if found.socket != Path(shown):
+        shown += f" (in the mount namespace of flanneld pid {found.pid})"
+    return Where(socket=found.socket, shown=shown, pid=found.pid, looked=True)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    from flannel.ops.discover import NotFound
+
+    if args.health_url:
+        try:
+            check_url(args.health_url)
+        except ValueError as err:
+            print(f"flannelctl status: --health-url {err}", file=sys.stderr)
+            return 2
     try:
-        check_url(args.health_url)
-    except ValueError as err:
-        print(f"flannelctl status: --health-url {err}", file=sys.stderr)
-        return 2
-    try:
-        doc = fetch_status(args.health_url, args.timeout)
-    except StatusUnavailable as err:
+        where = locate(args)
+        doc = fetch_status(where, args.timeout)
+    except (StatusUnavailable, NotFound) as err:
         print(f"flannelctl status: {err}", file=sys.stderr)
         return EXIT_UNREACHABLE
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        sys.stdout.write(render(doc, args.health_url))
+        sys.stdout.write(render(doc, str(where)))
     return 0 if doc["ready"] else EXIT_NOT_READY

@@ -1,8 +1,9 @@
 """The store flags of ``flannelctl`` commands: flanneld's names, ``FLANNELD_*`` fallbacks.
 
-Owns turning the command line (and environment) into the checked flags that
-``cli.store_settings`` makes the store's settings from, so an operator can paste flanneld's
-own flags. Must not touch: the kernel.
+Owns turning the command line (and environment), and what the node's running flanneld uses
+(``flannel.ops.discover``), into the checked flags that ``cli.store_settings`` makes the
+store's settings from, so an operator can paste flanneld's own flags or give none.
+Must not touch: the kernel.
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from flannel.cli import FLAGS, Flag, UsageError
+
+if TYPE_CHECKING:
+    from flannel.ops.discover import Flanneld
 
 #: flanneld flags that say where the store is and how to reach it.
 STORE_FLAGS = ("etcd-endpoints", "etcd-prefix", "etcd-keyfile", "etcd-certfile", "etcd-cafile",
@@ -32,11 +37,19 @@ def add_store_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(f"--{name}", dest=flag.dest, default=None, help=help_text)
 
 
-def _value(flag: Flag, given: str | None, environ: dict[str, str]) -> object:
+#: Store flags naming files, read where the flanneld that was given them reads them.
+PATH_FLAGS = ("etcd-keyfile", "etcd-certfile", "etcd-cafile", "kubeconfig-file",
+              "net-config-path", "subnet-file")
+
+
+def _value(flag: Flag, given: str | None, environ: dict[str, str],
+           running: dict[str, object]) -> object:
     if given is not None:
         text, source = given, f"--{flag.name}"
     elif environ.get(flag.env_name):
         text, source = environ[flag.env_name], flag.env_name
+    elif flag.dest in running:
+        return running[flag.dest]
     else:
         return flag.default
     try:
@@ -50,13 +63,38 @@ def quiet_store_logs() -> None:
     logging.getLogger("flannel").setLevel(logging.ERROR)
 
 
-def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None) -> None:
-    """Fill the store flags of ``args`` (command line > environment > flanneld's default)
-    and the few other values the store managers read; UsageError names a bad value."""
+def of_running(flanneld: Flanneld) -> dict[str, object]:
+    """The store flags of a running flanneld by dest, its files as reached from here."""
+    if flanneld.args is None:
+        return {}
+    values: dict[str, object] = {}
+    for name in STORE_FLAGS:
+        dest = _BY_NAME[name].dest
+        value = getattr(flanneld.args, dest)
+        if name in PATH_FLAGS and value:
+            value = str(flanneld.path(str(value)))
+        values[dest] = value
+    return values
+
+
+def explicit(args: argparse.Namespace, environ: dict[str, str] | None = None) -> list[str]:
+    """The store flags given on the command line or in ``FLANNELD_*``."""
+    environ = dict(os.environ if environ is None else environ)
+    return [name for name in STORE_FLAGS
+            if getattr(args, _BY_NAME[name].dest) is not None
+            or environ.get(_BY_NAME[name].env_name)]
+
+
+def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None,
+            running: dict[str, object] | None = None) -> None:
+    """Fill the store flags of ``args`` (command line > environment > ``running``, the
+    values of the node's running flanneld by flag dest > flanneld's default) and the few
+    other values the store managers read; UsageError names a bad value."""
     environ = dict(os.environ if environ is None else environ)
     for name in STORE_FLAGS:
         flag = _BY_NAME[name]
-        setattr(args, flag.dest, _value(flag, getattr(args, flag.dest), environ))
+        setattr(args, flag.dest, _value(flag, getattr(args, flag.dest), environ,
+                                        running or {}))
     # Read by the managers, meaningless to a command that acquires no lease.
     for name in ("subnet-lease-ttl", "subnet-lease-renew-margin", "public-ip", "public-ipv6"):
         flag = _BY_NAME[name]

@@ -1,4 +1,5 @@
-"""Runs the installed ``flanneld`` console script as a real process, optionally in a netns."""
+"""Runs the installed ``flanneld`` console script as a real process, optionally in a netns
+and with a private ``/run`` (``run_dir``, as a lab node has)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flannel.kernel.host import LOCAL
+from flannel.wireguard import nsexec
 from tests.support.waiting import wait_until
 
 FLANNELD = str(Path(sys.executable).parent / "flanneld")
@@ -17,8 +20,10 @@ FLANNELD = str(Path(sys.executable).parent / "flanneld")
 class Flanneld:
     def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
                  name: str = "flanneld", env: dict[str, str] | None = None,
-                 open_files: tuple[int, int] | None = None) -> None:
+                 open_files: tuple[int, int] | None = None,
+                 run_dir: Path | None = None) -> None:
         self.workdir = workdir
+        self.run_dir = run_dir
         self.env = env
         self.args = args
         self.netns = netns
@@ -31,8 +36,12 @@ class Flanneld:
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         if self.open_files is not None:
             prefix += ["prlimit", "--nofile={}:{}".format(*self.open_files), "--"]
+        argv = [FLANNELD, *self.args]
+        if self.run_dir is not None:
+            self.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+            argv = nsexec.command(argv, LOCAL, self.run_dir)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([*prefix, FLANNELD, *self.args], stdout=log,
+            self.proc = subprocess.Popen([*prefix, *argv], stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=None if self.env is None else
                                          {**os.environ, **self.env})

@@ -1,0 +1,128 @@
+"""Finding this node's flanneld: which process, its options, its local socket.
+
+Owns how ``flannelctl status`` and ``doctor`` learn, without flags, what the node's flanneld
+uses. The flanneld of a node is the one in the tool's network namespace (``ip netns exec
+<node> flannelctl ...`` picks a lab node's); its options are read as flanneld parsed them,
+from its command line and its ``FLANNELD_*`` environment (``/proc/<pid>/environ``, which
+only root, or flanneld's own user, can read: credentials stay out of other users' reach).
+Its files, the local socket (``flannel.localsock``) included, are reached through
+``/proc/<pid>/root`` when it runs in another mount namespace (a lab node's private
+``/run``, a pod), so the paths it was given mean what they mean to it.
+Must not touch: the kernel, the store, the process (reads ``/proc`` only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from flannel.cleanup import running_flanneld
+from flannel.cli import UsageError, parse_namespace
+from flannel.localsock import socket_path
+
+MAX_CMDLINE = 1 << 16
+MAX_ENVIRON = 1 << 20
+
+
+class NotFound(Exception):
+    """No single flanneld could be told apart; the message says why and what to give."""
+
+
+@dataclass(frozen=True)
+class Flanneld:
+    """A running flanneld as this tool sees it."""
+
+    pid: int
+    #: Its options as it parsed them; None when they could not be read.
+    args: argparse.Namespace | None
+    #: Why ``args`` is missing or partial (its environment unreadable); empty when whole.
+    why: str
+    #: Where its paths start from here: ``/`` in our mount namespace, else its root.
+    root: Path
+    cwd: Path
+
+    def path(self, text: str) -> Path:
+        """A path flanneld was given, as this tool reaches the same file."""
+        path = Path(text)
+        if not path.is_absolute():
+            return self.cwd / path
+        return self.root / path.relative_to("/") if self.root != Path("/") else path
+
+    @property
+    def subnet_file(self) -> str:
+        return str(self.args.subnet_file) if self.args is not None else \
+            "/run/flannel/subnet.env"
+
+    @property
+    def socket(self) -> Path:
+        return self.path(str(socket_path(self.subnet_file)))
+
+
+def _read(path: Path, limit: int) -> bytes:
+    with path.open("rb") as handle:
+        return handle.read(limit)
+
+
+def flanneld_argv(cmdline: bytes) -> list[str]:
+    """flanneld's own arguments: what follows ``flanneld`` (itself, or the script a Python
+    runs) on its command line."""
+    argv = [arg.decode(errors="surrogateescape") for arg in cmdline.split(b"\0")]
+    if argv and argv[-1] == "":
+        argv.pop()
+    for index, arg in enumerate(argv[:2]):
+        if os.path.basename(arg) == "flanneld":
+            return argv[index + 1:]
+    return argv[1:]
+
+
+def _same_mount_namespace(proc: Path) -> bool:
+    try:
+        mine = os.stat("/proc/self/ns/mnt")
+        theirs = os.stat(proc / "ns" / "mnt")
+    except OSError:
+        return False  # not ours to inspect: its root then refuses us as it should
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
+def describe(pid: int) -> Flanneld:
+    """What can be learnt of flanneld ``pid``; its options only with the right to read them."""
+    proc = Path(f"/proc/{pid}")
+    root, cwd = Path("/") if _same_mount_namespace(proc) else proc / "root", proc / "cwd"
+    try:
+        argv = flanneld_argv(_read(proc / "cmdline", MAX_CMDLINE))
+    except OSError as err:
+        return Flanneld(pid, None, f"flanneld (pid {pid}) could not be read: "
+                        f"{err.strerror or err}", root, cwd)
+    why, environ = "", {}
+    try:
+        raw = _read(proc / "environ", MAX_ENVIRON)
+    except OSError:
+        raw = b""
+        why = (f"the environment of flanneld (pid {pid}) is readable by root only (its "
+               "FLANNELD_* settings, credentials among them): run flannelctl as root")
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name.startswith(b"FLANNELD_"):
+            environ[name.decode(errors="replace")] = value.decode(errors="surrogateescape")
+    try:
+        args = parse_namespace(argv, environ)
+    except UsageError as err:
+        return Flanneld(pid, None, f"the options of flanneld (pid {pid}) are not this "
+                        f"flannelctl's: {err}", root, cwd)
+    return Flanneld(pid, args, why, root, cwd)
+
+
+def find() -> Flanneld | None:
+    """The flanneld of this network namespace; None if none runs; NotFound if several, or
+    if this user may not tell."""
+    pids = running_flanneld()
+    if not pids and os.geteuid() != 0:
+        raise NotFound("only root may see which flanneld runs in this network namespace "
+                       "(and use its socket): run flannelctl as root")
+    if len(pids) > 1:
+        raise NotFound(f"several flanneld processes run in this network namespace (pids "
+                       f"{', '.join(map(str, pids))}); say which with --subnet-file or "
+                       "--socket")
+    return describe(pids[0]) if pids else None
