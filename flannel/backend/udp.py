@@ -113,7 +113,8 @@ class UdpBackend(RoutedBackend):
         assert self.ext.iface_addr is not None
         self.forwarder = UdpForwarder(ForwarderConfig(
             TUN_NAME, IPv4Address(self.ext.iface_addr), self.port,
-            lease.subnet.network_address, self.mtu, self.options.host))
+            lease.subnet.network_address, self.mtu, self.options.host,
+            peers_only=self.options.encap_peers_only))
         try:
             await asyncio.to_thread(self.forwarder.start)
         except ForwarderError as err:
@@ -154,6 +155,9 @@ class UdpBackend(RoutedBackend):
     def appliers(self) -> Sequence[Applier]:
         return (self._applier,)
 
+    def encap_ports(self) -> dict[int, tuple[int, ...]]:
+        return {4: (self.port,)}
+
     def wants(self, lease: Lease) -> bool:
         # Go's udp takes every lease; a lease with a BackendType is a node that runs no
         # udp forwarder, so packets sent there would be lost.
@@ -177,6 +181,8 @@ _COUNTER_HELP = {
     "drop_send_error": "Packets dropped: the UDP send failed.",
     "drop_tun_error": "Datagrams dropped: the write into flannel0 failed.",
     "drop_not_ipv4": "Packets dropped: not IPv4.",
+    "drop_not_peer": "Datagrams dropped: their source is no peer's public address "
+                     "(--encap-peers-only).",
     "icmp_unreachable": "ICMP net-unreachable replies written back into flannel0.",
 }
 
