@@ -183,7 +183,7 @@ class NodeCollector(Collector):
                       "family", {f: dropped[f][1] for f in families}, counter=True)
             yield _by("flannel_encap_filter_peers", "Addresses in the encapsulation "
                       "filter's peer set, by IP family.", "family",
-                      {f"ipv{v}": rules.peers.get(v, 0) for v in rules.filtered})
+                      {f"ipv{v}": rules.peers.get(v, 0) for v in rules.filtered}, counter=False)
             yield _counter("flannel_encap_filter_updates", "Peer set changes written to the "
                            "encapsulation filter.", rules.peer_updates)
 

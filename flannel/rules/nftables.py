@@ -210,7 +210,7 @@ class NftablesRules:
                     self.dropped[spec.version] = have.counters[DROP_COUNTER]
                 else:
                     return f"nft counter {family} {table} {DROP_COUNTER} missing"
-                if have.sets.get(PEER_SET) != peers[spec.version]:
+                if frozenset(have.sets.get(PEER_SET, ())) != peers[spec.version]:
                     return f"nft set {family} {table} {PEER_SET} differs"
             for chain, _comment, _hook, rules in chains:
                 if chain not in have.chains:
