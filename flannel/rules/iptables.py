@@ -172,7 +172,7 @@ def supports_random_fully(version: int = 4, variant: Variant = PLAIN) -> bool:
 
 #: ``-S -v`` shows counters as `` -c <packets> <bytes>``: after the chain name
 #: (legacy) or before the target (nft), and after a policy.
-_COUNTERS = re.compile(r" -c (\d+) (\d+)(?= -[jg] |$)")
+_COUNTERS = re.compile(r" -c (\d+) (\d+)(?= -|$)")
 
 
 class IptablesRules:

@@ -232,3 +232,13 @@ def test_values_that_hurt_are_refused_with_the_flag_and_range(argv, env, message
 ])
 def test_sensible_values_pass(argv):
     parse(*argv)
+
+
+def test_encap_peers_only_is_off_by_default_and_set_by_flag_or_environment():
+    assert parse().rules.encap_peers_only is False
+    assert parse("--encap-peers-only").rules.encap_peers_only is True
+    assert parse(env={"FLANNELD_ENCAP_PEERS_ONLY": "true"}).rules.encap_peers_only is True
+    assert parse("--encap-peers-only=false",
+                 env={"FLANNELD_ENCAP_PEERS_ONLY": "true"}).rules.encap_peers_only is False
+    with pytest.raises(UsageError, match="FLANNELD_ENCAP_PEERS_ONLY"):
+        parse(env={"FLANNELD_ENCAP_PEERS_ONLY": "maybe"})
