@@ -224,3 +224,27 @@ def test_both_families_iptables(ns):
     listed = run(ns, "ip6tables", "-S", "FLANNEL-PEERS")
     assert "-A FLANNEL-PEERS -s fd00:50::2/128 -j RETURN" in listed
     assert traffic.ensure() is False
+
+
+@pytest.mark.parametrize("nft", [False, True], ids=["iptables", "nftables"])
+def test_doctor_recommends_the_filter_until_it_is_installed(ns, nft):
+    from pathlib import Path
+
+    from flannel.config import parse_config
+    from flannel.ops.checks import Context
+    from flannel.ops.checks.node import check_encap_filter
+
+    ctx = Context(subnet_file=Path("/nonexistent"), sysctl_root=Path("/proc/sys"),
+                  cni_bin_dirs=[], cni_conf_dirs=[], probe_timeout=1.0, fix_checksum=False,
+                  config=parse_config('{"Network": "10.42.0.0/16", "Backend": '
+                                      '{"Type": "vxlan", "Port": 4789}}'),
+                  flanneld_pids=[1])
+    with Host(ns).entered():  # the tools doctor runs inherit this namespace
+        found = check_encap_filter(ctx)
+    assert [f.severity for f in found] == ["info"]
+    assert "UDP 4789" in found[0].what and "--encap-peers-only" in found[0].fix
+    traffic = manager(ns, nft)
+    traffic.set_peers(PEERS)
+    traffic.ensure()
+    with Host(ns).entered():
+        assert check_encap_filter(ctx) == []
