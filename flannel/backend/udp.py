@@ -5,7 +5,8 @@ as Go's), the TUN ``flannel0`` described for the data plane (device, MTU, lease 
 the route ``<Network> dev flannel0``, so that a change by hand is drift repaired within a
 second), and the forwarder process (``flannel/udp``): started at activation, handed the
 peer table (subnet -> PublicIP:Port) on every pass, restarted when it died, stopped by
-``close``. Go's udp backend does not filter leases on BackendType: every other lease of the
+``close``; with ``--encap-peers-only`` it drops datagrams from other sources than the
+table's public IPs. Go's udp backend does not filter leases on BackendType: every other lease of the
 network is a peer, except the leases of another backend (a vxlan node runs no forwarder),
 which are ignored and named once in the log.
 Must not touch: the store; packets (``flannel/udp/worker.py``); other devices and routes.
