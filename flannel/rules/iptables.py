@@ -335,6 +335,19 @@ def remove_chain(found: FoundChain, host: Host = LOCAL) -> None:
             raise RulesError(f"{found.describe()}: {verb} failed: {result.stderr.strip()}")
 
 
+FILTER_CHAINS = (INPUT_CHAIN, PEERS_CHAIN, NOT_PEER_CHAIN)
+
+
+def remove_filter(variant: Variant, version: int, host: Host = LOCAL) -> list[FoundChain]:
+    """Remove the encapsulation filter's chains of one family (the filter turned off)."""
+    removed = []
+    for found in find_own_chains(save_listing(variant, version, host), variant, version):
+        if found.chain in FILTER_CHAINS:
+            remove_chain(found, host)
+            removed.append(found)
+    return removed
+
+
 def remove_all(host: Host = LOCAL, variants: tuple[Variant, ...] = (LEGACY, NFT, PLAIN)
                ) -> list[FoundChain]:
     """Remove every flannel chain and its jumps, both families, in the given variants (used

@@ -1,7 +1,8 @@
 """Chooses the rule mode, cleans the other mode's leftovers, and keeps the rules in place.
 
 Owns the start-up clean-up (nftables tables in iptables mode, iptables chains in nftables
-mode, our chains in the iptables backend not chosen by ``rules/mode.py``), the br_netfilter
+mode, our chains in the iptables backend not chosen by ``rules/mode.py``, the encapsulation
+filter of a family no longer filtered), the br_netfilter
 check of iptables mode, and the ensure loop: every
 ``--iptables-resync`` seconds the rules are checked and re-applied when anything is missing
 (both modes; Go flannel never re-checks nftables). Rules are never removed on exit.
@@ -95,8 +96,13 @@ class TrafficManager:
     def prepare(self) -> None:
         """Choose the iptables backend, clean the other modes' leftovers (synchronous; run
         it in a worker thread)."""
+        unfiltered = [v for v in (4, 6) if v not in self.status.filtered]
         if self.nftables_mode:
             self._log_removed(iptables.remove_all(self.host))
+            for version in unfiltered:
+                if nftables.remove_filter(version, self.host):
+                    log.info("Removed the IPv%d encapsulation filter (--encap-peers-only is "
+                             "off)", version)
         else:
             variant, why = choose_variant(self.iptables_mode, self.host)
             if self.families:
@@ -110,6 +116,9 @@ class TrafficManager:
             others = tuple(v for v in (LEGACY, NFT) if v != variant) if variant != PLAIN else ()
             self._log_removed(iptables.remove_all(self.host, others))
             nftables.remove_all(self.host)
+            for version in unfiltered:
+                for found in iptables.remove_filter(variant, version, self.host):
+                    log.info("Removed %s: --encap-peers-only is off", found.describe())
         self.prepared = True
 
     @staticmethod

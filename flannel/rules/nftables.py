@@ -240,6 +240,27 @@ def remove_table(family: str, table: str, host: Host = LOCAL) -> None:
         raise RulesError(f"nft delete table {family} {table}: {result.stderr.strip()}")
 
 
+def remove_filter(version: int, host: Host = LOCAL) -> bool:
+    """Remove the encapsulation filter (chain, set, counter) of one family's table, if
+    there (the filter turned off); True when something was removed."""
+    family, table, _ = table_of(version)
+    if (family, table) not in find_tables(host):
+        return False
+    listed = _nft(["list", "table", family, table], host=host)
+    have = parse_table(listed.stdout) if listed.returncode == 0 else TableListing()
+    lines = ([f"delete chain {family} {table} input"] if "input" in have.chains else []) + (
+        [f"delete set {family} {table} {PEER_SET}"] if PEER_SET in have.sets else []) + (
+        [f"delete counter {family} {table} {DROP_COUNTER}"]
+        if DROP_COUNTER in have.counters else [])
+    if not lines:
+        return False
+    result = _nft(["-f", "-"], "\n".join(lines) + "\n", host)
+    if result.returncode != 0:
+        raise RulesError(f"nft could not remove the encapsulation filter of {table}: "
+                         f"{result.stderr.strip()}")
+    return True
+
+
 def remove_all(host: Host = LOCAL) -> None:
     """Delete both flannel tables (used when iptables mode takes over)."""
     for family, table in find_tables(host):

@@ -6,6 +6,7 @@ counter, repair of a set changed by hand, and nothing filtered before the first 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from flannel.kernel.host import Host
 from flannel.rules.manager import TrafficManager
 from flannel.rules.spec import FamilyRules, peer_addresses
 from tests.support import netns
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.netns
 
@@ -80,6 +82,24 @@ def wire(ns) -> Iterator[tuple[str, str]]:
             netns.ip("addr", "add", f"{address}/24", "dev", "eth0", netns=sender)
         for name in (ns, sender):
             netns.ip("link", "set", "eth0", "up", netns=name)
+        for name in (ns, sender):  # packets sent before the carrier is seen are lost
+            wait_until(lambda n=name: json.loads(netns.ip("-j", "link", "show", "eth0",
+                                                          netns=n).stdout)[0]["operstate"]
+                       == "UP", 10, what=f"eth0 up in {name}")
+        # Resolve the node's MAC first: datagrams waiting for ARP may outlast a receive.
+        pings: list[str] = []
+
+        def ping() -> bool:
+            result = subprocess.run(["ip", "netns", "exec", sender, "ping", "-c1", "-W1",
+                                     NODE], capture_output=True, text=True, timeout=10,
+                                    check=False)
+            pings.append(result.stdout + result.stderr)
+            return result.returncode == 0
+        try:
+            wait_until(ping, 30, what="a ping")
+        except AssertionError:
+            raise AssertionError(f"no ping: {pings[-1]} {netns.ip('-d', 'link', netns=ns).stdout}"
+                                 f" {netns.ip('-d', 'link', netns=sender).stdout}") from None
         yield ns, sender
     finally:
         netns.delete(sender)
@@ -248,3 +268,22 @@ def test_doctor_recommends_the_filter_until_it_is_installed(ns, nft):
     traffic.ensure()
     with Host(ns).entered():
         assert check_encap_filter(ctx) == []
+
+
+@pytest.mark.parametrize("nft", [False, True], ids=["iptables", "nftables"])
+def test_turning_the_option_off_removes_the_filter(wire, nft):
+    node, sender = wire
+    traffic = manager(node, nft)
+    traffic.set_peers(PEERS)
+    traffic.ensure()
+    assert sources_received(node, sender) == {PEER}
+    unfiltered = FamilyRules(4, ip_network(C), ip_network(P), False, True)
+    manager(node, nft, (unfiltered,)).ensure()  # the next start, without the option
+    assert sources_received(node, sender) == {PEER, ROGUE}
+    if nft:
+        listed = run(node, "nft", "list", "table", "ip", "flannel-ipv4")
+        assert "chain forward" in listed and "input" not in listed and "peers" not in listed
+    else:
+        assert "FLANNEL-INPUT" not in filter_listing(node)
+        assert "FLANNEL-PEERS" not in filter_listing(node)
+        assert "-N FLANNEL-FWD" in filter_listing(node)
