@@ -46,6 +46,9 @@ def rogue_host() -> Iterator[callable]:
         ip(lab.underlay_ns, "link", "set", "rogue0", "master", "br0", "up")
         netns.ip("addr", "add", f"{ROGUE}/24", "dev", "eth0", netns=rogue)
         netns.ip("link", "set", "eth0", "up", netns=rogue)
+        # Packets sent before the link has carrier, or while ARP resolves, may be lost.
+        wait_until(lambda: in_ns(rogue, "ping", "-c1", "-W1", f"{UNDERLAYS[0][0]}.1",
+                                 check=False).returncode == 0, 30, what="the rogue's link")
         return rogue
 
     try:
@@ -88,8 +91,9 @@ def pod_socket(pod_netns: str) -> socket.socket:
     return sock
 
 
-def arrives(listener: socket.socket, send: callable, payload: bytes, tries: int = 5) -> bool:
-    """Send ``tries`` times (a first packet may wait for ARP); whether one reached the pod."""
+def arrives(listener: socket.socket, send: callable, payload: bytes, tries: int = 10) -> bool:
+    """Send up to ``tries`` times (a first packet may wait for ARP); whether one reached the
+    pod."""
     for _ in range(tries):
         send()
         try:
@@ -155,6 +159,10 @@ def test_vxlan_only_peers_reach_the_pods(make_lab, rogue_host):
         assert peers_in_filter(lab, 2) == {lab.node(1).address, target}
         assert not arrives(listener, send, payload)
         wait_until(lambda: dropped(lab, 2) >= 5, 10, what="the drops counted")
+        code, body = http_get(lab.node_ns(2), f"{HEALTH}/status")
+        assert code == 200
+        encap = json.loads(body)["rules"]["encap_filter"]["ipv4"]
+        assert encap["peers"] == 2 and encap["dropped_packets"] >= 5
     wait_for_mesh(lab, nodes, ipv6=False)  # peers unaffected
 
     # A node joining is accepted once its lease appears; one leaving is removed.
@@ -187,11 +195,16 @@ def test_udp_backend_only_peers_reach_the_pods(make_lab, rogue_host):
         enable_filter(lab, 2, peers=2)
         assert not arrives(listener, send, payload)
         wait_until(lambda: dropped(lab, 2) >= 5, 10, what="the drops counted")
-        # The forwarder drops them too, without the rule: take the rule's jump away (the
-        # next check puts it back within a second).
-        in_ns(lab.node_ns(2), "iptables", "-F", "FLANNEL-INPUT")
-        assert not arrives(listener, send, payload, tries=1)
-        wait_until(lambda: (metric(lab, 2, "flannel_engine_udp_drop_not_peer_total",
-                                   engine="udp forwarder") or 0) >= 1, 60,
-                   what="the forwarder's drop counted")
+        # The forwarder drops them too, without the rule: empty the filter's port chain
+        # and send at once (the next check, within a second, puts it back), until the
+        # forwarder's counter (read by the data plane's passes) shows a drop.
+        def sent_without_rule() -> bool:
+            in_ns(lab.node_ns(2), "iptables", "-F", "FLANNEL-INPUT")
+            send()
+            return (metric(lab, 2, "flannel_engine_udp_drop_not_peer_total",
+                           engine="udp forwarder") or 0) >= 1
+
+        wait_until(sent_without_rule, 60, interval=0.5, what="the forwarder's drop counted")
+        with pytest.raises(TimeoutError):  # and none of them reached the pod
+            listener.recvfrom(2048)
     wait_for_mesh(lab, nodes, ipv6=False)
