@@ -6,6 +6,7 @@ counter, repair of a set changed by hand, and nothing filtered before the first 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -287,3 +288,46 @@ def test_turning_the_option_off_removes_the_filter(wire, nft):
         assert "FLANNEL-INPUT" not in filter_listing(node)
         assert "FLANNEL-PEERS" not in filter_listing(node)
         assert "-N FLANNEL-FWD" in filter_listing(node)
+
+
+NODE6, PEER6, ROGUE6 = "fd00:50::1", "fd00:50::2", "fd00:50::3"
+
+
+def sources_received6(node: str, sender: str) -> set[str]:
+    """As ``sources_received``, over IPv6 (PEER6 and ROGUE6 to NODE6)."""
+    def socket6(where: str, address: str, port: int) -> socket.socket:
+        with Host(where).entered():
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+        sock.bind((address, port))
+        return sock
+
+    with socket6(node, NODE6, PORT) as receiver:
+        receiver.settimeout(0.5)
+        for source in (PEER6, ROGUE6):
+            with socket6(sender, source, 0) as out:
+                out.sendto(b"x" * 50, (NODE6, PORT))
+        seen = set()
+        with contextlib.suppress(TimeoutError):
+            while True:
+                seen.add(receiver.recvfrom(100)[1][0])
+        return seen
+
+
+@pytest.mark.parametrize("nft", [False, True], ids=["iptables", "nftables"])
+def test_ipv6_only_peers_reach_the_encapsulation_port(wire, nft):
+    node, sender = wire
+    netns.ip("-6", "addr", "add", f"{NODE6}/64", "dev", "eth0", "nodad", netns=node)
+    for address in (PEER6, ROGUE6):
+        netns.ip("-6", "addr", "add", f"{address}/64", "dev", "eth0", "nodad", netns=sender)
+    wait_until(lambda: subprocess.run(["ip", "netns", "exec", sender, "ping", "-6", "-c1",
+                                       "-W1", NODE6], capture_output=True, timeout=10,
+                                      check=False).returncode == 0, 30, what="an IPv6 ping")
+    assert sources_received6(node, sender) == {PEER6, ROGUE6}
+    traffic = manager(node, nft, (FILTERED, V6))
+    traffic.set_peers(peer_addresses([ip_address(a) for a in (NODE, PEER, NODE6, PEER6)]))
+    traffic.ensure()
+    assert sources_received6(node, sender) == {PEER6}
+    assert sources_received(node, sender) == {PEER}
+    traffic.ensure()
+    assert traffic.status.not_peer_dropped[6][0] == 1
+    assert traffic.status.not_peer_dropped[4][0] == 1
