@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from ipaddress import IPv4Address
 
 import pytest
@@ -34,7 +34,7 @@ VNI = 1
 
 
 @pytest.fixture
-def rogue_host() -> Iterator[callable]:
+def rogue_host() -> Iterator[Callable[[Lab], str]]:
     """A namespace joined to a lab's underlay bridge with ROGUE: a host holding no lease."""
     made: list[str] = []
 
@@ -91,7 +91,8 @@ def pod_socket(pod_netns: str) -> socket.socket:
     return sock
 
 
-def arrives(listener: socket.socket, send: callable, payload: bytes, tries: int = 10) -> bool:
+def arrives(listener: socket.socket, send: Callable[[], None], payload: bytes,
+            tries: int = 10) -> bool:
     """Send up to ``tries`` times (a first packet may wait for ARP); whether one reached the
     pod."""
     for _ in range(tries):
