@@ -165,6 +165,11 @@ FLAGS: tuple[Flag, ...] = (
          "or nft (pyflannel extension)"),
     Flag("iptables-forward-rules", "bool", True, "add default accept rules to FORWARD chain "
          "in iptables"),
+    Flag("encap-peers-only", "bool", False, "accept vxlan and udp backend packets only from "
+         "the public IP of a lease (an input filter and the udp forwarder drop the rest); "
+         "every node must send from the public IP it publishes: no --public-ip or "
+         "public-ip-overwrite naming another address, no NAT between nodes (pyflannel "
+         "extension)"),
     Flag("ip-blackhole-route", "bool", False, "keep a blackhole route for the local pod "
          "subnet(s)"),
     Flag("net-config-path", "str", "/etc/kube-flannel/net-conf.json", "path to the network "
@@ -375,7 +380,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         rules=RulesSettings(
             ip_masq=args.ip_masq, fully_random_disable=args.ip_masq_fully_random_disable,
             forward=args.iptables_forward_rules, resync=args.iptables_resync,
-            iptables_mode=args.iptables_mode, blackhole_route=args.ip_blackhole_route),
+            iptables_mode=args.iptables_mode, blackhole_route=args.ip_blackhole_route,
+            encap_peers_only=args.encap_peers_only),
         health=HealthSettings(ip=args.healthz_ip, port=args.healthz_port),
         dataplane=DataplaneSettings(reconcile_interval=args.reconcile_interval),
         files=FileSettings(subnet_file=args.subnet_file),

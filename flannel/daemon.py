@@ -24,13 +24,14 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, backend_class
+from flannel.backend.base import BackendOptions
 from flannel.backoff import Backoff
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
 from flannel.dataplane import Dataplane
@@ -53,6 +54,7 @@ from flannel.subnet.watch import LeaseWatcher, Snapshot
 
 if TYPE_CHECKING:
     from flannel.rules.manager import RulesStatus
+    from flannel.rules.spec import PeerAddresses
 
 log = logging.getLogger("flanneld")
 T = TypeVar("T")
@@ -80,11 +82,16 @@ class _Stopped(Exception):
 
 class Rules(Protocol):
     """What the daemon needs of the traffic rules (``flannel.rules.manager.TrafficManager``):
-    one attempt at installing them, and its outcome."""
+    one attempt at installing them, the next attempt (a new peer set, or the periodic
+    check), the peer addresses of the encapsulation filter, and the outcome."""
 
     status: RulesStatus
 
     async def start(self) -> None: ...
+
+    async def next(self) -> None: ...
+
+    def set_peers(self, peers: PeerAddresses) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -98,8 +105,9 @@ class Supervised:
 PublicIPs = tuple[IPv4Address | None, IPv6Address | None]
 SelectInterface = Callable[[InterfaceSettings, NetworkConfig, PublicIPs],
                            Awaitable[ExternalInterface]]
-MakeBackend = Callable[[ExternalInterface, NetworkConfig], Backend]
-MakeRules = Callable[[RulesSettings, NetworkConfig, Lease], Rules]
+MakeBackend = Callable[[ExternalInterface, NetworkConfig, BackendOptions], Backend]
+#: The rules of the flags for our lease, filtering the backend's encapsulation ports.
+MakeRules = Callable[[RulesSettings, NetworkConfig, Lease, dict[int, tuple[int, ...]]], Rules]
 
 
 async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
@@ -125,12 +133,15 @@ async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
         raise StartupError(str(err)) from None
 
 
-def make_backend(ext: ExternalInterface, config: NetworkConfig) -> Backend:
-    return backend_class(config.backend_type)(ext, config)
+def make_backend(ext: ExternalInterface, config: NetworkConfig,
+                 options: BackendOptions) -> Backend:
+    return backend_class(config.backend_type)(ext, config, options)
 
 
-def traffic_rules(rules: RulesSettings, config: NetworkConfig, lease: Lease) -> Rules:
-    """The traffic rules of the flags for our lease (``TrafficManager``)."""
+def traffic_rules(rules: RulesSettings, config: NetworkConfig, lease: Lease,
+                  encap_ports: dict[int, tuple[int, ...]]) -> Rules:
+    """The traffic rules of the flags for our lease (``TrafficManager``); with
+    ``--encap-peers-only``, the filter of the backend's ``encap_ports``."""
     from flannel.rules import iptables, nftables
     from flannel.rules.manager import TrafficManager
     from flannel.rules.spec import FamilyRules
@@ -148,7 +159,8 @@ def traffic_rules(rules: RulesSettings, config: NetworkConfig, lease: Lease) -> 
         families.append(FamilyRules(
             version, network, subnet, masquerade=rules.ip_masq, forward=rules.forward,
             fully_random=fully_random and not rules.fully_random_disable,
-            non_masquerade=tuple(n for n in config.non_masquerade if n.version == version)))
+            non_masquerade=tuple(n for n in config.non_masquerade if n.version == version),
+            encap_ports=encap_ports.get(version, ()) if rules.encap_peers_only else ()))
     return TrafficManager(families, config.enable_nftables, resync=rules.resync,
                           iptables_mode=rules.iptables_mode)
 
@@ -298,7 +310,8 @@ class Daemon:
                              ext: ExternalInterface) -> tuple[Backend, Lease, int] | None:
         """The backend prepared and activated on our lease, and the MTU; None if stopped."""
         try:
-            backend = self._make_backend(ext, config)
+            backend = self._make_backend(ext, config, BackendOptions(
+                encap_peers_only=self.settings.rules.encap_peers_only))
             self.phase(f"setting up the {config.backend_type} backend")
             local = await backend.prepare()
             attrs = LeaseAttrs(public_ip=local.public_ip or ext.ext_addr,
@@ -358,7 +371,7 @@ class Daemon:
             backend, self.readiness, interval=self.settings.dataplane.reconcile_interval)
         self.state.backend, self.state.dataplane = backend, dataplane
         self.phase("installing traffic rules")
-        traffic = self._make_rules(rules, config, lease)
+        traffic = self._make_rules(rules, config, lease, backend.encap_ports())
         self.state.rules = traffic.status
         await traffic.start()
         self._report_rules(traffic)
@@ -371,7 +384,7 @@ class Daemon:
             Supervised("traffic rules", self._keep_rules(traffic)),
             Supervised("subnet.env", self._keep_writing_subnet_env(config, lease, mtu),
                        forever=False),
-            Supervised("leases", self._follow_leases(sm, config, dataplane, lease)),
+            Supervised("leases", self._follow_leases(sm, config, dataplane, traffic, lease)),
             Supervised("lease", sm.keep_lease(lease)),
             Supervised("readiness", self._watch_readiness()),
             Supervised("backend", self._close_at_exit(backend)),
@@ -440,10 +453,10 @@ class Daemon:
         self.readiness.report("rules", status.installed, status.reason)
 
     async def _keep_rules(self, traffic: Rules) -> None:
-        """Re-check (and repair) the rules every ``--iptables-resync`` seconds."""
+        """Re-check (and repair) the rules every ``--iptables-resync`` seconds; write each
+        new peer set of the encapsulation filter at once."""
         while True:
-            await asyncio.sleep(self.settings.rules.resync)
-            await traffic.start()
+            await traffic.next()
             self._report_rules(traffic)
 
     async def _keep_writing_subnet_env(self, config: NetworkConfig, lease: Lease,
@@ -490,7 +503,7 @@ class Daemon:
             ready, why = await self.readiness.wait_changed()
 
     async def _follow_leases(self, sm: SubnetManager, config: NetworkConfig,
-                             dataplane: Dataplane, own: Lease) -> None:
+                             dataplane: Dataplane, traffic: Rules, own: Lease) -> None:
         watcher = LeaseWatcher(own, config)
         self.state.peers = watcher
         handed = False  # the data plane was given a peer set
@@ -518,6 +531,18 @@ class Daemon:
                     continue
                 handed = True
                 dataplane.set_peers(watcher.leases)
+                if self.settings.rules.encap_peers_only:
+                    traffic.set_peers(encap_peers(own, watcher.leases))
+
+
+def encap_peers(own: Lease, leases: Sequence[Lease]) -> PeerAddresses:
+    """The addresses encapsulated traffic is accepted from: the public addresses of every
+    lease the watcher passes (another backend's too: it is a node of the network) and
+    ours."""
+    from flannel.rules.spec import peer_addresses
+
+    return peer_addresses(address for lease in (own, *leases)
+                          for address in (lease.attrs.public_ip, lease.attrs.public_ipv6))
 
 
 def main(settings: Settings) -> int:

@@ -182,6 +182,20 @@ class NodeCollector(Collector):
                        "re-applied them.", rules.repairs)
         yield _counter("flannel_rules_failures", "Checks that could not install the "
                        "rules.", rules.failures)
+        if rules.filtered:
+            families = [f"ipv{version}" for version in rules.filtered]
+            dropped = {f"ipv{v}": rules.not_peer_dropped.get(v, (0, 0)) for v in rules.filtered}
+            yield _by("flannel_encap_not_peer_dropped_packets", "Encapsulated packets (vxlan, "
+                      "udp) dropped because their source is no lease's public address "
+                      "(--encap-peers-only), by IP family; read at each rules check.",
+                      "family", {f: dropped[f][0] for f in families}, counter=True)
+            yield _by("flannel_encap_not_peer_dropped_bytes", "Bytes of those packets.",
+                      "family", {f: dropped[f][1] for f in families}, counter=True)
+            yield _by("flannel_encap_filter_peers", "Addresses in the encapsulation "
+                      "filter's peer set, by IP family.", "family",
+                      {f"ipv{v}": rules.peers.get(v, 0) for v in rules.filtered}, counter=False)
+            yield _counter("flannel_encap_filter_updates", "Peer set changes written to the "
+                           "encapsulation filter.", rules.peer_updates)
 
     def _health(self) -> Iterator[Metric]:
         health = self.state.health

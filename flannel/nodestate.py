@@ -182,6 +182,11 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
         doc["rules"] = {"mode": rules.mode, "installed": rules.installed,
                         "reason": rules.reason, "checks": rules.checks,
                         "repairs": rules.repairs, "failures": rules.failures}
+        if rules.filtered:  # --encap-peers-only
+            doc["rules"]["encap_filter"] = {
+                f"ipv{v}": {"peers": rules.peers.get(v, 0),
+                            "dropped_packets": rules.not_peer_dropped.get(v, (0, 0))[0]}
+                for v in rules.filtered}
     doc["engines"] = {name: {s.name: s.value for s in samples}
                       for name, samples in state.engines()}
     doc["last_errors"] = last_errors(doc)

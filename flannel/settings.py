@@ -56,7 +56,8 @@ class InterfaceSettings:
 
 @dataclass(frozen=True)
 class RulesSettings:
-    """The traffic rules (masquerade, forward) and the blackhole routes."""
+    """The traffic rules (masquerade, forward, the encapsulation filter) and the blackhole
+    routes."""
 
     ip_masq: bool = False
     fully_random_disable: bool = False
@@ -64,6 +65,8 @@ class RulesSettings:
     resync: int = 5  # seconds
     iptables_mode: str = "auto"
     blackhole_route: bool = False
+    #: Encapsulated traffic (vxlan, udp) only from the public addresses of the leases.
+    encap_peers_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,11 @@ RouteLookup = Callable[[IPv4Address | IPv6Address], Route | None]
 @dataclass(frozen=True)
 class BackendOptions:
     """Daemon settings backends need. ``host``: where to program (a named network
-    namespace in the lab, tests and benchmarks)."""
+    namespace in the lab, tests and benchmarks). ``encap_peers_only``: engines that receive
+    encapsulated traffic themselves (the udp forwarder) drop what non-peers send."""
 
     host: Host = LOCAL
+    encap_peers_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,12 @@ class Backend(ABC):
     def failure_hint(self, failure: NetlinkError) -> str:
         """Advice for an operator when the kernel refused one of our changes ("" if none)."""
         return ""
+
+    def encap_ports(self) -> dict[int, tuple[int, ...]]:
+        """The UDP ports peers send our encapsulated traffic to, by IP version of the
+        underlay (after ``prepare``); what ``--encap-peers-only`` filters. Empty when the
+        backend carries nothing over UDP, or authenticates it (wireguard)."""
+        return {}
 
     def close(self) -> None:
         """Stop what the backend runs besides kernel state (a forwarder process) when

@@ -5,7 +5,8 @@ as Go's), the TUN ``flannel0`` described for the data plane (device, MTU, lease 
 the route ``<Network> dev flannel0``, so that a change by hand is drift repaired within a
 second), and the forwarder process (``flannel/udp``): started at activation, handed the
 peer table (subnet -> PublicIP:Port) on every pass, restarted when it died, stopped by
-``close``. Go's udp backend does not filter leases on BackendType: every other lease of the
+``close``; with ``--encap-peers-only`` it drops datagrams from other sources than the
+table's public IPs. Go's udp backend does not filter leases on BackendType: every other lease of the
 network is a peer, except the leases of another backend (a vxlan node runs no forwarder),
 which are ignored and named once in the log.
 Must not touch: the store; packets (``flannel/udp/worker.py``); other devices and routes.
@@ -113,7 +114,8 @@ class UdpBackend(RoutedBackend):
         assert self.ext.iface_addr is not None
         self.forwarder = UdpForwarder(ForwarderConfig(
             TUN_NAME, IPv4Address(self.ext.iface_addr), self.port,
-            lease.subnet.network_address, self.mtu, self.options.host))
+            lease.subnet.network_address, self.mtu, self.options.host,
+            peers_only=self.options.encap_peers_only))
         try:
             await asyncio.to_thread(self.forwarder.start)
         except ForwarderError as err:
@@ -154,6 +156,9 @@ class UdpBackend(RoutedBackend):
     def appliers(self) -> Sequence[Applier]:
         return (self._applier,)
 
+    def encap_ports(self) -> dict[int, tuple[int, ...]]:
+        return {4: (self.port,)}
+
     def wants(self, lease: Lease) -> bool:
         # Go's udp takes every lease; a lease with a BackendType is a node that runs no
         # udp forwarder, so packets sent there would be lost.
@@ -177,6 +182,8 @@ _COUNTER_HELP = {
     "drop_send_error": "Packets dropped: the UDP send failed.",
     "drop_tun_error": "Datagrams dropped: the write into flannel0 failed.",
     "drop_not_ipv4": "Packets dropped: not IPv4.",
+    "drop_not_peer": "Datagrams dropped: their source is no peer's public address "
+                     "(--encap-peers-only).",
     "icmp_unreachable": "ICMP net-unreachable replies written back into flannel0.",
 }
 

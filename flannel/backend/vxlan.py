@@ -147,6 +147,10 @@ class VxlanBackend(RoutedBackend):
         mtu = min(self.device_mtu(version) for version in self.families)
         return LocalNetwork("vxlan", mtu, data.get(4), data.get(6))
 
+    def encap_ports(self) -> dict[int, tuple[int, ...]]:
+        port = self.vxlan.port or device.DEFAULT_VXLAN_PORT
+        return {version: (port,) for version in self.families}
+
     def ensure_local(self) -> None:
         assert self.lease is not None
         for version, family in self.families.items():

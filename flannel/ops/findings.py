@@ -15,7 +15,7 @@ SEVERITIES = ("error", "warning", "info")
 CAUSE_ORDER = (
     "flanneld", "store", "config", "subnet-env", "lease", "duplicates", "outside", "sysctl",
     "forward", "cni", "device", "vtep-mac", "mtu", "routes", "neighbours", "fdb", "clock",
-    "checksum", "underlay", "encap", "path-mtu",
+    "checksum", "underlay", "encap", "path-mtu", "encap-filter",
 )
 
 

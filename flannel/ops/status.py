@@ -262,6 +262,11 @@ def render(doc: dict[str, Any], base: str) -> str:
         rows.append(("rules", f"{rules.get('mode') or '?'}: {state} ({rules.get('checks')} "
                               f"check(s), {rules.get('repairs')} repair(s), "
                               f"{rules.get('failures')} failure(s))"))
+        encap = rules.get("encap_filter")
+        if isinstance(encap, dict):
+            rows.append(("encap filter", ", ".join(
+                f"{family}: {v.get('peers')} peer(s), {v.get('dropped_packets')} dropped"
+                for family, v in sorted(encap.items()) if isinstance(v, dict))))
     engines = doc.get("engines")
     for name, samples in (engines.items() if isinstance(engines, dict) else ()):
         rows.append(("engine", f"{name}: {_counts(samples)}"))

@@ -4,8 +4,19 @@ Owns the exact rule texts of Go flannel (compat reference 7.1, 7.2), applying th
 atomically per table with ``iptables-restore --noflush`` (the chain declaration flushes and
 refills our chain in one commit; the jump rule is appended only when missing, so nothing is
 ever duplicated), checking them, and removing them when nftables mode takes over.
+
+The encapsulation filter (pyflannel's; ``--encap-peers-only``), filter table: ``INPUT`` jumps
+(inserted first) to ``FLANNEL-INPUT``, which sends UDP to the encapsulation ports to
+``FLANNEL-PEERS``: one ``-s <peer> -j RETURN`` per peer, then ``FLANNEL-NOT-PEER``, whose one
+rule drops and counts (a chain of its own so that its counters survive ``FLANNEL-PEERS``
+being refilled). A lease change refills ``FLANNEL-PEERS`` alone, atomically, in one
+``iptables-restore --noflush`` (the image carries no ipset). At 5000 peers a refill costs
+about 0.1 s and a packet walks up to 5000 rules (50-100 us; docs/operations.md): nftables
+mode's hashed set is the choice for large clusters. Until the first peer set is known, the
+filter is left as it is.
 Runs the iptables binaries as subprocesses with argument lists, never through a shell.
-Must not touch: chains other than ours, except the one jump rule in POSTROUTING / FORWARD.
+Must not touch: chains other than ours, except the one jump rule in POSTROUTING / FORWARD /
+INPUT.
 """
 
 from __future__ import annotations
@@ -19,14 +30,19 @@ from dataclasses import dataclass
 
 from flannel.kernel.host import LOCAL, Host
 from flannel.log import V6
-from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules
+from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules, PeerAddresses
 
 log = logging.getLogger(__name__)
 
 MASQ_COMMENT = "flanneld masq"
 FORWARD_COMMENT = "flanneld forward"
+ENCAP_COMMENT = "flanneld encap filter"
+NOT_PEER_COMMENT = "flanneld not a peer"
 MASQ_CHAIN = "FLANNEL-POSTRTG"
 FORWARD_CHAIN = "FLANNEL-FWD"
+INPUT_CHAIN = "FLANNEL-INPUT"
+PEERS_CHAIN = "FLANNEL-PEERS"
+NOT_PEER_CHAIN = "FLANNEL-NOT-PEER"
 
 
 class RulesError(Exception):
@@ -35,11 +51,15 @@ class RulesError(Exception):
 
 @dataclass(frozen=True)
 class ChainRules:
+    """One chain of ours; ``parent`` "" when only our own chains jump to it. ``first``: the
+    jump is inserted at the top of ``parent`` (a filter that an earlier ACCEPT would skip)."""
+
     table: str
     chain: str
     parent: str
     jump: tuple[str, ...]
     rules: tuple[tuple[str, ...], ...]
+    first: bool = False
 
 
 def _comment(text: str) -> tuple[str, ...]:
@@ -67,6 +87,26 @@ def forward_chain(spec: FamilyRules) -> ChainRules:
     rules = [("-s", c, *tag, "-j", "ACCEPT"), ("-d", c, *tag, "-j", "ACCEPT")]
     return ChainRules("filter", FORWARD_CHAIN, "FORWARD", (*tag, "-j", FORWARD_CHAIN),
                       tuple(rules))
+
+
+def input_chain(spec: FamilyRules) -> ChainRules:
+    tag = _comment(ENCAP_COMMENT)
+    rules = tuple(("-p", "udp", "-m", "udp", "--dport", str(port), *tag, "-j", PEERS_CHAIN)
+                  for port in spec.encap_ports)
+    return ChainRules("filter", INPUT_CHAIN, "INPUT", (*tag, "-j", INPUT_CHAIN), rules,
+                      first=True)
+
+
+def peers_chain(spec: FamilyRules, peers: PeerAddresses) -> ChainRules:
+    bits = 32 if spec.version == 4 else 128
+    rules = [("-s", f"{address}/{bits}", "-j", "RETURN")
+             for address in sorted(peers[spec.version], key=lambda a: a.packed)]
+    return ChainRules("filter", PEERS_CHAIN, "", (), (*rules, ("-j", NOT_PEER_CHAIN)))
+
+
+def not_peer_chain() -> ChainRules:
+    return ChainRules("filter", NOT_PEER_CHAIN, "", (),
+                      ((*_comment(NOT_PEER_COMMENT), "-j", "DROP"),))
 
 
 def render(args: tuple[str, ...]) -> str:
@@ -135,72 +175,109 @@ def supports_random_fully(version: int = 4, variant: Variant = PLAIN) -> bool:
     return iptables_version(version, variant) >= (1, 6, 2)
 
 
+#: ``-S -v`` shows counters as `` -c <packets> <bytes>``: after the chain name
+#: (legacy) or before the target (nft), and after a policy.
+_COUNTERS = re.compile(r" -c (\d+) (\d+)(?= -|$)")
+
+
 class IptablesRules:
     def __init__(self, families: list[FamilyRules], host: Host = LOCAL,
                  variant: Variant = PLAIN) -> None:
         self.families = families
         self.host = host
         self.variant = variant
+        #: The drop counter of each family's filter as the last check read it.
+        self.dropped: dict[int, tuple[int, int]] = {}
 
     def _binary(self, version: int, tool: str = "") -> str:
         return _binary(version, tool, self.variant)
 
-    def chains(self, spec: FamilyRules) -> list[ChainRules]:
-        return ([masq_chain(spec)] if spec.masquerade else []) + (
+    def chains(self, spec: FamilyRules, peers: PeerAddresses | None = None
+               ) -> list[ChainRules]:
+        """Our chains of one family; the encapsulation filter only once ``peers`` is known
+        (callees before callers, so a restore never jumps to an undeclared chain)."""
+        chains = ([masq_chain(spec)] if spec.masquerade else []) + (
             [forward_chain(spec)] if spec.forward else [])
+        if spec.encap_ports and peers is not None:
+            chains += [not_peer_chain(), peers_chain(spec, peers), input_chain(spec)]
+        return chains
 
     def _has_jump(self, version: int, chain: ChainRules) -> bool:
         return _run([self._binary(version), "-w", "-t", chain.table, "-C", chain.parent,
                      *chain.jump], host=self.host).returncode == 0
 
-    def apply(self) -> None:
+    def _restore(self, version: int, table: str, chains: list[ChainRules]) -> None:
+        lines = [f"*{table}"]
+        lines += [f":{chain.chain} - [0:0]" for chain in chains]
+        for chain in chains:
+            lines += [f"-A {chain.chain} {render(rule)}" for rule in chain.rules]
+            if chain.parent and not self._has_jump(version, chain):
+                verb = f"-I {chain.parent} 1" if chain.first else f"-A {chain.parent}"
+                lines.append(f"{verb} {render(chain.jump)}")
+        lines.append("COMMIT")
+        payload = "\n".join(lines) + "\n"
+        log.log(V6, "%s --noflush < %s", self.variant.command(version, "restore"), payload)
+        result = _run([self._binary(version, "restore"), "--noflush", "--wait"], payload,
+                      self.host)
+        if result.returncode != 0:
+            raise RulesError(f"{self.variant.command(version, 'restore')} ({table}) "
+                             f"failed: {result.stderr.strip()}")
+
+    def apply(self, peers: PeerAddresses | None = None) -> None:
         for spec in self.families:
             by_table: dict[str, list[ChainRules]] = {}
-            for chain in self.chains(spec):
+            for chain in self.chains(spec, peers):
                 by_table.setdefault(chain.table, []).append(chain)
             for table, chains in by_table.items():
-                lines = [f"*{table}"]
-                lines += [f":{chain.chain} - [0:0]" for chain in chains]
-                for chain in chains:
-                    lines += [f"-A {chain.chain} {render(rule)}" for rule in chain.rules]
-                    if not self._has_jump(spec.version, chain):
-                        lines.append(f"-A {chain.parent} {render(chain.jump)}")
-                lines.append("COMMIT")
-                payload = "\n".join(lines) + "\n"
-                log.log(V6, "%s --noflush < %s", self.variant.command(spec.version, "restore"),
-                        payload)
-                result = _run([self._binary(spec.version, "restore"), "--noflush", "--wait"],
-                              payload, self.host)
-                if result.returncode != 0:
-                    raise RulesError(f"{self.variant.command(spec.version, 'restore')} ({table}) "
-                                     f"failed: {result.stderr.strip()}")
+                self._restore(spec.version, table, chains)
 
-    def missing(self) -> str:
+    def update_peers(self, peers: PeerAddresses) -> None:
+        """Refill ``FLANNEL-PEERS`` of every filtered family (one atomic commit each)."""
+        for spec in self.families:
+            if spec.encap_ports:
+                self._restore(spec.version, "filter", [peers_chain(spec, peers)])
+
+    def missing(self, peers: PeerAddresses | None = None) -> str:
         """What is missing or different ("" when every rule is in place).
 
-        One listing per table (``-S``, the same text as ``iptables-save``) shows both our
-        chains and the jumps to them: the check runs every ``--iptables-resync`` seconds,
-        and each process it spawns is most of an idle node's CPU.
+        One listing per table (``-S -v``, the same text as ``iptables-save`` with counters)
+        shows both our chains and the jumps to them, and the filter's drop counter: the
+        check runs every ``--iptables-resync`` seconds, and each process it spawns is most
+        of an idle node's CPU.
         """
         for spec in self.families:
             listings: dict[str, list[str] | None] = {}
-            for chain in self.chains(spec):
+            for chain in self.chains(spec, peers):
                 if chain.table not in listings:
-                    listed = _run([self._binary(spec.version), "-w", "-t", chain.table, "-S"],
-                                  host=self.host)
-                    listings[chain.table] = (listed.stdout.splitlines()
+                    listed = _run([self._binary(spec.version), "-w", "-t", chain.table, "-S",
+                                   "-v"], host=self.host)
+                    listings[chain.table] = (self._strip_counters(spec.version, listed.stdout)
                                              if listed.returncode == 0 else None)
                 lines = listings[chain.table]
                 want = [f"-A {chain.chain} {render(rule)}" for rule in chain.rules]
                 if lines is None or f"-N {chain.chain}" not in lines or [
                         line for line in lines if line.startswith(f"-A {chain.chain} ")] != want:
                     return f"IPv{spec.version} {chain.table} chain {chain.chain} differs"
-                if f"-A {chain.parent} {render(chain.jump)}" not in lines:
+                if chain.parent and f"-A {chain.parent} {render(chain.jump)}" not in lines:
                     return f"IPv{spec.version} jump from {chain.parent} to {chain.chain} missing"
         return ""
 
+    def _strip_counters(self, version: int, text: str) -> list[str]:
+        """The listing without counters, keeping the filter's drop counter."""
+        lines = []
+        for line in text.splitlines():
+            match = _COUNTERS.search(line)
+            if match is not None:
+                if line.startswith(f"-A {NOT_PEER_CHAIN} "):
+                    self.dropped[version] = (int(match.group(1)), int(match.group(2)))
+                line = line[:match.start()] + line[match.end():]
+            lines.append(line)
+        return lines
 
-OWN_CHAINS = {MASQ_CHAIN: ("nat", "POSTROUTING"), FORWARD_CHAIN: ("filter", "FORWARD")}
+
+OWN_CHAINS = {MASQ_CHAIN: ("nat", "POSTROUTING"), FORWARD_CHAIN: ("filter", "FORWARD"),
+              INPUT_CHAIN: ("filter", "INPUT"), PEERS_CHAIN: ("filter", INPUT_CHAIN),
+              NOT_PEER_CHAIN: ("filter", PEERS_CHAIN)}
 
 
 @dataclass(frozen=True)
@@ -263,6 +340,19 @@ def remove_chain(found: FoundChain, host: Host = LOCAL) -> None:
         result = _run([binary, "-w", "-t", found.table, verb, found.chain], host=host)
         if result.returncode != 0:
             raise RulesError(f"{found.describe()}: {verb} failed: {result.stderr.strip()}")
+
+
+FILTER_CHAINS = (INPUT_CHAIN, PEERS_CHAIN, NOT_PEER_CHAIN)
+
+
+def remove_filter(variant: Variant, version: int, host: Host = LOCAL) -> list[FoundChain]:
+    """Remove the encapsulation filter's chains of one family (the filter turned off)."""
+    removed = []
+    for found in find_own_chains(save_listing(variant, version, host), variant, version):
+        if found.chain in FILTER_CHAINS:
+            remove_chain(found, host)
+            removed.append(found)
+    return removed
 
 
 def remove_all(host: Host = LOCAL, variants: tuple[Variant, ...] = (LEGACY, NFT, PLAIN)

@@ -2,9 +2,16 @@
 
 Owns the chains of compat reference 7.4 (``postrtg`` for masquerade, ``forward`` for
 acceptance), written as one ``nft -f -`` transaction that (re)creates the table and
-flushes and refills the chains, a check of what is installed, and the removal of the tables
-when iptables mode takes over. Every address comes from parsed network objects, so nft
-never sees a name it would try to resolve.
+flushes and refills the chains, a check of what is installed (one listing of each table),
+and the removal of the tables when iptables mode takes over. Every address comes from
+parsed network objects, so nft never sees a name it would try to resolve.
+
+The encapsulation filter (pyflannel's; ``--encap-peers-only``): chain ``input`` (hook
+input) drops UDP to the encapsulation ports whose source is not in the named set ``peers``,
+counted by the named counter ``not-peer-drops`` (it survives the chain being refilled).
+A lease change adds and deletes set elements in one transaction, never rewriting the set;
+until the first peer set is known the filter is left as it is (a restart keeps the previous
+run's filter rather than dropping every peer).
 Must not touch: other tables.
 """
 
@@ -13,16 +20,23 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv6Address
 
 from flannel.kernel.host import LOCAL, Host
 from flannel.log import V6
 from flannel.rules.iptables import RulesError
-from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules
+from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules, PeerAddresses
 
 log = logging.getLogger(__name__)
 
 POSTRTG_COMMENT = "chain to manage traffic masquerading by flannel"
 FORWARD_COMMENT = "chain to accept flannel traffic"
+INPUT_COMMENT = "chain to drop encapsulated traffic from non-peers"
+PEER_SET = "peers"
+PEER_SET_COMMENT = "public addresses of the leases"
+DROP_COUNTER = "not-peer-drops"
 
 
 def table_of(version: int) -> tuple[str, str, str]:
@@ -50,6 +64,51 @@ def forward_rules(spec: FamilyRules) -> list[str]:
     return [f"{kw} saddr {spec.network} accept", f"{kw} daddr {spec.network} accept"]
 
 
+def input_rules(spec: FamilyRules) -> list[str]:
+    _, _, kw = table_of(spec.version)
+    return [f'udp dport {port} {kw} saddr != @{PEER_SET} counter name "{DROP_COUNTER}" drop'
+            for port in spec.encap_ports]
+
+
+def _elements(addresses: Iterable[IPv4Address | IPv6Address]) -> str:
+    return ", ".join(str(a) for a in sorted(addresses, key=lambda a: a.packed))
+
+
+@dataclass
+class TableListing:
+    """One table as ``nft list table`` prints it: chain bodies, set elements (as nft prints
+    them: the C library's text, which is Python's too), counters."""
+
+    chains: dict[str, list[str]] = field(default_factory=dict)
+    sets: dict[str, set[str]] = field(default_factory=dict)
+    counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def parse_table(text: str) -> TableListing:
+    listing = TableListing()
+    kind, name, in_elements = "", "", False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if in_elements or line.startswith("elements = {"):
+            words = line.removeprefix("elements = {").replace("}", "").split(",")
+            listing.sets[name].update(w.strip() for w in words if w.strip())
+            in_elements = "}" not in line
+        elif line.endswith("{") and line.split()[0] in ("chain", "set", "counter"):
+            kind, name = line.split()[0], line.split()[1]
+            if kind == "chain":
+                listing.chains[name] = []
+            elif kind == "set":
+                listing.sets[name] = set()
+        elif line == "}":
+            kind = ""
+        elif kind == "chain" and line and not line.startswith(("comment ", "type ")):
+            listing.chains[name].append(line)
+        elif kind == "counter" and line.startswith("packets "):
+            words = line.split()
+            listing.counters[name] = (int(words[1]), int(words[3]))
+    return listing
+
+
 def _nft(args: list[str], data: str | None = None, host: Host = LOCAL
          ) -> subprocess.CompletedProcess[str]:
     binary = shutil.which("nft")
@@ -74,6 +133,8 @@ class NftablesRules:
     def __init__(self, families: list[FamilyRules], host: Host = LOCAL) -> None:
         self.families = families
         self.host = host
+        #: The drop counter of each family's filter as the last check read it.
+        self.dropped: dict[int, tuple[int, int]] = {}
 
     def _chains(self, spec: FamilyRules) -> list[tuple[str, str, str, list[str]]]:
         chains = []
@@ -85,36 +146,84 @@ class NftablesRules:
                            "filter; policy accept;", forward_rules(spec)))
         return chains
 
-    def script(self) -> str:
+    def script(self, peers: PeerAddresses | None = None) -> str:
+        """The whole rule set; the encapsulation filter only once ``peers`` is known."""
         lines = []
         for spec in self.families:
             family, table, _ = table_of(spec.version)
             lines.append(f'add table {family} {table} {{ comment "rules for {table}"; }}')
-            for chain, comment, hook, rules in self._chains(spec):
+            chains = self._chains(spec)
+            if spec.encap_ports and peers is not None:
+                kind = "ipv4_addr" if spec.version == 4 else "ipv6_addr"
+                lines.append(f"add counter {family} {table} {DROP_COUNTER}")
+                lines.append(f'add set {family} {table} {PEER_SET} {{ type {kind}; '
+                             f'comment "{PEER_SET_COMMENT}"; }}')
+                lines.append(f"flush set {family} {table} {PEER_SET}")
+                if peers[spec.version]:
+                    lines.append(f"add element {family} {table} {PEER_SET} "
+                                 f"{{ {_elements(peers[spec.version])} }}")
+                chains.append(("input", INPUT_COMMENT, "type filter hook input priority "
+                               "filter; policy accept;", input_rules(spec)))
+            for chain, comment, hook, rules in chains:
                 lines.append(f'add chain {family} {table} {chain} {{ comment "{comment}"; '
                              f"{hook} }}")
                 lines.append(f"flush chain {family} {table} {chain}")
                 lines += [f"add rule {family} {table} {chain} {rule}" for rule in rules]
         return "\n".join(lines) + "\n"
 
-    def apply(self) -> None:
-        script = self.script()
+    def apply(self, peers: PeerAddresses | None = None) -> None:
+        script = self.script(peers)
         log.log(V6, "nft -f - < %s", script)
         result = _nft(["-f", "-"], script, self.host)
         if result.returncode != 0:
             raise RulesError(f"nft rejected the flannel rules: {result.stderr.strip()}")
 
-    def missing(self) -> str:
+    def update_peers(self, added: PeerAddresses, removed: PeerAddresses) -> None:
+        """Add and delete set elements, both families in one transaction. RulesError when
+        nft refuses (e.g. an element to delete is already gone): apply the whole set then."""
+        lines = []
         for spec in self.families:
             family, table, _ = table_of(spec.version)
-            for chain, _comment, _hook, rules in self._chains(spec):
-                listed = _nft(["list", "chain", family, table, chain], host=self.host)
-                if listed.returncode != 0:
+            if not spec.encap_ports:
+                continue
+            if removed.get(spec.version):
+                lines.append(f"delete element {family} {table} {PEER_SET} "
+                             f"{{ {_elements(removed[spec.version])} }}")
+            if added.get(spec.version):
+                lines.append(f"add element {family} {table} {PEER_SET} "
+                             f"{{ {_elements(added[spec.version])} }}")
+        if not lines:
+            return
+        result = _nft(["-f", "-"], "\n".join(lines) + "\n", self.host)
+        if result.returncode != 0:
+            raise RulesError(f"nft refused the peer set update: {result.stderr.strip()}")
+
+    def missing(self, peers: PeerAddresses | None = None) -> str:
+        """What differs from ``script(peers)`` ("" when nothing): one listing per table;
+        reads the drop counters on the way."""
+        for spec in self.families:
+            family, table, _ = table_of(spec.version)
+            listed = _nft(["list", "table", family, table], host=self.host)
+            if listed.returncode != 0:
+                return f"nft table {family} {table} missing"
+            try:
+                have = parse_table(listed.stdout)
+            except (ValueError, KeyError, IndexError):  # not nft's usual text
+                return f"nft table {family} {table} unreadable"
+            chains = self._chains(spec)
+            if spec.encap_ports and peers is not None:
+                chains.append(("input", INPUT_COMMENT, "", input_rules(spec)))
+                if DROP_COUNTER in have.counters:
+                    self.dropped[spec.version] = have.counters[DROP_COUNTER]
+                else:
+                    return f"nft counter {family} {table} {DROP_COUNTER} missing"
+                # Text, not parsed addresses: parsing 5000 costs more than the listing.
+                if have.sets.get(PEER_SET) != {str(a) for a in peers[spec.version]}:
+                    return f"nft set {family} {table} {PEER_SET} differs"
+            for chain, _comment, _hook, rules in chains:
+                if chain not in have.chains:
                     return f"nft chain {family} {table} {chain} missing"
-                have = [line.strip() for line in listed.stdout.splitlines()]
-                body = [line for line in have if line and not line.startswith(
-                    ("table ", "chain ", "comment ", "type ", "}"))]
-                if body != rules:
+                if have.chains[chain] != rules:
                     return f"nft chain {family} {table} {chain} differs"
         return ""
 
@@ -135,6 +244,27 @@ def remove_table(family: str, table: str, host: Host = LOCAL) -> None:
     result = _nft(["delete", "table", family, table], host=host)
     if result.returncode != 0:
         raise RulesError(f"nft delete table {family} {table}: {result.stderr.strip()}")
+
+
+def remove_filter(version: int, host: Host = LOCAL) -> bool:
+    """Remove the encapsulation filter (chain, set, counter) of one family's table, if
+    there (the filter turned off); True when something was removed."""
+    family, table, _ = table_of(version)
+    if (family, table) not in find_tables(host):
+        return False
+    listed = _nft(["list", "table", family, table], host=host)
+    have = parse_table(listed.stdout) if listed.returncode == 0 else TableListing()
+    lines = ([f"delete chain {family} {table} input"] if "input" in have.chains else []) + (
+        [f"delete set {family} {table} {PEER_SET}"] if PEER_SET in have.sets else []) + (
+        [f"delete counter {family} {table} {DROP_COUNTER}"]
+        if DROP_COUNTER in have.counters else [])
+    if not lines:
+        return False
+    result = _nft(["-f", "-"], "\n".join(lines) + "\n", host)
+    if result.returncode != 0:
+        raise RulesError(f"nft could not remove the encapsulation filter of {table}: "
+                         f"{result.stderr.strip()}")
+    return True
 
 
 def remove_all(host: Host = LOCAL) -> None:

@@ -48,6 +48,7 @@ class ForwarderConfig:
     host: Host = LOCAL  # where the TUN and the socket live
     segment_send: bool = True  # one sendmsg with UDP_SEGMENT per same-size burst
     gro: bool = True  # UDP_GRO on receive and merged TCP writes into the TUN
+    peers_only: bool = False  # drop datagrams whose source is no peer's public IP
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,8 @@ class UdpForwarder:
             config = {"tun": self.config.tun, "bind": str(self.config.bind),
                       "port": self.config.port, "source": str(self.config.source),
                       "mtu": self.config.mtu, "netns": self.config.host.netns,
-                      "segment_send": self.config.segment_send, "gro": self.config.gro}
+                      "segment_send": self.config.segment_send, "gro": self.config.gro,
+                      "peers_only": self.config.peers_only}
             try:
                 self._process = subprocess.Popen(
                     [sys.executable, "-m", "flannel.udp.worker", json.dumps(config),

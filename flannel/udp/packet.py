@@ -100,6 +100,8 @@ class PeerTable:
                 (str(public_ip), port)
         self.levels = sorted(by_length.items())
         self.size = len(peers)
+        #: The peers' public addresses as ``recvmsg`` gives a datagram's source.
+        self.sources = frozenset(str(public_ip) for public_ip in peers.values())
 
     def lookup(self, destination: int) -> tuple[str, int] | None:
         for shift, table in self.levels:

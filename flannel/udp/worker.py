@@ -8,7 +8,8 @@ the control socket closes, so it never outlives its parent.
 Sending: burst reads from the TUN, TTL fix, consecutive same-peer same-size packets sent
 with one ``sendmsg`` and UDP_SEGMENT (still one IPv4 packet per datagram on the wire).
 Receiving: UDP_GRO batches split back into datagrams, TTL fix, TCP runs merged into one
-GSO write (``packet.merge_tcp``).
+GSO write (``packet.merge_tcp``); with ``peers_only``, datagrams whose source is not a
+peer's public address are dropped and counted first (``drop_not_peer``).
 Must not touch: the device's address, MTU and routes (``flannel/udp/device.py``).
 """
 
@@ -51,7 +52,7 @@ REATTACH_INTERVAL = 0.1
 POLL_ERRORS = select.POLLERR | select.POLLHUP | select.POLLNVAL
 COUNTERS = ("tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "tun_writes", "udp_sends",
             "drop_no_route", "drop_ttl", "drop_runt", "drop_not_ipv4", "drop_send_error",
-            "drop_tun_error", "icmp_unreachable", "tun_reattached")
+            "drop_tun_error", "drop_not_peer", "icmp_unreachable", "tun_reattached")
 
 
 class Worker:
@@ -62,6 +63,7 @@ class Worker:
         self.mtu: int = config["mtu"]
         self.segment_send: bool = config.get("segment_send", True)
         self.gro: bool = config.get("gro", True)
+        self.peers_only: bool = config.get("peers_only", False)
         self.control = control
         self.table = PeerTable({}, self.port)
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -233,7 +235,8 @@ class Worker:
         view = memoryview(buffer)
         for _ in range(RECV_BURST):
             try:
-                length, ancillary, _, _ = self.sock.recvmsg_into([buffer], self.cmsg_space)
+                length, ancillary, _, source = self.sock.recvmsg_into([buffer],
+                                                                       self.cmsg_space)
             except BlockingIOError:
                 return
             except OSError as err:  # e.g. ICMP port unreachable reported on the socket
@@ -243,6 +246,10 @@ class Worker:
             for level, kind, data in ancillary:
                 if level == SOL_UDP and kind == UDP_GRO and len(data) >= 4:
                     gro_size = struct.unpack("=i", data[:4])[0]
+            if self.peers_only and source[0] not in self.table.sources:
+                # A GRO batch comes from one source: count its datagrams.
+                counters["drop_not_peer"] += -(-length // gro_size) if gro_size > 0 else 1
+                continue
             writes = received_writes(view[:length], gro_size, self.gro, counters)
             counters["rx_bytes"] += length
             if self.tun < 0:

@@ -282,3 +282,51 @@ def test_bind_conflict_is_a_clear_error(nodes: list[Node]) -> None:
                                  "172.31.0.1:8285: Address already in use; is another "
                                  "flanneld or program using the port?")
     assert not second.status().alive
+
+
+def inner_packet(src: IPv4Address, dst: IPv4Address) -> bytes:
+    """An ICMP echo request as an IPv4 packet, checksums right."""
+    from flannel.udp.packet import checksum
+
+    icmp = bytearray(b"\x08\x00\x00\x00\x12\x34\x00\x01" + b"spoofed!")
+    icmp[2:4] = checksum(icmp).to_bytes(2, "big")
+    header = bytearray(b"\x45\x00" + (20 + len(icmp)).to_bytes(2, "big") + b"\x00\x00\x00\x00"
+                       + b"\x40\x01\x00\x00" + src.packed + dst.packed)
+    header[10:12] = checksum(header).to_bytes(2, "big")
+    return bytes(header + icmp)
+
+
+def send_datagram(src: Node, dst: Node, payload: bytes) -> None:
+    with Host(src.ns).entered():
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with sock:
+        sock.bind((str(src.underlay), 0))
+        sock.sendto(payload, (str(dst.underlay), PORT))
+
+
+def counter(node: Node, name: str) -> int:
+    return node.forwarder.status().counters[name]
+
+
+def test_peers_only_drops_datagrams_from_non_peers_and_counts_them(nodes: list[Node]) -> None:
+    one, two, three = nodes
+    spoofed = inner_packet(IPv4Address("8.8.8.8"), three.base)
+    # Without the option, any sender's datagram goes into the TUN.
+    received = counter(three, "rx_packets")
+    send_datagram(two, three, spoofed)
+    wait_until(lambda: counter(three, "rx_packets") > received, 5, what="the datagram")
+    # Node 3 with the option, node 2 not in its table: node 2 is no peer.
+    three.forwarder.stop()
+    three.forwarder = UdpForwarder(ForwarderConfig("flannel0", three.underlay, PORT,
+                                                   three.base, TUN_MTU, Host(three.ns),
+                                                   peers_only=True))
+    three.forwarder.start()
+    three.forwarder.set_peers({one.subnet: one.underlay})
+    send_datagram(two, three, spoofed)
+    wait_until(lambda: counter(three, "drop_not_peer") == 1, 5, what="the drop")
+    assert counter(three, "rx_packets") == 0
+    # A peer still gets through, both ways.
+    result = ping(one, three.base)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert counter(three, "drop_not_peer") == 1
+    assert counter(three, "rx_packets") >= 1

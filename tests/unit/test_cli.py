@@ -257,3 +257,13 @@ def test_effective_options_name_their_source_and_mask_secrets():
     assert [o.name for o in settings.options] == [f.name for f in FLAGS if f.name != "version"]
     shown = repr(settings.options)
     assert "s3cret" not in shown and ":pw@" not in shown and "t0ken" not in shown
+
+
+def test_encap_peers_only_is_off_by_default_and_set_by_flag_or_environment():
+    assert parse().rules.encap_peers_only is False
+    assert parse("--encap-peers-only").rules.encap_peers_only is True
+    assert parse(env={"FLANNELD_ENCAP_PEERS_ONLY": "true"}).rules.encap_peers_only is True
+    assert parse("--encap-peers-only=false",
+                 env={"FLANNELD_ENCAP_PEERS_ONLY": "true"}).rules.encap_peers_only is False
+    with pytest.raises(UsageError, match="FLANNELD_ENCAP_PEERS_ONLY"):
+        parse(env={"FLANNELD_ENCAP_PEERS_ONLY": "maybe"})

@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import pytest
 
-from flannel.backend.base import ApplyResult, Backend, LocalNetwork
+from flannel.backend.base import ApplyResult, Backend, BackendOptions, LocalNetwork
 from flannel.cli import parse_args
 from flannel.cni.plugin import parse_subnet_env
 from flannel.config import NetworkConfig, parse_config
@@ -26,7 +26,8 @@ from flannel.kernel.iface import ExternalInterface
 from flannel.lab.etcd import free_port
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.rules.manager import RulesStatus
-from flannel.settings import InterfaceSettings, Settings
+from flannel.rules.spec import PeerAddresses
+from flannel.settings import InterfaceSettings, RulesSettings, Settings
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.manager import StoreStatus
@@ -137,12 +138,21 @@ class RecordingBackend(Backend):
 class InstalledRules:
     """Traffic rules that are installed at once (the real ones need root and a namespace)."""
 
-    def __init__(self) -> None:
+    def __init__(self, resync: float) -> None:
         self.status = RulesStatus(installed=True, reason="")
         self.attempts = 0
+        self.resync = resync
+        self.peer_sets: list[PeerAddresses] = []
 
     async def start(self) -> None:
         self.attempts += 1
+
+    async def next(self) -> None:
+        await asyncio.sleep(self.resync)
+        await self.start()
+
+    def set_peers(self, peers: PeerAddresses) -> None:
+        self.peer_sets.append(peers)
 
 
 class Node:
@@ -158,15 +168,23 @@ class Node:
         self.backend: RecordingBackend | None = None
         self.daemon = Daemon(self.settings, store=lambda _s: self.store,
                              interface=self._interface, backend=self._backend,
-                             rules=lambda _r, _c, _l: InstalledRules())
+                             rules=self._rules)
         self.task: asyncio.Task[int] | None = None
+        self.rules: InstalledRules | None = None
+        self.encap_ports: dict[int, tuple[int, ...]] | None = None
+
+    def _rules(self, rules: RulesSettings, _config: NetworkConfig, _lease: Lease,
+               encap_ports: dict[int, tuple[int, ...]]) -> InstalledRules:
+        self.rules, self.encap_ports = InstalledRules(rules.resync), encap_ports
+        return self.rules
 
     async def _interface(self, _settings: InterfaceSettings, _config: NetworkConfig,
                          _sm: object) -> ExternalInterface:
         return EXT
 
-    def _backend(self, ext: ExternalInterface, config: NetworkConfig) -> RecordingBackend:
-        self.backend = RecordingBackend(ext, config)
+    def _backend(self, ext: ExternalInterface, config: NetworkConfig,
+                 options: BackendOptions) -> RecordingBackend:
+        self.backend = RecordingBackend(ext, config, options)
         return self.backend
 
     def start(self) -> Node:
@@ -238,6 +256,36 @@ async def test_ready_only_once_the_first_snapshot_is_programmed(tmp_path, log):
     assert await node.exit_code() == 0
     assert lines(log)[-1] == "Exiting: stopped by signal"
     assert node.store.watch_closed and node.store.closed
+
+
+async def peer_sets(node: Node, count: int) -> bool:
+    return node.rules is not None and len(node.rules.peer_sets) == count
+
+
+async def test_encap_peers_only_hands_every_lease_public_ip_to_the_rules(tmp_path):
+    joined = Lease(IPv4Network("10.5.3.0/24"), None,
+                   LeaseAttrs(public_ip=IPv4Address("192.0.2.3"), backend_type="vxlan"))
+    async with running(tmp_path, "--encap-peers-only") as node:
+        node.store.updates.put_nowait(Snapshot([PEER, OWN_LEASE]))
+        await node.wait_readyz(200)
+        assert node.rules is not None and node.backend is not None
+        assert node.backend.options.encap_peers_only
+        ours, peer = IPv4Address("192.0.2.1"), IPv4Address("192.0.2.2")
+        assert node.rules.peer_sets[-1] == {4: frozenset({ours, peer}), 6: frozenset()}
+        node.store.updates.put_nowait(Changes([Event(EventType.ADDED, joined)]))
+        await async_wait_until(lambda: peer_sets(node, 2), 5, what="a join")
+        assert node.rules.peer_sets[-1][4] == {ours, peer, IPv4Address("192.0.2.3")}
+        node.store.updates.put_nowait(Changes([Event(EventType.REMOVED, PEER)]))
+        await async_wait_until(lambda: peer_sets(node, 3), 5, what="a leave")
+        assert node.rules.peer_sets[-1][4] == {ours, IPv4Address("192.0.2.3")}
+
+
+async def test_without_encap_peers_only_the_rules_get_no_peers(tmp_path):
+    async with running(tmp_path) as node:
+        node.store.updates.put_nowait(Snapshot([PEER, OWN_LEASE]))
+        await node.wait_readyz(200)
+        assert node.rules is not None and node.rules.peer_sets == []
+        assert node.backend is not None and not node.backend.options.encap_peers_only
 
 
 async def test_readiness_transitions_reach_readyz_and_the_log(tmp_path, log):

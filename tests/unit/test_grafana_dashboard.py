@@ -125,6 +125,8 @@ async def served(tmp_path) -> set[str]:
     try:
         node.store.updates.put_nowait(Snapshot([PEER, OWN_LEASE]))
         await node.wait_readyz(200)
+        assert node.rules is not None
+        node.rules.status.filtered = (4,)  # as with --encap-peers-only: its families too
         _, body = await get(node.port, "/metrics")
     finally:
         await node.stop()

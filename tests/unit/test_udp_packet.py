@@ -125,6 +125,14 @@ def test_peer_lookup_longest_prefix() -> None:
     assert PeerTable({}, 8285).lookup(0) is None
 
 
+def test_peer_sources_are_the_public_ips_as_recvmsg_gives_them() -> None:
+    table = PeerTable({IPv4Network("10.5.1.0/24"): IPv4Address("172.31.0.1"),
+                       IPv4Network("10.5.2.0/24"): IPv4Address("172.31.0.2"),
+                       IPv4Network("10.5.3.0/24"): IPv4Address("172.31.0.2")}, 8285)
+    assert table.sources == {"172.31.0.1", "172.31.0.2"}
+    assert PeerTable({}, 8285).sources == frozenset()
+
+
 def tcp(seq: int, payload: bytes, flags: int = 0x10, sport: int = 40000, ttl: int = 63
         ) -> memoryview:
     header = struct.pack("!HHIIBBHHH", sport, 5201, seq, 777, 5 << 4, flags, 512, 0, 0)

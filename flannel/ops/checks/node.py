@@ -176,5 +176,44 @@ def check_cni(ctx: Context) -> list[Finding]:
     return found
 
 
+#: Backends whose packets arrive on a UDP port any underlay host can send to.
+UDP_ENCAP_BACKENDS = {"vxlan": 8472, "udp": 8285}
+
+
+def _encap_filter_installed() -> bool:
+    """Whether flanneld's encapsulation filter is in this namespace (either rule mode)."""
+    if any("-N FLANNEL-INPUT" in rules.splitlines() for rules in _filter_tables()):
+        return True
+    for family, table in (("ip", "flannel-ipv4"), ("ip6", "flannel-ipv6")):
+        try:
+            if "chain input {" in run_tool("nft", "list", "table", family, table):
+                return True
+        except ToolError:
+            continue
+    return False
+
+
+def check_encap_filter(ctx: Context) -> list[Finding]:
+    """Recommend ``--encap-peers-only`` where vxlan/udp packets are taken from anyone."""
+    if ctx.config is None or not ctx.flanneld_pids:
+        return []
+    backend = ctx.config.backend_type
+    if backend not in UDP_ENCAP_BACKENDS or _encap_filter_installed():
+        return []
+    configured = ctx.config.backend.get("Port")
+    port = configured if type(configured) is int and configured > 0 else \
+        UDP_ENCAP_BACKENDS[backend]
+    return [Finding(
+        "encap-filter", "info",
+        f"{backend} packets (UDP {port}) are accepted from any host: one that reaches this "
+        "node's underlay address can put packets with any source address into the pods",
+        "if every node sends from the public IP its lease publishes (no --public-ip or "
+        "public-ip-overwrite annotation naming another address, no NAT between nodes), run "
+        "flanneld with --encap-peers-only (FLANNELD_ENCAP_PEERS_ONLY=true); else filter "
+        f"UDP {port} on the underlay (docs/operations.md, \"Who may send encapsulated "
+        "traffic\")")]
+
+
 CHECKS = [("flanneld", check_flanneld), ("subnet-env", check_subnet_env),
-          ("sysctl", check_sysctls), ("forward", check_forward), ("cni", check_cni)]
+          ("sysctl", check_sysctls), ("forward", check_forward), ("cni", check_cni),
+          ("encap-filter", check_encap_filter)]
