@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Network
 
+from flannel.backend.footprint import PER_PEER
 from flannel.ops.checks import Context
 from flannel.ops.checks.offload import check_checksum
 from flannel.ops.findings import Finding
@@ -91,7 +92,10 @@ def _peer_needs(ctx: Context) -> list[tuple[IPv4Network, str, IPv4Address]]:
 
 
 def check_routes(ctx: Context) -> list[Finding]:
-    if ctx.kernel.errors or not ctx.leases or ctx.backend not in ("vxlan", "host-gw"):
+    """A route per peer, for the backends that make one (their declared footprint)."""
+    described = ctx.described
+    if ctx.kernel.errors or not ctx.leases or described is None \
+            or described[1].routes != PER_PEER:
         return []
     found = []
     routes = {r.get("dst"): r for r in ctx.kernel.routes}
@@ -110,10 +114,11 @@ def check_routes(ctx: Context) -> list[Finding]:
                                  f"{route.get('gateway')} dev {route.get('dev')}; node "
                                  f"{lease.attrs.public_ip} needs via {want}", RECONCILE_FIX))
     peer_subnets = {str(lease.subnet) for lease in ctx.peers}
+    device = ctx.device
     for route in ctx.kernel.routes:
-        if route.get("dev") == ctx.vxlan_device and route.get("dst") not in peer_subnets:
+        if device and route.get("dev") == device and route.get("dst") not in peer_subnets:
             found.append(Finding("routes", "warning", f"route {route.get('dst')} dev "
-                                 f"{ctx.vxlan_device} matches no lease (a node that left?)",
+                                 f"{device} matches no lease (a node that left?)",
                                  f"{RECONCILE_FIX}; by hand: ip route del {route.get('dst')}"))
     return found
 
