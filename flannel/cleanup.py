@@ -404,9 +404,9 @@ def file_items(inventory: Inventory, subnet_file: Path | None, bin_dirs: list[Pa
         consider(subnet_file, is_subnet_env, "not a subnet.env written by flanneld")
     if wireguard_key is not None:
         consider(wireguard_key, is_wireguard_key, "does not hold a WireGuard key")
-    for name in WIREGUARD_DEVICES if run_dir is not None else ():
-        # wireguard-go's output (flannel/wireguard/device.py)
-        log = run_dir / "flannel" / f"{name}.log"
+    logs = [run_dir / "flannel" / f"{name}.log" for name in WIREGUARD_DEVICES] \
+        if run_dir is not None else []
+    for log in logs:  # wireguard-go's output (flannel/wireguard/device.py)
         try:
             regular = stat.S_ISREG(log.lstat().st_mode)
         except OSError:
