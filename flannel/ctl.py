@@ -46,11 +46,14 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     # In a named namespace (a lab node), the default places hold the host's files.
     named = cleanup.in_named_netns()
     run_files = not (named and cleanup.same_place(args.run_dir, Path("/run")))
-    if named:
-        skipped = "" if run_files else f"the files under {args.run_dir} and "
-        print(f"not looked at: {skipped}the default CNI directories, which are the host's: "
-              "this network namespace is not (give this node's --run-dir, --subnet-file, "
-              "--cni-bin-dir, --cni-conf-dir to include its files)")
+    skipped = [what for what, skip in (
+        (f"the files under {args.run_dir}", not run_files),
+        ("the default CNI directories", named and not (args.cni_bin_dir and args.cni_conf_dir)))
+        if skip]
+    if skipped:
+        print(f"not looked at: {' and '.join(skipped)}, which are the host's: this network "
+              "namespace is not (give this node's --run-dir, --subnet-file, --cni-bin-dir, "
+              "--cni-conf-dir to include its files)")
     try:
         found = cleanup.inventory(
             args.subnet_file or (args.run_dir / "flannel" / "subnet.env" if run_files
