@@ -151,3 +151,24 @@ table ip nat {
     assert not foreign_random_rule(own_save, "--random-fully")
     assert foreign_random_rule(own_save + "\n-A KUBE-POSTROUTING -j MASQUERADE --random-fully",
                                "--random-fully")
+
+
+def test_the_device_each_backend_declares_is_checked():
+    from flannel.config import parse_config
+    from flannel.ops.checks.kernel import check_device
+    from flannel.ops.kernelview import KernelView
+
+    def found(backend: str, links: list[dict]) -> list[tuple[str, str]]:
+        config = parse_config(f'{{"Network":"10.244.0.0/16","Backend":{{"Type":"{backend}"}}}}')
+        return [(f.severity, f.what) for f in check_device(context(
+            config=config, kernel=KernelView(links=links)))]
+
+    up = ["BROADCAST", "UP", "LOWER_UP"]
+    assert found("udp", []) == [
+        ("error", "the udp device flannel0 does not exist: no traffic to other nodes")]
+    assert found("udp", [{"ifname": "flannel0", "flags": up}]) == []
+    assert found("wireguard", [{"ifname": "flannel-wg", "flags": ["POINTOPOINT"]}]) == [
+        ("error", "flannel-wg is down")]
+    assert found("vxlan", []) == [
+        ("error", "the VXLAN device flannel.1 does not exist: no traffic to other nodes")]
+    assert found("host-gw", []) == found("extension", []) == found("aws-vpc", []) == []

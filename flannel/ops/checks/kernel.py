@@ -21,17 +21,23 @@ def _vxlan(ctx: Context) -> dict | None:
 
 
 def check_device(ctx: Context) -> list[Finding]:
+    """The IPv4 device the backend declares: there and up; for vxlan, sending from the
+    lease's public IP."""
     found = [Finding("device", "warning", f"cannot read the kernel: {error}")
              for error in ctx.kernel.errors]
-    if ctx.backend != "vxlan" or ctx.kernel.errors:
+    device = ctx.device
+    if not device or ctx.kernel.errors or ctx.config is None or not ctx.config.enable_ipv4:
         return found
-    link = _vxlan(ctx)
+    link = ctx.kernel.link(device)
     if link is None:
-        return [*found, Finding("device", "error", f"the VXLAN device {ctx.vxlan_device} does "
-                                "not exist: no traffic to other nodes", RECONCILE_FIX)]
+        kind = "VXLAN" if ctx.backend == "vxlan" else ctx.backend
+        return [*found, Finding("device", "error", f"the {kind} device {device} does not "
+                                "exist: no traffic to other nodes", RECONCILE_FIX)]
     if "UP" not in link.get("flags", []):
-        found.append(Finding("device", "error", f"{ctx.vxlan_device} is down",
-                             f"ip link set {ctx.vxlan_device} up; {RECONCILE_FIX}"))
+        found.append(Finding("device", "error", f"{device} is down",
+                             f"ip link set {device} up; {RECONCILE_FIX}"))
+    if ctx.backend != "vxlan":
+        return found
     local = (link.get("linkinfo", {}).get("info_data") or {}).get("local")
     public = ctx.public_ip()
     if public is not None and local and local != str(public):
