@@ -63,7 +63,7 @@ class NodeOutcome:
         """What the node's check could not judge for its backend ("" if nothing)."""
         node = self.doc.get("node")
         note = node.get("note") if isinstance(node, dict) else None
-        return note[:500] if isinstance(note, str) else ""
+        return " ".join(note[:500].split()) if isinstance(note, str) else ""
 
     def peers(self) -> list[dict[str, Any]]:
         peers = self.doc.get("peers")
