@@ -172,3 +172,22 @@ def test_the_device_each_backend_declares_is_checked():
     assert found("vxlan", []) == [
         ("error", "the VXLAN device flannel.1 does not exist: no traffic to other nodes")]
     assert found("host-gw", []) == found("extension", []) == found("aws-vpc", []) == []
+
+
+def test_udp_and_wireguard_need_their_route_over_the_network():
+    from flannel.config import parse_config
+    from flannel.ops.checks.kernel import check_routes
+    from flannel.ops.kernelview import KernelView
+
+    config = parse_config('{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard"}}')
+    peer = LeaseRow("10.244.2.0-24", Lease(IPv4Network("10.244.2.0/24"), attrs=LeaseAttrs(
+        IPv4Address("192.168.111.12"), backend_type="wireguard")), 3600)
+
+    def found(routes: list[dict]) -> list[str]:
+        return [f.what for f in check_routes(context(
+            config=config, env={"FLANNEL_SUBNET": "10.244.1.1/24"}, rows=[peer],
+            kernel=KernelView(routes=routes)))]
+
+    assert found([{"dst": "10.244.0.0/16", "dev": "flannel-wg"}]) == []
+    assert found([{"dst": "default", "dev": "eth0"}]) == [
+        "no route to the Network 10.244.0.0/16 through flannel-wg: no traffic to other nodes"]

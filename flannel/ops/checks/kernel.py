@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Network
 
-from flannel.backend.footprint import PER_PEER
+from flannel.backend.footprint import COVERING, PER_PEER
 from flannel.ops.checks import Context
 from flannel.ops.checks.offload import check_checksum
 from flannel.ops.findings import Finding
@@ -98,10 +98,14 @@ def _peer_needs(ctx: Context) -> list[tuple[IPv4Network, str, IPv4Address]]:
 
 
 def check_routes(ctx: Context) -> list[Finding]:
-    """A route per peer, for the backends that make one (their declared footprint)."""
+    """A route per peer, or the one over the Network through the device, as the backend's
+    declared footprint says."""
     described = ctx.described
-    if ctx.kernel.errors or not ctx.leases or described is None \
-            or described[1].routes != PER_PEER:
+    if ctx.kernel.errors or not ctx.leases or described is None:
+        return []
+    if described[1].routes == COVERING:
+        return _covering_route(ctx)
+    if described[1].routes != PER_PEER:
         return []
     found = []
     routes = {r.get("dst"): r for r in ctx.kernel.routes}
@@ -127,6 +131,16 @@ def check_routes(ctx: Context) -> list[Finding]:
                                  f"{device} matches no lease (a node that left?)",
                                  f"{RECONCILE_FIX}; by hand: ip route del {route.get('dst')}"))
     return found
+
+
+def _covering_route(ctx: Context) -> list[Finding]:
+    network, device = ctx.config.network if ctx.config else None, ctx.device
+    if network is None or not ctx.peers:
+        return []
+    if any(r.get("dst") == str(network) and r.get("dev") == device for r in ctx.kernel.routes):
+        return []
+    return [Finding("routes", "error", f"no route to the Network {network} through {device}: "
+                    "no traffic to other nodes", RECONCILE_FIX)]
 
 
 def check_neighbours(ctx: Context) -> list[Finding]:
