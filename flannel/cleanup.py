@@ -18,7 +18,10 @@ is ever removed:
 - subnet.env when it holds only ``FLANNEL_*`` settings, and flanneld's socket beside it when
   nobody listens on it (left by a flanneld that was killed); in the CNI directories, the
   ``flannel`` launcher install-cni writes, its ``.flannel-cni*`` module directories, and
-  ``10-flannel.conflist`` when it configures the flannel plugin.
+  ``10-flannel.conflist`` when it configures the flannel plugin. Run in a network namespace
+  other than the host's while ``/run`` is still the host's (``ip netns exec`` into a lab
+  node), the files under ``/run`` and the default CNI directories are the host's, not this
+  node's: only the directories and files given by flags are looked at (``in_named_netns``).
 Refuses while a flanneld runs in the same network namespace (it would recreate everything).
 Not on the node, so not here: the aws-vpc/tencent-vpc routes in the cloud's route table and
 whatever the extension backend's own commands created (docs/install.md, "Uninstall").
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import re
 import shutil
@@ -59,6 +63,7 @@ OWN_DEVICES = (
 WIREGUARD_DEVICES = ("flannel-wg", "flannel-wg-v6")
 MAX_SCAN_BYTES = 64 * 1024  # files larger than this are not ours
 STOP_TIMEOUT = 5.0  # for a wireguard-go to exit on SIGTERM before it gets SIGKILL
+MAX_NAMED_NETNS = 100_000  # entries of /run/netns looked at
 
 
 class CleanupError(Exception):
@@ -94,6 +99,11 @@ def is_flanneld(cmdline: bytes) -> bool:
 
 def running_flanneld(proc: Path = Path("/proc")) -> list[int]:
     """Process ids of flanneld processes in this process's network namespace."""
+    return processes_here(is_flanneld, proc)
+
+
+def processes_here(matches: Callable[[bytes], bool], proc: Path = Path("/proc")) -> list[int]:
+    """Process ids, in this process's network namespace, whose command line matches."""
     own = os.stat(proc / "self" / "ns" / "net")
     found = []
     for entry in proc.iterdir():
@@ -102,7 +112,7 @@ def running_flanneld(proc: Path = Path("/proc")) -> list[int]:
         try:
             with (entry / "cmdline").open("rb") as handle:
                 cmdline = handle.read(4096)
-            if not is_flanneld(cmdline):
+            if not matches(cmdline):
                 continue
             netns = os.stat(entry / "ns" / "net")
         except OSError:
@@ -136,9 +146,9 @@ def _route_text(route: rtnl.Route, names: dict[int, str], proto: int) -> str:
     return text + (" onlink" if route.onlink else "") + f" proto {said}"
 
 
-def kernel_items(inventory: Inventory, run_dir: Path = Path("/run")) -> None:
+def kernel_items(inventory: Inventory, run_dir: Path | None = Path("/run")) -> None:
     """Our devices with their routes, neighbours and FDB entries; wireguard-go (whose
-    sockets are under ``run_dir``/wireguard)."""
+    sockets are under ``run_dir``/wireguard; None: not this node's /run)."""
     sock = rtnl.Rtnl()
     inventory.closers.append(sock.close)
     names: dict[int, str] = {}
@@ -202,7 +212,8 @@ def kernel_items(inventory: Inventory, run_dir: Path = Path("/run")) -> None:
         return run
 
     for name in WIREGUARD_DEVICES:
-        wireguard_go_items(inventory, name, name in userspace, run_dir / "wireguard",
+        wireguard_go_items(inventory, name, name in userspace,
+                           run_dir / "wireguard" if run_dir is not None else None,
                            delete_tun(name))
 
 
@@ -235,7 +246,7 @@ def _alive(pid: int) -> bool:
     return state != [b"Z"]
 
 
-def _stop_wireguard_go(pid: int, socket_path: Path, then: Callable[[], None]) -> None:
+def _stop_wireguard_go(pid: int, socket_path: Path | None, then: Callable[[], None]) -> None:
     """SIGTERM (wireguard-go then removes its device and socket), SIGKILL after
     STOP_TIMEOUT; then whatever it left: ``then`` (its device) and a stale socket."""
     with contextlib.suppress(ProcessLookupError):
@@ -247,15 +258,34 @@ def _stop_wireguard_go(pid: int, socket_path: Path, then: Callable[[], None]) ->
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     then()
-    if is_stale_socket(socket_path):
+    if socket_path is not None and is_stale_socket(socket_path):
         with contextlib.suppress(FileNotFoundError):
             socket_path.unlink()
 
 
-def wireguard_go_items(inventory: Inventory, name: str, has_device: bool, socket_dir: Path,
-                       delete_device: Callable[[], None]) -> None:
+def _serves(name: str) -> Callable[[bytes], bool]:
+    def matches(cmdline: bytes) -> bool:
+        argv = [arg for arg in cmdline.split(b"\0") if arg]
+        return bool(argv) and os.path.basename(argv[0]) == b"wireguard-go" \
+            and name.encode() in argv
+    return matches
+
+
+def wireguard_go_items(inventory: Inventory, name: str, has_device: bool,
+                       socket_dir: Path | None, delete_device: Callable[[], None]) -> None:
     """The wireguard-go serving ``name`` in this network namespace, its tun device (when
-    ``has_device``) and its socket in ``socket_dir``."""
+    ``has_device``) and its socket in ``socket_dir`` (None: its socket is out of sight, so
+    the process is found by its command line)."""
+    if socket_dir is None:
+        pids = processes_here(_serves(name)) if has_device else []
+        if pids:
+            inventory.items.append(Item(
+                f"wireguard-go process {pids[0]} serving {name} (its device goes with it)",
+                functools.partial(_stop_wireguard_go, pids[0], None, delete_device)))
+        elif has_device:
+            inventory.items.append(Item(f"device {name} (tun: its wireguard-go is gone)",
+                                        delete_device))
+        return
     socket_path = socket_dir / f"{name}.sock"
     control = UapiControl(socket_path, timeout=1.0)
     pid = control.peer_pid() if control.answers() else None
@@ -359,9 +389,10 @@ def is_wireguard_key(text: str) -> bool:
     return True
 
 
-def file_items(inventory: Inventory, subnet_file: Path, bin_dirs: list[Path],
-               conf_dirs: list[Path], wireguard_key: Path,
-               run_dir: Path = Path("/run")) -> None:
+def file_items(inventory: Inventory, subnet_file: Path | None, bin_dirs: list[Path],
+               conf_dirs: list[Path], wireguard_key: Path | None,
+               run_dir: Path | None = Path("/run")) -> None:
+    """Our files; a path given as None (``run_dir``: wireguard-go's logs) is not looked at."""
     def consider(path: Path, ours: Callable[[str], bool], why_not: str) -> None:
         if not path.exists() and not path.is_symlink():
             return
@@ -371,11 +402,14 @@ def file_items(inventory: Inventory, subnet_file: Path, bin_dirs: list[Path],
         else:
             inventory.kept.append(f"file {path}: {why_not}")
 
-    consider(subnet_file, is_subnet_env, "not a subnet.env written by flanneld")
-    socket_item(inventory, socket_path(subnet_file))
-    consider(wireguard_key, is_wireguard_key, "does not hold a WireGuard key")
-    for name in WIREGUARD_DEVICES:  # wireguard-go's output (flannel/wireguard/device.py)
-        log = run_dir / "flannel" / f"{name}.log"
+    if subnet_file is not None:
+        consider(subnet_file, is_subnet_env, "not a subnet.env written by flanneld")
+        socket_item(inventory, socket_path(subnet_file))
+    if wireguard_key is not None:
+        consider(wireguard_key, is_wireguard_key, "does not hold a WireGuard key")
+    logs = [run_dir / "flannel" / f"{name}.log" for name in WIREGUARD_DEVICES] \
+        if run_dir is not None else []
+    for log in logs:  # wireguard-go's output (flannel/wireguard/device.py)
         try:
             regular = stat.S_ISREG(log.lstat().st_mode)
         except OSError:
@@ -425,16 +459,45 @@ def _entries(directory: Path) -> Iterator[Path]:
 
 # -- the command -----------------------------------------------------------------------------
 
-def inventory(subnet_file: Path, bin_dirs: list[Path], conf_dirs: list[Path],
-              run_dir: Path = Path("/run"), wireguard_key: Path | None = None) -> Inventory:
+def inventory(subnet_file: Path | None, bin_dirs: list[Path], conf_dirs: list[Path],
+              run_dir: Path = Path("/run"), wireguard_key: Path | None = None,
+              run_files: bool = True) -> Inventory:
     """Everything of ours on this node; ``run_dir`` is the node's /run (wireguard-go's
-    sockets, its logs and the default key file are under it)."""
+    sockets, its logs and the default key file are under it). Without ``run_files``, the
+    files under ``run_dir`` are not this node's: only the files named (``subnet_file``,
+    ``wireguard_key``, when not None) are looked at."""
     found = Inventory()
-    kernel_items(found, run_dir)
+    kernel_items(found, run_dir if run_files else None)
     rule_items(found)
-    file_items(found, subnet_file, bin_dirs, conf_dirs,
-               wireguard_key or run_dir / "flannel" / "wgkey", run_dir)
+    key = wireguard_key or (run_dir / "flannel" / "wgkey" if run_files else None)
+    file_items(found, subnet_file, bin_dirs, conf_dirs, key, run_dir if run_files else None)
     return found
+
+
+def in_named_netns(run: Path = Path("/run")) -> bool:
+    """Whether this network namespace is one of those named under ``run``/netns, entered
+    with ``ip netns exec`` (a lab node): the host's /run and CNI directories, which it still
+    sees, are then the host's, not this node's (whose flanneld keeps its files elsewhere)."""
+    try:
+        own = os.stat("/proc/self/ns/net")
+    except OSError:
+        return False
+    for entry in itertools.islice(_entries(run / "netns"), MAX_NAMED_NETNS):
+        try:
+            info = entry.stat()
+        except OSError:
+            continue
+        if (info.st_dev, info.st_ino) == (own.st_dev, own.st_ino):
+            return True
+    return False
+
+
+def same_place(a: Path, b: Path) -> bool:
+    try:
+        first, second = a.stat(), b.stat()
+    except OSError:
+        return False
+    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
 def check_not_running(force: bool, proc: Path = Path("/proc")) -> str | None:

@@ -43,11 +43,24 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if refusal:
         print(f"flannelctl cleanup: {refusal}", file=sys.stderr)
         return 1
+    # In a named namespace (a lab node), the default places hold the host's files.
+    named = cleanup.in_named_netns()
+    run_files = not (named and cleanup.same_place(args.run_dir, Path("/run")))
+    skipped = [what for what, skip in (
+        (f"the files under {args.run_dir}", not run_files),
+        ("the default CNI directories", named and not (args.cni_bin_dir and args.cni_conf_dir)))
+        if skip]
+    if skipped:
+        print(f"not looked at: {' and '.join(skipped)}, which are the host's: this network "
+              "namespace is not (give this node's --run-dir, --subnet-file, --cni-bin-dir, "
+              "--cni-conf-dir to include its files)")
     try:
-        found = cleanup.inventory(args.subnet_file or args.run_dir / "flannel" / "subnet.env",
-                                  args.cni_bin_dir or [Path("/opt/cni/bin")],
-                                  args.cni_conf_dir or [Path("/etc/cni/net.d")],
-                                  args.run_dir, args.wireguard_key_file)
+        found = cleanup.inventory(
+            args.subnet_file or (args.run_dir / "flannel" / "subnet.env" if run_files
+                                 else None),
+            args.cni_bin_dir or ([] if named else [Path("/opt/cni/bin")]),
+            args.cni_conf_dir or ([] if named else [Path("/etc/cni/net.d")]),
+            args.run_dir, args.wireguard_key_file, run_files=run_files)
     except OSError as err:
         print(f"flannelctl cleanup: cannot read this node's state: {err}", file=sys.stderr)
         return 1

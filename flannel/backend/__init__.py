@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 
 from flannel.backend.base import Backend, BackendError, BackendOptions
+from flannel.backend.footprint import Footprint
 
 _REGISTRY = {
     "alloc": "flannel.backend.alloc:AllocBackend",
@@ -43,4 +44,15 @@ def backend_class(backend_type: str) -> type[Backend]:
     return found
 
 
-__all__ = ["Backend", "BackendError", "BackendOptions", "backend_class", "supported"]
+def describe(backend_type: str) -> tuple[str, Footprint] | None:
+    """(the BackendType its leases carry, its footprint) for a configured backend type; None
+    when it is unknown. For the operator tools: imports the backend's module, runs nothing."""
+    try:
+        cls = backend_class(backend_type)
+    except BackendError:
+        return None
+    return cls.backend_type, cls.footprint
+
+
+__all__ = ["Backend", "BackendError", "BackendOptions", "Footprint", "backend_class", "describe",
+           "supported"]

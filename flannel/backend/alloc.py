@@ -9,10 +9,13 @@ Must not touch: the kernel.
 from __future__ import annotations
 
 from flannel.backend.base import Backend, LocalNetwork
+from flannel.backend.footprint import NO_DATA_PATH, Footprint
 
 
 class AllocBackend(Backend):
     backend_type = ""
+    footprint = Footprint(NO_DATA_PATH, unjudged="the alloc backend only reserves subnets: "
+                          "no traffic is carried between nodes")
 
     async def prepare(self) -> LocalNetwork:
         return LocalNetwork(backend_type="", mtu=self.ext.mtu)

@@ -24,8 +24,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
-from typing import Protocol
+from typing import ClassVar, Protocol
 
+from flannel.backend.footprint import Footprint
 from flannel.config import NetworkConfig
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.iface import ExternalInterface
@@ -117,6 +118,8 @@ class Backend(ABC):
 
     #: The BackendType this backend publishes and acts on ("" for alloc and udp).
     backend_type: str = ""
+    #: What it leaves in a node's kernel for its peers, for the operator tools.
+    footprint: ClassVar[Footprint]
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

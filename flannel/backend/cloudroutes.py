@@ -23,6 +23,7 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Protocol
 
 from flannel.backend.base import Applier, ApplyResult, Backend, BackendError, LocalNetwork
+from flannel.backend.footprint import ELSEWHERE, Footprint
 from flannel.cloud.base import CloudError, RouteChange
 from flannel.lease import Lease
 
@@ -62,6 +63,8 @@ class CloudRoutes:
 class CloudRouteBackend(Backend):
     #: Go's cloud backends publish no BackendType (their leases carry the PublicIP only).
     backend_type = ""
+    footprint = Footprint(ELSEWHERE, unjudged="the VPC's route table, not this node's kernel, "
+                          "carries each peer's subnet, so this node's kernel is not judged")
     #: The name users configure, and the SDK module and extra the backend needs.
     type_name = ""
     sdk_module = ""

@@ -30,6 +30,7 @@ from flannel.backend.base import (
     EngineSample,
     LocalNetwork,
 )
+from flannel.backend.footprint import BY_USER, Footprint
 from flannel.config import NetworkConfig
 from flannel.extension.peers import (
     CommandFailed,
@@ -106,6 +107,8 @@ class ExtensionCommands:
 
 class ExtensionBackend(Backend):
     backend_type = "extension"
+    footprint = Footprint(BY_USER, unjudged="the extension's own commands (SubnetAddCommand) "
+                          "program each peer, so this node's kernel is not judged")
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

@@ -11,6 +11,7 @@ import socket
 from collections.abc import Sequence
 
 from flannel.backend.base import BackendError, LocalNetwork, RouteLookup
+from flannel.backend.footprint import PER_PEER, Footprint
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import NetlinkError, Route
@@ -19,6 +20,7 @@ from flannel.lease import Lease
 
 class HostGwBackend(RoutedBackend):
     backend_type = "host-gw"
+    footprint = Footprint(PER_PEER)
 
     async def prepare(self) -> LocalNetwork:
         ext = self.ext

@@ -20,6 +20,7 @@ from ipaddress import IPv4Address
 
 from flannel import gojson
 from flannel.backend.base import BackendError, BackendOptions, LocalNetwork, RouteLookup
+from flannel.backend.footprint import PER_PEER, Footprint
 from flannel.backend.routed import RoutedBackend
 from flannel.config import NetworkConfig
 from flannel.kernel import device, ipipdev
@@ -49,6 +50,7 @@ class IpipConfig:
 
 class IpipBackend(RoutedBackend):
     backend_type = "ipip"
+    footprint = Footprint(PER_PEER, device=DEVICE, answers_on_base=True)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

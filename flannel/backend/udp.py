@@ -31,6 +31,7 @@ from flannel.backend.base import (
     LocalNetwork,
     RouteLookup,
 )
+from flannel.backend.footprint import COVERING, Footprint
 from flannel.backend.routed import RoutedBackend
 from flannel.config import NetworkConfig
 from flannel.kernel import device as kernel_device
@@ -71,6 +72,8 @@ def parse_port(backend: dict[str, object]) -> int:
 
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
+    # The forwarder, not the kernel, knows the peers: the Network route into the TUN is all.
+    footprint = Footprint(COVERING, device=TUN_NAME, answers_on_base=True)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

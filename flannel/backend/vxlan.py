@@ -21,6 +21,7 @@ from typing import Any
 
 from flannel import gojson
 from flannel.backend.base import BackendError, BackendOptions, LocalNetwork, RouteLookup
+from flannel.backend.footprint import PER_PEER, Footprint
 from flannel.backend.routed import RoutedBackend
 from flannel.config import NetworkConfig
 from flannel.kernel import device
@@ -90,6 +91,7 @@ class _Family:
 
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
+    footprint = Footprint(PER_PEER, device="flannel.{vni}", answers_on_base=True)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

@@ -33,10 +33,12 @@ from flannel.backend.base import (
     EngineSample,
     LocalNetwork,
 )
+from flannel.backend.footprint import COVERING, Footprint
 from flannel.config import NetworkConfig
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Lease
 from flannel.wireguard.config import (
+    DEVICE,
     ConfigError,
     DeviceLayout,
     WireguardConfig,
@@ -65,6 +67,8 @@ class _Device:
 
 class WireguardBackend(Backend):
     backend_type = "wireguard"
+    # The device's peers (their AllowedIPs) pick the node; the route covers the Network.
+    footprint = Footprint(COVERING, device=DEVICE, answers_on_base=True)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

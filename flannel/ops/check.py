@@ -4,17 +4,22 @@ Owns choosing what to probe on each peer and from where, probing every peer at o
 ``--parallel`` in flight, all within ``--deadline``), the verdict per peer and its next step,
 and the table or JSON. What answers on a peer (checked in the lab): with vxlan, the VTEP
 address, the base address of the peer's subnet, which flanneld itself puts on
-``flannel.<VNI>`` (so it answers whether or not the node runs pods); with host-gw and the
-others, the first address of the subnet, the ``cni0`` gateway, which exists once the node
-runs a pod (the base address answers nowhere there). Echoes leave from this node's own
-address of the same kind, so the answer comes back over the overlay too.
+``flannel.<VNI>`` (so it answers whether or not the node runs pods), as on the devices of
+udp, wireguard and ipip; with host-gw and the others, the first address of the subnet, the
+``cni0`` gateway, which exists once the node runs a pod (the base address answers nowhere
+there). Echoes leave from this node's own address of the same kind, so the answer comes back
+over the overlay too. What "programmed" means comes from the backend's declared
+``Footprint`` (``flannel/backend/footprint.py``): a route per peer, one route covering the
+Network through the backend's device, or nothing this node's kernel can show (the
+extension's own commands, a VPC's route table), which is said and left to the echoes.
 Verdicts: ``ok`` (every echo answered), ``lossy`` (some), ``timeout`` (none, and nothing said
 why), ``unreachable`` (an ICMP error came back, or the echo could not be sent),
 ``not-programmed`` (this node's kernel lacks the route, or for vxlan the neighbour or FDB
 entry, that flanneld makes for the lease: no echo is sent, it could only time out, or come
 back unreachable after the kernel's 3 s of ARP), ``bad-lease`` (a lease no flanneld
-programs), ``not-probed`` (the deadline came first). Exit status 0 only when every peer
-answers (``ok`` or ``lossy``).
+programs), ``not-probed`` (the deadline came first), ``no-data-path`` (the alloc backend
+carries no traffic: nothing to probe). Exit status 0 only when every peer answers (``ok`` or
+``lossy``) or no data path is expected.
 Must not change anything.
 """
 
@@ -32,13 +37,17 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from flannel.backend.footprint import COVERING, PER_PEER, Footprint
 from flannel.lease import Lease
 from flannel.ops.checks import Context
+from flannel.ops.commands import flannelctl
 from flannel.ops.icmp import IcmpError, Pinger, Probe
 from flannel.ops.leases import vtep_mac
 
 MAIN_TABLE = 254
 ANSWERING = ("ok", "lossy")
+#: Verdicts that are no failure: answers, and peers of a backend that carries no traffic.
+PASSING = (*ANSWERING, "no-data-path")
 
 
 class CheckError(Exception):
@@ -61,7 +70,7 @@ class PeerResult:
 
     @property
     def answers(self) -> bool:
-        return self.verdict in ANSWERING
+        return self.verdict in PASSING
 
     @property
     def loss(self) -> float | None:
@@ -90,6 +99,7 @@ class NodeCheck:
     backend: str
     source: str  # the address the echoes left from; "" if the kernel chose
     peers: list[PeerResult]
+    note: str = ""  # what this node's kernel cannot show for its backend ("" when judged)
 
     @property
     def ok(self) -> bool:
@@ -99,32 +109,52 @@ class NodeCheck:
         return {"ok": self.ok, "node": {"subnet": str(self.subnet),
                                         "public_ip": self.public_ip or None,
                                         "backend": self.backend or None,
-                                        "source": self.source or None},
+                                        "source": self.source or None,
+                                        "note": self.note or None},
                 "peers": [peer.as_json() for peer in self.peers]}
 
 
-def probe_target(subnet: IPv4Network, backend: str) -> IPv4Address:
-    """The peer address that answers: vxlan's VTEP address, else the cni0 gateway."""
-    return subnet.network_address + (0 if backend == "vxlan" else 1)
+def probe_target(subnet: IPv4Network, footprint: Footprint) -> IPv4Address:
+    """The peer address that answers: the base address on the backend's device, else the
+    cni0 gateway."""
+    return subnet.network_address + (0 if footprint.answers_on_base else 1)
 
 
 @dataclass(frozen=True)
 class Programmed:
-    """What this namespace's kernel holds for peers: main-table IPv4 route destinations,
-    neighbours (address -> MAC) and FDB entries (MAC, destination)."""
+    """What this namespace's kernel holds for peers: main-table IPv4 routes (destination ->
+    device name), neighbours (address -> MAC) and FDB entries (MAC, destination)."""
 
-    routes: frozenset[str]
+    routes: dict[IPv4Network, str]
     neighbours: dict[str, str]
     fdb: frozenset[tuple[str, str]]
 
-    def missing(self, lease: Lease, target: str, backend: str) -> str:
-        """What flanneld would have programmed for ``lease`` and the kernel lacks; ""."""
+    def route_for(self, subnet: IPv4Network) -> IPv4Network | None:
+        """The most specific main-table route covering all of ``subnet``."""
+        covering = [dst for dst in self.routes if subnet.subnet_of(dst)]
+        return max(covering, key=lambda dst: dst.prefixlen, default=None)
+
+    def missing(self, lease: Lease, target: str, footprint: Footprint, device: str) -> str:
+        """What flanneld would have programmed for ``lease`` and the kernel lacks; "" (also
+        when this backend's programming does not show in the kernel)."""
         subnet, public = lease.subnet, str(lease.attrs.public_ip)
+        assert subnet is not None  # only leases with a subnet are planned
         not_done = "flanneld here has not programmed that lease"
-        if str(subnet) not in self.routes:
+        if footprint.routes == COVERING:
+            route = self.route_for(subnet)
+            if route is None or route.prefixlen == 0:  # a default route is no overlay
+                return (f"this node has no route to {subnet} (flanneld routes the whole "
+                        f"Network through {device}): {not_done}")
+            if self.routes[route] != device:
+                return (f"this node routes {subnet} through {self.routes[route] or '?'} "
+                        f"(route {route}), not through {device}: something else took it")
+            return ""
+        if footprint.routes != PER_PEER:
+            return ""
+        if subnet not in self.routes:
             return f"this node has no route to {subnet}: {not_done}"
         mac = vtep_mac(lease)
-        if backend != "vxlan" or mac is None:
+        if mac is None:
             return ""
         have = self.neighbours.get(target)
         if have is None:
@@ -143,8 +173,8 @@ def read_programmed() -> Programmed | None:
 
     try:
         with rtnl.Rtnl() as conn:
-            routes = frozenset(route.dst for route, _proto, table in
-                               conn.routes(socket.AF_INET) if table == MAIN_TABLE)
+            routes = {_network(route.dst): _ifname(route.oif) for route, _proto, table in
+                      conn.routes(socket.AF_INET) if table == MAIN_TABLE}
             neighbours = {entry.ip: entry.mac for entry, _state, _flags in
                           conn.neighbours(socket.AF_INET)
                           if isinstance(entry, rtnl.Neighbour) and entry.mac}
@@ -156,10 +186,28 @@ def read_programmed() -> Programmed | None:
     return Programmed(routes, neighbours, fdb)
 
 
+def _network(dst: str) -> IPv4Network:
+    return IPv4Network("0.0.0.0/0" if dst == "default" else dst, strict=False)
+
+
+def _ifname(index: int) -> str:
+    try:
+        return socket.if_indextoname(index)
+    except OSError:  # a route without a device (blackhole, unreachable)
+        return ""
+
+
+def _carries(lease_type: str, verb: str = "carries") -> str:
+    return f"{verb} BackendType {lease_type}" if lease_type else f"{verb} no BackendType"
+
+
 def plan(ctx: Context, kernel: Programmed | None
          ) -> tuple[list[PeerResult], list[PeerResult]]:
     """(peers to probe, peers decided without probing) from the store's leases. A
     reservation no node has taken yet (no backend) is no peer."""
+    described = ctx.described
+    assert described is not None  # run_check refuses a backend it does not know
+    lease_type, footprint = described
     own = ctx.own_subnet
     usable = {id(lease) for lease in ctx.peers}
     probe: list[PeerResult] = []
@@ -173,20 +221,25 @@ def plan(ctx: Context, kernel: Programmed | None
         assert subnet is not None
         attrs = lease.attrs
         row = PeerResult(subnet, str(attrs.public_ip or ""), attrs.backend_type)
-        target = str(probe_target(subnet, ctx.backend))
+        target = str(probe_target(subnet, footprint))
         if id(lease) not in usable:
             row.verdict = "bad-lease"
             row.detail = ("no flanneld programs this lease (no public IP, outside the "
                           "Network, or a vxlan lease without a VTEP MAC)")
-            row.next_step = f"flannelctl leases show {subnet}"
+            row.next_step = flannelctl("leases", "show", str(subnet))
             decided.append(row)
-        elif attrs.backend_type != ctx.backend:
+        elif attrs.backend_type != lease_type:
             row.verdict = "not-programmed"
-            row.detail = (f"its lease is for the {attrs.backend_type or 'unknown'} backend and "
-                          f"this node runs {ctx.backend}: flanneld ignores it")
+            row.detail = (f"its lease {_carries(attrs.backend_type)} but this node runs "
+                          f"{ctx.backend}, whose leases {_carries(lease_type, 'carry')}: flanneld "
+                          "ignores it")
             row.next_step = "give every node the same Backend in the network config"
             decided.append(row)
-        elif kernel is not None and (missing := kernel.missing(lease, target, ctx.backend)):
+        elif not footprint.has_data_path:
+            row.verdict = "no-data-path"
+            decided.append(row)
+        elif kernel is not None and (missing := kernel.missing(lease, target, footprint,
+                                                               ctx.device)):
             row.verdict = "not-programmed"
             row.detail = missing
             row.next_step = ("run flannelctl doctor on this node (is flanneld running, and "
@@ -265,13 +318,22 @@ def run_check(args: argparse.Namespace) -> NodeCheck:
     asyncio.run(read_store(ctx, args))
     if ctx.rows is None or ctx.config is None:
         raise CheckError(f"cannot read the store: {ctx.store_error}")
+    described = ctx.described
+    if described is None:
+        raise CheckError(f"the network config names the backend {ctx.backend!r}, which this "
+                         "pyflannel does not know: no flanneld runs it")
+    footprint = described[1]
     to_probe, decided = plan(ctx, read_programmed())
     own_lease = ctx.own_lease
     encap = f" and on the VXLAN port (UDP {ctx.vxlan_port})" if ctx.backend == "vxlan" else ""
-    # Our own address of the kind the peers answer on: the VTEP address, else cni0's.
+    # Our own address of the kind the peers answer on: the device's base address, else cni0's.
     sources = [own.network_address, own.network_address + 1]
-    if ctx.backend != "vxlan":
+    if not footprint.answers_on_base:
         sources.reverse()
+    note = ""
+    if footprint.unjudged:
+        note = footprint.unjudged + (": the echoes alone decide" if footprint.has_data_path
+                                     else ": nothing is probed")
 
     async def probe_peers() -> str:
         pinger = Pinger(sources)
@@ -284,7 +346,7 @@ def run_check(args: argparse.Namespace) -> NodeCheck:
     source = asyncio.run(probe_peers()) if to_probe else ""
     peers = sorted(to_probe + decided, key=lambda row: row.subnet)
     public = str(own_lease.attrs.public_ip or "") if own_lease else ""
-    return NodeCheck(own, public, ctx.backend, source, peers)
+    return NodeCheck(own, public, ctx.backend, source, peers, note)
 
 
 def _cell(value: object) -> str:
@@ -302,13 +364,15 @@ def render(check: NodeCheck) -> str:
     head = (f"this node: {check.subnet} ({_cell(check.public_ip)}, {_cell(check.backend)}), "
             + (f"echoes from {source}" if any(p.sent for p in check.peers)
                else "no echoes sent"))
+    if check.note:
+        head += f"\nnote: {check.note}"
     if not check.peers:
         return f"{head}\nno peers: this node holds the only lease"
     lines = [["PEER SUBNET", "PUBLIC IP", "BACKEND", "TARGET", "P50", "MAX", "LOSS",
               "VERDICT"]]
     for peer in check.peers:
         loss = "-" if peer.loss is None else f"{peer.loss:.0%}"
-        verdict = peer.verdict if peer.verdict in ANSWERING else peer.verdict.upper()
+        verdict = peer.verdict if peer.answers else peer.verdict.upper()
         lines.append([str(peer.subnet), _cell(peer.public_ip), _cell(peer.backend),
                       _cell(peer.target), ms_text(peer.rtts, statistics.median),
                       ms_text(peer.rtts, max), loss, verdict])
@@ -320,8 +384,10 @@ def render(check: NodeCheck) -> str:
     noted = [peer for peer in check.peers if peer.detail]
     if failing:
         out.append(f"{len(failing)} of {len(check.peers)} peers do not answer:")
-    else:
+    elif any(peer.verdict in ANSWERING for peer in check.peers):
         out.append(f"every peer answers ({len(check.peers)})")
+    else:
+        out.append(f"{len(check.peers)} peers, no data path to probe")
     for peer in noted:
         out.append(f"  {peer.subnet} ({_cell(peer.public_ip)}): {peer.verdict}: "
                    f"{peer.detail}")

@@ -20,9 +20,13 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
+from flannel.ops.commands import flannelctl
+
 MAX_STATE = 1 << 20
 MAX_OUTPUT = 16 << 20
 NODES_AT_ONCE = 8
+#: Verdicts that are no failure (as in ``flannelctl check``).
+PASSING = ("ok", "lossy", "no-data-path")
 
 
 class LabCheckError(Exception):
@@ -54,6 +58,13 @@ class NodeOutcome:
         node = self.doc.get("node")
         return str(node.get("subnet") or "?") if isinstance(node, dict) else "?"
 
+    @property
+    def note(self) -> str:
+        """What the node's check could not judge for its backend ("" if nothing)."""
+        node = self.doc.get("node")
+        note = node.get("note") if isinstance(node, dict) else None
+        return " ".join(note[:500].split()) if isinstance(note, str) else ""
+
     def peers(self) -> list[dict[str, Any]]:
         peers = self.doc.get("peers")
         return [p for p in peers if isinstance(p, dict)] if isinstance(peers, list) else []
@@ -69,7 +80,7 @@ class Pair:
 
     @property
     def fails(self) -> bool:
-        return self.verdict not in ("ok", "lossy")
+        return self.verdict not in PASSING
 
 
 def read_lab(name: str, root: Path) -> tuple[str, list[LabNode]]:
@@ -160,8 +171,8 @@ def pairs_of(outcomes: list[NodeOutcome]) -> list[Pair]:
 
 
 def doctor_command(node: LabNode, endpoint: str) -> str:
-    return (f"ip netns exec {node.netns} flannelctl doctor --etcd-endpoints={endpoint} "
-            f"--subnet-file={node.subnet_file}")
+    return (f"ip netns exec {node.netns} " + flannelctl(
+        "doctor", f"--etcd-endpoints={endpoint}", f"--subnet-file={node.subnet_file}"))
 
 
 def next_step(pair: Pair) -> tuple[str, LabNode | None]:
@@ -175,7 +186,7 @@ def next_step(pair: Pair) -> tuple[str, LabNode | None]:
     if pair.verdict == "no-lease":
         return f"run flannelctl doctor on {there}", pair.dest
     if pair.verdict == "bad-lease":
-        return f"flannelctl leases show {pair.peer.get('subnet')}", None
+        return flannelctl("leases", "show", str(pair.peer.get("subnet"))), None
     return f"run flannelctl doctor on {here}", pair.source
 
 
@@ -194,6 +205,7 @@ def render(name: str, endpoint: str, outcomes: list[NodeOutcome], pairs: list[Pa
     lines = [f"lab {name}: {len(outcomes)} nodes, {len(pairs)} pairs checked, "
              f"{len(failing)} failing" + (f", {len(broken)} nodes not checked" if broken
                                           else "")]
+    lines += [f"note: {note}" for note in dict.fromkeys(o.note for o in outcomes if o.note)]
     cells = {(p.source.index, p.dest.index): p for p in pairs if p.dest is not None}
     header = ["from \\ to"] + [f"{o.node.label} {o.subnet}" for o in outcomes]
     rows = [header]
@@ -230,7 +242,8 @@ def as_json(name: str, outcomes: list[NodeOutcome], pairs: list[Pair], ok: bool
     return {"lab": name, "ok": ok,
             "nodes": [{"node": o.node.label, "netns": o.node.netns,
                        "public_ip": o.node.address, "subnet": o.subnet,
-                       "error": o.error or None} for o in outcomes],
+                       "note": o.note or None, "error": o.error or None}
+                      for o in outcomes],
             "pairs": [{"from": p.source.label, "to": p.dest.label if p.dest else None,
                        "verdict": p.verdict, "detail": p.detail,
                        "next": next_step(p)[0] if p.fails else "",

@@ -113,6 +113,7 @@ def gather(args: argparse.Namespace) -> Context:
                   cni_bin_dirs=args.cni_bin_dir or [Path("/opt/cni/bin")],
                   cni_conf_dirs=args.cni_conf_dir or [Path("/etc/cni/net.d")],
                   probe_timeout=args.probe_timeout, fix_checksum=args.fix_checksum_offload)
+    ctx.kube_mode = bool(getattr(args, "kube_subnet_mgr", False))
     ctx.flanneld_pids = running_flanneld()
     read_subnet_env(ctx)
     asyncio.run(read_store(ctx, args))

@@ -165,12 +165,24 @@ def etcd_store(manager: SubnetManager) -> EtcdSubnetManager | None:
     return manager if isinstance(manager, EtcdSubnetManager) else None
 
 
+def by_address(row: LeaseRow) -> tuple[bool, int, int, int, str]:
+    """Sort key: leases by their IPv4 subnet's address (IPv6-only ones after, by theirs),
+    then keys that are no lease, by key."""
+    lease = row.lease
+    if lease is None:
+        return (True, 0, 0, 0, row.key)
+    subnet = lease.subnet or lease.ipv6_subnet
+    if subnet is None:
+        return (False, 2, 0, 0, row.key)
+    return (False, subnet.version // 6, int(subnet.network_address), subnet.prefixlen, row.key)
+
+
 def table(rows: list[LeaseRow]) -> str:
     kube = any(row.node for row in rows)
     header = (["NODE"] if kube else []) + ["SUBNET", "IPV6 SUBNET", "PUBLIC IP", "BACKEND",
                                             "VTEP MAC", "EXPIRES", "PROBLEM"]
     lines = [header]
-    for row in sorted(rows, key=lambda r: (r.lease is None, r.key)):
+    for row in sorted(rows, key=by_address):
         lease = row.lease
         cells: list[object] = [row.node] if kube else []
         if lease is None:
@@ -289,7 +301,8 @@ async def run_command(args: argparse.Namespace) -> int:
         if args.leases_command == "list":
             rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
             if args.json:
-                print(json.dumps([row.as_json() for row in rows], indent=2))
+                print(json.dumps([row.as_json() for row in sorted(rows, key=by_address)],
+                                 indent=2))
             elif rows:
                 print(table(rows))
             else:

@@ -91,7 +91,7 @@ def test_every_pair_answers_then_a_dropped_vxlan_port_names_the_pairs_it_cuts(la
             "    next: run flannelctl doctor on n1 (it probes n3 on the underlay and on its "
             "encapsulation port, telling a node that is down from a blocked port), then on n3")
         assert failing[2] == (
-            f"    n1: ip netns exec {lab3.node_ns(1)} flannelctl doctor "
+            f"    n1: ip netns exec {lab3.node_ns(1)} {FLANNELCTL} doctor "
             f"--etcd-endpoints={lab3.state.etcd_endpoint} "
             f"--subnet-file={lab3.node(1).subnet_file}")
     finally:

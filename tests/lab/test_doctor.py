@@ -250,11 +250,21 @@ def test_checksum_offload_condition_and_fix(lab2):
     lab2.wait_subnet_env(1)
     from tests.support.waiting import wait_until
 
+    ns = lab2.node_ns(1)
+
     def masquerading() -> bool:
-        rules = in_ns(lab2.node_ns(1), "nft", "list", "ruleset", check=False).stdout
+        rules = in_ns(ns, "nft", "list", "ruleset", check=False).stdout
         return "fully-random" in rules or "random-fully" in rules
 
     wait_until(masquerading, 20, what="flanneld's masquerade rules")
+    # flanneld's own masquerade matches pod addresses, never the VXLAN packets: no sign.
+    assert doctor(lab2, 1) == (0, [])
+    # Another's with fully-random (kube-proxy's kind) may rewrite them: the bug's condition.
+    in_ns(ns, "nft", "add", "table", "ip", "doctortest")
+    in_ns(ns, "nft", "add", "chain", "ip", "doctortest", "post",
+          "{ type nat hook postrouting priority 100 ; }")
+    in_ns(ns, "nft", "add", "rule", "ip", "doctortest", "post", "oifname", "eth0",
+          "masquerade", "fully-random")
     _, findings = doctor(lab2, 1)
     assert first(findings)["check"] == "checksum"
     assert "offloads the UDP checksum (tx-checksum-ip-generic on)" in first(findings)["what"]

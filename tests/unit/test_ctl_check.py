@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import sys
 from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
 
 import pytest
 
+from flannel.backend import describe, supported
+from flannel.backend.footprint import Footprint
 from flannel.lease import Lease, LeaseAttrs
 from flannel.ops import icmp
 from flannel.ops.check import NodeCheck, PeerResult, Programmed, judge, probe_target, render
@@ -106,10 +110,35 @@ def row(subnet: str, public: str, **kw: object) -> PeerResult:
     return PeerResult(IPv4Network(subnet), public, "vxlan", **kw)
 
 
-def test_target_is_the_vtep_for_vxlan_and_the_cni0_gateway_otherwise():
+def test_target_is_the_base_address_on_a_device_and_the_cni0_gateway_otherwise():
     subnet = IPv4Network("10.244.7.0/24")
-    assert probe_target(subnet, "vxlan") == IPv4Address("10.244.7.0")
-    assert probe_target(subnet, "host-gw") == IPv4Address("10.244.7.1")
+    for backend in ("vxlan", "udp", "wireguard", "ipip"):
+        assert probe_target(subnet, footprint(backend)) == IPv4Address("10.244.7.0")
+    for backend in ("host-gw", "extension", "aws-vpc", "tencent-vpc"):
+        assert probe_target(subnet, footprint(backend)) == IPv4Address("10.244.7.1")
+
+
+def footprint(backend: str) -> Footprint:
+    described = describe(backend)
+    assert described is not None
+    return described[1]
+
+
+def test_every_backend_declares_what_the_tools_judge():
+    """Each backend says how its peers show in the kernel; the lease type is its own."""
+    judged = {name: describe(name) for name in supported()}
+    assert {name: (lease_type, fp.routes) for name, (lease_type, fp) in judged.items()} == {
+        "alloc": ("", "no-data-path"), "aws-vpc": ("", "elsewhere"),
+        "extension": ("extension", "by-user"), "host-gw": ("host-gw", "per-peer"),
+        "ipip": ("ipip", "per-peer"), "tencent-vpc": ("", "elsewhere"),
+        "udp": ("", "covering"), "vxlan": ("vxlan", "per-peer"),
+        "wireguard": ("wireguard", "covering")}
+    assert {name: fp.device_name(7) for name, (_, fp) in judged.items() if fp.device} == {
+        "ipip": "flannel.ipip", "udp": "flannel0", "vxlan": "flannel.7",
+        "wireguard": "flannel-wg"}
+    assert all(fp.unjudged for _, fp in judged.values()
+               if fp.routes not in ("per-peer", "covering"))
+    assert describe("nonsense") is None
 
 
 def test_what_flanneld_has_not_programmed_is_named():
@@ -117,23 +146,44 @@ def test_what_flanneld_has_not_programmed_is_named():
     lease = Lease(IPv4Network("10.244.3.0/24"), attrs=LeaseAttrs(
         IPv4Address("192.168.111.13"), backend_type="vxlan",
         backend_data=f'{{"VNI":1,"VtepMAC":"{mac}"}}'))
-    route = frozenset({"10.244.3.0/24"})
+    route = {IPv4Network("10.244.3.0/24"): "flannel.1"}
     done = "flanneld here has not programmed that lease"
+    vxlan, dev = footprint("vxlan"), "flannel.1"
     full = Programmed(route, {"10.244.3.0": mac}, frozenset({(mac, "192.168.111.13")}))
-    assert full.missing(lease, "10.244.3.0", "vxlan") == ""
-    assert Programmed(frozenset(), {}, frozenset()).missing(lease, "10.244.3.0", "vxlan") == \
+    assert full.missing(lease, "10.244.3.0", vxlan, dev) == ""
+    assert Programmed({}, {}, frozenset()).missing(lease, "10.244.3.0", vxlan, dev) == \
         f"this node has no route to 10.244.3.0/24: {done}"
-    assert Programmed(route, {}, full.fdb).missing(lease, "10.244.3.0", "vxlan") == \
+    assert Programmed(route, {}, full.fdb).missing(lease, "10.244.3.0", vxlan, dev) == \
         f"this node has no neighbour entry for the VTEP 10.244.3.0: {done}"
     assert Programmed(route, {"10.244.3.0": "02:00:00:00:00:01"}, full.fdb).missing(
-        lease, "10.244.3.0", "vxlan") == (
+        lease, "10.244.3.0", vxlan, dev) == (
         "this node's neighbour entry for the VTEP 10.244.3.0 has MAC 02:00:00:00:00:01, the "
         "lease publishes f6:be:b0:e3:fd:1c: something changed it behind flanneld's back")
     assert Programmed(route, full.neighbours, frozenset()).missing(
-        lease, "10.244.3.0", "vxlan") == (
+        lease, "10.244.3.0", vxlan, dev) == (
         f"this node has no FDB entry sending {mac} to 192.168.111.13: {done}")
     # host-gw programs a route only.
-    assert Programmed(route, {}, frozenset()).missing(lease, "10.244.3.1", "host-gw") == ""
+    plain = Lease(IPv4Network("10.244.3.0/24"), attrs=LeaseAttrs(
+        IPv4Address("192.168.111.13"), backend_type="host-gw"))
+    assert Programmed(route, {}, frozenset()).missing(plain, "10.244.3.1",
+                                                      footprint("host-gw"), "") == ""
+    # wireguard and udp: one route over the Network through their device carries every peer.
+    network = {IPv4Network("10.244.0.0/16"): "flannel-wg", IPv4Network("0.0.0.0/0"): "eth0"}
+    wireguard = footprint("wireguard")
+    assert Programmed(network, {}, frozenset()).missing(plain, "10.244.3.0", wireguard,
+                                                        "flannel-wg") == ""
+    assert Programmed({IPv4Network("0.0.0.0/0"): "eth0"}, {}, frozenset()).missing(
+        plain, "10.244.3.0", wireguard, "flannel-wg") == (
+        f"this node has no route to 10.244.3.0/24 (flanneld routes the whole Network through "
+        f"flannel-wg): {done}")
+    assert Programmed({**network, IPv4Network("10.244.3.0/24"): "eth0"}, {}, frozenset()
+                      ).missing(plain, "10.244.3.0", wireguard, "flannel-wg") == (
+        "this node routes 10.244.3.0/24 through eth0 (route 10.244.3.0/24), not through "
+        "flannel-wg: something else took it")
+    # The extension's commands and a VPC's route table are not judged from the kernel.
+    for backend in ("extension", "aws-vpc"):
+        assert Programmed({}, {}, frozenset()).missing(plain, "10.244.3.1",
+                                                       footprint(backend), "") == ""
 
 
 def test_verdicts_from_probes():
@@ -218,24 +268,26 @@ def test_lab_matrix_names_failing_pairs_and_where_to_look():
     assert [(p.source.label, p.dest.label if p.dest else None, p.verdict) for p in pairs] == [
         ("n1", "n2", "ok"), ("n1", "n3", "timeout"), ("n2", "n1", "ok"),
         ("n2", "n3", "no-lease")]
-    assert render_lab("lab", "http://192.168.111.1:2379", outcomes, pairs) == """\
+    # Printed commands name the console script by its full path, so they work when pasted.
+    ctl = str(Path(sys.executable).parent / "flannelctl")
+    assert render_lab("lab", "http://192.168.111.1:2379", outcomes, pairs) == f"""\
 lab lab: 3 nodes, 4 pairs checked, 2 failing, 1 nodes not checked
 from \\ to          n1 10.244.1.0/24  n2 10.244.2.0/24  n3 ?
 n1 192.168.111.11  -                 ok 0.41ms         TIMEOUT
 n2 192.168.111.12  ok 0.38ms         -                 NO-LEASE
 n3 192.168.111.13  NOT CHECKED       NOT CHECKED       -
 n3 not checked: the check in lab-n3 failed (exit 1): boom
-  next: ip netns exec lab-n3 flannelctl doctor --etcd-endpoints=http://192.168.111.1:2379 \
+  next: ip netns exec lab-n3 {ctl} doctor --etcd-endpoints=http://192.168.111.1:2379 \
 --subnet-file=/run/lab/n3/subnet.env
 failing pairs:
   n1 -> n3: timeout: silence
     next: run flannelctl doctor on n1 (it probes n3 on the underlay and on its encapsulation \
 port, telling a node that is down from a blocked port), then on n3
-    n1: ip netns exec lab-n1 flannelctl doctor --etcd-endpoints=http://192.168.111.1:2379 \
+    n1: ip netns exec lab-n1 {ctl} doctor --etcd-endpoints=http://192.168.111.1:2379 \
 --subnet-file=/run/lab/n1/subnet.env
   n2 -> n3: no-lease: n3 holds no lease in the store (is its flanneld running?)
     next: run flannelctl doctor on n3
-    n3: ip netns exec lab-n3 flannelctl doctor --etcd-endpoints=http://192.168.111.1:2379 \
+    n3: ip netns exec lab-n3 {ctl} doctor --etcd-endpoints=http://192.168.111.1:2379 \
 --subnet-file=/run/lab/n3/subnet.env"""
 
 
@@ -331,7 +383,8 @@ def test_plan_decides_what_needs_no_echo():
                         lease("10.244.4.0/24", "192.168.111.14", "host-gw"),
                         lease("10.244.5.0/24", "192.168.111.15", "vxlan"),  # no VTEP MAC
                         lease("10.244.6.0/24", "192.168.111.16", "", etcd_lease=0)])
-    kernel = Programmed(frozenset({"10.244.2.0/24", "10.244.4.0/24"}),
+    kernel = Programmed({IPv4Network("10.244.2.0/24"): "flannel.1",
+                         IPv4Network("10.244.4.0/24"): "eth0"},
                         {"10.244.2.0": "f6:be:b0:e3:fd:1c"},
                         frozenset({("f6:be:b0:e3:fd:1c", "192.168.111.12")}))
     probe, decided = plan(ctx, kernel)
@@ -340,8 +393,8 @@ def test_plan_decides_what_needs_no_echo():
     assert [(row.subnet.exploded, row.verdict, row.detail) for row in decided] == [
         ("10.244.3.0/24", "not-programmed", "this node has no route to 10.244.3.0/24: "
          "flanneld here has not programmed that lease"),
-        ("10.244.4.0/24", "not-programmed", "its lease is for the host-gw backend and this "
-         "node runs vxlan: flanneld ignores it"),
+        ("10.244.4.0/24", "not-programmed", "its lease carries BackendType host-gw but this "
+         "node runs vxlan, whose leases carry BackendType vxlan: flanneld ignores it"),
         ("10.244.5.0/24", "bad-lease", "no flanneld programs this lease (no public IP, "
          "outside the Network, or a vxlan lease without a VTEP MAC)")]
     # Without a readable kernel every usable peer is probed.

@@ -9,7 +9,8 @@ from flannel.config import NetworkConfig
 from flannel.lease import Lease, LeaseAttrs
 from flannel.ops.checks import Context
 from flannel.ops.checks.cluster import check_clock, check_duplicates, check_outside
-from flannel.ops.checks.node import check_sysctls
+from flannel.ops.checks.node import check_cni, check_sysctls
+from flannel.ops.checks.offload import foreign_random_rule
 from flannel.ops.findings import Finding, exit_code, rank, render
 from flannel.ops.leases import LeaseRow
 
@@ -101,3 +102,92 @@ def test_bridge_nf_call_iptables_off_says_to_turn_it_on(tmp_path):
     found = check_sysctls(context(sysctl_root=_sysctl_tree(tmp_path, "0")))
     assert [f.what for f in found] == ["net.bridge.bridge-nf-call-iptables is 0"]
     assert found[0].fix == "sysctl -w net.bridge.bridge-nf-call-iptables=1"
+
+
+def test_no_cni_is_a_note_outside_kubernetes_mode_and_an_error_in_it(tmp_path):
+    """An etcd-mode node may run Docker with mk-docker-opts.sh (subnet.env, no CNI); a
+    Kubernetes node's pods cannot start without flannel's CNI config and plugins."""
+    dirs = {"cni_bin_dirs": [tmp_path / "bin"], "cni_conf_dirs": [tmp_path / "net.d"]}
+    etcd = check_cni(context(**dirs))
+    assert [(f.severity, f.what) for f in etcd] == [(
+        "info", f"no CNI network config in {tmp_path / 'net.d'} uses the flannel plugin: "
+        "containers on this node do not get their network through CNI (as with Docker and "
+        "mk-docker-opts.sh, which read subnet.env)")]
+    assert exit_code(etcd) == 0
+    kube = check_cni(context(kube_mode=True, **dirs))
+    assert [f.severity for f in kube] == ["error"] * 3
+    assert kube[2].what.startswith(f"no CNI network config in {tmp_path / 'net.d'} uses the "
+                                   "flannel plugin")
+    # A conflist for flannel makes a missing plugin an error in either mode.
+    (tmp_path / "net.d").mkdir()
+    (tmp_path / "net.d" / "10-flannel.conflist").write_text(
+        '{"name": "cbr0", "plugins": [{"type": "flannel"}]}')
+    assert [f.what.split(":")[0] for f in check_cni(context(**dirs))] == [
+        f"CNI plugins 'bridge', 'host-local', 'portmap' missing from {tmp_path / 'bin'}",
+        f"CNI plugin 'flannel' missing from {tmp_path / 'bin'}"]
+
+
+def test_only_a_masquerade_other_than_flanneld_s_is_a_sign_of_the_checksum_bug():
+    own_nft = """table ip nat {
+\tchain FLANNEL-POSTRTG {
+\t\tip saddr 10.244.0.0/16 ip daddr != 224.0.0.0/4 counter masquerade fully-random
+\t}
+}
+table ip flannel-ipv4 {
+\tchain postrtg {
+\t\tip saddr 10.244.0.0/16 masquerade fully-random
+\t}
+}"""
+    assert not foreign_random_rule(own_nft, "fully-random")
+    kube_proxy = own_nft + """
+table ip nat {
+\tchain KUBE-POSTROUTING {
+\t\tmeta mark & 0x00004000 == 0x00004000 masquerade fully-random
+\t}
+}"""
+    assert foreign_random_rule(kube_proxy, "fully-random")
+    own_save = ('-A FLANNEL-POSTRTG -s 10.244.0.0/16 ! -d 224.0.0.0/4 -m comment --comment '
+                '"flanneld masq" -j MASQUERADE --random-fully')
+    assert not foreign_random_rule(own_save, "--random-fully")
+    assert foreign_random_rule(own_save + "\n-A KUBE-POSTROUTING -j MASQUERADE --random-fully",
+                               "--random-fully")
+
+
+def test_the_device_each_backend_declares_is_checked():
+    from flannel.config import parse_config
+    from flannel.ops.checks.kernel import check_device
+    from flannel.ops.kernelview import KernelView
+
+    def found(backend: str, links: list[dict]) -> list[tuple[str, str]]:
+        config = parse_config(f'{{"Network":"10.244.0.0/16","Backend":{{"Type":"{backend}"}}}}')
+        return [(f.severity, f.what) for f in check_device(context(
+            config=config, kernel=KernelView(links=links)))]
+
+    up = ["BROADCAST", "UP", "LOWER_UP"]
+    assert found("udp", []) == [
+        ("error", "the udp device flannel0 does not exist: no traffic to other nodes")]
+    assert found("udp", [{"ifname": "flannel0", "flags": up}]) == []
+    assert found("wireguard", [{"ifname": "flannel-wg", "flags": ["POINTOPOINT"]}]) == [
+        ("error", "flannel-wg is down")]
+    assert found("vxlan", []) == [
+        ("error", "the VXLAN device flannel.1 does not exist: no traffic to other nodes")]
+    assert found("host-gw", []) == found("extension", []) == found("aws-vpc", []) == []
+
+
+def test_udp_and_wireguard_need_their_route_over_the_network():
+    from flannel.config import parse_config
+    from flannel.ops.checks.kernel import check_routes
+    from flannel.ops.kernelview import KernelView
+
+    config = parse_config('{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard"}}')
+    peer = LeaseRow("10.244.2.0-24", Lease(IPv4Network("10.244.2.0/24"), attrs=LeaseAttrs(
+        IPv4Address("192.168.111.12"), backend_type="wireguard")), 3600)
+
+    def found(routes: list[dict]) -> list[str]:
+        return [f.what for f in check_routes(context(
+            config=config, env={"FLANNEL_SUBNET": "10.244.1.1/24"}, rows=[peer],
+            kernel=KernelView(routes=routes)))]
+
+    assert found([{"dst": "10.244.0.0/16", "dev": "flannel-wg"}]) == []
+    assert found([{"dst": "default", "dev": "eth0"}]) == [
+        "no route to the Network 10.244.0.0/16 through flannel-wg: no traffic to other nodes"]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
+from flannel.backend.footprint import Footprint
 from flannel.config import NetworkConfig
 from flannel.lease import Lease
 from flannel.ops.findings import Finding
@@ -29,6 +30,7 @@ class Context:
     probe_timeout: float
     fix_checksum: bool
     probe: bool = True
+    kube_mode: bool = False  # --kube-subnet-mgr: pods get their network through CNI
     env: dict[str, str] | None = None
     env_error: str = ""
     config: NetworkConfig | None = None
@@ -68,6 +70,20 @@ class Context:
     @property
     def backend(self) -> str:
         return self.config.backend_type if self.config else ""
+
+    @property
+    def described(self) -> tuple[str, Footprint] | None:
+        """(the BackendType this node's leases carry, what its backend leaves in the kernel);
+        None when the config names no backend this build knows."""
+        from flannel.backend import describe
+
+        return describe(self.backend) if self.config else None
+
+    @property
+    def device(self) -> str:
+        """The IPv4 device this node's backend makes ("" for none)."""
+        described = self.described
+        return described[1].device_name(self.vxlan_vni) if described else ""
 
     @property
     def vxlan_vni(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from flannel.ops.checks import Context
+from flannel.ops.commands import flannelctl
 from flannel.ops.findings import Finding
 from flannel.ops.leases import vtep_mac
 
@@ -26,7 +27,7 @@ def check_store(ctx: Context) -> list[Finding]:
         if row.lease is None:
             found.append(Finding("lease", "warning", f"lease {row.node or row.key}: "
                                  f"{row.problem}; every flanneld ignores it",
-                                 f"flannelctl leases release {row.key} --yes"
+                                 flannelctl("leases", "release", row.key, "--yes")
                                  if not row.node else "fix or remove the Node's annotations"))
     return found
 
@@ -73,7 +74,7 @@ def check_outside(ctx: Context) -> list[Finding]:
             found.append(Finding(
                 "outside", "warning", f"lease {lease.key} of {lease.attrs.public_ip} is "
                 f"outside the Network {cfg.network}: left from an older config",
-                f"flannelctl leases release {lease.key} once that node runs the new config"))
+                f"{flannelctl('leases', 'release', lease.key)} once that node runs the new config"))
     return found
 
 

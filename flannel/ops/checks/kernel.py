@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Network
 
+from flannel.backend.footprint import COVERING, PER_PEER
 from flannel.ops.checks import Context
 from flannel.ops.checks.offload import check_checksum
 from flannel.ops.findings import Finding
@@ -20,17 +21,23 @@ def _vxlan(ctx: Context) -> dict | None:
 
 
 def check_device(ctx: Context) -> list[Finding]:
+    """The IPv4 device the backend declares: there and up; for vxlan, sending from the
+    lease's public IP."""
     found = [Finding("device", "warning", f"cannot read the kernel: {error}")
              for error in ctx.kernel.errors]
-    if ctx.backend != "vxlan" or ctx.kernel.errors:
+    device = ctx.device
+    if not device or ctx.kernel.errors or ctx.config is None or not ctx.config.enable_ipv4:
         return found
-    link = _vxlan(ctx)
+    link = ctx.kernel.link(device)
     if link is None:
-        return [*found, Finding("device", "error", f"the VXLAN device {ctx.vxlan_device} does "
-                                "not exist: no traffic to other nodes", RECONCILE_FIX)]
+        kind = "VXLAN" if ctx.backend == "vxlan" else ctx.backend
+        return [*found, Finding("device", "error", f"the {kind} device {device} does not "
+                                "exist: no traffic to other nodes", RECONCILE_FIX)]
     if "UP" not in link.get("flags", []):
-        found.append(Finding("device", "error", f"{ctx.vxlan_device} is down",
-                             f"ip link set {ctx.vxlan_device} up; {RECONCILE_FIX}"))
+        found.append(Finding("device", "error", f"{device} is down",
+                             f"ip link set {device} up; {RECONCILE_FIX}"))
+    if ctx.backend != "vxlan":
+        return found
     local = (link.get("linkinfo", {}).get("info_data") or {}).get("local")
     public = ctx.public_ip()
     if public is not None and local and local != str(public):
@@ -91,7 +98,14 @@ def _peer_needs(ctx: Context) -> list[tuple[IPv4Network, str, IPv4Address]]:
 
 
 def check_routes(ctx: Context) -> list[Finding]:
-    if ctx.kernel.errors or not ctx.leases or ctx.backend not in ("vxlan", "host-gw"):
+    """A route per peer, or the one over the Network through the device, as the backend's
+    declared footprint says."""
+    described = ctx.described
+    if ctx.kernel.errors or not ctx.leases or described is None:
+        return []
+    if described[1].routes == COVERING:
+        return _covering_route(ctx)
+    if described[1].routes != PER_PEER:
         return []
     found = []
     routes = {r.get("dst"): r for r in ctx.kernel.routes}
@@ -110,12 +124,23 @@ def check_routes(ctx: Context) -> list[Finding]:
                                  f"{route.get('gateway')} dev {route.get('dev')}; node "
                                  f"{lease.attrs.public_ip} needs via {want}", RECONCILE_FIX))
     peer_subnets = {str(lease.subnet) for lease in ctx.peers}
+    device = ctx.device
     for route in ctx.kernel.routes:
-        if route.get("dev") == ctx.vxlan_device and route.get("dst") not in peer_subnets:
+        if device and route.get("dev") == device and route.get("dst") not in peer_subnets:
             found.append(Finding("routes", "warning", f"route {route.get('dst')} dev "
-                                 f"{ctx.vxlan_device} matches no lease (a node that left?)",
+                                 f"{device} matches no lease (a node that left?)",
                                  f"{RECONCILE_FIX}; by hand: ip route del {route.get('dst')}"))
     return found
+
+
+def _covering_route(ctx: Context) -> list[Finding]:
+    network, device = ctx.config.network if ctx.config else None, ctx.device
+    if network is None or not ctx.peers:
+        return []
+    if any(r.get("dst") == str(network) and r.get("dev") == device for r in ctx.kernel.routes):
+        return []
+    return [Finding("routes", "error", f"no route to the Network {network} through {device}: "
+                    "no traffic to other nodes", RECONCILE_FIX)]
 
 
 def check_neighbours(ctx: Context) -> list[Finding]:

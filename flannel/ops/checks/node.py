@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from flannel import boundedjson
 from flannel.ops.checks import Context
+from flannel.ops.commands import flannelctl
 from flannel.ops.findings import Finding
 from flannel.ops.kernelview import ToolError, read_sysctl, run_tool
 
@@ -134,7 +137,37 @@ def _conflist_types(text: str) -> set[str]:
     return {p["type"] for p in plugins if isinstance(p, dict) and isinstance(p.get("type"), str)}
 
 
+def _conflists(ctx: Context) -> list[tuple[Path, set[str]]]:
+    """Every CNI network config in the conf dirs, in the runtime's order, with its plugin
+    types."""
+    conflists = []
+    for directory in ctx.cni_conf_dirs:
+        try:
+            entries = sorted(directory.iterdir())[:1000]
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.suffix in (".conflist", ".conf") and entry.is_file():
+                try:
+                    text = entry.read_bytes()[:1 << 20].decode(errors="replace")
+                except OSError:
+                    continue
+                conflists.append((entry, _conflist_types(text)))
+    return conflists
+
+
 def check_cni(ctx: Context) -> list[Finding]:
+    conflists = _conflists(ctx)
+    uses_flannel = any("flannel" in types for _, types in conflists)
+    conf_dirs = ", ".join(map(str, ctx.cni_conf_dirs)) or "no CNI config directory"
+    if not uses_flannel and not ctx.kube_mode:
+        # etcd mode: containers may get their network from subnet.env instead (Docker with
+        # mk-docker-opts.sh), or the node runs none; only a CNI set up for flannel must work.
+        return [Finding("cni", "info", f"no CNI network config in {conf_dirs} uses the "
+                        "flannel plugin: containers on this node do not get their network "
+                        "through CNI (as with Docker and mk-docker-opts.sh, which read "
+                        "subnet.env)", "for CNI: install the containernetworking plugins and "
+                        f"run {flannelctl('install-cni')}")]
     found = []
     missing = [plugin for plugin in CNI_PLUGINS
                if not any((directory / plugin).is_file() for directory in ctx.cni_bin_dirs)]
@@ -151,25 +184,12 @@ def check_cni(ctx: Context) -> list[Finding]:
     if "flannel" in missing:
         found.append(Finding("cni", "error", f"CNI plugin 'flannel' missing from {dirs}: pods "
                              "fail with 'failed to find plugin \"flannel\"'",
-                             "flannelctl install-cni"))
-    conflists = []
-    for directory in ctx.cni_conf_dirs:
-        try:
-            entries = sorted(directory.iterdir())[:1000]
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.suffix in (".conflist", ".conf") and entry.is_file():
-                try:
-                    text = entry.read_bytes()[:1 << 20].decode(errors="replace")
-                except OSError:
-                    continue
-                conflists.append((entry, _conflist_types(text)))
-    if not any("flannel" in types for _, types in conflists):
-        found.append(Finding("cni", "error", "no CNI network config in "
-                             f"{', '.join(map(str, ctx.cni_conf_dirs))} uses the flannel plugin",
-                             "flannelctl install-cni"))
-    elif conflists and "flannel" not in conflists[0][1]:
+                             flannelctl("install-cni")))
+    if not uses_flannel:
+        found.append(Finding("cni", "error", f"no CNI network config in {conf_dirs} uses the "
+                             "flannel plugin: in Kubernetes mode pods get their network "
+                             "through it", flannelctl("install-cni")))
+    elif "flannel" not in conflists[0][1]:
         found.append(Finding("cni", "warning", f"{conflists[0][0]} comes first and is not "
                              "flannel's: the runtime uses it instead",
                              "remove it or rename flannel's so it sorts first"))

@@ -1,7 +1,10 @@
 """The VXLAN checksum-offload check: tx checksum offload on the VTEP combined with
 source-port randomising NAT (``--random-fully``) or IPVS corrupts the outer UDP checksum on
 affected kernels and NICs (flannel issues #1279, #2152); the fix turns
-``tx-checksum-ip-generic`` off on the VTEP.
+``tx-checksum-ip-generic`` off on the VTEP. Only a masquerade that can rewrite the VXLAN
+packets themselves counts: flanneld's own (``--ip-masq``: the chain ``FLANNEL-POSTRTG``, the
+nft tables ``flannel-ipv4``/``flannel-ipv6``) matches pod addresses only, never the outer
+packets between public IPs, so its ``--random-fully`` is no sign of the bug.
 
 Owns reading and, only when asked, clearing that feature through the ethtool ioctl (no
 ethtool binary needed). Must not touch any other feature or device.
@@ -16,8 +19,13 @@ import struct
 from pathlib import Path
 
 from flannel.ops.checks import Context
+from flannel.ops.commands import flannelctl
 from flannel.ops.findings import Finding
 from flannel.ops.kernelview import ToolError, run_tool
+from flannel.rules.iptables import MASQ_CHAIN
+
+#: flanneld's own nftables tables (flannel/rules/nftables.py).
+FLANNEL_TABLES = ("flannel-ipv4", "flannel-ipv6")
 
 FEATURE = "tx-checksum-ip-generic"
 SIOCETHTOOL = 0x8946
@@ -73,14 +81,32 @@ def turn_off(device: str, name: str = FEATURE) -> None:
     _ethtool(device, request)
 
 
+def foreign_random_rule(listing: str, marker: str) -> bool:
+    """Whether an ``nft list ruleset`` or ``iptables-save`` listing holds a rule with
+    ``marker`` outside flanneld's own masquerade chain and tables."""
+    chain = table = ""
+    for line in listing.splitlines():
+        words = line.split()
+        if words[:1] == ["table"] and len(words) >= 3:
+            table, chain = words[2], ""
+        elif words[:1] == ["chain"] and len(words) >= 2:
+            chain = words[1]
+        elif words[:1] == ["-A"] and len(words) >= 2:
+            chain = words[1]
+        if marker in words and chain != MASQ_CHAIN and table not in FLANNEL_TABLES:
+            return True
+    return False
+
+
 def randomising_nat() -> str:
-    """What on this node rewrites source ports at random ('' if nothing found)."""
+    """What on this node, other than flanneld's own masquerade, rewrites source ports at
+    random ('' if nothing found)."""
     if Path("/proc/net/ip_vs").exists():
         return "IPVS (kube-proxy --proxy-mode=ipvs)"
     for cmd, marker in ((("nft", "list", "ruleset"), "fully-random"),
                         (("iptables-save", "-t", "nat"), "--random-fully")):
         try:
-            if marker in run_tool(*cmd):
+            if foreign_random_rule(run_tool(*cmd), marker):
                 return f"masquerade rules with {marker}"
         except ToolError:
             continue
@@ -113,4 +139,5 @@ def check_checksum(ctx: Context) -> list[Finding]:
         "checksum", "warning", f"{device} offloads the UDP checksum ({FEATURE} on) while "
         f"this node has {nat}: affected kernels and NICs send VXLAN packets with a bad "
         "checksum, so traffic to Services on other nodes times out",
-        f"flannelctl doctor --fix-checksum-offload (ethtool -K {device} {FEATURE} off)")]
+        f"{flannelctl('doctor', '--fix-checksum-offload')} (ethtool -K {device} {FEATURE} "
+        "off)")]
