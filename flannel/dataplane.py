@@ -3,8 +3,10 @@
 Owns, for one daemon run: the reconcile loop (a pass at the first peer set, after every peer
 set change, within a second of a kernel event that shows drift, periodically, when an
 applier asked to be re-checked, and retried with backoff after a failure), the kernel event
-watch, the one worker thread every pass runs in, the netlink request socket (created, used
-and closed in that thread only), the status, and the ``dataplane`` readiness component.
+watch and what its socket filter lets through (not our own changes, not the neighbours and
+FDB entries of devices that are not ours), the one worker thread every pass runs in, the
+netlink request socket (created, used and closed in that thread only), the status, and the
+``dataplane`` readiness component.
 
 A pass is full (the kernel's tables read back and diffed) when it is the first, periodic,
 after a failure, or asked for by drift, an event overrun or a restarted watch; a pass for a
