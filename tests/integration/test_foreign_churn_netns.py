@@ -14,7 +14,7 @@ import pytest
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
-from flannel.kernel.reconcile import reconcile
+from flannel.kernel.reconcile import read_actual, reconcile
 from tests.integration.test_reconcile_netns import (
     OWN,
     make_backend,
@@ -86,6 +86,28 @@ async def test_a_pass_reads_nothing_of_other_devices_tables(ns, tmp_path):
         # Our routes (by protocol, then by device), neighbours and FDB entries, and the
         # underlay's two routes: none of the 5500 foreign entries.
         assert sock.decoded <= 4 * len(PEERS) + 2
+
+
+async def test_without_strict_dump_checking_a_pass_reads_the_same(ns, tmp_path):
+    """Kernels before 4.20 ignore dump filters (and read the FDB dump's ifindex from an
+    ifinfomsg header): the option turned off, this kernel takes those paths."""
+    backend = await vxlan_backend(ns)
+    await asyncio.to_thread(foreign_tables, ns, tmp_path)
+    with rtnl.Rtnl(Host(ns)) as strict, rtnl.Rtnl(Host(ns)) as legacy:
+        legacy.sock.setsockopt(rtnl.SOL_NETLINK, rtnl.NETLINK_GET_STRICT_CHK, 0)
+        legacy.strict = False
+        desired = backend.desired_state(PEERS, strict.route_get)
+        await asyncio.to_thread(reconcile, strict, desired)
+        # Adoptable: what Go flannel would leave for a peer gone while no daemon ran.
+        netns.ip("route", "add", "10.244.77.0/24", "via", "10.244.77.0", "dev", "flannel.1",
+                 "onlink", netns=ns)
+        ours = await asyncio.to_thread(read_actual, strict, desired)
+        assert len(ours.fdb) == len(ours.neighbours) == len(PEERS)
+        assert [r.dst for r in ours.adopted] == ["10.244.77.0/24"]
+        assert await asyncio.to_thread(read_actual, legacy, desired) == ours
+        # Every device's neighbours were read and filtered here; the legacy FDB dump still
+        # selects the device from the ifinfomsg header (since Linux 4.12).
+        assert FOREIGN_NEIGHBOURS < legacy.decoded < FOREIGN_FDB
 
 
 async def test_foreign_neighbour_events_never_reach_the_decoder(ns, tmp_path, monkeypatch):
