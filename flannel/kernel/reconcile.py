@@ -152,7 +152,10 @@ def read_actual(sock: Netlink, desired: DesiredState) -> ActualState:
             routes.update(route for route, _proto, _table in sock.routes(
                 family, table=main, protocol=rtnl.RTPROT_FLANNEL, kind=unicast))
         for oif in oifs:
-            for route, proto, _table in sock.routes(family, table=main, kind=unicast, oif=oif):
+            # Ours were read by protocol, when the kernel can select it.
+            for route, proto, _table in sock.routes(
+                    family, table=main, kind=unicast, oif=oif,
+                    not_protocol=rtnl.RTPROT_FLANNEL if sock.strict else None):
                 if proto == rtnl.RTPROT_FLANNEL:
                     routes.add(route)
                 elif adoptable(route, proto, desired):
@@ -333,7 +336,8 @@ class Netlink(Protocol):
     strict: bool
 
     def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
-               oif: int = 0) -> list[tuple[Route, int, int]]: ...
+               oif: int = 0, not_protocol: int | None = None
+               ) -> list[tuple[Route, int, int]]: ...
 
     def neighbours(self, family: int, ifindex: int = 0
                    ) -> list[tuple[Neighbour | FdbEntry, int, int]]: ...

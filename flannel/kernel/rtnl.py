@@ -417,8 +417,8 @@ class Rtnl:
         self.port: int = self.sock.getsockname()[0]
         #: Whether the kernel checks dump requests strictly, and so applies their filters.
         self.strict = _strict(self.sock)
-        #: Messages of dumps decoded since the socket was opened.
-        self.decoded = 0
+        #: Messages of dumps read since the socket was opened.
+        self.dumped = 0
         self._seq = 0
 
     def __enter__(self) -> Rtnl:
@@ -520,7 +520,7 @@ class Rtnl:
              decode: Callable[[int, bytes], T | None]) -> list[T]:
         """What ``decode(type, body)`` keeps of the messages of a dump request (None: not
         kept). Each datagram is decoded as it is read, so only the kept entries are held,
-        never the whole reply; ``decoded`` counts the messages handed to ``decode``."""
+        never the whole reply; ``dumped`` counts the messages handed to ``decode``."""
         while True:
             try:
                 return self._dump_once(msg_type, header, decode)
@@ -549,17 +549,19 @@ class Rtnl:
                         raise NetlinkError(code, f"dump {msg_type}",
                                            _ack_detail(flags, body))
                     continue
-                self.decoded += 1
+                self.dumped += 1
                 item = decode(kind, body)
                 if item is not None:
                     kept.append(item)
 
     def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
-               oif: int = 0) -> list[tuple[Route, int, int]]:
+               oif: int = 0, not_protocol: int | None = None) -> list[tuple[Route, int, int]]:
         """The routes of ``family``; ``table``, ``protocol``, ``kind`` (RTN_*) and ``oif``
-        (0: any) select. The kernel applies them with strict checking (Linux 4.20 and
-        later: ``ip_valid_fib_dump_req``); they are applied here too, so the answer is the
-        same on older kernels, which send every route."""
+        (0: any) select, ``not_protocol`` leaves out the routes of that protocol. The kernel
+        applies the first four with strict checking (Linux 4.20 and later:
+        ``ip_valid_fib_dump_req``); all are applied here too, from the message header before
+        decoding where they can be, so the answer is the same on older kernels, which send
+        every route."""
         header = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
         if self.strict:
             header = _RTMSG.pack(family, 0, 0, 0, min(table, 255), protocol, 0, kind, 0)
@@ -569,7 +571,9 @@ class Rtnl:
                 header += attr(RTA_OIF, struct.pack("=I", oif))
 
         def keep(msg: int, body: bytes) -> tuple[Route, int, int] | None:
-            if msg != RTM_NEWROUTE:
+            # rtm_protocol and rtm_type: a route of no interest costs no decoding.
+            if msg != RTM_NEWROUTE or (protocol and body[5] != protocol) \
+                    or (kind and body[7] != kind) or body[5] == not_protocol:
                 return None
             decoded = decode_route(body)
             if decoded is None:

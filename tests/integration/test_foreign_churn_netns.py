@@ -79,15 +79,15 @@ async def test_a_pass_reads_nothing_of_other_devices_tables(ns, tmp_path):
     with rtnl.Rtnl(Host(ns)) as sock:
         assert sock.strict  # this kernel filters dumps: what the bound below relies on
         await asyncio.to_thread(sock.neighbours, rtnl.AF_BRIDGE)
-        assert sock.decoded >= FOREIGN_FDB  # an unfiltered dump reads every foreign entry
+        assert sock.dumped >= FOREIGN_FDB  # an unfiltered dump reads every foreign entry
         desired = backend.desired_state(PEERS, sock.route_get)
         first = await asyncio.to_thread(reconcile, sock, desired)
         assert len(first) == 3 * len(PEERS)
-        sock.decoded = 0
+        sock.dumped = 0
         assert await asyncio.to_thread(reconcile, sock, desired) == []
         # Our routes (by protocol, then by device), neighbours and FDB entries, and the
         # underlay's two routes: none of the 5500 foreign entries.
-        assert sock.decoded <= 4 * len(PEERS) + 2
+        assert sock.dumped <= 4 * len(PEERS) + 2
 
 
 async def test_without_strict_dump_checking_a_pass_reads_the_same(ns, tmp_path):
@@ -109,7 +109,7 @@ async def test_without_strict_dump_checking_a_pass_reads_the_same(ns, tmp_path):
         assert await asyncio.to_thread(read_actual, legacy, desired) == ours
         # Every device's neighbours were read and filtered here; the legacy FDB dump still
         # selects the device from the ifinfomsg header (since Linux 4.12).
-        assert FOREIGN_NEIGHBOURS < legacy.decoded < FOREIGN_FDB
+        assert FOREIGN_NEIGHBOURS < legacy.dumped < FOREIGN_FDB
 
 
 async def test_foreign_neighbour_events_never_reach_the_decoder(ns, tmp_path, monkeypatch):

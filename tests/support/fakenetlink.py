@@ -56,7 +56,8 @@ class Handle:
         self.closed_in = threading.get_ident()
 
     def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
-               oif: int = 0) -> list[tuple[Route, int, int]]:
+               oif: int = 0, not_protocol: int | None = None
+               ) -> list[tuple[Route, int, int]]:
         self._use()
         with self.kernel.lock:
             self.kernel.dumps += 1
@@ -64,6 +65,7 @@ class Handle:
                 return []
             return [(r, proto, rtnl.RT_TABLE_MAIN) for r, proto in self.kernel.routes.values()
                     if r.family == family and (not protocol or proto == protocol)
+                    and proto != not_protocol
                     and (not kind or r.kind == kind) and (not oif or r.oif == oif)]
 
     def neighbours(self, family: int, ifindex: int = 0
