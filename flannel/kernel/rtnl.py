@@ -48,7 +48,7 @@ IFA_ADDRESS, IFA_LOCAL = 1, 2
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 
-RT_TABLE_MAIN = 254
+RT_TABLE_COMPAT, RT_TABLE_MAIN = 252, 254
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 RTN_UNICAST, RTN_BLACKHOLE = 1, 6
 RTNH_F_ONLINK = 4
@@ -564,7 +564,9 @@ class Rtnl:
         every route."""
         header = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
         if self.strict:
-            header = _RTMSG.pack(family, 0, 0, 0, min(table, 255), protocol, 0, kind, 0)
+            # A table above 255 is RT_TABLE_COMPAT in the header; RTA_TABLE says which.
+            header = _RTMSG.pack(family, 0, 0, 0, table if table < 256 else RT_TABLE_COMPAT,
+                                 protocol, 0, kind, 0)
             if table:
                 header += attr(RTA_TABLE, struct.pack("=I", table))
             if oif:
