@@ -185,16 +185,16 @@ def kernel_items(inventory: Inventory, run_dir: Path | None = Path("/run")) -> N
                     route.oif in ours and proto != rtnl.RTPROT_KERNEL)):
                 inventory.items.append(Item(_route_text(route, names, proto), delete(route)))
     vxlan = {index: name for index, name, kind in devices if kind == "vxlan"}
-    for family in (socket.AF_INET, socket.AF_INET6, rtnl.AF_BRIDGE):
-        for entry, state, _flags in sock.neighbours(family):
-            if entry.ifindex not in vxlan or not state & rtnl.NUD_PERMANENT:
-                continue
-            dev = vxlan[entry.ifindex]
-            if isinstance(entry, rtnl.FdbEntry):
-                what = f"fdb entry {entry.mac} dst {entry.dst} dev {dev}"
-            else:
-                what = f"neighbour {entry.ip} lladdr {entry.mac} dev {dev}"
-            inventory.items.append(Item(what, delete(entry)))
+    for index, dev in vxlan.items():
+        for family in (socket.AF_INET, socket.AF_INET6, rtnl.AF_BRIDGE):
+            for entry, state, _flags in sock.neighbours(family, index):
+                if not state & rtnl.NUD_PERMANENT:
+                    continue
+                if isinstance(entry, rtnl.FdbEntry):
+                    what = f"fdb entry {entry.mac} dst {entry.dst} dev {dev}"
+                else:
+                    what = f"neighbour {entry.ip} lladdr {entry.mac} dev {dev}"
+                inventory.items.append(Item(what, delete(entry)))
 
     def delete_link(index: int) -> Callable[[], None]:
         def run() -> None:

@@ -3,8 +3,10 @@
 Owns, for one daemon run: the reconcile loop (a pass at the first peer set, after every peer
 set change, within a second of a kernel event that shows drift, periodically, when an
 applier asked to be re-checked, and retried with backoff after a failure), the kernel event
-watch, the one worker thread every pass runs in, the netlink request socket (created, used
-and closed in that thread only), the status, and the ``dataplane`` readiness component.
+watch and what its socket filter lets through (not our own changes, not the neighbours and
+FDB entries of devices that are not ours), the one worker thread every pass runs in, the
+netlink request socket (created, used and closed in that thread only), the status, and the
+``dataplane`` readiness component.
 
 A pass is full (the kernel's tables read back and diffed) when it is the first, periodic,
 after a failure, or asked for by drift, an event overrun or a restarted watch; a pass for a
@@ -111,8 +113,12 @@ class Dataplane:
         self.interval = interval
         self.status = DataplaneStatus()
         self._open_netlink = netlink or (lambda: rtnl.Rtnl(host))
+        # What the event socket lets through: no echo of our request socket's changes, no
+        # neighbour or FDB notification of a device that is not ours (none before the first
+        # pass, which has no desired state to drift from).
+        self._interest = events.EventFilter(devices=frozenset())
         self._watch = watch or (lambda on_event, on_overrun: events.watch(
-            on_event, on_overrun, host, own_port=lambda: self._own_port))
+            on_event, on_overrun, host, interest=self._interest))
         self._retry = Backoff(*retry)
         self._peers: tuple[Lease, ...] = ()
         self._first_peers = asyncio.Event()
@@ -127,8 +133,6 @@ class Dataplane:
         # Worker thread only: the socket, and the state the last successful pass left.
         self._sock: Netlink | None = None
         self._programmed: DesiredState | None = None
-        # Written by the worker thread, read by the event watch: the request socket's port.
-        self._own_port = 0
         # Written by the worker thread, read by the event handler on the loop.
         self._last: DesiredState | None = None
 
@@ -218,13 +222,13 @@ class Dataplane:
     def _netlink(self) -> Netlink:
         if self._sock is None:
             self._sock = self._open_netlink()
-            self._own_port = self._sock.port
+            self._interest.set_port(self._sock.port)
         return self._sock
 
     def _close_netlink(self) -> None:
         if self._sock is not None:
             sock, self._sock = self._sock, None
-            self._own_port = 0
+            self._interest.set_port(0)
             sock.close()
 
     def _pass(self, peers: tuple[Lease, ...], check_local: bool, full: bool
@@ -243,6 +247,8 @@ class Dataplane:
                 backend.ensure_local()
             desired = backend.desired_state(peers, lambda ip: self._netlink().route_get(ip))
             if desired is not None:
+                if self._last is None or self._last.devices != desired.devices:
+                    self._interest.set_devices(desired.devices)
                 self._last = desired
                 programmed, self._programmed = self._programmed, None
                 if full or check_local or programmed is None \

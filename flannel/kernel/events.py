@@ -4,8 +4,10 @@ Owns an event socket (separate from the request socket, as rtnetlink requires) s
 link, address, neighbour and route groups, decoding of those events, skipping undecoded the
 notifications of changes made through the caller's own request socket (the kernel stamps a
 route or neighbour notification with the port id of the socket whose request caused it; a
-socket filter drops them in the kernel, a check here catches those queued before it), and
-overrun detection (ENOBUFS means events were lost, so the caller must resync in full).
+socket filter drops them in the kernel, a check here catches those queued before it), the
+same filter dropping neighbour and FDB notifications of devices that are not the caller's
+and routes of other tables than main, and overrun detection (ENOBUFS means events were
+lost, so the caller must resync in full).
 Must not touch: kernel state (it only listens).
 """
 
@@ -13,12 +15,12 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import errno
 import logging
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -68,40 +70,115 @@ def decode(msg_type: int, body: bytes) -> KernelEvent | None:
     return None
 
 
-SO_ATTACH_FILTER, SO_DETACH_FILTER = 26, 27
-_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x15, 0x06
-_NLMSG_PID_OFFSET = 12
+SO_ATTACH_FILTER = 26
+_BPF_LD_W_ABS, _BPF_LD_H_ABS, _BPF_LD_B_ABS = 0x20, 0x28, 0x30
+_BPF_JEQ_K, _BPF_RET_K = 0x15, 0x06
+_KEEP, _DROP = 0xFFFFFFFF, 0
+_TYPE_OFFSET, _PID_OFFSET = 4, 12
+#: Where a neighbour message's ndm_ifindex and a route message's rtm_table sit.
+_IFINDEX_OFFSET, _TABLE_OFFSET = 20, 20
+#: Beyond this many devices every neighbour notification is kept (jumps are 8-bit).
+MAX_FILTERED_DEVICES = 64
 
 
-def _drop_port(sock: socket.socket, port: int) -> None:
-    """Make the kernel drop notifications whose sender port is ``port`` (0: keep all, since
-    the kernel's own notifications, vxlan's FDB ones included, carry port 0). A classic BPF
-    program on the first message header of each datagram (a notification is a datagram of
-    its own); it loads in network byte order, so the port is compared byte-swapped."""
-    if not port:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
-        return
-    swapped = int.from_bytes(port.to_bytes(4, sys.byteorder, signed=port < 0), "big")
-    program = struct.pack("=" + "HBBI" * 4,
-                          _BPF_LD_W_ABS, 0, 0, _NLMSG_PID_OFFSET,
-                          _BPF_JEQ_K, 0, 1, swapped,
-                          _BPF_RET_K, 0, 0, 0,  # ours: drop
-                          _BPF_RET_K, 0, 0, 0xFFFFFFFF)  # anything else: keep
-    # The kernel copies the program during setsockopt; ``code`` only has to outlive the call.
-    code = array.array("B", program)
-    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
-                    struct.pack("HP", 4, code.buffer_info()[0]))
+def _net_order(value: int, size: int) -> int:
+    """``value`` as a classic BPF load (network byte order) reads it from a host-order
+    field of ``size`` bytes."""
+    return int.from_bytes(value.to_bytes(size, sys.byteorder, signed=value < 0), "big")
+
+
+def filter_program(port: int, devices: frozenset[int] | None) -> bytes:
+    """A classic BPF program on the first message of each datagram (a notification is a
+    datagram of its own) that drops, before they are queued: notifications whose sender port
+    is ``port`` (0: none; the kernel's own, vxlan's FDB ones included, carry port 0),
+    neighbour and FDB notifications of devices not in ``devices`` (None: keep them all),
+    and route notifications of tables other than main."""
+    code: list[tuple[int, str, str, int]] = []  # (opcode, jump if true, if false, k)
+    if port:
+        code += [(_BPF_LD_W_ABS, "", "", _PID_OFFSET),
+                 (_BPF_JEQ_K, "drop", "", _net_order(port, 4))]
+    code += [(_BPF_LD_H_ABS, "", "", _TYPE_OFFSET)]
+    code += [(_BPF_JEQ_K, "neigh", "", _net_order(t, 2))
+             for t in (rtnl.RTM_NEWNEIGH, rtnl.RTM_DELNEIGH)]
+    code += [(_BPF_JEQ_K, "route", "", _net_order(t, 2))
+             for t in (rtnl.RTM_NEWROUTE, rtnl.RTM_DELROUTE)]
+    code += [(_BPF_RET_K, "", "", _KEEP),
+             (_BPF_LD_B_ABS, "route", "", _TABLE_OFFSET),
+             (_BPF_JEQ_K, "keep", "drop", rtnl.RT_TABLE_MAIN)]
+    if devices is None or len(devices) > MAX_FILTERED_DEVICES:
+        code += [(_BPF_RET_K, "neigh", "", _KEEP)]
+    else:
+        code += [(_BPF_LD_W_ABS, "neigh", "", _IFINDEX_OFFSET)]
+        code += [(_BPF_JEQ_K, "keep", "", _net_order(index, 4)) for index in sorted(devices)]
+        code += [(_BPF_RET_K, "", "", _DROP)]
+    code += [(_BPF_RET_K, "keep", "", _KEEP), (_BPF_RET_K, "drop", "", _DROP)]
+    # A label names the instruction that carries it in its first jump slot when that
+    # instruction is a load or a return (which have no jumps).
+    labels = {jt: i for i, (op, jt, _jf, _k) in enumerate(code)
+              if jt and op in (_BPF_LD_W_ABS, _BPF_LD_H_ABS, _BPF_LD_B_ABS, _BPF_RET_K)}
+    program = b""
+    for i, (op, jt, jf, k) in enumerate(code):
+        if op == _BPF_JEQ_K:
+            program += struct.pack("=HBBI", op, labels[jt] - i - 1 if jt else 0,
+                                   labels[jf] - i - 1 if jf else 0, k)
+        else:
+            program += struct.pack("=HBBI", op, 0, 0, k)
+    return program
+
+
+class EventFilter:
+    """What the kernel keeps out of event sockets (see ``filter_program``): the port id of
+    the caller's request socket, and the devices whose neighbours and FDB entries matter
+    (None: all). Thread-safe: a data plane's worker thread updates it while a watch on the
+    event loop has it on its socket; an update reaches attached sockets at once."""
+
+    def __init__(self, port: int = 0, devices: frozenset[int] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.port = port
+        self.devices = devices
+
+    def set_port(self, port: int) -> None:
+        with self._lock:
+            self.port = port
+            self._reattach()
+
+    def set_devices(self, devices: frozenset[int] | None) -> None:
+        with self._lock:
+            self.devices = devices
+            self._reattach()
+
+    def _reattach(self) -> None:
+        for sock in self._sockets:
+            self._attach(sock)
+
+    def attach(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            self._attach(sock)
+
+    def detach(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.remove(sock)
+
+    def _attach(self, sock: socket.socket) -> None:
+        program = filter_program(self.port, self.devices)
+        # The kernel copies the program during setsockopt; ``code`` only has to outlive it.
+        code = array.array("B", program)
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
+                        struct.pack("HP", len(program) // 8, code.buffer_info()[0]))
 
 
 async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[], None],
-                host: Host = LOCAL, own_port: Callable[[], int] | None = None) -> None:
+                host: Host = LOCAL, interest: EventFilter | None = None) -> None:
     """Deliver kernel events until cancelled; call ``on_overrun`` when some were lost.
 
-    ``own_port()`` is the port id of the caller's request socket (0 when none is open):
-    notifications of its own changes are not drift, and a snapshot of 5000 peers makes
-    15,000 of them, so they are dropped before decoding.
+    ``interest`` keeps out, in the kernel, what the caller never needs: the notifications
+    of its own request socket's changes (a snapshot of 5000 peers makes 15,000) and those of
+    other devices' neighbours and FDB entries (a bridge learning from a MAC flood, an
+    ARP-flooded underlay), which would otherwise cost a decode each and overrun the buffer.
     """
+    interest = interest or EventFilter()
     sock = rtnl.open_socket(host, groups=GROUPS, rcvbuf=16 << 20)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
@@ -112,7 +189,7 @@ async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[]
     view = memoryview(buffer)
 
     def deliver(size: int) -> None:
-        own = own_port() if own_port is not None else 0
+        own = interest.port
         for msg_type, port, body in rtnl.iter_notifications(bytes(view[:size])):
             if own and port == own:
                 continue
@@ -120,15 +197,13 @@ async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[]
             if event is not None:
                 on_event(event)
 
-    filtered = 0
+    try:
+        interest.attach(sock)
+    except BaseException:
+        sock.close()
+        raise
     try:
         while True:
-            # The kernel drops our own changes' notifications before they are queued; the
-            # filter follows the request socket (a new one after a failed pass).
-            own = own_port() if own_port is not None else 0
-            if own != filtered:
-                _drop_port(sock, own)
-                filtered = own
             try:
                 deliver(await loop.sock_recv_into(sock, buffer))
                 for _ in range(DRAIN - 1):
@@ -143,5 +218,6 @@ async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[]
                 log.warning("netlink event buffer overrun: events were lost; resyncing")
                 on_overrun()
     finally:
+        interest.detach(sock)
         view.release()
         sock.close()

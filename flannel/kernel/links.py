@@ -268,16 +268,16 @@ def get_link(sock: rtnl.Rtnl, name: str) -> LinkDetails | None:
 
 def dump_links(sock: rtnl.Rtnl) -> list[LinkDetails]:
     header = _ifinfo() + attr(IFLA_EXT_MASK, _u32(RTEXT_FILTER_SKIP_STATS))
-    return [decode_link_details(body) for kind, body in sock.dump(RTM_GETLINK, header)
-            if kind == rtnl.RTM_NEWLINK]
+    return sock.dump(RTM_GETLINK, header, lambda kind, body: decode_link_details(body)
+                     if kind == rtnl.RTM_NEWLINK else None)
 
 
 def dump_addresses(sock: rtnl.Rtnl, family: int = socket.AF_UNSPEC, index: int = 0
                    ) -> list[IfAddress]:
     """Addresses of ``family`` (all when AF_UNSPEC) on link ``index`` (all links when 0)."""
     header = IFADDRMSG.pack(family, 0, 0, 0, index)
-    found = [decoded for kind, body in sock.dump(RTM_GETADDR, header)
-             if kind == rtnl.RTM_NEWADDR and (decoded := decode_if_address(body)) is not None]
+    found = sock.dump(RTM_GETADDR, header, lambda kind, body: decode_if_address(body)
+                      if kind == rtnl.RTM_NEWADDR else None)
     # Kernels without strict dump checking ignore the filter: apply it here as well.
     return [a for a in found if not index or a.index == index]
 

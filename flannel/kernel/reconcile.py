@@ -139,27 +139,38 @@ class ActualState:
 
 
 def read_actual(sock: Netlink, desired: DesiredState) -> ActualState:
+    """Our entries in the kernel. Only what could be ours is asked for: our protocol's
+    routes, routes on our devices and the underlay (adoption), and the neighbours and FDB
+    entries of our devices, so that a host's other tables (a bridge learning a million
+    MACs, an ARP-flooded underlay) cost a pass nothing. A kernel that cannot filter dumps
+    (before strict checking) sends everything in one dump, filtered here."""
     routes: set[Route] = set()
     adopted: set[Route] = set()
+    main, unicast = rtnl.RT_TABLE_MAIN, rtnl.RTN_UNICAST
+    oifs = sorted(desired.devices | {desired.underlay} - {0}) if sock.strict else [0]
     for family in desired.families:
-        for route, proto, table in sock.routes(family):
-            if table != rtnl.RT_TABLE_MAIN or route.kind != rtnl.RTN_UNICAST:
-                continue
-            if proto == rtnl.RTPROT_FLANNEL:
-                routes.add(route)
-            elif adoptable(route, proto, desired):
-                adopted.add(route)
+        if sock.strict:
+            routes.update(route for route, _proto, _table in sock.routes(
+                family, table=main, protocol=rtnl.RTPROT_FLANNEL, kind=unicast))
+        for oif in oifs:
+            # Ours were read by protocol, when the kernel can select it.
+            for route, proto, _table in sock.routes(
+                    family, table=main, kind=unicast, oif=oif,
+                    not_protocol=rtnl.RTPROT_FLANNEL if sock.strict else None):
+                if proto == rtnl.RTPROT_FLANNEL:
+                    routes.add(route)
+                elif adoptable(route, proto, desired):
+                    adopted.add(route)
     neighbours: set[Neighbour] = set()
     fdb: set[FdbEntry] = set()
-    if desired.devices:
+    for device in sorted(desired.devices):
         for family in desired.families:
-            for entry, state, _flags in sock.neighbours(family):
-                if isinstance(entry, Neighbour) and entry.ifindex in desired.devices \
-                        and state & rtnl.NUD_PERMANENT:
+            for entry, state, _flags in sock.neighbours(family, device):
+                if isinstance(entry, Neighbour) and state & rtnl.NUD_PERMANENT:
                     neighbours.add(entry)
-        for entry, state, flags in sock.neighbours(AF_BRIDGE):
-            if isinstance(entry, FdbEntry) and entry.ifindex in desired.devices \
-                    and state & rtnl.NUD_PERMANENT and flags & rtnl.NTF_SELF:
+        for entry, state, flags in sock.neighbours(AF_BRIDGE, device):
+            if isinstance(entry, FdbEntry) and state & rtnl.NUD_PERMANENT \
+                    and flags & rtnl.NTF_SELF:
                 fdb.add(entry)
     return ActualState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
                        frozenset(adopted))
@@ -319,13 +330,18 @@ class ReconcileError(Exception):
 
 class Netlink(Protocol):
     """The request-socket surface a pass uses (``rtnl.Rtnl`` provides it). ``port``: the
-    socket's netlink port id (0 when it has none)."""
+    socket's netlink port id (0 when it has none); ``strict``: the kernel applies dump
+    filters (the answers are filtered either way, this only says what a dump costs)."""
 
     port: int
+    strict: bool
 
-    def routes(self, family: int) -> list[tuple[Route, int, int]]: ...
+    def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
+               oif: int = 0, not_protocol: int | None = None
+               ) -> list[tuple[Route, int, int]]: ...
 
-    def neighbours(self, family: int) -> list[tuple[Neighbour | FdbEntry, int, int]]: ...
+    def neighbours(self, family: int, ifindex: int = 0
+                   ) -> list[tuple[Neighbour | FdbEntry, int, int]]: ...
 
     def run(self, ops: Iterable[tuple[str, object]]) -> list[rtnl.NetlinkError]: ...
 

@@ -16,9 +16,10 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
+from typing import TypeVar
 
 from flannel.kernel.host import LOCAL, Host
 
@@ -47,7 +48,7 @@ IFA_ADDRESS, IFA_LOCAL = 1, 2
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
 
-RT_TABLE_MAIN = 254
+RT_TABLE_COMPAT, RT_TABLE_MAIN = 252, 254
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 RTN_UNICAST, RTN_BLACKHOLE = 1, 6
 RTNH_F_ONLINK = 4
@@ -72,6 +73,7 @@ _RTATTR = struct.Struct("=HH")
 _NLMSGERR = struct.Struct("=i")
 
 IPAddress = IPv4Address | IPv6Address
+T = TypeVar("T")
 
 
 class NetlinkError(OSError):
@@ -396,6 +398,17 @@ def describe(verb: str, obj: object) -> str:
     return f"{verb} {obj!r}"
 
 
+class _Interrupted(Exception):
+    """A dump the kernel interrupted because the table changed under it."""
+
+
+def _strict(sock: socket.socket) -> bool:
+    try:
+        return bool(sock.getsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK))
+    except OSError:
+        return False
+
+
 class Rtnl:
     """Synchronous request socket for batches, single requests, dumps and lookups."""
 
@@ -403,6 +416,10 @@ class Rtnl:
         self.sock = open_socket(host)
         #: The port id the kernel gave the socket; notifications of its changes carry it.
         self.port: int = self.sock.getsockname()[0]
+        #: Whether the kernel checks dump requests strictly, and so applies their filters.
+        self.strict = _strict(self.sock)
+        #: Messages of dumps read since the socket was opened.
+        self.dumped = 0
         self._seq = 0
 
     def __enter__(self) -> Rtnl:
@@ -500,43 +517,108 @@ class Rtnl:
             return encode_fdb(obj, msg, flags, seq)
         raise TypeError(f"cannot encode {obj!r}")
 
-    def dump(self, msg_type: int, header: bytes) -> list[tuple[int, bytes]]:
-        """(type, body) of every message of a dump request."""
+    def dump(self, msg_type: int, header: bytes,
+             decode: Callable[[int, bytes], T | None]) -> list[T]:
+        """What ``decode(type, body)`` keeps of the messages of a dump request (None: not
+        kept). Each datagram is decoded as it is read, so only the kept entries are held,
+        never the whole reply; ``dumped`` counts the messages handed to ``decode``."""
+        while True:
+            try:
+                return self._dump_once(msg_type, header, decode)
+            except _Interrupted:
+                continue  # the dump was interrupted by a change: start over
+
+    def _dump_once(self, msg_type: int, header: bytes,
+                   decode: Callable[[int, bytes], T | None]) -> list[T]:
         seq = self.next_seq()
         length = _NLMSGHDR.size + len(header)
         self.sock.sendall(_NLMSGHDR.pack(length, msg_type, NLM_F_REQUEST | NLM_F_DUMP, seq, 0)
                           + header)
-        out: list[tuple[int, bytes]] = []
+        kept: list[T] = []
         while True:
             data = self.sock.recv(1 << 20)
-            for kind, _flags, msg_seq, body in iter_messages(data):
+            for kind, flags, msg_seq, body in iter_messages(data):
                 if msg_seq != seq:
                     continue
                 if kind == NLMSG_DONE:
-                    return out
+                    return kept
                 if kind == NLMSG_ERROR:
                     code = -_NLMSGERR.unpack_from(body)[0]
                     if code:
                         if code == errno.EINTR:
-                            # The dump was interrupted by a change: start over.
-                            return self.dump(msg_type, header)
-                        raise NetlinkError(code, f"dump {msg_type}")
+                            raise _Interrupted
+                        raise NetlinkError(code, f"dump {msg_type}",
+                                           _ack_detail(flags, body))
                     continue
-                out.append((kind, body))
+                self.dumped += 1
+                item = decode(kind, body)
+                if item is not None:
+                    kept.append(item)
 
-    def routes(self, family: int) -> list[tuple[Route, int, int]]:
+    def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
+               oif: int = 0, not_protocol: int | None = None) -> list[tuple[Route, int, int]]:
+        """The routes of ``family``; ``table``, ``protocol``, ``kind`` (RTN_*) and ``oif``
+        (0: any) select, ``not_protocol`` leaves out the routes of that protocol. The kernel
+        applies the first four with strict checking (Linux 4.20 and later:
+        ``ip_valid_fib_dump_req``); all are applied here too, from the message header before
+        decoding where they can be, so the answer is the same on older kernels, which send
+        every route."""
         header = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
-        return [decoded for kind, body in self.dump(RTM_GETROUTE, header)
-                if kind == RTM_NEWROUTE and (decoded := decode_route(body)) is not None]
+        if self.strict:
+            # A table above 255 is RT_TABLE_COMPAT in the header; RTA_TABLE says which.
+            header = _RTMSG.pack(family, 0, 0, 0, table if table < 256 else RT_TABLE_COMPAT,
+                                 protocol, 0, kind, 0)
+            if table:
+                header += attr(RTA_TABLE, struct.pack("=I", table))
+            if oif:
+                header += attr(RTA_OIF, struct.pack("=I", oif))
+
+        def keep(msg: int, body: bytes) -> tuple[Route, int, int] | None:
+            # rtm_protocol and rtm_type: a route of no interest costs no decoding.
+            if msg != RTM_NEWROUTE or (protocol and body[5] != protocol) \
+                    or (kind and body[7] != kind) or body[5] == not_protocol:
+                return None
+            decoded = decode_route(body)
+            if decoded is None:
+                return None
+            route, proto, in_table = decoded
+            if ((table and in_table != table) or (protocol and proto != protocol)
+                    or (kind and route.kind != kind) or (oif and route.oif != oif)):
+                return None
+            return decoded
+
+        try:
+            return self.dump(RTM_GETROUTE, header, keep)
+        except NetlinkError as err:
+            if oif and err.errno == errno.ENODEV:
+                return []  # the device is gone, and its routes with it
+            raise
 
     def neighbours(self, family: int, ifindex: int = 0) -> list[tuple[Neighbour | FdbEntry,
                                                                        int, int]]:
-        header = _NDMSG.pack(family, 0, 0, 0, 0, 0, 0)
-        entries = [decoded for kind, body in self.dump(RTM_GETNEIGH, header)
-                   if kind == RTM_NEWNEIGH and (decoded := decode_neighbour(body)) is not None]
-        if ifindex:
-            entries = [e for e in entries if e[0].ifindex == ifindex]
-        return entries
+        """The neighbours (FDB entries for AF_BRIDGE) of ``family`` on device ``ifindex``
+        (0: every device). The kernel selects the device (with strict checking: the
+        neighbour dump by NDA_IFINDEX, the FDB dump by the header's ifindex, which also
+        leaves out every bridge's table unless the device is a port of it); older kernels
+        send every entry, and the device is selected here too."""
+        if ifindex and self.strict:
+            if family == AF_BRIDGE:
+                header = _NDMSG.pack(family, 0, 0, ifindex, 0, 0, 0)
+            else:
+                header = _NDMSG.pack(family, 0, 0, 0, 0, 0, 0) + attr(
+                    NDA_IFINDEX, struct.pack("=I", ifindex))
+        elif ifindex and family == AF_BRIDGE:
+            # Before strict checking, the FDB dump read an ifinfomsg header and its index.
+            header = IFINFOMSG.pack(family, 0, 0, ifindex, 0, 0)
+        else:
+            header = _NDMSG.pack(family, 0, 0, 0, 0, 0, 0)
+
+        def keep(msg: int, body: bytes) -> tuple[Neighbour | FdbEntry, int, int] | None:
+            if msg != RTM_NEWNEIGH or (ifindex and _NDMSG.unpack_from(body)[3] != ifindex):
+                return None
+            return decode_neighbour(body)
+
+        return self.dump(RTM_GETNEIGH, header, keep)
 
     def route_get(self, dst: IPAddress) -> Route | None:
         """The route the kernel would use for ``dst`` (like ``ip route get``)."""

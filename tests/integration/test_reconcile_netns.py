@@ -253,7 +253,7 @@ async def test_the_event_watch_drops_our_own_changes_and_keeps_everyone_elses(ns
     seen: list[events.KernelEvent] = []
     with rtnl.Rtnl(Host(ns)) as sock:
         watch = asyncio.create_task(events.watch(seen.append, lambda: None, Host(ns),
-                                                 own_port=lambda: sock.port))
+                                                 events.EventFilter(sock.port)))
         try:
             # Subscribed and filtered once another program's change shows up: re-add a
             # probe route until one of its notifications arrives.

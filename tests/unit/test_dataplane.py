@@ -195,7 +195,8 @@ async def test_a_peer_change_applies_the_difference_without_reading_the_kernel_b
         dataplane.set_peers([peer(2), peer(3)])
         await programmed(dataplane)
         dumps, requests = kernel.dumps, kernel.requests
-        assert (dumps, requests, dataplane.status.full_passes) == (1, 2, 1)
+        assert (requests, dataplane.status.full_passes) == (2, 1)
+        assert dumps
         moved = Lease(peer(2).subnet, attrs=LeaseAttrs(
             public_ip=IPv4Address("192.168.1.20"), backend_type="host-gw"))
         dataplane.set_peers([moved, peer(4)])
@@ -210,7 +211,7 @@ async def test_a_peer_change_applies_the_difference_without_reading_the_kernel_b
         await until(lambda: dataplane.status.full_passes == 2, "a full pass")
         await programmed(dataplane)
         assert kernel.ours() == {route(2, gateway="192.168.1.20"), route(4)}
-        assert kernel.dumps == dumps + 1
+        assert kernel.dumps == 2 * dumps
 
 
 async def test_the_periodic_pass_reads_the_kernel_back_and_repairs_unseen_drift():
