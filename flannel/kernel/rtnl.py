@@ -548,7 +548,7 @@ class Rtnl:
                         if code == errno.EINTR:
                             raise _Interrupted
                         raise NetlinkError(code, f"dump {msg_type}",
-                                           _ack_detail(flags, body))
+                                           ack_detail(flags, body))
                     continue
                 self.dumped += 1
                 item = decode(kind, body)
