@@ -502,6 +502,8 @@ class Daemon:
 def main(settings: Settings) -> int:
     flannel_log.setup(settings.log.v)
     log.info("CLI flags config: %s", options_line(settings.options))
+    for warning in settings.warnings:
+        log.warning("%s", warning)
 
     async def runner() -> int:
         return await Daemon(settings).run()

@@ -88,6 +88,16 @@ class ExtensionCommands:
 
 class ExtensionBackend(Backend):
     backend_type = "extension"
+    # ShutdownCommand: in upstream's examples, ignored by Go flannel and here.
+    option_names = ("PreStartupCommand", "PostStartupCommand", "SubnetAddCommand",
+                    "SubnetRemoveCommand", "ShutdownCommand")
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        try:
+            ExtensionConfig.parse(config.backend)
+        except ExtensionConfigError as err:
+            raise BackendError(str(err)) from None
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

@@ -70,6 +70,11 @@ def parse_port(backend: dict[str, object]) -> int:
 
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
+    option_names = ("Port",)
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        parse_port(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

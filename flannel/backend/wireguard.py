@@ -37,6 +37,7 @@ from flannel.config import NetworkConfig
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Lease
 from flannel.wireguard.config import (
+    OPTION_NAMES,
     ConfigError,
     DeviceLayout,
     WireguardConfig,
@@ -65,6 +66,14 @@ class _Device:
 
 class WireguardBackend(Backend):
     backend_type = "wireguard"
+    option_names = OPTION_NAMES
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        try:
+            WireguardConfig.parse(config.backend)
+        except ConfigError as err:
+            raise BackendError(str(err)) from None
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:
