@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 
+from flannel.backend import BackendError, backend_class
+from flannel.boundedjson import MAX_CONFIG_BYTES
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.lab import extension
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
@@ -33,10 +36,26 @@ def say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
+def read_config_option(given: str) -> str:
+    """``--config``'s JSON text: the text itself when it starts with ``{``, else the
+    contents of the file it names (``@`` before the path is allowed, as curl takes it)."""
+    if given.lstrip().startswith("{"):
+        return given
+    path = given.removeprefix("@")
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}",
+                          "give the JSON text, or a path to a readable file holding it") \
+            from None
+    return data.decode(errors="replace")
+
+
 def network_config(args: argparse.Namespace, lab: Lab) -> str:
-    """The config JSON to put in etcd: ``--config`` as given, or built from the options."""
+    """The config JSON to put in etcd: ``--config``'s, or built from the options."""
     if args.config:
-        return args.config
+        return read_config_option(args.config)
     backend: dict = {"Type": args.backend}
     if args.backend == "extension":
         backend = extension.backend_section(lab)
@@ -54,6 +73,12 @@ def decode_config(config: dict | str) -> tuple[str, NetworkConfig]:
     decoded = parse_config(text)
     check_network_config(decoded)
     return text, decoded
+
+
+def check_backend(decoded: NetworkConfig) -> None:
+    """The backend's type and options, decoded by the backend's own parser (warnings for
+    unknown keys included): BackendError as flanneld would exit with it."""
+    backend_class(decoded.backend_type).check_options(decoded)
 
 
 def has_data_path(lab: Lab) -> bool:
@@ -131,14 +156,15 @@ def check_mesh(lab: Lab, indexes: list[int], ipv6: bool) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     lab = Lab(args.name, args.root, progress=say)
-    text = network_config(args, lab)
     try:
+        text = network_config(args, lab)
         _, decoded = decode_config(text)
+        check_backend(decoded)
     except ConfigError as err:
-        # A file name is the likeliest mistake: --config takes the JSON text itself.
-        hint = (f' (--config takes the JSON text, not a file name: --config "$(cat '
-                f'{args.config})")' if args.config and os.path.exists(args.config) else "")
-        print(f"flannel-lab: --config: {err.describe()}{hint}", file=sys.stderr)
+        print(f"flannel-lab: --config: {err.describe()}", file=sys.stderr)
+        return 2
+    except BackendError as err:
+        print(f"flannel-lab: --config: {err}", file=sys.stderr)
         return 2
     if lab.exists:
         print(f"flannel-lab: {lab.exists_error()}", file=sys.stderr)
@@ -339,8 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--direct-routing", action="store_true", help="vxlan or ipip DirectRouting")
     up.add_argument("--second-underlay", type=int, default=0, metavar="K",
                     help="nodes K and above sit on a second, routed underlay subnet")
-    up.add_argument("--config", help="network config JSON, read as flanneld reads it "
-                    "(overrides the options above)")
+    up.add_argument("--config", metavar="JSON|FILE",
+                    help="network config: the JSON text, or a file holding it (a path, or "
+                    "@path); read as flanneld reads it, backend options included, and refused "
+                    "before anything is built when flanneld would refuse it (overrides the "
+                    "options above)")
     up.add_argument("--pods-per-node", type=int, default=0, metavar="K",
                     help="attach K pods per node through the flannel CNI plugin")
     up.set_defaults(func=cmd_up)
@@ -358,6 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # What flanneld would warn about in the config (unknown keys), said here too.
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setFormatter(logging.Formatter("flannel-lab: warning: %(message)s"))
+    logging.getLogger("flannel.config").addHandler(warnings)
     if args.command == "up" and not 1 <= args.nodes <= MAX_NODES:
         print(f"flannel-lab: --nodes={args.nodes}: give 1 to {MAX_NODES}", file=sys.stderr)
         return 2

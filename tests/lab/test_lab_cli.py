@@ -136,20 +136,38 @@ def test_bad_config_is_refused_before_anything_is_built(make_lab, tmp_path):
         assert (result.returncode, result.stdout) == (2, "")
         assert result.stderr == f"flannel-lab: --config: {message}\n"
         assert not lab.directory.exists()
-    # A file name instead of the JSON text: said so.
+    # A file (a path, or @path) is read; its backend options are decoded by the backend's
+    # own parser, and refused as flanneld would refuse them, before anything is built.
     path = tmp_path / "net-conf.json"
-    path.write_text('{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}')
-    result = lab_cli(lab, "up", "--config", str(path))
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.endswith(
-        f'(--config takes the JSON text, not a file name: --config "$(cat {path})")\n')
-    assert not lab.directory.exists()
+    for backend, message in (
+            ({"Type": "vxaln"}, "unknown backend type: vxaln; set Backend.Type in the network "
+                                "config to one of: alloc, aws-vpc, extension, host-gw, ipip, "
+                                "tencent-vpc, udp, vxlan, wireguard"),
+            ({"Type": "vxlan", "DirectRoutng": True, "VNI": "one"},
+             'error decoding VXLAN backend config: VNI must be an integer, got string "one"')):
+        path.write_text(json.dumps({"Network": "10.244.0.0/16", "Backend": backend}))
+        for given in (str(path), f"@{path}"):
+            result = lab_cli(lab, "up", "--config", given)
+            assert (result.returncode, result.stdout) == (2, ""), result.stderr
+            assert result.stderr.endswith(f"flannel-lab: --config: {message}\n")
+            assert not lab.directory.exists()
+    assert result.stderr.startswith(
+        'flannel-lab: warning: unknown key "DirectRoutng" in Backend is ignored; did you mean '
+        '"DirectRouting"?\n')
+    result = lab_cli(lab, "up", "--config", str(tmp_path / "missing.json"))
+    assert (result.returncode, result.stderr) == (2, (
+        f"flannel-lab: --config: cannot read {tmp_path / 'missing.json'}: No such file or "
+        "directory; give the JSON text, or a path to a readable file holding it\n"))
+    help_text = " ".join(subprocess.run([FLANNEL_LAB, "up", "--help"], capture_output=True,
+                                        text=True, timeout=60, check=True).stdout.split())
+    assert "the JSON text, or a file holding it (a path, or @path)" in help_text
 
 
-def test_config_members_are_case_insensitive_as_for_flanneld(make_lab):
+def test_config_members_are_case_insensitive_as_for_flanneld(make_lab, tmp_path):
     lab = make_lab()
-    result = lab_cli(lab, "up", "--nodes", "1", "--config", json.dumps(
-        {"network": "10.244.0.0/16", "backend": {"type": "ALLOC"}}))
+    path = tmp_path / "net-conf.json"  # --config also takes a file
+    path.write_text(json.dumps({"network": "10.244.0.0/16", "backend": {"type": "ALLOC"}}))
+    result = lab_cli(lab, "up", "--nodes", "1", "--config", str(path))
     assert result.returncode == 0, result.stderr
     assert "leases only: the alloc backend programs no data path" in result.stdout
     assert lab_cli(lab, "down").returncode == 0
