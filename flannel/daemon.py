@@ -36,6 +36,8 @@ from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
 from flannel.dataplane import Dataplane
 from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.privilege import privilege_refusal
+from flannel.kernel.rtnl import NetlinkError
 from flannel.lease import EventType, Lease, LeaseAttrs
 from flannel.log import V2
 from flannel.nodestate import NodeState
@@ -290,8 +292,10 @@ class Daemon:
             if lease is None:  # stopped by a signal while the store was unavailable
                 return None
             await backend.activate(lease)
-        except BackendError as err:
-            raise StartupError(str(err)) from None
+        except (BackendError, NetlinkError) as err:
+            # EPERM first: a device helper's own advice would send the operator astray.
+            refusal = privilege_refusal(err)
+            raise StartupError(str(refusal or err)) from None
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None
         return backend, lease, local.mtu

@@ -391,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     warnings = logging.StreamHandler(sys.stderr)
     warnings.setFormatter(logging.Formatter("flannel-lab: warning: %(message)s"))
     logging.getLogger("flannel.config").addHandler(warnings)
+    if os.geteuid() != 0:
+        print(f"flannel-lab: {args.command} needs root: a lab is network namespaces with "
+              "etcd, flanneld and ping running inside them, which only root may create and "
+              "enter; run it as root (sudo)", file=sys.stderr)
+        return 1
     if args.command == "up" and not 1 <= args.nodes <= MAX_NODES:
         print(f"flannel-lab: --nodes={args.nodes}: give 1 to {MAX_NODES}", file=sys.stderr)
         return 2
