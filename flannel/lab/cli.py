@@ -28,6 +28,7 @@ from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
 ALL_PAIRS_UP_TO = 10  # up pings every pair up to this many nodes, a ring above
+PING_WITHIN = 3.0  # seconds a pair of the ping matrix may take to answer one echo
 DEMO_CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 20, "SubnetMin": "10.10.0.0",
                "SubnetMax": "10.99.0.0", "Backend": {"Type": "vxlan", "VNI": 100, "Port": 8472}}
 
@@ -252,14 +253,17 @@ def ping_table(lab: Lab, v6: bool = False) -> tuple[str, bool]:
         targets = {p.name: (p.address6 if v6 else p.address) for p in lab.state.pods}
 
         def probe(i: str, j: str) -> bool:
-            return lab.pod_ping(next(p for p in lab.state.pods if p.name == i), targets[j])
+            return lab.pod_ping(next(p for p in lab.state.pods if p.name == i), targets[j],
+                                within=PING_WITHIN)
     else:
         names = [f"n{n.index}" for n in lab.state.nodes]
 
         def probe(i: str, j: str) -> bool:
-            return lab.ping(int(i[1:]), int(j[1:]), v6=v6)
-    width = max(len(name) for name in names) + 2
-    rows = ["from\\to".ljust(width) + "".join(name.ljust(width) for name in names)]
+            return lab.ping(int(i[1:]), int(j[1:]), v6=v6, within=PING_WITHIN)
+    corner = "from\\to"
+    first = max(len(corner), *(len(name) for name in names)) + 2
+    width = max(len("FAIL"), *(len(name) for name in names)) + 2
+    rows = [corner.ljust(first) + "".join(name.ljust(width) for name in names)]
     all_ok = True
     for i in names:
         cells = []
@@ -270,8 +274,8 @@ def ping_table(lab: Lab, v6: bool = False) -> tuple[str, bool]:
             ok = probe(i, j)
             all_ok &= ok
             cells.append(("ok" if ok else "FAIL").ljust(width))
-        rows.append(i.ljust(width) + "".join(cells))
-    return "\n".join(rows), all_ok
+        rows.append(i.ljust(first) + "".join(cells))
+    return "\n".join(row.rstrip() for row in rows), all_ok
 
 
 def cmd_ping(args: argparse.Namespace) -> int:
