@@ -300,7 +300,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag in FLAGS:
         names = [f"-{flag.name}", f"--{flag.name}"]
-        common = {"dest": flag.dest, "help": _help_text(flag), "metavar": _METAVARS[flag.kind]}
+        common: dict[str, Any] = {"dest": flag.dest, "help": _help_text(flag),
+                                  "metavar": _METAVARS[flag.kind]}
         if flag.kind == "bool":
             parser.add_argument(*names, nargs="?", const="true", type=flag.convert_arg,
                                 default=_UNSET, **common)
