@@ -69,6 +69,8 @@ _FIELDS = {name.lower(): name for name in (
 
 #: (where, key) of every unknown key warned about: each is named once per process.
 _warned_keys: set[tuple[str, str]] = set()
+#: Unknown keys named one by one in each object; the rest are counted.
+_MAX_UNKNOWN = 10
 
 
 def unknown_keys(obj: Mapping[str, Any], known: Iterable[str], where: str
@@ -77,14 +79,16 @@ def unknown_keys(obj: Mapping[str, Any], known: Iterable[str], where: str
     (case-insensitively, as Go matches them); the message names the nearest known key. Go
     ignores such members without a word, so a misspelt option silently means its default."""
     names = {name.lower(): name for name in known}
+    unknown = [key for key in obj if key.lower() not in names]
     found = []
-    for key in obj:
-        if key.lower() in names:
-            continue
+    for key in unknown[:_MAX_UNKNOWN]:
         nearest = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.6)
         advice = (f'did you mean "{names[nearest[0]]}"?' if nearest else
                   f"known keys: {', '.join(sorted(names.values()))}")
-        found.append((key, f'unknown key "{key[:60]}" in {where} is ignored; {advice}'))
+        found.append((key, f"unknown key {gojson.shown(key)} in {where} is ignored; {advice}"))
+    if len(unknown) > _MAX_UNKNOWN:
+        found.append(("", f"{len(unknown) - _MAX_UNKNOWN} more unknown keys in {where} are "
+                          "ignored"))
     return found
 
 

@@ -285,3 +285,13 @@ def test_backend_options_are_checked_without_building_anything(backend, message)
     cfg.backend = backend
     with pytest.raises(BackendError, match="^" + message.replace("(", r"\(")):
         backend_class(backend["Type"]).check_options(cfg)
+
+
+def test_unknown_keys_of_a_hostile_config_are_few_lines_and_quoted():
+    from flannel.config import unknown_keys
+
+    doc = {"Network": "10.244.0.0/16", **{f"k\n{i}": i for i in range(500)}}
+    found = [message for _key, message in unknown_keys(doc, ("Network",), "the network config")]
+    assert len(found) == 11
+    assert found[0] == 'unknown key "k\\n0" in the network config is ignored; known keys: Network'
+    assert found[-1] == "490 more unknown keys in the network config are ignored"
