@@ -11,6 +11,7 @@ Must not touch: the store, the kernel (``main`` hands over to ``flannel.daemon``
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import os
 import re
@@ -276,24 +277,46 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+DESCRIPTION = """\
+flanneld runs on every host of a flannel network. It leases a subnet for the host's pods
+from etcd v3 (the default) or from the Kubernetes API (--kube-subnet-mgr), writes it to
+--subnet-file for the CNI plugin, and programs the kernel so that pods on every host reach
+each other with the backend the network config names (vxlan, host-gw, wireguard, ...).
+It needs root, or CAP_NET_ADMIN and CAP_NET_RAW.
+
+Flags take Go's syntax: -iface=eth0, --iface eth0, --ip-masq, --ip-masq=false. A flag not
+given falls back to its FLANNELD_* environment variable, then to its default."""
+
+
+def _help_text(flag: Flag) -> str:
+    """The flag's help with its default and variable (argparse formats it: % doubled)."""
+    default = "" if flag.name == "version" else shown_value(flag, flag.default)
+    shown = f"default {default or 'none'}; " if flag.name != "version" else ""
+    return f"{flag.help} ({shown}env {flag.env_name})".replace("%", "%%")
+
+
+_METAVARS = {"bool": "BOOL", "int": "N", "duration": "DURATION", "str": "VALUE",
+             "list": "VALUE"}
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="flanneld", usage="%(prog)s [OPTION]...", allow_abbrev=False,
-                     add_help=False)
+                     description=DESCRIPTION,
+                     formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
     # Go's flag package takes -help as well as -h and --help.
     parser.add_argument("-h", "-help", "--help", action="help",
                         help="show this help message and exit")
     for flag in FLAGS:
         names = [f"-{flag.name}", f"--{flag.name}"]
-        help_text = f"{flag.help} (env {flag.env_name})"
+        common: dict[str, Any] = {"dest": flag.dest, "help": _help_text(flag),
+                                  "metavar": _METAVARS[flag.kind]}
         if flag.kind == "bool":
-            parser.add_argument(*names, dest=flag.dest, nargs="?", const="true",
-                                type=flag.convert_arg, default=_UNSET, help=help_text)
+            parser.add_argument(*names, nargs="?", const="true", type=flag.convert_arg,
+                                default=_UNSET, **common)
         elif flag.kind == "list":
-            parser.add_argument(*names, dest=flag.dest, action="append", default=None,
-                                help=help_text)
+            parser.add_argument(*names, action="append", default=None, **common)
         else:
-            parser.add_argument(*names, dest=flag.dest, type=flag.convert_arg, default=_UNSET,
-                                help=help_text)
+            parser.add_argument(*names, type=flag.convert_arg, default=_UNSET, **common)
     return parser
 
 
@@ -369,6 +392,27 @@ def effective_options(args: argparse.Namespace) -> tuple[OptionSource, ...]:
                  for flag in FLAGS if flag.name != "version")
 
 
+def unknown_environment(environ: dict[str, str]) -> tuple[str, ...]:
+    """A warning for each ``FLANNELD_*`` variable that is no flag's, naming the nearest
+    one: Go flannel ignores them, and a misspelt variable silently means the default."""
+    prefix = "FLANNELD_"
+    known = [flag.env_name for flag in FLAGS]
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith(prefix) or name in known:
+            continue
+        # Compared without the prefix every name shares, which would make all look alike.
+        nearest = difflib.get_close_matches(name.removeprefix(prefix),
+                                            [k.removeprefix(prefix) for k in known], n=1,
+                                            cutoff=0.6)
+        advice = (f"did you mean {prefix}{nearest[0]}?" if nearest else
+                  "every flag's variable is FLANNELD_ and its name in capitals, with _ for "
+                  "- (--etcd-endpoints is FLANNELD_ETCD_ENDPOINTS)")
+        warnings.append(f"environment variable {name[:80]} is no flag's and is ignored; "
+                        f"{advice}")
+    return tuple(warnings)
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     """The typed settings of checked flags."""
     return Settings(
@@ -386,7 +430,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         dataplane=DataplaneSettings(reconcile_interval=args.reconcile_interval),
         files=FileSettings(subnet_file=args.subnet_file),
         log=LogSettings(v=args.v, vmodule=args.vmodule, backtrace_at=args.log_backtrace_at),
-        version=args.version, options=effective_options(args))
+        version=args.version, options=effective_options(args),
+        warnings=getattr(args, "warnings", ()))
 
 
 def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> Settings:
@@ -430,6 +475,7 @@ def parse_namespace(argv: Sequence[str], environ: dict[str, str] | None = None
                 value = list(flag.default) if flag.kind == "list" else flag.default
         setattr(args, flag.dest, value)
     args.sources = sources
+    args.warnings = unknown_environment(environ)
     check_values(args, from_env)
     return args
 

@@ -1,22 +1,28 @@
 """Network configuration: the JSON at ``<prefix>/config`` (etcd) or ``net-conf.json`` (kube).
 
 Owns Go-compatible decoding (case-insensitive member names, typed fields, unknown members
-ignored; bounded by ``flannel.boundedjson``), the backend type rule, the ranges a Network
-must stay out of, and, for etcd mode, the SubnetLen/SubnetMin/SubnetMax defaulting and
-validation with upstream's exact error texts (plus SubnetMin <= SubnetMax).
+ignored as Go does but each named once in a warning with the nearest known key, here and,
+through ``warn_unknown_keys``, in each backend's options; bounded by ``flannel.boundedjson``),
+the backend type rule, the ranges a Network must stay out of, and, for etcd mode, the
+SubnetLen/SubnetMin/SubnetMax defaulting and validation with upstream's exact error texts
+(plus SubnetMin <= SubnetMax).
 Must not touch: files, the store, the kernel.
 """
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
 from flannel import boundedjson, gojson
 from flannel.netutil import parse_ip, quoted
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -59,6 +65,39 @@ _FIELDS = {name.lower(): name for name in (
     "SubnetMin", "SubnetMax", "IPv6SubnetLen", "IPv6SubnetMin", "IPv6SubnetMax", "Backend",
     "NonMasqueradeCIDRs",
 )}
+
+
+#: (where, key) of every unknown key warned about: each is named once per process.
+_warned_keys: set[tuple[str, str]] = set()
+#: Unknown keys named one by one in each object; the rest are counted.
+_MAX_UNKNOWN = 10
+
+
+def unknown_keys(obj: Mapping[str, Any], known: Iterable[str], where: str
+                 ) -> list[tuple[str, str]]:
+    """(key, message) for each member of ``obj`` that matches none of ``known``
+    (case-insensitively, as Go matches them); the message names the nearest known key. Go
+    ignores such members without a word, so a misspelt option silently means its default."""
+    names = {name.lower(): name for name in known}
+    unknown = [key for key in obj if key.lower() not in names]
+    found = []
+    for key in unknown[:_MAX_UNKNOWN]:
+        nearest = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.6)
+        advice = (f'did you mean "{names[nearest[0]]}"?' if nearest else
+                  f"known keys: {', '.join(sorted(names.values()))}")
+        found.append((key, f"unknown key {gojson.shown(key)} in {where} is ignored; {advice}"))
+    if len(unknown) > _MAX_UNKNOWN:
+        found.append(("", f"{len(unknown) - _MAX_UNKNOWN} more unknown keys in {where} are "
+                          "ignored"))
+    return found
+
+
+def warn_unknown_keys(obj: Mapping[str, Any], known: Iterable[str], where: str) -> None:
+    """Log each of ``unknown_keys`` as a warning, once per process."""
+    for key, message in unknown_keys(obj, known, where):
+        if (where, key) not in _warned_keys:
+            _warned_keys.add((where, key))
+            log.warning("%s", message)
 
 
 def _typed(name: str, value: Any, want: type, go_type: str) -> Any:
@@ -193,6 +232,7 @@ def parse_config(raw: bytes | str) -> NetworkConfig:
         raise ConfigError(
             f"network config must be a JSON object, got {gojson.type_name(doc)}"
         )
+    warn_unknown_keys(doc, _FIELDS.values(), "the network config")
     members = gojson.fold_keys(doc, _FIELDS)
     cfg = NetworkConfig()
     setters = {

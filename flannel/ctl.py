@@ -19,15 +19,16 @@ DEFAULT_HOST_PYTHON = "/usr/bin/python3"
 
 
 def cmd_install_cni(args: argparse.Namespace) -> int:
-    if args.plugin == "none" and args.python is not None:
-        print("flannelctl install-cni: --python applies to --plugin python only",
+    if args.plugin == "none" and (args.python is not None or args.force):
+        print("flannelctl install-cni: --python and --force apply to --plugin python only",
               file=sys.stderr)
         return 2
     try:
         installed = []
         if args.plugin == "python":
             python = args.python or DEFAULT_HOST_PYTHON
-            installed.append(f"{install_plugin(args.bin_dir, python)} (run by {python})")
+            target = install_plugin(args.bin_dir, python, force=args.force)
+            installed.append(f"{target} (run by {python})")
         installed.append(str(install_conflist(args.conf_dir, args.conflist)))
     except (InstallError, OSError) as err:
         print(f"flannelctl install-cni: {err}", file=sys.stderr)
@@ -100,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                     f"under {LIBRARY_DIR}/<version>-<hash>/, which the container runtime runs "
                     "on the host with --python. That interpreter is checked first (CPython >= "
                     "3.9 with _json and _socket) and refused, with nothing written, when it "
-                    "cannot run the plugin. --plugin none installs only the conflist, for "
+                    "cannot run the plugin. A 'flannel' in --bin-dir that is not pyflannel's "
+                    "launcher (upstream's static plugin) is never replaced without --force. "
+                    "--plugin none installs only the conflist, for "
                     "nodes whose 'flannel' executable comes from elsewhere, such as upstream's "
                     "static plugin from its flannel-cni-plugin image.")
     install.add_argument("--bin-dir", type=Path, default=Path("/opt/cni/bin"),
@@ -114,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                               f"{DEFAULT_HOST_PYTHON}: the distribution's own, not pyflannel's "
                               "virtualenv or image, which can move or be upgraded under "
                               "running pods; the plugin needs only the standard library)")
+    install.add_argument("--force", action="store_true",
+                         help="replace a 'flannel' plugin that pyflannel did not install "
+                              "(such as upstream's static one) with the Python plugin")
     install.add_argument("--conflist", type=Path, default=None,
                          help="network config list to install (default: the cbr0 one of the "
                               "upstream manifest)")

@@ -38,6 +38,8 @@ from flannel.dataplane import Dataplane
 from flannel.fdlimit import raise_open_files_limit
 from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.privilege import privilege_refusal
+from flannel.kernel.rtnl import NetlinkError
 from flannel.lease import EventType, Lease, LeaseAttrs
 from flannel.localsock import LocalSocket, SocketError, listen, socket_path
 from flannel.log import V2
@@ -324,8 +326,10 @@ class Daemon:
             if lease is None:  # stopped by a signal while the store was unavailable
                 return None
             await backend.activate(lease)
-        except BackendError as err:
-            raise StartupError(str(err)) from None
+        except (BackendError, NetlinkError) as err:
+            # EPERM first: a device helper's own advice would send the operator astray.
+            refusal = privilege_refusal(err)
+            raise StartupError(str(refusal or err)) from None
         except ConfigError as err:
             raise StartupError(f"invalid network config: {err.describe()}") from None
         return backend, lease, local.mtu
@@ -549,6 +553,8 @@ def main(settings: Settings) -> int:
     flannel_log.setup(settings.log.v)
     log.info("CLI flags config: %s", options_line(settings.options))
     raise_open_files_limit()
+    for warning in settings.warnings:
+        log.warning("%s", warning)
 
     async def runner() -> int:
         return await Daemon(settings).run()

@@ -36,6 +36,7 @@ from flannel.backend.base import Backend
 from flannel.backoff import Backoff
 from flannel.histogram import Durations
 from flannel.kernel import events, rtnl
+from flannel.kernel.privilege import privilege_refusal
 from flannel.kernel.reconcile import (
     DesiredState,
     Netlink,
@@ -159,7 +160,8 @@ class Dataplane:
         self._wake.set()
 
     async def run(self) -> None:
-        """Reconcile until cancelled. A failed pass is retried, never raised."""
+        """Reconcile until cancelled. A failed pass is retried, never raised, but for one
+        the kernel refused for want of privilege (PrivilegeError): no retry fixes that."""
         loop = asyncio.get_running_loop()
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
         watcher: asyncio.Task[None] | None = None
@@ -193,8 +195,11 @@ class Dataplane:
                 try:
                     uses_netlink, changes = await loop.run_in_executor(
                         worker, self._pass, peers, check_local, full)
-                except Exception as err:  # every failure is retried
+                except Exception as err:  # every failure is retried, but privilege's
                     self.status.pass_durations.observe(time.monotonic() - started)
+                    refusal = privilege_refusal(err)
+                    if refusal is not None:
+                        raise refusal from None
                     self._failed(err)
                     await self._retry.wait()
                     self.trigger()
@@ -263,6 +268,9 @@ class Dataplane:
         except Exception as err:  # reported as the pass's failure
             self.status.netlink_errors += 1
             self._close_netlink()  # a fresh socket for the retry
+            refusal = privilege_refusal(err)
+            if refusal is not None:  # no retry fixes it: run() ends with it
+                raise refusal from None
             failures.append((str(err), getattr(err, "cause", str(err))))
         for applier in backend.appliers():
             try:

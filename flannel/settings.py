@@ -122,3 +122,5 @@ class Settings:
     version: bool = False  # print the version and exit
     #: Every option's effective value and where it came from, in flag order.
     options: tuple[OptionSource, ...] = ()
+    #: What flanneld warns about once its log is set up (unknown FLANNELD_* variables).
+    warnings: tuple[str, ...] = ()

@@ -12,11 +12,14 @@ Must not touch: the store, the kernel (the engine in ``flannel.cloud.awsvpc`` do
 from __future__ import annotations
 
 import os
-from ipaddress import IPv4Network
+from ipaddress import IPv4Address, IPv4Network
 
+from flannel.backend.base import BackendError
 from flannel.backend.cloudroutes import CloudRouteBackend, RouteEngine
 from flannel.cloud.awsvpc import AwsVpcConfig, AwsVpcRoutes
+from flannel.cloud.base import CloudError
 from flannel.cloud.metadata import AWS_IMDS, MetadataClient
+from flannel.config import NetworkConfig
 
 #: The variable boto3 itself reads for the metadata service's address.
 METADATA_ENDPOINT_VARIABLE = "AWS_EC2_METADATA_SERVICE_ENDPOINT"
@@ -26,6 +29,15 @@ class AwsVpcBackend(CloudRouteBackend):
     type_name = "aws-vpc"
     sdk_module = "boto3"
     extra = "aws"
+    option_names = ("RouteTableID",)
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        try:
+            AwsVpcConfig.from_backend(config.backend, IPv4Network("0.0.0.0/0"),
+                                      IPv4Address(0))
+        except CloudError as err:
+            raise BackendError(str(err)) from None
 
     def make_engine(self, network: IPv4Network) -> RouteEngine:
         address = self._address(self.ext.iface_addr, "address")

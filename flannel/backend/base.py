@@ -27,7 +27,7 @@ from ipaddress import IPv4Address, IPv6Address
 from typing import ClassVar, Protocol
 
 from flannel.backend.footprint import Footprint
-from flannel.config import NetworkConfig
+from flannel.config import NetworkConfig, warn_unknown_keys
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState
@@ -120,9 +120,24 @@ class Backend(ABC):
     backend_type: str = ""
     #: What it leaves in a node's kernel for its peers, for the operator tools.
     footprint: ClassVar[Footprint]
+    #: The Backend members (besides Type) its options parser reads.
+    option_names: tuple[str, ...] = ()
+
+    @classmethod
+    def check_options(cls, config: NetworkConfig) -> None:
+        """Warn (once each) about Backend members no option of this backend matches, then
+        decode the options as the backend will: BackendError when they are unusable.
+        Touches neither the kernel nor the network."""
+        warn_unknown_keys(config.backend, ("Type", *cls.option_names), "Backend")
+        cls.parse_options(config)
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        """Decode this backend's options (BackendError when unusable); none by default."""
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:
+        warn_unknown_keys(config.backend, ("Type", *self.option_names), "Backend")
         self.ext = ext
         self.config = config
         self.options = options or BackendOptions()

@@ -109,6 +109,16 @@ class ExtensionBackend(Backend):
     backend_type = "extension"
     footprint = Footprint(BY_USER, unjudged="the extension's own commands (SubnetAddCommand) "
                           "program each peer, so this node's kernel is not judged")
+    # ShutdownCommand: in upstream's examples, ignored by Go flannel and here.
+    option_names = ("PreStartupCommand", "PostStartupCommand", "SubnetAddCommand",
+                    "SubnetRemoveCommand", "ShutdownCommand")
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        try:
+            ExtensionConfig.parse(config.backend)
+        except ExtensionConfigError as err:
+            raise BackendError(str(err)) from None
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

@@ -51,6 +51,11 @@ class IpipConfig:
 class IpipBackend(RoutedBackend):
     backend_type = "ipip"
     footprint = Footprint(PER_PEER, device=DEVICE, answers_on_base=True)
+    option_names = ("DirectRouting",)
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        IpipConfig.parse(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

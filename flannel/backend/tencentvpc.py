@@ -22,6 +22,8 @@ class TencentVpcBackend(CloudRouteBackend):
     type_name = "tencent-vpc"
     sdk_module = "tencentcloud.vpc.v20170312.vpc_client"
     extra = "tencent"
+    # Decoded once the node's address is known (the keys may come from the environment).
+    option_names = ("AccessKeyID", "AccessKeySecret", "Endpoint", "MetadataURL")
 
     def make_engine(self, network: IPv4Network) -> RouteEngine:
         address = self._address(self.ext.ext_addr, "public address")

@@ -74,6 +74,11 @@ class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
     # The forwarder, not the kernel, knows the peers: the Network route into the TUN is all.
     footprint = Footprint(COVERING, device=TUN_NAME, answers_on_base=True)
+    option_names = ("Port",)
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        parse_port(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

@@ -38,6 +38,13 @@ log = logging.getLogger(__name__)
 ENCAP_OVERHEAD = {4: 50, 6: 70}
 
 
+#: The backend options: (type, default) by name.
+OPTIONS: dict[str, tuple[type, Any]] = {
+    "VNI": (int, 1), "Port": (int, 0), "MTU": (int, 0), "GBP": (bool, False),
+    "Learning": (bool, False), "DirectRouting": (bool, False),
+}
+
+
 @dataclass(frozen=True)
 class VxlanConfig:
     vni: int = 1
@@ -50,10 +57,8 @@ class VxlanConfig:
     @classmethod
     def parse(cls, backend: dict[str, Any]) -> VxlanConfig:
         try:
-            fields = gojson.decode_fields(backend, {
-                "VNI": (int, 1), "Port": (int, 0), "MTU": (int, 0), "GBP": (bool, False),
-                "Learning": (bool, False), "DirectRouting": (bool, False),
-            }, "error decoding VXLAN backend config")
+            fields = gojson.decode_fields(backend, OPTIONS,
+                                          "error decoding VXLAN backend config")
         except ValueError as err:
             raise BackendError(str(err)) from None
         cfg = cls(fields["VNI"], fields["Port"], fields["MTU"], fields["GBP"],
@@ -92,6 +97,11 @@ class _Family:
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
     footprint = Footprint(PER_PEER, device="flannel.{vni}", answers_on_base=True)
+    option_names = tuple(OPTIONS)
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        VxlanConfig.parse(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

@@ -39,6 +39,7 @@ from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Lease
 from flannel.wireguard.config import (
     DEVICE,
+    OPTION_NAMES,
     ConfigError,
     DeviceLayout,
     WireguardConfig,
@@ -69,6 +70,14 @@ class WireguardBackend(Backend):
     backend_type = "wireguard"
     # The device's peers (their AllowedIPs) pick the node; the route covers the Network.
     footprint = Footprint(COVERING, device=DEVICE, answers_on_base=True)
+    option_names = OPTION_NAMES
+
+    @classmethod
+    def parse_options(cls, config: NetworkConfig) -> None:
+        try:
+            WireguardConfig.parse(config.backend)
+        except ConfigError as err:
+            raise BackendError(str(err)) from None
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

@@ -8,8 +8,10 @@ Owns what goes into the CNI bin directory for the Python plugin:
   anywhere), runs the plugin with the host's Python under ``-I -S`` (no site, no environment:
   a pod ADD pays for the plugin only and never depends on where pyflannel is installed), and
   answers CNI error JSON itself when the Python is too old or the library is missing or broken.
-Before anything is written the interpreter is probed (version, ``_json``, ``_socket``); the new
-launcher must answer a VERSION call under a temporary name before it replaces the old one.
+A ``flannel`` that is not such a launcher (upstream's static plugin) is never replaced
+unless asked to (``force``). Before anything is written the interpreter is probed (version,
+``_json``, ``_socket``); the new launcher must answer a VERSION call under a temporary name
+before it replaces the old one.
 A library directory is removed once neither the launcher nor its predecessor names it, so a
 call in flight during an upgrade finishes with the files it started with. Installs into one
 bin dir take turns (a lock on the directory).
@@ -342,11 +344,13 @@ def _mkdir_parents(path: Path) -> None:
         _mkdir(directory)
 
 
-def install_plugin(bin_dir: Path, python: str = sys.executable) -> Path:
+def install_plugin(bin_dir: Path, python: str = sys.executable, *, force: bool = False
+                   ) -> Path:
     """Install the Python plugin as ``bin_dir/flannel``, run by ``python`` on the host.
 
-    Refuses (InstallError) an interpreter that cannot run the plugin, leaving the bin dir
-    as it was.
+    Refuses (InstallError) an interpreter that cannot run the plugin, and, unless ``force``,
+    a ``flannel`` that is not a launcher of ours (upstream's static plugin), leaving the bin
+    dir as it was.
     """
     version = probe_python(python)
     files = _plugin_files()
@@ -357,11 +361,16 @@ def install_plugin(bin_dir: Path, python: str = sys.executable) -> Path:
     root = bin_dir / LIBRARY_DIR
     target = bin_dir / LAUNCHER_NAME
     with _locked(bin_dir):
+        previous = launcher_library(target)
+        if previous is None and not force and os.path.lexists(target):
+            raise InstallError(
+                f"{target} is not pyflannel's plugin launcher (upstream's static flannel "
+                "plugin?): it is left as it is; give --plugin none to install the conflist "
+                "only, or --force to replace it with the Python plugin")
         with contextlib.suppress(FileExistsError):
             _mkdir(root)
         if root.is_symlink() or not root.is_dir():
             raise InstallError(f"{root} is not a directory: remove it and re-run install-cni")
-        previous = launcher_library(target)
         written = False
         fd, tmp_name = tempfile.mkstemp(prefix=f".{LAUNCHER_NAME}.", suffix=".tmp", dir=bin_dir)
         try:

@@ -391,7 +391,7 @@ def _apply(sock: Netlink, ops: list[tuple[str, object]],
         first = failures[0]
         advice = hint(first) if hint is not None else ""
         raise ReconcileError(len(failures), len(ops),
-                             f"{first.strerror}{'; ' + advice if advice else ''}")
+                             f"{first.strerror}{'; ' + advice if advice else ''}") from first
     return ops
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
+from flannel.boundedjson import MAX_CONFIG_BYTES
 from flannel.cli import UsageError, parse_namespace
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.lab import extension, tour
@@ -27,16 +29,33 @@ from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
 ALL_PAIRS_UP_TO = 10  # up pings every pair up to this many nodes, a ring above
+PING_WITHIN = 3.0  # seconds a pair of the ping matrix may take to answer one echo
 
 
 def say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
+def read_config_option(given: str) -> str:
+    """``--config``'s JSON text: the text itself when it starts with ``{``, else the
+    contents of the file it names (``@`` before the path is allowed, as curl takes it)."""
+    if given.lstrip().startswith("{"):
+        return given
+    path = given.removeprefix("@")
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as err:
+        raise ConfigError(f"cannot read {path}: {err.strerror}",
+                          "give the JSON text, or a path to a readable file holding it") \
+            from None
+    return data.decode(errors="replace")
+
+
 def network_config(args: argparse.Namespace, lab: Lab) -> str:
-    """The config JSON to put in etcd: ``--config`` as given, or built from the options."""
+    """The config JSON to put in etcd: ``--config``'s, or built from the options."""
     if args.config:
-        return args.config
+        return read_config_option(args.config)
     backend: dict = {"Type": args.backend}
     if args.backend == "extension":
         backend = extension.backend_section(lab)
@@ -79,6 +98,19 @@ def decode_config(config: dict | str) -> tuple[str, NetworkConfig]:
     decoded = parse_config(text)
     check_network_config(decoded)
     return text, decoded
+
+
+def check_backend(decoded: NetworkConfig) -> str:
+    """The backend's type and options, decoded by the backend's own parser (warnings for
+    unknown keys included): what flanneld would exit with, "" when it would not. Imported
+    here: the backends cost 'down', 'ping' and 'status' nothing."""
+    from flannel.backend import BackendError, backend_class
+
+    try:
+        backend_class(decoded.backend_type).check_options(decoded)
+    except BackendError as err:
+        return str(err)
+    return ""
 
 
 def has_data_path(lab: Lab) -> bool:
@@ -156,14 +188,14 @@ def check_mesh(lab: Lab, indexes: list[int], ipv6: bool) -> str:
 
 def cmd_up(args: argparse.Namespace) -> int:
     lab = Lab(args.name, args.root, progress=say)
-    text = network_config(args, lab)
     try:
+        text = network_config(args, lab)
         _, decoded = decode_config(text)
+        refused = check_backend(decoded)
     except ConfigError as err:
-        # A file name is the likeliest mistake: --config takes the JSON text itself.
-        hint = (f' (--config takes the JSON text, not a file name: --config "$(cat '
-                f'{args.config})")' if args.config and os.path.exists(args.config) else "")
-        print(f"flannel-lab: --config: {err.describe()}{hint}", file=sys.stderr)
+        refused = err.describe()
+    if refused:
+        print(f"flannel-lab: --config: {refused}", file=sys.stderr)
         return 2
     try:
         extra = flanneld_args(args)
@@ -256,14 +288,17 @@ def ping_table(lab: Lab, v6: bool = False) -> tuple[str, bool]:
         targets = {p.name: (p.address6 if v6 else p.address) for p in lab.state.pods}
 
         def probe(i: str, j: str) -> bool:
-            return lab.pod_ping(next(p for p in lab.state.pods if p.name == i), targets[j])
+            return lab.pod_ping(next(p for p in lab.state.pods if p.name == i), targets[j],
+                                within=PING_WITHIN)
     else:
         names = [f"n{n.index}" for n in lab.state.nodes]
 
         def probe(i: str, j: str) -> bool:
-            return lab.ping(int(i[1:]), int(j[1:]), v6=v6)
-    width = max(len(name) for name in names) + 2
-    rows = ["from\\to".ljust(width) + "".join(name.ljust(width) for name in names)]
+            return lab.ping(int(i[1:]), int(j[1:]), v6=v6, within=PING_WITHIN)
+    corner = "from\\to"
+    first = max(len(corner), *(len(name) for name in names)) + 2
+    width = max(len("FAIL"), *(len(name) for name in names)) + 2
+    rows = [corner.ljust(first) + "".join(name.ljust(width) for name in names)]
     all_ok = True
     for i in names:
         cells = []
@@ -274,8 +309,8 @@ def ping_table(lab: Lab, v6: bool = False) -> tuple[str, bool]:
             ok = probe(i, j)
             all_ok &= ok
             cells.append(("ok" if ok else "FAIL").ljust(width))
-        rows.append(i.ljust(width) + "".join(cells))
-    return "\n".join(rows), all_ok
+        rows.append(i.ljust(first) + "".join(cells))
+    return "\n".join(row.rstrip() for row in rows), all_ok
 
 
 def cmd_ping(args: argparse.Namespace) -> int:
@@ -357,8 +392,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--direct-routing", action="store_true", help="vxlan or ipip DirectRouting")
     up.add_argument("--second-underlay", type=int, default=0, metavar="K",
                     help="nodes K and above sit on a second, routed underlay subnet")
-    up.add_argument("--config", help="network config JSON, read as flanneld reads it "
-                    "(overrides the options above)")
+    up.add_argument("--config", metavar="JSON|FILE",
+                    help="network config: the JSON text, or a file holding it (a path, or "
+                    "@path); read as flanneld reads it, backend options included, and refused "
+                    "before anything is built when flanneld would refuse it (overrides the "
+                    "options above)")
     up.add_argument("--pods-per-node", type=int, default=0, metavar="K",
                     help="attach K pods per node through the flannel CNI plugin")
     up.add_argument("--flanneld-arg", action="append", metavar="FLAG",
@@ -390,6 +428,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # What flanneld would warn about in the config (unknown keys), said here too.
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setFormatter(logging.Formatter("flannel-lab: warning: %(message)s"))
+    logging.getLogger("flannel.config").addHandler(warnings)
+    if os.geteuid() != 0:
+        print(f"flannel-lab: {args.command} needs root: a lab is network namespaces with "
+              "etcd, flanneld and ping running inside them, which only root may create and "
+              "enter; run it as root (sudo)", file=sys.stderr)
+        return 1
     if args.command == "up" and not 1 <= args.nodes <= MAX_NODES:
         print(f"flannel-lab: --nodes={args.nodes}: give 1 to {MAX_NODES}", file=sys.stderr)
         return 2

@@ -391,6 +391,10 @@ class Lab:
         ip(ns, "addr", "add", env["FLANNEL_SUBNET"], "dev", "cni0")
         if "FLANNEL_IPV6_SUBNET" in env:
             ip(ns, "addr", "add", env["FLANNEL_IPV6_SUBNET"], "dev", "cni0", "nodad")
+            # No duplicate address detection on the lab's bridge (its link-local address
+            # included): there is nothing to collide with, and a tentative address would
+            # make the first pings after 'up' fail.
+            sysctl(ns, "net.ipv6.conf.cni0.accept_dad", "0")
         ip(ns, "link", "set", "cni0", "up")
 
     def pod_address(self, index: int, v6: bool = False) -> str:
@@ -462,9 +466,11 @@ class Lab:
             return []
         return sorted(p.name for p in store.iterdir() if p.name[0].isdigit() or ":" in p.name)
 
-    def pod_ping(self, pod: Pod, target: str, count: int = 1, timeout: float = 1.0) -> bool:
-        result = in_ns(pod.netns, "ping", "-c", str(count), "-W", f"{timeout:g}", target,
-                       check=False, timeout=count * timeout + 10)
+    def pod_ping(self, pod: Pod, target: str, count: int = 1, timeout: float = 1.0,
+                 within: float = 0.0) -> bool:
+        result = in_ns(pod.netns, "ping", "-c", str(count), "-W", f"{timeout:g}",
+                       *_retries(within), target, check=False,
+                       timeout=count * timeout + within + 10)
         return result.returncode == 0
 
     def log(self, index: int) -> str:
@@ -472,11 +478,14 @@ class Lab:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def ping(self, src: int, dst: int, v6: bool = False, count: int = 1,
-             timeout: float = 1.0) -> bool:
+             timeout: float = 1.0, within: float = 0.0) -> bool:
+        """Whether ``count`` echoes are answered; with ``within``, echoes are sent every
+        0.2 s until they are or ``within`` seconds passed (a first echo lost to a
+        neighbour still being resolved is not a failure)."""
         result = in_ns(self.node_ns(src), "ping", "-6" if v6 else "-4", "-c", str(count),
-                       "-W", f"{timeout:g}", "-I", self.pod_address(src, v6),
-                       self.pod_address(dst, v6), check=False,
-                       timeout=count * timeout + 10)
+                       "-W", f"{timeout:g}", *_retries(within), "-I",
+                       self.pod_address(src, v6), self.pod_address(dst, v6), check=False,
+                       timeout=count * timeout + within + 10)
         return result.returncode == 0
 
     # -- teardown ---------------------------------------------------------------------
@@ -529,20 +538,40 @@ def _stop_processes_in(netns: str, timeout: float = 5.0) -> None:
     for pid, started in pids:
         _signal_own(pid, started, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_start_ticks(p) == s for p, s in pids):
+    while time.monotonic() < deadline and any(_running(p, s) for p, s in pids):
         time.sleep(0.02)
     for pid, started in pids:
         _signal_own(pid, started, signal.SIGKILL)
 
 
-def _start_ticks(pid: int) -> int:
-    """When process ``pid`` started (clock ticks since boot); 0 if there is no such process."""
+def _retries(within: float) -> list[str]:
+    """ping's options to keep sending, every 0.2 s, for up to ``within`` seconds."""
+    return ["-i", "0.2", "-w", f"{within:g}"] if within else []
+
+
+def _stat(pid: int) -> list[str]:
+    """Fields 3 and on of ``/proc/<pid>/stat`` (state first); [] if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return 0
+        return []
     # The command name (field 2) may hold spaces and parentheses: count from its end.
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    return stat[stat.rindex(")") + 2:].split()
+
+
+def _start_ticks(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot); 0 if there is no such process."""
+    fields = _stat(pid)
+    return int(fields[19]) if fields else 0
+
+
+def _running(pid: int, started: int) -> bool:
+    """Whether ``pid`` is still the process that started at ``started`` and has not exited.
+    An exited process whose parent has not reaped it yet (a zombie: flanneld, etcd or
+    wireguard-go of a lab built by another process, left to init) has stopped: waiting for
+    init to reap it would only add its reaping delay to every ``down``."""
+    fields = _stat(pid)
+    return bool(fields) and int(fields[19]) == started and fields[0] not in ("Z", "X")
 
 
 def _alive(pid: int) -> bool:
@@ -576,7 +605,7 @@ def _stop_pid(pid: int, started: int, sig: int, timeout: float) -> int | None:
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            if _start_ticks(pid) != started:
+            if not _running(pid, started):
                 return None
         else:
             if done:

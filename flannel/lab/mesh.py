@@ -79,12 +79,15 @@ def start_nodes(lab: Lab, indexes: list[int], *args: str, starting_at_once: int 
             waiting.append(index)
             started = len(indexes) - len(pending)
             if started % 10 == 0 or not pending:
-                lab.progress(f"flanneld started on {started}/{len(indexes)} nodes, "
-                             f"{done} have their subnet ({time.monotonic() - start:.1f}s)")
+                lab.progress(f"flanneld started on {started}/{len(indexes)} nodes "
+                             f"({time.monotonic() - start:.1f}s); waiting until each has "
+                             f"leased a subnet and written subnet.env ({done} so far)")
         if time.monotonic() > deadline:
             raise LabError(f"nodes {waiting} wrote no subnet.env within {timeout:g}s")
         time.sleep(0.05)
-    return time.monotonic() - start
+    took = time.monotonic() - start
+    lab.progress(f"every node has leased a subnet and written subnet.env ({took:.1f}s)")
+    return took
 
 
 def _has_subnet_env(lab: Lab, index: int) -> bool:

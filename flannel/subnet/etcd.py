@@ -442,7 +442,10 @@ class EtcdSubnetManager:
                     if prune_at is not None:
                         timeout = max(0.0, min(timeout, prune_at - time.monotonic()))
                     try:
-                        item = await asyncio.wait_for(queue.get(), timeout)
+                        # Not wait_for: on 3.11 it swallows a cancellation that arrives as
+                        # an item does, and flanneld would then never finish stopping.
+                        async with asyncio.timeout(timeout):
+                            item = await queue.get()
                     except TimeoutError:
                         item = None
                     if isinstance(item, Exception):

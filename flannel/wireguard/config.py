@@ -27,6 +27,12 @@ DEVICE_V6 = "flannel-wg-v6"
 # Outer IPv6 (40) + UDP (8) + WireGuard data header (16) + auth tag (16): fits both families.
 ENCAP_OVERHEAD = 80
 _CONTEXT = "error decoding backend config"
+#: The backend options: (type, default) by name.
+_OPTIONS: dict[str, tuple[type, Any]] = {
+    "ListenPort": (int, 51820), "ListenPortV6": (int, 51821), "MTU": (int, 0),
+    "PSK": (str, ""), "PersistentKeepaliveInterval": (int, 0), "Mode": (str, "separate"),
+}
+OPTION_NAMES = tuple(_OPTIONS)
 # The kernel keeps the keepalive interval in 16 bits.
 _MAX_KEEPALIVE = 65535
 
@@ -56,11 +62,7 @@ class WireguardConfig:
     @classmethod
     def parse(cls, backend: dict[str, Any]) -> WireguardConfig:
         try:
-            fields = gojson.decode_fields(backend, {
-                "ListenPort": (int, 51820), "ListenPortV6": (int, 51821), "MTU": (int, 0),
-                "PSK": (str, ""), "PersistentKeepaliveInterval": (int, 0),
-                "Mode": (str, "separate"),
-            }, _CONTEXT)
+            fields = gojson.decode_fields(backend, _OPTIONS, _CONTEXT)
         except ValueError as err:
             if "PSK" in str(err):
                 # decode_fields quotes the bad value; a PSK must never be echoed.

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,12 @@ def netns_names() -> set[str]:
 
 
 def alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
+    """Whether ``pid`` runs (an exited process init has not reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
 def recorded(lab: Lab) -> Lab:
@@ -136,20 +142,38 @@ def test_bad_config_is_refused_before_anything_is_built(make_lab, tmp_path):
         assert (result.returncode, result.stdout) == (2, "")
         assert result.stderr == f"flannel-lab: --config: {message}\n"
         assert not lab.directory.exists()
-    # A file name instead of the JSON text: said so.
+    # A file (a path, or @path) is read; its backend options are decoded by the backend's
+    # own parser, and refused as flanneld would refuse them, before anything is built.
     path = tmp_path / "net-conf.json"
-    path.write_text('{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}')
-    result = lab_cli(lab, "up", "--config", str(path))
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.endswith(
-        f'(--config takes the JSON text, not a file name: --config "$(cat {path})")\n')
-    assert not lab.directory.exists()
+    for backend, message in (
+            ({"Type": "vxaln"}, "unknown backend type: vxaln; set Backend.Type in the network "
+                                "config to one of: alloc, aws-vpc, extension, host-gw, ipip, "
+                                "tencent-vpc, udp, vxlan, wireguard"),
+            ({"Type": "vxlan", "DirectRoutng": True, "VNI": "one"},
+             'error decoding VXLAN backend config: VNI must be an integer, got string "one"')):
+        path.write_text(json.dumps({"Network": "10.244.0.0/16", "Backend": backend}))
+        for given in (str(path), f"@{path}"):
+            result = lab_cli(lab, "up", "--config", given)
+            assert (result.returncode, result.stdout) == (2, ""), result.stderr
+            assert result.stderr.endswith(f"flannel-lab: --config: {message}\n")
+            assert not lab.directory.exists()
+    assert result.stderr.startswith(
+        'flannel-lab: warning: unknown key "DirectRoutng" in Backend is ignored; did you mean '
+        '"DirectRouting"?\n')
+    result = lab_cli(lab, "up", "--config", str(tmp_path / "missing.json"))
+    assert (result.returncode, result.stderr) == (2, (
+        f"flannel-lab: --config: cannot read {tmp_path / 'missing.json'}: No such file or "
+        "directory; give the JSON text, or a path to a readable file holding it\n"))
+    help_text = " ".join(subprocess.run([FLANNEL_LAB, "up", "--help"], capture_output=True,
+                                        text=True, timeout=60, check=True).stdout.split())
+    assert "the JSON text, or a file holding it (a path, or @path)" in help_text
 
 
-def test_config_members_are_case_insensitive_as_for_flanneld(make_lab):
+def test_config_members_are_case_insensitive_as_for_flanneld(make_lab, tmp_path):
     lab = make_lab()
-    result = lab_cli(lab, "up", "--nodes", "1", "--config", json.dumps(
-        {"network": "10.244.0.0/16", "backend": {"type": "ALLOC"}}))
+    path = tmp_path / "net-conf.json"  # --config also takes a file
+    path.write_text(json.dumps({"network": "10.244.0.0/16", "backend": {"type": "ALLOC"}}))
+    result = lab_cli(lab, "up", "--nodes", "1", "--config", str(path))
     assert result.returncode == 0, result.stderr
     assert "leases only: the alloc backend programs no data path" in result.stdout
     assert lab_cli(lab, "down").returncode == 0
@@ -188,3 +212,37 @@ def test_readyz_names_what_is_wrong_but_no_path(make_lab, tmp_path):
     assert str(broken) in lab.log(1)  # the log has the whole story
     assert str(tmp_path) not in body
     assert not re.search(r"(?<![\w.:])/\w", body), body
+
+
+def test_first_run_up_ping_down_with_wireguard_and_ipv6(make_lab):
+    """What an operator sees on a first run: progress that says what it waits for, a ping
+    right after 'up' that succeeds (no address of the lab's bridges still tentative), an
+    aligned matrix, and a prompt 'down' (wireguard-go included)."""
+    lab = make_lab()
+    up = lab_cli(lab, "up", "--nodes", "2", "--backend", "wireguard", "--ipv6")
+    assert up.returncode == 0, up.stderr
+    assert re.search(r"^==> flanneld started on 2/2 nodes \(\d+\.\ds\); waiting until each has "
+                     r"leased a subnet and written subnet.env \(\d so far\)$", up.stdout, re.M)
+    assert re.search(r"^==> every node has leased a subnet and written subnet.env "
+                     r"\(\d+\.\ds\)$", up.stdout, re.M)
+    state = recorded(lab).state
+    for node in state.nodes:
+        tentative = subprocess.run(["ip", "-n", node.netns, "-6", "addr", "show", "dev", "cni0",
+                                    "tentative"], capture_output=True, text=True, timeout=20,
+                                   check=True).stdout
+        assert tentative == "", tentative
+
+    ping = lab_cli(lab, "ping")
+    assert (ping.returncode, ping.stderr) == (0, "")
+    matrix = ("from\\to  n1    n2\n"
+              "n1       -     ok\n"
+              "n2       ok    -\n")
+    assert ping.stdout == f"IPv4 node ping matrix:\n{matrix}IPv6 node ping matrix:\n{matrix}"
+
+    started = time.monotonic()
+    down = lab_cli(lab, "down")
+    took = time.monotonic() - started
+    assert (down.returncode, down.stdout) == (0, f"==> lab {lab.name} removed\n")
+    assert not set(state.namespaces) & netns_names()
+    assert not any(alive(node.pid) for node in state.nodes)
+    assert took < 4, f"down took {took:.1f}s"

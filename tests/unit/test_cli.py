@@ -267,3 +267,42 @@ def test_encap_peers_only_is_off_by_default_and_set_by_flag_or_environment():
                  env={"FLANNELD_ENCAP_PEERS_ONLY": "true"}).rules.encap_peers_only is False
     with pytest.raises(UsageError, match="FLANNELD_ENCAP_PEERS_ONLY"):
         parse(env={"FLANNELD_ENCAP_PEERS_ONLY": "maybe"})
+
+
+def test_help_describes_flanneld_and_shows_each_default(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = subprocess.run([str(Path(sys.executable).parent / "flanneld"), "--help"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())  # argparse wraps to the terminal's width
+    assert "flanneld runs on every host of a flannel network." in text
+    assert "It needs root, or CAP_NET_ADMIN and CAP_NET_RAW." in text
+    for flag, default in (("iptables-resync N", "5"), ("subnet-lease-ttl DURATION", "24h0m0s"),
+                          ("ip-masq [BOOL]", "false"), ("iptables-forward-rules [BOOL]", "true"),
+                          ("etcd-prefix VALUE", "/coreos.com/network"),
+                          ("iface VALUE", "none")):
+        name = flag.split()[0]
+        env = "FLANNELD_" + name.upper().replace("-", "_")
+        assert f"--{flag} " in text and f"(default {default}; env {env})" in text, flag
+    # Go's flag syntax still parses as before.
+    settings = parse("-iface=eth1", "--ip-masq=false", "-iptables-resync", "7")
+    assert settings.interface.ifaces == ("eth1",)
+    assert (settings.rules.ip_masq, settings.rules.resync) == (False, 7)
+
+
+def test_unknown_flanneld_variables_are_named_with_the_nearest_flag():
+    from flannel.cli import unknown_environment
+
+    settings = parse(env={"FLANNELD_IP_MASK": "true", "FLANNELD_IFACE": "eth0",
+                          "FLANNELD_FROBNICATE": "1", "FLANNEL_IFACE": "x"})
+    assert settings.rules.ip_masq is False
+    assert settings.warnings == (
+        "environment variable FLANNELD_FROBNICATE is no flag's and is ignored; every flag's "
+        "variable is FLANNELD_ and its name in capitals, with _ for - (--etcd-endpoints is "
+        "FLANNELD_ETCD_ENDPOINTS)",
+        "environment variable FLANNELD_IP_MASK is no flag's and is ignored; did you mean "
+        "FLANNELD_IP_MASQ?")
+    assert unknown_environment({f.env_name: "x" for f in FLAGS}) == ()

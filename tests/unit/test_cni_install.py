@@ -150,7 +150,39 @@ def test_plugin_none_rejects_python(tmp_path, capsys):
     assert main(["install-cni", "--bin-dir", str(tmp_path), "--conf-dir", str(tmp_path),
                  "--plugin", "none", "--python", HOST_PYTHON]) == 2
     assert capsys.readouterr().err == \
-        "flannelctl install-cni: --python applies to --plugin python only\n"
+        "flannelctl install-cni: --python and --force apply to --plugin python only\n"
+
+
+def test_the_default_never_replaces_a_plugin_it_did_not_install(tmp_path):
+    """The plain-host line of docs/install.md on a host with upstream's static plugin."""
+    static = b"\x7fELF\x02\x01\x01upstream static flannel plugin"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "flannel").write_bytes(static)
+    command = [str(Path(sys.executable).parent / "flannelctl"), "install-cni", "--bin-dir",
+               str(tmp_path / "bin"), "--conf-dir", str(tmp_path / "conf"),
+               "--python", HOST_PYTHON]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert proc.stderr == (
+        f"flannelctl install-cni: {tmp_path}/bin/flannel is not pyflannel's plugin launcher "
+        "(upstream's static flannel plugin?): it is left as it is; give --plugin none to "
+        "install the conflist only, or --force to replace it with the Python plugin\n")
+    assert (tmp_path / "bin" / "flannel").read_bytes() == static
+    assert sorted(p.name for p in (tmp_path / "bin").iterdir()) == ["flannel"]
+    assert not (tmp_path / "conf").exists()
+    # What the doc says to run there: the conflist only, the static plugin kept.
+    proc = subprocess.run([*command[:-2], "--plugin", "none"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "bin" / "flannel").read_bytes() == static
+    assert (tmp_path / "conf" / "10-flannel.conflist").exists()
+    # Its own launcher is replaced as before; --force replaces a foreign one.
+    proc = subprocess.run([*command, "--force"], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert launcher_library(tmp_path / "bin" / "flannel")
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_a_bad_conflist_is_refused(tmp_path):

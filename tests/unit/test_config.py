@@ -249,3 +249,49 @@ def test_network_overlapping_the_node_address_is_named():
     assert network_overlaps_underlay(cfg, [IPv6Address("fd00::7")]) == (
         "IPv6Network fd00::/56 contains this node's address fd00::7; choose another IPv6Network "
         "that does not overlap the hosts' own network")
+
+
+def test_unknown_keys_are_named_once_with_the_nearest_known_one(caplog):
+    from flannel.backend import backend_class
+
+    text = ('{"Network": "10.244.0.0/16", "SubnetLenght": 22, "Backend": {"Type": "vxlan", '
+            '"DirectRoutng": true, "vni": 7, "Colour": "blue"}}')
+    with caplog.at_level("WARNING", logger="flannel.config"):
+        cfg = checked(text)
+        backend_class("vxlan").check_options(cfg)
+        checked(text)  # parsed again (a restart of the config wait): not warned again
+        backend_class("vxlan").check_options(cfg)
+    assert cfg.subnet_len == 24  # ignored as Go ignores it: the default applies
+    assert caplog.messages == [
+        'unknown key "SubnetLenght" in the network config is ignored; did you mean '
+        '"SubnetLen"?',
+        'unknown key "DirectRoutng" in Backend is ignored; did you mean "DirectRouting"?',
+        'unknown key "Colour" in Backend is ignored; known keys: DirectRouting, GBP, '
+        'Learning, MTU, Port, Type, VNI']
+
+
+@pytest.mark.parametrize(("backend", "message"), [
+    ({"Type": "vxlan", "VNI": "one"},
+     'error decoding VXLAN backend config: VNI must be an integer, got string "one"'),
+    ({"Type": "udp", "Port": 0}, "error decoding UDP backend config: Port 0 is not a UDP port"),
+    ({"Type": "wireguard", "Mode": "both"}, "no valid Mode configured"),
+    ({"Type": "ipip", "DirectRouting": "yes"},
+     "error decoding IPIP backend config: DirectRouting must be a bool"),
+])
+def test_backend_options_are_checked_without_building_anything(backend, message):
+    from flannel.backend import BackendError, backend_class
+
+    cfg = checked('{"Network": "10.244.0.0/16"}')
+    cfg.backend = backend
+    with pytest.raises(BackendError, match="^" + message.replace("(", r"\(")):
+        backend_class(backend["Type"]).check_options(cfg)
+
+
+def test_unknown_keys_of_a_hostile_config_are_few_lines_and_quoted():
+    from flannel.config import unknown_keys
+
+    doc = {"Network": "10.244.0.0/16", **{f"k\n{i}": i for i in range(500)}}
+    found = [message for _key, message in unknown_keys(doc, ("Network",), "the network config")]
+    assert len(found) == 11
+    assert found[0] == 'unknown key "k\\n0" in the network config is ignored; known keys: Network'
+    assert found[-1] == "490 more unknown keys in the network config are ignored"

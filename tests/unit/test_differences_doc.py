@@ -15,7 +15,8 @@ DOC = ROOT / "docs" / "differences.md"
 #: goes here and into the table of docs/differences.md.
 KNOWN_DIFFERENCES = frozenset({
     # flags and logging
-    "bad-flag-exits-2", "values-that-hurt-refused", "subnet-lease-ttl", "klog-vmodule",
+    "bad-flag-exits-2", "values-that-hurt-refused", "unknown-keys-named",
+    "eperm-exits-naming-privilege", "subnet-lease-ttl", "klog-vmodule",
     "v-levels", "start-up-options-line",
     # etcd
     "etcd-tls-warning", "etcd-cafile-without-client-cert", "etcd-subnets-directory",
