@@ -26,10 +26,16 @@ from flannel.config import ConfigError, NetworkConfig, check_network_config, par
 from flannel.lab import extension, tour
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
 from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
+from flannel.ops import commands
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
 ALL_PAIRS_UP_TO = 10  # up pings every pair up to this many nodes, a ring above
 PING_WITHIN = 3.0  # seconds a pair of the ping matrix may take to answer one echo
+
+
+def lab_command(verb: str, name: str) -> str:
+    """A ``flannel-lab`` command line to paste, the script by its full path."""
+    return shlex.join([commands.script("flannel-lab"), verb, "--name", name])
 
 
 def say(message: str) -> None:
@@ -224,8 +230,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         lab.down()
         return 1
     say(f"lab {lab.name} is up: {len(indexes)} nodes, {done}; "
-        f"'flannel-lab status --name {lab.name}' shows it, 'flannel-lab down --name "
-        f"{lab.name}' removes it")
+        f"'{lab_command('status', lab.name)}' shows it, '{lab_command('down', lab.name)}' "
+        "removes it")
     return 0
 
 
@@ -320,7 +326,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
         return 1
     if not has_data_path(lab):
         say(f"lab {lab.name} uses the alloc backend, which programs no data path: nothing to "
-            f"ping; 'flannel-lab status --name {lab.name}' shows the leases")
+            f"ping; '{lab_command('status', lab.name)}' shows the leases")
         return 0
     ok = True
     for v6 in (False, True) if lab.state.ipv6 else (False,):
@@ -359,8 +365,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 1
     finally:
         if lab.owns_directory and args.keep:
-            say(f"lab {lab.name} kept: 'flannel-lab status --name {lab.name}' shows it, "
-                f"'flannel-lab down --name {lab.name}' removes it")
+            say(f"lab {lab.name} kept: '{lab_command('status', lab.name)}' shows it, "
+                f"'{lab_command('down', lab.name)}' removes it")
         elif lab.owns_directory:
             say(f"removing the {args.command} lab")
             lab.down()

@@ -21,6 +21,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from pathlib import Path
 from flannel.fileutil import write_atomic
 from flannel.kernel.host import LOCAL
 from flannel.lab.etcd import EtcdServer
+from flannel.ops import commands
 from flannel.wireguard import nsexec
 
 DEFAULT_ROOT = Path("/run/flannel-lab")
@@ -161,8 +163,9 @@ class Lab:
         return self.directory.exists()
 
     def exists_error(self) -> LabExists:
+        down = shlex.join([commands.script("flannel-lab"), "down", "--name", self.name])
         return LabExists(f"lab {self.name} already exists ({self.directory}); it is left as "
-                         f"it is: 'flannel-lab down --name {self.name}' removes it")
+                         f"it is: '{down}' removes it")
 
     @property
     def underlay_ns(self) -> str:

@@ -26,6 +26,7 @@ from typing import Any
 
 from flannel.lab.cluster import ETCD_PREFIX, Lab, LabError, Pod, in_ns, ip
 from flannel.lease import LeaseAttrs, LeaseDecodeError, parse_subnet_key
+from flannel.ops import commands
 
 DEMO_CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 20, "SubnetMin": "10.10.0.0",
                "SubnetMax": "10.99.0.0", "Backend": {"Type": "vxlan", "VNI": 100, "Port": 8472}}
@@ -311,7 +312,8 @@ def ping(lab: Lab, src: Pod, dst: Pod, timeout: float = 20.0) -> bool:
     print(result.stdout.strip(), flush=True)
     if result.returncode != 0:
         print(f"flannel-lab: the ping from pod {src.name} to pod {dst.name} failed; "
-              f"'flannelctl check --lab {lab.name}' (with --keep) says where it stops",
+              f"'{commands.flannelctl('check', '--lab', lab.name)}' (with --keep) says where "
+              "it stops",
               file=sys.stderr)
     return result.returncode == 0
 
