@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flannel.cli import FLAGS, Flag, UsageError, store_settings
+from flannel.cli import FLAGS, Flag, UsageError, shown_value, store_settings
 from flannel.settings import EtcdSettings, StoreSettings
 
 if TYPE_CHECKING:
@@ -59,6 +59,11 @@ def _value(flag: Flag, given: str | None, environ: dict[str, str],
         return flag.convert(text)
     except ValueError as err:
         raise UsageError(f"{source}={text!r}: {err}") from None
+
+
+def shown(name: str, value: object) -> str:
+    """A store flag's value as flanneld logs it, credentials masked."""
+    return shown_value(_BY_NAME[name], value)
 
 
 def quiet_store_logs() -> None:

@@ -125,16 +125,15 @@ def diagnose(ctx: Context) -> list[Finding]:
 
 def store_source(opts: DoctorOptions) -> str:
     """Which store doctor read, and whose settings say so."""
-    from flannel.cli import FLAGS, shown_value
     from flannel.settings import KubeSettings
+    from flannel.storeflags import shown
 
-    flags = {flag.name: flag for flag in FLAGS}
     store, found, given = opts.store.store, opts.found, opts.given
     if isinstance(store, KubeSettings):
         api = store.api_url or store.kubeconfig_file or "in-cluster"
         place = f"the Kubernetes API ({api}), network config {store.net_config_path}"
     else:
-        place = (f"etcd {shown_value(flags['etcd-endpoints'], store.endpoints)}, "
+        place = (f"etcd {shown('etcd-endpoints', store.endpoints)}, "
                  f"prefix {store.prefix}")
     if found is not None and found.flags is not None:
         whose = "the settings of the flanneld running here"
