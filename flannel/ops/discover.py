@@ -37,7 +37,7 @@ class Flanneld:
     pid: int
     #: Its options as it parsed them, by flag dest; None when they could not be read.
     flags: Mapping[str, object] | None
-    #: Why ``args`` is missing or partial (its environment unreadable); empty when whole.
+    #: Why ``flags`` is missing or partial (its environment unreadable); empty when whole.
     why: str
     #: Where its paths start from here: ``/`` in our mount namespace, else its root.
     root: Path
