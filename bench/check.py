@@ -27,6 +27,7 @@ from ipaddress import IPv4Network
 from flannel.kernel.host import Host
 from flannel.ops.check import PeerResult, probe_all
 from flannel.ops.icmp import Pinger
+from flannel.ops.options import CheckOptions
 from tests.support import netns
 
 COUNT, INTERVAL, TIMEOUT = 3, 0.2, 1.0
@@ -46,8 +47,8 @@ def run_check(ns: str, n: int, parallel: int) -> int:
     rows = [PeerResult(IPv4Network(f"{t}/32"), "", "vxlan", target=t) for t in targets(n)]
     with Host(ns).entered():
         pinger = Pinger([])
-    args = argparse.Namespace(parallel=parallel, count=COUNT, interval=INTERVAL,
-                              timeout=TIMEOUT, deadline=600)
+    args = CheckOptions(None, parallel=parallel, count=COUNT, interval=INTERVAL,
+                        timeout=TIMEOUT, deadline=600)
 
     async def go() -> None:
         try:

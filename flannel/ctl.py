@@ -2,18 +2,25 @@
 
 Owns the command line of the operator tool: ``install-cni``, ``cleanup`` (whose inventory
 of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command), and the
-wiring of ``leases``, ``doctor``, ``check``, ``bundle`` and ``status`` (in ``flannel/ops/``).
+wiring of ``leases``, ``doctor``, ``check``, ``bundle`` and ``status`` (in ``flannel/ops/``):
+their typed options (``flannel.ops.options``) are built here once, store flags resolved.
 Must not touch: kernel state outside ``cleanup``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
+from flannel.cli import UsageError
 from flannel.cni.install import LIBRARY_DIR, InstallError, install_conflist, install_plugin
-from flannel.ops import parsers
+from flannel.ops import options, parsers
+from flannel.storeflags import explicit, of_running, quiet_store_logs, resolve
+
+OpsOptions = (options.LeasesOptions | options.DoctorOptions | options.CheckOptions
+              | options.BundleOptions | options.StatusOptions)
 
 DEFAULT_HOST_PYTHON = "/usr/bin/python3"
 
@@ -153,9 +160,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def ops_options(args: argparse.Namespace, environ: dict[str, str] | None = None
+                ) -> OpsOptions:
+    """The typed options of an operator command, its store flags resolved (command line >
+    ``FLANNELD_*`` > doctor: the flanneld running here > flanneld's default); UsageError
+    names a bad value."""
+    environ = dict(os.environ if environ is None else environ)
+    command = args.command
+    if command == "status":
+        return options.StatusOptions(args.health_url, args.socket, args.subnet_file,
+                                     args.timeout, args.json)
+    if command == "leases":
+        action = args.leases_command
+        return options.LeasesOptions(
+            resolve(args, environ), action, json=getattr(args, "json", False),
+            target=args.subnet if action in ("show", "release") else "",
+            reserve=args.subnet if action == "reserve" else None,
+            reserve_for=getattr(args, "reserve_for", None), yes=getattr(args, "yes", False))
+    if command == "check":
+        return options.CheckOptions(
+            None if args.lab else resolve(args, environ), args.json, args.count,
+            args.interval, args.timeout, args.parallel, args.deadline, args.lab,
+            args.lab_root)
+    cni = (tuple(args.cni_bin_dir or options.DEFAULT_CNI_BIN_DIRS),
+           tuple(args.cni_conf_dir or options.DEFAULT_CNI_CONF_DIRS))
+    if command == "bundle":
+        return options.BundleOptions(resolve(args, environ), args.output, args.health_url,
+                                     tuple(args.log_file or ()), args.journal, *cni)
+    from flannel.ops.discover import NotFound, find
+
+    given = tuple(explicit(args, environ))
+    try:
+        found, note = find(), ""
+    except NotFound as err:
+        found, note = None, str(err)
+    if found is not None:
+        note = found.why
+    store = resolve(args, environ, of_running(found) if found is not None else None)
+    return options.DoctorOptions(store, args.json, *cni, args.probe_timeout,
+                                 args.fix_checksum_offload, found, note, given)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    if args.command in ("install-cni", "cleanup"):
+        code: int = args.func(args)
+        return code
+    try:
+        typed = ops_options(args)
+    except UsageError as err:
+        print(f"flannelctl {args.command}: {err}", file=sys.stderr)
+        return 2
+    if args.command != "status":
+        quiet_store_logs()
+    code = args.func(typed)
+    return code
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv6Address
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from flannel import log as flannel_log
@@ -37,7 +36,7 @@ from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
 from flannel.dataplane import Dataplane
 from flannel.fdlimit import raise_open_files_limit
 from flannel.health import HealthServer
-from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.iface import ExternalInterface, InterfaceError, PublicIPs, select_interface
 from flannel.kernel.privilege import privilege_refusal
 from flannel.kernel.rtnl import NetlinkError
 from flannel.lease import EventType, Lease, LeaseAttrs
@@ -45,6 +44,7 @@ from flannel.localsock import LocalSocket, SocketError, listen, socket_path
 from flannel.log import V2
 from flannel.nodestate import NodeState
 from flannel.readiness import Readiness
+from flannel.rules.build import traffic_rules
 from flannel.rules.iptables import RulesError
 from flannel.sdnotify import notify
 from flannel.settings import InterfaceSettings, RulesSettings, Settings, options_line
@@ -103,8 +103,6 @@ class Supervised:
     forever: bool = True
 
 
-#: Public IPs the store imposes on this node (kube's node-public-ip annotations), if any.
-PublicIPs = tuple[IPv4Address | None, IPv6Address | None]
 SelectInterface = Callable[[InterfaceSettings, NetworkConfig, PublicIPs],
                            Awaitable[ExternalInterface]]
 MakeBackend = Callable[[ExternalInterface, NetworkConfig, BackendOptions], Backend]
@@ -112,59 +110,9 @@ MakeBackend = Callable[[ExternalInterface, NetworkConfig, BackendOptions], Backe
 MakeRules = Callable[[RulesSettings, NetworkConfig, Lease, dict[int, tuple[int, ...]]], Rules]
 
 
-async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
-                           imposed: PublicIPs) -> ExternalInterface:
-    """The external interface of the flags, with the public IPs the store imposes."""
-    from flannel.kernel.iface import (
-        IfaceOptions,
-        InterfaceError,
-        read_snapshot,
-        select_external_interface,
-    )
-
-    public_v4, public_v6 = imposed
-    options = IfaceOptions(settings.ifaces, settings.iface_regexes, settings.can_reach,
-                           str(public_v4) if public_v4 else settings.public_ip,
-                           str(public_v6) if public_v6 else settings.public_ipv6)
-    try:
-        # Netlink reads block: keep them off the event loop.
-        return await asyncio.to_thread(
-            lambda: select_external_interface(read_snapshot(), options,
-                                              ipv4=config.enable_ipv4, ipv6=config.enable_ipv6))
-    except InterfaceError as err:
-        raise StartupError(str(err)) from None
-
-
 def make_backend(ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions) -> Backend:
     return backend_class(config.backend_type)(ext, config, options)
-
-
-def traffic_rules(rules: RulesSettings, config: NetworkConfig, lease: Lease,
-                  encap_ports: dict[int, tuple[int, ...]]) -> Rules:
-    """The traffic rules of the flags for our lease (``TrafficManager``); with
-    ``--encap-peers-only``, the filter of the backend's ``encap_ports``."""
-    from flannel.rules import iptables, nftables
-    from flannel.rules.manager import TrafficManager
-    from flannel.rules.spec import FamilyRules
-
-    families = []
-    for version, network, subnet in ((4, config.network, lease.subnet),
-                                     (6, config.ipv6_network, lease.ipv6_subnet)):
-        if network is None or subnet is None:
-            continue
-        try:
-            fully_random = (nftables.supports_fully_random() if config.enable_nftables
-                            else iptables.supports_random_fully(version))
-        except RulesError:
-            fully_random = False  # the binary is missing: installing will say so
-        families.append(FamilyRules(
-            version, network, subnet, masquerade=rules.ip_masq, forward=rules.forward,
-            fully_random=fully_random and not rules.fully_random_disable,
-            non_masquerade=tuple(n for n in config.non_masquerade if n.version == version),
-            encap_ports=encap_ports.get(version, ()) if rules.encap_peers_only else ()))
-    return TrafficManager(families, config.enable_nftables, resync=rules.resync,
-                          iptables_mode=rules.iptables_mode)
 
 
 async def retried(call: Callable[[], Awaitable[T]], what: str, fatal: str,
@@ -358,7 +306,10 @@ class Daemon:
         if imposed is None:
             return 0
         self.phase("selecting the external interface")
-        ext = await self._select_interface(self.settings.interface, config, imposed)
+        try:
+            ext = await self._select_interface(self.settings.interface, config, imposed)
+        except InterfaceError as err:
+            raise StartupError(str(err)) from None
         if overlap := network_overlaps_underlay(config, (ext.iface_addr, ext.ext_addr,
                                                          ext.iface_v6_addr, ext.ext_v6_addr)):
             raise StartupError(f"invalid network config: {overlap}")

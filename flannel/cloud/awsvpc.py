@@ -17,27 +17,23 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from flannel import gojson
 from flannel.cloud.base import (
+    ApiError,
     CloudError,
-    EngineStatus,
-    OrphanGrace,
     RouteChange,
+    RouteEngineBase,
     Throttled,
     ThrottleRetry,
-    live_subnets,
     route_in_network,
-    with_retry,
 )
 from flannel.cloud.metadata import AwsIdentity, MetadataClient, aws_identity
-from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +44,12 @@ _MAX_ROUTE_TABLES = 16
 API_TIMEOUT = 10
 
 
-class AwsApiError(CloudError):
+class AwsApiError(ApiError):
     def __init__(self, action: str, code: str, message: str) -> None:
         hint = ""
         if code in ("UnauthorizedOperation", "AuthFailure", "AccessDenied"):
             hint = f" (the node's IAM role needs the permission ec2:{action})"
-        super().__init__(f"EC2 {action} failed: {code}: {message[:300]}{hint}")
-        self.code = code
+        super().__init__("EC2", action, code, message, hint)
 
 
 @dataclass(frozen=True)
@@ -89,21 +84,19 @@ class AwsVpcConfig:
         return cls(network, external_address, tuple(dict.fromkeys(ids)))
 
 
-class AwsVpcRoutes:
+class AwsVpcRoutes(RouteEngineBase):
+    name = "aws-vpc"
+
     def __init__(self, config: AwsVpcConfig, metadata: MetadataClient, *,
                  endpoint_url: str | None = None, backoff: ThrottleRetry | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
+        super().__init__(backoff, sleep)
         self.config = config
         self.metadata = metadata
         self.endpoint_url = endpoint_url
-        self.backoff = backoff or ThrottleRetry()
-        self._sleep = sleep
-        self._lock = threading.Lock()
         self._ec2: Any = None
         self.identity: AwsIdentity | None = None
         self.tables: tuple[str, ...] = ()
-        self._status = EngineStatus(backend="aws-vpc")
-        self._orphans = OrphanGrace()
 
     # --- calls -------------------------------------------------------------------------
 
@@ -135,7 +128,7 @@ class AwsVpcRoutes:
             except BotoCoreError as error:
                 raise CloudError(f"EC2 {action} failed: {error}") from None
 
-        return with_retry(f"EC2 {action}", once, self.backoff, self._sleep)
+        return self._retried(f"EC2 {action}", once)
 
     # --- start -------------------------------------------------------------------------
 
@@ -204,27 +197,13 @@ class AwsVpcRoutes:
     def _inside_network(self, route: dict[str, Any]) -> IPv4Network | None:
         return route_in_network(route.get("DestinationCidrBlock"), self.config.network)
 
-    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
-                  collect: bool = True) -> list[RouteChange]:
-        """Make the route tables match the leases; idempotent. Returns what was changed.
+    def _prepared(self) -> bool:
+        return self._ec2 is not None and self.identity is not None
 
-        ``collect=False`` only routes our subnet (at start, before the peers are known)."""
-        own, live = live_subnets("aws-vpc", own_lease, peer_leases)
-        with self._lock:
-            if self._ec2 is None or self.identity is None:
-                raise CloudError("aws-vpc: reconcile() before prepare()")
-            try:
-                changes = self._reconcile(own, live, self.identity.eni_id, collect)
-            except CloudError as error:
-                self._status.last_error = str(error)
-                raise
-            self._status.last_reconcile = time.time()
-            self._status.last_changes = changes
-            self._status.last_error = None
-            return changes
-
-    def _reconcile(self, own: IPv4Network, live: set[IPv4Network], eni_id: str,
+    def _reconcile(self, own: IPv4Network, live: set[IPv4Network],
                    collect: bool) -> list[RouteChange]:
+        assert self.identity is not None  # _prepared()
+        eni_id = self.identity.eni_id
         changes = []
         if collect:
             self._orphans.begin()
@@ -287,12 +266,6 @@ class AwsVpcRoutes:
         change = RouteChange("delete", table, str(destination), target)
         log.info("aws-vpc: %s", change)
         return change
-
-    def status(self) -> EngineStatus:
-        with self._lock:
-            return replace(self._status, tables=list(self._status.tables),
-                           last_changes=list(self._status.last_changes),
-                           warnings=list(self._status.warnings))
 
 
 def _target_of(route: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
-"""What the cloud route engines share: their error, change and status records, and the
-retry-with-backoff policy for throttled API calls.
+"""What the cloud route engines share: their error, change and status records, the
+retry-with-backoff policy for throttled API calls, and the engine's frame (``RouteEngineBase``:
+the lock, the status of every pass, the orphan grace).
 
 Must not touch: any cloud API directly (the engines pass their calls in).
 """
@@ -8,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Network
 from typing import TypeVar
 
@@ -144,3 +147,65 @@ def live_subnets(engine: str, own_lease: Lease, peer_leases: Iterable[Lease]
         raise CloudError(f"{engine} routes IPv4 subnets only; our lease has none")
     own = own_lease.subnet
     return own, {own} | {lease.subnet for lease in peer_leases if lease.subnet is not None}
+
+
+class ApiError(CloudError):
+    """A cloud API refused a call: the service, the action, its code and message (cut), and
+    a hint at the fix when the code names one."""
+
+    def __init__(self, service: str, action: str, code: str, message: str,
+                 hint: str = "") -> None:
+        super().__init__(f"{service} {action} failed: {code}: {message[:300]}{hint}")
+        self.code = code
+
+
+class RouteEngineBase(ABC):
+    """What both engines do around their own calls: one lock serialising them, the status
+    record, the orphan grace, and ``reconcile()`` keeping the status of every pass."""
+
+    #: The backend's name, as the log and the status say it.
+    name = ""
+
+    def __init__(self, backoff: ThrottleRetry | None, sleep: Callable[[float], None]) -> None:
+        self.backoff = backoff or ThrottleRetry()
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._status = EngineStatus(backend=self.name)
+        self._orphans = OrphanGrace()
+
+    def _retried(self, what: str, once: Callable[[], T]) -> T:
+        return with_retry(what, once, self.backoff, self._sleep)
+
+    @abstractmethod
+    def _prepared(self) -> bool:
+        """Whether ``prepare()`` has run."""
+
+    @abstractmethod
+    def _reconcile(self, own: IPv4Network, live: set[IPv4Network],
+                   collect: bool) -> list[RouteChange]:
+        """One pass over the route table(s), under the lock."""
+
+    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
+                  collect: bool = True) -> list[RouteChange]:
+        """Make the route tables match the leases; idempotent. Returns what was changed.
+
+        ``collect=False`` only routes our subnet (at start, before the peers are known)."""
+        own, live = live_subnets(self.name, own_lease, peer_leases)
+        with self._lock:
+            if not self._prepared():
+                raise CloudError(f"{self.name}: reconcile() before prepare()")
+            try:
+                changes = self._reconcile(own, live, collect)
+            except CloudError as error:
+                self._status.last_error = str(error)
+                raise
+            self._status.last_reconcile = time.time()
+            self._status.last_changes = changes
+            self._status.last_error = None
+            return changes
+
+    def status(self) -> EngineStatus:
+        with self._lock:
+            return replace(self._status, tables=list(self._status.tables),
+                           last_changes=list(self._status.last_changes),
+                           warnings=list(self._status.warnings))

@@ -18,25 +18,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 from urllib.parse import urlsplit
 
 from flannel import gojson
 from flannel.cloud.base import (
+    ApiError,
     CloudError,
-    EngineStatus,
-    OrphanGrace,
     RouteChange,
+    RouteEngineBase,
     Throttled,
     ThrottleRetry,
-    live_subnets,
     route_in_network,
-    with_retry,
 )
 from flannel.cloud.metadata import (
     TENCENT_METADATA,
@@ -44,7 +41,6 @@ from flannel.cloud.metadata import (
     TencentIdentity,
     tencent_identity,
 )
-from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +51,14 @@ _MAX_SECRET = 256
 API_TIMEOUT = 10
 
 
-class TencentApiError(CloudError):
+class TencentApiError(ApiError):
     def __init__(self, action: str, code: str, message: str) -> None:
         hint = ""
         if code.startswith("AuthFailure"):
             hint = " (check AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)"
         elif code == "UnauthorizedOperation":
             hint = f" (the key's CAM policy needs the action vpc:{action})"
-        super().__init__(f"Tencent VPC {action} failed: {code}: {message[:300]}{hint}")
-        self.code = code
+        super().__init__("Tencent VPC", action, code, message, hint)
 
 
 @dataclass(frozen=True)
@@ -124,21 +119,20 @@ def _url(name: str, value: str, schemes: tuple[str, ...]) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-class TencentVpcRoutes:
+class TencentVpcRoutes(RouteEngineBase):
+    name = "tencent-vpc"
+
     def __init__(self, config: TencentVpcConfig, metadata: MetadataClient, *,
                  backoff: ThrottleRetry | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
+        super().__init__(backoff, sleep)
         self.config = config
         self.metadata = metadata
-        self.backoff = backoff or ThrottleRetry()
-        self._sleep = sleep
-        self._lock = threading.Lock()
         self._client: Any = None
         self._models: Any = None
         self.identity: TencentIdentity | None = None
         self.table: str = ""
-        self._status = EngineStatus(backend="tencent-vpc", target=str(config.external_address))
-        self._orphans = OrphanGrace()
+        self._status.target = str(config.external_address)
 
     def _make_client(self, region: str) -> None:
         try:
@@ -177,7 +171,7 @@ class TencentVpcRoutes:
             decoded: dict[str, Any] = json.loads(answer.to_json_string())
             return decoded
 
-        return with_retry(f"Tencent VPC {action}", once, self.backoff, self._sleep)
+        return self._retried(f"Tencent VPC {action}", once)
 
     def prepare(self) -> None:
         """Region and VPC from the metadata service; the VPC's first route table."""
@@ -202,24 +196,8 @@ class TencentVpcRoutes:
             return None
         return route_in_network(route.get("DestinationCidrBlock"), self.config.network)
 
-    def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
-                  collect: bool = True) -> list[RouteChange]:
-        """Make the route table match the leases; idempotent. Returns what was changed.
-
-        ``collect=False`` only routes our subnet (at start, before the peers are known)."""
-        own, live = live_subnets("tencent-vpc", own_lease, peer_leases)
-        with self._lock:
-            if not self.table:
-                raise CloudError("tencent-vpc: reconcile() before prepare()")
-            try:
-                changes = self._reconcile(own, live, collect)
-            except CloudError as error:
-                self._status.last_error = str(error)
-                raise
-            self._status.last_reconcile = time.time()
-            self._status.last_changes = changes
-            self._status.last_error = None
-            return changes
+    def _prepared(self) -> bool:
+        return bool(self.table)
 
     def _reconcile(self, own: IPv4Network, live: set[IPv4Network],
                    collect: bool) -> list[RouteChange]:
@@ -282,9 +260,3 @@ class TencentVpcRoutes:
         for change in changes:
             log.info("tencent-vpc: %s", change)
         return changes
-
-    def status(self) -> EngineStatus:
-        with self._lock:
-            return replace(self._status, tables=list(self._status.tables),
-                           last_changes=list(self._status.last_changes),
-                           warnings=list(self._status.warnings))

@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
-from flannel.kernel import links
+from flannel.kernel import links, rtnl
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import NetlinkError, Rtnl
 
@@ -134,14 +134,9 @@ def ensure_vxlan(spec: VxlanSpec, host: Host = LOCAL, *, adopt_mac: bool = False
             log.info("created %s (VNI %d, MAC %s, MTU %d)", spec.name, spec.vni, mac, spec.mtu)
             found = _reread(sock, spec.name)
         link = found.link
-        if link.mtu != spec.mtu:
-            try:
-                links.set_link(sock, link.index, f"set MTU of {spec.name}", mtu=spec.mtu)
-            except NetlinkError as err:
-                raise DeviceError(f"cannot set MTU {spec.mtu} on {spec.name}: "
-                                  f"{os.strerror(err.errno)}; the underlay device's MTU minus "
-                                  "the vxlan overhead is the most it can carry: lower the vxlan "
-                                  "MTU option or raise the underlay MTU") from None
+        ensure_mtu(sock, link, spec.name, spec.mtu,
+                   "the underlay device's MTU minus the vxlan overhead is the most it can "
+                   "carry: lower the vxlan MTU option or raise the underlay MTU")
         # Something (e.g. systemd-networkd) may have changed the MAC: peers only know ours.
         if link.mac != mac:
             log.warning("%s MAC is %s, expected %s: restoring it", spec.name, link.mac, mac)
@@ -159,6 +154,18 @@ def ensure_vxlan(spec: VxlanSpec, host: Host = LOCAL, *, adopt_mac: bool = False
     # Routes on our devices are ours alone (as Go flannel does on every vxlan device).
     _disable_accept_ra(spec.name, host)
     return Device(link.index, mac)
+
+
+def ensure_mtu(sock: Rtnl, link: rtnl.Link, name: str, mtu: int, limit: str) -> None:
+    """Give the device ``mtu`` if it has another; DeviceError says which ``limit`` it
+    broke."""
+    if link.mtu == mtu:
+        return
+    try:
+        links.set_link(sock, link.index, f"set MTU of {name}", mtu=mtu)
+    except NetlinkError as err:
+        raise DeviceError(f"cannot set MTU {mtu} on {name}: {os.strerror(err.errno or 0)}; "
+                          f"{limit}") from None
 
 
 def _reread(sock: Rtnl, name: str) -> links.LinkDetails:

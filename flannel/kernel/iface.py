@@ -9,18 +9,23 @@ Must not touch: links, addresses or routes (no writes), the store.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import re
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from flannel.kernel import links, rtnl
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import Rtnl
 from flannel.netutil import parse_ip
+
+if TYPE_CHECKING:
+    from flannel.config import NetworkConfig
+    from flannel.settings import InterfaceSettings
 
 IFA_F_TEMPORARY = 0x01
 IFA_F_DADFAILED = 0x08
@@ -29,6 +34,8 @@ IFA_F_TENTATIVE = 0x40
 IFA_F_PERMANENT = 0x80
 
 IPAddress = IPv4Address | IPv6Address
+#: Public IPs the store imposes on this node (kube's node-public-ip annotations), if any.
+PublicIPs = tuple[IPv4Address | None, IPv6Address | None]
 AddressT = TypeVar("AddressT", IPv4Address, IPv6Address)
 
 
@@ -311,3 +318,17 @@ def read_snapshot(host: Host = LOCAL) -> NetSnapshot:
 
     return NetSnapshot(interfaces, defaults[socket.AF_INET], defaults[socket.AF_INET6],
                        route_get)
+
+
+async def select_interface(settings: InterfaceSettings, config: NetworkConfig,
+                           imposed: PublicIPs) -> ExternalInterface:
+    """The external interface of the flags, with the public IPs the store imposes;
+    InterfaceError names the flag to fix."""
+    public_v4, public_v6 = imposed
+    options = IfaceOptions(settings.ifaces, settings.iface_regexes, settings.can_reach,
+                           str(public_v4) if public_v4 else settings.public_ip,
+                           str(public_v6) if public_v6 else settings.public_ipv6)
+    # Netlink reads block: keep them off the event loop.
+    return await asyncio.to_thread(
+        lambda: select_external_interface(read_snapshot(), options,
+                                          ipv4=config.enable_ipv4, ipv6=config.enable_ipv6))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 from flannel.kernel import links
-from flannel.kernel.device import MAX_MTU, MIN_MTU, DeviceError
+from flannel.kernel.device import MAX_MTU, MIN_MTU, DeviceError, ensure_mtu
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import NetlinkError, Rtnl
 
@@ -104,13 +104,8 @@ def ensure_ipip(spec: IpipSpec, host: Host = LOCAL) -> int:
                 raise DeviceError(f"{spec.name} disappeared while being set up; is another "
                                   "program managing it?")
         link = found.link
-        if link.mtu != spec.mtu:
-            try:
-                links.set_link(sock, link.index, f"set MTU of {spec.name}", mtu=spec.mtu)
-            except NetlinkError as err:
-                raise DeviceError(f"cannot set MTU {spec.mtu} on {spec.name}: "
-                                  f"{os.strerror(err.errno or 0)}; it is the external interface's "
-                                  f"MTU minus {IPIP_OVERHEAD}") from None
+        ensure_mtu(sock, link, spec.name, spec.mtu,
+                   f"it is the external interface's MTU minus {IPIP_OVERHEAD}")
         if not link.up:
             links.set_link(sock, link.index, f"bring {spec.name} up", up=True)
         return link.index

@@ -10,7 +10,6 @@ into place only when complete. Must not change anything else.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import io
@@ -23,8 +22,13 @@ import tarfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flannel.ops.kernelview import ToolError, read_sysctl, run_tool
+
+if TYPE_CHECKING:
+    from flannel.ops.options import BundleOptions
+    from flannel.storeflags import StoreOptions
 
 MAX_LOG_BYTES = 4 << 20
 MAX_HTTP_BYTES = 4 << 20
@@ -66,7 +70,8 @@ def redact(text: str) -> str:
 
 def _http(url: str, timeout: float) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as reply:  # noqa: S310 - http only, checked by the caller
-        return reply.read(MAX_HTTP_BYTES).decode(errors="replace")
+        body: bytes = reply.read(MAX_HTTP_BYTES)
+        return body.decode(errors="replace")
 
 
 def _tail(path: Path, limit: int = MAX_LOG_BYTES) -> str:
@@ -90,17 +95,14 @@ def _flanneld_cmdlines() -> str:
     return "".join(lines) or "flanneld is not running in this network namespace\n"
 
 
-async def _store_files(args: argparse.Namespace) -> dict[str, str]:
-    from flannel.cli import store_settings
+async def _store_files(store: StoreOptions) -> dict[str, str]:
     from flannel.ops.leases import STORE_TIMEOUT, etcd_store, list_rows
-    from flannel.subnet import StoreOpenError, open_store
-    from flannel.subnet.errors import StoreError, StoreUnavailable
-    from flannel.subnet.kube import KubeError
+    from flannel.subnet import open_store
+    from flannel.subnet.errors import STORE_FAILURES
 
-    errors = (StoreOpenError, OSError, ValueError, asyncio.TimeoutError)
     try:
-        manager = open_store(store_settings(args))
-    except errors as err:
+        manager = open_store(store.store)
+    except STORE_FAILURES as err:
         return {"leases.txt": f"store not opened: {err}\n"}
     files = {}
     try:
@@ -108,17 +110,16 @@ async def _store_files(args: argparse.Namespace) -> dict[str, str]:
         files["leases.json"] = json.dumps([row.as_json() for row in rows], indent=2)
         etcd = etcd_store(manager)
         if etcd is not None:
-            kv, _ = await asyncio.wait_for(etcd.client.get(etcd.config_key),
-                                           STORE_TIMEOUT)
-            files["config.json"] = kv.value.decode(errors="replace") if kv else "(none)\n"
-    except (*errors, StoreError, StoreUnavailable, KubeError) as err:
+            raw = await asyncio.wait_for(etcd.raw_config(), STORE_TIMEOUT)
+            files["config.json"] = raw.decode(errors="replace") if raw else "(none)\n"
+    except STORE_FAILURES as err:
         files["leases.txt"] = f"store not read: {err or 'no answer in time'}\n"
     finally:
         await manager.close()
     return files
 
 
-def collect(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
+def collect(args: BundleOptions) -> tuple[dict[str, str], list[str]]:
     """The files of the bundle (name -> text, secrets not yet removed) and notes."""
     files: dict[str, str] = {}
     notes: list[str] = []
@@ -133,12 +134,13 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
     files["sysctls.txt"] = "".join(
         f"{key.replace('/', '.')} = {read_sysctl(Path('/proc/sys'), key) or '(absent)'}\n"
         for key in SYSCTLS)
+    subnet_file = args.store.subnet_file
     try:
-        files["subnet.env"] = _tail(Path(args.subnet_file), 1 << 16)
+        files["subnet.env"] = _tail(Path(subnet_file), 1 << 16)
     except OSError as err:
-        notes.append(f"subnet.env: {args.subnet_file}: {err.strerror}")
+        notes.append(f"subnet.env: {subnet_file}: {err.strerror}")
     files["flanneld-cmdline.txt"] = _flanneld_cmdlines()
-    files.update(asyncio.run(_store_files(args)))
+    files.update(asyncio.run(_store_files(args.store)))
     if args.health_url:
         base = args.health_url.rstrip("/")
         for path in ("healthz", "readyz", "status", "metrics"):
@@ -149,7 +151,7 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
     else:
         notes.append("status, metrics: skipped (give --health-url http://127.0.0.1:<healthz "
                      "port> when flanneld runs with --healthz-port)")
-    for log in args.log_file or []:
+    for log in args.log_files:
         try:
             files[f"logs/{log.name}"] = _tail(log)
         except OSError as err:
@@ -162,11 +164,10 @@ def collect(args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
             notes.append(f"journal: {err}")
     try:
         from flannel.ops.doctor import diagnose, gather
+        from flannel.ops.options import DoctorOptions
 
-        doctor_args = argparse.Namespace(**vars(args))
-        doctor_args.fix_checksum_offload = False
-        doctor_args.probe_timeout = 0.5
-        ctx = gather(doctor_args)
+        ctx = gather(DoctorOptions(args.store, cni_bin_dirs=args.cni_bin_dirs,
+                                   cni_conf_dirs=args.cni_conf_dirs, probe_timeout=0.5))
         ctx.probe = False  # a bundle describes this node; probes belong to doctor
         findings = diagnose(ctx)
         files["doctor.json"] = json.dumps([f.as_json() for f in findings], indent=2)
@@ -196,16 +197,7 @@ def write_bundle(output: Path, files: dict[str, str], notes: list[str]) -> None:
             os.unlink(partial)
 
 
-def cmd_bundle(args: argparse.Namespace) -> int:
-    from flannel.cli import UsageError
-    from flannel.ops.storeopts import quiet_store_logs, resolve
-
-    try:
-        resolve(args)
-    except UsageError as err:
-        print(f"flannelctl bundle: {err}", file=sys.stderr)
-        return 2
-    quiet_store_logs()
+def cmd_bundle(args: BundleOptions) -> int:
     if args.health_url and not re.match(r"https?://[^\s]+$", args.health_url):
         print(f"flannelctl bundle: --health-url {args.health_url!r}: give "
               "http://<healthz-ip>:<healthz-port>", file=sys.stderr)

@@ -25,7 +25,6 @@ Must not change anything.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -35,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flannel.backend.footprint import COVERING, PER_PEER, Footprint
 from flannel.lease import Lease
@@ -43,6 +42,10 @@ from flannel.ops.checks import Context
 from flannel.ops.commands import flannelctl
 from flannel.ops.icmp import IcmpError, Pinger, Probe
 from flannel.ops.leases import vtep_mac
+
+if TYPE_CHECKING:
+    from flannel.ops.options import CheckOptions
+    from flannel.storeflags import StoreOptions
 
 MAIN_TABLE = 254
 ANSWERING = ("ok", "lossy")
@@ -277,7 +280,7 @@ def judge(row: PeerResult, probe: Probe, timeout: float, encap: str) -> None:
                          f"{row.public_ip}")
 
 
-async def probe_all(rows: list[PeerResult], pinger: Pinger, args: argparse.Namespace,
+async def probe_all(rows: list[PeerResult], pinger: Pinger, args: CheckOptions,
                     encap: str) -> None:
     """Probe every row, at most ``args.parallel`` at once, all within ``args.deadline``."""
     limit = asyncio.Semaphore(args.parallel)
@@ -301,10 +304,10 @@ async def probe_all(rows: list[PeerResult], pinger: Pinger, args: argparse.Names
             row.next_step = "give a longer --deadline or a larger --parallel"
 
 
-def run_check(args: argparse.Namespace) -> NodeCheck:
+def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
     from flannel.ops.doctor import read_store, read_subnet_env
 
-    ctx = Context(subnet_file=Path(args.subnet_file), sysctl_root=Path("/proc/sys"),
+    ctx = Context(subnet_file=Path(store.subnet_file), sysctl_root=Path("/proc/sys"),
                   cni_bin_dirs=[], cni_conf_dirs=[], probe_timeout=args.timeout,
                   fix_checksum=False)
     read_subnet_env(ctx)
@@ -315,7 +318,7 @@ def run_check(args: argparse.Namespace) -> NodeCheck:
     if own is None:
         raise CheckError(f"{ctx.subnet_file} has no valid FLANNEL_SUBNET; restart flanneld "
                          "so it rewrites the file")
-    asyncio.run(read_store(ctx, args))
+    asyncio.run(read_store(ctx, store))
     if ctx.rows is None or ctx.config is None:
         raise CheckError(f"cannot read the store: {ctx.store_error}")
     described = ctx.described
@@ -404,22 +407,13 @@ def emit(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    from flannel.cli import UsageError
-    from flannel.ops.storeopts import quiet_store_logs, resolve
-
-    if args.lab:
+def cmd_check(args: CheckOptions) -> int:
+    if args.store is None:
         from flannel.ops.checklab import cmd_check_lab
 
         return cmd_check_lab(args)
     try:
-        resolve(args)
-    except UsageError as err:
-        print(f"flannelctl check: {err}", file=sys.stderr)
-        return 2
-    quiet_store_logs()
-    try:
-        check = run_check(args)
+        check = run_check(args, args.store)
     except KeyboardInterrupt:
         return 130
     except (CheckError, IcmpError) as err:

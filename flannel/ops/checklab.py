@@ -10,7 +10,6 @@ Must not touch: anything (it runs the read-only check in each node).
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -18,9 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flannel.ops.commands import flannelctl
+
+if TYPE_CHECKING:
+    from flannel.ops.options import CheckOptions
 
 MAX_STATE = 1 << 20
 MAX_OUTPUT = 16 << 20
@@ -115,7 +117,7 @@ def read_lab(name: str, root: Path) -> tuple[str, list[LabNode]]:
     return endpoint, sorted(nodes, key=lambda n: n.index)
 
 
-def node_command(node: LabNode, endpoint: str, args: argparse.Namespace) -> list[str]:
+def node_command(node: LabNode, endpoint: str, args: CheckOptions) -> list[str]:
     return [shutil.which("ip") or "ip", "netns", "exec", node.netns, sys.executable, "-m",
             "flannel.ctl", "check", "--json", f"--etcd-endpoints={endpoint}",
             f"--subnet-file={node.subnet_file}", f"--count={args.count}",
@@ -123,7 +125,7 @@ def node_command(node: LabNode, endpoint: str, args: argparse.Namespace) -> list
             f"--parallel={args.parallel}", f"--deadline={args.deadline:g}"]
 
 
-def check_node(node: LabNode, endpoint: str, args: argparse.Namespace) -> NodeOutcome:
+def check_node(node: LabNode, endpoint: str, args: CheckOptions) -> NodeOutcome:
     import subprocess
 
     # The node's own store round trips (10 s) and probes (--deadline) bound its run.
@@ -250,7 +252,7 @@ def as_json(name: str, outcomes: list[NodeOutcome], pairs: list[Pair], ok: bool
                        "peer": p.peer or None} for p in pairs]}
 
 
-def cmd_check_lab(args: argparse.Namespace) -> int:
+def cmd_check_lab(args: CheckOptions) -> int:
     try:
         endpoint, nodes = read_lab(args.lab, args.lab_root)
     except LabCheckError as err:

@@ -13,8 +13,8 @@ Must not touch: the kernel, the store, the process (reads ``/proc`` only).
 
 from __future__ import annotations
 
-import argparse
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +35,9 @@ class Flanneld:
     """A running flanneld as this tool sees it."""
 
     pid: int
-    #: Its options as it parsed them; None when they could not be read.
-    args: argparse.Namespace | None
-    #: Why ``args`` is missing or partial (its environment unreadable); empty when whole.
+    #: Its options as it parsed them, by flag dest; None when they could not be read.
+    flags: Mapping[str, object] | None
+    #: Why ``flags`` is missing or partial (its environment unreadable); empty when whole.
     why: str
     #: Where its paths start from here: ``/`` in our mount namespace, else its root.
     root: Path
@@ -52,7 +52,7 @@ class Flanneld:
 
     @property
     def subnet_file(self) -> str:
-        return str(self.args.subnet_file) if self.args is not None else \
+        return str(self.flags["subnet_file"]) if self.flags is not None else \
             "/run/flannel/subnet.env"
 
     @property
@@ -107,11 +107,11 @@ def describe(pid: int) -> Flanneld:
         if sep and name.startswith(b"FLANNELD_"):
             environ[name.decode(errors="replace")] = value.decode(errors="surrogateescape")
     try:
-        args = parse_namespace(argv, environ)
+        flags = vars(parse_namespace(argv, environ))
     except UsageError as err:
         return Flanneld(pid, None, f"the options of flanneld (pid {pid}) are not this "
                         f"flannelctl's: {err}", root, cwd)
-    return Flanneld(pid, args, why, root, cwd)
+    return Flanneld(pid, flags, why, root, cwd)
 
 
 def find() -> Flanneld | None:

@@ -9,7 +9,6 @@ Must not touch: the kernel; any key outside ``<prefix>/subnets/``.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import socket
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from flannel.lease import NO_IPV4, Lease, LeaseAttrs, LeaseDecodeError, parse_subnet_key
 
 if TYPE_CHECKING:
+    from flannel.ops.options import LeasesOptions
     from flannel.subnet.etcd import EtcdSubnetManager
     from flannel.subnet.manager import SubnetManager
 
@@ -287,20 +287,19 @@ async def reserve(manager: Any, subnet: IPv4Network, public_ip: IPv4Address) -> 
             "with that public IP takes it when flanneld starts")
 
 
-async def run_command(args: argparse.Namespace) -> int:
-    from flannel.cli import store_settings
+async def run_command(opts: LeasesOptions) -> int:
     from flannel.subnet import open_store
 
-    manager = open_store(store_settings(args))
+    manager = open_store(opts.store.store)
     try:
         etcd = etcd_store(manager)
-        if args.leases_command in ("reserve", "release") and etcd is None:
+        if opts.action in ("reserve", "release") and etcd is None:
             raise LeaseCommandError(
-                f"leases {args.leases_command} works against etcd; in kube mode a lease is a "
+                f"leases {opts.action} works against etcd; in kube mode a lease is a "
                 "Node's podCIDR and annotations: change them with kubectl")
-        if args.leases_command == "list":
+        if opts.action == "list":
             rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
-            if args.json:
+            if opts.json:
                 print(json.dumps([row.as_json() for row in sorted(rows, key=by_address)],
                                  indent=2))
             elif rows:
@@ -308,25 +307,26 @@ async def run_command(args: argparse.Namespace) -> int:
             else:
                 print("no leases")
             return 0
-        if args.leases_command == "show":
+        if opts.action == "show":
             rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
-            row = find_row(rows, args.subnet)
+            row = find_row(rows, opts.target)
             raw = None
             if etcd is not None:
                 kv, _ = await etcd.client.get(etcd.lease_key(row.key))
                 raw = kv.value if kv is not None else None
-            print(json.dumps(row.as_json(), indent=2) if args.json else show_text(row, raw))
+            print(json.dumps(row.as_json(), indent=2) if opts.json else show_text(row, raw))
             return 0
-        if args.leases_command == "reserve":
-            print(await asyncio.wait_for(reserve(manager, args.subnet, args.reserve_for),
+        if opts.action == "reserve":
+            assert opts.reserve is not None and opts.reserve_for is not None  # required
+            print(await asyncio.wait_for(reserve(manager, opts.reserve, opts.reserve_for),
                                          STORE_TIMEOUT))
             return 0
         rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
-        row = find_row(rows, args.subnet)
+        row = find_row(rows, opts.target)
         what = "reservation" if row.lease and row.lease.is_reservation else "lease"
         owner = (f"of {row.lease.attrs.public_ip}" if row.lease
                  else f"that no flanneld can use: {row.problem}")
-        if not confirm(f"delete the {what} {row.key} {owner}?", args.yes):
+        if not confirm(f"delete the {what} {row.key} {owner}?", opts.yes):
             print("nothing deleted")
             return 1
         assert etcd is not None  # release is refused above in kube mode
@@ -345,26 +345,15 @@ async def run_command(args: argparse.Namespace) -> int:
         await manager.close()
 
 
-def cmd_leases(args: argparse.Namespace) -> int:
-    from flannel.cli import UsageError
-    from flannel.config import ConfigError
-    from flannel.ops.storeopts import quiet_store_logs, resolve
-    from flannel.subnet import StoreOpenError
-    from flannel.subnet.errors import StoreError, StoreUnavailable
-    from flannel.subnet.kube import KubeError
+def cmd_leases(opts: LeasesOptions) -> int:
+    from flannel.subnet.errors import STORE_FAILURES
 
+    failures: tuple[type[Exception], ...] = (LeaseCommandError, *STORE_FAILURES)
     try:
-        resolve(args)
-    except UsageError as err:
-        print(f"flannelctl leases: {err}", file=sys.stderr)
-        return 2
-    quiet_store_logs()
-    errors = (LeaseCommandError, StoreOpenError, ConfigError, OSError, asyncio.TimeoutError)
-    try:
-        return asyncio.run(run_command(args))
+        return asyncio.run(run_command(opts))
     except KeyboardInterrupt:
         return 130
-    except (*errors, StoreError, StoreUnavailable, KubeError) as err:
+    except failures as err:
         text = str(err) or "the store did not answer in time; check --etcd-endpoints"
         print(f"flannelctl leases: {text}", file=sys.stderr)
         return 1

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from flannel.netutil import unusable_address
-from flannel.ops.storeopts import add_store_flags
+from flannel.storeflags import add_store_flags
 
 
-def _later(module: str, name: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        return getattr(importlib.import_module(module), name)(args)
+def _later(module: str, name: str) -> Callable[[Any], int]:
+    """The command ``name`` of ``module``, which takes the command's typed options."""
+    def run(options: Any) -> int:
+        code: int = getattr(importlib.import_module(module), name)(options)
+        return code
     return run
 
 

@@ -13,7 +13,6 @@ Must not touch: the kernel, the store (the daemon's view is what is shown).
 
 from __future__ import annotations
 
-import argparse
 import errno
 import http.client
 import json
@@ -22,10 +21,13 @@ import sys
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flannel import boundedjson
 from flannel.localsock import connect, socket_path
+
+if TYPE_CHECKING:
+    from flannel.ops.options import StatusOptions
 
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8081"
 DEFAULT_SUBNET_FILE = "/run/flannel/subnet.env"
@@ -290,7 +292,7 @@ def render(doc: dict[str, Any], base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def locate(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Where:
+def locate(args: StatusOptions, environ: dict[str, str] | None = None) -> Where:
     """Where to ask: ``--health-url``, ``--socket``, the socket next to ``--subnet-file``
     (or ``FLANNELD_SUBNET_FILE``), else that of this network namespace's flanneld, else the
     default one. NotFound when several flanneld run here."""
@@ -313,7 +315,7 @@ def locate(args: argparse.Namespace, environ: dict[str, str] | None = None) -> W
     return Where(socket=found.socket, shown=shown, pid=found.pid, looked=True)
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def cmd_status(args: StatusOptions) -> int:
     from flannel.ops.discover import NotFound
 
     if args.health_url:

@@ -80,3 +80,11 @@ class RetryLog:
         self.failures = 0
         self._seen.clear()
         self._interval = self.first_summary
+
+
+#: Every failure a command reading the store reports as a message rather than a traceback:
+#: the store's two kinds (``KubeError``, ``EtcdError`` and ``StoreOpenError`` are
+#: ``StoreError``), a network config that does not decode (``ConfigError`` is a
+#: ``ValueError``), a file or socket refused, no answer in time.
+STORE_FAILURES: tuple[type[Exception], ...] = (StoreError, StoreUnavailable, OSError, ValueError,
+                                               TimeoutError)

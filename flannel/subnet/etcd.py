@@ -175,16 +175,21 @@ class EtcdSubnetManager:
     def lease_key(self, lease_key: str) -> bytes:
         return self.subnets_prefix + lease_key.encode()
 
+    async def raw_config(self) -> bytes | None:
+        """``<prefix>/config`` as stored, unchecked (None when absent): for reports."""
+        kv, _ = await self.client.get(self.config_key)
+        return None if kv is None else kv.value
+
     async def get_network_config(self) -> NetworkConfig:
         """Read and validate ``<prefix>/config``."""
-        kv, _ = await self.client.get(self.config_key)
-        if kv is None:
+        raw = await self.raw_config()
+        if raw is None:
             raise ConfigNotFound(
                 "flannel config not found in etcd store. Did you create your config using "
                 f"etcdv3 API? (expected key {self.config_key.decode()}, e.g. "
                 f"ETCDCTL_API=3 etcdctl put {self.config_key.decode()} "
                 "'{\"Network\": \"10.244.0.0/16\", \"Backend\": {\"Type\": \"vxlan\"}}')")
-        cfg = parse_config(kv.value)
+        cfg = parse_config(raw)
         check_network_config(cfg)
         return cfg
 

@@ -3,22 +3,19 @@ double (tests/support/kubeapi.py)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from flannel.ctl import build_parser
 from flannel.ops.checks import Context
 from flannel.ops.doctor import _etcd_clock_skew, read_store
-from flannel.ops.storeopts import resolve
+from flannel.storeflags import StoreOptions, resolve
 from tests.support.kubeapi import FakeKubeAPI
 
 CONFIG = '{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}'
 
 
-def doctor_args(*argv: str) -> argparse.Namespace:
-    args = build_parser().parse_args(["doctor", *argv])
-    resolve(args, {})
-    return args
+def doctor_args(*argv: str) -> StoreOptions:
+    return resolve(build_parser().parse_args(["doctor", *argv]), {})
 
 
 def context() -> Context:
@@ -27,13 +24,14 @@ def context() -> Context:
 
 
 def test_clock_skew_against_etcd_is_measured(etcd):
-    skew = _etcd_clock_skew(doctor_args(f"--etcd-endpoints={etcd.endpoint}"), 3.0)
+    skew = _etcd_clock_skew(doctor_args(f"--etcd-endpoints={etcd.endpoint}").store, 3.0)
     assert skew is not None
     assert abs(skew) < 2.0  # same machine, same clock
 
 
 def test_clock_skew_of_an_unreachable_etcd_is_unknown():
-    assert _etcd_clock_skew(doctor_args("--etcd-endpoints=http://127.0.0.1:9"), 1.0) is None
+    assert _etcd_clock_skew(doctor_args("--etcd-endpoints=http://127.0.0.1:9").store,
+                            1.0) is None
 
 
 async def test_etcd_leases_and_config(etcd, prefix):

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from flannel.ctl import build_parser
+from flannel.ctl import build_parser, ops_options
 from flannel.ops.discover import flanneld_argv
 from flannel.ops.status import Where, locate
 
 
 def where(*argv: str, environ: dict[str, str] | None = None) -> Where:
-    return locate(build_parser().parse_args(["status", *argv]), environ or {})
+    return locate(ops_options(build_parser().parse_args(["status", *argv])), environ or {})
 
 
 def test_flags_win_in_order_health_url_socket_subnet_file():

@@ -10,29 +10,30 @@ import pytest
 
 from flannel.cli import UsageError
 from flannel.ctl import build_parser
-from flannel.ops.storeopts import resolve
+from flannel.settings import EtcdSettings
+from flannel.storeflags import resolve
 
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 
 
 def parsed(*argv: str, environ: dict[str, str] | None = None):
-    args = build_parser().parse_args(["leases", "list", *argv])
-    resolve(args, environ or {})
-    return args
+    return resolve(build_parser().parse_args(["leases", "list", *argv]), environ or {})
 
 
 def test_defaults_are_flanneld_defaults():
-    args = parsed()
-    assert args.etcd_endpoints == "http://127.0.0.1:4001,http://127.0.0.1:2379"
-    assert args.etcd_prefix == "/coreos.com/network"
-    assert args.subnet_file == "/run/flannel/subnet.env"
-    assert args.kube_subnet_mgr is False
+    store = parsed()
+    assert store.store == EtcdSettings(lease_ttl=24 * 3600, renew_margin=3600)
+    assert store.store.endpoints == "http://127.0.0.1:4001,http://127.0.0.1:2379"
+    assert store.store.prefix == "/coreos.com/network"
+    assert store.subnet_file == "/run/flannel/subnet.env"
+    assert not store.kube
 
 
 def test_command_line_wins_over_environment():
     env = {"FLANNELD_ETCD_ENDPOINTS": "http://10.0.0.1:2379", "FLANNELD_ETCD_PREFIX": "/x"}
-    args = parsed("--etcd-endpoints=http://10.0.0.2:2379", environ=env)
-    assert (args.etcd_endpoints, args.etcd_prefix) == ("http://10.0.0.2:2379", "/x")
+    store = parsed("--etcd-endpoints=http://10.0.0.2:2379", environ=env).store
+    assert isinstance(store, EtcdSettings)
+    assert (store.endpoints, store.prefix) == ("http://10.0.0.2:2379", "/x")
 
 
 def test_bad_environment_value_is_named():

@@ -4,6 +4,7 @@ the routes, neighbours and FDB entries each peer needs (and those no lease expla
 from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Network
+from typing import Any
 
 from flannel.backend.footprint import COVERING, PER_PEER
 from flannel.ops.checks import Context
@@ -16,7 +17,7 @@ RECONCILE_FIX = ("flanneld repairs it at its next reconcile (--reconcile-interva
                  "stays, restart flanneld and read its log")
 
 
-def _vxlan(ctx: Context) -> dict | None:
+def _vxlan(ctx: Context) -> dict[str, Any] | None:
     return ctx.kernel.link(ctx.vxlan_device) if ctx.backend == "vxlan" else None
 
 

@@ -1,9 +1,10 @@
 """The store flags of ``flannelctl`` commands: flanneld's names, ``FLANNELD_*`` fallbacks.
 
-Owns turning the command line (and environment), and what the node's running flanneld uses
-(``flannel.ops.discover``), into the checked flags that ``cli.store_settings`` makes the
-store's settings from, so an operator can paste flanneld's own flags or give none.
-Must not touch: the kernel.
+Owns declaring flanneld's store flags on a ``flannelctl`` command, and turning the command
+line (and environment), and what the node's running flanneld uses (``flannel.ops.discover``),
+into ``StoreOptions``: the typed store settings (``cli.store_settings``) and the subnet.env,
+built once so that an operator can paste flanneld's own flags or give none.
+Must not touch: the kernel, the store.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flannel.cli import FLAGS, Flag, UsageError
+from flannel.cli import FLAGS, Flag, UsageError, shown_value, store_settings
+from flannel.settings import EtcdSettings, StoreSettings
 
 if TYPE_CHECKING:
     from flannel.ops.discover import Flanneld
@@ -58,6 +61,11 @@ def _value(flag: Flag, given: str | None, environ: dict[str, str],
         raise UsageError(f"{source}={text!r}: {err}") from None
 
 
+def shown(name: str, value: object) -> str:
+    """A store flag's value as flanneld logs it, credentials masked."""
+    return shown_value(_BY_NAME[name], value)
+
+
 def quiet_store_logs() -> None:
     """The store managers log for a daemon; these commands report what matters themselves."""
     logging.getLogger("flannel").setLevel(logging.ERROR)
@@ -65,16 +73,28 @@ def quiet_store_logs() -> None:
 
 def of_running(flanneld: Flanneld) -> dict[str, object]:
     """The store flags of a running flanneld by dest, its files as reached from here."""
-    if flanneld.args is None:
+    if flanneld.flags is None:
         return {}
     values: dict[str, object] = {}
     for name in STORE_FLAGS:
         dest = _BY_NAME[name].dest
-        value = getattr(flanneld.args, dest)
+        value = flanneld.flags[dest]
         if name in PATH_FLAGS and value:
             value = str(flanneld.path(str(value)))
         values[dest] = value
     return values
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    """Where the store is and how to reach it, and the subnet.env, as a command uses them."""
+
+    store: StoreSettings
+    subnet_file: str
+
+    @property
+    def kube(self) -> bool:
+        return not isinstance(self.store, EtcdSettings)
 
 
 def explicit(args: argparse.Namespace, environ: dict[str, str] | None = None) -> list[str]:
@@ -86,18 +106,19 @@ def explicit(args: argparse.Namespace, environ: dict[str, str] | None = None) ->
 
 
 def resolve(args: argparse.Namespace, environ: dict[str, str] | None = None,
-            running: dict[str, object] | None = None) -> None:
-    """Fill the store flags of ``args`` (command line > environment > ``running``, the
-    values of the node's running flanneld by flag dest > flanneld's default) and the few
-    other values the store managers read; UsageError names a bad value."""
+            running: dict[str, object] | None = None) -> StoreOptions:
+    """The store options of ``args`` (command line > environment > ``running``, the values
+    of the node's running flanneld by flag dest > flanneld's default); UsageError names a
+    bad value."""
     environ = dict(os.environ if environ is None else environ)
+    values = argparse.Namespace()
     for name in STORE_FLAGS:
         flag = _BY_NAME[name]
-        setattr(args, flag.dest, _value(flag, getattr(args, flag.dest), environ,
-                                        running or {}))
+        setattr(values, flag.dest, _value(flag, getattr(args, flag.dest), environ,
+                                          running or {}))
     # Read by the managers, meaningless to a command that acquires no lease.
-    for name in ("subnet-lease-ttl", "subnet-lease-renew-margin", "public-ip", "public-ipv6"):
+    for name in ("subnet-lease-ttl", "subnet-lease-renew-margin"):
         flag = _BY_NAME[name]
-        setattr(args, flag.dest, flag.default)
-    args.iface, args.iface_regex = [], []
-    args.set_node_network_unavailable = False
+        setattr(values, flag.dest, flag.default)
+    values.set_node_network_unavailable = False
+    return StoreOptions(store_settings(values), str(values.subnet_file))
