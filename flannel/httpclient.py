@@ -328,10 +328,9 @@ class Connection:
             except h11.RemoteProtocolError as err:
                 if self._stream.ended and not self.expired and \
                         not self._h11.trailing_data[0]:
-                    raise ConnectionResetError(
-                        "the server closed the connection mid-response") from None
-                if "Receive buffer too long" in str(err):
-                    raise ProtocolError(f"response headers or a chunk-size line exceed "
+                    raise ConnectionResetError("the server closed the connection") from None
+                if err.error_status_hint == 431:  # h11's bound on a head or chunk-size line
+                    raise ProtocolError(f"a head or chunk-size line is longer than "
                                         f"{MAX_HEAD_BYTES} bytes") from None
                 raise ProtocolError(f"not an HTTP/1.1 response we can read: {err}") from None
             if event is h11.NEED_DATA:
@@ -347,18 +346,16 @@ class Connection:
         (we never ask to switch protocols) is a ProtocolError."""
         size = 0
         while True:
-            try:
-                event = await self._event()
-            except ConnectionResetError:
-                raise ConnectionResetError("the server closed the connection") from None
+            event = await self._event()
             if isinstance(event, h11.ConnectionClosed):
                 raise ConnectionResetError("the server closed the connection")
             if not isinstance(event, h11.InformationalResponse | h11.Response):
                 raise ProtocolError(f"not an HTTP/1.1 response: {type(event).__name__}")
             size += _head_size(event)
-            if size > MAX_HEAD_BYTES or len(event.headers) > MAX_HEADERS:
-                raise ProtocolError(f"response headers exceed {MAX_HEAD_BYTES} bytes or "
-                                    f"{MAX_HEADERS} fields")
+            if size > MAX_HEAD_BYTES:
+                raise ProtocolError(f"response headers exceed {MAX_HEAD_BYTES} bytes")
+            if len(event.headers) > MAX_HEADERS:
+                raise ProtocolError(f"response headers exceed {MAX_HEADERS} fields")
             if isinstance(event, h11.Response):
                 headers: dict[str, str] = {}
                 for name, value in event.headers:
@@ -390,7 +387,11 @@ class Connection:
                                f"larger than the limit of {max_bytes} bytes")
         total = 0
         while True:
-            event = await self._event()
+            try:
+                event = await self._event()
+            except ConnectionResetError:
+                raise ConnectionResetError("the server closed the connection mid-body") \
+                    from None
             if isinstance(event, h11.Data):
                 total += len(event.data)
                 if whole and total > max_bytes:
