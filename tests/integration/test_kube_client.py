@@ -1,7 +1,7 @@
-"""flanneld's own Kubernetes API client (flannel.subnet.kubeclient, kubehttp, kubeconfig)
-against the API-server test double (tests/support/kubeapi.py) over real HTTP/1.1, with a
-real TLS handshake (certificates made by the openssl command line): in-cluster and
-kubeconfig credentials, error messages, pagination, bounds, hostile nodes."""
+"""flanneld's own Kubernetes API client (flannel.subnet.kubeclient, kubeconfig, over
+flannel.httpclient) against the API-server test double (tests/support/kubeapi.py) over real
+HTTP/1.1, with a real TLS handshake (certificates made by the openssl command line):
+in-cluster and kubeconfig credentials, error messages, pagination, bounds, hostile nodes."""
 
 from __future__ import annotations
 
