@@ -157,7 +157,7 @@ class Connection:
         self._deadline: float | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self.expired = False
-        self._reusable = False
+        self._clean_end = False  # the response ended with nothing after it
         self._loop = asyncio.get_running_loop()
         self._idle = 0.0  # >0: abort once no body data arrived for this long
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -231,9 +231,10 @@ class Connection:
 
     @property
     def reusable(self) -> bool:
-        """The last response was read to its end, both sides may go on, and nothing came
-        after it."""
-        return self._reusable
+        """The last request was sent and its response read to their ends, both sides may
+        go on, and nothing came after the response."""
+        return (self._clean_end and self._h11.our_state is h11.DONE
+                and self._h11.their_state is h11.DONE)
 
     def fit_for_reuse(self) -> bool:
         """Whether an idle connection may carry the next request: it was left reusable,
@@ -241,7 +242,7 @@ class Connection:
         would be read as the next request's). Bytes still in the kernel's buffer, not yet
         delivered to the stream, are seen with a non-blocking peek at the socket."""
         stream = self._stream
-        if not self._reusable or stream.buffer or stream.ended or self.transport.is_closing():
+        if not self.reusable or stream.buffer or stream.ended or self.transport.is_closing():
             return False
         sock = self.transport.get_extra_info("socket")
         if sock is None:
@@ -255,7 +256,7 @@ class Connection:
                 return False
 
     def close(self) -> None:
-        self._reusable = False
+        self._clean_end = False
         self.deadline = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
@@ -266,7 +267,7 @@ class Connection:
 
     def _next_cycle(self) -> None:
         """Ready h11 for a new request on a reused connection."""
-        self._reusable = False
+        self._clean_end = False
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
             self._h11.start_next_cycle()
         self._both_framings = False
@@ -369,12 +370,10 @@ class Connection:
                             f"HTTP/{event.http_version.decode('latin-1')}")
 
     def _finished(self) -> None:
-        """The response ended: reusable when both sides may go on and nothing followed."""
+        """The response ended: note whether anything followed it."""
         trailing, closed = self._h11.trailing_data
-        self._reusable = (self._h11.our_state is h11.DONE
-                          and self._h11.their_state is h11.DONE
-                          and not self._both_framings and not trailing and not closed
-                          and not self._stream.buffer)
+        self._clean_end = not (self._both_framings or trailing or closed
+                               or self._stream.buffer)
 
     async def pieces(self, head: Head, max_bytes: int, *,
                      whole: bool = True) -> AsyncIterator[bytes]:
