@@ -164,6 +164,7 @@ class Connection:
         self._last_data = 0.0
         self.idle_expired = False
         self._both_framings = False  # the response had chunks and a Content-Length
+        self._method = ""  # of the request under way
 
     @classmethod
     async def open(cls, host: str, port: int, context: ssl.SSLContext | None,
@@ -265,12 +266,13 @@ class Connection:
 
     # -- the request --------------------------------------------------------------------
 
-    def _next_cycle(self) -> None:
+    def _next_cycle(self, method: str) -> None:
         """Ready h11 for a new request on a reused connection."""
         self._clean_end = False
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
             self._h11.start_next_cycle()
         self._both_framings = False
+        self._method = method
 
     async def _write(self, *events: h11.Event) -> None:
         try:
@@ -295,7 +297,7 @@ class Connection:
                    body: bytes = b"") -> None:
         """One request with its whole ``body`` (a Content-Length is always sent for PATCH,
         POST and PUT, and for any body)."""
-        self._next_cycle()
+        self._next_cycle(method)
         framing = [("Content-Length", str(len(body)))] \
             if body or method in ("PATCH", "POST", "PUT") else []
         request = self._request(method, target, host, headers, *framing)
@@ -306,7 +308,7 @@ class Connection:
                     headers: dict[str, str]) -> None:
         """A request whose body follows in chunks (``send_data``, then ``end_body``); its
         response may be read meanwhile (a bidirectional stream)."""
-        self._next_cycle()
+        self._next_cycle(method)
         await self._write(self._request(method, target, host, headers,
                                         ("Transfer-Encoding", "chunked")))
 
@@ -379,11 +381,13 @@ class Connection:
                      whole: bool = True) -> AsyncIterator[bytes]:
         """The body's data as it arrives. ``whole``: the body may total at most
         ``max_bytes``; otherwise it is a stream the caller bounds."""
+        # h11 checked the Content-Length (one number) and says when it frames the body.
         length = head.headers.get("content-length")
         if whole and length is not None and "transfer-encoding" not in head.headers \
-                and head.status not in (204, 304) and int(length.split(",")[0]) > max_bytes:
-            raise BodyTooLarge(f"the response body of {int(length.split(',')[0])} bytes is "
-                               f"larger than the limit of {max_bytes} bytes")
+                and head.status not in (204, 304) and self._method != "HEAD" \
+                and int(length) > max_bytes:
+            raise BodyTooLarge(f"the response body of {int(length)} bytes is larger than "
+                               f"the limit of {max_bytes} bytes")
         total = 0
         while True:
             try:
