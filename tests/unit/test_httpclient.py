@@ -142,3 +142,30 @@ async def test_a_streamed_request_body_is_sent_while_the_response_is_read():
         server.close()
     assert (head.status, first, second, rest, reusable) == \
         (200, b'{"create": 1}', b'{"progress": 1}', [], True)
+
+
+async def test_a_connection_is_reusable_only_once_the_streamed_body_ended_too():
+    """A server may answer before the request body ends: the connection carries no other
+    request until both ended."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline() not in (b"\r\n", b""):
+            pass
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = await Connection.open("127.0.0.1", port, None, None,
+                                 asyncio.get_running_loop().time() + 5)
+    try:
+        async with asyncio.timeout(5):
+            await conn.start("POST", "/v3/watch", "h", {})
+            body = await conn.read_body(await conn.read_head(), 16)
+            before = conn.reusable
+            await conn.end_body()
+            after = conn.reusable
+    finally:
+        conn.close()
+        server.close()
+    assert (body, before, after) == (b"ok", False, True)
