@@ -188,7 +188,7 @@ IMPORT_STEPS = (
     ("asyncio (ssl included)", "import asyncio"),
     ("flannel.cli (flags)", "from flannel import cli"),
     ("flannel.daemon (wiring, rules, rtnl, health)", "from flannel import daemon"),
-    ("kube client (flannel.subnet.kubeclient, kubehttp, kubeconfig)",
+    ("kube client (flannel.subnet.kubeclient, kubeconfig, flannel.httpclient, h11)",
      "from flannel import subnet; subnet.open_store(cli.parse_args(['--kube-subnet-mgr', "
      "'--kube-api-url=http://127.0.0.1:1'], {}).store)"),
     ("vxlan backend, interface snapshot (links.py)", "from flannel.backend import backend_class; "

@@ -1,7 +1,7 @@
-"""flanneld's own Kubernetes API client (flannel.subnet.kubeclient, kubehttp, kubeconfig)
-against the API-server test double (tests/support/kubeapi.py) over real HTTP/1.1, with a
-real TLS handshake (certificates made by the openssl command line): in-cluster and
-kubeconfig credentials, error messages, pagination, bounds, hostile nodes."""
+"""flanneld's own Kubernetes API client (flannel.subnet.kubeclient, kubeconfig, over
+flannel.httpclient) against the API-server test double (tests/support/kubeapi.py) over real
+HTTP/1.1, with a real TLS handshake (certificates made by the openssl command line):
+in-cluster and kubeconfig credentials, error messages, pagination, bounds, hostile nodes."""
 
 from __future__ import annotations
 
@@ -424,8 +424,8 @@ async def test_oversized_answers_are_refused_with_the_bound(api, tmp_path):
         api.header_padding = 70_000
         with pytest.raises(KubeUnavailable) as caught:
             await sm.get_node()
-        assert str(caught.value) == (f"cannot get node 'node1': {api.url}: a header or "
-                                     "chunk-size line is longer than 65536 bytes")
+        assert str(caught.value) == (f"cannot get node 'node1': {api.url}: response "
+                                     "headers exceed 65536 bytes")
         api.header_padding = 0
         api.put_node("node1", annotations={"example.com/big": "x" * (4 << 20)})
         with pytest.raises(KubeUnavailable) as caught:

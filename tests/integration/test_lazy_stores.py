@@ -16,8 +16,8 @@ from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 ETCD_CLIENT = ("grpc", "aetcd")
-KUBE_CLIENT = ("flannel.subnet.kubeclient", "flannel.subnet.kubehttp",
-               "flannel.subnet.kubeconfig", "flannel.subnet.kubeauth", "flannel.subnet.kube")
+KUBE_CLIENT = ("flannel.subnet.kubeclient", "flannel.subnet.kubeconfig",
+               "flannel.subnet.kubeauth", "flannel.subnet.kube")
 
 PROBE = """
 import sys

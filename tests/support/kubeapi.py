@@ -19,6 +19,10 @@ real API server does:
   ``ADDED`` events for every current node come first; ``timeoutSeconds`` ends the stream;
 - ``GET /api/v1/nodes/<name>`` and ``GET /api/v1/namespaces/<ns>/pods/<name>``, with a 404
   ``Status`` (reason ``NotFound``) for unknown objects;
+- ``GET /api/v1/nodes/<name>/status``: the whole node, as the status subresource answers;
+- discovery: ``/api``, ``/apis`` and ``/api/v1`` (nodes, nodes/status, pods), the legacy
+  documents a client asking for aggregated discovery falls back to (kubectl maps
+  ``nodes`` to its path with them);
 - ``PATCH /api/v1/nodes/<name>/status`` with ``application/strategic-merge-patch+json``:
   maps (``metadata.annotations``, ``metadata.labels``) merge key by key (null deletes),
   ``status.conditions`` merges by its patch merge key ``type``, other fields are replaced;
@@ -43,7 +47,10 @@ Each event is serialized once and shared by every watch stream; a stream writes 
 control (a slow reader slows its own stream only) and ends when its client goes away.
 
 Not modelled: RBAC, other resources and verbs over HTTP, label/field selectors, bookmarks,
-a bounded watch cache. Tests change nodes through the Python methods (``put_node`` with pod
+a bounded watch cache, aggregated discovery, OpenAPI, server-side Table printing (kubectl
+prints nodes from their JSON instead). tests/integration/test_kubectl_double.py drives the
+double with kubectl, so it answers get, paginated list, watch and status patch as a real
+API server does. Tests change nodes through the Python methods (``put_node`` with pod
 CIDRs, annotations and status conditions, ``put_raw_node`` for any object,
 ``remove_annotations``, ``delete_node``;
 synchronous, so a test can change several things with no watcher running in between),
@@ -63,6 +70,7 @@ import copy
 import json
 import socket
 import ssl
+from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -70,6 +78,26 @@ from urllib.parse import parse_qs, urlsplit
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
+
+
+def _resource(name: str, kind: str, namespaced: bool, verbs: list[str]) -> dict[str, Any]:
+    return {"name": name, "singularName": "" if "/" in name else kind.lower(),
+            "namespaced": namespaced, "kind": kind, "verbs": verbs}
+
+
+#: The legacy (unaggregated) discovery documents of the core group: what a client such as
+#: kubectl reads to map "nodes" to a path; a request for aggregated discovery falls back
+#: to them, as against a server that does not serve it.
+_DISCOVERY: dict[str, dict[str, Any]] = {
+    "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+        {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1:6443"}]},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": []},
+    "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        _resource("nodes", "Node", False, ["get", "list", "patch", "watch"]),
+        _resource("nodes/status", "Node", False, ["get", "patch"]),
+        _resource("pods", "Pod", True, ["get"]),
+    ]},
+}
 
 
 def _common_name(writer: asyncio.StreamWriter) -> str | None:
@@ -267,7 +295,8 @@ class FakeKubeAPI:
                 data = json.dumps(doc).encode()
                 padding = f"X-Padding: {'x' * self.header_padding}\r\n" \
                     if self.header_padding else ""
-                writer.write(f"HTTP/1.1 {code} X\r\nContent-Type: application/json\r\n"
+                writer.write(f"HTTP/1.1 {code} {HTTPStatus(code).phrase}\r\n"
+                             f"Content-Type: application/json\r\n"
                              f"{padding}Content-Length: {len(data)}\r\n\r\n".encode())
                 if self.truncate_next:
                     self.truncate_next -= 1
@@ -305,13 +334,15 @@ class FakeKubeAPI:
     async def _handle(self, method: str, path: str, query: dict[str, str],
                       headers: dict[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
         parts = path.strip("/").split("/")
+        if method == "GET" and path in _DISCOVERY:
+            return 200, _DISCOVERY[path]
         if method == "GET" and path == "/api/v1/nodes":
             return self._list(query)
         if parts[:3] == ["api", "v1", "nodes"] and len(parts) >= 4:
             name = parts[3]
             if name not in self.nodes:
                 return 404, _status(404, "NotFound", f'nodes "{name}" not found')
-            if method == "GET" and len(parts) == 4:
+            if method == "GET" and parts[4:] in ([], ["status"]):  # status: the whole node
                 return 200, copy.deepcopy(self.nodes[name])
             if method == "PATCH" and parts[4:] == ["status"] and self.refuse_patches:
                 code, message = self.refuse_patches

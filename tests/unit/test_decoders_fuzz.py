@@ -1,15 +1,15 @@
-"""Property tests: every decoder flanneld applies to the store, its files and the udp
-backend's datagrams survives hostile input (targets in tests/support/fuzz_store.py,
-tests/support/fuzz_backends.py and tests/support/fuzz_udp.py; bench/fuzz.py runs many
-more)."""
+"""Property tests: every decoder flanneld applies to the store, its files, the udp
+backend's datagrams and the API servers' HTTP responses survives hostile input (targets in
+tests/support/fuzz_store.py, tests/support/fuzz_backends.py, tests/support/fuzz_udp.py and
+tests/support/fuzz_http.py; bench/fuzz.py runs many more)."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.support import fuzz_backends, fuzz_store, fuzz_udp
+from tests.support import fuzz_backends, fuzz_http, fuzz_store, fuzz_udp
 
 EXAMPLES = 300
-TARGETS = fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS
+TARGETS = fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS + fuzz_http.TARGETS
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
