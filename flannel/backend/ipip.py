@@ -49,6 +49,7 @@ class IpipConfig:
 
 class IpipBackend(RoutedBackend):
     backend_type = "ipip"
+    pass_errors = (device.DeviceError,)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

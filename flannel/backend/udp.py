@@ -70,6 +70,7 @@ def parse_port(backend: dict[str, object]) -> int:
 
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
+    pass_errors = (TunError,)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:

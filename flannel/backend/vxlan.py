@@ -90,6 +90,7 @@ class _Family:
 
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
+    pass_errors = (device.DeviceError,)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:
