@@ -15,10 +15,15 @@ FLANNELD = str(Path(sys.executable).parent / "flanneld")
 
 
 class Flanneld:
+    """``command``: what runs instead of the console script (e.g. ``python -c`` with a fault
+    injected before flanneld's ``main``), given the same arguments."""
+
     def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
                  name: str = "flanneld", env: dict[str, str] | None = None,
-                 open_files: tuple[int, int] | None = None) -> None:
+                 open_files: tuple[int, int] | None = None,
+                 command: list[str] | None = None) -> None:
         self.workdir = workdir
+        self.command = command or [FLANNELD]
         self.env = env
         self.args = args
         self.netns = netns
@@ -32,7 +37,7 @@ class Flanneld:
         if self.open_files is not None:
             prefix += ["prlimit", "--nofile={}:{}".format(*self.open_files), "--"]
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([*prefix, FLANNELD, *self.args], stdout=log,
+            self.proc = subprocess.Popen([*prefix, *self.command, *self.args], stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=None if self.env is None else
                                          {**os.environ, **self.env})
