@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 from typing import TypeVar
 
+from flannel.backoff import Backoff
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -65,15 +66,16 @@ class EngineStatus:
 
 @dataclass(frozen=True)
 class ThrottleRetry:
-    """How throttled cloud API calls are retried: exponential backoff with full jitter (as AWS
-    advises for many clients sharing a rate limit), bounded in attempts and per-wait delay."""
+    """How throttled cloud API calls are retried: exponential backoff (the shared
+    ``Backoff``, from ``2 * base`` doubling up to ``cap``) with full jitter (as AWS advises
+    for many clients sharing a rate limit), bounded in attempts."""
 
     attempts: int = 6
     base: float = 0.5
     cap: float = 20.0
 
-    def delay(self, attempt: int) -> float:
-        return random.uniform(0, min(self.cap, self.base * 2 ** attempt))
+    def backoff(self) -> Backoff:
+        return Backoff(min(2 * self.base, self.cap), self.cap)
 
 
 def with_retry(what: str, call: Callable[[], T], backoff: ThrottleRetry,
@@ -82,11 +84,12 @@ def with_retry(what: str, call: Callable[[], T], backoff: ThrottleRetry,
 
     Every retry is logged with the wait, so an operator sees throttling as it happens.
     """
+    delays = backoff.backoff()
     for attempt in range(1, backoff.attempts):
         try:
             return call()
         except Throttled as throttled:
-            wait = backoff.delay(attempt)
+            wait = random.uniform(0, delays.grow())  # full jitter
             log.warning("%s throttled (%s); retrying in %.2fs (attempt %d of %d)",
                         what, throttled.code, wait, attempt + 1, backoff.attempts)
             sleep(wait)
