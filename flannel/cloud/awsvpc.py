@@ -26,6 +26,7 @@ from typing import Any
 
 from flannel import gojson
 from flannel.cloud.base import (
+    NO_WAIT,
     CloudError,
     EngineStatus,
     OrphanGrace,
@@ -98,6 +99,7 @@ class AwsVpcRoutes:
         self.endpoint_url = endpoint_url
         self.backoff = backoff or ThrottleRetry()
         self._sleep = sleep
+        self._retry = self.backoff  # NO_WAIT while a reconcile() that must not wait runs
         self._lock = threading.Lock()
         self._ec2: Any = None
         self.identity: AwsIdentity | None = None
@@ -135,7 +137,7 @@ class AwsVpcRoutes:
             except BotoCoreError as error:
                 raise CloudError(f"EC2 {action} failed: {error}") from None
 
-        return with_retry(f"EC2 {action}", once, self.backoff, self._sleep)
+        return with_retry(f"EC2 {action}", once, self._retry, self._sleep)
 
     # --- start -------------------------------------------------------------------------
 
@@ -205,19 +207,24 @@ class AwsVpcRoutes:
         return route_in_network(route.get("DestinationCidrBlock"), self.config.network)
 
     def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
-                  collect: bool = True) -> list[RouteChange]:
+                  collect: bool = True, wait_throttled: bool = True) -> list[RouteChange]:
         """Make the route tables match the leases; idempotent. Returns what was changed.
 
-        ``collect=False`` only routes our subnet (at start, before the peers are known)."""
+        ``collect=False`` only routes our subnet (at start, before the peers are known).
+        ``wait_throttled=False``: a throttled call fails the reconcile at once (a data plane
+        pass: it retries with its own backoff) instead of waiting and trying again."""
         own, live = live_subnets("aws-vpc", own_lease, peer_leases)
         with self._lock:
             if self._ec2 is None or self.identity is None:
                 raise CloudError("aws-vpc: reconcile() before prepare()")
+            self._retry = self.backoff if wait_throttled else NO_WAIT
             try:
                 changes = self._reconcile(own, live, self.identity.eni_id, collect)
             except CloudError as error:
                 self._status.last_error = str(error)
                 raise
+            finally:
+                self._retry = self.backoff
             self._status.last_reconcile = time.time()
             self._status.last_changes = changes
             self._status.last_error = None

@@ -1,5 +1,6 @@
 """What the cloud route engines share: their error, change and status records, and the
-retry-with-backoff policy for throttled API calls.
+retry-with-backoff policy for throttled API calls (at start; a data plane pass does not wait
+for the cloud: it fails, and the data plane retries it with its own backoff).
 
 Must not touch: any cloud API directly (the engines pass their calls in).
 """
@@ -78,6 +79,11 @@ class ThrottleRetry:
         return Backoff(min(2 * self.base, self.cap), self.cap)
 
 
+#: One attempt: a throttled call fails at once, for the caller to retry later. A data plane
+#: pass uses it: a wait in its worker thread would hold back every other pass, and shutdown.
+NO_WAIT = ThrottleRetry(attempts=1)
+
+
 def with_retry(what: str, call: Callable[[], T], backoff: ThrottleRetry,
                sleep: Callable[[float], None] = time.sleep) -> T:
     """Run ``call``; on ``Throttled`` wait and retry, at most ``backoff.attempts`` times.
@@ -96,6 +102,9 @@ def with_retry(what: str, call: Callable[[], T], backoff: ThrottleRetry,
     try:
         return call()
     except Throttled as throttled:
+        if backoff.attempts == 1:
+            raise CloudError(f"{what}: the cloud API is throttling ({throttled.code}); the "
+                             "pass is retried with backoff") from None
         raise CloudError(
             f"{what}: the cloud API kept throttling ({throttled.code}) after "
             f"{backoff.attempts} attempts; the next reconciliation tries again "

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from flannel import gojson
 from flannel.cloud.base import (
+    NO_WAIT,
     CloudError,
     EngineStatus,
     OrphanGrace,
@@ -132,6 +133,7 @@ class TencentVpcRoutes:
         self.metadata = metadata
         self.backoff = backoff or ThrottleRetry()
         self._sleep = sleep
+        self._retry = self.backoff  # NO_WAIT while a reconcile() that must not wait runs
         self._lock = threading.Lock()
         self._client: Any = None
         self._models: Any = None
@@ -177,7 +179,7 @@ class TencentVpcRoutes:
             decoded: dict[str, Any] = json.loads(answer.to_json_string())
             return decoded
 
-        return with_retry(f"Tencent VPC {action}", once, self.backoff, self._sleep)
+        return with_retry(f"Tencent VPC {action}", once, self._retry, self._sleep)
 
     def prepare(self) -> None:
         """Region and VPC from the metadata service; the VPC's first route table."""
@@ -203,19 +205,24 @@ class TencentVpcRoutes:
         return route_in_network(route.get("DestinationCidrBlock"), self.config.network)
 
     def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
-                  collect: bool = True) -> list[RouteChange]:
+                  collect: bool = True, wait_throttled: bool = True) -> list[RouteChange]:
         """Make the route table match the leases; idempotent. Returns what was changed.
 
-        ``collect=False`` only routes our subnet (at start, before the peers are known)."""
+        ``collect=False`` only routes our subnet (at start, before the peers are known).
+        ``wait_throttled=False``: a throttled call fails the reconcile at once (a data plane
+        pass: it retries with its own backoff) instead of waiting and trying again."""
         own, live = live_subnets("tencent-vpc", own_lease, peer_leases)
         with self._lock:
             if not self.table:
                 raise CloudError("tencent-vpc: reconcile() before prepare()")
+            self._retry = self.backoff if wait_throttled else NO_WAIT
             try:
                 changes = self._reconcile(own, live, collect)
             except CloudError as error:
                 self._status.last_error = str(error)
                 raise
+            finally:
+                self._retry = self.backoff
             self._status.last_reconcile = time.time()
             self._status.last_changes = changes
             self._status.last_error = None
