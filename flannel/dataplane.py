@@ -177,7 +177,11 @@ class Dataplane:
             # peer's entries left by the previous run.
             await self._first_peers.wait()
             watcher = asyncio.create_task(self._follow_kernel(), name="netlink-events")
+            # It runs until cancelled: only a bug ends it, and that is raised here.
+            watcher.add_done_callback(lambda task: task.cancelled() or self._wake.set())
             while True:
+                if watcher is not None and watcher.done():
+                    watcher.result()
                 if not self._wake.is_set():
                     timeout = self.interval
                     if self._recheck:

@@ -438,3 +438,15 @@ def test_the_real_clock_waits_for_the_event_or_the_time():
     woken, timed_out, waited = asyncio.run(both())
     assert woken and not timed_out and 0.01 <= waited < 5
     assert abs(SYSTEM.monotonic() - time.monotonic()) < 1
+
+
+async def test_a_bug_in_the_kernel_event_watch_ends_the_data_plane():
+    async def watch(on_event: object, on_overrun: object) -> None:
+        raise ValueError("invalid literal for int() with base 10: 'x'")
+
+    dataplane = Dataplane(hostgw(), Readiness([COMPONENT]), netlink=FakeKernel().open,
+                          watch=watch, clock=FakeClock())
+    dataplane.set_peers([peer(2)])
+    with pytest.raises(ValueError, match="invalid literal"):
+        await asyncio.wait_for(dataplane.run(), 5)
+    assert dataplane.status.event_watch_failures == 0  # not taken for a failed watch
