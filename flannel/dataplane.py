@@ -177,8 +177,7 @@ class Dataplane:
             # peer's entries left by the previous run.
             await self._first_peers.wait()
             watcher = asyncio.create_task(self._follow_kernel(), name="netlink-events")
-            # It runs until cancelled: only a bug ends it, and that is raised here.
-            watcher.add_done_callback(lambda task: task.cancelled() or self._wake.set())
+            watcher.add_done_callback(self._watch_ended)
             while True:
                 if watcher is not None and watcher.done():
                     watcher.result()
@@ -357,6 +356,12 @@ class Dataplane:
         self._report()
         # Only a device or its address needs the (costlier) device check.
         self.trigger(why, check_local=isinstance(event.obj, (rtnl.Link, rtnl.Address)))
+
+    def _watch_ended(self, watcher: asyncio.Task[None]) -> None:
+        """The event watch runs until cancelled: only a bug ends it otherwise, and the
+        loop, woken, raises it."""
+        if not watcher.cancelled():
+            self._wake.set()
 
     def _on_overrun(self) -> None:
         self.status.event_overruns += 1
