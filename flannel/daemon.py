@@ -37,7 +37,7 @@ from flannel.dataplane import Dataplane
 from flannel.fdlimit import raise_open_files_limit
 from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface, InterfaceError, PublicIPs, select_interface
-from flannel.kernel.privilege import privilege_refusal
+from flannel.kernel.privilege import PrivilegeError, privilege_refusal
 from flannel.kernel.rtnl import NetlinkError
 from flannel.lease import EventType, Lease, LeaseAttrs
 from flannel.localsock import LocalSocket, SocketError, listen, socket_path
@@ -68,6 +68,10 @@ SUBNET_ENV_BACKOFF = (0.5, 30.0)
 SNAPSHOT_LINES = 20
 #: The readiness components, in the order their reasons are shown.
 COMPONENTS = ("startup", "subnet.env", "store", "lease", "rules", "dataplane")
+#: What a task may fail with by design (the message says what to fix). Anything else is a
+#: bug: logged with its traceback, and flanneld exits for its supervisor to restart it.
+DECLARED_FAILURES = (OSError, StoreError, StoreUnavailable, BackendError, ConfigError,
+                     RulesError, PrivilegeError)
 
 
 class StartupError(Exception):
@@ -380,8 +384,12 @@ class Daemon:
             await task.work
         except (OwnLeaseRevoked, asyncio.CancelledError):
             raise
-        except Exception as err:
+        except DECLARED_FAILURES as err:
             raise TaskFailed(f"{task.name} failed: {err}") from err
+        except Exception as err:  # the supervisor's boundary: a bug ends flanneld, loudly
+            log.critical("%s failed on a bug in flanneld; please report it with this "
+                         "traceback", task.name, exc_info=True)
+            raise TaskFailed(f"{task.name} failed: {type(err).__name__}: {err}") from err
         if task.forever:
             raise TaskFailed(f"{task.name} stopped: it returned, but it must run until "
                              "flanneld stops")
@@ -514,4 +522,8 @@ def main(settings: Settings) -> int:
         return asyncio.run(runner())
     except StartupError as err:
         log.error("%s", err)
+        return 1
+    except Exception:  # a bug during startup: in the log with its traceback, exit 1
+        log.critical("flanneld failed on a bug; please report it with this traceback",
+                     exc_info=True)
         return 1

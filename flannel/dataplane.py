@@ -26,20 +26,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from flannel.backend.base import Backend
+from flannel.backend.base import Backend, BackendError
 from flannel.backoff import Backoff
+from flannel.clock import SYSTEM, Clock
 from flannel.histogram import Durations
 from flannel.kernel import events, rtnl
 from flannel.kernel.privilege import privilege_refusal
 from flannel.kernel.reconcile import (
     DesiredState,
     Netlink,
+    ReconcileError,
     drift,
     kind,
     reconcile,
@@ -88,6 +89,13 @@ class DataplaneStatus:
     event_watch_failures: int = 0
 
 
+#: What a pass may fail with and be retried for: I/O (netlink errors are OSErrors), the
+#: backend's refusal and the kernel's; a backend adds its engines' (``Backend.pass_errors``).
+#: Anything else is a bug: it ends flanneld with its traceback rather than being retried
+#: as "reconcile failed" for ever.
+PASS_ERRORS: tuple[type[Exception], ...] = (OSError, BackendError, ReconcileError)
+
+
 class PassError(Exception):
     """A pass that left something unprogrammed; ``cause`` omits what varies per retry."""
 
@@ -101,13 +109,13 @@ class Dataplane:
 
     ``netlink`` (a request-socket factory) and ``watch`` (a kernel event source) default to
     the real kernel in the backend's namespace; ``retry`` is the (first, longest) backoff
-    after a failed pass.
+    after a failed pass; ``clock`` is what it reads and waits on.
     """
 
     def __init__(self, backend: Backend, readiness: Readiness, interval: float = 30.0, *,
                  netlink: Callable[[], Netlink] | None = None,
                  watch: EventWatch | None = None,
-                 retry: tuple[float, float] = (0.1, 5.0)) -> None:
+                 retry: tuple[float, float] = (0.1, 5.0), clock: Clock = SYSTEM) -> None:
         host = backend.options.host
         self.backend = backend
         self.readiness = readiness
@@ -121,11 +129,13 @@ class Dataplane:
         self._watch = watch or (lambda on_event, on_overrun: events.watch(
             on_event, on_overrun, host, interest=self._interest))
         self._retry = Backoff(*retry)
+        self._clock = clock
+        self._errors = PASS_ERRORS + backend.pass_errors
         self._peers: tuple[Lease, ...] = ()
         self._first_peers = asyncio.Event()
         self._wake = asyncio.Event()
         self._check_local = True
-        self._full_due = 0.0  # time.monotonic() of the next periodic full pass
+        self._full_due = 0.0  # the clock's reading at the next periodic full pass
         self._recheck = 0.0  # the soonest re-check the appliers asked for (0: none)
         self._full = True  # the next pass reads the kernel back
         self._repairing = ""  # why readiness says "repairing", until a pass repairs it
@@ -161,8 +171,10 @@ class Dataplane:
 
     async def run(self) -> None:
         """Reconcile until cancelled. A failed pass is retried, never raised, but for one
-        the kernel refused for want of privilege (PrivilegeError): no retry fixes that."""
+        the kernel refused for want of privilege (PrivilegeError): no retry fixes that; an
+        error no one declared (a bug) ends it too."""
         loop = asyncio.get_running_loop()
+        clock = self._clock
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataplane")
         watcher: asyncio.Task[None] | None = None
         self._report()
@@ -171,43 +183,41 @@ class Dataplane:
             # peer's entries left by the previous run.
             await self._first_peers.wait()
             watcher = asyncio.create_task(self._follow_kernel(), name="netlink-events")
+            watcher.add_done_callback(self._watch_ended)
             while True:
+                if watcher is not None and watcher.done():
+                    watcher.result()
                 if not self._wake.is_set():
                     timeout = self.interval
                     if self._recheck:
                         timeout = max(0.0, min(self._recheck,
-                                               self._full_due - time.monotonic()))
-                    try:
-                        # Not wait_for: on 3.11 it can swallow a cancellation that races
-                        # with the wake-up.
-                        async with asyncio.timeout(timeout):
-                            await self._wake.wait()
-                    except TimeoutError:
-                        if time.monotonic() >= self._full_due:
-                            self._check_local = self._full = True
+                                               self._full_due - clock.monotonic()))
+                    if not await clock.wait(self._wake, timeout) \
+                            and clock.monotonic() >= self._full_due:
+                        self._check_local = self._full = True
                 self._wake.clear()
                 check_local, self._check_local = self._check_local, False
                 full, self._full = self._full, False
                 if check_local:
-                    self._full_due = time.monotonic() + self.interval
+                    self._full_due = clock.monotonic() + self.interval
                 version, peers = self.status.wanted_version, self._peers
-                started = time.monotonic()
+                started = clock.monotonic()
                 try:
                     uses_netlink, changes = await loop.run_in_executor(
                         worker, self._pass, peers, check_local, full)
-                except Exception as err:  # every failure is retried, but privilege's
-                    self.status.pass_durations.observe(time.monotonic() - started)
+                except PassError as err:
+                    self.status.pass_durations.observe(clock.monotonic() - started)
                     refusal = privilege_refusal(err)
                     if refusal is not None:
                         raise refusal from None
                     self._failed(err)
-                    await self._retry.wait()
+                    await clock.sleep(self._retry.grow())
                     self.trigger()
                     continue
                 if not uses_netlink and watcher is not None:
                     watcher.cancel()  # nothing of ours in netlink: no drift to watch for
                     watcher = None
-                self.status.pass_durations.observe(time.monotonic() - started)
+                self.status.pass_durations.observe(clock.monotonic() - started)
                 self._succeeded(version, changes, len(peers))
         finally:
             if watcher is not None:
@@ -240,8 +250,9 @@ class Dataplane:
               ) -> tuple[bool, Counter[str]]:
         """One pass (full, or incremental when allowed; see the module docstring): whether
         the backend has netlink state, and the changes made by kind. Raises PassError if
-        anything could not be programmed (all is still attempted)."""
-        started = time.monotonic()
+        anything could not be programmed (all is still attempted); an error the backend
+        does not declare (a bug) propagates."""
+        started = self._clock.monotonic()
         backend = self.backend
         failures: list[tuple[str, str]] = []
         changes: Counter[str] = Counter()
@@ -265,7 +276,7 @@ class Dataplane:
                                                backend.failure_hint)
                 self._programmed = desired
                 changes.update(kind(obj) for _verb, obj in ops)
-        except Exception as err:  # reported as the pass's failure
+        except self._errors as err:
             self.status.netlink_errors += 1
             self._close_netlink()  # a fresh socket for the retry
             refusal = privilege_refusal(err)
@@ -275,7 +286,7 @@ class Dataplane:
         for applier in backend.appliers():
             try:
                 result = applier.apply(peers)
-            except Exception as err:  # an engine's failure, reported
+            except self._errors as err:
                 failures.append((f"{applier.name}: {err}", f"{applier.name}: {err}"))
                 continue
             changes[applier.name] += result.changes
@@ -289,13 +300,13 @@ class Dataplane:
         total = sum(changes.values())
         if total:
             log.info("reconciled: %d change(s) in %.1f ms", total,
-                     (time.monotonic() - started) * 1000)
+                     (self._clock.monotonic() - started) * 1000)
         return desired is not None, changes
 
     # -- on the event loop --
 
-    def _failed(self, err: Exception) -> None:
-        cause = getattr(err, "cause", str(err))
+    def _failed(self, err: PassError) -> None:
+        cause = err.cause
         if cause != self._logged_cause:  # once per distinct failure, not per retry
             log.error("reconcile failed (retrying with backoff): %s", err)
             self._logged_cause = cause
@@ -360,6 +371,12 @@ class Dataplane:
         # Only a device or its address needs the (costlier) device check.
         self.trigger(why, check_local=isinstance(event.obj, (rtnl.Link, rtnl.Address)))
 
+    def _watch_ended(self, watcher: asyncio.Task[None]) -> None:
+        """The event watch runs until cancelled: only a bug ends it otherwise, and the
+        loop, woken, raises it."""
+        if not watcher.cancelled():
+            self._wake.set()
+
     def _on_overrun(self) -> None:
         self.status.event_overruns += 1
         self.trigger("event overrun")
@@ -372,7 +389,7 @@ class Dataplane:
             try:
                 await self._watch(self._on_kernel_event, self._on_overrun)
                 failure = "the event watch ended"
-            except Exception as err:  # periodic passes cover the gap
+            except OSError as err:  # periodic passes cover the gap
                 failure = str(err)
             self.status.event_watch_failures += 1
             if failure != logged:
@@ -380,4 +397,4 @@ class Dataplane:
                           "subscribing again): %s", failure)
                 logged = failure
             self.trigger("event watch restarted")
-            await backoff.wait()
+            await self._clock.sleep(backoff.grow())

@@ -80,13 +80,21 @@ def compact(raw: bytes | str) -> str:
     return "".join(out)
 
 
+class FieldTypeError(ValueError):
+    """A member of the wrong type; ``field`` is its canonical name."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def decode_fields(obj: Mapping[str, Any], spec: Mapping[str, tuple[type, Any]],
                   context: str) -> dict[str, Any]:
     """Decode a JSON object into typed fields the way Go decodes into a struct.
 
     ``spec`` maps canonical field names to (type, default); member names match
     case-insensitively, unknown members are ignored, null leaves the default, a wrong type
-    raises ValueError naming ``context`` and the field.
+    raises FieldTypeError naming ``context`` and the field.
     """
     members = fold_keys(obj, {name.lower(): name for name in spec})
     out = {name: default for name, (_kind, default) in spec.items()}
@@ -95,10 +103,10 @@ def decode_fields(obj: Mapping[str, Any], spec: Mapping[str, tuple[type, Any]],
             continue
         kind = spec[name][0]
         if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{context}: {name} must be an integer, got {type_name(value)} "
-                             f"{shown(value)}")
+            raise FieldTypeError(f"{context}: {name} must be an integer, got "
+                                 f"{type_name(value)} {shown(value)}", name)
         if kind is not int and not isinstance(value, kind):
-            raise ValueError(f"{context}: {name} must be a {kind.__name__}, got "
-                             f"{type_name(value)} {shown(value)}")
+            raise FieldTypeError(f"{context}: {name} must be a {kind.__name__}, got "
+                                 f"{type_name(value)} {shown(value)}", name)
         out[name] = value
     return out

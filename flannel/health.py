@@ -222,7 +222,8 @@ class HealthServer:
             if self._exposition is None:
                 self._exposition = Exposition(state)
             return _response(200, "OK", self._exposition.render(), CONTENT_TYPE)
-        except Exception:  # a scrape must not take the server down; the log has the cause
+        except Exception:  # a boundary: a bug in a scrape must not take networking down
+            # (a 500 for the scraper; the log has the traceback)
             log.exception("rendering /metrics failed")
             return _response(500, "Internal Server Error", "rendering the metrics failed; "
                              "see flanneld's log\n")

@@ -12,6 +12,9 @@ other engine must hold:
   peers, cloud routes), each an ``Applier`` handed the full peer set on every pass;
 - ``failure_hint(error)``: advice for an operator when the kernel refused a change.
 
+The first three fail with OSError (netlink errors included), ``BackendError`` or one of the
+backend's ``pass_errors``; the data plane retries those, and anything else ends flanneld.
+
 All four run in the data plane's worker thread; a backend owns no task, thread, socket
 lifetime or readiness code. ``close()`` (the daemon, at shutdown) stops any process a
 backend's engine runs. Must not touch: the store, subnet.env, readiness.
@@ -118,6 +121,10 @@ class Backend(ABC):
 
     #: The BackendType this backend publishes and acts on ("" for alloc and udp).
     backend_type: str = ""
+    #: The errors its engines declare that a pass may raise besides OSError and
+    #: BackendError (e.g. a device refused): the data plane retries these; any other error
+    #: is a bug and ends flanneld.
+    pass_errors: tuple[type[Exception], ...] = ()
     #: What it leaves in a node's kernel for its peers, for the operator tools.
     footprint: ClassVar[Footprint]
     #: The Backend members (besides Type) its options parser reads.

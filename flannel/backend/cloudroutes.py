@@ -8,7 +8,8 @@ and routes our subnet; the applier then makes the table match the live leases on
 (lease changes, the periodic ``--reconcile-interval`` resync, retries after a failure), so a
 route deleted or redirected in the console is repaired and routes of vanished leases are
 collected. Every engine call blocks on HTTP and runs in the data plane's worker thread; the
-engines bound each request (``API_TIMEOUT``) and their throttling retries.
+engines bound each request (``API_TIMEOUT``). Throttling is waited out (bounded retries) only
+at start; in a pass it fails the pass, which the data plane retries with its backoff.
 Must not touch: the store, the kernel; which routes are ours (the engines decide).
 """
 
@@ -36,15 +37,15 @@ class RouteEngine(Protocol):
     def prepare(self) -> object: ...
 
     def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
-                  collect: bool = True) -> list[RouteChange]: ...
+                  collect: bool = True, wait_throttled: bool = True) -> list[RouteChange]: ...
 
 
 class CloudRoutes:
     """The applier: our route present, routes of vanished leases gone, on every pass.
 
-    A cloud failure (throttling that outlasted the retries, a full route table, a missing
-    permission) is the pass's error, which the data plane logs once, reports as its
-    readiness reason and retries with backoff.
+    A cloud failure (throttling, a full route table, a missing permission) is the pass's
+    error, which the data plane logs once, reports as its readiness reason and retries with
+    backoff.
     """
 
     def __init__(self, name: str, engine: RouteEngine, lease: Lease) -> None:
@@ -54,7 +55,8 @@ class CloudRoutes:
 
     def apply(self, peers: Sequence[Lease]) -> ApplyResult:
         try:
-            changes = self.engine.reconcile(self.lease, peers)
+            # Never wait out throttling here: this is the data plane's worker thread.
+            changes = self.engine.reconcile(self.lease, peers, wait_throttled=False)
         except CloudError as err:
             return ApplyResult(error=str(err))
         return ApplyResult(changes=len(changes))

@@ -51,6 +51,7 @@ class IpipConfig:
 class IpipBackend(RoutedBackend):
     backend_type = "ipip"
     footprint = Footprint(PER_PEER, device=DEVICE, answers_on_base=True)
+    pass_errors = (device.DeviceError,)
     option_names = ("DirectRouting",)
 
     @classmethod

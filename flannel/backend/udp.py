@@ -73,6 +73,7 @@ def parse_port(backend: dict[str, object]) -> int:
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
     # The forwarder, not the kernel, knows the peers: the Network route into the TUN is all.
+    pass_errors = (TunError,)
     footprint = Footprint(COVERING, device=TUN_NAME, answers_on_base=True)
     option_names = ("Port",)
 

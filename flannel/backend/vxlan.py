@@ -97,6 +97,7 @@ class _Family:
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
     footprint = Footprint(PER_PEER, device="flannel.{vni}", answers_on_base=True)
+    pass_errors = (device.DeviceError,)
     option_names = tuple(OPTIONS)
 
     @classmethod

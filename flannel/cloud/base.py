@@ -1,6 +1,7 @@
 """What the cloud route engines share: their error, change and status records, the
-retry-with-backoff policy for throttled API calls, and the engine's frame (``RouteEngineBase``:
-the lock, the status of every pass, the orphan grace).
+retry-with-backoff policy for throttled API calls (at start; a data plane pass does not wait
+for the cloud: it fails, and the data plane retries it with its own backoff), and the
+engine's frame (``RouteEngineBase``: the lock, the status of every pass, the orphan grace).
 
 Must not touch: any cloud API directly (the engines pass their calls in).
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Network
 from typing import TypeVar
 
+from flannel.backoff import Backoff
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -68,15 +70,21 @@ class EngineStatus:
 
 @dataclass(frozen=True)
 class ThrottleRetry:
-    """How throttled cloud API calls are retried: exponential backoff with full jitter (as AWS
-    advises for many clients sharing a rate limit), bounded in attempts and per-wait delay."""
+    """How throttled cloud API calls are retried: exponential backoff (the shared
+    ``Backoff``, from ``2 * base`` doubling up to ``cap``) with full jitter (as AWS advises
+    for many clients sharing a rate limit), bounded in attempts."""
 
     attempts: int = 6
     base: float = 0.5
     cap: float = 20.0
 
-    def delay(self, attempt: int) -> float:
-        return random.uniform(0, min(self.cap, self.base * 2 ** attempt))
+    def backoff(self) -> Backoff:
+        return Backoff(min(2 * self.base, self.cap), self.cap)
+
+
+#: One attempt: a throttled call fails at once, for the caller to retry later. A data plane
+#: pass uses it: a wait in its worker thread would hold back every other pass, and shutdown.
+NO_WAIT = ThrottleRetry(attempts=1)
 
 
 def with_retry(what: str, call: Callable[[], T], backoff: ThrottleRetry,
@@ -85,17 +93,21 @@ def with_retry(what: str, call: Callable[[], T], backoff: ThrottleRetry,
 
     Every retry is logged with the wait, so an operator sees throttling as it happens.
     """
+    delays = backoff.backoff()
     for attempt in range(1, backoff.attempts):
         try:
             return call()
         except Throttled as throttled:
-            wait = backoff.delay(attempt)
+            wait = random.uniform(0, delays.grow())  # full jitter
             log.warning("%s throttled (%s); retrying in %.2fs (attempt %d of %d)",
                         what, throttled.code, wait, attempt + 1, backoff.attempts)
             sleep(wait)
     try:
         return call()
     except Throttled as throttled:
+        if backoff.attempts == 1:
+            raise CloudError(f"{what}: the cloud API is throttling ({throttled.code}); the "
+                             "pass is retried with backoff") from None
         raise CloudError(
             f"{what}: the cloud API kept throttling ({throttled.code}) after "
             f"{backoff.attempts} attempts; the next reconciliation tries again "
@@ -169,12 +181,13 @@ class RouteEngineBase(ABC):
     def __init__(self, backoff: ThrottleRetry | None, sleep: Callable[[float], None]) -> None:
         self.backoff = backoff or ThrottleRetry()
         self._sleep = sleep
+        self._retry = self.backoff  # NO_WAIT while a reconcile() that must not wait runs
         self._lock = threading.Lock()
         self._status = EngineStatus(backend=self.name)
         self._orphans = OrphanGrace()
 
     def _retried(self, what: str, once: Callable[[], T]) -> T:
-        return with_retry(what, once, self.backoff, self._sleep)
+        return with_retry(what, once, self._retry, self._sleep)
 
     @abstractmethod
     def _prepared(self) -> bool:
@@ -186,19 +199,24 @@ class RouteEngineBase(ABC):
         """One pass over the route table(s), under the lock."""
 
     def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
-                  collect: bool = True) -> list[RouteChange]:
+                  collect: bool = True, wait_throttled: bool = True) -> list[RouteChange]:
         """Make the route tables match the leases; idempotent. Returns what was changed.
 
-        ``collect=False`` only routes our subnet (at start, before the peers are known)."""
+        ``collect=False`` only routes our subnet (at start, before the peers are known).
+        ``wait_throttled=False``: a throttled call fails the reconcile at once (a data plane
+        pass: it retries with its own backoff) instead of waiting and trying again."""
         own, live = live_subnets(self.name, own_lease, peer_leases)
         with self._lock:
             if not self._prepared():
                 raise CloudError(f"{self.name}: reconcile() before prepare()")
+            self._retry = self.backoff if wait_throttled else NO_WAIT
             try:
                 changes = self._reconcile(own, live, collect)
             except CloudError as error:
                 self._status.last_error = str(error)
                 raise
+            finally:
+                self._retry = self.backoff
             self._status.last_reconcile = time.time()
             self._status.last_changes = changes
             self._status.last_error = None

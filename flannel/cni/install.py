@@ -118,12 +118,12 @@ try:
              % library)
     sys.path.insert(0, library)
     from flannel.cni.plugin import main
-except Exception as err:
+except Exception as err:  # the CNI boundary: the runtime reads error JSON, not a traceback
     fail("flannel CNI plugin library at %s failed to load with %s: %s: %s; re-run "
          "flannelctl install-cni" % (library, PYTHON, type(err).__name__, err))
 try:
     status = main()
-except Exception as err:
+except Exception as err:  # the CNI boundary, as above
     fail("flannel CNI plugin failed with %s: %s: %s" % (PYTHON, type(err).__name__, err))
 sys.exit(status)
 '''

@@ -2,10 +2,9 @@
 
 Owns a raw NETLINK_ROUTE socket (optionally opened inside a named network namespace), the
 binary encoding of routes, neighbours and FDB entries, pipelined batches (many requests in
-flight, every ACK checked), single checked requests, dumps, and an event socket. pyroute2
-cost ~260 us per request; batching here makes a 5000-peer snapshot as cheap as
-``ip -batch``. Links and addresses are encoded in ``kernel/links.py`` and sent through the
-same socket.
+flight, every ACK checked), single checked requests, dumps, and an event socket. Batches
+make a 5000-peer snapshot as cheap as ``ip -batch``. Links and addresses are encoded in
+``kernel/links.py`` and sent through the same socket.
 Must not touch: the store; it decides nothing about what the kernel should hold.
 """
 

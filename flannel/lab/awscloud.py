@@ -25,6 +25,7 @@ from typing import Any
 
 from flannel.fileutil import write_atomic
 from flannel.lab import vpcrouter
+from flannel.lab.cluster import LabError
 from flannel.lab.imds import FakeMetadata, aws_paths
 
 REGION = "eu-west-1"
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"  # seconds per region, unused here
     try:
         import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
         from moto.server import ThreadedMotoServer
     except ImportError as err:
         print(f"the aws-vpc lab needs moto's EC2 server and boto3 ({err}): install "
@@ -94,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                 vpcrouter.sync(args.router_netns,
                                vpcrouter.aws_table(ec2, table, args.network))
                 failure = ""
-            except Exception as err:  # reported, and the next poll tries again
-                failure = str(err)
+            except (LabError, OSError, BotoCoreError, ClientError) as err:
+                failure = str(err)  # reported, and the next poll tries again
             if failure != logged:
                 print(f"{time.strftime('%H:%M:%S')} VPC router: "
                       f"{failure or 'following the route table again'}", file=sys.stderr,

@@ -174,5 +174,5 @@ class EtcdServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):  # already gone
             self.stop()

@@ -232,7 +232,7 @@ class KubeSubnetManager:
         self._resync = False
         self._changed = asyncio.Event()
         self._synced = asyncio.Event()
-        self._watch_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[NoReturn] | None = None
         self.resource_version = ""
         self.undecodable = SkippedRecords("node")
 
@@ -553,10 +553,11 @@ class KubeSubnetManager:
         self.status.relists += 1
         self._synced.set()
 
-    async def _watch(self) -> None:
+    async def _watch(self) -> NoReturn:
         """List, then watch from the listed version; resume after cuts, relist after 410.
         Every reopening backs off, unless the watch before it lived ``watch_healthy``
-        seconds: a server that ends every watch at once is not asked again and again."""
+        seconds: a server that ends every watch at once is not asked again and again.
+        Any other error is a bug: it ends the task, and ``watch_leases`` raises it."""
         backoff = Backoff(*WATCH_BACKOFF)
         need_list = True
         relisted = False  # relisted after a 410 with no event since
@@ -603,12 +604,6 @@ class KubeSubnetManager:
                 self.status.reconnects += 1
                 log.warning("node watch failed (%s); retrying in %.1fs",
                             api_failure(err, "watch nodes"), backoff.delay)
-            except Exception as err:  # never let the watch task die: it would stall silently
-                self.status.watching = False
-                self.status.reconnects += 1
-                need_list = True
-                log.warning("node watch failed unexpectedly (%s: %s); relisting in %.1fs",
-                            type(err).__name__, err, backoff.delay)
             await backoff.wait()
 
     async def _timed(self, events: AsyncIterator[tuple[str, Any]],
@@ -646,9 +641,10 @@ class KubeSubnetManager:
             # Someone else routes: upstream disables the informer entirely.
             yield Snapshot([])
             await asyncio.Event().wait()
-        self._watch_task = asyncio.create_task(self._watch(), name="node watch")
+        watch = self._watch_task = asyncio.create_task(self._watch(), name="node watch")
         try:
-            await asyncio.wait_for(self._synced.wait(), self.first_sync_timeout)
+            async with asyncio.timeout(self.first_sync_timeout):
+                await _until(self._synced, watch)
         except TimeoutError:
             if not self.continue_when_cache_not_ready:
                 raise KubeError(f"the node cache did not sync within "
@@ -661,7 +657,7 @@ class KubeSubnetManager:
         prefix = self.names.prefix
         try:
             while True:
-                await self._changed.wait()
+                await _until(self._changed, watch)
                 self._changed.clear()
                 if self._resync:
                     self._resync = False
@@ -695,13 +691,26 @@ class KubeSubnetManager:
                 if events:
                     yield Changes(events)
         finally:
-            self._watch_task.cancel()
+            watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+                await watch
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError):  # closing: a connection already broken is fine
             await self.client.close()
+
+
+async def _until(event: asyncio.Event, watch: asyncio.Task[NoReturn]) -> None:
+    """Wait for ``event``; if the node watch ends first (a bug: it handles every API failure
+    itself), raise its error here, in the task the daemon supervises, rather than wait for
+    ever on a watch that is gone."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait((waiter, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if not event.is_set():
+        watch.result()
 
 
 async def node_name_from_env(client: KubeClient, environ: dict[str, str]) -> str:

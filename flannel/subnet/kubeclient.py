@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: One GET or PATCH (lightkube's default was 10 s too).
+#: One GET or PATCH: a call stuck on a silent server gives way to a retry.
 REQUEST_TIMEOUT = 10.0
 #: One page of the node list: up to LIST_PAGE_SIZE nodes of typically 5-30 KiB each.
 LIST_TIMEOUT = 60.0

@@ -298,7 +298,7 @@ def _credentials(user: _Fields, base: str, context: ssl.SSLContext | None,
                               "client certificate or an exec plugin")
     token, token_file = user.text("token"), user.path_of("tokenFile", base)
     username, password = user.text("username"), user.text("password")
-    # The order lightkube used: a token file (re-read, so it may rotate) over a token.
+    # A token file wins over a token: it is re-read, so a rotated token is picked up.
     if token_file:
         return TokenFile(token_file)
     if token:

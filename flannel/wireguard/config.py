@@ -64,7 +64,7 @@ class WireguardConfig:
         try:
             fields = gojson.decode_fields(backend, _OPTIONS, _CONTEXT)
         except ValueError as err:
-            if "PSK" in str(err):
+            if isinstance(err, gojson.FieldTypeError) and err.field == "PSK":
                 # decode_fields quotes the bad value; a PSK must never be echoed.
                 raise ConfigError(f"{_CONTEXT}: PSK must be a string (a base64 key from "
                                   "`wg genpsk`)") from None

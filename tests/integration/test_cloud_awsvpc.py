@@ -224,6 +224,34 @@ def test_throttled_calls_are_retried_with_backoff(vpc, caplog):
     assert vpc.routes()[SUBNETS[0]] == info["eni"]
 
 
+def test_a_data_plane_pass_never_waits_out_throttling(vpc, caplog):
+    from flannel.backend.cloudroutes import CloudRoutes
+
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info)
+    engine._sleep = lambda seconds: pytest.fail(f"the pass slept {seconds}s in the worker")
+    engine.prepare()
+    routes = CloudRoutes("aws-vpc routes", engine, lease(SUBNETS[0]))
+    vpc.relay.fail("CreateRoute", "RequestLimitExceeded", times=1, status=503)
+    with caplog.at_level(logging.WARNING, logger="flannel"):
+        failed = routes.apply([])
+    # One call, then the pass fails: the data plane retries it with its backoff.
+    assert vpc.relay.count("CreateRoute") == 1
+    assert failed.error == ("EC2 CreateRoute: the cloud API is throttling "
+                            "(RequestLimitExceeded); the pass is retried with backoff")
+    assert SUBNETS[0] not in vpc.routes()
+    assert routes.apply([]).changes == 1  # the retry
+    assert vpc.routes()[SUBNETS[0]] == info["eni"]
+    # Out of a pass (at start), throttling is still waited out with the engine's backoff.
+    vpc.relay.fail("ReplaceRoute", "RequestLimitExceeded", times=1, status=503)
+    vpc.ec2.replace_route(RouteTableId=vpc.table, DestinationCidrBlock=SUBNETS[0],
+                          NetworkInterfaceId=vpc.node()[1]["eni"])
+    waits: list[float] = []
+    engine._sleep = waits.append
+    assert [c.action for c in engine.reconcile(lease(SUBNETS[0]), [])] == ["replace"]
+    assert len(waits) == 1 and 0 <= waits[0] <= FAST.cap
+
+
 def test_persistent_throttling_fails_the_pass_with_a_clear_error(vpc):
     fake, info = vpc.node()
     engine = vpc.engine(fake, info, backoff=ThrottleRetry(attempts=3, base=0.01, cap=0.02))

@@ -9,6 +9,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,10 +39,11 @@ def node(ns, tmp_path):
 
 
 def flanneld(tmp_path: Path, ns: str, server: EtcdServer, *extra: str, name: str = "flanneld",
-             subnet_file: Path | None = None) -> Flanneld:
+             subnet_file: Path | None = None, command: list[str] | None = None) -> Flanneld:
     subnet_file = subnet_file or tmp_path / name / "subnet.env"
     return Flanneld(tmp_path, [f"--etcd-endpoints={server.endpoint}",
-                               f"--subnet-file={subnet_file}", *extra], netns=ns, name=name)
+                               f"--subnet-file={subnet_file}", *extra], netns=ns, name=name,
+                    command=command)
 
 
 def leases(server: EtcdServer) -> dict[str, str]:
@@ -340,3 +342,36 @@ def test_subnet_taken_while_etcd_was_wiped_exits_one_saying_so(node, tmp_path):
         no_traceback(proc)
     finally:
         proc.stop()
+
+
+#: flanneld with a bug injected into the alloc backend's description of the kernel state.
+BUGGY_BACKEND = """
+import sys
+
+from flannel.backend.alloc import AllocBackend
+from flannel.cli import main
+
+def desired_state(self, peers, route_get):
+    return len(peers) + " peers"
+
+AllocBackend.desired_state = desired_state
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_bug_in_a_backend_exits_one_with_its_traceback(node, tmp_path):
+    ns, server = node
+    server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
+    proc = flanneld(tmp_path, ns, server, command=[sys.executable, "-c", BUGGY_BACKEND]).start()
+    try:
+        assert proc.wait_exit() == 1
+    finally:
+        proc.stop()
+    log = proc.log
+    assert "dataplane failed on a bug in flanneld; please report it with this traceback" in log
+    assert "Traceback (most recent call last)" in log
+    assert "TypeError: unsupported operand type(s) for +: 'int' and 'str'" in log
+    assert log.rstrip().splitlines()[-1].endswith(
+        "Exiting: dataplane failed: TypeError: unsupported operand type(s) for +: 'int' "
+        "and 'str'")
+    assert "reconcile failed" not in log  # not taken for a failure worth retrying

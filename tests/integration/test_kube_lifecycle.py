@@ -195,6 +195,32 @@ async def test_removed_annotations_are_published_again(api, tmp_path, caplog):
     assert "Lease has been revoked" not in caplog.text
 
 
+async def test_a_decoding_bug_in_the_node_watch_exits_one_with_its_traceback(
+        api, tmp_path, caplog, monkeypatch):
+    from flannel.subnet import kube
+
+    api.put_node("node1", ["10.244.1.0/24"])
+    async with running(api, tmp_path, HOST_GW) as node:
+        await node.wait_readyz(200)
+        real = kube.node_view
+
+        def node_view(raw, prefix):  # a bug, hit by node2 only
+            if raw["metadata"]["name"] == "node2":
+                return raw["spec"]["podCIDRs"] + 1
+            return real(raw, prefix)
+        monkeypatch.setattr(kube, "node_view", node_view)
+        api.put_node("node2", ["10.244.2.0/24"])
+        assert node.task is not None
+        assert await asyncio.wait_for(node.task, 10) == 1
+    bug = [r for r in caplog.records if r.exc_info]
+    assert [r.getMessage() for r in bug] == [
+        "leases failed on a bug in flanneld; please report it with this traceback"]
+    assert bug[0].exc_info[0] is TypeError
+    assert caplog.records[-1].getMessage() == (
+        'Exiting: leases failed: TypeError: can only concatenate list (not "int") to list')
+    assert "node watch failed" not in caplog.text  # not relisted for ever
+
+
 async def test_a_deleted_node_is_waited_for_and_published_again(api, tmp_path):
     api.put_node("node1", ["10.244.1.0/24"])
     async with running(api, tmp_path, HOST_GW) as node:

@@ -12,6 +12,7 @@ from ipaddress import IPv4Address, IPv6Address
 import pytest
 
 from flannel.lease import EventType, LeaseAttrs
+from flannel.subnet import kube
 from flannel.subnet.annotations import Annotations
 from flannel.subnet.kube import KubeError, KubeSubnetManager, event_queue_depth, kube_client
 from flannel.subnet.watch import LeaseWatcher, Snapshot
@@ -357,4 +358,49 @@ async def test_a_missing_pod_is_fatal_with_the_api_message(api, tmp_path):
                                             "'kube-flannel/gone': pods \"gone\" not found"):
             await sm.own_node_name()
     finally:
+        await sm.close()
+
+
+def broken_decoder(monkeypatch, name: str) -> None:
+    """A bug in the node decoder, hit by the node called ``name`` only."""
+    real = kube.node_view
+
+    def node_view(raw, prefix):
+        if raw["metadata"]["name"] == name:
+            raise TypeError("'NoneType' object is not subscriptable")
+        return real(raw, prefix)
+    monkeypatch.setattr(kube, "node_view", node_view)
+
+
+async def test_a_decoding_bug_in_the_node_watch_ends_the_lease_watch(api, tmp_path,
+                                                                      monkeypatch):
+    api.put_node("node1", ["10.244.1.0/24"])
+    remote(api, "node2", "10.244.2.0/24", "10.0.0.2")
+    sm = manager(api, tmp_path)
+    updates = sm.watch_leases(await sm.get_network_config())
+    try:
+        assert isinstance(await asyncio.wait_for(anext(updates), 10), Snapshot)
+        broken_decoder(monkeypatch, "node3")
+        remote(api, "node3", "10.244.3.0/24", "10.0.0.3")
+        # Raised to the consumer (the daemon's supervised lease watch), not relisted for ever.
+        with pytest.raises(TypeError, match="not subscriptable"):
+            await asyncio.wait_for(anext(updates), 10)
+        assert sm.status.relists == 1
+    finally:
+        await updates.aclose()
+        await sm.close()
+
+
+async def test_a_decoding_bug_in_the_first_listing_ends_the_lease_watch_at_once(
+        api, tmp_path, monkeypatch):
+    api.put_node("node1", ["10.244.1.0/24"])
+    api.put_node("node2", ["10.244.2.0/24"])
+    broken_decoder(monkeypatch, "node2")
+    sm = manager(api, tmp_path, first_sync_timeout=600)
+    updates = sm.watch_leases(await sm.get_network_config())
+    try:
+        with pytest.raises(TypeError, match="not subscriptable"):
+            await asyncio.wait_for(anext(updates), 10)  # not after the 600 s sync timeout
+    finally:
+        await updates.aclose()
         await sm.close()

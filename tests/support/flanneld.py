@@ -18,12 +18,17 @@ FLANNELD = str(Path(sys.executable).parent / "flanneld")
 
 
 class Flanneld:
+    """``command``: what runs instead of the console script (e.g. ``python -c`` with a fault
+    injected before flanneld's ``main``), given the same arguments."""
+
     def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
                  name: str = "flanneld", env: dict[str, str] | None = None,
                  open_files: tuple[int, int] | None = None,
-                 run_dir: Path | None = None) -> None:
+                 run_dir: Path | None = None,
+                 command: list[str] | None = None) -> None:
         self.workdir = workdir
         self.run_dir = run_dir
+        self.command = command or [FLANNELD]
         self.env = env
         self.args = args
         self.netns = netns
@@ -36,7 +41,7 @@ class Flanneld:
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         if self.open_files is not None:
             prefix += ["prlimit", "--nofile={}:{}".format(*self.open_files), "--"]
-        argv = [FLANNELD, *self.args]
+        argv = [*self.command, *self.args]
         if self.run_dir is not None:
             self.run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
             argv = nsexec.command(argv, LOCAL, self.run_dir)

@@ -346,8 +346,25 @@ async def test_a_failing_task_exits_one_naming_it(tmp_path, log):
     assert await node.exit_code() == 1
     assert lines(log)[-1] == ("Exiting: lease failed: the lease record is not a lease; "
                               "delete it")
+    assert not [r for r in log.records if r.exc_info]  # a declared failure: its message only
     assert node.store.watch_closed
     assert node.backend.closed == 1
+
+
+async def test_a_bug_in_a_task_exits_one_with_its_traceback(tmp_path, log, monkeypatch):
+    def desired_state(self, peers, route_get):
+        return {}["missing"]
+    monkeypatch.setattr(RecordingBackend, "desired_state", desired_state)
+    node = Node(tmp_path).start()
+    node.store.updates.put_nowait(Snapshot([PEER, OWN_LEASE]))
+    assert await node.exit_code() == 1
+    bug = [r for r in log.records if r.exc_info]
+    assert [r.getMessage() for r in bug] == [
+        "dataplane failed on a bug in flanneld; please report it with this traceback"]
+    assert bug[0].exc_info[0] is KeyError
+    assert lines(log)[-1] == "Exiting: dataplane failed: KeyError: 'missing'"
+    assert not [m for m in log.messages if "reconcile failed" in m]
+    assert node.backend is not None and node.backend.closed == 1
 
 
 async def test_a_forever_task_that_returns_exits_one_naming_it(tmp_path, log):

@@ -1,7 +1,8 @@
 """The data plane's orchestration without root: the real host-gw and alloc backends against
-a dict-backed netlink layer (tests/support/fakenetlink.py). When passes run, what readiness
-says meanwhile, backoff and recovery, drift repair, appliers, and the worker thread that
-owns the netlink socket."""
+a dict-backed netlink layer (tests/support/fakenetlink.py), on a clock the tests advance
+(tests/support/clock.py). When passes run, what readiness says meanwhile, backoff and
+recovery, drift repair, appliers, the worker thread that owns the netlink socket, and a bug
+in a backend ending the data plane rather than being retried."""
 
 from __future__ import annotations
 
@@ -11,19 +12,24 @@ import errno
 import json
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from ipaddress import IPv4Address, IPv4Network
 
+import pytest
+
 from flannel.backend.alloc import AllocBackend
-from flannel.backend.base import Applier, ApplyResult, Backend
+from flannel.backend.base import Applier, ApplyResult, Backend, RouteLookup
 from flannel.backend.hostgw import HostGwBackend
 from flannel.config import check_network_config, parse_config
 from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
-from flannel.kernel import rtnl
+from flannel.kernel import device, rtnl
 from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import Route
 from flannel.lease import Lease, LeaseAttrs
 from flannel.readiness import Readiness
+from tests.support.clock import FakeClock
 from tests.support.fakenetlink import FakeKernel
 from tests.support.waiting import async_wait_until
 
@@ -55,10 +61,11 @@ def route(third: int, gateway: str = "") -> Route:
 
 
 @contextlib.asynccontextmanager
-async def running(backend: Backend, kernel: FakeKernel, interval: float = 300
-                  ) -> AsyncIterator[Dataplane]:
+async def running(backend: Backend, kernel: FakeKernel, interval: float = 300,
+                  clock: FakeClock | None = None) -> AsyncIterator[Dataplane]:
     dataplane = Dataplane(backend, Readiness([COMPONENT]), interval=interval,
-                          netlink=kernel.open, watch=kernel.watch, retry=(0.05, 0.2))
+                          netlink=kernel.open, watch=kernel.watch, retry=(0.05, 0.2),
+                          clock=clock or FakeClock())
     task = asyncio.create_task(dataplane.run())
     try:
         yield dataplane
@@ -82,13 +89,28 @@ async def programmed(dataplane: Dataplane) -> None:
     await until(lambda: readiness(dataplane)[0], f"ready, not {readiness(dataplane)}")
 
 
+async def parked(clock: FakeClock, delay: float) -> None:
+    """Until the data plane waits on the clock, for ``delay`` seconds and for nothing else:
+    no pass runs or is due before the clock reaches it."""
+    await until(lambda: clock.timers() == pytest.approx([delay]),
+                f"a wait of {delay} s, not {clock.timers()}")
+
+
+async def retried(clock: FakeClock) -> None:
+    """Move the clock to the end of the pending retry wait."""
+    await until(lambda: len(clock.timers()) == 1, "a retry wait")
+    await clock.advance(clock.timers()[0])
+
+
 async def test_nothing_is_touched_before_the_first_peer_set_and_ready_once_programmed():
     kernel = FakeKernel()
     kernel.put(route(9), rtnl.RTPROT_FLANNEL)  # a peer of the previous run, still there
-    async with running(hostgw(), kernel, interval=0.01) as dataplane:
+    clock = FakeClock()
+    async with running(hostgw(), kernel, interval=0.01, clock=clock) as dataplane:
         waiting = (False, NOT_PROGRAMMED + "waiting for the first lease snapshot")
         await until(lambda: readiness(dataplane) == waiting, "the waiting reason")
-        await asyncio.sleep(0.1)  # ten periodic intervals: none may run a pass
+        await clock.advance(0.1)  # ten periodic intervals: none may run a pass
+        assert clock.timers() == []  # only the first peer set can start one
         assert kernel.handles == [] and kernel.ours() == {route(9)}
         kernel.gate.clear()
         dataplane.set_peers([peer(9), peer(2)])
@@ -119,7 +141,7 @@ async def test_peer_sets_handed_over_during_a_pass_coalesce_into_one_pass():
         await until(lambda: kernel.handles and kernel.handles[0].used_in, "a pass started")
         for last in range(3, 53):
             dataplane.set_peers([peer(third) for third in range(2, last + 1)])
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a yield, not a wait: the loop runs between hand-overs
         assert not readiness(dataplane)[0]
         kernel.gate.set()
         await programmed(dataplane)
@@ -134,9 +156,19 @@ async def test_a_refused_change_is_not_ready_with_advice_retried_with_backoff_an
     caplog.set_level(logging.INFO, "flannel.dataplane")
     kernel = FakeKernel()
     kernel.refusals["replace route 10.244.3.0/24"] = errno.ENETUNREACH
-    async with running(hostgw(), kernel) as dataplane:
+    clock = FakeClock()
+    async with running(hostgw(), kernel, clock=clock) as dataplane:
         dataplane.set_peers([peer(2), peer(3)])
-        await until(lambda: dataplane.status.passes >= 3, "retries")  # the first: 1 of 2
+        await parked(clock, 0.05)
+        assert dataplane.status.passes == dataplane.status.failed_passes == 1
+        # Retries wait 0.05, 0.1, then 0.2 s each, and not a moment less.
+        for delay, then in ((0.05, 0.1), (0.1, 0.2), (0.2, 0.2)):
+            passes = dataplane.status.passes
+            await clock.advance(delay * 0.99)
+            assert dataplane.status.passes == passes and clock.timers()
+            await clock.advance(delay * 0.01)
+            await parked(clock, then)
+            assert dataplane.status.passes == passes + 1
         assert readiness(dataplane) == (False, NOT_PROGRAMMED + (
             "1 of 1 changes failed, first: Network is unreachable (replace route "
             "10.244.3.0/24 via 192.168.1.3); host-gw needs every node on one L2 segment: a "
@@ -144,12 +176,9 @@ async def test_a_refused_change_is_not_ready_with_advice_retried_with_backoff_an
             "across routed networks use the vxlan backend (DirectRouting keeps direct routes "
             "for the peers on the same segment)"))
         # The socket is replaced after a failure, closed where it was used.
-        assert len(kernel.handles) >= 3 and kernel.handles[0].closed_in is not None
-        passes = dataplane.status.passes
-        await asyncio.sleep(0.6)
-        # Retries wait 0.05, 0.1, then 0.2 s each: without backoff there would be hundreds.
-        assert dataplane.status.passes - passes <= 5
+        assert len(kernel.handles) == 4 and kernel.handles[0].closed_in is not None
         del kernel.refusals["replace route 10.244.3.0/24"]
+        await clock.advance(0.2)
         await programmed(dataplane)
         assert kernel.ours() == {route(2), route(3)}
         assert dataplane.status.last_error == ""
@@ -216,16 +245,21 @@ async def test_a_peer_change_applies_the_difference_without_reading_the_kernel_b
 
 async def test_the_periodic_pass_reads_the_kernel_back_and_repairs_unseen_drift():
     kernel = FakeKernel()
-    async with running(hostgw(), kernel, interval=0.3) as dataplane:
+    clock = FakeClock()
+    async with running(hostgw(), kernel, interval=30, clock=clock) as dataplane:
         dataplane.set_peers([peer(2)])
         await programmed(dataplane)
         with kernel.lock:  # gone without an event: only reading the kernel shows it
             del kernel.routes[("10.244.2.0/24", 0)]
         dataplane.set_peers([peer(2), peer(3)])  # an incremental pass does not see it
         await until(lambda: route(3) in kernel.ours(), "peer 3 programmed")
-        assert dataplane.status.full_passes == 1
+        await programmed(dataplane)
+        await parked(clock, 30)
+        await clock.advance(29.9)  # no pass for an interval: then the periodic full one
+        assert kernel.ours() == {route(3)} and dataplane.status.full_passes == 1
+        await clock.advance(0.1)
         await until(lambda: kernel.ours() == {route(2), route(3)}, "the periodic repair")
-        assert dataplane.status.full_passes >= 2
+        assert dataplane.status.full_passes == 2
 
 
 async def test_lost_events_resync_in_full():
@@ -297,7 +331,8 @@ class AllocWithEngine(AllocBackend):
 async def test_an_applier_is_handed_every_peer_set_and_its_failures_are_readiness():
     kernel = FakeKernel()
     engine = RecordingApplier()
-    async with running(AllocWithEngine(engine), kernel) as dataplane:
+    clock = FakeClock()
+    async with running(AllocWithEngine(engine), kernel, clock=clock) as dataplane:
         dataplane.set_peers([peer(2, ""), peer(3, ""), peer(4, "vxlan")])
         await programmed(dataplane)
         assert engine.subnets == {"10.244.2.0/24", "10.244.3.0/24"}
@@ -309,10 +344,12 @@ async def test_an_applier_is_handed_every_peer_set_and_its_failures_are_readines
             False, NOT_PROGRAMMED + "test engine: peer 10.244.5.0/24 unreachable")
         engine.error = ""
         engine.raises = OSError(errno.EPIPE, "control socket closed")
+        await retried(clock)
         await until(lambda: "control socket" in readiness(dataplane)[1], "the exception")
         assert readiness(dataplane) == (
             False, NOT_PROGRAMMED + "test engine: [Errno 32] control socket closed")
         engine.raises = None
+        await retried(clock)
         await programmed(dataplane)
         assert engine.subnets == {"10.244.2.0/24", "10.244.5.0/24"}
         assert dataplane.status.applied == {"test engine": 4}
@@ -327,3 +364,90 @@ async def test_the_alloc_backend_is_ready_without_any_netlink():
         await programmed(dataplane)
         await until(lambda: kernel.watching == 0, "the event watch stopped")
     assert kernel.handles == []
+
+
+class BuggyHostGw(HostGwBackend):
+    """host-gw with a fault injected into its description of the kernel state."""
+
+    pass_errors = (device.DeviceError,)
+
+    def __init__(self) -> None:
+        super().__init__(EXT, config("host-gw"))
+        self.lease = OWN
+        self.fault: Exception | None = None
+
+    def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
+        if self.fault is not None:
+            raise self.fault
+        return super().desired_state(peers, route_get)
+
+
+async def test_a_bug_in_a_backend_ends_the_data_plane_instead_of_being_retried(caplog):
+    caplog.set_level(logging.INFO, "flannel.dataplane")
+    backend = BuggyHostGw()
+    backend.fault = TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+    dataplane = Dataplane(backend, Readiness([COMPONENT]), netlink=FakeKernel().open,
+                          watch=FakeKernel().watch, clock=FakeClock())
+    dataplane.set_peers([peer(2)])
+    with pytest.raises(TypeError, match="unsupported operand"):
+        await asyncio.wait_for(dataplane.run(), 5)
+    assert "reconcile failed" not in caplog.text
+    assert dataplane.status.failed_passes == 0
+
+
+@pytest.mark.parametrize("error", [
+    device.DeviceError("flannel.1 disappeared while being set up"),  # declared by it
+    rtnl.NetlinkError(errno.ENOBUFS, "dump routes"),  # I/O
+])
+async def test_the_errors_a_backend_declares_are_retried(error):
+    backend = BuggyHostGw()
+    backend.fault = error
+    kernel = FakeKernel()
+    clock = FakeClock()
+    async with running(backend, kernel, clock=clock) as dataplane:
+        dataplane.set_peers([peer(2)])
+        await parked(clock, 0.05)
+        assert readiness(dataplane) == (False, NOT_PROGRAMMED + str(error))
+        backend.fault = None
+        await clock.advance(0.05)
+        await programmed(dataplane)
+        assert kernel.ours() == {route(2)}
+
+
+async def test_a_bug_in_an_applier_ends_the_data_plane():
+    engine = RecordingApplier()
+    engine.raises = AttributeError("'NoneType' object has no attribute 'peers'")
+    dataplane = Dataplane(AllocWithEngine(engine), Readiness([COMPONENT]),
+                          netlink=FakeKernel().open, watch=FakeKernel().watch,
+                          clock=FakeClock())
+    dataplane.set_peers([peer(2, "")])
+    with pytest.raises(AttributeError, match="no attribute 'peers'"):
+        await asyncio.wait_for(dataplane.run(), 5)
+
+
+def test_the_real_clock_waits_for_the_event_or_the_time():
+    from flannel.clock import SYSTEM
+
+    async def both() -> tuple[bool, bool, float]:
+        event = asyncio.Event()
+        asyncio.get_running_loop().call_soon(event.set)
+        woken = await SYSTEM.wait(event, 5)
+        started = SYSTEM.monotonic()
+        timed_out = await SYSTEM.wait(asyncio.Event(), 0.01)
+        return woken, timed_out, SYSTEM.monotonic() - started
+
+    woken, timed_out, waited = asyncio.run(both())
+    assert woken and not timed_out and 0.01 <= waited < 5
+    assert abs(SYSTEM.monotonic() - time.monotonic()) < 1
+
+
+async def test_a_bug_in_the_kernel_event_watch_ends_the_data_plane():
+    async def watch(on_event: object, on_overrun: object) -> None:
+        raise ValueError("invalid literal for int() with base 10: 'x'")
+
+    dataplane = Dataplane(hostgw(), Readiness([COMPONENT]), netlink=FakeKernel().open,
+                          watch=watch, clock=FakeClock())
+    dataplane.set_peers([peer(2)])
+    with pytest.raises(ValueError, match="invalid literal"):
+        await asyncio.wait_for(dataplane.run(), 5)
+    assert dataplane.status.event_watch_failures == 0  # not taken for a failed watch

@@ -323,15 +323,27 @@ async def test_netlink_families_move_with_refusals_drift_and_lost_events():
     """The data plane's own families, against the dict-backed netlink of test_dataplane."""
     from flannel.kernel import rtnl
     from flannel.kernel.rtnl import Route
+    from tests.support.clock import FakeClock
     from tests.support.fakenetlink import FakeKernel
-    from tests.unit.test_dataplane import EXT, hostgw, peer, programmed, route, running, until
+    from tests.unit.test_dataplane import (
+        EXT,
+        hostgw,
+        peer,
+        programmed,
+        retried,
+        route,
+        running,
+        until,
+    )
 
     kernel = FakeKernel()
     kernel.refusals["replace route 10.244.3.0/24"] = 101  # ENETUNREACH
-    async with running(hostgw(), kernel) as dataplane:
+    clock = FakeClock()
+    async with running(hostgw(), kernel, clock=clock) as dataplane:
         state = NodeState(dataplane.readiness, dataplane=dataplane, backend=dataplane.backend)
         dataplane.set_peers([peer(2), peer(3)])
-        await until(lambda: dataplane.status.failed_passes >= 2, "failed passes")
+        await retried(clock)
+        await until(lambda: dataplane.status.failed_passes == 2, "failed passes")
         failing = collected(state)
         assert value(failing, "flannel_netlink_errors_total") >= 2
         assert value(failing, "flannel_reconcile_passes_total", result="error") >= 2
@@ -339,6 +351,7 @@ async def test_netlink_families_move_with_refusals_drift_and_lost_events():
         assert value(failing, "flannel_peers_wanted") == 2
         assert value(failing, "flannel_peers_programmed") == 0
         del kernel.refusals["replace route 10.244.3.0/24"]
+        await retried(clock)
         await programmed(dataplane)
         healthy = collected(state)
         assert value(healthy, "flannel_peers_programmed") == 2

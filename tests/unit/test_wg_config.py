@@ -68,6 +68,17 @@ def test_a_bad_psk_is_refused_without_echoing_it(psk):
     assert "wg genpsk" in str(err.value) or "wg genkey" in str(err.value)
 
 
+def test_a_bad_psk_is_told_by_its_field_not_by_the_text_of_another_fields_error():
+    # A mistyped MTU whose value reads "PSK" is an MTU error, named as such.
+    with pytest.raises(ConfigError) as err:
+        WireguardConfig.parse({"MTU": "PSK"})
+    assert str(err.value) == ('error decoding backend config: MTU must be an integer, got '
+                              'string "PSK"')
+    with pytest.raises(ConfigError) as err:
+        WireguardConfig.parse({"psk": ["secret"]})  # member names match in any case
+    assert "secret" not in str(err.value) and "PSK must be a string" in str(err.value)
+
+
 def test_the_psk_never_shows_in_the_config_repr():
     cfg = WireguardConfig.parse({"PSK": KEY})
     assert KEY not in repr(cfg) and "Secret(<hidden>)" in repr(cfg)
