@@ -330,6 +330,17 @@ def _error_status(doc: Any) -> tuple[Code, str] | None:
         return Code.UNKNOWN, str(message)[:1000]
 
 
+def _refuse_common_name(status: int, body: bytes) -> None:
+    """etcd with authentication enabled refuses, on its gateway, every client whose
+    certificate has a Common Name (it would be taken for the gateway's own user)."""
+    if status == 400 and body.startswith(b"CommonName of client"):
+        raise EtcdError(
+            "etcd has authentication enabled and refuses client certificates with a Common "
+            "Name on its JSON gateway, the API flanneld speaks: give --etcd-certfile a "
+            "certificate without a CN (subjectAltName only) and authenticate with "
+            "--etcd-username and --etcd-password", Code.FAILED_PRECONDITION)
+
+
 def _describe(err: BaseException) -> str:
     if isinstance(err, TimeoutError):
         return "no answer in time"
@@ -517,6 +528,7 @@ class EtcdClient:
         try:
             doc = _decode(data, f"the answer to {path}")
         except _Malformed as err:
+            _refuse_common_name(head.status, data)
             raise _Unreachable(f"{endpoint}: {path} answered HTTP {head.status} with "
                                f"{'no etcd JSON' if head.status != 200 else err}; is this "
                                "etcd 3.4 or later with its gRPC gateway enabled?") from None
@@ -826,6 +838,7 @@ class EtcdClient:
                     try:
                         status = _error_status(_decode(body, "the watch's answer"))
                     except _Malformed:
+                        _refuse_common_name(head.status, body)
                         status = None
                     if status is None:
                         raise _Unreachable(f"{endpoint}: /v3/watch answered HTTP "
