@@ -18,7 +18,7 @@ from flannel.subnet.etcdclient import (
     EtcdUnavailable,
     parse_endpoints,
 )
-from tests.support.tls import make_tls_files
+from tests.support.tls import make_client_without_cn, make_tls_files
 
 LIMIT = 1024 * 1024
 
@@ -137,8 +137,10 @@ async def test_a_server_that_is_not_etcds_gateway_is_named():
 
 async def test_a_certificate_with_a_common_name_on_an_etcd_with_auth_names_the_fix(tmp_path):
     """etcd's gateway refuses such a client outright when authentication is on (the name
-    would be taken for the gateway's own user), even one that also gives a password."""
+    would be taken for the gateway's own user), even one that also gives a password; a
+    certificate without a CN and a password, as the message says, are accepted."""
     tls = make_tls_files(tmp_path / "tls")
+    nocn_cert, nocn_key = make_client_without_cn(tls, tmp_path / "tls")
     with EtcdServer(tmp_path / "etcd", tls=tls) as server:
         server.ctl("user", "add", "root", "--new-user-password=s3cret")
         server.ctl("auth", "enable")
@@ -150,6 +152,14 @@ async def test_a_certificate_with_a_common_name_on_an_etcd_with_auth_names_the_f
                 await client.get(b"/net/config")
         finally:
             await client.close()
+        advised = EtcdClient(EtcdOptions(
+            parse_endpoints(server.endpoint), cafile=str(tls.ca), certfile=str(nocn_cert),
+            keyfile=str(nocn_key), username="root", password="s3cret", timeout=5))
+        try:
+            await advised.put(b"/net/config", b"{}")
+            assert (await advised.get(b"/net/config"))[0].value == b"{}"
+        finally:
+            await advised.close()
     assert str(failure.value) == (
         "etcd has authentication enabled and refuses client certificates with a Common Name "
         "on its JSON gateway, the API flanneld speaks: give --etcd-certfile a certificate "
