@@ -257,7 +257,8 @@ MAX_ERROR_BYTES = 64 * 1024
 MAX_IDLE = 8
 #: TCP keepalive on etcd connections: a peer gone without a word (powered off, partitioned)
 #: is found dead after KEEPIDLE + KEEPINTVL * KEEPCNT = 20 s of silence, even under a quiet
-#: watch (etcd permits this; the progress notifications it sends are ten minutes apart).
+#: watch. An etcd that stops answering but whose kernel still does (paused, wedged) is found
+#: by the calls made meanwhile: one that fails leaves the endpoint and drops its watches.
 KEEPALIVE = ((socket.TCP_KEEPIDLE, 10), (socket.TCP_KEEPINTVL, 5), (socket.TCP_KEEPCNT, 2))
 
 _RETRY_ELSEWHERE = (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED)
@@ -370,6 +371,7 @@ class EtcdClient:
         self._token: str | None = None
         self._lock = asyncio.Lock()
         self._idle: list[tuple[int, Connection]] = []
+        self._watches: dict[Connection, int] = {}  # open watch streams and their endpoint
         self._context = self._load_tls()
         if bool(options.username) != bool(options.password):
             given, missing = (("--etcd-username", "--etcd-password") if options.username
@@ -550,6 +552,11 @@ class EtcdClient:
         self._token = None
         while self._idle:
             self._idle.pop()[1].close()
+        # As a closed gRPC channel ends its streams: each watch resumes on the next endpoint.
+        for conn, watched in list(self._watches.items()):
+            if watched == index:
+                del self._watches[conn]
+                conn.close()
 
     # -- authentication -----------------------------------------------------------------
 
@@ -861,6 +868,7 @@ class EtcdClient:
                 self._failover(index)
                 raise EtcdUnavailable(f"cannot watch: {err}") from None
             batch = self._watch_batch(first)
+            self._watches[conn] = index
             yield WatchBatch([], start_revision - 1, created=True)
             if batch is not None:
                 yield batch
@@ -872,6 +880,9 @@ class EtcdClient:
                         self.revision = max(self.revision, batch.revision)
                         yield batch
             except (OSError, TimeoutError, ProtocolError) as err:
+                if conn not in self._watches:
+                    raise EtcdUnavailable(f"watch stream broken: {endpoint} stopped answering "
+                                          "other calls") from None
                 self._failover(index)
                 raise EtcdUnavailable(f"watch stream broken: {_describe(err)}") from None
             raise EtcdUnavailable("etcd closed the watch stream")
@@ -886,6 +897,7 @@ class EtcdClient:
             raise self._refusal("Watch", key, err.code, err.message) from None
         finally:
             if conn is not None:
+                self._watches.pop(conn, None)
                 conn.close()
 
     def _watch_batch(self, line: bytes) -> WatchBatch | None:

@@ -18,6 +18,7 @@ from flannel.subnet.etcdclient import (
     EtcdUnavailable,
     parse_endpoints,
 )
+from tests.support.proxy import CuttableProxy
 from tests.support.tls import make_client_without_cn, make_tls_files
 
 LIMIT = 1024 * 1024
@@ -165,3 +166,27 @@ async def test_a_certificate_with_a_common_name_on_an_etcd_with_auth_names_the_f
         "on its JSON gateway, the API flanneld speaks: give --etcd-certfile a certificate "
         "without a CN (subjectAltName only) and authenticate with --etcd-username and "
         "--etcd-password")
+
+
+async def test_a_watch_on_an_etcd_that_stopped_answering_moves_on(etcd):
+    """A paused etcd keeps its connections open (its kernel still answers TCP keepalives):
+    a call that finds it silent leaves the endpoint and ends the watch streams on it, as
+    closing a gRPC channel did, so the watch resumes elsewhere instead of waiting."""
+    proxy = CuttableProxy(etcd.client_port)
+    await proxy.start()
+    client = EtcdClient(EtcdOptions(parse_endpoints(proxy.endpoint), timeout=1))
+    try:
+        stream = client.watch(b"/paused/", 1)
+        assert (await anext(stream)).created
+        proxy.pause()
+        with pytest.raises(EtcdUnavailable, match="no etcd endpoint answered"):
+            await client.get(b"/paused/key")
+        async with asyncio.timeout(5):
+            with pytest.raises(EtcdUnavailable, match=(
+                    f"watch stream broken: {proxy.endpoint} stopped answering other calls")):
+                async for _batch in stream:
+                    pass
+    finally:
+        proxy.resume()
+        await proxy.cut()
+        await client.close()
