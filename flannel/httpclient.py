@@ -1,11 +1,12 @@
 """HTTP/1.1 client connections over asyncio for the stores' API clients: h11 frames the
 messages, every read is bounded.
 
-Owns: opening a connection (TLS context, TCP keepalive, a deadline), writing a request with
-a whole body or a streamed (chunked) one, reading the response head (at most
-``MAX_HEAD_BYTES`` counting 1xx interim answers, ``MAX_HEADERS`` fields), reading a body
-framed by Content-Length, chunked transfer coding or the end of the connection within a
-byte bound the caller gives, and splitting a streamed body into lines within a line bound.
+Owns: opening a connection (TCP with keepalive, or a unix socket; a TLS context; a
+deadline), writing a request with a whole body or a streamed (chunked) one, reading the
+response head (at most ``MAX_HEAD_BYTES`` counting 1xx interim answers, ``MAX_HEADERS``
+fields), reading a body framed by Content-Length, chunked transfer coding or the end of the
+connection within a byte bound the caller gives, and splitting a streamed body into lines
+within a line bound.
 Every read ends by the connection's ``deadline`` (a loop time) if one is set: one timer per
 deadline aborts the connection; a stream may also be aborted after a time without body data
 (``abort_when_idle``). Bytes are read through a protocol of our own whose buffer is
@@ -180,6 +181,19 @@ class Connection:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             for option, value in KEEPALIVE:
                 sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        assert isinstance(transport, asyncio.Transport)
+        return cls(transport, stream)
+
+    @classmethod
+    async def open_unix(cls, path: str, context: ssl.SSLContext | None,
+                        server_hostname: str | None, deadline: float) -> Connection:
+        """Connect to the unix socket ``path`` (TLS when ``context`` is given) by
+        ``deadline``, a loop time."""
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout_at(deadline):
+            transport, stream = await loop.create_unix_connection(
+                lambda: _Stream(MAX_HEAD_BYTES), path, ssl=context,
+                server_hostname=server_hostname if context else None)
         assert isinstance(transport, asyncio.Transport)
         return cls(transport, stream)
 
