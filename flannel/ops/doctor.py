@@ -107,7 +107,7 @@ async def read_store(ctx: Context, args: argparse.Namespace) -> None:
 
 
 def gather(args: argparse.Namespace) -> Context:
-    from flannel.cleanup import running_flanneld
+    from flannel.procscan import running_flanneld
 
     ctx = Context(subnet_file=Path(args.subnet_file), sysctl_root=Path("/proc/sys"),
                   cni_bin_dirs=args.cni_bin_dir or [Path("/opt/cni/bin")],
