@@ -95,7 +95,8 @@ trap 'rm -rf "$context"' EXIT
 mkdir -p "$context/deploy"
 cp "$source_dir/pyproject.toml" "$source_dir/README.md" "$context/"
 cp "$source_dir/deploy/Dockerfile" "$source_dir/deploy/requirements.lock" \
-   "$source_dir/deploy/write-bytecode.py" "$context/deploy/"
+   "$source_dir/deploy/write-bytecode.py" "$source_dir/deploy/assemble-root.py" \
+   "$context/deploy/"
 cp -R "$source_dir/flannel" "$context/flannel"
 find "$context/flannel" -name __pycache__ -type d -prune -exec rm -rf {} +
 

@@ -48,6 +48,7 @@ from flannel import boundedjson
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
 from flannel.kernel import links, rtnl
 from flannel.localsock import connect, socket_path
+from flannel.procscan import processes_here, running_flanneld
 from flannel.rules import iptables, nftables
 from flannel.rules.mode import installed
 from flannel.wireguard.keys import KeyFileError, parse_key
@@ -87,39 +88,6 @@ class Inventory:
     def close(self) -> None:
         for close in self.closers:
             close()
-
-
-# -- refusing while flanneld runs ------------------------------------------------------------
-
-def is_flanneld(cmdline: bytes) -> bool:
-    argv = [arg for arg in cmdline.split(b"\0") if arg][:2]
-    # Go flanneld is argv[0]; the Python console script runs as "python .../flanneld".
-    return any(os.path.basename(arg) == b"flanneld" for arg in argv)
-
-
-def running_flanneld(proc: Path = Path("/proc")) -> list[int]:
-    """Process ids of flanneld processes in this process's network namespace."""
-    return processes_here(is_flanneld, proc)
-
-
-def processes_here(matches: Callable[[bytes], bool], proc: Path = Path("/proc")) -> list[int]:
-    """Process ids, in this process's network namespace, whose command line matches."""
-    own = os.stat(proc / "self" / "ns" / "net")
-    found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with (entry / "cmdline").open("rb") as handle:
-                cmdline = handle.read(4096)
-            if not matches(cmdline):
-                continue
-            netns = os.stat(entry / "ns" / "net")
-        except OSError:
-            continue  # gone meanwhile, or not ours to inspect
-        if (netns.st_dev, netns.st_ino) == (own.st_dev, own.st_ino):
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 # -- kernel objects --------------------------------------------------------------------------

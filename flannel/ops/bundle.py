@@ -82,7 +82,7 @@ def _tail(path: Path, limit: int = MAX_LOG_BYTES) -> str:
 
 
 def _flanneld_cmdlines() -> str:
-    from flannel.cleanup import running_flanneld
+    from flannel.procscan import running_flanneld
 
     lines = []
     for pid in running_flanneld():

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flannel.cleanup import running_flanneld
 from flannel.cli import UsageError, parse_namespace
 from flannel.localsock import socket_path
+from flannel.procscan import running_flanneld
 
 MAX_CMDLINE = 1 << 16
 MAX_ENVIRON = 1 << 20

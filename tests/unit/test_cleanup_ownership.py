@@ -10,11 +10,11 @@ from flannel.cleanup import (
     Inventory,
     file_items,
     is_flannel_conflist,
-    is_flanneld,
     is_our_launcher,
     is_subnet_env,
 )
 from flannel.cni.install import DEFAULT_CONFLIST, launcher_text
+from flannel.procscan import is_flanneld
 
 
 @pytest.mark.parametrize(("text", "ours"), [
