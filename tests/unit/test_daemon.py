@@ -17,7 +17,7 @@ from typing import NoReturn
 
 import pytest
 
-from flannel.backend.base import ApplyResult, Backend, BackendOptions, LocalNetwork
+from flannel.backend.base import Applier, ApplyResult, Backend, BackendOptions, LocalNetwork
 from flannel.cli import parse_args
 from flannel.cni.plugin import parse_subnet_env
 from flannel.config import NetworkConfig, parse_config
@@ -31,6 +31,7 @@ from flannel.settings import InterfaceSettings, RulesSettings, Settings
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.manager import StoreStatus
+from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 from tests.support.waiting import async_wait_until
 
@@ -61,6 +62,7 @@ class MemoryStore:
 
     def __init__(self, unavailable: int = 0) -> None:
         self.status = StoreStatus()
+        self.undecodable = SkippedRecords("lease")
         self.lease: Lease | None = None
         self.updates: asyncio.Queue[LeaseUpdate | None] = asyncio.Queue()
         self.unavailable = unavailable
@@ -96,7 +98,7 @@ class MemoryStore:
         self.closed = True
 
 
-class RecordingApplier:
+class RecordingApplier(Applier):
     """Records every peer set the data plane applies; fails while ``state`` says so."""
 
     name = "recorder"
