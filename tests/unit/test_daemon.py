@@ -18,6 +18,7 @@ from typing import NoReturn
 import pytest
 
 from flannel.backend.base import Applier, ApplyResult, Backend, BackendOptions, LocalNetwork
+from flannel.backend.footprint import PER_PEER, Footprint
 from flannel.cli import parse_args
 from flannel.cni.plugin import parse_subnet_env
 from flannel.config import NetworkConfig, parse_config
@@ -117,6 +118,7 @@ class RecordingBackend(Backend):
     """A backend without netlink state whose one applier records what it is given."""
 
     backend_type = "host-gw"
+    footprint = Footprint(PER_PEER, dual_stack=True)  # host-gw's
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
