@@ -191,3 +191,32 @@ def test_udp_and_wireguard_need_their_route_over_the_network():
     assert found([{"dst": "10.244.0.0/16", "dev": "flannel-wg"}]) == []
     assert found([{"dst": "default", "dev": "eth0"}]) == [
         "no route to the Network 10.244.0.0/16 through flannel-wg: no traffic to other nodes"]
+
+
+def test_ipv6_for_a_backend_declaring_none_is_named_before_flanneld_refuses_it():
+    from flannel.config import parse_config
+    from flannel.ops.checks.cluster import check_store
+
+    def found(backend: str) -> list[str]:
+        config = parse_config(f'{{"Network":"10.244.0.0/16","EnableIPv6":true,'
+                              f'"IPv6Network":"fd00:244::/56","Backend":{{"Type":"{backend}"}}}}')
+        return [f.what for f in check_store(context(config=config, rows=[]))]
+
+    assert found("udp") == ["the network config enables IPv6, which the udp backend does not "
+                            "carry: flanneld refuses to start"]
+    assert found("ipip") != [] and found("aws-vpc") != []
+    assert found("vxlan") == found("wireguard") == found("host-gw") == []
+
+
+def test_the_encapsulation_port_is_the_declared_one_unless_port_is_set():
+    from flannel.config import parse_config
+
+    def port(backend: str) -> int:
+        return context(config=parse_config(
+            f'{{"Network":"10.244.0.0/16","Backend":{backend}}}')).encap_port
+
+    assert port('{"Type":"vxlan"}') == 8472
+    assert port('{"Type":"vxlan","Port":4789}') == 4789
+    assert port('{"Type":"udp"}') == 8285
+    assert port('{"Type":"udp","Port":8286}') == 8286
+    assert port('{"Type":"wireguard","Port":51820}') == port('{"Type":"host-gw"}') == 0
