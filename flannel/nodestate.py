@@ -3,8 +3,8 @@
 Owns ``NodeState``, the references the daemon fills in as it starts (store, config,
 backend, data plane, rules, lease watcher), and ``status_document``: this node's lease,
 backend and what it declares it leaves on the node (its footprint), devices, peers known vs
-programmed, readiness and why, the writes of this node's
-record the store retries, rules and last errors, as the JSON ``flannelctl status`` reads.
+programmed, readiness and why, the writes of this node's record the store retries, rules and
+last errors, as the JSON ``flannelctl status`` reads.
 Everything is read from the live objects when asked: nothing here is updated by the
 components. The document holds no credentials, keys or backend data (the VTEP MAC of a
 device is the one the lease publishes anyway); flanneld's options are listed as its start-up

@@ -180,7 +180,6 @@ class UdpBackend(RoutedBackend):
         return False
 
 
-
 _COUNTER_HELP = {
     "tx_packets": "Packets read from flannel0 and sent to a peer.",
     "rx_packets": "Datagrams received from peers and written into flannel0.",

@@ -119,7 +119,7 @@ def check_routes(ctx: Context) -> list[Finding]:
             found.append(Finding("routes", "error", f"no route to {subnet} "
                                  f"(node {lease.attrs.public_ip})", RECONCILE_FIX))
             continue
-        via_overlay = route.get("dev") == ctx.device
+        via_overlay = ctx.vtep and route.get("dev") == ctx.device
         want = str(subnet.network_address) if via_overlay else str(lease.attrs.public_ip)
         if route.get("gateway") != want:
             found.append(Finding("routes", "error", f"the route to {subnet} goes via "
