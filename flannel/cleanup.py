@@ -2,16 +2,18 @@
 
 Owns the inventory of what is ours and how each object is recognised, so that nothing else
 is ever removed:
-- devices by name *and* type: ``flannel.<VNI>``/``flannel-v6.<VNI>`` vxlan, ``flannel.ipip``
-  ipip, ``flannel-wg``/``flannel-wg-v6`` wireguard, ``flannel<N>`` tun (udp);
-- userspace WireGuard: a ``flannel-wg``/``flannel-wg-v6`` tun served by a wireguard-go in this
-  network namespace (stopped, which removes its device and its socket
-  ``/run/wireguard/<name>.sock``), or left without one (device and stale socket removed);
-  the private key flanneld created (``/run/flannel/wgkey``, only when it holds a key) and
-  wireguard-go's logs ``/run/flannel/flannel-wg*.log``;
+- devices by name *and* kind, as every registered backend declares them in its footprint
+  (``Footprint.links``: ``flannel.<VNI>``/``flannel-v6.<VNI>`` vxlan, ``flannel.ipip`` ipip,
+  ``flannel-wg``/``flannel-wg-v6`` wireguard, ``flannel<N>`` tun for udp);
+- a declared device served from userspace (``Link.userspace``: wireguard-go's tun for
+  ``flannel-wg``/``flannel-wg-v6``) by a wireguard-go in this network namespace (stopped,
+  which removes its device and its socket ``/run/wireguard/<name>.sock``), or left without
+  one (device and stale socket removed); the private key flanneld created
+  (``/run/flannel/wgkey``, only when it holds a key) and wireguard-go's logs
+  ``/run/flannel/<name>.log``;
 - routes carrying our protocol (151) in the main table, blackholes included, and the other
   routes through our devices (the udp and wireguard network routes), kernel ones aside;
-- permanent neighbour and FDB entries on our vxlan devices;
+- permanent neighbour and FDB entries on the devices declared to hold them (vxlan's);
 - the ``FLANNEL-POSTRTG``/``FLANNEL-FWD`` chains and the rules jumping to them, in every
   installed iptables backend (legacy, nft) and family; the nft tables ``flannel-ipv4`` and
   ``flannel-ipv6``;
@@ -45,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flannel import boundedjson
+from flannel.backend import footprints
+from flannel.backend.footprint import Link
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
 from flannel.kernel import links, rtnl
 from flannel.localsock import connect, socket_path
@@ -54,14 +58,6 @@ from flannel.rules.mode import installed
 from flannel.wireguard.keys import KeyFileError, parse_key
 from flannel.wireguard.uapi import UapiControl, is_stale_socket
 
-# (name pattern, link kind) of every device a flannel backend creates.
-OWN_DEVICES = (
-    (re.compile(r"flannel(-v6)?\.\d+"), "vxlan"),
-    (re.compile(r"flannel\.ipip"), "ipip"),
-    (re.compile(r"flannel-wg(-v6)?"), "wireguard"),
-    (re.compile(r"flannel\d+"), "tun"),
-)
-WIREGUARD_DEVICES = ("flannel-wg", "flannel-wg-v6")
 MAX_SCAN_BYTES = 64 * 1024  # files larger than this are not ours
 STOP_TIMEOUT = 5.0  # for a wireguard-go to exit on SIGTERM before it gets SIGKILL
 MAX_NAMED_NETNS = 100_000  # entries of /run/netns looked at
@@ -92,11 +88,19 @@ class Inventory:
 
 # -- kernel objects --------------------------------------------------------------------------
 
-def _own_kind(name: str) -> str | None:
-    for pattern, kind in OWN_DEVICES:
-        if pattern.fullmatch(name):
-            return kind
-    return None
+def own_links() -> list[Link]:
+    """Every device a registered backend declares it makes."""
+    return list(dict.fromkeys(link for footprint in footprints().values()
+                              for link in footprint.links))
+
+
+def _declared(name: str, declared: list[Link]) -> Link | None:
+    return next((link for link in declared if link.matches(name)), None)
+
+
+def userspace_devices(declared: list[Link]) -> list[str]:
+    """The device names a userspace program (wireguard-go) may serve."""
+    return [name for link in declared if link.userspace for name in link.names]
 
 
 _PROTOCOLS = {rtnl.RTPROT_BOOT: "boot", rtnl.RTPROT_STATIC: "static"}
@@ -117,24 +121,28 @@ def _route_text(route: rtnl.Route, names: dict[int, str], proto: int) -> str:
 def kernel_items(inventory: Inventory, run_dir: Path | None = Path("/run")) -> None:
     """Our devices with their routes, neighbours and FDB entries; wireguard-go (whose
     sockets are under ``run_dir``/wireguard; None: not this node's /run)."""
+    declared = own_links()
     sock = rtnl.Rtnl()
     inventory.closers.append(sock.close)
     names: dict[int, str] = {}
     devices: list[tuple[int, str, str]] = []
-    userspace: dict[str, int] = {}  # wireguard-go's tun devices
+    entries: set[int] = set()  # devices holding our permanent neighbour and FDB entries
+    userspace: dict[str, int] = {}  # devices served by a userspace program (wireguard-go)
     for details in links.dump_links(sock):
         index, name, kind = details.link.index, details.link.name or "", details.kind
         names[index] = name
-        want = _own_kind(name)
+        want = _declared(name, declared)
         if want is None:
             continue
-        if kind == want:
+        if kind == want.kind:
             devices.append((index, name, kind))
-        elif want == "wireguard" and kind == "tun":
+            if want.entries:
+                entries.add(index)
+        elif want.userspace and kind == want.userspace and name in want.names:
             userspace[name] = index
         else:
-            inventory.kept.append(f"device {name}: a {kind or 'plain'} device, not the {want} "
-                                  "device flannel creates")
+            inventory.kept.append(f"device {name}: a {kind or 'plain'} device, not the "
+                                  f"{want.kind} device flannel creates")
 
     def delete(obj: object) -> Callable[[], None]:
         def run() -> None:
@@ -152,8 +160,8 @@ def kernel_items(inventory: Inventory, run_dir: Path | None = Path("/run")) -> N
             if table == rtnl.RT_TABLE_MAIN and (proto == rtnl.RTPROT_FLANNEL or (
                     route.oif in ours and proto != rtnl.RTPROT_KERNEL)):
                 inventory.items.append(Item(_route_text(route, names, proto), delete(route)))
-    vxlan = {index: name for index, name, kind in devices if kind == "vxlan"}
-    for index, dev in vxlan.items():
+    for index in sorted(entries):
+        dev = names[index]
         for family in (socket.AF_INET, socket.AF_INET6, rtnl.AF_BRIDGE):
             for entry, state, _flags in sock.neighbours(family, index):
                 if not state & rtnl.NUD_PERMANENT:
@@ -179,7 +187,7 @@ def kernel_items(inventory: Inventory, run_dir: Path | None = Path("/run")) -> N
                 links.delete_link(sock, found.link.index, "delete the device")
         return run
 
-    for name in WIREGUARD_DEVICES:
+    for name in userspace_devices(declared):
         wireguard_go_items(inventory, name, name in userspace,
                            run_dir / "wireguard" if run_dir is not None else None,
                            delete_tun(name))
@@ -375,7 +383,7 @@ def file_items(inventory: Inventory, subnet_file: Path | None, bin_dirs: list[Pa
         socket_item(inventory, socket_path(subnet_file))
     if wireguard_key is not None:
         consider(wireguard_key, is_wireguard_key, "does not hold a WireGuard key")
-    logs = [run_dir / "flannel" / f"{name}.log" for name in WIREGUARD_DEVICES] \
+    logs = [run_dir / "flannel" / f"{name}.log" for name in userspace_devices(own_links())] \
         if run_dir is not None else []
     for log in logs:  # wireguard-go's output (flannel/wireguard/device.py)
         try:

@@ -12,7 +12,8 @@ a task that fails, or one meant to run forever that returns, stops the daemon wi
 this node's lease removed on purpose stops it with exit 0 (where the store says removal is
 revocation: etcd; kube puts it back). A signal stops the process and leaves the lease,
 subnet.env, the rules and every kernel object in place so that a restart is hitless; a
-second signal kills.
+second signal kills. The backend is closed through an ``AsyncExitStack`` once the tasks,
+the data plane among them, have ended (or start-up failed after it was created).
 Everything it creates is injectable (store, backend, data plane, interface selection, rules)
 so it runs in-process in tests; the defaults are production's.
 Must not touch: store internals or kernel internals beyond the interfaces it calls.
@@ -261,11 +262,14 @@ class Daemon:
                 local.remove()
 
     async def _start_backend(self, sm: SubnetManager, config: NetworkConfig,
-                             ext: ExternalInterface) -> tuple[Backend, Lease, int] | None:
-        """The backend prepared and activated on our lease, and the MTU; None if stopped."""
+                             ext: ExternalInterface, closing: contextlib.AsyncExitStack
+                             ) -> tuple[Backend, Lease, int] | None:
+        """The backend prepared and activated on our lease, and the MTU; None if stopped.
+        Its ``close`` is pushed on ``closing`` as soon as it exists (kernel state stays)."""
         try:
             backend = self._make_backend(ext, config, BackendOptions(
                 encap_peers_only=self.settings.rules.encap_peers_only))
+            closing.push_async_callback(asyncio.to_thread, backend.close)
             self.phase(f"setting up the {config.backend_type} backend")
             local = await backend.prepare()
             attrs = LeaseAttrs(public_ip=local.public_ip or ext.ext_addr,
@@ -322,46 +326,40 @@ class Daemon:
         log.info("Defaulting external address to interface address (%s)"
                  if ext.ext_addr == ext.iface_addr else "Using public address %s",
                  ext.ext_addr or ext.ext_v6_addr)
-        started = await self._start_backend(sm, config, ext)
-        if started is None:
-            return 0
-        backend, lease, mtu = started
-        dataplane = self._dataplane_class(
-            backend, self.readiness, interval=self.settings.dataplane.reconcile_interval)
-        self.state.backend, self.state.dataplane = backend, dataplane
-        self.phase("installing traffic rules")
-        traffic = self._make_rules(rules, config, lease, backend.encap_ports())
-        self.state.rules = traffic.status
-        await traffic.start()
-        self._report_rules(traffic)
-        sm.status.writes.follow(lambda ready, why: self.readiness.report("lease", ready, why))
-        self.readiness.report("subnet.env", False, "subnet.env not written yet")
-        self._started = True
-        self.readiness.report("startup", True)
-        tasks = [
-            Supervised("dataplane", dataplane.run()),
-            Supervised("traffic rules", self._keep_rules(traffic)),
-            Supervised("subnet.env", self._keep_writing_subnet_env(config, lease, mtu),
-                       forever=False),
-            Supervised("leases", self._follow_leases(sm, config, dataplane, traffic, lease)),
-            Supervised("lease", sm.keep_lease(lease)),
-            Supervised("readiness", self._watch_readiness()),
-            Supervised("backend", self._close_at_exit(backend)),
-        ]
-        if rules.blackhole_route:
-            from flannel.kernel.blackhole import keep_blackholes
+        # Closed when flanneld stops or start-up fails, after the task group (the data
+        # plane) has ended: what the backend runs stops only once nothing drives it.
+        async with contextlib.AsyncExitStack() as closing:
+            started = await self._start_backend(sm, config, ext, closing)
+            if started is None:
+                return 0
+            backend, lease, mtu = started
+            dataplane = self._dataplane_class(
+                backend, self.readiness, interval=self.settings.dataplane.reconcile_interval)
+            self.state.backend, self.state.dataplane = backend, dataplane
+            self.phase("installing traffic rules")
+            traffic = self._make_rules(rules, config, lease, backend.encap_ports())
+            self.state.rules = traffic.status
+            await traffic.start()
+            self._report_rules(traffic)
+            sm.status.writes.follow(lambda ready, why: self.readiness.report("lease", ready, why))
+            self.readiness.report("subnet.env", False, "subnet.env not written yet")
+            self._started = True
+            self.readiness.report("startup", True)
+            tasks = [
+                Supervised("dataplane", dataplane.run()),
+                Supervised("traffic rules", self._keep_rules(traffic)),
+                Supervised("subnet.env", self._keep_writing_subnet_env(config, lease, mtu),
+                           forever=False),
+                Supervised("leases", self._follow_leases(sm, config, dataplane, traffic, lease)),
+                Supervised("lease", sm.keep_lease(lease)),
+                Supervised("readiness", self._watch_readiness()),
+            ]
+            if rules.blackhole_route:
+                from flannel.kernel.blackhole import keep_blackholes
 
-            subnets = [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
-            tasks.append(Supervised("blackhole", keep_blackholes(subnets, rules.resync)))
-        return await self._supervise(tasks)
-
-    @staticmethod
-    async def _close_at_exit(backend: Backend) -> None:
-        """Wait until flanneld stops, then stop what the backend runs (kernel state stays)."""
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await asyncio.to_thread(backend.close)
+                subnets = [s for s in (lease.subnet, lease.ipv6_subnet) if s is not None]
+                tasks.append(Supervised("blackhole", keep_blackholes(subnets, rules.resync)))
+            return await self._supervise(tasks)
 
     async def _supervise(self, tasks: list[Supervised]) -> int:
         """Run the tasks until a signal, a fault or the revocation of our lease."""

@@ -2,8 +2,9 @@
 
 Owns ``NodeState``, the references the daemon fills in as it starts (store, config,
 backend, data plane, rules, lease watcher), and ``status_document``: this node's lease,
-backend, devices, peers known vs programmed, readiness and why, the writes of this node's
-record the store retries, rules and last errors, as the JSON ``flannelctl status`` reads.
+backend and what it declares it leaves on the node (its footprint), devices, peers known vs
+programmed, readiness and why, the writes of this node's record the store retries, rules and
+last errors, as the JSON ``flannelctl status`` reads.
 Everything is read from the live objects when asked: nothing here is updated by the
 components. The document holds no credentials, keys or backend data (the VTEP MAC of a
 device is the one the lease publishes anyway); flanneld's options are listed as its start-up
@@ -24,7 +25,8 @@ from flannel.settings import OptionSource
 from flannel.version import __version__
 
 if TYPE_CHECKING:
-    from flannel.backend.base import Applier, Backend, EngineSample
+    from flannel.backend.base import Backend, EngineSample
+    from flannel.backend.footprint import Footprint
     from flannel.config import NetworkConfig
     from flannel.dataplane import Dataplane
     from flannel.health import HealthStats
@@ -58,42 +60,29 @@ class NodeState:
     health_address: str | None = None
 
     def engines(self) -> list[tuple[str, Sequence[EngineSample]]]:
-        """(engine name, samples) of every applier that offers samples."""
+        """(engine name, samples) of every applier that reports figures."""
         if self.backend is None:
             return []
-        out = []
-        for applier in self.backend.appliers():
-            samples = _samples(applier)
-            if samples is not None:
-                out.append((applier.name, samples))
-        return out
+        return [(applier.name, samples) for applier in self.backend.appliers()
+                if (samples := applier.samples())]
 
     def refused(self) -> dict[str, str]:
-        """Peers the backend's engines skip because their commands fail for them (extension):
-        lease key -> why."""
+        """Peers the backend's engines skip because they are bad for them (extension: its
+        commands fail for them): lease key -> why."""
         out: dict[str, str] = {}
         for applier in self.backend.appliers() if self.backend is not None else ():
-            refused = getattr(applier, "refused_peers", None)
-            if callable(refused):
-                out.update(refused())
+            out.update(applier.refused_peers())
         return out
 
     def skipped_now(self) -> int:
         """Lease records skipped right now: undecodable in the store, or unusable as peers."""
         count = len(self.peers.skipped.current) if self.peers is not None else 0
-        undecodable = getattr(self.store, "undecodable", None)
-        return count + (len(undecodable.current) if undecodable is not None else 0)
+        return count + (len(self.store.undecodable.current) if self.store is not None else 0)
 
     def skipped_total(self) -> int:
         """Lease records skipped since start (each delivery counts)."""
         total = self.peers.skipped.total if self.peers is not None else 0
-        undecodable = getattr(self.store, "undecodable", None)
-        return total + (undecodable.total if undecodable is not None else 0)
-
-
-def _samples(applier: Applier) -> Sequence[EngineSample] | None:
-    samples = getattr(applier, "samples", None)
-    return samples() if callable(samples) else None
+        return total + (self.store.undecodable.total if self.store is not None else 0)
 
 
 def _iso(unix: float) -> str:
@@ -121,7 +110,7 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
                      "options": [{"name": o.name, "value": o.shown, "source": o.source}
                                  for o in state.options if not o.secret]},
         "lease": None, "network": None, "store": None, "devices": [], "peers": None,
-        "dataplane": None, "rules": None, "engines": {},
+        "dataplane": None, "rules": None, "engines": {}, "footprint": None,
     }
     sm = state.store
     if sm is not None:
@@ -150,6 +139,8 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
         doc["network"] = {"network": _text(state.config.network),
                           "ipv6_network": _text(state.config.ipv6_network),
                           "backend": state.config.backend_type}
+    if state.backend is not None:
+        doc["footprint"] = footprint_document(state.backend.footprint)
     dataplane = state.dataplane
     if dataplane is not None:
         status = dataplane.status
@@ -191,6 +182,14 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
                       for name, samples in state.engines()}
     doc["last_errors"] = last_errors(doc)
     return doc
+
+
+def footprint_document(footprint: Footprint) -> dict[str, Any]:
+    """What the backend declares it leaves on the node (``flannel/backend/footprint.py``)."""
+    return {"routes": footprint.routes, "device": footprint.device,
+            "links": [{"pattern": link.pattern, "kind": link.kind} for link in footprint.links],
+            "encap_port": footprint.encap_port or None, "vtep": footprint.vtep,
+            "dual_stack": footprint.dual_stack}
 
 
 def last_errors(doc: dict[str, Any]) -> list[str]:

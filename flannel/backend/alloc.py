@@ -14,8 +14,9 @@ from flannel.backend.footprint import NO_DATA_PATH, Footprint
 
 class AllocBackend(Backend):
     backend_type = ""
-    footprint = Footprint(NO_DATA_PATH, unjudged="the alloc backend only reserves subnets: "
-                          "no traffic is carried between nodes")
+    footprint = Footprint(NO_DATA_PATH, dual_stack=True,
+                          unjudged="the alloc backend only reserves subnets: no traffic is "
+                          "carried between nodes")
 
     async def prepare(self) -> LocalNetwork:
         return LocalNetwork(backend_type="", mtu=self.ext.mtu)

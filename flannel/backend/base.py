@@ -9,15 +9,19 @@ other engine must hold:
 - ``desired_state(peers, route_get)``: the routes, neighbours and FDB entries to reconcile
   through netlink, or None when the backend programs nothing through netlink;
 - ``appliers()``: engines that are not reconciled by netlink alone (a forwarder, wireguard
-  peers, cloud routes), each an ``Applier`` handed the full peer set on every pass;
+  peers, cloud routes), each an ``Applier`` (the base class below: ``name``, ``apply``,
+  ``samples``, ``refused_peers``, ``close``) handed the full peer set on every pass;
 - ``failure_hint(error)``: advice for an operator when the kernel refused a change.
 
 The first three fail with OSError (netlink errors included), ``BackendError`` or one of the
 backend's ``pass_errors``; the data plane retries those, and anything else ends flanneld.
 
 All four run in the data plane's worker thread; a backend owns no task, thread, socket
-lifetime or readiness code. ``close()`` (the daemon, at shutdown) stops any process a
-backend's engine runs. Must not touch: the store, subnet.env, readiness.
+lifetime or readiness code. ``close()`` (the daemon, at shutdown, after the data plane has
+stopped) closes every applier, which stops any process an engine runs. A backend also
+declares its ``footprint`` (``flannel/backend/footprint.py``) for the operator tools, and
+decodes its options with ``<X>Config.from_backend(backend)``, which raises
+``BackendConfigError``. Must not touch: the store, subnet.env, readiness.
 """
 
 from __future__ import annotations
@@ -27,9 +31,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
-from typing import ClassVar, Protocol
+from typing import ClassVar
 
 from flannel.backend.footprint import Footprint
+from flannel.backenderrors import BackendConfigError as BackendConfigError
+from flannel.backenderrors import BackendError as BackendError
 from flannel.config import NetworkConfig, warn_unknown_keys
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.iface import ExternalInterface
@@ -67,10 +73,6 @@ class LocalNetwork:
     public_ipv6: IPv6Address | None = None
 
 
-class BackendError(Exception):
-    """A backend cannot be created or started; the message says what to fix."""
-
-
 @dataclass(frozen=True)
 class ApplyResult:
     """What one applier pass did: ``changes`` made, and ``error`` ("" when in sync), which
@@ -98,22 +100,33 @@ class EngineSample:
     counter: bool = False
 
 
-class Applier(Protocol):
+class Applier:
     """An engine the data plane runs after the netlink pass, in the same worker thread.
 
     ``apply`` makes the engine match the full peer set and returns what it did; it is
     retried with backoff while it reports an error or raises. ``name`` labels its status
     and its changes (e.g. "wireguard peers").
 
-    An engine may also offer ``samples() -> Sequence[EngineSample]`` (found with
-    ``getattr``): its own figures (a forwarder's packets and drops, the age of the oldest
-    handshake), read on the event loop at every scrape, so it returns what ``apply`` last
-    saw and never blocks.
+    ``samples()``: the engine's own figures (a forwarder's packets and drops, the age of the
+    oldest handshake), read on the event loop at every scrape, so it returns what ``apply``
+    last saw and never blocks. ``refused_peers()``: peer leases the engine skips because
+    they are bad (lease key -> why), for /status. ``close()``: stop what the engine runs
+    (a process) when flanneld stops; it blocks, and runs after the data plane stopped.
     """
 
-    name: str
+    name: str = "engine"
 
-    def apply(self, peers: Sequence[Lease]) -> ApplyResult: ...
+    def apply(self, peers: Sequence[Lease]) -> ApplyResult:
+        return ApplyResult()
+
+    def samples(self) -> Sequence[EngineSample]:
+        return []
+
+    def refused_peers(self) -> dict[str, str]:
+        return {}
+
+    def close(self) -> None:
+        """Nothing runs by default."""
 
 
 class Backend(ABC):
@@ -183,7 +196,10 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Stop what the backend runs besides kernel state (a forwarder process) when
-        flanneld stops; kernel objects stay. Blocks: the daemon calls it from a thread."""
+        flanneld stops, after the data plane stopped; kernel objects stay. Closes every
+        applier. Blocks: the daemon calls it from a thread."""
+        for applier in self.appliers():
+            applier.close()
 
     def wants(self, lease: Lease) -> bool:
         """Whether a remote lease belongs to this backend (upstream filters on BackendType,

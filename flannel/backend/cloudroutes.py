@@ -23,7 +23,14 @@ from collections.abc import Iterable, Sequence
 from ipaddress import IPv4Address, IPv4Network
 from typing import Protocol
 
-from flannel.backend.base import Applier, ApplyResult, Backend, BackendError, LocalNetwork
+from flannel.backend.base import (
+    Applier,
+    ApplyResult,
+    Backend,
+    BackendConfigError,
+    BackendError,
+    LocalNetwork,
+)
 from flannel.backend.footprint import ELSEWHERE, Footprint
 from flannel.cloud.base import CloudError, RouteChange
 from flannel.lease import Lease
@@ -40,7 +47,7 @@ class RouteEngine(Protocol):
                   collect: bool = True, wait_throttled: bool = True) -> list[RouteChange]: ...
 
 
-class CloudRoutes:
+class CloudRoutes(Applier):
     """The applier: our route present, routes of vanished leases gone, on every pass.
 
     A cloud failure (throttling, a full route table, a missing permission) is the pass's
@@ -77,7 +84,8 @@ class CloudRouteBackend(Backend):
 
     @abstractmethod
     def make_engine(self, network: IPv4Network) -> RouteEngine:
-        """The engine for this node (CloudError when the config is unusable)."""
+        """The engine for this node: its config decoded by ``<X>Config.from_backend``
+        (BackendConfigError when unusable; CloudError when the node's own state is)."""
 
     async def prepare(self) -> LocalNetwork:
         config = self.config
@@ -93,6 +101,8 @@ class CloudRouteBackend(Backend):
                                f"pip install 'pyflannel[{self.extra}]'") from None
         try:
             self._engine = self.make_engine(config.network)
+        except BackendConfigError as err:
+            raise BackendConfigError(f"{self.type_name} backend: {err}") from None
         except CloudError as err:
             raise BackendError(f"{self.type_name} backend: {err}") from None
         return LocalNetwork("", self.ext.mtu)

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from flannel.backend.base import (
+    Applier,
     ApplyResult,
     Backend,
     BackendError,
@@ -35,7 +36,6 @@ from flannel.config import NetworkConfig
 from flannel.extension.peers import (
     CommandFailed,
     ExtensionConfig,
-    ExtensionConfigError,
     ExtensionPeers,
     post_startup_env,
     pre_startup,
@@ -52,7 +52,7 @@ def _some(keys: list[str]) -> str:
     return keys[0] + (f" and {len(keys) - 1} more" if len(keys) > 1 else "")
 
 
-class ExtensionCommands:
+class ExtensionCommands(Applier):
     """The ``Applier`` of the extension backend: the post-startup command until it has
     succeeded once, then the subnet commands for the peer set of each pass."""
 
@@ -107,26 +107,21 @@ class ExtensionCommands:
 
 class ExtensionBackend(Backend):
     backend_type = "extension"
-    footprint = Footprint(BY_USER, unjudged="the extension's own commands (SubnetAddCommand) "
-                          "program each peer, so this node's kernel is not judged")
+    footprint = Footprint(BY_USER, dual_stack=True,
+                          unjudged="the extension's own commands (SubnetAddCommand) program "
+                          "each peer, so this node's kernel is not judged")
     # ShutdownCommand: in upstream's examples, ignored by Go flannel and here.
     option_names = ("PreStartupCommand", "PostStartupCommand", "SubnetAddCommand",
                     "SubnetRemoveCommand", "ShutdownCommand")
 
     @classmethod
     def parse_options(cls, config: NetworkConfig) -> None:
-        try:
-            ExtensionConfig.parse(config.backend)
-        except ExtensionConfigError as err:
-            raise BackendError(str(err)) from None
+        ExtensionConfig.from_backend(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:
         super().__init__(ext, config, options)
-        try:
-            self.commands = ExtensionConfig.parse(config.backend)
-        except ExtensionConfigError as err:
-            raise BackendError(str(err)) from None
+        self.commands = ExtensionConfig.from_backend(config.backend)
         self.engine = ExtensionCommands(self.commands, self.options.host)
 
     async def prepare(self) -> LocalNetwork:

@@ -1,13 +1,18 @@
-"""What a backend leaves in a node's kernel for its peers, declared for the operator tools.
+"""What a backend leaves on a node, declared for the operator tools.
 
 Every backend class declares its ``Footprint`` (``Backend.footprint``), next to the
-``backend_type`` its leases carry, so ``flannelctl check`` and ``doctor`` judge a node of any
-backend from one description instead of knowing each backend by name. A declaration only:
-the backends themselves never read it, and it must stay true to what they program.
+``backend_type`` its leases carry, so ``flannelctl check``, ``doctor`` and ``cleanup`` judge
+and clean a node of any backend from one description instead of knowing each backend by
+name: how peers' subnets are routed, the devices it makes (``links``), the UDP port anyone
+on the underlay may send it encapsulated packets to, whether peers are reached through a
+VTEP (a permanent neighbour and FDB entry per peer), and whether it carries IPv6 too.
+A declaration only: the backends themselves never read it, and it must stay true to what
+they program.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 #: How the node's main routing table carries a peer's subnet.
@@ -19,17 +24,46 @@ NO_DATA_PATH = "no-data-path"  # subnets are only reserved (alloc)
 
 
 @dataclass(frozen=True)
+class Link:
+    """A device a backend makes. ``pattern``: a regular expression its names match whole;
+    ``kind``: its link kind (a device of that name and another kind is not ours).
+    ``userspace``: the kind it has when a userspace program serves it instead of the kernel
+    ("" when never), and ``names``, the device names such a program serves (wireguard-go:
+    its socket is ``<name>.sock``, its log ``/run/flannel/<name>.log``). ``entries``:
+    flanneld keeps permanent neighbour and FDB entries on it."""
+
+    pattern: str
+    kind: str
+    userspace: str = ""
+    names: tuple[str, ...] = ()
+    entries: bool = False
+
+    def matches(self, name: str) -> bool:
+        return re.fullmatch(self.pattern, name) is not None
+
+
+@dataclass(frozen=True)
 class Footprint:
     """``routes``: one of the constants above. ``device``: the IPv4 device flanneld makes
     (``{vni}`` stands for the VXLAN VNI; "" for none). ``answers_on_base``: that device holds
     the base address of the node's subnet, so a peer answers there whether or not it runs
     pods (else only its ``cni0`` gateway, the subnet's first address, answers). ``unjudged``:
-    why the node's kernel cannot tell whether a peer is programmed ("" when it can)."""
+    why the node's kernel cannot tell whether a peer is programmed ("" when it can).
+    ``links``: every device the backend makes, in any family. ``encap_port``: the UDP port
+    peers send encapsulated packets to unless the ``Port`` option says another (0: none that
+    an underlay host could inject into: no UDP, or authenticated as WireGuard's).
+    ``vtep``: each peer is reached through ``device`` by a permanent neighbour and FDB entry
+    made from the ``VtepMAC`` of its lease (the device's MAC is the one our lease publishes).
+    ``dual_stack``: the backend carries IPv6 networks too."""
 
     routes: str
     device: str = ""
     answers_on_base: bool = False
     unjudged: str = ""
+    links: tuple[Link, ...] = ()
+    encap_port: int = 0
+    vtep: bool = False
+    dual_stack: bool = False
 
     def device_name(self, vni: int) -> str:
         return self.device.replace("{vni}", str(vni))

@@ -20,7 +20,7 @@ from flannel.lease import Lease
 
 class HostGwBackend(RoutedBackend):
     backend_type = "host-gw"
-    footprint = Footprint(PER_PEER)
+    footprint = Footprint(PER_PEER, dual_stack=True)
 
     async def prepare(self) -> LocalNetwork:
         ext = self.ext

@@ -19,8 +19,14 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 
 from flannel import gojson
-from flannel.backend.base import BackendError, BackendOptions, LocalNetwork, RouteLookup
-from flannel.backend.footprint import PER_PEER, Footprint
+from flannel.backend.base import (
+    BackendConfigError,
+    BackendError,
+    BackendOptions,
+    LocalNetwork,
+    RouteLookup,
+)
+from flannel.backend.footprint import PER_PEER, Footprint, Link
 from flannel.backend.routed import RoutedBackend
 from flannel.config import NetworkConfig
 from flannel.kernel import device, ipipdev
@@ -39,29 +45,30 @@ class IpipConfig:
     direct_routing: bool = False
 
     @classmethod
-    def parse(cls, backend: Mapping[str, object]) -> IpipConfig:
+    def from_backend(cls, backend: Mapping[str, object]) -> IpipConfig:
         try:
             fields = gojson.decode_fields(backend, {"DirectRouting": (bool, False)},
                                           "error decoding IPIP backend config")
         except ValueError as err:
-            raise BackendError(str(err)) from None
+            raise BackendConfigError(str(err)) from None
         return cls(fields["DirectRouting"])
 
 
 class IpipBackend(RoutedBackend):
     backend_type = "ipip"
-    footprint = Footprint(PER_PEER, device=DEVICE, answers_on_base=True)
+    footprint = Footprint(PER_PEER, device=DEVICE, answers_on_base=True,
+                          links=(Link(r"flannel\.ipip", "ipip"),))
     pass_errors = (device.DeviceError,)
     option_names = ("DirectRouting",)
 
     @classmethod
     def parse_options(cls, config: NetworkConfig) -> None:
-        IpipConfig.parse(config.backend)
+        IpipConfig.from_backend(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:
         super().__init__(ext, config, options)
-        self.ipip = IpipConfig.parse(self.config.backend)
+        self.ipip = IpipConfig.from_backend(self.config.backend)
         self.spec: ipipdev.IpipSpec | None = None
         self.index = 0
 

@@ -19,19 +19,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 
 from flannel import gojson
 from flannel.backend.base import (
     Applier,
     ApplyResult,
+    BackendConfigError,
     BackendError,
     BackendOptions,
     EngineSample,
     LocalNetwork,
     RouteLookup,
 )
-from flannel.backend.footprint import COVERING, Footprint
+from flannel.backend.footprint import COVERING, Footprint, Link
 from flannel.backend.routed import RoutedBackend
 from flannel.config import NetworkConfig
 from flannel.kernel import device as kernel_device
@@ -56,35 +58,42 @@ CONFIG_ERROR = "error decoding UDP backend config"
 RESTART_FIRST, RESTART_LONGEST, RESTART_QUIET = 0.1, 10.0, 30.0
 
 
-def parse_port(backend: dict[str, object]) -> int:
-    """The ``Port`` of the backend config (default 8285); BackendError when unusable."""
-    try:
-        fields = gojson.decode_fields(backend, {"Port": (int, DEFAULT_PORT)}, CONFIG_ERROR)
-    except ValueError as err:
-        raise BackendError(str(err)) from None
-    port: int = fields["Port"]
-    if not 1 <= port <= 65535:
-        raise BackendError(f"{CONFIG_ERROR}: Port {port} is not a UDP port; give 1 to 65535 "
-                           f"(every node of the network must use the same one; default "
-                           f"{DEFAULT_PORT})")
-    return port
+@dataclass(frozen=True)
+class UdpConfig:
+    """The backend options: ``Port``, the UDP port of every node's forwarder."""
+
+    port: int = DEFAULT_PORT
+
+    @classmethod
+    def from_backend(cls, backend: dict[str, object]) -> UdpConfig:
+        try:
+            fields = gojson.decode_fields(backend, {"Port": (int, DEFAULT_PORT)}, CONFIG_ERROR)
+        except ValueError as err:
+            raise BackendConfigError(str(err)) from None
+        port: int = fields["Port"]
+        if not 1 <= port <= 65535:
+            raise BackendConfigError(
+                f"{CONFIG_ERROR}: Port {port} is not a UDP port; give 1 to 65535 (every node "
+                f"of the network must use the same one; default {DEFAULT_PORT})")
+        return cls(port)
 
 
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
     # The forwarder, not the kernel, knows the peers: the Network route into the TUN is all.
+    footprint = Footprint(COVERING, device=TUN_NAME, answers_on_base=True,
+                          links=(Link(r"flannel\d+", "tun"),), encap_port=DEFAULT_PORT)
     pass_errors = (TunError,)
-    footprint = Footprint(COVERING, device=TUN_NAME, answers_on_base=True)
     option_names = ("Port",)
 
     @classmethod
     def parse_options(cls, config: NetworkConfig) -> None:
-        parse_port(config.backend)
+        UdpConfig.from_backend(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:
         super().__init__(ext, config, options)
-        self.port = parse_port(self.config.backend)
+        self.port = UdpConfig.from_backend(self.config.backend).port
         self.mtu = self.ext.mtu - ENCAP_OVERHEAD
         self.tun_index = 0
         self.forwarder: UdpForwarder | None = None
@@ -176,9 +185,6 @@ class UdpBackend(RoutedBackend):
         self.ignore(lease)
         return False
 
-    def close(self) -> None:
-        self._applier.close()
-
 
 _COUNTER_HELP = {
     "tx_packets": "Packets read from flannel0 and sent to a peer.",
@@ -197,7 +203,7 @@ _COUNTER_HELP = {
 }
 
 
-class _ForwarderApplier:
+class _ForwarderApplier(Applier):
     """Hands the peer table to the forwarder; restarts a dead forwarder (the pass reports
     the death, so the node is not ready until the restart worked)."""
 

@@ -20,8 +20,14 @@ from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
 from flannel import gojson
-from flannel.backend.base import BackendError, BackendOptions, LocalNetwork, RouteLookup
-from flannel.backend.footprint import PER_PEER, Footprint
+from flannel.backend.base import (
+    BackendConfigError,
+    BackendError,
+    BackendOptions,
+    LocalNetwork,
+    RouteLookup,
+)
+from flannel.backend.footprint import PER_PEER, Footprint, Link
 from flannel.backend.routed import RoutedBackend
 from flannel.config import NetworkConfig
 from flannel.kernel import device
@@ -55,25 +61,26 @@ class VxlanConfig:
     direct_routing: bool = False
 
     @classmethod
-    def parse(cls, backend: dict[str, Any]) -> VxlanConfig:
+    def from_backend(cls, backend: dict[str, Any]) -> VxlanConfig:
         try:
             fields = gojson.decode_fields(backend, OPTIONS,
                                           "error decoding VXLAN backend config")
         except ValueError as err:
-            raise BackendError(str(err)) from None
+            raise BackendConfigError(str(err)) from None
         cfg = cls(fields["VNI"], fields["Port"], fields["MTU"], fields["GBP"],
                   fields["Learning"], fields["DirectRouting"])
         if not 0 <= cfg.vni < 1 << 24:
-            raise BackendError(f"error decoding VXLAN backend config: VNI {cfg.vni} is out of "
-                               "range; use 0 to 16777215")
+            raise BackendConfigError(
+                f"error decoding VXLAN backend config: VNI {cfg.vni} is out of "
+                "range; use 0 to 16777215")
         if not 0 <= cfg.port <= 65535:
-            raise BackendError(f"error decoding VXLAN backend config: Port {cfg.port} is not "
-                               "a UDP port; use 0 for the kernel default (8472)")
+            raise BackendConfigError(f"error decoding VXLAN backend config: Port {cfg.port} is not "
+                                     "a UDP port; use 0 for the kernel default (8472)")
         if cfg.mtu and cfg.mtu < ENCAP_OVERHEAD[4] + device.MIN_MTU:
-            raise BackendError(f"error decoding VXLAN backend config: MTU {cfg.mtu} is too "
-                               "small for vxlan; give the underlay MTU (e.g. 1500)")
+            raise BackendConfigError(f"error decoding VXLAN backend config: MTU {cfg.mtu} is too "
+                                     "small for vxlan; give the underlay MTU (e.g. 1500)")
         if cfg.mtu > device.MAX_MTU:
-            raise BackendError(
+            raise BackendConfigError(
                 f"error decoding VXLAN backend config: MTU {cfg.mtu} is too large: it is the "
                 f"underlay MTU, at most {device.MAX_MTU}, and the vxlan device gets it minus "
                 f"{ENCAP_OVERHEAD[4]} bytes of encapsulation (at most "
@@ -96,18 +103,20 @@ class _Family:
 
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
-    footprint = Footprint(PER_PEER, device="flannel.{vni}", answers_on_base=True)
+    footprint = Footprint(PER_PEER, device="flannel.{vni}", answers_on_base=True,
+                          links=(Link(r"flannel(-v6)?\.\d+", "vxlan", entries=True),),
+                          encap_port=device.DEFAULT_VXLAN_PORT, vtep=True, dual_stack=True)
     pass_errors = (device.DeviceError,)
     option_names = tuple(OPTIONS)
 
     @classmethod
     def parse_options(cls, config: NetworkConfig) -> None:
-        VxlanConfig.parse(config.backend)
+        VxlanConfig.from_backend(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:
         super().__init__(ext, config, options)
-        self.vxlan = VxlanConfig.parse(self.config.backend)
+        self.vxlan = VxlanConfig.from_backend(self.config.backend)
         self.families: dict[int, _Family] = {}
         self._warned: set[str] = set()
         # (id of the peer's lease, IP version, device index) -> the lease and its neighbour,

@@ -26,6 +26,7 @@ from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from flannel.backend.base import (
+    Applier,
     ApplyResult,
     Backend,
     BackendError,
@@ -33,19 +34,19 @@ from flannel.backend.base import (
     EngineSample,
     LocalNetwork,
 )
-from flannel.backend.footprint import COVERING, Footprint
+from flannel.backend.footprint import COVERING, Footprint, Link
 from flannel.config import NetworkConfig
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Lease
 from flannel.wireguard.config import (
     DEVICE,
+    DEVICE_V6,
     OPTION_NAMES,
-    ConfigError,
     DeviceLayout,
     WireguardConfig,
     encode_lease_data,
 )
-from flannel.wireguard.device import DeviceError, DeviceSpec, WireguardDevice
+from flannel.wireguard.device import DeviceSpec, WireguardDevice, WireguardDeviceError
 from flannel.wireguard.handshakes import HandshakeWatch
 from flannel.wireguard.keys import KeyFileError, key_file_path, load_or_create_private_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, skipped_leases
@@ -69,23 +70,20 @@ class _Device:
 class WireguardBackend(Backend):
     backend_type = "wireguard"
     # The device's peers (their AllowedIPs) pick the node; the route covers the Network.
-    footprint = Footprint(COVERING, device=DEVICE, answers_on_base=True)
+    # wireguard-go serves the devices as tun devices where the kernel has no WireGuard.
+    footprint = Footprint(COVERING, device=DEVICE, answers_on_base=True, dual_stack=True,
+                          links=(Link(r"flannel-wg(-v6)?", "wireguard", userspace="tun",
+                                      names=(DEVICE, DEVICE_V6)),))
     option_names = OPTION_NAMES
 
     @classmethod
     def parse_options(cls, config: NetworkConfig) -> None:
-        try:
-            WireguardConfig.parse(config.backend)
-        except ConfigError as err:
-            raise BackendError(str(err)) from None
+        WireguardConfig.from_backend(config.backend)
 
     def __init__(self, ext: ExternalInterface, config: NetworkConfig,
                  options: BackendOptions | None = None) -> None:
         super().__init__(ext, config, options)
-        try:
-            self.wg = WireguardConfig.parse(self.config.backend)
-        except ConfigError as err:
-            raise BackendError(str(err)) from None
+        self.wg = WireguardConfig.from_backend(self.config.backend)
         self.devices: list[_Device] = []
         self._applier = PeerApplier(self)
 
@@ -126,7 +124,7 @@ class WireguardBackend(Backend):
             dev.device.reap()
             try:
                 dev.device.ensure()
-            except DeviceError as err:
+            except WireguardDeviceError as err:
                 raise BackendError(str(err)) from None
 
     async def activate(self, lease: Lease) -> None:
@@ -151,7 +149,7 @@ class WireguardBackend(Backend):
         return (self._applier,)
 
 
-class PeerApplier:
+class PeerApplier(Applier):
     """The ``wireguard peers`` engine: every device's peers from the remote leases."""
 
     name = "wireguard peers"

@@ -24,6 +24,7 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from flannel import gojson
+from flannel.backenderrors import BackendConfigError
 from flannel.cloud.base import (
     ApiError,
     CloudError,
@@ -72,15 +73,16 @@ class AwsVpcConfig:
         elif isinstance(raw, list):
             ids = raw
         else:
-            raise CloudError(f"Backend.RouteTableID must be a string or a list of strings, "
-                             f"not a {gojson.type_name(raw)}")
+            raise BackendConfigError(f"Backend.RouteTableID must be a string or a list of strings, "
+                                     f"not a {gojson.type_name(raw)}")
         if len(ids) > _MAX_ROUTE_TABLES:
-            raise CloudError(f"Backend.RouteTableID lists {len(ids)} tables; at most "
-                             f"{_MAX_ROUTE_TABLES} are supported")
+            raise BackendConfigError(f"Backend.RouteTableID lists {len(ids)} tables; at most "
+                                     f"{_MAX_ROUTE_TABLES} are supported")
         for table in ids:
             if not isinstance(table, str) or not _ROUTE_TABLE_ID.fullmatch(table):
-                raise CloudError(f"Backend.RouteTableID: {str(table)[:80]!r} is not a route "
-                                 "table ID (rtb- followed by hex digits)")
+                raise BackendConfigError(
+                    f"Backend.RouteTableID: {str(table)[:80]!r} is not a route "
+                    "table ID (rtb- followed by hex digits)")
         return cls(network, external_address, tuple(dict.fromkeys(ids)))
 
 

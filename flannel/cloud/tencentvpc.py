@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from flannel import gojson
+from flannel.backenderrors import BackendConfigError
 from flannel.cloud.base import (
     ApiError,
     CloudError,
@@ -83,19 +84,19 @@ class TencentVpcConfig:
                                              "metadataurl": "MetadataURL"})
         for name, value in members.items():
             if not isinstance(value, str):
-                raise CloudError(f"Backend.{name} must be a string, not a "
-                                 f"{gojson.type_name(value)}")
+                raise BackendConfigError(f"Backend.{name} must be a string, not a "
+                                         f"{gojson.type_name(value)}")
         key_id, secret = members.get("AccessKeyID", ""), members.get("AccessKeySecret", "")
         if not key_id or not secret:  # as Go: both from the environment unless both set
             key_id = environ.get("ACCESS_KEY_ID", "")
             secret = environ.get("ACCESS_KEY_SECRET", "")
         if not key_id or not secret:
-            raise CloudError("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! (set "
-                             "Backend.AccessKeyID and Backend.AccessKeySecret, or the "
-                             "ACCESS_KEY_ID and ACCESS_KEY_SECRET environment variables)")
+            raise BackendConfigError("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! (set "
+                                     "Backend.AccessKeyID and Backend.AccessKeySecret, or the "
+                                     "ACCESS_KEY_ID and ACCESS_KEY_SECRET environment variables)")
         if len(key_id) > _MAX_SECRET or len(secret) > _MAX_SECRET or not key_id.isprintable():
-            raise CloudError("the Tencent Cloud access key is malformed (too long or not "
-                             "printable); check AccessKeyID/AccessKeySecret")
+            raise BackendConfigError("the Tencent Cloud access key is malformed (too long or not "
+                                     "printable); check AccessKeyID/AccessKeySecret")
         return cls(network, external_address, key_id, secret,
                    _url("Endpoint", members.get("Endpoint", ""), ("http", "https")),
                    _url("MetadataURL", members.get("MetadataURL", ""), ("http",))
@@ -114,8 +115,8 @@ def _url(name: str, value: str, schemes: tuple[str, ...]) -> str:
     if (parts is None or len(value) > 256 or parts.scheme not in schemes or not parts.hostname
             or parts.username is not None or parts.path not in ("", "/") or parts.query
             or parts.fragment):
-        raise CloudError(f"Backend.{name}: {value[:80]!r} is not a URL of the form "
-                         f"{' or '.join(s + '://host[:port]' for s in schemes)}")
+        raise BackendConfigError(f"Backend.{name}: {value[:80]!r} is not a URL of the form "
+                                 f"{' or '.join(s + '://host[:port]' for s in schemes)}")
     return f"{parts.scheme}://{parts.netloc}"
 
 

@@ -15,7 +15,7 @@ backoff (``BAD_PEER_BACKOFF``: 5 s doubling to 5 min; at once when its lease cha
 command that cannot run at all (not found, not executable, empty) fails for every peer
 alike: that is this node's own failure, owed and reported on every pass.
 
-API: ``ExtensionConfig.parse(backend_obj)``; ``pre_startup(cfg, host) -> str | None``
+API: ``ExtensionConfig.from_backend(backend_obj)``; ``pre_startup(cfg, host) -> str | None``
 (the ``BackendData`` JSON text, None without a command; raises ``CommandFailed``);
 ``post_startup_env(network, ipv6_network, lease)``; ``run_post_startup(cfg, env, host)``;
 ``ExtensionPeers(cfg, host).reconcile(leases) -> ExtensionStatus`` (synchronous, runs
@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 
 from flannel import boundedjson, gojson
+from flannel.backenderrors import BackendConfigError
 from flannel.backoff import Backoff
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
 from flannel.kernel.host import LOCAL, Host
@@ -50,10 +51,6 @@ _LOG_OUTPUT = 2000
 BAD_PEER_BACKOFF = (5.0, 300.0)
 
 
-class ExtensionConfigError(ValueError):
-    """The extension backend config cannot be used; the message says what to fix."""
-
-
 class CommandFailed(Exception):
     """A command whose result the caller needs (pre-startup) failed; message has its output."""
 
@@ -67,15 +64,15 @@ class ExtensionConfig:
     timeout: float = DEFAULT_TIMEOUT
 
     @classmethod
-    def parse(cls, backend: Mapping[str, object], timeout: float = DEFAULT_TIMEOUT
-              ) -> ExtensionConfig:
+    def from_backend(cls, backend: Mapping[str, object], timeout: float = DEFAULT_TIMEOUT
+                     ) -> ExtensionConfig:
         try:
             fields = gojson.decode_fields(backend, {
                 "PreStartupCommand": (str, ""), "PostStartupCommand": (str, ""),
                 "SubnetAddCommand": (str, ""), "SubnetRemoveCommand": (str, ""),
             }, _CONTEXT)
         except ValueError as err:
-            raise ExtensionConfigError(str(err)) from None
+            raise BackendConfigError(str(err)) from None
         return cls(fields["PreStartupCommand"], fields["PostStartupCommand"],
                    fields["SubnetAddCommand"], fields["SubnetRemoveCommand"], timeout)
 

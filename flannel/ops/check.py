@@ -328,7 +328,7 @@ def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
     footprint = described[1]
     to_probe, decided = plan(ctx, read_programmed())
     own_lease = ctx.own_lease
-    encap = f" and on the VXLAN port (UDP {ctx.vxlan_port})" if ctx.backend == "vxlan" else ""
+    encap = f" and on the VXLAN port (UDP {ctx.encap_port})" if footprint.vtep else ""
     # Our own address of the kind the peers answer on: the device's base address, else cni0's.
     sources = [own.network_address, own.network_address + 1]
     if not footprint.answers_on_base:

@@ -18,6 +18,7 @@ from typing import NoReturn, Protocol
 
 from flannel.config import NetworkConfig
 from flannel.lease import Lease, LeaseAttrs
+from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import LeaseUpdate
 
 StatusListener = Callable[[bool, str], None]
@@ -121,6 +122,9 @@ class SubnetManager(Protocol):
     #: purpose and flanneld must stop (etcd); False when the store keeps the lease itself and
     #: puts it back (kube: ``keep_lease`` re-publishes the node's annotations).
     revocable: bool
+    #: Records of the store skipped because they cannot be decoded (a lease value, a Node),
+    #: each logged once; /status and /metrics count them with the peers the watcher skips.
+    undecodable: SkippedRecords
 
     @property
     def lease(self) -> Lease | None:

@@ -5,7 +5,7 @@ Owns: decoding the ``Backend`` object (``ListenPort`` 51820, ``ListenPortV6`` 51
 member names case-insensitive), the device layout per mode, the MTU (minus 80), and the lease
 data ``{"PublicKey":"<base64>","Port":<port>}`` byte for byte as Go marshals it.
 
-API: ``WireguardConfig.parse(backend_obj)`` (raises ``ConfigError`` with Go's prefix
+API: ``WireguardConfig.from_backend(backend_obj)`` (raises ``BackendConfigError`` with Go's prefix
 ``error decoding backend config``), ``cfg.devices(enable_ipv4, enable_ipv6)`` ->
 ``[DeviceLayout]``, ``cfg.mtu(ext_mtu)``, ``encode_lease_data(public_key, port)``,
 ``decode_lease_data(raw) -> LeaseData | None``.
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flannel import boundedjson, gojson
+from flannel.backenderrors import BackendConfigError
 from flannel.wireguard.keys import KeyFileError, Secret, parse_key
 
 MODES = ("separate", "auto", "ipv4", "ipv6")
@@ -35,10 +36,6 @@ _OPTIONS: dict[str, tuple[type, Any]] = {
 OPTION_NAMES = tuple(_OPTIONS)
 # The kernel keeps the keepalive interval in 16 bits.
 _MAX_KEEPALIVE = 65535
-
-
-class ConfigError(ValueError):
-    """The wireguard backend config cannot be used; the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -60,36 +57,38 @@ class WireguardConfig:
     mode: str = "separate"
 
     @classmethod
-    def parse(cls, backend: dict[str, Any]) -> WireguardConfig:
+    def from_backend(cls, backend: dict[str, Any]) -> WireguardConfig:
         try:
             fields = gojson.decode_fields(backend, _OPTIONS, _CONTEXT)
         except ValueError as err:
             if isinstance(err, gojson.FieldTypeError) and err.field == "PSK":
                 # decode_fields quotes the bad value; a PSK must never be echoed.
-                raise ConfigError(f"{_CONTEXT}: PSK must be a string (a base64 key from "
-                                  "`wg genpsk`)") from None
-            raise ConfigError(str(err)) from None
+                raise BackendConfigError(f"{_CONTEXT}: PSK must be a string (a base64 key from "
+                                         "`wg genpsk`)") from None
+            raise BackendConfigError(str(err)) from None
         for name in ("ListenPort", "ListenPortV6"):
             if not 1 <= fields[name] <= 65535:
-                raise ConfigError(f"{_CONTEXT}: {name} {fields[name]} is not a UDP port; use "
-                                  "1 to 65535")
+                raise BackendConfigError(
+                    f"{_CONTEXT}: {name} {fields[name]} is not a UDP port; use "
+                    "1 to 65535")
         if fields["MTU"] and not 1280 <= fields["MTU"] <= 65535:
-            raise ConfigError(f"{_CONTEXT}: MTU {fields['MTU']} is out of range; give the "
-                              "underlay MTU (1280 to 65535), or leave it out to use the "
-                              "external interface's")
+            raise BackendConfigError(f"{_CONTEXT}: MTU {fields['MTU']} is out of range; give the "
+                                     "underlay MTU (1280 to 65535), or leave it out to use the "
+                                     "external interface's")
         keepalive = fields["PersistentKeepaliveInterval"]
         if not 0 <= keepalive <= _MAX_KEEPALIVE:
-            raise ConfigError(f"{_CONTEXT}: PersistentKeepaliveInterval {keepalive} is out of "
-                              f"range; give seconds from 0 (off) to {_MAX_KEEPALIVE}")
+            raise BackendConfigError(
+                f"{_CONTEXT}: PersistentKeepaliveInterval {keepalive} is out of "
+                f"range; give seconds from 0 (off) to {_MAX_KEEPALIVE}")
         if fields["Mode"] not in MODES:
-            raise ConfigError(f"no valid Mode configured: {json.dumps(fields['Mode'])}; use "
-                              "one of separate, auto, ipv4, ipv6")
+            raise BackendConfigError(f"no valid Mode configured: {json.dumps(fields['Mode'])}; use "
+                                     "one of separate, auto, ipv4, ipv6")
         psk = None
         if fields["PSK"]:
             try:
                 psk = parse_key(fields["PSK"], "the wireguard backend's PSK")
             except KeyFileError as err:
-                raise ConfigError(f"{_CONTEXT}: {err}") from None
+                raise BackendConfigError(f"{_CONTEXT}: {err}") from None
         return cls(fields["ListenPort"], fields["ListenPortV6"], fields["MTU"], psk,
                    keepalive, fields["Mode"])
 

@@ -55,7 +55,7 @@ STARTUP_TIMEOUT = 5.0
 _LOG_TAIL = 600
 
 
-class DeviceError(Exception):
+class WireguardDeviceError(Exception):
     """The device cannot be set up; the message says what to fix."""
 
 
@@ -114,8 +114,8 @@ class WireguardDevice:
             except NetlinkError as err:
                 if err.errno in (errno.EOPNOTSUPP, errno.ENODEV, errno.EINVAL):
                     return False
-                raise DeviceError(f"cannot create WireGuard device {self.name}: "
-                                  f"{os.strerror(err.errno or errno.EIO)}") from None
+                raise WireguardDeviceError(f"cannot create WireGuard device {self.name}: "
+                                           f"{os.strerror(err.errno or errno.EIO)}") from None
         return True
 
     def _create_kernel(self) -> str | None:
@@ -124,8 +124,8 @@ class WireguardDevice:
         try:
             family = wireguard_family(self.spec.host)
         except (OSError, ControlError) as err:
-            raise DeviceError(f"cannot ask the kernel for WireGuard in {self.spec.host}: "
-                              f"{err}") from None
+            raise WireguardDeviceError(f"cannot ask the kernel for WireGuard in {self.spec.host}: "
+                                       f"{err}") from None
         if family is None:
             return NO_FAMILY
         if not self._try_kernel():
@@ -156,9 +156,10 @@ class WireguardDevice:
             self._use_userspace()
             if not self._uapi.answers():
                 if found[1] not in (None, "tun"):
-                    raise DeviceError(f"a {found[1]} device named {self.name} exists; remove "
-                                      f"it (`ip link del {self.name}`) so flannel can create "
-                                      "its WireGuard device")
+                    raise WireguardDeviceError(
+                        f"a {found[1]} device named {self.name} exists; remove "
+                        f"it (`ip link del {self.name}`) so flannel can create "
+                        "its WireGuard device")
                 # A TUN of that name whose wireguard-go no longer answers: replace it.
                 log.warning("%s exists but no wireguard-go answers on %s; restarting it",
                             self.name, self.spec.socket_path)
@@ -174,11 +175,11 @@ class WireguardDevice:
             log.info("%s: using kernel WireGuard", self.name)
             self._use_kernel()
         elif self.spec.implementation == "kernel":
-            raise DeviceError(f"cannot create {self.name}: {why}; {LOAD_MODULE}")
+            raise WireguardDeviceError(f"cannot create {self.name}: {why}; {LOAD_MODULE}")
         else:
             self._use_userspace()
             if self._uapi.answers():
-                raise DeviceError(
+                raise WireguardDeviceError(
                     f"a wireguard-go already answers on {self.spec.socket_path} but there is "
                     f"no {self.name} in this network namespace; stop that wireguard-go (it "
                     "serves another namespace) or give this node its own /run/wireguard")
@@ -214,8 +215,9 @@ class WireguardDevice:
     def _start_userspace(self) -> None:
         binary = shutil.which(self.spec.wireguard_go)
         if binary is None:
-            raise DeviceError("the kernel has no WireGuard and wireguard-go is not installed; "
-                              "install the wireguard-go package or load the wireguard module")
+            raise WireguardDeviceError(
+                "the kernel has no WireGuard and wireguard-go is not installed; "
+                "install the wireguard-go package or load the wireguard module")
         sock = self.spec.socket_path
         sock.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         if is_stale_socket(sock):
@@ -223,7 +225,7 @@ class WireguardDevice:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(sock)
         elif sock.exists() and not stat.S_ISSOCK(sock.lstat().st_mode):
-            raise DeviceError(f"{sock} is not a socket; remove it")
+            raise WireguardDeviceError(f"{sock} is not a socket; remove it")
         env = {k: v for k, v in os.environ.items() if not k.startswith("WG_")}
         env.update(WG_PROCESS_FOREGROUND="1", LOG_LEVEL=env.get("LOG_LEVEL", "error"))
         out = self._open_log()
@@ -239,11 +241,11 @@ class WireguardDevice:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not self._uapi.answers():
             if self._process.poll() is not None:
-                raise DeviceError(f"wireguard-go for {self.name} exited with status "
-                                  f"{self._process.returncode}: {self._log_tail()}")
+                raise WireguardDeviceError(f"wireguard-go for {self.name} exited with status "
+                                           f"{self._process.returncode}: {self._log_tail()}")
             if time.monotonic() > deadline:
-                raise DeviceError(f"wireguard-go for {self.name} did not answer on {sock} "
-                                  f"within {STARTUP_TIMEOUT:g}s: {self._log_tail()}")
+                raise WireguardDeviceError(f"wireguard-go for {self.name} did not answer on {sock} "
+                                           f"within {STARTUP_TIMEOUT:g}s: {self._log_tail()}")
             time.sleep(0.02)
         log.info("%s: wireguard-go started (pid %d, log %s)", self.name, self.pid,
                  self.spec.wireguard_go_log)
@@ -263,11 +265,11 @@ class WireguardDevice:
                 self.control.set(DeviceUpdate(private_key=self.spec.private_key,
                                               listen_port=self.spec.listen_port))
         except ControlError as err:
-            raise DeviceError(f"cannot configure {self.name}: {err}") from None
+            raise WireguardDeviceError(f"cannot configure {self.name}: {err}") from None
         with Rtnl(self.spec.host) as sock:
             found = links.get_link(sock, self.name)
             if found is None:
-                raise DeviceError(f"{self.name} vanished while it was being configured")
+                raise WireguardDeviceError(f"{self.name} vanished while it was being configured")
             link = found.link
             self.index = link.index
             if link.mtu != self.spec.mtu or not link.up:

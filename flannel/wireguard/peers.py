@@ -28,7 +28,7 @@ from typing import Protocol
 
 from flannel.lease import Lease
 from flannel.wireguard.config import DeviceLayout, WireguardConfig, decode_lease_data
-from flannel.wireguard.device import DeviceError
+from flannel.wireguard.device import WireguardDeviceError
 from flannel.wireguard.uapi import (
     Control,
     ControlError,
@@ -216,7 +216,7 @@ class WireguardPeers:
     def reconcile(self, desired: Sequence[Peer]) -> PeerStatus:
         try:
             changes = self._pass(desired)
-        except (ControlError, DeviceError) as err:
+        except (ControlError, WireguardDeviceError) as err:
             if self.status.last_error != str(err):
                 log.error("wireguard %s: %s", self.device.name, err)
             self.status = PeerStatus(False, str(err), 0, self.status.handshake_age,

@@ -10,6 +10,7 @@ from ipaddress import IPv4Address, IPv4Network
 import boto3
 import pytest
 
+from flannel.backenderrors import BackendConfigError
 from flannel.cloud.awsvpc import AwsVpcConfig, AwsVpcRoutes
 from flannel.cloud.base import CloudError, RouteChange, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
@@ -383,6 +384,6 @@ def test_unreachable_metadata_service_is_explained():
                                                  "table ID (rtb- followed by hex digits)"),
 ])
 def test_bad_route_table_config_is_refused(backend, message):
-    with pytest.raises(CloudError) as raised:
+    with pytest.raises(BackendConfigError) as raised:
         AwsVpcConfig.from_backend(backend, NETWORK, IPv4Address("10.0.1.5"))
     assert str(raised.value) == message

@@ -9,6 +9,7 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
+from flannel.backenderrors import BackendConfigError
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from flannel.cloud.tencentvpc import TencentVpcConfig, TencentVpcRoutes
@@ -195,10 +196,11 @@ def test_credentials_from_the_environment_as_go_reads_them():
         {"AccessKeyID": "only-the-id"}, network, address,
         environ={"ACCESS_KEY_ID": KEY_ID, "ACCESS_KEY_SECRET": SECRET})
     assert (config.access_key_id, config.access_key_secret) == (KEY_ID, SECRET)
-    with pytest.raises(CloudError) as raised:
+    with pytest.raises(BackendConfigError) as raised:
         TencentVpcConfig.from_backend({}, network, address, environ={"ACCESS_KEY_ID": KEY_ID})
     assert str(raised.value).startswith("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! ")
-    with pytest.raises(CloudError, match=r"Backend\.AccessKeySecret must be a string, not a"):
+    with pytest.raises(BackendConfigError,
+                       match=r"Backend\.AccessKeySecret must be a string, not a"):
         TencentVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": 7}, network,
                                       address, environ={})
 
@@ -212,7 +214,7 @@ def test_credentials_from_the_environment_as_go_reads_them():
     ({"MetadataURL": "http://127.0.0.1:notaport"}, "Backend.MetadataURL: "),
 ])
 def test_bad_endpoint_options_are_refused(members, message):
-    with pytest.raises(CloudError) as raised:
+    with pytest.raises(BackendConfigError) as raised:
         TencentVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET,
                                        **members}, NETWORK, IPv4Address(ADDRESSES[0]),
                                       environ={})

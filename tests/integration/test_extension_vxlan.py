@@ -63,7 +63,7 @@ def node_config(tmp_path) -> ExtensionConfig:
     script = tmp_path / "add-peer"
     script.write_text(ADD_SCRIPT)
     script.chmod(0o755)
-    return ExtensionConfig.parse({
+    return ExtensionConfig.from_backend({
         "PreStartupCommand": "ip netns exec $NODE_NS cat /sys/class/net/flannel-ext/address",
         "PostStartupCommand": "ip -n $NODE_NS addr add ${SUBNET} dev flannel-ext",
         "SubnetAddCommand": f"{script} $NODE_NS",

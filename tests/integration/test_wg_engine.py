@@ -27,7 +27,7 @@ from flannel.kernel.host import Host
 from flannel.lease import Lease, LeaseAttrs
 from flannel.wireguard import nsexec
 from flannel.wireguard.config import WireguardConfig, encode_lease_data
-from flannel.wireguard.device import DeviceError, DeviceSpec, WireguardDevice
+from flannel.wireguard.device import DeviceSpec, WireguardDevice, WireguardDeviceError
 from flannel.wireguard.genl import GenlControl, GenlSocket, resolve_family
 from flannel.wireguard.keys import Secret, generate_private_key, public_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
@@ -234,8 +234,8 @@ def test_a_killed_wireguard_go_leaves_a_stale_socket_that_is_replaced(pair):
 
 def test_a_psk_mismatch_shows_in_the_status(pair):
     a, b = pair
-    cfg_a = WireguardConfig.parse({"PSK": PSK_A})
-    cfg_b = WireguardConfig.parse({"PSK": PSK_B})
+    cfg_a = WireguardConfig.from_backend({"PSK": PSK_A})
+    cfg_b = WireguardConfig.from_backend({"PSK": PSK_B})
     _dev_a, peers_a, want_a = engine(a, b, cfg_a)
     _dev_b, peers_b, want_b = engine(b, a, cfg_b)
     assert peers_a.reconcile(want_a).in_sync and peers_b.reconcile(want_b).in_sync
@@ -279,7 +279,7 @@ def test_the_kernel_path_runs_no_wg_and_falls_back_to_wireguard_go(pair, tmp_pat
     fake.write_text(f'#!/bin/sh\necho "$@" >> {ran}\nexit 1\n')
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    with pytest.raises(DeviceError) as err:
+    with pytest.raises(WireguardDeviceError) as err:
         WireguardDevice(replace(a.spec(), implementation="kernel")).ensure()
     assert str(err.value) == f"cannot create flannel-wg: {NO_FAMILY}"
     control = GenlControl("flannel-wg", Host(a.ns))
@@ -297,7 +297,7 @@ def test_the_kernel_path_runs_no_wg_and_falls_back_to_wireguard_go(pair, tmp_pat
 def test_the_choice_is_logged_and_keys_never_are(pair, caplog):
     a, b = pair
     caplog.set_level("DEBUG")
-    cfg = WireguardConfig.parse({"PSK": PSK_A})
+    cfg = WireguardConfig.from_backend({"PSK": PSK_A})
     dev_a, peers_a, want_a = engine(a, b, cfg)
     peers_a.reconcile(want_a)
     assert ('flannel-wg: this kernel has no WireGuard (generic netlink has no "wireguard" '
@@ -314,11 +314,11 @@ def test_the_choice_is_logged_and_keys_never_are(pair, caplog):
 def test_kernel_only_and_foreign_devices_are_refused_with_a_message(pair):
     a, _b = pair
     spec = a.spec()
-    with pytest.raises(DeviceError) as err:
+    with pytest.raises(WireguardDeviceError) as err:
         WireguardDevice(replace(spec, implementation="kernel")).ensure()
     assert str(err.value) == f"cannot create flannel-wg: {NO_FAMILY}"
     netns.ip("link", "add", "flannel-wg", "type", "bridge", netns=a.ns)
-    with pytest.raises(DeviceError) as err:
+    with pytest.raises(WireguardDeviceError) as err:
         WireguardDevice(spec).ensure()
     assert str(err.value) == ("a bridge device named flannel-wg exists; remove it (`ip link "
                               "del flannel-wg`) so flannel can create its WireGuard device")
@@ -329,7 +329,7 @@ def test_a_socket_serving_another_namespace_is_not_taken_over(pair):
     engine(a, b)
     # Node b pointed at node a's socket directory: same socket, different namespace.
     shared = replace(b.spec(), run_dir=a.run_dir)
-    with pytest.raises(DeviceError) as err:
+    with pytest.raises(WireguardDeviceError) as err:
         WireguardDevice(shared).ensure()
     assert str(err.value) == (
         f"a wireguard-go already answers on {a.run_dir}/wireguard/flannel-wg.sock but there is "

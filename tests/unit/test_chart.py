@@ -20,7 +20,7 @@ import pytest
 
 from flannel import backend as backends
 from flannel.backend.ipip import IpipConfig
-from flannel.backend.udp import parse_port
+from flannel.backend.udp import UdpConfig
 from flannel.backend.vxlan import VxlanConfig
 from flannel.config import parse_config
 from flannel.extension.peers import ExtensionConfig
@@ -153,16 +153,16 @@ def test_backend_options_decode_as_asked():
         return parse_config(render(values_file(name))["ConfigMap/kube-flannel-cfg"]["data"]
                             ["net-conf.json"]).backend
 
-    assert VxlanConfig.parse(backend("vxlan")) == VxlanConfig(
+    assert VxlanConfig.from_backend(backend("vxlan")) == VxlanConfig(
         vni=4096, port=4789, mtu=9000, gbp=True, direct_routing=True)
-    assert VxlanConfig.parse(backend("upstream-documented")) == VxlanConfig(vni=1, mtu=1500)
-    assert parse_port(backend("udp")) == 8286
-    wireguard = WireguardConfig.parse(backend("wireguard"))
+    assert VxlanConfig.from_backend(backend("upstream-documented")) == VxlanConfig(vni=1, mtu=1500)
+    assert UdpConfig.from_backend(backend("udp")).port == 8286
+    wireguard = WireguardConfig.from_backend(backend("wireguard"))
     assert (wireguard.listen_port, wireguard.listen_port_v6, wireguard.mtu,
             wireguard.keepalive, wireguard.mode) == (51830, 51831, 1500, 25, "auto")
     assert wireguard.psk is not None
-    assert IpipConfig.parse(backend("ipip")) == IpipConfig(direct_routing=True)
-    assert ExtensionConfig.parse(backend("extension")) == ExtensionConfig(
+    assert IpipConfig.from_backend(backend("ipip")) == IpipConfig(direct_routing=True)
+    assert ExtensionConfig.from_backend(backend("extension")) == ExtensionConfig(
         pre_startup=EXTENSION_DIR + "pre-startup eth0", post_startup=EXTENSION_DIR + "post-startup",
         subnet_add=EXTENSION_DIR + "subnet-add", subnet_remove=EXTENSION_DIR + "subnet-remove")
 
@@ -172,7 +172,7 @@ def test_tunnel_mode_is_valid_json(mode):
     """Go flannel's chart writes tunnelMode unquoted ("Mode": auto), which no JSON parser
     accepts, so flanneld cannot start; here it is a JSON string flanneld decodes."""
     docs = render({"flannel": {"backend": "wireguard", "tunnelMode": mode}})
-    assert WireguardConfig.parse(parse_config(
+    assert WireguardConfig.from_backend(parse_config(
         docs["ConfigMap/kube-flannel-cfg"]["data"]["net-conf.json"]).backend).mode == mode
 
 

@@ -191,3 +191,52 @@ def test_udp_and_wireguard_need_their_route_over_the_network():
     assert found([{"dst": "10.244.0.0/16", "dev": "flannel-wg"}]) == []
     assert found([{"dst": "default", "dev": "eth0"}]) == [
         "no route to the Network 10.244.0.0/16 through flannel-wg: no traffic to other nodes"]
+
+
+def test_ipv6_for_a_backend_declaring_none_is_named_before_flanneld_refuses_it():
+    from flannel.config import parse_config
+    from flannel.ops.checks.cluster import check_store
+
+    def found(backend: str) -> list[str]:
+        config = parse_config(f'{{"Network":"10.244.0.0/16","EnableIPv6":true,'
+                              f'"IPv6Network":"fd00:244::/56","Backend":{{"Type":"{backend}"}}}}')
+        return [f.what for f in check_store(context(config=config, rows=[]))]
+
+    assert found("udp") == ["the network config enables IPv6, which the udp backend does not "
+                            "carry: flanneld refuses to start"]
+    assert found("ipip") != [] and found("aws-vpc") != []
+    assert found("vxlan") == found("wireguard") == found("host-gw") == []
+
+
+def test_the_encapsulation_port_is_the_declared_one_unless_port_is_set():
+    from flannel.config import parse_config
+
+    def port(backend: str) -> int:
+        return context(config=parse_config(
+            f'{{"Network":"10.244.0.0/16","Backend":{backend}}}')).encap_port
+
+    assert port('{"Type":"vxlan"}') == 8472
+    assert port('{"Type":"vxlan","Port":4789}') == 4789
+    assert port('{"Type":"udp"}') == 8285
+    assert port('{"Type":"udp","Port":8286}') == 8286
+    assert port('{"Type":"wireguard","Port":51820}') == port('{"Type":"host-gw"}') == 0
+
+
+def test_an_ipip_route_goes_via_the_peer_s_public_ip_on_its_device():
+    from flannel.config import parse_config
+    from flannel.ops.checks.kernel import check_routes
+    from flannel.ops.kernelview import KernelView
+
+    config = parse_config('{"Network":"10.244.0.0/16","Backend":{"Type":"ipip"}}')
+    peer = LeaseRow("10.244.2.0-24", Lease(IPv4Network("10.244.2.0/24"), attrs=LeaseAttrs(
+        IPv4Address("192.168.111.12"), backend_type="ipip")), 3600)
+
+    def found(gateway: str) -> list[str]:
+        return [f.what for f in check_routes(context(
+            config=config, env={"FLANNEL_SUBNET": "10.244.1.1/24"}, rows=[peer],
+            kernel=KernelView(routes=[{"dst": "10.244.2.0/24", "gateway": gateway,
+                                       "dev": "flannel.ipip"}])))]
+
+    assert found("192.168.111.12") == []
+    assert found("10.244.2.0") == ["the route to 10.244.2.0/24 goes via 10.244.2.0 dev "
+                                   "flannel.ipip; node 192.168.111.12 needs via 192.168.111.12"]

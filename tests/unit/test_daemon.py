@@ -17,7 +17,8 @@ from typing import NoReturn
 
 import pytest
 
-from flannel.backend.base import ApplyResult, Backend, BackendOptions, LocalNetwork
+from flannel.backend.base import Applier, ApplyResult, Backend, BackendOptions, LocalNetwork
+from flannel.backend.footprint import PER_PEER, Footprint
 from flannel.cli import parse_args
 from flannel.cni.plugin import parse_subnet_env
 from flannel.config import NetworkConfig, parse_config
@@ -31,6 +32,7 @@ from flannel.settings import InterfaceSettings, RulesSettings, Settings
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.manager import StoreStatus
+from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 from tests.support.waiting import async_wait_until
 
@@ -61,6 +63,7 @@ class MemoryStore:
 
     def __init__(self, unavailable: int = 0) -> None:
         self.status = StoreStatus()
+        self.undecodable = SkippedRecords("lease")
         self.lease: Lease | None = None
         self.updates: asyncio.Queue[LeaseUpdate | None] = asyncio.Queue()
         self.unavailable = unavailable
@@ -96,7 +99,7 @@ class MemoryStore:
         self.closed = True
 
 
-class RecordingApplier:
+class RecordingApplier(Applier):
     """Records every peer set the data plane applies; fails while ``state`` says so."""
 
     name = "recorder"
@@ -115,6 +118,7 @@ class RecordingBackend(Backend):
     """A backend without netlink state whose one applier records what it is given."""
 
     backend_type = "host-gw"
+    footprint = Footprint(PER_PEER, dual_stack=True)  # host-gw's
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)

@@ -294,7 +294,7 @@ async def test_cancelling_closes_the_socket_in_the_worker_thread_even_mid_pass()
     assert kernel.watching == 0
 
 
-class RecordingApplier:
+class RecordingApplier(Applier):
     """An engine not reconciled by netlink: keeps the peer subnets it was handed."""
 
     name = "test engine"

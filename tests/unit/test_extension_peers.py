@@ -8,10 +8,10 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
+from flannel.backenderrors import BackendConfigError
 from flannel.extension.peers import (
     CommandFailed,
     ExtensionConfig,
-    ExtensionConfigError,
     ExtensionPeers,
     post_startup_env,
     pre_startup,
@@ -47,20 +47,20 @@ def lease(n: int, data: str | None = '"0e:00:00:00:00:02"', v6: bool = False,
 
 
 def cfg(**commands) -> ExtensionConfig:
-    return ExtensionConfig.parse(commands)
+    return ExtensionConfig.from_backend(commands)
 
 
 PY = sys.executable
 
 
 def test_config_names_match_case_insensitively_and_shutdown_is_ignored():
-    c = ExtensionConfig.parse({"prestartupcommand": "a", "POSTSTARTUPCOMMAND": "b",
+    c = ExtensionConfig.from_backend({"prestartupcommand": "a", "POSTSTARTUPCOMMAND": "b",
                                "SubnetAddCommand": "c", "subnetremovecommand": "d",
                                "ShutdownCommand": "e"})
     assert (c.pre_startup, c.post_startup, c.subnet_add, c.subnet_remove) == ("a", "b", "c",
                                                                               "d")
-    with pytest.raises(ExtensionConfigError) as err:
-        ExtensionConfig.parse({"SubnetAddCommand": ["ip", "route"]})
+    with pytest.raises(BackendConfigError) as err:
+        ExtensionConfig.from_backend({"SubnetAddCommand": ["ip", "route"]})
     assert str(err.value) == ('error decoding backend config: SubnetAddCommand must be a str, '
                               'got array ["ip", "route"]')
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flannel.backend.base import ApplyResult, BackendOptions, EngineSample
+from flannel.backend.base import Applier, ApplyResult, BackendOptions, EngineSample
 from flannel.config import NetworkConfig
 from flannel.health import HealthServer, same_host
 from flannel.histogram import Durations
@@ -36,7 +36,7 @@ OUTSIDE = Lease(IPv4Network("10.9.3.0/24"), None,
                 LeaseAttrs(public_ip=IPv4Address("192.0.2.9"), backend_type="host-gw"))
 
 
-class CountingApplier:
+class CountingApplier(Applier):
     """An engine that counts the peers it gains as changes, reports its own figures through
     the ``samples`` hook, and fails while ``error`` is set."""
 
@@ -63,7 +63,7 @@ class CountingBackend(RecordingBackend):
         super().__init__(*args, **kwargs)
         self.counting = CountingApplier()
 
-    def appliers(self) -> Sequence[object]:
+    def appliers(self) -> Sequence[Applier]:
         return (self.counting,)
 
 

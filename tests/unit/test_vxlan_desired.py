@@ -87,12 +87,12 @@ def test_device_attributes_address_and_adoption_bounds_are_part_of_the_desired_s
 @pytest.mark.parametrize("mtu", [65536, 100000])
 def test_an_mtu_above_the_kernel_limit_is_refused_naming_the_limit(mtu):
     with pytest.raises(BackendError) as caught:
-        VxlanConfig.parse({"Type": "vxlan", "MTU": mtu})
+        VxlanConfig.from_backend({"Type": "vxlan", "MTU": mtu})
     assert str(caught.value) == (
         f"error decoding VXLAN backend config: MTU {mtu} is too large: it is the underlay "
         "MTU, at most 65535, and the vxlan device gets it minus 50 bytes of encapsulation (at "
         "most 65485); give the underlay MTU (e.g. 1500 or 9000)")
-    assert VxlanConfig.parse({"Type": "vxlan", "MTU": 65535}).mtu == 65535
+    assert VxlanConfig.from_backend({"Type": "vxlan", "MTU": 65535}).mtu == 65535
 
 
 def test_host_gw_explains_an_unreachable_peer():

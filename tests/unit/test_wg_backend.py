@@ -13,7 +13,7 @@ from ipaddress import IPv4Address
 import pytest
 
 from flannel.backend import BackendError, backend_class
-from flannel.backend.base import ApplyResult
+from flannel.backend.base import Applier, ApplyResult
 from flannel.backend.wireguard import WireguardBackend
 from flannel.config import check_network_config, parse_config
 from flannel.kernel.iface import ExternalInterface
@@ -120,7 +120,7 @@ def test_a_silent_peer_is_never_failing_nor_a_readded_one_counted_from_old_bytes
     assert watch.observe({"k": state(148)}, 122) == {}
 
 
-class RecheckingApplier:
+class RecheckingApplier(Applier):
     """An engine that asks to be re-checked: counts the passes it gets."""
 
     name = "test engine"

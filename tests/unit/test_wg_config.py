@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flannel.backenderrors import BackendConfigError
 from flannel.wireguard.config import (
-    ConfigError,
     DeviceLayout,
     LeaseData,
     WireguardConfig,
@@ -19,14 +19,14 @@ KEY = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 
 
 def test_defaults_are_go_flannels():
-    cfg = WireguardConfig.parse({"Type": "wireguard"})
+    cfg = WireguardConfig.from_backend({"Type": "wireguard"})
     assert (cfg.listen_port, cfg.listen_port_v6, cfg.mtu, cfg.psk, cfg.keepalive,
             cfg.mode) == (51820, 51821, 0, None, 0, "separate")
     assert cfg.device_mtu(1500) == 1420
 
 
 def test_member_names_match_case_insensitively():
-    cfg = WireguardConfig.parse({"listenport": 4000, "LISTENPORTV6": 4001, "mtu": 9000,
+    cfg = WireguardConfig.from_backend({"listenport": 4000, "LISTENPORTV6": 4001, "mtu": 9000,
                                  "psk": KEY, "persistentkeepaliveinterval": 25,
                                  "mode": "auto"})
     assert (cfg.listen_port, cfg.listen_port_v6, cfg.keepalive, cfg.mode) == (4000, 4001, 25,
@@ -54,15 +54,15 @@ def test_member_names_match_case_insensitively():
      "PersistentKeepaliveInterval must be an integer, got number 2.5"),
 ])
 def test_bad_values_are_refused_with_a_message_that_says_what_to_fix(backend, message):
-    with pytest.raises(ConfigError) as err:
-        WireguardConfig.parse(backend)
+    with pytest.raises(BackendConfigError) as err:
+        WireguardConfig.from_backend(backend)
     assert str(err.value) == message
 
 
 @pytest.mark.parametrize("psk", ["c2VjcmV0", KEY[:-2] + "!=", KEY + "AAAA", 12345])
 def test_a_bad_psk_is_refused_without_echoing_it(psk):
-    with pytest.raises(ConfigError) as err:
-        WireguardConfig.parse({"PSK": psk})
+    with pytest.raises(BackendConfigError) as err:
+        WireguardConfig.from_backend({"PSK": psk})
     assert str(psk) not in str(err.value)
     assert str(err.value).startswith("error decoding backend config: ")
     assert "wg genpsk" in str(err.value) or "wg genkey" in str(err.value)
@@ -70,17 +70,17 @@ def test_a_bad_psk_is_refused_without_echoing_it(psk):
 
 def test_a_bad_psk_is_told_by_its_field_not_by_the_text_of_another_fields_error():
     # A mistyped MTU whose value reads "PSK" is an MTU error, named as such.
-    with pytest.raises(ConfigError) as err:
-        WireguardConfig.parse({"MTU": "PSK"})
+    with pytest.raises(BackendConfigError) as err:
+        WireguardConfig.from_backend({"MTU": "PSK"})
     assert str(err.value) == ('error decoding backend config: MTU must be an integer, got '
                               'string "PSK"')
-    with pytest.raises(ConfigError) as err:
-        WireguardConfig.parse({"psk": ["secret"]})  # member names match in any case
+    with pytest.raises(BackendConfigError) as err:
+        WireguardConfig.from_backend({"psk": ["secret"]})  # member names match in any case
     assert "secret" not in str(err.value) and "PSK must be a string" in str(err.value)
 
 
 def test_the_psk_never_shows_in_the_config_repr():
-    cfg = WireguardConfig.parse({"PSK": KEY})
+    cfg = WireguardConfig.from_backend({"PSK": KEY})
     assert KEY not in repr(cfg) and "Secret(<hidden>)" in repr(cfg)
 
 
@@ -94,7 +94,7 @@ def test_the_psk_never_shows_in_the_config_repr():
     ("ipv4", True, False, [DeviceLayout("flannel-wg", 51820, (4,))]),
 ])
 def test_devices_per_mode(mode, v4, v6, layout):
-    assert WireguardConfig.parse({"Mode": mode}).devices(v4, v6) == layout
+    assert WireguardConfig.from_backend({"Mode": mode}).devices(v4, v6) == layout
 
 
 def test_lease_data_is_byte_for_byte_gos():
@@ -126,8 +126,8 @@ _members = st.sampled_from(["ListenPort", "listenportv6", "MTU", "PSK", "Mode",
 @given(st.dictionaries(_members, _json, max_size=6))
 def test_any_backend_object_gives_a_config_or_a_config_error(obj):
     try:
-        WireguardConfig.parse(obj)
-    except ConfigError:
+        WireguardConfig.from_backend(obj)
+    except BackendConfigError:
         pass
     data = decode_lease_data(json.dumps(obj))
     assert data is None or ("PublicKey" in obj and isinstance(data, LeaseData))

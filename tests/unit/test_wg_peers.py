@@ -40,7 +40,7 @@ def lease(n: int, key: str, port: int | None = 51820, ip: str = "192.168.1.2",
 
 
 def cfg(**backend) -> WireguardConfig:
-    return WireguardConfig.parse(backend)
+    return WireguardConfig.from_backend(backend)
 
 
 def test_separate_mode_ipv4_peer_as_go_sets_it():

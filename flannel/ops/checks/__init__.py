@@ -18,8 +18,6 @@ from flannel.ops.findings import Finding
 from flannel.ops.kernelview import KernelView
 from flannel.ops.leases import LeaseRow, vtep_mac
 
-DEFAULT_VXLAN_PORT = 8472
-
 
 @dataclass
 class Context:
@@ -60,12 +58,14 @@ class Context:
     @property
     def peers(self) -> list[Lease]:
         """Other nodes' leases flanneld programs: inside the Network, with a public IP and,
-        for vxlan, a VTEP MAC."""
+        for a backend reaching peers through a VTEP, a VTEP MAC in its leases."""
         own, network = self.own_subnet, self.config.network if self.config else None
+        described = self.described
+        needs_mac = described[0] if described is not None and described[1].vtep else None
         return [lease for lease in self.leases if lease.subnet is not None
                 and lease.subnet != own and lease.attrs.public_ip is not None
                 and (network is None or lease.subnet.subnet_of(network))
-                and (lease.attrs.backend_type != "vxlan" or vtep_mac(lease))]
+                and (lease.attrs.backend_type != needs_mac or vtep_mac(lease))]
 
     @property
     def backend(self) -> str:
@@ -80,25 +80,36 @@ class Context:
         return describe(self.backend) if self.config else None
 
     @property
-    def device(self) -> str:
-        """The IPv4 device this node's backend makes ("" for none)."""
+    def footprint(self) -> Footprint | None:
         described = self.described
-        return described[1].device_name(self.vxlan_vni) if described else ""
+        return described[1] if described is not None else None
 
     @property
-    def vxlan_vni(self) -> int:
+    def vtep(self) -> bool:
+        """This node's backend reaches peers through a VTEP device (vxlan)."""
+        return self.footprint is not None and self.footprint.vtep
+
+    @property
+    def device(self) -> str:
+        """The IPv4 device this node's backend makes ("" for none)."""
+        footprint = self.footprint
+        return footprint.device_name(self.vni) if footprint is not None else ""
+
+    @property
+    def vni(self) -> int:
         vni = (self.config.backend if self.config else {}).get("VNI", 1)
         return vni if isinstance(vni, int) and not isinstance(vni, bool) else 1
 
     @property
-    def vxlan_port(self) -> int:
+    def encap_port(self) -> int:
+        """The UDP port peers send this backend's encapsulated packets to: the ``Port``
+        option, else the declared default (0: none)."""
+        footprint = self.footprint
+        if footprint is None or not footprint.encap_port:
+            return 0
         port = (self.config.backend if self.config else {}).get("Port", 0)
         valid = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
-        return port if valid else DEFAULT_VXLAN_PORT
-
-    @property
-    def vxlan_device(self) -> str:
-        return f"flannel.{self.vxlan_vni}"
+        return port if valid else footprint.encap_port
 
     def public_ip(self) -> IPv4Address | None:
         own = self.own_lease

@@ -1,4 +1,5 @@
-"""Checks of the lease set: store reachable, duplicates, subnets outside the Network, clock."""
+"""Checks of the lease set: store reachable, a config enabling IPv6 for a backend that declares
+none, duplicates, subnets outside the Network, clock."""
 
 from __future__ import annotations
 
@@ -23,6 +24,12 @@ def check_store(ctx: Context) -> list[Finding]:
         found.append(Finding("config", "error", f"no usable network config: {ctx.store_error}",
                              "write the config (etcdctl put <prefix>/config '{\"Network\": "
                              "...}') or fix net-conf.json"))
+    elif ctx.config.enable_ipv6 and ctx.footprint is not None \
+            and not ctx.footprint.dual_stack:
+        found.append(Finding("config", "error", f"the network config enables IPv6, which the "
+                             f"{ctx.backend} backend does not carry: flanneld refuses to start",
+                             "remove EnableIPv6 and IPv6Network, or choose a backend with IPv6 "
+                             "support (vxlan, wireguard, host-gw)"))
     for row in ctx.rows or []:
         if row.lease is None:
             found.append(Finding("lease", "warning", f"lease {row.node or row.key}: "

@@ -17,8 +17,9 @@ RECONCILE_FIX = ("flanneld repairs it at its next reconcile (--reconcile-interva
                  "stays, restart flanneld and read its log")
 
 
-def _vxlan(ctx: Context) -> dict[str, Any] | None:
-    return ctx.kernel.link(ctx.vxlan_device) if ctx.backend == "vxlan" else None
+def _vtep(ctx: Context) -> dict[str, Any] | None:
+    """The VTEP device, when this node's backend reaches peers through one (vxlan)."""
+    return ctx.kernel.link(ctx.device) if ctx.vtep else None
 
 
 def check_device(ctx: Context) -> list[Finding]:
@@ -31,31 +32,31 @@ def check_device(ctx: Context) -> list[Finding]:
         return found
     link = ctx.kernel.link(device)
     if link is None:
-        kind = "VXLAN" if ctx.backend == "vxlan" else ctx.backend
+        kind = "VXLAN" if ctx.vtep else ctx.backend
         return [*found, Finding("device", "error", f"the {kind} device {device} does not "
                                 "exist: no traffic to other nodes", RECONCILE_FIX)]
     if "UP" not in link.get("flags", []):
         found.append(Finding("device", "error", f"{device} is down",
                              f"ip link set {device} up; {RECONCILE_FIX}"))
-    if ctx.backend != "vxlan":
+    if not ctx.vtep:
         return found
     local = (link.get("linkinfo", {}).get("info_data") or {}).get("local")
     public = ctx.public_ip()
     if public is not None and local and local != str(public):
-        found.append(Finding("device", "error", f"{ctx.vxlan_device} sends from {local} but "
+        found.append(Finding("device", "error", f"{ctx.device} sends from {local} but "
                              f"this node's lease publishes {public}",
                              "restart flanneld with the right --iface/--public-ip"))
     return found
 
 
 def check_vtep_mac(ctx: Context) -> list[Finding]:
-    link, own = _vxlan(ctx), ctx.own_lease
+    link, own = _vtep(ctx), ctx.own_lease
     if link is None or own is None:
         return []
     published, actual = vtep_mac(own), str(link.get("address", "")).lower()
     if published and actual and published != actual:
         return [Finding(
-            "vtep-mac", "error", f"{ctx.vxlan_device} has MAC {actual} but the lease publishes "
+            "vtep-mac", "error", f"{ctx.device} has MAC {actual} but the lease publishes "
             f"{published}: peers send this node's traffic to a MAC it no longer has",
             "something changed the MAC behind flanneld (systemd-networkd MACAddressPolicy, "
             "NetworkManager): exclude flannel.* from them "
@@ -65,7 +66,7 @@ def check_vtep_mac(ctx: Context) -> list[Finding]:
 
 
 def check_mtu(ctx: Context) -> list[Finding]:
-    link = _vxlan(ctx)
+    link = _vtep(ctx)
     if link is None:
         return []
     found = []
@@ -73,7 +74,7 @@ def check_mtu(ctx: Context) -> list[Finding]:
     env_mtu = (ctx.env or {}).get("FLANNEL_MTU", "")
     if env_mtu.isdigit() and isinstance(mtu, int) and int(env_mtu) > mtu:
         found.append(Finding(
-            "mtu", "error", f"pods get MTU {env_mtu} (subnet.env) but {ctx.vxlan_device} "
+            "mtu", "error", f"pods get MTU {env_mtu} (subnet.env) but {ctx.device} "
             f"carries {mtu}: large packets between nodes are dropped",
             "restart flanneld so subnet.env matches, then recreate the pods"))
     underlay_name = (link.get("linkinfo", {}).get("info_data") or {}).get("link")
@@ -81,18 +82,19 @@ def check_mtu(ctx: Context) -> list[Finding]:
     if underlay and isinstance(mtu, int) and isinstance(underlay.get("mtu"), int) and \
             mtu + VXLAN_OVERHEAD > underlay["mtu"]:
         found.append(Finding(
-            "mtu", "error", f"{ctx.vxlan_device} MTU {mtu} plus {VXLAN_OVERHEAD} bytes of "
+            "mtu", "error", f"{ctx.device} MTU {mtu} plus {VXLAN_OVERHEAD} bytes of "
             f"VXLAN does not fit {underlay_name}'s MTU {underlay['mtu']}",
             "restart flanneld so it derives the MTU from the underlay (or lower Backend.MTU)"))
     return found
 
 
 def _peer_needs(ctx: Context) -> list[tuple[IPv4Network, str, IPv4Address]]:
-    """(subnet, VTEP MAC, public IP) of every vxlan peer."""
+    """(subnet, VTEP MAC, public IP) of every peer of this node's VTEP backend."""
     needs: list[tuple[IPv4Network, str, IPv4Address]] = []
+    described_type = ctx.described[0] if ctx.described is not None else None
     for lease in ctx.peers:
         mac = vtep_mac(lease)
-        if lease.attrs.backend_type == "vxlan" and mac and lease.subnet is not None \
+        if lease.attrs.backend_type == described_type and mac and lease.subnet is not None \
                 and lease.attrs.public_ip is not None:
             needs.append((lease.subnet, mac, lease.attrs.public_ip))
     return needs
@@ -118,7 +120,7 @@ def check_routes(ctx: Context) -> list[Finding]:
             found.append(Finding("routes", "error", f"no route to {subnet} "
                                  f"(node {lease.attrs.public_ip})", RECONCILE_FIX))
             continue
-        via_overlay = route.get("dev") == ctx.vxlan_device
+        via_overlay = ctx.vtep and route.get("dev") == ctx.device
         want = str(subnet.network_address) if via_overlay else str(lease.attrs.public_ip)
         if route.get("gateway") != want:
             found.append(Finding("routes", "error", f"the route to {subnet} goes via "
@@ -145,9 +147,9 @@ def _covering_route(ctx: Context) -> list[Finding]:
 
 
 def check_neighbours(ctx: Context) -> list[Finding]:
-    if _vxlan(ctx) is None or ctx.rows is None:
+    if _vtep(ctx) is None or ctx.rows is None:
         return []
-    dev = ctx.vxlan_device
+    dev = ctx.device
     have = {n.get("dst"): str(n.get("lladdr", "")).lower()
             for n in ctx.kernel.neighbours.get(dev, [])}
     found = []
@@ -169,9 +171,9 @@ def check_neighbours(ctx: Context) -> list[Finding]:
 
 
 def check_fdb(ctx: Context) -> list[Finding]:
-    if _vxlan(ctx) is None or ctx.rows is None:
+    if _vtep(ctx) is None or ctx.rows is None:
         return []
-    dev = ctx.vxlan_device
+    dev = ctx.device
     entries = [e for e in ctx.kernel.fdb.get(dev, []) if e.get("state") == "permanent"
                or "permanent" in str(e.get("state", ""))]
     have: dict[str, set[object]] = {}

@@ -196,10 +196,6 @@ def check_cni(ctx: Context) -> list[Finding]:
     return found
 
 
-#: Backends whose packets arrive on a UDP port any underlay host can send to.
-UDP_ENCAP_BACKENDS = {"vxlan": 8472, "udp": 8285}
-
-
 def _encap_filter_installed() -> bool:
     """Whether flanneld's encapsulation filter is in this namespace (either rule mode)."""
     if any("-N FLANNEL-INPUT" in rules.splitlines() for rules in _filter_tables()):
@@ -217,12 +213,9 @@ def check_encap_filter(ctx: Context) -> list[Finding]:
     """Recommend ``--encap-peers-only`` where vxlan/udp packets are taken from anyone."""
     if ctx.config is None or not ctx.flanneld_pids:
         return []
-    backend = ctx.config.backend_type
-    if backend not in UDP_ENCAP_BACKENDS or _encap_filter_installed():
+    backend, port = ctx.config.backend_type, ctx.encap_port  # 0: no port anyone can inject to
+    if not port or _encap_filter_installed():
         return []
-    configured = ctx.config.backend.get("Port")
-    port = configured if type(configured) is int and configured > 0 else \
-        UDP_ENCAP_BACKENDS[backend]
     return [Finding(
         "encap-filter", "info",
         f"{backend} packets (UDP {port}) are accepted from any host: one that reaches this "

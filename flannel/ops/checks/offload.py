@@ -114,9 +114,9 @@ def randomising_nat() -> str:
 
 
 def check_checksum(ctx: Context) -> list[Finding]:
-    if ctx.backend != "vxlan" or ctx.kernel.link(ctx.vxlan_device) is None:
+    if not ctx.vtep or ctx.kernel.link(ctx.device) is None:
         return []
-    device = ctx.vxlan_device
+    device = ctx.device
     try:
         active = feature_active(device)
     except OSError as err:

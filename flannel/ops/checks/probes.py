@@ -1,7 +1,8 @@
 """Probes to every peer, in parallel and bounded in time: overlay reachability, the
 underlay, the encapsulation port, and the path MTU.
 
-How a failing peer is told apart (vxlan; host-gw stops after step 2):
+How a failing peer is told apart (a backend reaching peers through a VTEP, as vxlan; any
+other with a route to each peer or one covering the Network stops after step 2):
 1. ping the peer's VTEP address over the overlay from ours. An answer means the
    encapsulation works both ways; then step 4.
 2. No answer: ping the peer's public IP on the underlay. No answer there either: the node
@@ -27,6 +28,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from flannel.backend.footprint import COVERING, PER_PEER
 from flannel.lease import Lease
 from flannel.ops.checks import Context
 from flannel.ops.findings import Finding
@@ -74,7 +76,7 @@ def udp_port_refused(host: str, port: int, timeout: float) -> bool | None:
 
 
 def _underlay_mtu(ctx: Context) -> int | None:
-    link = ctx.kernel.link(ctx.vxlan_device)
+    link = ctx.kernel.link(ctx.device)
     name = ((link or {}).get("linkinfo", {}).get("info_data") or {}).get("link")
     underlay = ctx.kernel.link(name) if isinstance(name, str) else None
     mtu = (underlay or {}).get("mtu")
@@ -86,7 +88,9 @@ def probe_peer(ctx: Context, peer: Lease, own_vtep: str) -> list[Finding]:
     public = str(peer.attrs.public_ip)
     timeout = ctx.probe_timeout
     node = f"node {public} ({peer.subnet})"
-    overlay = peer.attrs.backend_type == "vxlan" and ctx.backend == "vxlan"
+    described = ctx.described
+    overlay = described is not None and described[1].vtep \
+        and peer.attrs.backend_type == described[0]
     target = str(peer.subnet.network_address) if overlay else ""
     if overlay and ping(target, source=own_vtep, timeout=timeout):
         return probe_mtu(ctx, peer, own_vtep, node)
@@ -96,7 +100,7 @@ def probe_peer(ctx: Context, peer: Lease, own_vtep: str) -> list[Finding]:
                         f"check that the node is up and that this node reaches {public}")]
     if not overlay:
         return []
-    port = ctx.vxlan_port
+    port = ctx.encap_port
     refused = udp_port_refused(public, port, timeout)
     if refused:
         return [Finding("encap", "error", f"{node} answers ping, but nothing listens on UDP "
@@ -133,7 +137,9 @@ def probe_mtu(ctx: Context, peer: Lease, own_vtep: str, node: str) -> list[Findi
 
 
 def check_peers(ctx: Context) -> list[Finding]:
-    if not ctx.probe or ctx.backend not in ("vxlan", "host-gw") or ctx.own_subnet is None:
+    footprint = ctx.footprint
+    if not ctx.probe or footprint is None or footprint.routes not in (PER_PEER, COVERING) \
+            or ctx.own_subnet is None:
         return []
     peers = [p for p in ctx.peers if p.subnet is not None]
     if not peers:
