@@ -124,7 +124,14 @@ def test_a_healthy_lab_is_reported_healthy(make_lab, backend):
                                "network through CNI")
     assert lines[2] == (f"   fix: for CNI: install the containernetworking plugins and run "
                         f"{FLANNELCTL} install-cni")
-    assert len(lines) == 3, proc.stdout
+    rest = lines[3:]
+    if backend in ("vxlan", "udp"):  # the underlay filter is recommended where it applies
+        assert rest[0].startswith("2. [info] encap-filter: "), proc.stdout
+        assert "--encap-peers-only" in rest[1], proc.stdout
+        rest = rest[2:]
+    # Where doctor read the store: from the settings of the flanneld running there.
+    assert [line.split(",")[0] for line in rest] == [
+        f"store read: etcd {lab.state.etcd_endpoint}"], proc.stdout
     EXTRA.get(backend, lambda lab: None)(lab)
 
 
