@@ -50,8 +50,6 @@ def setup(verbosity: int = 0) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(v_level(min(max(verbosity, 0), MAX_VERBOSITY)))
-    # gRPC is chatty at INFO; its warnings still come through.
-    logging.getLogger("grpc").setLevel(logging.WARNING)
     # The cloud SDKs' debug output holds signed request headers (the access key ID).
     for sdk in ("botocore", "boto3", "urllib3", "tencentcloud_sdk_common"):
         logging.getLogger(sdk).setLevel(logging.WARNING)

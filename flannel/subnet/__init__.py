@@ -1,8 +1,8 @@
 """Subnet managers: where leases live (etcd v3 or the Kubernetes API) and how they are watched.
 
-Owns the choice of store and its lazy import: the etcd client (grpc, aetcd) is loaded only in
-etcd mode and the Kubernetes API client (kubeclient, kubehttp, kubeconfig, kubeauth) only in
-kube mode, so a node pays in memory and start-up time for the one store it uses.
+Owns the choice of store and its lazy import: the etcd client is loaded only in etcd mode
+and the Kubernetes API client (kubeclient, kubeconfig, kubeauth) only in kube mode, so a
+node pays in memory and start-up time for the one store it uses.
 Nothing in this package touches the kernel.
 """
 

@@ -26,8 +26,6 @@ from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
 
-import grpc
-
 from flannel.backoff import Backoff
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
@@ -45,6 +43,7 @@ from flannel.subnet.candidates import free_subnet, node_seed
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcdclient import (
+    Code,
     EtcdClient,
     EtcdCompacted,
     EtcdError,
@@ -243,7 +242,7 @@ class EtcdSubnetManager:
         try:
             return await self.client.grant(ttl)
         except EtcdError as err:
-            if err.code == grpc.StatusCode.OUT_OF_RANGE:
+            if err.code == Code.OUT_OF_RANGE:
                 raise StoreError(refused) from None
             raise
 

@@ -1,39 +1,71 @@
-"""A thin asyncio etcd v3 client: the few RPCs flannel needs, over aetcd's gRPC stubs.
+"""A thin asyncio etcd v3 client: the few calls flannel needs, over etcd's JSON gateway.
 
-Owns the gRPC channel (TCP or unix socket; plain or TLS with client certificates, chosen
-per endpoint as Go's etcd client chooses), failover across several endpoints, password
-authentication and re-authentication when the token expires, per-call deadlines, watch
-streams that report compaction, the classification of every gRPC status into retryable
-(``StoreUnavailable``) or fatal (``StoreError``, saying what to fix), and the cluster ID and
-highest revision seen, so that a wiped or restored store is noticed. aetcd's own ``Client``
-is not used because it hard-codes an insecure channel and never re-authenticates.
+Every etcd since 3.4 serves its v3 API as JSON on the client port (``POST /v3/kv/range``
+and so on: keys and values in base64, 64-bit integers as strings, a watch as a stream of
+JSON lines), so plain HTTP/1.1 (flannel/httpclient.py) reaches all of it without gRPC.
+Owns the connections (TCP or unix socket; plain or TLS with client certificates, chosen per
+endpoint as Go's etcd client chooses), failover across several endpoints, password
+authentication (the token goes in the ``Authorization`` header) and re-authentication when
+the token expires, per-call deadlines, bounded answers, watch streams that report
+compaction, the classification of every etcd status into retryable (``StoreUnavailable``)
+or fatal (``StoreError``, saying what to fix), and the cluster ID and highest revision
+seen, so that a wiped or restored store is noticed.
 Must not touch: flannel semantics (keys, lease JSON) and the kernel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+import os
+import socket
+import ssl
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import grpc
-from aetcd import rpc
-
+from flannel import boundedjson
 from flannel.fileutil import read_head, unsafe_path
+from flannel.httpclient import Connection, ProtocolError
 from flannel.subnet.errors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Code(IntEnum):
+    """The status codes etcd answers with (gRPC's, which its JSON gateway passes on)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
 
 
 class EtcdError(StoreError):
     """An etcd request failed for a reason retrying the same request will not fix."""
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, code: Code | None = None) -> None:
         super().__init__(message)
         self.code = code
 
@@ -55,7 +87,16 @@ class EtcdCompacted(StoreUnavailable):
 
 
 class _Unreachable(Exception):
-    """The current endpoint could not be reached while opening a channel."""
+    """An endpoint could not be reached, or did not answer as etcd's gateway answers."""
+
+
+class _Refused(Exception):
+    """etcd answered a request with an error status."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
 
 
 class EtcdOptionError(ValueError):
@@ -80,7 +121,7 @@ class Endpoint:
 
     @property
     def target(self) -> str:
-        """The gRPC target."""
+        """The address as Go's client writes it: ``host:port`` or ``unix:path``."""
         if self.path:
             return f"unix://{self.path}" if self.path.startswith("/") else f"unix:{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -93,6 +134,12 @@ class Endpoint:
         if not self.path:
             return self.host
         return self.path.rsplit("/", 1)[-1].split(":", 1)[0]
+
+    @property
+    def host_header(self) -> str:
+        if self.path:
+            return self.server_name or "localhost"
+        return self.target
 
     def uses_tls(self, client_certificate: bool) -> bool:
         if self.scheme in ("https", "unixs"):
@@ -164,8 +211,12 @@ class KeyValue:
     mod_revision: int
 
     @classmethod
-    def from_pb(cls, kv: rpc.KeyValue) -> KeyValue:
-        return cls(kv.key, kv.value, kv.lease, kv.create_revision, kv.mod_revision)
+    def from_json(cls, kv: Any) -> KeyValue:
+        """A KeyValue as the gateway writes it; ``_Malformed`` when it is not one."""
+        if not isinstance(kv, dict):
+            raise _Malformed("a key-value is not a JSON object")
+        return cls(_bytes(kv, "key"), _bytes(kv, "value"), _int(kv, "lease"),
+                   _int(kv, "create_revision"), _int(kv, "mod_revision"))
 
 
 @dataclass(frozen=True)
@@ -194,25 +245,121 @@ def prefix_range_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
+
 #: A CA bundle, certificate or key file; the system CA bundle is about 200 KiB.
 MAX_PEM_BYTES = 4 * 1024 * 1024
+#: One answer or one watch message. etcd refuses requests over 1.5 MiB, but a listing holds
+#: many keys: 100,000 leases of ~300 bytes stay well within this once in base64 and JSON.
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+#: An error answer: a status code and a message.
+MAX_ERROR_BYTES = 64 * 1024
+#: Idle connections kept for the next requests (each request takes one of its own).
+MAX_IDLE = 8
+#: TCP keepalive on etcd connections: a peer gone without a word (powered off, partitioned)
+#: is found dead after KEEPIDLE + KEEPINTVL * KEEPCNT = 20 s of silence, even under a quiet
+#: watch. An etcd that stops answering but whose kernel still does (paused, wedged) is found
+#: by the calls made meanwhile: one that fails leaves the endpoint and drops its watches.
+KEEPALIVE = ((socket.TCP_KEEPIDLE, 10), (socket.TCP_KEEPINTVL, 5), (socket.TCP_KEEPCNT, 2))
 
-_RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_RETRY_ELSEWHERE = (Code.UNAVAILABLE, Code.DEADLINE_EXCEEDED)
 # etcd's "too many requests", "leader changed" and server-side hiccups: retry later.
-_RETRY_LATER = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED,
-                grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
-                grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAUTHENTICATED)
-_CHANNEL_OPTIONS = (
-    # Reconnect quickly after an etcd restart instead of gRPC's default 1 s..120 s backoff.
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    # Detect a dead peer under a silent watch stream (etcd permits pings every 5 s).
-    ("grpc.keepalive_time_ms", 10000),
-    ("grpc.keepalive_timeout_ms", 5000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-)
+_RETRY_LATER = (Code.RESOURCE_EXHAUSTED, Code.ABORTED, Code.INTERNAL, Code.UNKNOWN,
+                Code.CANCELLED, Code.UNAUTHENTICATED)
+
+
+class _Malformed(ValueError):
+    """An answer that is JSON but not what etcd's gateway writes."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _int(doc: dict[str, Any], name: str) -> int:
+    """A 64-bit integer field (a string, as the gateway writes them; absent means 0)."""
+    value = doc.get(name, 0)
+    if isinstance(value, str) and 0 < len(value) <= 20:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _Malformed(f"{name} is not an integer: {str(value)[:40]!r}")
+
+
+def _bytes(doc: dict[str, Any], name: str) -> bytes:
+    """A bytes field (base64; absent means empty)."""
+    value = doc.get(name, "")
+    if not isinstance(value, str):
+        raise _Malformed(f"{name} is not base64 text")
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise _Malformed(f"{name} is not base64 text") from None
+
+
+def _object(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    value = doc.get(name, {})
+    if not isinstance(value, dict):
+        raise _Malformed(f"{name} is not a JSON object")
+    return value
+
+
+def _list(doc: dict[str, Any], name: str) -> list[Any]:
+    value = doc.get(name, [])
+    if not isinstance(value, list):
+        raise _Malformed(f"{name} is not a JSON array")
+    return value
+
+
+def _error_status(doc: Any) -> tuple[Code, str] | None:
+    """The code and message of an error answer: ``{"code": 5, "message": ...}`` for a call,
+    ``{"error": {"grpc_code": 14, "message": ...}}`` inside a stream."""
+    if not isinstance(doc, dict):
+        return None
+    inner = doc.get("error")
+    if isinstance(inner, dict):
+        doc = inner
+    code = doc.get("grpc_code", doc.get("code"))
+    if not isinstance(code, int) or isinstance(code, bool):
+        return None
+    message = doc.get("message") or doc.get("error") or ""
+    try:
+        return Code(code), str(message)[:1000]
+    except ValueError:
+        return Code.UNKNOWN, str(message)[:1000]
+
+
+def _refuse_common_name(status: int, body: bytes) -> None:
+    """etcd with authentication enabled refuses, on its gateway, every client whose
+    certificate has a Common Name (it would be taken for the gateway's own user)."""
+    if status == 400 and body.startswith(b"CommonName of client"):
+        raise EtcdError(
+            "etcd has authentication enabled and refuses client certificates with a Common "
+            "Name on its JSON gateway, the API flanneld speaks: give --etcd-certfile a "
+            "certificate without a CN (subjectAltName only) and authenticate with "
+            "--etcd-username and --etcd-password", Code.FAILED_PRECONDITION)
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, TimeoutError):
+        return "no answer in time"
+    if isinstance(err, ssl.SSLError):
+        return f"TLS: {err.reason or err}"
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return str(err) or type(err).__name__
+
+
+def _decode(data: bytes, what: str) -> Any:
+    """An answer's JSON; _Malformed when it is not JSON within the bounds. etcd's answers
+    nest a few levels only: the decoder's recursion guard bounds them (the depth pre-scan
+    costs more than decoding a large listing)."""
+    try:
+        return boundedjson.loads(data, what=what, max_bytes=MAX_RESPONSE_BYTES, max_depth=None)
+    except boundedjson.JSONLimitError as err:
+        raise _Malformed(str(err)) from None
 
 
 class EtcdClient:
@@ -221,10 +368,11 @@ class EtcdClient:
     def __init__(self, options: EtcdOptions) -> None:
         self._options = options
         self._index = 0
-        self._channel: grpc.aio.Channel | None = None
         self._token: str | None = None
         self._lock = asyncio.Lock()
-        self._credentials = self._load_credentials()
+        self._idle: list[tuple[int, Connection]] = []
+        self._watches: dict[Connection, int] = {}  # open watch streams and their endpoint
+        self._context = self._load_tls()
         if bool(options.username) != bool(options.password):
             given, missing = (("--etcd-username", "--etcd-password") if options.username
                               else ("--etcd-password", "--etcd-username"))
@@ -233,13 +381,9 @@ class EtcdClient:
         self.cluster_id = 0
         self.revision = 0
         self._reset: str | None = None
-        # Stubs of the current channel: building one registers every method of its service,
-        # a cost worth paying once per channel rather than once per call.
-        self._stubs_channel: grpc.aio.Channel | None = None
-        self._stubs: dict[type, Any] = {}
 
-    def _load_credentials(self) -> grpc.ChannelCredentials | None:
-        """The TLS credentials of the endpoints that use TLS (None when none does).
+    def _load_tls(self) -> ssl.SSLContext | None:
+        """The TLS context of the endpoints that use TLS (None when none does).
 
         As Go flannel, a client certificate is sent only when both --etcd-certfile and
         --etcd-keyfile are given; one without the other is ignored with a warning.
@@ -258,9 +402,7 @@ class EtcdClient:
         if not any(e.uses_tls(self._client_certificate) for e in opts.endpoints):
             return None
 
-        def read(path: str, flag: str) -> bytes | None:
-            if not path:
-                return None
+        def read(path: str, flag: str) -> bytes:
             try:
                 data, more = read_head(path, MAX_PEM_BYTES)
             except OSError as err:
@@ -276,12 +418,26 @@ class EtcdClient:
                                 "it decides which etcd flanneld trusts", flag, path, why)
             return data
 
-        pair = self._client_certificate
-        return grpc.ssl_channel_credentials(
-            root_certificates=read(opts.cafile, "--etcd-cafile"),
-            private_key=read(opts.keyfile, "--etcd-keyfile") if pair else None,
-            certificate_chain=read(opts.certfile, "--etcd-certfile") if pair else None,
-        )
+        context = ssl.create_default_context()
+        if opts.cafile:
+            ca = read(opts.cafile, "--etcd-cafile")
+            try:
+                context.load_verify_locations(cadata=ca.decode("latin-1"))
+            except (ssl.SSLError, ValueError) as err:
+                raise EtcdOptionError(f"--etcd-cafile: {opts.cafile} holds no usable PEM "
+                                      f"certificate ({err}); give the CA of etcd's "
+                                      "certificates") from None
+        if self._client_certificate:
+            cert = read(opts.certfile, "--etcd-certfile")
+            key = read(opts.keyfile, "--etcd-keyfile")
+            try:
+                _load_key_pair(context, cert, key)
+            except (ssl.SSLError, OSError) as err:
+                raise EtcdOptionError(
+                    f"--etcd-certfile {opts.certfile} and --etcd-keyfile {opts.keyfile} are "
+                    f"not a usable PEM certificate and key ({err}); give the pair etcd's "
+                    "CA signed") from None
+        return context
 
     @property
     def _password_auth(self) -> bool:
@@ -296,132 +452,210 @@ class EtcdClient:
     def endpoint(self) -> Endpoint:
         return self._options.endpoints[self._index]
 
-    def _metadata(self, require_leader: bool = False) -> tuple[tuple[str, str], ...]:
-        md: list[tuple[str, str]] = []
-        if self._token:
-            md.append(("token", self._token))
+    # -- connections --------------------------------------------------------------------
+
+    async def _connect(self, endpoint: Endpoint, deadline: float) -> Connection:
+        context = self._context if endpoint.uses_tls(self._client_certificate) else None
+        if endpoint.path:
+            return await Connection.open_unix(endpoint.path, context, endpoint.server_name,
+                                              deadline)
+        conn = await Connection.open(endpoint.host, endpoint.port, context, endpoint.host,
+                                     deadline)
+        sock = conn.transport.get_extra_info("socket")
+        if sock is not None:
+            for option, value in KEEPALIVE:
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        return conn
+
+    def _take_idle(self, index: int) -> Connection | None:
+        while self._idle:
+            owner, conn = self._idle.pop()
+            if owner == index and conn.fit_for_reuse():
+                return conn
+            conn.close()
+        return None
+
+    def _keep_idle(self, index: int, conn: Connection) -> None:
+        if conn.reusable and index == self._index and len(self._idle) < MAX_IDLE:
+            self._idle.append((index, conn))
+        else:
+            conn.close()
+
+    def _headers(self, token: str | None, require_leader: bool) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = token
         if require_leader:
-            md.append(("hasleader", "true"))
-        return tuple(md)
+            # gRPC metadata through the gateway: etcd then refuses to serve from a member
+            # cut off from its leader.
+            headers["Grpc-Metadata-Hasleader"] = "true"
+        return headers
 
-    async def _channel_and_metadata(
-            self, require_leader: bool) -> tuple[grpc.aio.Channel, tuple[tuple[str, str], ...]]:
-        async with self._lock:
-            if self._channel is None:
-                endpoint = self.endpoint
-                target = endpoint.target
-                if self._credentials is not None \
-                        and endpoint.uses_tls(self._client_certificate):
-                    options: tuple[tuple[str, str | int], ...] = _CHANNEL_OPTIONS
-                    if endpoint.path:
-                        options += (("grpc.ssl_target_name_override", endpoint.server_name),)
-                    channel = grpc.aio.secure_channel(target, self._credentials,
-                                                      options=options)
-                else:
-                    channel = grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS)
-                self._channel = channel
-                if self._password_auth:
-                    try:
-                        await self._authenticate(channel)
-                    except grpc.aio.AioRpcError as err:
-                        await self._discard(channel, failover=True)
-                        raise _Unreachable(f"{self.endpoint}: {err.details()}") from None
-                    except EtcdAuthFailed:
-                        # A channel without a token would make etcd say "user name is
-                        # empty" next time: authenticate again on a fresh one instead.
-                        await self._discard(channel, failover=False)
-                        raise
-            return self._channel, self._metadata(require_leader)
+    async def _exchange(self, index: int, path: str, request: dict[str, Any],
+                        token: str | None, require_leader: bool = False) -> dict[str, Any]:
+        """POST ``request`` to endpoint ``index``; the answer's JSON object.
 
-    def _stub(self, stub: type, channel: grpc.aio.Channel) -> Any:
-        if self._stubs_channel is not channel:
-            self._stubs_channel, self._stubs = channel, {}
-        made = self._stubs.get(stub)
-        if made is None:
-            made = self._stubs[stub] = stub(channel)
-        return made
-
-    async def _authenticate(self, channel: grpc.aio.Channel) -> None:
-        request = rpc.AuthenticateRequest(
-            name=self._options.username, password=self._options.password)
-        try:
-            response = await rpc.AuthStub(channel).Authenticate(
-                request, timeout=self._options.timeout)
-        except grpc.aio.AioRpcError as err:
-            if err.code() in _RETRY_ELSEWHERE:
+        Raises _Unreachable when the endpoint did not answer as etcd, _Refused when etcd
+        answered with an error status.
+        """
+        endpoint = self._options.endpoints[index]
+        deadline = asyncio.get_running_loop().time() + self._options.timeout
+        body = json.dumps(request).encode()
+        conn = self._take_idle(index)
+        while True:
+            reused = conn is not None
+            try:
+                if conn is None:
+                    conn = await self._connect(endpoint, deadline)
+                conn.deadline = deadline
+                await conn.send("POST", path, endpoint.host_header,
+                                self._headers(token, require_leader), body)
+                head = await conn.read_head()
+                data = await conn.read_body(
+                    head, MAX_RESPONSE_BYTES if head.status == 200 else MAX_ERROR_BYTES)
+            except (OSError, TimeoutError, ProtocolError) as err:
+                if conn is not None:
+                    conn.close()
+                if reused and isinstance(err, ConnectionError):
+                    conn = None  # closed by the server while idle: once more on a new one
+                    continue
+                raise _Unreachable(f"{endpoint}: {_describe(err)}") from None
+            except BaseException:
+                if conn is not None:
+                    conn.close()
                 raise
+            break
+        conn.deadline = None
+        self._keep_idle(index, conn)
+        try:
+            doc = _decode(data, f"the answer to {path}")
+        except _Malformed as err:
+            _refuse_common_name(head.status, data)
+            raise _Unreachable(f"{endpoint}: {path} answered HTTP {head.status} with "
+                               f"{'no etcd JSON' if head.status != 200 else err}; is this "
+                               "etcd 3.4 or later with its gRPC gateway enabled?") from None
+        if head.status != 200:
+            status = _error_status(doc)
+            if status is None:
+                raise _Unreachable(f"{endpoint}: {path} answered HTTP {head.status} without "
+                                   "an etcd status")
+            raise _Refused(*status)
+        if not isinstance(doc, dict):
+            raise _Unreachable(f"{endpoint}: the answer to {path} is not a JSON object")
+        return doc
+
+    def _failover(self, index: int) -> None:
+        """Leave endpoint ``index`` for the next, if it is still the current one."""
+        if self._index != index:
+            return
+        self._index = (index + 1) % len(self._options.endpoints)
+        self._token = None
+        while self._idle:
+            self._idle.pop()[1].close()
+        # As a closed gRPC channel ends its streams: each watch resumes on the next endpoint.
+        for conn, watched in list(self._watches.items()):
+            if watched == index:
+                del self._watches[conn]
+                conn.close()
+
+    # -- authentication -----------------------------------------------------------------
+
+    async def _session(self) -> tuple[int, str | None]:
+        """The current endpoint and its token, authenticated first when needed; moves to
+        the next endpoint (and raises _Unreachable) when this one cannot be reached."""
+        async with self._lock:
+            index = self._index
+            if self._password_auth and self._token is None:
+                try:
+                    self._token = await self._authenticate(index)
+                except _Unreachable:
+                    self._failover(index)
+                    raise
+            return index, self._token
+
+    async def _authenticate(self, index: int) -> str:
+        request = {"name": self._options.username, "password": self._options.password}
+        try:
+            doc = await self._exchange(index, "/v3/auth/authenticate", request, None)
+            token = doc.get("token")
+            if not isinstance(token, str) or not token or len(token) > 4096 \
+                    or not token.isprintable():
+                raise _Unreachable(f"{self._options.endpoints[index]}: authentication "
+                                   "answered without a usable token")
+            return token
+        except _Refused as err:
+            if err.code in _RETRY_ELSEWHERE:
+                raise _Unreachable(f"{self._options.endpoints[index]}: {err.message}") from None
             why = ("wrong user name or password"
-                   if err.code() == grpc.StatusCode.INVALID_ARGUMENT else err.details())
+                   if err.code == Code.INVALID_ARGUMENT else err.message)
             raise EtcdAuthFailed(
                 f"etcd authentication as {self._options.username!r} failed: {why}; "
                 "check --etcd-username and --etcd-password") from None
-        self._token = response.token
 
-    async def _reauthenticate(self, channel: grpc.aio.Channel, stale_token: str | None) -> None:
+    async def _reauthenticate(self, index: int, stale_token: str | None) -> None:
         async with self._lock:
             # Several callers may see the same expired token; only the first renews it.
-            if self._channel is channel and self._token == stale_token:
+            if self._index == index and self._token == stale_token:
                 log.info("etcd auth token expired or invalid; re-authenticating")
-                await self._authenticate(channel)
+                self._token = None
+                try:
+                    self._token = await self._authenticate(index)
+                except _Unreachable:
+                    self._failover(index)
+                    raise
 
-    async def _discard(self, channel: grpc.aio.Channel, failover: bool) -> None:
-        """Forget ``channel`` if it is still the current one; move to the next endpoint."""
-        if self._channel is not channel:
-            return
-        self._channel, self._token = None, None
-        if failover:
-            self._index = (self._index + 1) % len(self._options.endpoints)
-        await channel.close()
+    # -- what answers tell --------------------------------------------------------------
 
-    def _observe(self, header: rpc.ResponseHeader, floor: int) -> None:
+    def _observe(self, header: dict[str, Any], floor: int) -> None:
         """Note the cluster ID and revision of a response to a request sent when ``floor`` was
         the highest revision seen: a linearizable answer never goes below it, unless the
         store was wiped or restored from an older backup."""
-        if not header.cluster_id:
+        cluster_id, revision = _int(header, "cluster_id"), _int(header, "revision")
+        if not cluster_id:
             return
-        if self.cluster_id and header.cluster_id != self.cluster_id:
+        if self.cluster_id and cluster_id != self.cluster_id:
             self._reset = (f"the etcd cluster ID changed from {self.cluster_id:x} to "
-                           f"{header.cluster_id:x}")
-            self.revision = header.revision
-        elif header.revision < floor:
-            self._reset = f"the etcd revision went back from {floor} to {header.revision}"
-            self.revision = header.revision
+                           f"{cluster_id:x}")
+            self.revision = revision
+        elif revision < floor:
+            self._reset = f"the etcd revision went back from {floor} to {revision}"
+            self.revision = revision
         else:
-            self.revision = max(self.revision, header.revision)
-        self.cluster_id = header.cluster_id
+            self.revision = max(self.revision, revision)
+        self.cluster_id = cluster_id
 
     def take_reset(self) -> str | None:
         """What showed that the store was wiped or restored since the last call, if anything."""
         reset, self._reset = self._reset, None
         return reset
 
-    def _refusal(self, method: str, request: object, err: grpc.aio.AioRpcError) -> EtcdError:
+    def _refusal(self, method: str, key: bytes | None, code: Code, message: str) -> EtcdError:
         """The fatal error for a refused request, saying what to fix."""
-        code = err.code()
-        if code == grpc.StatusCode.PERMISSION_DENIED:
-            key = _request_key(request)
+        if code == Code.PERMISSION_DENIED:
             verb = "read" if method == "Range" else "write"
             user = self._options.username if self._password_auth else ""
             who = f"etcd user {user!r}" if user else "the etcd client certificate's user"
-            if key is None:
+            if not key:
                 return EtcdError(f"{who} may not call {method}: grant it the permission "
                                  "(etcdctl role grant-permission)", code)
-            prefix = key[:key.rfind("/") + 1] or key
+            name = key.decode(errors="replace")
+            prefix = name[:name.rfind("/") + 1] or name
             return EtcdError(
-                f"{who} may not {verb} {key}: grant it readwrite on the prefix (etcdctl "
+                f"{who} may not {verb} {name}: grant it readwrite on the prefix (etcdctl "
                 f"role grant-permission <role> readwrite {prefix} --prefix=true; etcdctl "
                 f"user grant-role {user or '<user>'} <role>)", code)
         hint = ""
-        if code == grpc.StatusCode.INVALID_ARGUMENT and not self._password_auth:
+        if code == Code.INVALID_ARGUMENT and not self._password_auth:
             hint = ("; if etcd has authentication enabled, pass --etcd-username and "
                     "--etcd-password")
-        return EtcdError(f"etcd {method} failed: {code.name}: {err.details()}{hint}", code)
+        return EtcdError(f"etcd {method} failed: {code.name}: {message}{hint}", code)
 
-    async def call(self, stub: type, method: str, request: object, *,
-                   require_leader: bool = False) -> Any:
-        """Run one unary RPC: fail over on unavailability, re-authenticate on token expiry.
+    # -- calls --------------------------------------------------------------------------
 
-        Returns the response message (aetcd's protobuf classes carry no type information).
+    async def call(self, method: str, path: str, request: dict[str, Any], *,
+                   key: bytes | None = None, require_leader: bool = False) -> dict[str, Any]:
+        """Run one call (``method`` names it in messages, ``key`` is the key it concerns):
+        fail over on unavailability, re-authenticate on token expiry. Returns the answer.
 
         Raises EtcdUnavailable when retrying later may help, EtcdError when it will not.
         """
@@ -430,69 +664,83 @@ class EtcdClient:
         last_error = ""
         while attempts > 0:
             try:
-                channel, metadata = await self._channel_and_metadata(require_leader)
+                index, token = await self._session()
             except _Unreachable as err:
                 last_error = str(err)
                 attempts -= 1
                 continue
             floor = self.revision
             try:
-                response = await getattr(self._stub(stub, channel), method)(
-                    request, timeout=self._options.timeout, metadata=metadata)
-                self._observe(response.header, floor)
-                return response
-            except grpc.aio.AioRpcError as err:
-                code = err.code()
-                if code == grpc.StatusCode.UNAUTHENTICATED and self._password_auth \
-                        and not reauthed:
+                doc = await self._exchange(index, path, request, token, require_leader)
+                self._observe(_object(doc, "header"), floor)
+                return doc
+            except _Malformed as err:
+                last_error = f"{self._options.endpoints[index]}: {method}: {err}"
+                self._failover(index)
+                attempts -= 1
+            except _Unreachable as err:
+                last_error = str(err)
+                self._failover(index)
+                attempts -= 1
+            except _Refused as err:
+                if err.code == Code.UNAUTHENTICATED and self._password_auth and not reauthed:
                     reauthed = True
                     try:
-                        await self._reauthenticate(channel, dict(metadata).get("token"))
-                    except grpc.aio.AioRpcError as auth_err:
-                        last_error = f"{self.endpoint}: {auth_err.details()}"
-                    except EtcdAuthFailed:
-                        async with self._lock:
-                            await self._discard(channel, failover=False)
-                        raise
+                        await self._reauthenticate(index, token)
+                    except _Unreachable as auth_err:
+                        last_error = str(auth_err)
+                        attempts -= 1
                     continue
-                if code in _RETRY_ELSEWHERE:
-                    last_error = f"{self.endpoint}: {err.details()}"
-                    async with self._lock:
-                        await self._discard(channel, failover=True)
+                if err.code in _RETRY_ELSEWHERE:
+                    last_error = f"{self._options.endpoints[index]}: {err.message}"
+                    self._failover(index)
                     attempts -= 1
                     continue
-                if code == grpc.StatusCode.CANCELLED and self._channel is not channel:
-                    # Another task replaced the channel under this call: retry on the new one.
-                    continue
-                if code in _RETRY_LATER:
+                if err.code in _RETRY_LATER:
                     raise EtcdUnavailable(
-                        f"etcd {method} failed: {code.name}: {err.details()}") from None
-                raise self._refusal(method, request, err) from None
+                        f"etcd {method} failed: {err.code.name}: {err.message}") from None
+                raise self._refusal(method, key, err.code, err.message) from None
         raise EtcdUnavailable(f"no etcd endpoint answered (last error: {last_error})")
 
     async def close(self) -> None:
-        async with self._lock:
-            if self._channel is not None:
-                await self._discard(self._channel, failover=False)
+        while self._idle:
+            self._idle.pop()[1].close()
+
+    async def _kvs(self, method: str, path: str, request: dict[str, Any],
+                   key: bytes) -> tuple[list[KeyValue], int]:
+        doc = await self.call(method, path, request, key=key)
+        try:
+            kvs = [KeyValue.from_json(kv) for kv in _list(doc, "kvs")]
+            return kvs, _int(_object(doc, "header"), "revision")
+        except _Malformed as err:
+            raise EtcdUnavailable(f"etcd {method}: malformed answer: {err}") from None
 
     async def get(self, key: bytes) -> tuple[KeyValue | None, int]:
-        response = await self.call(rpc.KVStub, "Range", rpc.RangeRequest(key=key))
-        kvs = [KeyValue.from_pb(kv) for kv in response.kvs]
-        return (kvs[0] if kvs else None), int(response.header.revision)
+        kvs, revision = await self._kvs("Range", "/v3/kv/range", {"key": _b64(key)}, key)
+        return (kvs[0] if kvs else None), revision
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
-        response = await self.call(rpc.KVStub, "Range", rpc.RangeRequest(
-            key=prefix, range_end=prefix_range_end(prefix)))
-        return [KeyValue.from_pb(kv) for kv in response.kvs], int(response.header.revision)
+        return await self._kvs("Range", "/v3/kv/range", {
+            "key": _b64(prefix), "range_end": _b64(prefix_range_end(prefix))}, prefix)
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
-        response = await self.call(rpc.KVStub, "Put", rpc.PutRequest(
-            key=key, value=value, lease=lease))
-        return int(response.header.revision)
+        request: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            request["lease"] = str(lease)
+        doc = await self.call("Put", "/v3/kv/put", request, key=key)
+        return self._field("Put", doc, lambda d: _int(_object(d, "header"), "revision"))
 
     async def delete(self, key: bytes) -> int:
-        response = await self.call(rpc.KVStub, "DeleteRange", rpc.DeleteRangeRequest(key=key))
-        return int(response.deleted)
+        doc = await self.call("DeleteRange", "/v3/kv/deleterange", {"key": _b64(key)},
+                              key=key)
+        return self._field("DeleteRange", doc, lambda d: _int(d, "deleted"))
+
+    @staticmethod
+    def _field(method: str, doc: dict[str, Any], read: Callable[[dict[str, Any]], T]) -> T:
+        try:
+            return read(doc)
+        except _Malformed as err:
+            raise EtcdUnavailable(f"etcd {method}: malformed answer: {err}") from None
 
     async def create(self, key: bytes, value: bytes, lease: int = 0, *,
                      else_list: bytes | None = None) -> tuple[bool, list[KeyValue]]:
@@ -502,52 +750,67 @@ class EtcdClient:
         that prefix, so a caller that lost a race sees what is taken without another round
         trip.
         """
-        failure = []
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        request: dict[str, Any] = {
+            "compare": [{"result": "EQUAL", "target": "VERSION", "key": _b64(key),
+                         "version": "0"}],
+            "success": [{"request_put": put}],
+        }
         if else_list is not None:
-            failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(
-                key=else_list, range_end=prefix_range_end(else_list), keys_only=True)))
-        request = rpc.TxnRequest(
-            compare=[rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.VERSION,
-                                 key=key, version=0)],
-            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value,
-                                                              lease=lease))],
-            failure=failure,
-        )
-        response = await self.call(rpc.KVStub, "Txn", request)
-        listed = [KeyValue.from_pb(kv) for op in response.responses
-                  if op.WhichOneof("response") == "response_range"
-                  for kv in op.response_range.kvs]
-        return bool(response.succeeded), listed
+            request["failure"] = [{"request_range": {
+                "key": _b64(else_list), "range_end": _b64(prefix_range_end(else_list)),
+                "keys_only": True}}]
+        doc = await self.call("Txn", "/v3/kv/txn", request, key=key)
+
+        def read(doc: dict[str, Any]) -> tuple[bool, list[KeyValue]]:
+            listed = []
+            for op in _list(doc, "responses"):
+                if not isinstance(op, dict):
+                    raise _Malformed("a transaction response is not a JSON object")
+                if "response_range" in op:
+                    listed += [KeyValue.from_json(kv)
+                               for kv in _list(_object(op, "response_range"), "kvs")]
+            return doc.get("succeeded") is True, listed
+
+        return self._field("Txn", doc, read)
 
     async def grant(self, ttl: int) -> tuple[int, int]:
         """Grant a lease; returns its ID and the TTL etcd actually granted."""
-        response = await self.call(rpc.LeaseStub, "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl))
-        if response.error:
-            raise EtcdError(f"etcd refused a {ttl} s lease: {response.error}")
-        return int(response.ID), int(response.TTL)
+        doc = await self.call("LeaseGrant", "/v3/lease/grant", {"TTL": str(ttl)})
+        if doc.get("error"):
+            raise EtcdError(f"etcd refused a {ttl} s lease: {str(doc['error'])[:200]}")
+        return self._field("LeaseGrant", doc, lambda d: (_int(d, "ID"), _int(d, "TTL")))
 
     async def revoke(self, lease_id: int) -> None:
         """Revoke a lease; one that no longer exists (expired, store reset) is fine."""
         try:
-            await self.call(rpc.LeaseStub, "LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease_id))
+            await self.call("LeaseRevoke", "/v3/lease/revoke", {"ID": str(lease_id)})
         except EtcdError as err:
-            if err.code != grpc.StatusCode.NOT_FOUND:
+            if err.code != Code.NOT_FOUND:
                 raise
 
     async def leases(self) -> set[int]:
         """The IDs of every etcd lease that exists now."""
-        response = await self.call(rpc.LeaseStub, "LeaseLeases", rpc.LeaseLeasesRequest())
-        return {int(status.ID) for status in response.leases}
+        doc = await self.call("LeaseLeases", "/v3/lease/leases", {})
+
+        def read(doc: dict[str, Any]) -> set[int]:
+            found = _list(doc, "leases")
+            if not all(isinstance(x, dict) for x in found):
+                raise _Malformed("a lease is not a JSON object")
+            return {_int(status, "ID") for status in found}
+
+        return self._field("LeaseLeases", doc, read)
 
     async def time_to_live(self, lease_id: int) -> int:
         """Seconds left on a lease; -1 when it does not exist."""
-        response = await self.call(rpc.LeaseStub, "LeaseTimeToLive",
-                                   rpc.LeaseTimeToLiveRequest(ID=lease_id))
-        return int(response.TTL)
+        doc = await self.call("LeaseTimeToLive", "/v3/lease/timetolive", {"ID": str(lease_id)})
+        return self._field("LeaseTimeToLive", doc, lambda d: _int(d, "TTL"))
 
     async def compact(self, revision: int) -> None:
-        await self.call(rpc.KVStub, "Compact", rpc.CompactionRequest(
-            revision=revision, physical=True))
+        await self.call("Compact", "/v3/kv/compaction",
+                        {"revision": str(revision), "physical": True})
 
     async def watch(self, key: bytes, start_revision: int, *,
                     prefix: bool = True) -> AsyncIterator[WatchBatch]:
@@ -558,73 +821,134 @@ class EtcdClient:
         Progress notifications keep ``revision`` fresh.
         """
         try:
-            channel, metadata = await self._channel_and_metadata(require_leader=True)
+            index, token = await self._session()
         except _Unreachable as err:
             raise EtcdUnavailable(f"cannot watch: {err}") from None
-        create = rpc.WatchCreateRequest(key=key, start_revision=start_revision,
-                                        progress_notify=True)
+        endpoint = self._options.endpoints[index]
+        create: dict[str, Any] = {"key": _b64(key), "start_revision": str(start_revision),
+                                  "progress_notify": True}
         if prefix:
-            create.range_end = prefix_range_end(key)
-        call = rpc.WatchStub(channel).Watch(metadata=metadata)
+            create["range_end"] = _b64(prefix_range_end(key))
+        conn: Connection | None = None
         try:
             try:
                 # A stream that never confirms creation would hang silently: bound it.
-                async with asyncio.timeout(self._options.timeout):
-                    await call.write(rpc.WatchRequest(create_request=create))
-                    response = await call.read()
+                conn = await self._connect(
+                    endpoint, asyncio.get_running_loop().time() + self._options.timeout)
+                conn.deadline = asyncio.get_running_loop().time() + self._options.timeout
+                await conn.send("POST", "/v3/watch", endpoint.host_header,
+                                self._headers(token, require_leader=True),
+                                json.dumps({"create_request": create}).encode())
+                head = await conn.read_head()
+                if head.status != 200:
+                    body = await conn.read_body(head, MAX_ERROR_BYTES)
+                    try:
+                        status = _error_status(_decode(body, "the watch's answer"))
+                    except _Malformed:
+                        _refuse_common_name(head.status, body)
+                        status = None
+                    if status is None:
+                        raise _Unreachable(f"{endpoint}: /v3/watch answered HTTP "
+                                           f"{head.status} without an etcd status")
+                    raise _Refused(*status)
+                lines = conn.lines(head, MAX_RESPONSE_BYTES)
+                first = await anext(lines, None)
+                if first is None:
+                    raise EtcdUnavailable("etcd closed the watch stream")
+                conn.deadline = None
             except TimeoutError:
+                self._failover(index)
                 raise EtcdUnavailable(
-                    f"{self.endpoint}: watch not confirmed within {self._options.timeout:g}s"
+                    f"{endpoint}: watch not confirmed within {self._options.timeout:g}s"
                 ) from None
-            first = _watch_batch(response)
+            except (OSError, ProtocolError) as err:
+                self._failover(index)
+                raise EtcdUnavailable(f"cannot watch: {endpoint}: {_describe(err)}") from None
+            except _Unreachable as err:
+                self._failover(index)
+                raise EtcdUnavailable(f"cannot watch: {err}") from None
+            batch = self._watch_batch(first)
+            self._watches[conn] = index
             yield WatchBatch([], start_revision - 1, created=True)
-            if first is not None:
-                yield first
-            while True:
-                batch = _watch_batch(await call.read())
-                if batch is not None:
-                    # Watched revisions are committed: later linearizable reads see no less.
-                    self.revision = max(self.revision, batch.revision)
-                    yield batch
-        except grpc.aio.AioRpcError as err:
-            code = err.code()
-            if code in _RETRY_ELSEWHERE:
-                async with self._lock:
-                    await self._discard(channel, failover=True)
-            elif code == grpc.StatusCode.UNAUTHENTICATED and self._password_auth:
-                await self._reauthenticate(channel, dict(metadata).get("token"))
-            if code in (*_RETRY_ELSEWHERE, *_RETRY_LATER):
-                raise EtcdUnavailable(f"watch stream broken: {err.details()}") from None
-            raise self._refusal("Watch", create, err) from None
+            if batch is not None:
+                yield batch
+            try:
+                async for line in lines:
+                    batch = self._watch_batch(line)
+                    if batch is not None:
+                        # Watched revisions are committed: later linearizable reads see no less.
+                        self.revision = max(self.revision, batch.revision)
+                        yield batch
+            except (OSError, TimeoutError, ProtocolError) as err:
+                if conn not in self._watches:
+                    raise EtcdUnavailable(f"watch stream broken: {endpoint} stopped answering "
+                                          "other calls") from None
+                self._failover(index)
+                raise EtcdUnavailable(f"watch stream broken: {_describe(err)}") from None
+            raise EtcdUnavailable("etcd closed the watch stream")
+        except _Refused as err:
+            if err.code in _RETRY_ELSEWHERE:
+                self._failover(index)
+            elif err.code == Code.UNAUTHENTICATED and self._password_auth:
+                with contextlib.suppress(_Unreachable):
+                    await self._reauthenticate(index, token)
+            if err.code in (*_RETRY_ELSEWHERE, *_RETRY_LATER):
+                raise EtcdUnavailable(f"watch stream broken: {err.message}") from None
+            raise self._refusal("Watch", key, err.code, err.message) from None
         finally:
-            call.cancel()
+            if conn is not None:
+                self._watches.pop(conn, None)
+                conn.close()
+
+    def _watch_batch(self, line: bytes) -> WatchBatch | None:
+        """The events of one watch message; None for the creation confirmation. Raises
+        _Refused for an error message, EtcdCompacted, EtcdUnavailable."""
+        try:
+            doc = _decode(line, "a watch message")
+            status = _error_status(doc)
+            if status is not None:
+                raise _Refused(*status)
+            if not isinstance(doc, dict):
+                raise _Malformed("a watch message is not a JSON object")
+            result = _object(doc, "result")
+            compact_revision = _int(result, "compact_revision")
+            if compact_revision:
+                raise EtcdCompacted(compact_revision)
+            if result.get("canceled"):
+                # etcd cancels a watch it cannot serve (e.g. permission): retrying later is
+                # all we can do from here, and the message says why.
+                raise EtcdUnavailable(
+                    f"etcd cancelled the watch: {str(result.get('cancel_reason', ''))[:500]}")
+            if result.get("created"):
+                # Its header revision is the store's, not how far this watch has read.
+                return None
+            events = []
+            for event in _list(result, "events"):
+                if not isinstance(event, dict):
+                    raise _Malformed("a watch event is not a JSON object")
+                kind = event.get("type", "PUT")
+                if kind not in ("PUT", "DELETE", 0, 1):
+                    raise _Malformed(f"unknown watch event type {str(kind)[:20]!r}")
+                events.append(WatchEvent(kind in ("DELETE", 1),
+                                         KeyValue.from_json(event.get("kv"))))
+            revision = (events[-1].kv.mod_revision if events
+                        else _int(_object(result, "header"), "revision"))
+        except _Malformed as err:
+            raise EtcdUnavailable(f"etcd sent a malformed watch message: {err}") from None
+        return WatchBatch(events, revision)
 
 
-def _request_key(request: object) -> str | None:
-    """The key a request names (a transaction's first compared key), for messages."""
-    key = getattr(request, "key", b"")
-    if not key and isinstance(request, rpc.TxnRequest) and request.compare:
-        key = request.compare[0].key
-    return key.decode(errors="replace") if key else None
-
-
-def _watch_batch(response: Any) -> WatchBatch | None:
-    """The events of one watch response; None for the creation confirmation.
-
-    ``response`` is an ``rpc.WatchResponse`` or ``grpc.aio.EOF`` (both untyped).
-    """
-    if response is grpc.aio.EOF:
-        raise EtcdUnavailable("etcd closed the watch stream")
-    if response.compact_revision:
-        raise EtcdCompacted(response.compact_revision)
-    if response.canceled:
-        # etcd cancels a watch it cannot serve (e.g. permission): retrying later is all we can
-        # do from here, and the message says why.
-        raise EtcdUnavailable(f"etcd cancelled the watch: {response.cancel_reason}")
-    if response.created:
-        # Its header revision is the store's, not how far this watch has read.
-        return None
-    events = [WatchEvent(ev.type == rpc.Event.DELETE, KeyValue.from_pb(ev.kv))
-              for ev in response.events]
-    revision = events[-1].kv.mod_revision if events else response.header.revision
-    return WatchBatch(events, revision)
+def _load_key_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    """Give ssl the client certificate and key read (ssl loads keys only from files): in
+    anonymous memory files, so exactly the bytes checked are loaded and none is written."""
+    fds = [os.memfd_create("etcd-client-cert", os.MFD_CLOEXEC),
+           os.memfd_create("etcd-client-key", os.MFD_CLOEXEC)]
+    try:
+        for fd, data in zip(fds, (cert, key), strict=True):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        context.load_cert_chain(f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}")
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -1,4 +1,5 @@
-"""The few Kubernetes API calls flanneld makes, over kubehttp, as plain JSON documents.
+"""The few Kubernetes API calls flanneld makes, over flannel.httpclient, as plain JSON
+documents.
 
 Owns: GET of a node and of a pod, the paginated LIST of nodes (``limit``/``continue``,
 relisted from the start when a continue token expires, pages halved a few times when one is
@@ -27,9 +28,9 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from flannel import boundedjson
+from flannel.httpclient import BodyTooLarge, Connection, ProtocolError
 from flannel.subnet.kubeauth import CredentialError
 from flannel.subnet.kubeconfig import ClusterConfig
-from flannel.subnet.kubehttp import BodyTooLarge, Connection, ProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ async def test_tls_with_client_certificates(tmp_path, tls_files):
             assert kv.value == b"value"
         finally:
             await client.close()
-        # Without a client certificate the server refuses the handshake (gRPC says
-        # UNAVAILABLE: it may be fixed on the server, so it is retried, not fatal).
+        # Without a client certificate the server refuses the handshake: it may be fixed
+        # on the server, so it is retried (unavailable), not fatal.
         anonymous = EtcdClient(EtcdOptions(parse_endpoints(server.endpoint),
                                            cafile=str(tls_files.ca), timeout=2))
         try:

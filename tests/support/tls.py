@@ -32,3 +32,18 @@ def make_tls_files(directory: Path) -> TlsFiles:
         files[name] = (cert, key)
     return TlsFiles(ca, files["server"][0], files["server"][1], files["client"][0],
                     files["client"][1])
+
+
+def make_client_without_cn(tls: TlsFiles, directory: Path) -> tuple[Path, Path]:
+    """A client certificate and key signed by ``tls``'s CA whose subject has no Common Name
+    (etcd's JSON gateway with authentication on accepts only such certificates)."""
+    key, csr, cert = directory / "nocn.key", directory / "nocn.csr", directory / "nocn.pem"
+    extfile = directory / "nocn.ext"
+    extfile.write_text("extendedKeyUsage=clientAuth\n")
+    for args in (["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/O=flannel", "-keyout",
+                  str(key), "-out", str(csr)],
+                 ["x509", "-req", "-in", str(csr), "-CA", str(tls.ca), "-CAkey",
+                  str(tls.ca.with_name("ca.key")), "-CAcreateserial", "-days", "2",
+                  "-extfile", str(extfile), "-out", str(cert)]):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+    return cert, key

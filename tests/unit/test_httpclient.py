@@ -1,0 +1,144 @@
+"""flannel.httpclient's reading of responses against a tiny server that writes raw bytes:
+when a connection may carry another request, which answers are refused, and a request body
+streamed while the response is read."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from flannel.httpclient import MAX_HEAD_BYTES, BodyTooLarge, Connection, ProtocolError
+
+
+async def exchange(raw: bytes, max_bytes: int = 1024) -> tuple[bytes, bool]:
+    """Send one GET to a server that answers with ``raw``; the body, and whether the
+    connection may carry another request."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline() not in (b"\r\n", b""):
+            pass
+        writer.write(raw)
+        await writer.drain()
+        await reader.read()  # hold the connection open until the client closes it
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    conn = await Connection.open("127.0.0.1", port, None, None, loop.time() + 5)
+    try:
+        async with asyncio.timeout(5):
+            await conn.send("GET", "/api/v1/nodes/a", f"127.0.0.1:{port}", {})
+            head = await conn.read_head()
+            body = await conn.read_body(head, max_bytes)
+            return body, conn.fit_for_reuse()
+    finally:
+        conn.close()
+        server.close()
+
+
+@pytest.mark.parametrize(("raw", "reusable"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", True),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", True),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", False),
+    (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", False),
+    # h11 never keeps an HTTP/1.0 connection, even one that asks (API servers speak 1.1).
+    (b"HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 2\r\n\r\nok", False),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n"
+     b"2\r\nok\r\n0\r\n\r\n", False),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokEXTRA", False),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", True),
+])
+async def test_a_connection_is_reused_only_when_its_next_answer_is_ours(raw, reusable):
+    assert await exchange(raw) == (b"ok", reusable)
+
+
+async def test_a_body_ended_by_the_connection_is_read_and_not_reused():
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline() not in (b"\r\n", b""):
+            pass
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = await Connection.open("127.0.0.1", port, None, None,
+                                 asyncio.get_running_loop().time() + 5)
+    try:
+        async with asyncio.timeout(5):
+            await conn.send("GET", "/", "h", {})
+            body = await conn.read_body(await conn.read_head(), 1024)
+            reusable = conn.reusable
+    finally:
+        conn.close()
+        server.close()
+    assert (body, reusable) == (b"until the end", False)
+
+
+async def test_switching_protocols_is_refused():
+    with pytest.raises(ProtocolError):
+        await exchange(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+
+
+async def test_interim_answers_count_toward_the_header_bound():
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n" * (MAX_HEAD_BYTES // 20)
+    with pytest.raises(ProtocolError, match=f"^response headers exceed {MAX_HEAD_BYTES} bytes"):
+        await exchange(interim + b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+async def test_a_head_past_its_bound_is_refused():
+    field = b"X-Filler: " + b"a" * 1000 + b"\r\n"
+    with pytest.raises(ProtocolError, match=f"exceed {MAX_HEAD_BYTES} bytes"):
+        await exchange(b"HTTP/1.1 200 OK\r\n" + field * 70 + b"Content-Length: 2\r\n\r\nok")
+
+
+@pytest.mark.parametrize("raw", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"100\r\n" + b"a" * 256
+    + b"\r\n" * 5,
+])
+async def test_a_body_past_its_bound_is_refused(raw):
+    with pytest.raises(BodyTooLarge, match="larger than the limit of 100 bytes"):
+        await exchange(raw, max_bytes=100)
+
+
+async def test_a_streamed_request_body_is_sent_while_the_response_is_read():
+    """As etcd's watch over its JSON gateway: the server answers the first message, and
+    the client sends another one on the same request."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = b""
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            head += line
+        assert b"transfer-encoding: chunked" in head.lower()
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(2):  # each chunk of the request is echoed as one line
+            size = int((await reader.readline()).strip(), 16)
+            data = await reader.readexactly(size + 2)
+            line = data[:size] + b"\n"
+            writer.write(b"%x\r\n%s\r\n" % (len(line), line))
+        assert await reader.readline() == b"0\r\n"
+        writer.write(b"0\r\n\r\n")
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = await Connection.open("127.0.0.1", port, None, None,
+                                 asyncio.get_running_loop().time() + 5)
+    try:
+        async with asyncio.timeout(5):
+            await conn.start("POST", "/v3/watch", "h", {"Content-Type": "application/json"})
+            await conn.send_data(b'{"create": 1}')
+            head = await conn.read_head()
+            lines = conn.lines(head, 1024)
+            first = await anext(lines)
+            await conn.send_data(b'{"progress": 1}')
+            second = await anext(lines)
+            await conn.end_body()
+            rest = [line async for line in lines]
+            reusable = conn.reusable
+    finally:
+        conn.close()
+        server.close()
+    assert (head.status, first, second, rest, reusable) == \
+        (200, b'{"create": 1}', b'{"progress": 1}', [], True)
