@@ -3,8 +3,8 @@ big-endian one), in roots made with ``debootstrap --foreign`` (tests/support/for
 holding pyflannel and the pure Python files of its runtime dependencies (compiled modules left
 out). Each root's interpreter runs under qemu-user-static, called explicitly; no binfmt handler
 is registered. ``flanneld --version`` answers, and a network config and a lease (key and
-value) decode there exactly as on this machine, and a hostile lease is refused with the same
-message.
+value) and a kubeconfig decode there exactly as on this machine, and a hostile lease is refused
+with the same message.
 """
 
 from __future__ import annotations
@@ -35,10 +35,29 @@ LEASE_VALUE = json.dumps({"PublicIP": "192.0.2.17", "PublicIPv6": "2001:db8::17"
                           "BackendType": "vxlan",
                           "BackendData": {"VNI": 4096, "VtepMAC": "f2:3c:91:0a:7e:01"}})
 HOSTILE_LEASE = '{"PublicIP": "192.0.2.300", "BackendType": "vxlan"}'
+# As kubectl writes one; insecure-skip-tls-verify "yes" is YAML 1.1's true, as in client-go.
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- cluster:
+    server: https://10.0.0.1:6443
+    insecure-skip-tls-verify: yes
+  name: edge
+contexts:
+- context: {cluster: edge, user: flannel}
+  name: ctx
+current-context: ctx
+users:
+- name: flannel
+  user:
+    token: abc
+"""
 
 DECODE = """
-import json, platform, sys
+import json, platform, ssl, sys
 from flannel import config, lease
+from flannel.subnet.kubeconfig import from_kubeconfig
 cfg = config.parse_config(sys.argv[1])
 config.check_network_config(cfg)
 subnet, ipv6_subnet = lease.parse_subnet_key(sys.argv[2])
@@ -48,6 +67,7 @@ try:
     refused = None
 except lease.LeaseDecodeError as err:
     refused = str(err)
+kube = from_kubeconfig(sys.argv[5])
 print(json.dumps({
     "machine": platform.machine(), "byteorder": sys.byteorder,
     "config": [str(cfg.network), cfg.subnet_len, str(cfg.subnet_min), str(cfg.subnet_max),
@@ -56,6 +76,8 @@ print(json.dumps({
     "lease": [str(subnet), str(ipv6_subnet), str(attrs.public_ip), str(attrs.public_ipv6),
               attrs.backend_type, attrs.backend_json()],
     "reencoded": attrs.to_json(), "refused": refused,
+    "kubeconfig": [kube.host, kube.port, kube.context.verify_mode == ssl.CERT_NONE,
+                   type(kube.credentials).__name__],
     "store_clients": sorted(m for m in sys.modules if m.split(".")[0] in ("grpc", "aetcd")),
 }))
 """
@@ -86,12 +108,13 @@ def test_runtime_runs_on_debian_python_of(name, tmp_path):
     ran = time.monotonic()
     assert (version.returncode, version.stderr.strip()) == (0, __version__), version
 
+    (root / "etc" / "kubeconfig").write_text(KUBECONFIG)
     args = (CONFIG, LEASE_KEY, LEASE_VALUE, HOSTILE_LEASE)
-    there = foreign_roots.run(arch, root, "-c", DECODE, *args)
+    there = foreign_roots.run(arch, root, "-c", DECODE, *args, "/etc/kubeconfig")
     decoded = time.monotonic()
     assert there.returncode == 0, there.stderr
-    here = subprocess.run([sys.executable, "-c", DECODE, *args], capture_output=True,
-                          text=True, timeout=60, check=True)
+    here = subprocess.run([sys.executable, "-c", DECODE, *args, str(root / "etc/kubeconfig")],
+                          capture_output=True, text=True, timeout=60, check=True)
     foreign, native = json.loads(there.stdout), json.loads(here.stdout)
     assert (foreign.pop("machine"), foreign.pop("byteorder")) == (arch.machine, arch.byteorder)
     del native["machine"], native["byteorder"]
@@ -99,6 +122,7 @@ def test_runtime_runs_on_debian_python_of(name, tmp_path):
     assert foreign["lease"][:2] == ["10.244.7.0/24", "fd00:10:244:7::/64"]
     assert foreign["lease"][5] == {"VNI": 4096, "VtepMAC": "f2:3c:91:0a:7e:01"}
     assert "192.0.2.300" in foreign["refused"]
+    assert foreign["kubeconfig"] == ["10.0.0.1", 6443, True, "StaticToken"]
     # Config and leases need no store client: grpc's compiled core is not in the root.
     assert foreign["store_clients"] == []
     print(f"\n{name}: root ready in {ready - started:.1f} s, flanneld --version "
