@@ -10,6 +10,10 @@ packages=(
     iputils-ping iperf3 wireguard-tools wireguard-go openssl procps
     # The image and plain-host tests: buildah builds from a debootstrap base, in a chroot.
     buildah debootstrap util-linux ca-certificates
+    # Other architectures' Debian roots run under qemu-user-static, called explicitly
+    # (tests/integration/test_foreign_arches.py). Without its recommends (binfmt-support),
+    # installing it registers no binfmt handler.
+    qemu-user-static file
 )
 missing=()
 for pkg in "${packages[@]}"; do

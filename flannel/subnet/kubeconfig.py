@@ -216,20 +216,35 @@ def _read_file(path: str, what: str, limit: int) -> bytes:
     return data
 
 
-def from_kubeconfig(path: str, api_url: str = "") -> ClusterConfig:
-    """The current context of a kubeconfig file; ``api_url`` replaces its server."""
-    import yaml  # only kubeconfig users pay for PyYAML
+def _load_yaml(raw: bytes, path: str) -> Any:
+    """The document of a kubeconfig file, read as client-go reads it: YAML 1.1 (``yes``,
+    ``on`` are booleans). ruamel.yaml's pure Python safe loader: no compiled part, the same on
+    every architecture; only kubeconfig users import it."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.constructor import DuplicateKeyError
+    from ruamel.yaml.error import YAMLError
 
-    raw = _read_file(path, "the kubeconfig file", MAX_KUBECONFIG_BYTES)
+    loader = YAML(typ="safe", pure=True)
+    loader.version = (1, 1)
     try:
-        doc = yaml.safe_load(raw)
-    except yaml.YAMLError as err:
+        return loader.load(raw)
+    except DuplicateKeyError as err:
+        # The error's text holds the values, which may be credentials: name the line only.
+        line = err.problem_mark.line + 1 if err.problem_mark is not None else 0
+        raise KubeConfigError(f"{path}: a key appears twice in one mapping at line {line}: "
+                              "keep one of them") from None
+    except YAMLError as err:
         where = getattr(err, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         raise KubeConfigError(f"{path}: not valid YAML{at}") from None
     except RecursionError:
         raise KubeConfigError(f"{path}: nests too deeply") from None
-    root = _Fields(doc, "", path)
+
+
+def from_kubeconfig(path: str, api_url: str = "") -> ClusterConfig:
+    """The current context of a kubeconfig file; ``api_url`` replaces its server."""
+    raw = _read_file(path, "the kubeconfig file", MAX_KUBECONFIG_BYTES)
+    root = _Fields(_load_yaml(raw, path), "", path)
     base = os.path.dirname(os.path.abspath(path))
     current = root.text("current-context")
     if current is None:

@@ -77,8 +77,8 @@ def test_kube_mode_construction_never_imports_the_etcd_client():
     assert manager == "KubeSubnetManager"
     assert set(KUBE_CLIENT) <= modules
     assert not modules & set(ETCD_CLIENT)
-    # PyYAML is for kubeconfig files: --kube-api-url needs none.
-    assert "yaml" not in modules
+    # ruamel.yaml is for kubeconfig files: --kube-api-url needs none.
+    assert "ruamel" not in modules
 
 
 def test_etcd_mode_construction_never_imports_the_kube_client():

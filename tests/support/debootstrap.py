@@ -41,10 +41,12 @@ def key(suite: str, shape: Sequence[str]) -> str:
 
 def cached_tarball(name: str, suite: str, packages: Sequence[str],
                    shape_key: Sequence[str] = (),
-                   shape: Callable[[Path], None] | None = None) -> Path:
+                   shape: Callable[[Path], None] | None = None,
+                   options: Sequence[str] = ()) -> Path:
     """``<name>-<key>.tar`` in the cache, made on first use; ``shape_key`` names everything
-    ``shape`` does to the tree. Older tarballs of the same name and suite go."""
-    tarball = cache_dir() / f"{name}-{key(suite, (*packages, *shape_key))}.tar"
+    ``shape`` does to the tree, ``options`` are more debootstrap options (``--arch``,
+    ``--foreign``). Older tarballs of the same name and suite go."""
+    tarball = cache_dir() / f"{name}-{key(suite, (*options, *packages, *shape_key))}.tar"
     if tarball.exists():
         return tarball
     with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=f"debootstrap-{name}-") as work:
@@ -52,7 +54,7 @@ def cached_tarball(name: str, suite: str, packages: Sequence[str],
         include = [f"--include={','.join(packages)}"] if packages else []
         failures = []
         for mirror in (MIRROR, ARCHIVE):
-            made = subprocess.run(["debootstrap", "--variant=minbase", *include, suite,
+            made = subprocess.run(["debootstrap", "--variant=minbase", *options, *include, suite,
                                    str(root), mirror], capture_output=True, text=True,
                                   timeout=DEBOOTSTRAP_TIMEOUT, check=False)
             if made.returncode == 0:
