@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from flannel.backend import backend_class
+from flannel.backend.base import BackendOptions
 from flannel.config import NetworkConfig
 from flannel.daemon import Daemon, PublicIPs
 from flannel.kernel.host import Host
@@ -72,7 +73,7 @@ class KubeNode:
                                     keep_backoff=(0.05, 0.5), recheck=0.5)
         self.daemon = Daemon(self.settings, store=lambda _s: self.sm,
                              interface=self._interface, backend=self._backend,
-                             rules=lambda _r, _c, _l: InstalledRules())
+                             rules=lambda r, _c, _l, _p: InstalledRules(r.resync))
         self.task: asyncio.Task[int] | None = None
 
     @staticmethod
@@ -82,10 +83,10 @@ class KubeNode:
         return replace(EXT, ext_addr=public_v4) if public_v4 else EXT
 
     @staticmethod
-    def _backend(ext: ExternalInterface, config: NetworkConfig):
+    def _backend(ext: ExternalInterface, config: NetworkConfig, options: BackendOptions):
         if config.backend_type == "alloc":
-            return backend_class("alloc")(ext, config)
-        return RecordingBackend(ext, config)
+            return backend_class("alloc")(ext, config, options)
+        return RecordingBackend(ext, config, options)
 
     def start(self) -> KubeNode:
         self.task = asyncio.create_task(self.daemon.run())
