@@ -21,7 +21,7 @@ KNOWN_DIFFERENCES = frozenset({
     # etcd
     "etcd-tls-warning", "etcd-cafile-without-client-cert", "etcd-subnets-directory",
     "etcd-prefix-not-a-regex", "etcd-endpoints-lenient", "etcd-username-without-password",
-    "lost-race-retried", "subnet-search-hashed", "reservations-honoured",
+    "etcd-json-gateway", "lost-race-retried", "subnet-search-hashed", "reservations-honoured",
     "renewal-revokes-old-lease", "remote-ttl-not-looked-up", "etcd-reset-detected",
     "store-errors-classified", "relist-reports-changed-attributes",
     # any store, the network config, the interface
@@ -42,12 +42,14 @@ KNOWN_DIFFERENCES = frozenset({
     "health-server-bounded", "local-socket", "encap-peers-only",
     # files, the image and its tools
     "key-and-tls-files-checked", "subnet-env-dir-warning", "image-paths-are-links",
-    "install-conf-checked", "mk-docker-opts-as-data",
+    "install-conf-checked", "mk-docker-opts-as-data", "image-minimal",
+    # errors
+    "bug-exits-with-traceback", "cloud-throttling-fails-the-pass",
     # kube
     "kube-watch-resumes", "kube-no-http-proxy", "kube-record-republished",
     "kube-writes-retried", "kube-readiness-lease-published", "kube-start-waits-for-node",
     "kube-pod-cidr-change-reported", "kube-node-name-checked", "kube-watch-reopen-backoff",
-    "kube-list-resumes",
+    "kube-list-resumes", "kubeconfig-duplicate-key", "kube-http-1-0-keep-alive",
     # Helm chart
     "chart-default-image", "chart-tunnel-mode-json", "chart-values-checked", "chart-extra-keys",
     "chart-objects",
