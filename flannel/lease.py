@@ -8,10 +8,10 @@ Must not touch: the store, files, the kernel.
 from __future__ import annotations
 
 import enum
-import functools
 import json
 import re
 import socket
+import sys
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
@@ -42,7 +42,6 @@ def make_subnet_key(subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None 
     return key
 
 
-@functools.lru_cache(maxsize=16384)
 def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
     """Parse a subnet key as upstream does (regex anchored at the end only); None if invalid.
 
@@ -126,7 +125,8 @@ class LeaseAttrs:
         return cls(
             public_ip=_decode_ip(members.get("PublicIP"), "PublicIP", 4),
             public_ipv6=_decode_ip(members.get("PublicIPv6"), "PublicIPv6", 6),
-            backend_type=_decode_str(members.get("BackendType"), "BackendType"),
+            # One string for every lease of a backend type, not one per lease.
+            backend_type=sys.intern(_decode_str(members.get("BackendType"), "BackendType")),
             backend_data=_raw(members, "BackendData"),
             backend_v6_data=_raw(members, "BackendV6Data"),
         )
