@@ -11,7 +11,6 @@ import enum
 import json
 import re
 import socket
-import sys
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
@@ -125,8 +124,7 @@ class LeaseAttrs:
         return cls(
             public_ip=_decode_ip(members.get("PublicIP"), "PublicIP", 4),
             public_ipv6=_decode_ip(members.get("PublicIPv6"), "PublicIPv6", 6),
-            # One string for every lease of a backend type, not one per lease.
-            backend_type=sys.intern(_decode_str(members.get("BackendType"), "BackendType")),
+            backend_type=_shared(_decode_str(members.get("BackendType"), "BackendType")),
             backend_data=_raw(members, "BackendData"),
             backend_v6_data=_raw(members, "BackendV6Data"),
         )
@@ -154,6 +152,21 @@ def _decode_str(value: Any, name: str) -> str:
         raise LeaseDecodeError(f"lease field {name}: expected a string, got "
                                f"{gojson.type_name(value)}")
     return value
+
+
+#: One string per BackendType seen (a few at most in a cluster), shared by every lease of that
+#: type instead of one copy per lease; bounded, as the values come from the store.
+_BACKEND_TYPES: dict[str, str] = {}
+_MAX_BACKEND_TYPES = 64
+
+
+def _shared(backend_type: str) -> str:
+    shared = _BACKEND_TYPES.get(backend_type)
+    if shared is not None:
+        return shared
+    if len(_BACKEND_TYPES) < _MAX_BACKEND_TYPES:
+        _BACKEND_TYPES[backend_type] = backend_type
+    return backend_type
 
 
 def _raw(members: dict[str, Any], name: str) -> str | None:
