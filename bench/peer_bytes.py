@@ -1,16 +1,17 @@
 """Benchmark: Python heap bytes flanneld keeps per peer (etcd mode, vxlan backend).
 
 Builds, for N synthetic vxlan peers, the objects a running flanneld keeps, the way the daemon
-builds them: the etcd subnet manager decodes the listing (etcd-shaped key/value records, the
-values the JSON Go flannel writes) and remembers it, the lease watcher filters and caches it,
-the data plane is handed the peer set and runs its first (full) pass and then an incremental
-one with the backend's desired state, against the netlink stand-in
+builds them: the etcd subnet manager decodes the listing (etcd-shaped key/value records whose
+values are the JSON Go flannel writes) and remembers it, the lease watcher filters and caches
+it, the data plane is handed the peer set and runs its first (full) pass and then an
+incremental one with the backend's desired state, against the netlink stand-in
 ``tests/support/fakenetlink.py`` (no kernel events: a daemon's event socket filters out the
-echo of its own changes). Figure: tracemalloc bytes still allocated afterwards,
-divided by N, by stage. The stand-in's own tables are left out (the kernel holds its memory
-outside flanneld), and it keeps copies of what it is given, as a kernel does, so nothing of
-ours stays alive only through it. Baseline, in the same run: the raw JSON bytes per lease
-value. Byte counts do not depend on the machine's load.
+echo of its own changes). Figure: tracemalloc bytes still allocated after each stage, less
+the same build with 0 peers, divided by N; and the traced peak, likewise. The stand-in's own
+tables are left out (the kernel holds its memory outside flanneld), and it keeps copies of
+what it is given, as a kernel does, so nothing of ours stays alive only through it.
+Baseline, in the same run: the raw JSON bytes per lease value. Byte counts do not depend on
+the machine's load.
 
     .venv/bin/python -m bench.peer_bytes --peers 5000
 """
