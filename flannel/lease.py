@@ -8,7 +8,6 @@ Must not touch: the store, files, the kernel.
 from __future__ import annotations
 
 import enum
-import functools
 import json
 import re
 import socket
@@ -42,7 +41,6 @@ def make_subnet_key(subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None 
     return key
 
 
-@functools.lru_cache(maxsize=16384)
 def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
     """Parse a subnet key as upstream does (regex anchored at the end only); None if invalid.
 
@@ -126,7 +124,7 @@ class LeaseAttrs:
         return cls(
             public_ip=_decode_ip(members.get("PublicIP"), "PublicIP", 4),
             public_ipv6=_decode_ip(members.get("PublicIPv6"), "PublicIPv6", 6),
-            backend_type=_decode_str(members.get("BackendType"), "BackendType"),
+            backend_type=_shared(_decode_str(members.get("BackendType"), "BackendType")),
             backend_data=_raw(members, "BackendData"),
             backend_v6_data=_raw(members, "BackendV6Data"),
         )
@@ -154,6 +152,21 @@ def _decode_str(value: Any, name: str) -> str:
         raise LeaseDecodeError(f"lease field {name}: expected a string, got "
                                f"{gojson.type_name(value)}")
     return value
+
+
+#: One string per BackendType seen (a few at most in a cluster), shared by every lease of that
+#: type instead of one copy per lease; bounded, as the values come from the store.
+_BACKEND_TYPES: dict[str, str] = {}
+_MAX_BACKEND_TYPES = 64
+
+
+def _shared(backend_type: str) -> str:
+    shared = _BACKEND_TYPES.get(backend_type)
+    if shared is not None:
+        return shared
+    if len(_BACKEND_TYPES) < _MAX_BACKEND_TYPES:
+        _BACKEND_TYPES[backend_type] = backend_type
+    return backend_type
 
 
 def _raw(members: dict[str, Any], name: str) -> str | None:

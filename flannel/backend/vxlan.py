@@ -89,7 +89,19 @@ class VxlanConfig:
         return cfg
 
 
-_PeerEntries = tuple[Neighbour, FdbEntry, Route]
+class _Peer:
+    """A peer's lease and its neighbour, FDB entry and onlink route on one device (None
+    without a usable VtepMAC): one small record per peer, whose entries the desired state's
+    sets and the data plane's programmed state share rather than copy."""
+
+    __slots__ = ("fdb", "lease", "neighbour", "route")
+
+    def __init__(self, lease: Lease, neighbour: Neighbour | None = None,
+                 fdb: FdbEntry | None = None, route: Route | None = None) -> None:
+        self.lease = lease
+        self.neighbour = neighbour
+        self.fdb = fdb
+        self.route = route
 
 
 @dataclass
@@ -119,13 +131,13 @@ class VxlanBackend(RoutedBackend):
         self.vxlan = VxlanConfig.from_backend(self.config.backend)
         self.families: dict[int, _Family] = {}
         self._warned: set[str] = set()
-        # (id of the peer's lease, IP version, device index) -> the lease and its neighbour,
-        # FDB entry and route (None: no usable VtepMAC), from the previous desired_state: a
-        # lease change then costs one peer's decoding, not every peer's. Keyed by identity
-        # (the lease watcher hands over the same objects; hashing a lease costs more than
-        # what is cached), checked against the lease kept. Rebuilt on every call, so it
+        # Device index -> the peer's lease key -> its record, from the previous
+        # desired_state: a lease change then costs one peer's decoding, not every peer's.
+        # Keyed by the key string the lease already holds (no key object per peer; hashing
+        # a lease costs more than what is cached) and checked by identity against the lease
+        # kept (the lease watcher hands over the same objects). Rebuilt on every call, so it
         # holds the current peers only.
-        self._entries: dict[tuple[int, int, int], tuple[Lease, _PeerEntries | None]] = {}
+        self._entries: dict[int, dict[str, _Peer]] = {}
 
     def device_mtu(self, version: int) -> int:
         return (self.vxlan.mtu or self.ext.mtu) - ENCAP_OVERHEAD[version]
@@ -199,18 +211,18 @@ class VxlanBackend(RoutedBackend):
                         "rewrites it on restart, or delete the lease", peer.key, version)
         return None
 
-    def _peer_entries(self, peer: Lease, version: int, index: int
-                      ) -> _PeerEntries | None:
-        """The neighbour, FDB entry and onlink route of one peer on one device."""
+    def _peer_record(self, peer: Lease, version: int, index: int) -> _Peer:
+        """One peer's record on one device: its neighbour, FDB entry and onlink route."""
         subnet = peer.subnet if version == 4 else peer.ipv6_subnet
         public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
         mac = self._peer_mac(peer, version)
         if subnet is None or public is None or mac is None:
-            return None
+            return _Peer(peer)
         # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
         base = ip_text(subnet.network_address.packed)
-        return (Neighbour(index, base, mac), FdbEntry(index, mac, ip_text(public.packed)),
-                Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
+        return _Peer(peer, Neighbour(index, base, mac),
+                     FdbEntry(index, mac, ip_text(public.packed)),
+                     Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
 
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes: set[Route] = set()
@@ -218,6 +230,9 @@ class VxlanBackend(RoutedBackend):
         fdb: set[FdbEntry] = set()
         previous, self._entries = self._entries, {}
         for version, family in self.families.items():
+            before = previous.get(family.index, {})
+            cache: dict[str, _Peer] = {}
+            self._entries[family.index] = cache
             for peer in peers:
                 subnet = peer.subnet if version == 4 else peer.ipv6_subnet
                 public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
@@ -228,15 +243,15 @@ class VxlanBackend(RoutedBackend):
                     if direct is not None and direct.gateway is None:
                         routes.add(Route(str(subnet), str(public), direct.oif))
                         continue
-                key = (id(peer), version, family.index)
-                cached = previous.get(key)
-                entries = cached[1] if cached is not None and cached[0] is peer else \
-                    self._peer_entries(peer, version, family.index)
-                self._entries[key] = (peer, entries)
-                if entries is not None:
-                    neighbours.add(entries[0])
-                    fdb.add(entries[1])
-                    routes.add(entries[2])
+                record = before.get(peer.key)
+                if record is None or record.lease is not peer:
+                    record = self._peer_record(peer, version, family.index)
+                cache[peer.key] = record
+                if record.neighbour is not None and record.fdb is not None \
+                        and record.route is not None:
+                    neighbours.add(record.neighbour)
+                    fdb.add(record.fdb)
+                    routes.add(record.route)
         return DesiredState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
                             frozenset(f.index for f in self.families.values()),
                             families=tuple(socket.AF_INET if v == 4 else socket.AF_INET6

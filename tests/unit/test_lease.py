@@ -103,3 +103,10 @@ def test_oversized_lease_value_is_refused():
     with pytest.raises(LeaseDecodeError) as caught:
         LeaseAttrs.from_json(b'{"PublicIP":"10.0.0.2","X":"' + b"a" * 70_000 + b'"}')
     assert str(caught.value) == "lease value is larger than the limit of 65536 bytes"
+
+
+def test_leases_of_one_backend_type_share_its_name():
+    """5000 leases hold one "vxlan" string, not 5000 copies."""
+    a = LeaseAttrs.from_json(b'{"PublicIP":"10.0.0.1","BackendType":"vxlan"}')
+    b = LeaseAttrs.from_json(b'{"PublicIP":"10.0.0.2","BackendType":"vx' + b'lan"}')
+    assert a.backend_type == "vxlan" and a.backend_type is b.backend_type

@@ -46,6 +46,21 @@ def test_one_neighbour_fdb_entry_and_route_per_peer():
     assert state.devices == {7}
 
 
+def test_a_peer_handed_over_again_keeps_its_entries_and_a_changed_one_gets_new_ones():
+    """One record per peer: the next desired state shares the entries of unchanged peers
+    (what the data plane programmed is referenced, not copied) and rebuilds a changed one."""
+    vxlan = backend()
+    same, moved = peer(2, "0e:00:00:00:00:02"), peer(3, "0e:00:00:00:00:03")
+    first = vxlan.desired_state([same, moved], lambda _ip: None)
+    moved_again = peer(3, "0e:00:00:00:00:03", ip="192.168.1.9")
+    second = vxlan.desired_state([same, moved_again], lambda _ip: None)
+    kept = {id(entry) for entry in first.routes | first.neighbours | first.fdb}
+    assert {id(r) for r in second.routes if r.dst == "10.244.2.0/24"} <= kept
+    assert {id(n) for n in second.neighbours if n.ip == "10.244.2.0"} <= kept
+    assert FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.9") in second.fdb
+    assert FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.2") not in second.fdb
+
+
 def test_peers_with_unusable_backend_data_are_skipped():
     peers = [peer(3, "zz:00:00:00:00:03"), peer(4, "0e:00:00"),
              Lease(IPv4Network("10.244.5.0/24"), attrs=LeaseAttrs(
