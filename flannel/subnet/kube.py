@@ -370,16 +370,9 @@ class KubeSubnetManager:
                                 f'doesn\'t contain "{subnet}" {pod_cidr} of the '
                                 f'"{self.node_name}" node; make the config\'s {family} network '
                                 "match the cluster CIDR")
-        existing = node["metadata"].get("annotations") or {}
-        wanted = published(self.names, attrs, existing, cfg.enable_ipv4, cfg.enable_ipv6)
-        changes = {k: v for k, v in wanted.items() if existing.get(k) != v}
-        if changes:
-            try:
-                await self._patch_status({"metadata": {"annotations": changes}})
-            except (KubeError, KubeUnavailable) as err:
-                self.status.writes.failed("annotations", self._unpublished(err))
-                raise
-            log.info("published %d annotation(s) on node %s", len(changes), self.node_name)
+        written = await self._publish_annotations(node, cfg, attrs)
+        if written:
+            log.info("published %d annotation(s) on node %s", written, self.node_name)
         self.status.writes.succeeded("annotations")
         self._published = (cfg, attrs)
         dual = attrs.backend_type in ("vxlan", "host-gw", "wireguard")
@@ -474,10 +467,10 @@ class KubeSubnetManager:
                       "flanneld to take the node's", self.node_name,
                       ", ".join(str(c) for c in now if c) or "(none)", lease.key)
 
-    async def _keep_annotations(self, node: dict[str, Any], retries: RetryLog,
-                                retry_in: float) -> bool:
-        assert self._published is not None
-        config, attrs = self._published
+    async def _publish_annotations(self, node: dict[str, Any], config: NetworkConfig,
+                                   attrs: LeaseAttrs) -> int:
+        """Write the annotations ``node`` lacks or holds otherwise; how many were written.
+        A refusal is recorded as the annotations write's failure and raised."""
         existing = node["metadata"].get("annotations") or {}
         wanted = published(self.names, attrs, existing, config.enable_ipv4, config.enable_ipv6)
         changes = {k: v for k, v in wanted.items() if existing.get(k) != v}
@@ -486,10 +479,21 @@ class KubeSubnetManager:
                 await self._patch_status({"metadata": {"annotations": changes}})
             except (KubeError, KubeUnavailable) as err:
                 self.status.writes.failed("annotations", self._unpublished(err))
-                retries.failed(err, retry_in)
-                return False
+                raise
+        return len(changes)
+
+    async def _keep_annotations(self, node: dict[str, Any], retries: RetryLog,
+                                retry_in: float) -> bool:
+        assert self._published is not None
+        config, attrs = self._published
+        try:
+            written = await self._publish_annotations(node, config, attrs)
+        except (KubeError, KubeUnavailable) as err:
+            retries.failed(err, retry_in)
+            return False
+        if written:
             log.info("published %d missing or changed annotation(s) on node %s again",
-                     len(changes), self.node_name)
+                     written, self.node_name)
         retries.succeeded()
         self.status.writes.succeeded("annotations")
         return True
