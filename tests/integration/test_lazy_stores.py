@@ -30,7 +30,7 @@ ETCD_CLIENT = ("flannel.subnet.etcd.client", "flannel.subnet.etcd.manager")
 KUBE_CLIENT = ("flannel.subnet.kube.client", "flannel.subnet.kube.config",
                "flannel.subnet.kube.auth", "flannel.subnet.kube.manager")
 CLOUD_SDKS = ("boto3", "botocore", "tencentcloud")
-METRICS = ("prometheus_client", "flannel.metrics")
+METRICS = ("prometheus_client", "flannel.monitor.metrics")
 # Each backend type's modules: its own, and the packages only it uses.
 BACKEND_MODULES = {
     "alloc": ("flannel.backend.alloc",),
