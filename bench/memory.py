@@ -189,7 +189,7 @@ IMPORT_STEPS = (
     ("flannel.cli (flags)", "from flannel import cli"),
     ("flannel.daemon (wiring, rules, rtnl, health)", "from flannel import daemon"),
     ("kube client (flannel.subnet.kube.client, kubeconfig, flannel.httpclient, h11)",
-     "from flannel import subnet; subnet.open_store(cli.parse_args(['--kube-subnet-mgr', "
+     "from flannel import flags, subnet; subnet.open_store(flags.parse_args(['--kube-subnet-mgr', "
      "'--kube-api-url=http://127.0.0.1:1'], {}).store)"),
     ("vxlan backend, interface snapshot (links.py)", "from flannel.backend import backend_class; "
      "backend_class('vxlan'); from flannel.kernel import iface; iface.read_snapshot()"),

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flannel.cli import UsageError, parse_namespace
+from flannel.flags import UsageError, parse_namespace
 from flannel.monitor.localsock import socket_path
 from flannel.procscan import running_flanneld
 

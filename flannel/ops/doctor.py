@@ -23,8 +23,8 @@ from flannel.ops.kernelview import read_kernel
 
 if TYPE_CHECKING:
     from flannel.ops.options import DoctorOptions
+    from flannel.ops.storeflags import StoreOptions
     from flannel.settings import EtcdSettings
-    from flannel.storeflags import StoreOptions
 
 STORE_TIMEOUT = 10.0
 
@@ -125,8 +125,8 @@ def diagnose(ctx: Context) -> list[Finding]:
 
 def store_source(opts: DoctorOptions) -> str:
     """Which store doctor read, and whose settings say so."""
+    from flannel.ops.storeflags import shown
     from flannel.settings import KubeSettings
-    from flannel.storeflags import shown
 
     store, found, given = opts.store.store, opts.found, opts.given
     if isinstance(store, KubeSettings):

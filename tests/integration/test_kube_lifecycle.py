@@ -58,7 +58,7 @@ class KubeNode:
     backend records instead of programming (alloc: the real one, which programs nothing)."""
 
     def __init__(self, api: FakeKubeAPI, tmp_path: Path, config: dict) -> None:
-        from flannel.cli import parse_args
+        from flannel.flags import parse_args
 
         self.port = free_port()
         conf = tmp_path / "net-conf.json"

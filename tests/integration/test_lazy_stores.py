@@ -56,10 +56,10 @@ mode = sys.argv[1]
 if mode == "version":
     cli.main(["--version"])
 else:
-    from flannel import daemon, subnet
-    flags = (["--kube-subnet-mgr", "--kube-api-url=http://127.0.0.1:1"] if mode == "kube"
-             else ["--etcd-endpoints=http://127.0.0.1:1"])
-    manager = subnet.open_store(cli.parse_args(flags, {}).store)
+    from flannel import daemon, flags, subnet
+    argv = (["--kube-subnet-mgr", "--kube-api-url=http://127.0.0.1:1"] if mode == "kube"
+            else ["--etcd-endpoints=http://127.0.0.1:1"])
+    manager = subnet.open_store(flags.parse_args(argv, {}).store)
     print(type(manager).__name__)
 print(" ".join(sorted(m for m in sys.modules if "." not in m or m.startswith("flannel."))))
 """
