@@ -375,6 +375,7 @@ def test_key_files_are_private(tmp_path, pki, monkeypatch):
     import ssl
 
     from flannel.subnet.kube import auth as kubeauth
+
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     seen = []
     real = ssl.SSLContext.load_cert_chain

@@ -198,6 +198,7 @@ async def test_removed_annotations_are_published_again(api, tmp_path, caplog):
 async def test_a_decoding_bug_in_the_node_watch_exits_one_with_its_traceback(
         api, tmp_path, caplog, monkeypatch):
     from flannel.subnet.kube import manager as kube
+
     api.put_node("node1", ["10.244.1.0/24"])
     async with running(api, tmp_path, HOST_GW) as node:
         await node.wait_readyz(200)
