@@ -31,8 +31,8 @@ from pathlib import Path
 from flannel.daemon import acquire_lease as daemon_acquire
 from flannel.lab.etcd import EtcdServer
 from flannel.lease import LeaseAttrs
-from flannel.subnet.etcd import EtcdSubnetManager
-from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.manager import EtcdSubnetManager
 
 WARM_UP_BATCH = 50
 
@@ -95,8 +95,8 @@ async def acquisitions(clients: list[EtcdClient], network: str) -> Outcome:
 
 async def run(nodes: int, rounds: int, network: str) -> int:
     races = RaceCounter()
-    logging.getLogger("flannel.subnet.etcd").addHandler(races)
-    logging.getLogger("flannel.subnet.etcd").setLevel(logging.INFO)
+    logging.getLogger("flannel.subnet.etcd.manager").addHandler(races)
+    logging.getLogger("flannel.subnet.etcd.manager").setLevel(logging.INFO)
     with tempfile.TemporaryDirectory() as tmp, EtcdServer(Path(tmp)) as server:
         clients = await connected_clients(server.endpoint, nodes)
         try:

@@ -26,7 +26,7 @@ from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
 from flannel.lab.cli import build
 from flannel.lab.cluster import ETCD_PREFIX, Lab
-from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 
 
 def percentile(values: list[float], pct: float) -> float:

@@ -109,7 +109,7 @@ async def serve_kube(nodes: int) -> None:
 
 
 async def serve_etcd(endpoint: str, nodes: int) -> None:
-    from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+    from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
     prefix = f"{PREFIX}/subnets/"
@@ -159,9 +159,9 @@ class Driver:
 
     def client(self) -> Any:
         if self.mode == "kube":
-            from flannel.subnet.kube import kube_client
+            from flannel.subnet.kube.manager import kube_client
             return kube_client(self.url, "", {})
-        from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+        from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
         return EtcdClient(EtcdOptions(parse_endpoints(self.url)))
 
     async def bare_list(self) -> dict[str, Any]:
@@ -186,15 +186,15 @@ class Driver:
         client = self.client()
         self.closers.append(client)
         if self.mode == "kube":
-            from flannel.subnet.annotations import Annotations
-            from flannel.subnet.kube import KubeSubnetManager
+            from flannel.subnet.kube.annotations import Annotations
+            from flannel.subnet.kube.manager import KubeSubnetManager
             conf = self.workdir / "net-conf.json"
             conf.write_text(json.dumps(NETWORK))
             sm = KubeSubnetManager(client, "node0", Annotations.for_prefix(P.rstrip("/")),
                                    str(conf))
             await sm.get_network_config()
         else:
-            from flannel.subnet.etcd import EtcdSubnetManager
+            from flannel.subnet.etcd.manager import EtcdSubnetManager
             sm = EtcdSubnetManager(client)
             watch = client.watch
 
@@ -283,9 +283,9 @@ async def drive(mode: str, url: str) -> None:
         driver = Driver(mode, url, Path(tmp))
         # Import the client and the manager first, so that RSS before a sync is the empty one.
         if mode == "kube":
-            import flannel.subnet.kube
+            import flannel.subnet.kube.manager
         else:
-            import flannel.subnet.etcd  # noqa: F401
+            import flannel.subnet.etcd.manager  # noqa: F401
         await (driver.client()).close()
         reply({"ready": True})
         async for command, *rest in lines():

@@ -30,12 +30,12 @@ from flannel.backend.hostgw import HostGwBackend
 from flannel.config import parse_config
 from flannel.daemon import COMPONENTS
 from flannel.dataplane import Dataplane
-from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Route
 from flannel.lab.etcd import free_port
 from flannel.lease import Lease, LeaseAttrs
-from flannel.nodestate import NodeState
+from flannel.monitor.health import HealthServer
+from flannel.monitor.nodestate import NodeState
 from flannel.readiness import Readiness
 from flannel.rules.manager import RulesStatus
 from flannel.subnet.manager import StoreStatus

@@ -49,7 +49,7 @@ from flannel.lab.mesh import (
     start_pings,
     wait_full_mesh,
 )
-from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 
 FLANNELD_ARGS = ("--ip-masq",)  # as flannel-lab up runs it
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}

@@ -51,7 +51,7 @@ from flannel.backend import footprints
 from flannel.backend.footprint import Link
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
 from flannel.kernel import links, rtnl
-from flannel.localsock import connect, socket_path
+from flannel.monitor.localsock import connect, socket_path
 from flannel.procscan import processes_here, running_flanneld
 from flannel.rules import iptables, nftables
 from flannel.rules.mode import installed

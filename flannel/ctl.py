@@ -14,10 +14,10 @@ import os
 import sys
 from pathlib import Path
 
-from flannel.cli import UsageError
 from flannel.cni.install import LIBRARY_DIR, InstallError, install_conflist, install_plugin
+from flannel.flags import UsageError
 from flannel.ops import options, parsers
-from flannel.storeflags import explicit, of_running, quiet_store_logs, resolve
+from flannel.ops.storeflags import explicit, of_running, quiet_store_logs, resolve
 
 OpsOptions = (options.LeasesOptions | options.DoctorOptions | options.CheckOptions
               | options.BundleOptions | options.StatusOptions)

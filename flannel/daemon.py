@@ -36,18 +36,18 @@ from flannel.backoff import Backoff
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
 from flannel.dataplane import Dataplane
 from flannel.fdlimit import raise_open_files_limit
-from flannel.health import HealthServer
 from flannel.kernel.iface import ExternalInterface, InterfaceError, PublicIPs, select_interface
 from flannel.kernel.privilege import PrivilegeError, privilege_refusal
 from flannel.kernel.rtnl import NetlinkError
 from flannel.lease import EventType, Lease, LeaseAttrs
-from flannel.localsock import LocalSocket, SocketError, listen, socket_path
 from flannel.log import V2
-from flannel.nodestate import NodeState
+from flannel.monitor.health import HealthServer
+from flannel.monitor.localsock import LocalSocket, SocketError, listen, socket_path
+from flannel.monitor.nodestate import NodeState
+from flannel.monitor.sdnotify import notify
 from flannel.readiness import Readiness
 from flannel.rules.build import traffic_rules
 from flannel.rules.iptables import RulesError
-from flannel.sdnotify import notify
 from flannel.settings import InterfaceSettings, RulesSettings, Settings, options_line
 from flannel.subnet import open_store
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env

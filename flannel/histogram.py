@@ -1,7 +1,7 @@
 """Durations counted into fixed buckets, without the metrics library.
 
 Owns the bucket counts of one kind of duration (a reconcile pass), kept by whoever measures
-it and read at scrape time by ``flannel.metrics``, so that the code that measures never
+it and read at scrape time by ``flannel.monitor.metrics``, so that the code that measures never
 imports prometheus_client. Must not touch: anything else.
 """
 

@@ -1,7 +1,7 @@
 """flanneld's settings: frozen, typed, grouped by the part of the daemon that reads them.
 
 Owns the shape of the configuration once the command line and ``FLANNELD_*`` are parsed and
-checked (``flannel.cli`` builds it): which store and how to reach it, how the external
+checked (``flannel.flags`` builds it): which store and how to reach it, how the external
 interface is chosen, the traffic rules, the health server, the data plane, the files and the
 log level. Nothing here parses or validates; every value is already checked.
 Must not touch: the store, the kernel, the environment.

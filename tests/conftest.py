@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flannel.lab.etcd import EtcdServer
-from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 from tests.support import netns
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")

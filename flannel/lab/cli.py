@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from flannel.boundedjson import MAX_CONFIG_BYTES
-from flannel.cli import UsageError, parse_namespace
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
+from flannel.flags import UsageError, parse_namespace
 from flannel.lab import extension, tour
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
 from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show

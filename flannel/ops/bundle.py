@@ -28,7 +28,7 @@ from flannel.ops.kernelview import ToolError, read_sysctl, run_tool
 
 if TYPE_CHECKING:
     from flannel.ops.options import BundleOptions
-    from flannel.storeflags import StoreOptions
+    from flannel.ops.storeflags import StoreOptions
 
 MAX_LOG_BYTES = 4 << 20
 MAX_HTTP_BYTES = 4 << 20

@@ -45,7 +45,7 @@ from flannel.ops.leases import vtep_mac
 
 if TYPE_CHECKING:
     from flannel.ops.options import CheckOptions
-    from flannel.storeflags import StoreOptions
+    from flannel.ops.storeflags import StoreOptions
 
 MAIN_TABLE = 254
 ANSWERING = ("ok", "lossy")

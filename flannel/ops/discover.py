@@ -5,7 +5,7 @@ uses. The flanneld of a node is the one in the tool's network namespace (``ip ne
 <node> flannelctl ...`` picks a lab node's); its options are read as flanneld parsed them,
 from its command line and its ``FLANNELD_*`` environment (``/proc/<pid>/environ``, which
 only root, or flanneld's own user, can read: credentials stay out of other users' reach).
-Its files, the local socket (``flannel.localsock``) included, are reached through
+Its files, the local socket (``flannel.monitor.localsock``) included, are reached through
 ``/proc/<pid>/root`` when it runs in another mount namespace (a lab node's private
 ``/run``, a pod), so the paths it was given mean what they mean to it.
 Must not touch: the kernel, the store, the process (reads ``/proc`` only).
@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flannel.cli import UsageError, parse_namespace
-from flannel.localsock import socket_path
+from flannel.flags import UsageError, parse_namespace
+from flannel.monitor.localsock import socket_path
 from flannel.procscan import running_flanneld
 
 MAX_CMDLINE = 1 << 16

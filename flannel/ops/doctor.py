@@ -23,8 +23,8 @@ from flannel.ops.kernelview import read_kernel
 
 if TYPE_CHECKING:
     from flannel.ops.options import DoctorOptions
+    from flannel.ops.storeflags import StoreOptions
     from flannel.settings import EtcdSettings
-    from flannel.storeflags import StoreOptions
 
 STORE_TIMEOUT = 10.0
 
@@ -46,7 +46,7 @@ def read_subnet_env(ctx: Context) -> None:
 
 def _etcd_clock_skew(etcd: EtcdSettings, timeout: float) -> float | None:
     """This node's clock minus the first answering etcd endpoint's (from its HTTP Date)."""
-    from flannel.subnet.etcdclient import parse_endpoints
+    from flannel.subnet.etcd.client import parse_endpoints
 
     context = None
     for endpoint in parse_endpoints(etcd.endpoints):
@@ -125,8 +125,8 @@ def diagnose(ctx: Context) -> list[Finding]:
 
 def store_source(opts: DoctorOptions) -> str:
     """Which store doctor read, and whose settings say so."""
+    from flannel.ops.storeflags import shown
     from flannel.settings import KubeSettings
-    from flannel.storeflags import shown
 
     store, found, given = opts.store.store, opts.found, opts.given
     if isinstance(store, KubeSettings):

@@ -21,7 +21,7 @@ from flannel.lease import NO_IPV4, Lease, LeaseAttrs, LeaseDecodeError, parse_su
 
 if TYPE_CHECKING:
     from flannel.ops.options import LeasesOptions
-    from flannel.subnet.etcd import EtcdSubnetManager
+    from flannel.subnet.etcd.manager import EtcdSubnetManager
     from flannel.subnet.manager import SubnetManager
 
 #: How long one store round trip may take before the command gives up.
@@ -105,7 +105,7 @@ def decode_row(key: str, value: bytes, etcd_lease_id: int) -> LeaseRow:
 
 async def etcd_rows(manager: Any) -> list[LeaseRow]:
     """Every key under ``subnets/`` with its TTL left (queried in parallel)."""
-    from flannel.subnet.etcdclient import EtcdError
+    from flannel.subnet.etcd.client import EtcdError
 
     kvs, _ = await manager.client.get_prefix(manager.subnets_prefix)
     start = len(manager.subnets_prefix)
@@ -160,7 +160,7 @@ def etcd_store(manager: SubnetManager) -> EtcdSubnetManager | None:
     """The etcd store behind ``manager``, or None (its module is loaded only in etcd mode)."""
     if manager.name != "etcd":
         return None
-    from flannel.subnet.etcd import EtcdSubnetManager
+    from flannel.subnet.etcd.manager import EtcdSubnetManager
 
     return manager if isinstance(manager, EtcdSubnetManager) else None
 

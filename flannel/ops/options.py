@@ -2,7 +2,7 @@
 
 Owns the shape of the options of ``leases``, ``doctor``, ``check``, ``bundle`` and
 ``status`` once ``flannel.ctl`` has parsed the command line and resolved the store flags
-(``flannel.storeflags.StoreOptions``): frozen values the commands read, built once.
+(``flannel.ops.storeflags.StoreOptions``): frozen values the commands read, built once.
 Nothing here parses or validates.
 Must not touch: the store, the kernel, the environment.
 """
@@ -14,7 +14,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flannel.storeflags import StoreOptions
+from flannel.ops.storeflags import StoreOptions
 
 if TYPE_CHECKING:
     from flannel.ops.discover import Flanneld

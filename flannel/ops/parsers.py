@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flannel.netutil import unusable_address
-from flannel.storeflags import add_store_flags
+from flannel.ops.storeflags import add_store_flags
 
 
 def _later(module: str, name: str) -> Callable[[Any], int]:

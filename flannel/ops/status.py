@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flannel import boundedjson
-from flannel.localsock import connect, socket_path
+from flannel.monitor.localsock import connect, socket_path
 
 if TYPE_CHECKING:
     from flannel.ops.options import StatusOptions

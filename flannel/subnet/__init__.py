@@ -1,7 +1,7 @@
 """Subnet managers: where leases live (etcd v3 or the Kubernetes API) and how they are watched.
 
 Owns the choice of store and its lazy import: the etcd client is loaded only in etcd mode
-and the Kubernetes API client (kubeclient, kubeconfig, kubeauth) only in kube mode, so a
+and the Kubernetes API client (the kube package) only in kube mode, so a
 node pays in memory and start-up time for the one store it uses.
 Nothing in this package touches the kernel.
 """
@@ -24,14 +24,14 @@ class StoreOpenError(StoreError):
 def open_store(store: StoreSettings) -> SubnetManager:
     """The subnet manager the store settings ask for, importing only that store's client."""
     if isinstance(store, KubeSettings):
-        from flannel.subnet.kube import KubeError, make_kube_manager
+        from flannel.subnet.kube.manager import KubeError, make_kube_manager
 
         try:
             return make_kube_manager(store)
         except KubeError as err:
             raise StoreOpenError(str(err)) from None
-    from flannel.subnet.etcd import make_etcd_manager
-    from flannel.subnet.etcdclient import EtcdOptionError
+    from flannel.subnet.etcd.client import EtcdOptionError
+    from flannel.subnet.etcd.manager import make_etcd_manager
 
     try:
         return make_etcd_manager(store)

@@ -8,7 +8,7 @@ import logging
 from ipaddress import IPv4Address
 
 from flannel.lease import LeaseAttrs
-from flannel.subnet.etcd import EtcdSubnetManager
+from flannel.subnet.etcd.manager import EtcdSubnetManager
 
 NODES = 200
 
@@ -18,7 +18,7 @@ async def test_simultaneous_nodes_get_distinct_subnets_and_rarely_race(client, p
     managers = [EtcdSubnetManager(client, prefix) for _ in range(NODES)]
     config = await managers[0].get_network_config()
     first_ip = int(IPv4Address("172.16.0.1"))  # consecutive public IPs, as in a rack
-    with caplog.at_level(logging.INFO, logger="flannel.subnet.etcd"):
+    with caplog.at_level(logging.INFO, logger="flannel.subnet.etcd.manager"):
         leases = await asyncio.wait_for(asyncio.gather(*(
             sm.acquire_lease(config, LeaseAttrs(public_ip=IPv4Address(first_ip + i)))
             for i, sm in enumerate(managers))), timeout=120)

@@ -8,7 +8,7 @@ from pathlib import Path
 from flannel.ctl import build_parser
 from flannel.ops.checks import Context
 from flannel.ops.doctor import _etcd_clock_skew, read_store
-from flannel.storeflags import StoreOptions, resolve
+from flannel.ops.storeflags import StoreOptions, resolve
 from tests.support.kubeapi import FakeKubeAPI
 
 CONFIG = '{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}'

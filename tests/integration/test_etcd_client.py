@@ -11,7 +11,7 @@ import pytest
 
 from flannel.lab.etcd import EtcdServer, free_port
 from flannel.subnet.errors import StoreError, StoreUnavailable
-from flannel.subnet.etcdclient import (
+from flannel.subnet.etcd.client import (
     EtcdAuthFailed,
     EtcdClient,
     EtcdError,
@@ -179,7 +179,7 @@ async def test_password_auth_and_reauthentication_after_token_expiry(tmp_path, c
                                         username="root", password="s3cret"))
         try:
             await client.put(b"/auth/key", b"v1")
-            caplog.set_level(logging.INFO, logger="flannel.subnet.etcdclient")
+            caplog.set_level(logging.INFO, logger="flannel.subnet.etcd.client")
             # Simple tokens expire --auth-token-ttl after their last use; the next request
             # then fails with an invalid token and must re-authenticate transparently.
             await asyncio.sleep(3)

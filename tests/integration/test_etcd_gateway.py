@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from flannel.lab.etcd import EtcdServer
-from flannel.subnet import etcdclient
-from flannel.subnet.etcdclient import (
+from flannel.subnet.etcd import client as etcdclient
+from flannel.subnet.etcd.client import (
     EtcdClient,
     EtcdError,
     EtcdOptions,

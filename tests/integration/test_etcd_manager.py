@@ -12,13 +12,13 @@ import pytest
 from flannel.config import ConfigError
 from flannel.lease import EventType, Lease, LeaseAttrs
 from flannel.subnet.errors import OwnLeaseRevoked
-from flannel.subnet.etcd import (
+from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.manager import (
     AcquireError,
     ConfigNotFound,
     EtcdSubnetManager,
     PreviousSubnets,
 )
-from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 from tests.support.proxy import CuttableProxy
 from tests.support.waiting import async_wait_until

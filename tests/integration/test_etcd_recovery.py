@@ -13,8 +13,8 @@ import pytest
 from flannel.daemon import acquire_lease
 from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.errors import StoreError, StoreUnavailable
-from flannel.subnet.etcd import EtcdSubnetManager, LeaseTaken, PreviousSubnets
-from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.manager import EtcdSubnetManager, LeaseTaken, PreviousSubnets
 from tests.integration.test_etcd_manager import (
     CONFIG,
     Collector,
@@ -104,7 +104,7 @@ async def test_a_wiped_etcd_gets_our_lease_back_and_a_fresh_view(private_etcd, p
         collector = Collector(sm, own)
         try:
             await collector.wait_for((EventType.ADDED, "10.3.220.0-24"))
-            caplog.set_level(logging.INFO, logger="flannel.subnet.etcd")
+            caplog.set_level(logging.INFO, logger="flannel.subnet.etcd.manager")
             await asyncio.to_thread(private_etcd.wipe)
             await other.put(f"{prefix}/config".encode(), CONFIG.encode())
 
@@ -173,7 +173,7 @@ async def test_a_restore_from_an_older_snapshot_is_detected_and_repaired(
             async def listed() -> bool:
                 return bool(collector.updates)
             await async_wait_until(listed, what="the first snapshot")
-            caplog.set_level(logging.INFO, logger="flannel.subnet.etcd")
+            caplog.set_level(logging.INFO, logger="flannel.subnet.etcd.manager")
             await asyncio.to_thread(private_etcd.restore, backup)
 
             async def repaired() -> bool:

@@ -57,7 +57,7 @@ users:
 DECODE = """
 import json, platform, ssl, sys
 from flannel import config, lease
-from flannel.subnet.kubeconfig import from_kubeconfig
+from flannel.subnet.kube.config import from_kubeconfig
 cfg = config.parse_config(sys.argv[1])
 config.check_network_config(cfg)
 subnet, ipv6_subnet = lease.parse_subnet_key(sys.argv[2])

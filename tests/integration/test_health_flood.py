@@ -89,7 +89,7 @@ def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_pa
 SERVER = """
 import asyncio, os, resource, sys
 from flannel import log
-from flannel.health import HealthServer
+from flannel.monitor.health import HealthServer
 
 async def main():
     server = HealthServer(lambda: (True, ""))

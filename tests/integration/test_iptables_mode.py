@@ -11,7 +11,7 @@ from ipaddress import ip_network
 
 import pytest
 
-from flannel.cli import UsageError, parse_args
+from flannel.flags import UsageError, parse_args
 from flannel.kernel.host import Host
 from flannel.lab.etcd import EtcdServer
 from flannel.rules.iptables import LEGACY, NFT, RulesError, Variant

@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from flannel.subnet.annotations import Annotations
-from flannel.subnet.kube import KubeError, KubeSubnetManager, kube_client
-from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kubeconfig import client_config
+from flannel.subnet.kube.annotations import Annotations
+from flannel.subnet.kube.client import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.subnet.kube.config import client_config
+from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, kube_client
 from flannel.subnet.watch import LeaseWatcher
 from tests.integration.test_kube_manager import VXLAN, manager, remote
 from tests.support.kubeapi import FakeKubeAPI

@@ -27,8 +27,8 @@ from flannel.kernel.host import Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.lab.etcd import free_port
 from flannel.settings import InterfaceSettings
-from flannel.subnet.annotations import Annotations
-from flannel.subnet.kube import KubeSubnetManager, kube_client
+from flannel.subnet.kube.annotations import Annotations
+from flannel.subnet.kube.manager import KubeSubnetManager, kube_client
 from tests.support import netns
 from tests.support.flanneld import Flanneld
 from tests.support.kubeapi import FakeKubeAPI
@@ -59,7 +59,7 @@ class KubeNode:
     backend records instead of programming (alloc: the real one, which programs nothing)."""
 
     def __init__(self, api: FakeKubeAPI, tmp_path: Path, config: dict) -> None:
-        from flannel.cli import parse_args
+        from flannel.flags import parse_args
 
         self.port = free_port()
         conf = tmp_path / "net-conf.json"
@@ -198,7 +198,7 @@ async def test_removed_annotations_are_published_again(api, tmp_path, caplog):
 
 async def test_a_decoding_bug_in_the_node_watch_exits_one_with_its_traceback(
         api, tmp_path, caplog, monkeypatch):
-    from flannel.subnet import kube
+    from flannel.subnet.kube import manager as kube
 
     api.put_node("node1", ["10.244.1.0/24"])
     async with running(api, tmp_path, HOST_GW) as node:

@@ -1,5 +1,5 @@
 """The kube subnet manager against the API-server test double (tests/support/kubeapi.py),
-through the real API client (flannel.subnet.kubeclient) over HTTP."""
+through the real API client (flannel.subnet.kube.client) over HTTP."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from ipaddress import IPv4Address, IPv6Address
 import pytest
 
 from flannel.lease import EventType, LeaseAttrs
-from flannel.subnet import kube
-from flannel.subnet.annotations import Annotations
-from flannel.subnet.kube import KubeError, KubeSubnetManager, event_queue_depth, kube_client
+from flannel.subnet.kube import manager as kube
+from flannel.subnet.kube.annotations import Annotations
+from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, event_queue_depth, kube_client
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.waiting import async_wait_until

@@ -15,8 +15,8 @@ from ipaddress import IPv4Network
 import pytest
 
 from flannel.lease import EventType, Lease
-from flannel.subnet.annotations import Annotations
-from flannel.subnet.kube import KubeSubnetManager, kube_client
+from flannel.subnet.kube.annotations import Annotations
+from flannel.subnet.kube.manager import KubeSubnetManager, kube_client
 from flannel.subnet.watch import Changes, LeaseWatcher, Snapshot
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.waiting import async_wait_until

@@ -15,14 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import sys
 from ipaddress import ip_address, ip_network
-from flannel import cleanup, cli, daemon, subnet
+from flannel import cleanup, daemon, flags, subnet
 from flannel.backend import backend_class, supported
 from flannel.kernel import device, iface
 from flannel.udp import device as udp_device
 from flannel.wireguard import device as wireguard_device
-for flags in (["--kube-subnet-mgr", "--kube-api-url=http://127.0.0.1:1"],
-              ["--etcd-endpoints=http://127.0.0.1:1"]):
-    subnet.open_store(cli.parse_args(flags, {}).store)
+for argv in (["--kube-subnet-mgr", "--kube-api-url=http://127.0.0.1:1"],
+             ["--etcd-endpoints=http://127.0.0.1:1"]):
+    subnet.open_store(flags.parse_args(argv, {}).store)
 for kind in supported():
     backend_class(kind)
 ext = iface.select_external_interface(iface.read_snapshot(), iface.IfaceOptions())

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from flannel.health import REASON_LIMIT
 from flannel.lab.cli import build, wait_for_mesh
 from flannel.lab.cluster import in_ns, ip
+from flannel.monitor.health import REASON_LIMIT
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

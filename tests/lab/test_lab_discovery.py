@@ -15,7 +15,7 @@ import pytest
 
 from flannel.lab.cli import main as lab_main
 from flannel.lab.cluster import Lab
-from flannel.localsock import connect
+from flannel.monitor.localsock import connect
 
 FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")

@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 from flannel.config import ConfigError, check_network_config, parse_config
 from flannel.lease import Lease, LeaseAttrs, LeaseDecodeError, parse_subnet_key
 from flannel.netutil import unusable_address
-from flannel.subnet.annotations import AnnotationError, Annotations, node_lease
 from flannel.subnet.envfile import read_env, single_cidr
-from flannel.subnet.etcd import EtcdSubnetManager
-from flannel.subnet.etcdclient import KeyValue
+from flannel.subnet.etcd.client import KeyValue
+from flannel.subnet.etcd.manager import EtcdSubnetManager
+from flannel.subnet.kube.annotations import AnnotationError, Annotations, node_lease
 from flannel.subnet.watch import LeaseWatcher, Snapshot, peer_problem
 from tests.support.fuzzing import FuzzTarget
 

@@ -1,10 +1,10 @@
-"""Free-subnet choice (flannel/subnet/candidates.py) and lease compatibility (compat 3.5)."""
+"""Free-subnet choice (flannel/subnet/etcd/candidates.py) and lease compatibility (compat 3.5)."""
 
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from flannel.config import check_network_config, parse_config
-from flannel.subnet.candidates import free_subnet, node_seed
-from flannel.subnet.etcd import subnet_fits
+from flannel.subnet.etcd.candidates import free_subnet, node_seed
+from flannel.subnet.etcd.manager import subnet_fits
 
 
 def cfg(text: str):

@@ -5,7 +5,7 @@ from ipaddress import IPv4Address, IPv6Address
 import pytest
 
 from flannel.lease import LeaseAttrs
-from flannel.subnet.annotations import (
+from flannel.subnet.kube.annotations import (
     AnnotationError,
     Annotations,
     node_lease,

@@ -4,7 +4,8 @@ import dataclasses
 
 import pytest
 
-from flannel.cli import FLAGS, UsageError, main, parse_args, parse_go_duration
+from flannel.cli import main
+from flannel.flags import FLAGS, UsageError, parse_args, parse_go_duration
 from flannel.settings import EtcdSettings, KubeSettings
 
 
@@ -294,7 +295,7 @@ def test_help_describes_flanneld_and_shows_each_default(tmp_path):
 
 
 def test_unknown_flanneld_variables_are_named_with_the_nearest_flag():
-    from flannel.cli import unknown_environment
+    from flannel.flags import unknown_environment
 
     settings = parse(env={"FLANNELD_IP_MASK": "true", "FLANNELD_IFACE": "eth0",
                           "FLANNELD_FROBNICATE": "1", "FLANNEL_IFACE": "x"})

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from flannel.cli import UsageError
 from flannel.ctl import build_parser
+from flannel.flags import UsageError
+from flannel.ops.storeflags import resolve
 from flannel.settings import EtcdSettings
-from flannel.storeflags import resolve
 
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 

@@ -19,10 +19,10 @@ import pytest
 
 from flannel.backend.base import Applier, ApplyResult, Backend, BackendOptions, LocalNetwork
 from flannel.backend.footprint import PER_PEER, Footprint
-from flannel.cli import parse_args
 from flannel.cni.plugin import parse_subnet_env
 from flannel.config import NetworkConfig, parse_config
 from flannel.daemon import Daemon
+from flannel.flags import parse_args
 from flannel.kernel.iface import ExternalInterface
 from flannel.lab.etcd import free_port
 from flannel.lease import Event, EventType, Lease, LeaseAttrs

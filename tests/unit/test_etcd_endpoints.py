@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from flannel.subnet.etcd import EtcdSubnetManager
-from flannel.subnet.etcdclient import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.manager import EtcdSubnetManager
 
 
 @pytest.mark.parametrize(("text", "target", "server_name"), [

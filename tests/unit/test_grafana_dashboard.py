@@ -1,7 +1,7 @@
 """deploy/grafana/pyflannel-dashboard.json: a dashboard Grafana can import, whose every
 query names only series flanneld serves.
 
-The served series are rendered by the real collector (``flannel.metrics``) from the daemon
+The served series are rendered by the real collector (``flannel.monitor.metrics``) from the daemon
 run in-process as tests/unit/test_metrics.py runs it (memory store, here with a lease that
 expires, so the lease's remaining time is served), plus the engine figures of the real udp
 and WireGuard appliers. Sample names are compared, so a histogram's ``_bucket``/``_sum``/
@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from flannel.backend.udp import UdpBackend
 from flannel.backend.wireguard import WireguardBackend
 from flannel.config import parse_config
-from flannel.metrics import Exposition
-from flannel.nodestate import NodeState
+from flannel.monitor.metrics import Exposition
+from flannel.monitor.nodestate import NodeState
 from flannel.readiness import Readiness
 from flannel.subnet.watch import Snapshot
 from flannel.udp.forwarder import ForwarderStatus

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from flannel.health import REASON_LIMIT, HealthServer, public_reason
+from flannel.monitor.health import REASON_LIMIT, HealthServer, public_reason
 
 ANY_PATH = re.compile(r"(?<![\w.:])[~.]*/\w")
 
@@ -112,7 +112,7 @@ async def test_idle_connections_beyond_the_limit_make_room_for_a_probe(caplog):
 async def test_a_request_that_never_comes_is_timed_out(monkeypatch):
     import asyncio
 
-    monkeypatch.setattr("flannel.health.HEAD_TIMEOUT", 0.2)
+    monkeypatch.setattr("flannel.monitor.health.HEAD_TIMEOUT", 0.2)
     server = HealthServer(lambda: (True, ""))
     await server.start("127.0.0.1", 0)
     try:

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from flannel.subnet.kubeauth import StaticToken
-from flannel.subnet.kubeconfig import KubeConfigError, from_kubeconfig
+from flannel.subnet.kube.auth import StaticToken
+from flannel.subnet.kube.config import KubeConfigError, from_kubeconfig
 
 KUBECONFIG = """\
 # written by kubectl config set-cluster

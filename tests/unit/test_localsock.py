@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.localsock import SocketError, connect, listen, socket_path
+from flannel.monitor.localsock import SocketError, connect, listen, socket_path
 
 
 def test_socket_is_next_to_subnet_env_mode_0600_in_a_0755_directory(tmp_path):

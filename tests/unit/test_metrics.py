@@ -19,11 +19,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flannel.backend.base import Applier, ApplyResult, BackendOptions, EngineSample
 from flannel.config import NetworkConfig
-from flannel.health import HealthServer, same_host
 from flannel.histogram import Durations
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
-from flannel.nodestate import NodeState, status_document
+from flannel.monitor.health import HealthServer, same_host
+from flannel.monitor.nodestate import NodeState, status_document
 from flannel.readiness import Readiness
 from flannel.subnet.watch import Changes, Snapshot
 from tests.support.waiting import async_wait_until
@@ -299,7 +299,7 @@ def test_durations_fall_in_their_buckets():
 
 PROBE = """
 import sys
-import flannel.daemon, flannel.health, flannel.cni.plugin, flannel.ctl
+import flannel.daemon, flannel.monitor.health, flannel.cni.plugin, flannel.ctl
 flannel.ctl.build_parser().parse_args(["status", "--json"])
 print("prometheus_client" in sys.modules)
 """
@@ -312,7 +312,7 @@ def test_prometheus_client_is_loaded_only_when_scraped():
 
 
 def collected(state: NodeState) -> dict:
-    from flannel.metrics import Exposition
+    from flannel.monitor.metrics import Exposition
 
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(Exposition(state).render().decode())

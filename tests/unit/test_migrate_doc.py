@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from flannel import backend, ctl, dockeropts
-from flannel.cli import FLAGS, parse_namespace
+from flannel.flags import FLAGS, parse_namespace
 from tests.deploy.manifests import KUSTOMIZE, documents, pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,6 +16,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (
@@ -28,8 +29,10 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
-from flannel.nodestate import NodeState
 from flannel.version import __version__
+
+if TYPE_CHECKING:
+    from flannel.monitor.nodestate import NodeState
 
 #: The classic text format: every Prometheus version reads it, and our names need no more.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4

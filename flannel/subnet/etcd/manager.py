@@ -39,10 +39,10 @@ from flannel.lease import (
 )
 from flannel.log import V1, V4
 from flannel.settings import EtcdSettings
-from flannel.subnet.candidates import free_subnet, node_seed
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
-from flannel.subnet.etcdclient import (
+from flannel.subnet.etcd.candidates import free_subnet, node_seed
+from flannel.subnet.etcd.client import (
     Code,
     EtcdClient,
     EtcdCompacted,
@@ -361,7 +361,7 @@ class EtcdSubnetManager:
     def _allocate(self, cfg: NetworkConfig, leases: list[Lease], attrs: LeaseAttrs,
                   attempt: int) -> tuple[IPv4Network | None, IPv6Network | None]:
         """A free subnet at a point derived from our public IP and the attempt number, so
-        simultaneous nodes rarely race for the same key (see flannel/subnet/candidates.py)."""
+        simultaneous nodes rarely race for the same key (see flannel/subnet/etcd/candidates.py)."""
         seed = node_seed(attrs.public_ip, attrs.public_ipv6)
         subnet = ipv6_subnet = None
         if cfg.enable_ipv4:

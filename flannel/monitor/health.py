@@ -2,14 +2,14 @@
 ``/metrics`` (Prometheus) and ``/status`` (JSON for ``flannelctl status``).
 
 Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port`` and on flanneld's local
-socket (``flannel.localsock``: mode 0600, so every client there is local). ``/readyz``
+socket (``flannel.monitor.localsock``: mode 0600, so every client there is local). ``/readyz``
 answers 200 only when every readiness component has reported ready (``flannel.readiness``:
 startup, subnet.env, store, rules, data plane); otherwise 503 with the reason in the body.
 The default address 0.0.0.0 serves that text on every address of the host, so the body says
 what is wrong but never where: paths (files, store keys) are cut to their last part; the
-log has them whole. ``/metrics`` (``flannel.metrics``, imported at the first scrape) answers
+log has them whole. ``/metrics`` (``flannel.monitor.metrics``, imported at the first scrape) answers
 anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
-(``flannel.nodestate``) tells more (whole reasons, addresses, devices), so it answers only
+(``flannel.monitor.nodestate``) tells more (whole reasons, addresses, devices), so it answers only
 a client on this host: one that connects from a loopback address or from the very address
 it connected to; any other gets 403.
 
@@ -23,7 +23,7 @@ An accept that fails for want of files is logged, at most once a minute, never w
 traceback. ``HealthStats`` counts all of it for /metrics. The same server also answers on
 flanneld's local socket (a client there is on this host), within the same bounds.
 Must not touch: anything but its listening sockets (the local one is made and removed by
-``flannel.localsock``) and the connections it accepted.
+``flannel.monitor.localsock``) and the connections it accepted.
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flannel.nodestate import NodeState, status_document
+from flannel.monitor.nodestate import status_document
 
 if TYPE_CHECKING:
-    from flannel.metrics import Exposition
+    from flannel.monitor.metrics import Exposition
+    from flannel.monitor.nodestate import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -213,10 +214,10 @@ class HealthServer:
         if (path.split("?", 1)[0] == "/metrics" and self.state is not None
                 and self._exposition is None):
             with contextlib.suppress(ImportError):
-                await asyncio.to_thread(importlib.import_module, "flannel.metrics")
+                await asyncio.to_thread(importlib.import_module, "flannel.monitor.metrics")
 
     def _metrics(self, state: NodeState) -> bytes:
-        from flannel.metrics import CONTENT_TYPE, Exposition
+        from flannel.monitor.metrics import CONTENT_TYPE, Exposition
 
         try:
             if self._exposition is None:
@@ -370,7 +371,7 @@ class HealthServer:
         self._acceptors.append(acceptor)
 
     async def start_unix(self, sock: socket.socket) -> None:
-        """Serve on a listening unix socket made by ``flannel.localsock`` (which removes its
+        """Serve on a listening unix socket made by ``flannel.monitor.localsock`` (which removes its
         file); ``stop`` closes it."""
         sock.setblocking(False)
         self._unix_listeners.append(sock)

@@ -11,7 +11,7 @@ small views (name, version, pod CIDRs, flannel's annotations); a node whose fiel
 wrong types is skipped, logged once and counted, like one with bad annotations, and never
 stops the list or the watch. API errors are classified by HTTP status: retryable
 (``KubeUnavailable``, a ``StoreUnavailable``) or fatal (``KubeError``, a ``StoreError`` saying
-what to fix). The HTTP client and its config are kubeclient's and kubeconfig's.
+what to fix). The HTTP client and its config are the client's and config's.
 Also owns the keeping of this node's record while flanneld runs: its annotations published
 again when they go missing, both written again when the Node is registered anew, every
 write retried with backoff without end (never fatal) and shown in ``status.writes``.
@@ -37,7 +37,8 @@ from flannel.fileutil import read_head
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.netutil import within
 from flannel.settings import KubeSettings
-from flannel.subnet.annotations import (
+from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
+from flannel.subnet.kube.annotations import (
     AnnotationError,
     Annotations,
     NotManaged,
@@ -45,9 +46,8 @@ from flannel.subnet.annotations import (
     pod_cidrs,
     published,
 )
-from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
-from flannel.subnet.kubeclient import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kubeconfig import KubeConfigError, client_config, ignored_proxy
+from flannel.subnet.kube.client import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.subnet.kube.config import KubeConfigError, client_config, ignored_proxy
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot

@@ -2,7 +2,7 @@
 
 Owns declaring flanneld's store flags on a ``flannelctl`` command, and turning the command
 line (and environment), and what the node's running flanneld uses (``flannel.ops.discover``),
-into ``StoreOptions``: the typed store settings (``cli.store_settings``) and the subnet.env,
+into ``StoreOptions``: the typed store settings (``flags.store_settings``) and the subnet.env,
 built once so that an operator can paste flanneld's own flags or give none.
 Must not touch: the kernel, the store.
 """
@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flannel.cli import FLAGS, Flag, UsageError, shown_value, store_settings
+from flannel.flags import FLAGS, Flag, UsageError, shown_value, store_settings
 from flannel.settings import EtcdSettings, StoreSettings
 
 if TYPE_CHECKING:

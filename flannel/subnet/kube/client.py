@@ -29,8 +29,8 @@ from urllib.parse import quote
 
 from flannel import boundedjson
 from flannel.httpclient import BodyTooLarge, Connection, ProtocolError
-from flannel.subnet.kubeauth import CredentialError
-from flannel.subnet.kubeconfig import ClusterConfig
+from flannel.subnet.kube.auth import CredentialError
+from flannel.subnet.kube.config import ClusterConfig
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ plugins of client.authentication.k8s.io v1 and v1beta1), the in-cluster service 
 ``--kube-api-url`` as the server over either. Every bad field is refused with a message
 naming the field and the file; a proxy variable client-go would honour is reported
 (``ignored_proxy``). Key material from ``*-data`` fields reaches ssl only through
-``kubeauth.load_key_pair`` (a 0600 file removed at once); it is never logged.
-Must not touch: how credentials are obtained (kubeauth), requests (kubeclient), the kernel.
+``auth.load_key_pair`` (a 0600 file removed at once); it is never logged.
+Must not touch: how credentials are obtained (auth), requests (client), the kernel.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from flannel.fileutil import read_head
-from flannel.subnet.kubeauth import (
+from flannel.subnet.kube.auth import (
     BasicAuth,
     Credentials,
     ExecPlugin,

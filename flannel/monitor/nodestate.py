@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from flannel.backend.footprint import Footprint
     from flannel.config import NetworkConfig
     from flannel.dataplane import Dataplane
-    from flannel.health import HealthStats
+    from flannel.monitor.health import HealthStats
     from flannel.rules.manager import RulesStatus
     from flannel.subnet.manager import SubnetManager
     from flannel.subnet.watch import LeaseWatcher
