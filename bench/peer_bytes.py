@@ -36,8 +36,8 @@ from flannel.kernel.device import VxlanSpec
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Lease, LeaseAttrs
 from flannel.readiness import Readiness
-from flannel.subnet.etcd import EtcdSubnetManager
-from flannel.subnet.etcdclient import KeyValue
+from flannel.subnet.etcd.client import KeyValue
+from flannel.subnet.etcd.manager import EtcdSubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 from tests.support import fakenetlink
 
