@@ -1,7 +1,7 @@
 """Shared fixtures: a real etcd per session (and private ones on demand), unique key prefixes,
 a sweep that removes any network namespace this run left behind, the ``netns``/``etcd``
-markers of the tests that use them, ``slow`` on the image and foreign-arch tests, and the fast
-lane's guard (tests/support/fastlane.py)."""
+markers of the tests that use them, ``slow`` on the image, foreign-arch and download tests, and
+the fast lane's guard (tests/support/fastlane.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd
 
 #: Fixtures that need root and network namespaces, or an etcd server: a test using one
 #: (directly or through another fixture) gets the marker, so that
-#: ``-m "not netns and not etcd"`` selects the fast lane that runs without root.
+#: ``-m "not netns and not etcd and not slow"`` selects the fast lane that runs without root.
 NETNS_FIXTURES = frozenset({"ns", "make_lab"})
 ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
 #: Tests that take minutes when cold or wait on the network: whole run only, not the fast lane.
