@@ -1,6 +1,7 @@
 """Shared fixtures: a real etcd per session (and private ones on demand), unique key prefixes,
-a sweep that removes any network namespace this run left behind, and the ``netns``/``etcd``
-markers of the tests that use them."""
+a sweep that removes any network namespace this run left behind, the ``netns``/``etcd``
+markers of the tests that use them, ``slow`` on the image, foreign-arch and download tests, and
+the fast lane's guard (tests/support/fastlane.py)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,19 @@ from flannel.lab.etcd import EtcdServer
 from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 from tests.support import netns
 
+pytest_plugins = ["tests.support.fastlane"]
+
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd-server")
 
 
 #: Fixtures that need root and network namespaces, or an etcd server: a test using one
 #: (directly or through another fixture) gets the marker, so that
-#: ``-m "not netns and not etcd"`` selects the fast lane that runs without root.
+#: ``-m "not netns and not etcd and not slow"`` selects the fast lane that runs without root.
 NETNS_FIXTURES = frozenset({"ns", "make_lab"})
 ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
+#: Tests that take minutes when cold or wait on the network: whole run only, not the fast lane.
+SLOW_MARKERS = frozenset({"image", "foreign", "pypi"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
@@ -35,6 +40,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.netns)
         if used & ETCD_FIXTURES:
             item.add_marker(pytest.mark.etcd)
+        if any(item.get_closest_marker(name) for name in SLOW_MARKERS):
+            item.add_marker(pytest.mark.slow)
+        # Under -n, one worker runs all the image tests: the image is built once per run
+        # under one tag, and its buildah storage is not shared between builders.
+        if item.get_closest_marker("image"):
+            item.add_marker(pytest.mark.xdist_group("image"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.support import debian_hosts, netns
 
-pytestmark = [pytest.mark.netns, pytest.mark.timeout(1800),
+pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(shutil.which("debootstrap") is None,
                                  reason="needs debootstrap (./install.sh installs it)")]
 

@@ -23,6 +23,8 @@ from flannel.subnet.etcd.client import (
 from tests.support.tls import make_tls_files
 from tests.support.waiting import async_wait_until
 
+pytestmark = pytest.mark.etcd  # most tests start an etcd of their own
+
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory):

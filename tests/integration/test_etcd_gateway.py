@@ -136,6 +136,7 @@ async def test_a_server_that_is_not_etcds_gateway_is_named():
         "no etcd JSON; is this etcd 3.4 or later with its gRPC gateway enabled?)")
 
 
+@pytest.mark.etcd
 async def test_a_certificate_with_a_common_name_on_an_etcd_with_auth_names_the_fix(tmp_path):
     """etcd's gateway refuses such a client outright when authentication is on (the name
     would be taken for the gateway's own user), even one that also gives a password; a

@@ -24,7 +24,8 @@ from flannel.udp.forwarder import ForwarderConfig, ForwarderError, UdpForwarder
 from tests.support import netns
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+pytestmark = [pytest.mark.netns,
+              pytest.mark.skipif(os.geteuid() != 0, reason="needs root")]
 
 NETWORK = IPv4Network("10.5.0.0/16")
 PORT = 8285
