@@ -35,6 +35,7 @@ from flannel.backend.base import (
 )
 from flannel.backend.footprint import COVERING, Footprint, Link
 from flannel.backend.routed import RoutedBackend
+from flannel.backoff import Backoff
 from flannel.config import NetworkConfig
 from flannel.kernel import device as kernel_device
 from flannel.kernel.iface import ExternalInterface
@@ -214,6 +215,7 @@ class _ForwarderApplier(Applier):
         self.backend = backend
         self._clock = clock
         self._restart_delay = 0.0  # 0 until a death; then the wait before the next start
+        self._restarts = Backoff(RESTART_FIRST, RESTART_LONGEST)
         self._started_at = clock()
         self.table: dict[IPv4Network, IPv4Address] = {}
         self._lock = threading.Lock()  # close() against a pass still running at shutdown
@@ -237,6 +239,7 @@ class _ForwarderApplier(Applier):
                 now = self._clock()
                 if now - self._started_at >= RESTART_QUIET:
                     self._restart_delay = 0.0
+                    self._restarts.reset()
                 if status.last_error != self._logged:  # once per cause, not per retry
                     log.error("%s; restarting it", status.last_error)
                     self._logged = status.last_error
@@ -244,8 +247,7 @@ class _ForwarderApplier(Applier):
                 if wait > 0:
                     return ApplyResult(error=f"{status.last_error}; restarting it in "
                                              f"{wait:.1f} s", recheck=wait)
-                self._restart_delay = min(max(2 * self._restart_delay, RESTART_FIRST),
-                                          RESTART_LONGEST)
+                self._restart_delay = self._restarts.grow()
                 self._started_at = now
                 try:
                     forwarder.start()
