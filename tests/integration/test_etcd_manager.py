@@ -329,6 +329,24 @@ async def test_own_lease_deletion_is_reported(client, prefix):
         await collector.stop()
 
 
+async def test_a_bug_in_the_watch_stream_ends_the_lease_watch(client, prefix, monkeypatch):
+    sm = await setup(client, prefix)
+    updates = sm.watch_leases(max_backoff=0.5)
+    try:
+        await asyncio.wait_for(anext(updates), 10)
+
+        async def broken_watch(*args, **kwargs):
+            raise TypeError("'NoneType' object is not subscriptable")
+            yield  # an async generator, like the client's watch
+        monkeypatch.setattr(sm.client, "watch", broken_watch)
+        await client.put(f"{prefix}/subnets/10.3.200.0-24".encode(), b"{}")
+        # Raised to the consumer (the daemon's supervised lease watch), not a silent stall.
+        with pytest.raises(TypeError, match="not subscriptable"):
+            await asyncio.wait_for(anext(updates), 10)
+    finally:
+        await updates.aclose()
+
+
 @contextlib.asynccontextmanager
 async def partitionable(etcd):
     """A manager's client behind a cuttable proxy, and a direct client for the test."""

@@ -514,7 +514,9 @@ class EtcdSubnetManager:
             async for batch in self.client.watch(self.subnets_prefix, start_revision):
                 await queue.put(batch)
             await queue.put(StoreUnavailable("the watch stream ended"))
-        except (StoreUnavailable, StoreError) as err:
+        except Exception as err:
+            # Store errors end this stream; anything else is a bug, which the consumer raises:
+            # a pump that died quietly would leave the watch stalled with no error anywhere.
             await queue.put(err)
 
     async def _check(self) -> str | None:
