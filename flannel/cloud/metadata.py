@@ -1,5 +1,6 @@
-"""Instance metadata readers: AWS's IMDS (v2 with a session token, falling back to v1) and
-Tencent Cloud's metadata service, and the node identity each engine needs from them.
+"""Instance metadata readers: AWS's IMDS (v2 with a session token, falling back to v1),
+Tencent Cloud's and Alibaba Cloud's metadata services, and the node identity each engine
+needs from them.
 
 Values read here are untrusted: every one is bounded in size and checked against the shape
 the cloud documents before use. Must not touch: cloud APIs, credentials.
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 AWS_IMDS = "http://169.254.169.254"
 TENCENT_METADATA = "http://metadata.tencentyun.com"
+ALIYUN_METADATA = "http://100.100.100.200"
 _MAX_BODY = 64 * 1024
 _SESSION_TTL_SECONDS = "21600"
 
@@ -33,6 +35,11 @@ _AWS_SHAPES = {
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", re.ASCII)
 _TENCENT_REGION = re.compile(r"[a-z]{2,}(-[a-z0-9]+){1,3}", re.ASCII)
 _TENCENT_VPC = re.compile(r"vpc-[0-9a-z]{4,32}", re.ASCII)
+_ALIYUN_SHAPES = {
+    "region-id": re.compile(r"[a-z]{2,}(-[a-z0-9]+){1,3}", re.ASCII),
+    "instance-id": re.compile(r"i-[0-9a-z]{8,32}", re.ASCII),
+    "vpc-id": re.compile(r"vpc-[0-9a-z]{8,32}", re.ASCII),
+}
 
 
 class MetadataClient:
@@ -158,3 +165,17 @@ def tencent_identity(client: MetadataClient) -> TencentIdentity:
     mac = _checked("mac", client.get("mac").lower(), _MAC)
     vpc_path = f"network/interfaces/macs/{mac}/vpc-id"
     return TencentIdentity(region, _checked(vpc_path, client.get(vpc_path), _TENCENT_VPC))
+
+
+@dataclass(frozen=True)
+class AliyunIdentity:
+    region: str
+    instance_id: str
+    vpc_id: str
+
+
+def aliyun_identity(client: MetadataClient) -> AliyunIdentity:
+    """The region, instance and VPC of this ECS instance, the three values Go flannel read."""
+    region, instance_id, vpc_id = (_checked(path, client.get(path), _ALIYUN_SHAPES[path])
+                                   for path in ("region-id", "instance-id", "vpc-id"))
+    return AliyunIdentity(region, instance_id, vpc_id)
