@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from flannel.fileutil import write_atomic
-from flannel.kernel.host import LOCAL
+from flannel.kernel.host import LOCAL, Host
 from flannel.lab import vpcrouter
 from flannel.lab.aliyunapi import FakeAliyunVpc
 from flannel.lab.cluster import LabError
@@ -41,9 +41,11 @@ def instance_id(index: int) -> str:
     return f"i-bp1flannellab{index:06d}"
 
 
-def serve_metadata(address: str, by_client: dict[str, dict[str, str]]) -> ThreadingHTTPServer:
-    """A metadata service answering ``GET /latest/meta-data/<path>`` with the value for the
-    asking node (by its source address); 404 for anything else."""
+def serve_metadata(address: str, by_client: dict[str, dict[str, str]], host: Host = LOCAL
+                   ) -> ThreadingHTTPServer:
+    """A metadata service in ``host``'s namespace answering ``GET /latest/meta-data/<path>``
+    with the value for the asking node (``by_client``: by its source address); 404 for
+    anything else."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -60,7 +62,7 @@ def serve_metadata(address: str, by_client: dict[str, dict[str, str]]) -> Thread
             self.end_headers()
             self.wfile.write(data)
 
-    return serve(Handler, address, LOCAL)
+    return serve(Handler, address, host)
 
 
 def main(argv: list[str] | None = None) -> int:
