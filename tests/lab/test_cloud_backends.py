@@ -3,9 +3,10 @@ namespace per node) against moto's EC2 server (through the fault-injecting relay
 metadata service per node, or against the Tencent or Alibaba Cloud VPC API double. The
 underlay namespace, every node's default gateway, plays the VPC router: its routes follow
 the cloud's route table (``flannel.lab.vpcrouter``), so pods reach each other only through
-the routes the backend wrote. Checked: every node's route, blackholes removed at start, a route deleted in the
-console repaired, a removed node's route collected, throttling retried, a full table
-reported (and recovered from), credentials never in the logs (-v included). Also the lab's
+the routes the backend wrote. Checked: every node's route, blackholes removed at start, a
+route deleted in the console repaired, a removed node's route collected, throttling
+retried, a full table reported (and recovered from), credentials never in the logs (-v
+included). Also the lab's
 aws-vpc and ali-vpc modes (``flannel-lab up --backend aws-vpc`` / ``ali-vpc``)."""
 
 from __future__ import annotations
