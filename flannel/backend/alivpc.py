@@ -15,7 +15,7 @@ from ipaddress import IPv4Network
 
 from flannel.backend.cloudroutes import CloudRouteBackend, RouteEngine
 from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes
-from flannel.cloud.metadata import MetadataClient
+from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
 
 
 class AliVpcBackend(CloudRouteBackend):
@@ -27,4 +27,5 @@ class AliVpcBackend(CloudRouteBackend):
 
     def make_engine(self, network: IPv4Network) -> RouteEngine:
         config = AliVpcConfig.from_backend(self.config.backend, network)
-        return AliVpcRoutes(config, MetadataClient(config.metadata_url, token=False))
+        return AliVpcRoutes(config, MetadataClient(config.metadata_url, token=True,
+                                                   scheme=ALIYUN_TOKENS))

@@ -26,6 +26,15 @@ destination already in the table (``InvalidCIDRBlock.Duplicate``), an unknown in
 ``fail(action, code, times)`` queues errors; ``delay`` holds every answer back (timeouts).
 Not modelled: other actions, pagination beyond one page, ECMP next hops, RAM policies,
 STS tokens, route entries of other next hop types than those tests add.
+
+``FakeAliyunMetadata`` models the ECS instance metadata service (100.100.100.200), from the
+same reference's "instance metadata" pages: ``GET /latest/meta-data/<path>`` answers the
+asking instance's value (instances told apart by their source address, as the real service
+does), 404 for an unknown path; hardened mode: ``PUT /latest/api/token`` with
+``X-aliyun-ecs-metadata-token-ttl-seconds`` (1..21600, else 400) issues a token that GETs
+carry in ``X-aliyun-ecs-metadata-token`` (an unknown one: 401). ``enforced``: a GET without
+a token is refused (403), as on an instance whose metadata access is set to hardened mode
+only.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import base64
 import hashlib
 import hmac
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -307,6 +317,65 @@ class FakeAliyunVpc:
             def do_POST(self) -> None:
                 length = min(int(self.headers.get("Content-Length", "0") or 0), 1 << 20)
                 self._serve("POST", self.rfile.read(length).decode("utf-8", "replace"))
+
+        self._server = serve(Handler, address, host)
+        return self
+
+    def stop(self) -> None:
+        shut(self._server)
+
+
+class FakeAliyunMetadata:
+    def __init__(self, by_client: dict[str, dict[str, str]], enforced: bool = False) -> None:
+        self.by_client = by_client  # source address -> path -> value; may grow while served
+        self.enforced = enforced
+        self.tokens: set[str] = set()
+        self.requests: list[tuple[str, str, bool]] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{endpoint(self._server)}"
+
+    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> FakeAliyunMetadata:
+        """Serve on ``address`` (a free port) in ``host``'s network namespace."""
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _answer(self, status: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:
+                double.requests.append(("PUT", self.path, False))
+                if self.path != "/latest/api/token":
+                    return self._answer(404)
+                ttl = self.headers.get("X-aliyun-ecs-metadata-token-ttl-seconds", "")
+                if not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
+                    return self._answer(400)
+                token = secrets.token_urlsafe(24)
+                double.tokens.add(token)
+                return self._answer(200, token)
+
+            def do_GET(self) -> None:
+                token = self.headers.get("X-aliyun-ecs-metadata-token")
+                double.requests.append(("GET", self.path, token is not None))
+                if token is not None and token not in double.tokens:
+                    return self._answer(401)
+                if token is None and double.enforced:
+                    return self._answer(403)
+                paths = double.by_client.get(self.client_address[0], {})
+                prefix = "/latest/meta-data/"
+                value = paths.get(self.path[len(prefix):]) if self.path.startswith(
+                    prefix) else None
+                return self._answer(404) if value is None else self._answer(200, value)
 
         self._server = serve(Handler, address, host)
         return self

@@ -15,9 +15,9 @@ from flannel.backenderrors import BackendConfigError
 from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes
 from flannel.cloud.aliyunrpc import signature
 from flannel.cloud.base import CloudError, ThrottleRetry
-from flannel.cloud.metadata import MetadataClient
+from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
 from flannel.lease import Lease
-from tests.support.aliyunapi import FakeAliyunVpc
+from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
 from tests.support.imds import FakeMetadata
 
 NETWORK = IPv4Network("10.244.0.0/16")
@@ -38,8 +38,9 @@ def cloud(monkeypatch):
     api.table = api.add_vpc(VPC, tables=2)[0]
     api.add_vpc("vpc-bp1someoneelse00000")
     api.instances.update(INSTANCES)
-    served = [FakeMetadata({"region-id": REGION, "instance-id": instance, "vpc-id": VPC},
-                           mode="v1-only").start() for instance in INSTANCES]
+    served = [FakeAliyunMetadata({"127.0.0.1": {"region-id": REGION, "instance-id": instance,
+                                                "vpc-id": VPC}}, enforced=True).start()
+              for instance in INSTANCES]
     yield api, served
     # Each server takes up to its poll interval (0.5 s) to stop: stop them together.
     stopping = [threading.Thread(target=server.stop) for server in (*served, api)]
@@ -56,7 +57,8 @@ def engine(cloud, index: int, backend: dict | None = None, backoff: ThrottleRetr
                                                    "AccessKeySecret": SECRET}
     config = AliVpcConfig.from_backend({**members, "Endpoint": f"http://{api.endpoint}"},
                                        NETWORK, environ={})
-    return AliVpcRoutes(config, MetadataClient(served[index].url, token=False),
+    return AliVpcRoutes(config, MetadataClient(served[index].url, token=True,
+                                               scheme=ALIYUN_TOKENS),
                         backoff=backoff, timeout=timeout)
 
 
@@ -246,7 +248,7 @@ def test_vpc_not_found_is_reported(cloud):
 ])
 def test_bad_metadata_is_refused_by_name(cloud, path, value):
     api, served = cloud
-    served[0].paths[path] = value
+    served[0].by_client["127.0.0.1"][path] = value
     with pytest.raises(CloudError) as raised:
         engine(cloud, 0).prepare()
     assert str(raised.value).startswith(f"instance metadata {path}: unexpected value ")
@@ -255,9 +257,35 @@ def test_bad_metadata_is_refused_by_name(cloud, path, value):
 
 def test_missing_metadata_is_refused_by_name(cloud):
     _, served = cloud
-    del served[0].paths["vpc-id"]
+    del served[0].by_client["127.0.0.1"]["vpc-id"]
     with pytest.raises(CloudError, match=r"instance metadata vpc-id: HTTP 404"):
         engine(cloud, 0).prepare()
+
+
+def test_metadata_in_hardened_mode_with_a_token_else_in_normal_mode(cloud, caplog):
+    api, served = cloud
+    node = engine(cloud, 0)
+    node.prepare()  # the service refuses GETs without a token
+    assert node.status().target == INSTANCES[0]
+    assert served[0].requests[0] == ("PUT", "/latest/api/token", False)
+    assert all(token for method, _, token in served[0].requests if method == "GET")
+    # A service that hands out no token (normal mode only): plain GETs, said once.
+    plain = FakeMetadata({"region-id": REGION, "instance-id": INSTANCES[1], "vpc-id": VPC},
+                         mode="v1-only").start()
+    try:
+        config = AliVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET,
+                                            "Endpoint": f"http://{api.endpoint}"},
+                                           NETWORK, environ={})
+        with caplog.at_level(logging.WARNING, logger="flannel"):
+            other = AliVpcRoutes(config, MetadataClient(plain.url, token=True,
+                                                        scheme=ALIYUN_TOKENS), backoff=FAST)
+            other.prepare()
+        assert other.status().target == INSTANCES[1]
+        assert [r.getMessage() for r in caplog.records] == [
+            f"hardened mode token request to {plain.url} failed (HTTP 403); falling back to "
+            "normal mode"]
+    finally:
+        plain.stop()
 
 
 def test_credentials_from_the_environment_as_go_reads_them():

@@ -261,9 +261,8 @@ def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monk
 
 def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypatch):
     from flannel.lab.alicloud import REGION as ALI_REGION
-    from flannel.lab.alicloud import instance_id, serve_metadata
-    from flannel.lab.served import shut
-    from tests.support.aliyunapi import FakeAliyunVpc
+    from flannel.lab.alicloud import instance_id
+    from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
 
     for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
@@ -273,13 +272,12 @@ def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypa
         ROUTER, Host(lab.underlay_ns))
     vpc = "vpc-bp1flannellabtest01"
     by_node: dict[str, dict[str, str]] = {}  # the metadata service answers each node's own
-    metadata = serve_metadata(ROUTER, by_node, Host(lab.underlay_ns))
+    metadata = FakeAliyunMetadata(by_node, enforced=True).start(ROUTER, Host(lab.underlay_ns))
     try:
         table = api.add_vpc(vpc, tables=2)[0]
-        address, port = metadata.server_address[:2]
         lab.put_config({"Network": NETWORK, "Backend": {
             "Type": "ali-vpc", "Endpoint": f"http://{api.endpoint}",
-            "MetadataURL": f"http://{address}:{port}"}})
+            "MetadataURL": metadata.url}})
         env = {"ACCESS_KEY_ID": ALI_KEY_ID, "ACCESS_KEY_SECRET": ALI_SECRET}
         addresses: dict[str, str] = {}
 
@@ -333,7 +331,7 @@ def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypa
         assert_no_credentials(lab, [1, 2, 4], ALI_SECRET)
     finally:
         lab.down()
-        shut(metadata)
+        metadata.stop()
         api.stop()
 
 
