@@ -37,7 +37,7 @@ MAX_ANSWER = 4 * 1024 * 1024
 #: Codes that mean "slow down" (or "busy with another change to this router: try again"),
 #: retried with backoff by the engine.
 THROTTLING = frozenset({"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavailable",
-                        "TaskConflict", "OperationConflict", "LastTokenProcessing"})
+                        "TaskConflict", "OperationConflict"})
 
 
 def percent(text: str) -> str:
@@ -62,9 +62,11 @@ class AliyunApiError(ApiError):
         if code in ("SignatureDoesNotMatch", "IncompleteSignature") or code.startswith(
                 "InvalidAccessKeyId"):
             hint = " (check AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)"
-        elif code in ("Forbidden.RAM", "Forbidden", "NoPermission") or code.startswith(
-                "Forbidden"):
+        elif code == "NoPermission" or code.startswith("Forbidden"):
             hint = f" (the key's RAM policy needs the action vpc:{action})"
+        elif code == "InvalidCIDRBlock.Duplicate":
+            hint = (" (an entry for this destination is there, or still being deleted: the "
+                    "next pass looks again)")
         super().__init__(service, action, code, message, hint)
 
 

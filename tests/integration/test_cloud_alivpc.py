@@ -168,6 +168,21 @@ def test_throttling_is_retried_with_backoff(cloud, caplog, code):
                                  "retrying in")
 
 
+def test_an_entry_still_being_deleted_fails_the_pass_until_it_is_gone(cloud):
+    # DeleteRouteEntry works in the background: re-creating the destination at once may be
+    # refused as a duplicate. The pass fails saying so; the next one creates it.
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    api.fail("CreateRouteEntry", "InvalidCIDRBlock.Duplicate", times=1)
+    with pytest.raises(CloudError) as raised:
+        node.reconcile(lease(SUBNETS[0]), [])
+    assert str(raised.value).startswith("Alibaba Cloud VPC CreateRouteEntry failed: "
+                                        "InvalidCIDRBlock.Duplicate: ")
+    assert str(raised.value).endswith("still being deleted: the next pass looks again)")
+    assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
+
+
 def test_a_pass_that_must_not_wait_fails_at_once_when_throttled(cloud):
     api, _ = cloud
     node = engine(cloud, 0)
