@@ -329,6 +329,17 @@ def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypa
         wait_until(lambda: routed(4), 30, what="node 4's entry once the table has room")
         wait_until(lambda: "reconcile recovered" in lab.log(4), 10, what="the recovery logged")
         assert_no_credentials(lab, [1, 2, 4], ALI_SECRET)
+
+        # A wrong secret: the node stops at start, saying what to check, without a traceback.
+        wrong = "not-the-lab-secret-0000"
+        add(5)
+        lab.start_flanneld(5, env={"ACCESS_KEY_ID": ALI_KEY_ID, "ACCESS_KEY_SECRET": wrong})
+        wait_until(lambda: not lab.flanneld_running(5), 30, what="node 5 stopping")
+        log = lab.log(5)
+        assert ("ali-vpc backend: Alibaba Cloud VPC DescribeVpcs failed: SignatureDoesNotMatch: "
+                "Specified signature is not matched with our calculation. (check "
+                "AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)") in log, log
+        assert "Traceback" not in log and wrong not in log
     finally:
         lab.down()
         metadata.stop()
