@@ -16,6 +16,7 @@ from flannel.backend.footprint import Footprint
 
 _REGISTRY: dict[str, str | type[Backend]] = {
     "alloc": "flannel.backend.alloc:AllocBackend",
+    "ali-vpc": "flannel.backend.alivpc:AliVpcBackend",
     "aws-vpc": "flannel.backend.awsvpc:AwsVpcBackend",
     "extension": "flannel.backend.extension:ExtensionBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",

@@ -1,5 +1,5 @@
-"""What the cloud route backends (aws-vpc, tencent-vpc) share: the start sequence and the
-applier that reconciles the cloud's route table on every data plane pass.
+"""What the cloud route backends (aws-vpc, tencent-vpc, ali-vpc) share: the start sequence
+and the applier that reconciles the cloud's route table on every data plane pass.
 
 These backends program nothing through netlink: the VPC's router carries pod traffic between
 nodes, by one route per node in its route table. ``prepare()`` checks the config and that the
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class RouteEngine(Protocol):
-    """A cloud route engine (``flannel.cloud.awsvpc``, ``flannel.cloud.tencentvpc``)."""
+    """A cloud route engine (``flannel.cloud.awsvpc``, ``tencentvpc``, ``alivpc``)."""
 
     def prepare(self) -> object: ...
 

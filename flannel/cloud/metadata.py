@@ -1,5 +1,6 @@
-"""Instance metadata readers: AWS's IMDS (v2 with a session token, falling back to v1) and
-Tencent Cloud's metadata service, and the node identity each engine needs from them.
+"""Instance metadata readers: AWS's IMDS (v2 with a session token, falling back to v1),
+Tencent Cloud's and Alibaba Cloud's metadata services, and the node identity each engine
+needs from them.
 
 Values read here are untrusted: every one is bounded in size and checked against the shape
 the cloud documents before use. Must not touch: cloud APIs, credentials.
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 AWS_IMDS = "http://169.254.169.254"
 TENCENT_METADATA = "http://metadata.tencentyun.com"
+ALIYUN_METADATA = "http://100.100.100.200"
 _MAX_BODY = 64 * 1024
 _SESSION_TTL_SECONDS = "21600"
 
@@ -33,24 +35,51 @@ _AWS_SHAPES = {
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", re.ASCII)
 _TENCENT_REGION = re.compile(r"[a-z]{2,}(-[a-z0-9]+){1,3}", re.ASCII)
 _TENCENT_VPC = re.compile(r"vpc-[0-9a-z]{4,32}", re.ASCII)
+_ALIYUN_SHAPES = {
+    "region-id": re.compile(r"[a-z]{2,}(-[a-z0-9]+){1,3}", re.ASCII),
+    "instance-id": re.compile(r"i-[0-9a-z]{8,32}", re.ASCII),
+    "vpc-id": re.compile(r"vpc-[0-9a-z]{8,32}", re.ASCII),
+}
+
+
+@dataclass(frozen=True)
+class TokenScheme:
+    """How a metadata service hands out session tokens: the header asking for one (with its
+    lifetime) and the header carrying it, and what the log calls the two modes."""
+
+    ttl_header: str
+    token_header: str
+    with_token: str
+    without_token: str
+
+
+#: AWS's IMDSv2 (and IMDSv1 without a token).
+AWS_TOKENS = TokenScheme("X-aws-ec2-metadata-token-ttl-seconds", "X-aws-ec2-metadata-token",
+                         "IMDSv2", "IMDSv1")
+#: Alibaba Cloud's hardened mode (and its normal mode without a token).
+ALIYUN_TOKENS = TokenScheme("X-aliyun-ecs-metadata-token-ttl-seconds",
+                            "X-aliyun-ecs-metadata-token", "hardened mode", "normal mode")
 
 
 class MetadataClient:
-    """GETs under ``<base>/latest/meta-data/``; with ``token=True`` speaks IMDSv2 first.
+    """GETs under ``<base>/latest/meta-data/``; with ``token=True`` asks for a session token
+    first (``scheme``: AWS's IMDSv2 unless told otherwise).
 
-    IMDSv2: a session token from ``PUT /latest/api/token`` is sent with every GET and
-    refreshed once when the service answers 401. If the token request is refused (403, 404,
-    405) or times out (the hop limit of 1 drops it inside containers), the client falls back
-    to IMDSv1 and says so once.
+    A session token from ``PUT /latest/api/token`` is sent with every GET and refreshed once
+    when the service answers 401. If the token request is refused (403, 404, 405) or times
+    out (the hop limit of 1 drops it inside containers), the client falls back to plain GETs
+    (IMDSv1) and says so once.
     """
 
-    def __init__(self, base_url: str, token: bool, timeout: float = 2.0) -> None:
+    def __init__(self, base_url: str, token: bool, timeout: float = 2.0,
+                 scheme: TokenScheme = AWS_TOKENS) -> None:
         if not base_url.startswith("http://"):
             raise CloudError(f"the metadata service address must be an http:// URL, "
                              f"not {base_url[:80]!r}")
         self.base_url = base_url.rstrip("/")
         self.use_token = token
         self.timeout = timeout
+        self.scheme = scheme
         self._token: str | None = None
         self._v1 = not token
         # Metadata is link-local: never send it through an HTTP proxy from the environment.
@@ -76,7 +105,7 @@ class MetadataClient:
     def _fetch_token(self) -> None:
         request = urllib.request.Request(  # noqa: S310 (http:// checked in __init__)
             f"{self.base_url}/latest/api/token", method="PUT",
-            headers={"X-aws-ec2-metadata-token-ttl-seconds": _SESSION_TTL_SECONDS})
+            headers={self.scheme.ttl_header: _SESSION_TTL_SECONDS})
         try:
             status, body = self._open(request)
         except CloudError:
@@ -85,11 +114,12 @@ class MetadataClient:
             self._token = body
             return
         self._v1 = True
-        log.warning("IMDSv2 token request to %s failed (%s); falling back to IMDSv1",
-                    self.base_url, f"HTTP {status}" if status else "no answer")
+        log.warning("%s token request to %s failed (%s); falling back to %s",
+                    self.scheme.with_token, self.base_url,
+                    f"HTTP {status}" if status else "no answer", self.scheme.without_token)
 
     def _get_once(self, path: str) -> tuple[int, str]:
-        headers = {} if self._v1 else {"X-aws-ec2-metadata-token": self._token or ""}
+        headers = {} if self._v1 else {self.scheme.token_header: self._token or ""}
         url = f"{self.base_url}/latest/meta-data/{path}"
         return self._open(urllib.request.Request(url, headers=headers))  # noqa: S310
 
@@ -158,3 +188,17 @@ def tencent_identity(client: MetadataClient) -> TencentIdentity:
     mac = _checked("mac", client.get("mac").lower(), _MAC)
     vpc_path = f"network/interfaces/macs/{mac}/vpc-id"
     return TencentIdentity(region, _checked(vpc_path, client.get(vpc_path), _TENCENT_VPC))
+
+
+@dataclass(frozen=True)
+class AliyunIdentity:
+    region: str
+    instance_id: str
+    vpc_id: str
+
+
+def aliyun_identity(client: MetadataClient) -> AliyunIdentity:
+    """The region, instance and VPC of this ECS instance, the three values Go flannel read."""
+    region, instance_id, vpc_id = (_checked(path, client.get(path), _ALIYUN_SHAPES[path])
+                                   for path in ("region-id", "instance-id", "vpc-id"))
+    return AliyunIdentity(region, instance_id, vpc_id)

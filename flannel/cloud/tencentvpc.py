@@ -23,7 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
-from urllib.parse import urlsplit
 
 from flannel import gojson
 from flannel.backenderrors import BackendConfigError
@@ -34,6 +33,7 @@ from flannel.cloud.base import (
     RouteEngineBase,
     Throttled,
     ThrottleRetry,
+    endpoint_url,
     route_in_network,
 )
 from flannel.cloud.metadata import (
@@ -98,26 +98,9 @@ class TencentVpcConfig:
             raise BackendConfigError("the Tencent Cloud access key is malformed (too long or not "
                                      "printable); check AccessKeyID/AccessKeySecret")
         return cls(network, external_address, key_id, secret,
-                   _url("Endpoint", members.get("Endpoint", ""), ("http", "https")),
-                   _url("MetadataURL", members.get("MetadataURL", ""), ("http",))
+                   endpoint_url("Endpoint", members.get("Endpoint", ""), ("http", "https")),
+                   endpoint_url("MetadataURL", members.get("MetadataURL", ""), ("http",))
                    or TENCENT_METADATA)
-
-
-def _url(name: str, value: str, schemes: tuple[str, ...]) -> str:
-    """``value`` checked as a bare ``scheme://host[:port]`` URL ("" stays "")."""
-    if not value:
-        return ""
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError when the port is not a number
-    except ValueError:
-        parts = None
-    if (parts is None or len(value) > 256 or parts.scheme not in schemes or not parts.hostname
-            or parts.username is not None or parts.path not in ("", "/") or parts.query
-            or parts.fragment):
-        raise BackendConfigError(f"Backend.{name}: {value[:80]!r} is not a URL of the form "
-                                 f"{' or '.join(s + '://host[:port]' for s in schemes)}")
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 class TencentVpcRoutes(RouteEngineBase):

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from flannel.fileutil import write_atomic
 from flannel.kernel.host import LOCAL
@@ -109,7 +110,7 @@ class LabState:
     etcd_endpoint: str = ""
     etcd_pid: int = 0
     etcd_started: int = 0
-    cloud_pid: int = 0  # the lab's cloud (flannel.lab.awscloud), if its backend needs one
+    cloud_pid: int = 0  # the lab's cloud (awscloud, alicloud), if its backend needs one
     cloud_started: int = 0
     ipv6: bool = False
     backend: str = ""
@@ -282,24 +283,7 @@ class Lab:
         """Start the lab's AWS (``flannel.lab.awscloud``: moto, a metadata service per node,
         the underlay namespace as VPC router) for the nodes added so far, point their
         flanneld at it, and return its route table's ID."""
-        out = self.directory / "cloud.json"
-        router = f"{UNDERLAYS[0][0]}.1"
-        argv = [IP, "netns", "exec", self.underlay_ns, sys.executable, "-m",
-                "flannel.lab.awscloud", "--address", router, "--network", network,
-                "--router-netns", self.underlay_ns, "--out", str(out),
-                *(f"--node={node.index}={node.address}" for node in self.state.nodes)]
-        with open(self.directory / "cloud.log", "ab") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        self.state.cloud_pid, self.state.cloud_started = proc.pid, _start_ticks(proc.pid)
-        self.state.save()
-        deadline = time.monotonic() + timeout
-        while not out.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log_text = (self.directory / "cloud.log").read_text(errors="replace")
-                raise LabError(f"the lab's AWS did not start:\n{log_text[-3000:]}")
-            time.sleep(0.1)
-        cloud = json.loads(out.read_text())
+        cloud = self._start_cloud("flannel.lab.awscloud", "AWS", network, timeout)
         from flannel.lab.awscloud import LAB_KEY_ID, LAB_SECRET
 
         for node in self.state.nodes:
@@ -311,6 +295,41 @@ class Lab:
                         "/nonexistent"}
         self.state.save()
         return str(cloud["route_table"])
+
+    def start_ali_cloud(self, network: str, timeout: float = 60.0) -> dict[str, str]:
+        """Start the lab's Alibaba Cloud (``flannel.lab.alicloud``: the VPC API double, the
+        metadata service, the underlay namespace as VPC router) for the nodes added so far,
+        give their flanneld its access key, and return what the network config needs
+        (``Endpoint``, ``MetadataURL``)."""
+        cloud = self._start_cloud("flannel.lab.alicloud", "Alibaba Cloud", network, timeout)
+        for node in self.state.nodes:
+            node.env = {"ACCESS_KEY_ID": cloud["key_id"], "ACCESS_KEY_SECRET": cloud["secret"]}
+        self.state.save()
+        return {"Endpoint": cloud["endpoint"], "MetadataURL": cloud["metadata"]}
+
+    def _start_cloud(self, module: str, what: str, network: str, timeout: float
+                     ) -> dict[str, Any]:
+        """Run the lab cloud ``module`` in the underlay namespace; what it wrote to
+        ``cloud.json`` once it serves."""
+        out = self.directory / "cloud.json"
+        router = f"{UNDERLAYS[0][0]}.1"
+        argv = [IP, "netns", "exec", self.underlay_ns, sys.executable, "-m",
+                module, "--address", router, "--network", network,
+                "--router-netns", self.underlay_ns, "--out", str(out),
+                *(f"--node={node.index}={node.address}" for node in self.state.nodes)]
+        with open(self.directory / "cloud.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.state.cloud_pid, self.state.cloud_started = proc.pid, _start_ticks(proc.pid)
+        self.state.save()
+        deadline = time.monotonic() + timeout
+        while not out.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log_text = (self.directory / "cloud.log").read_text(errors="replace")
+                raise LabError(f"the lab's {what} did not start:\n{log_text[-3000:]}")
+            time.sleep(0.1)
+        cloud: dict[str, Any] = json.loads(out.read_text())
+        return cloud
 
     # -- flanneld ---------------------------------------------------------------------
 

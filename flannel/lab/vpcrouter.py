@@ -4,8 +4,9 @@ In a cloud, the VPC's router delivers a pod subnet's traffic to the instance its
 names. In the lab, the underlay namespace (every node's default gateway) plays that router:
 ``sync`` makes its routes for the table's pod subnets (tagged with the lab's own route
 protocol) match what the table says, with the target instance's address as next hop. What
-the table says comes from a reader: ``aws_table`` (an EC2 endpoint, e.g. moto's) or
-``tencent_table`` (the VPC API double's route objects).
+the table says comes from a reader: ``aws_table`` (an EC2 endpoint, e.g. moto's),
+``tencent_table`` (the VPC API double's route objects) or ``ali_table`` (the Alibaba Cloud
+VPC API double's route entries).
 Must not touch: routes of other protocols; any namespace but the one it is given.
 """
 
@@ -66,6 +67,18 @@ def tencent_table(routes: Iterable[Mapping[str, Any]], network: str) -> dict[str
     return {route["DestinationCidrBlock"]: route["GatewayId"] for route in routes
             if route.get("GatewayType") == "NORMAL_CVM" and route.get("Enabled")
             and _inside(route.get("DestinationCidrBlock", ""), network)}
+
+
+def ali_table(entries: Iterable[Mapping[str, Any]], network: str,
+              addresses: Mapping[str, str]) -> dict[str, str]:
+    """The pod routes of an Alibaba Cloud route table: destination -> address of the next hop
+    instance (``Custom`` entries to an instance in ``addresses``, strictly inside
+    ``network``; a ``Pending`` entry routes as soon as the API listed it)."""
+    return {entry["DestinationCidrBlock"]: addresses[entry["InstanceId"]] for entry in entries
+            if entry.get("Type") == "Custom" and entry.get("NextHopType") == "Instance"
+            and entry.get("Status") in ("Available", "Pending")
+            and entry.get("InstanceId") in addresses
+            and _inside(entry.get("DestinationCidrBlock", ""), network)}
 
 
 def _inside(destination: str, network: str) -> bool:

@@ -33,6 +33,7 @@ CLOUD_SDKS = ("boto3", "botocore", "tencentcloud")
 METRICS = ("prometheus_client", "flannel.monitor.metrics")
 # Each backend type's modules: its own, and the packages only it uses.
 BACKEND_MODULES = {
+    "ali-vpc": ("flannel.backend.alivpc", "flannel.backend.cloudroutes", "flannel.cloud"),
     "alloc": ("flannel.backend.alloc",),
     "aws-vpc": ("flannel.backend.awsvpc", "flannel.backend.cloudroutes", "flannel.cloud"),
     "extension": ("flannel.backend.extension", "flannel.extension"),

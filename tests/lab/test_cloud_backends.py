@@ -1,12 +1,13 @@
-"""aws-vpc and tencent-vpc in a lab: real flanneld processes (real etcd, one namespace per
-node) against moto's EC2 server (through the fault-injecting relay) with a fake metadata
-service per node, or against the Tencent VPC API double. The underlay namespace, every
-node's default gateway, plays the VPC router: its routes follow the cloud's route table
-(``flannel.lab.vpcrouter``), so pods reach each other only through the routes the backend
-wrote. Checked: every node's route, blackholes removed at start, a route deleted in the
-console repaired, a removed node's route collected, throttling retried, a full table
-reported (and recovered from), credentials never in the logs (-v included). Also the lab's
-aws-vpc mode (``flannel-lab up --backend aws-vpc``)."""
+"""aws-vpc, tencent-vpc and ali-vpc in a lab: real flanneld processes (real etcd, one
+namespace per node) against moto's EC2 server (through the fault-injecting relay) with a fake
+metadata service per node, or against the Tencent or Alibaba Cloud VPC API double. The
+underlay namespace, every node's default gateway, plays the VPC router: its routes follow
+the cloud's route table (``flannel.lab.vpcrouter``), so pods reach each other only through
+the routes the backend wrote. Checked: every node's route, blackholes removed at start, a
+route deleted in the console repaired, a removed node's route collected, throttling
+retried, a full table reported (and recovered from), credentials never in the logs (-v
+included). Also the lab's
+aws-vpc and ali-vpc modes (``flannel-lab up --backend aws-vpc`` / ``ali-vpc``)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ AWS_KEY_ID = "AKIAFLANNELLABKEY001"
 AWS_SECRET = "flannel-lab-secret-never-logged-0123456789"
 TC_KEY_ID = "AKIDflannelLabKey0001"
 TC_SECRET = "flannel-lab-tencent-secret-never-logged"
+ALI_KEY_ID = "LTAIflannelLabTestKey01"
+ALI_SECRET = "flannel-lab-aliyun-secret-never-logged"
 QUIET_AWS = {"AWS_EC2_METADATA_DISABLED": "true",  # credentials come from the environment
              "AWS_CONFIG_FILE": "/nonexistent/aws-config",
              "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials"}
@@ -251,6 +254,126 @@ def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monk
         lab.down()
         metadata.stop()
         api.stop()
+
+
+# --- ali-vpc ---------------------------------------------------------------------------
+
+
+def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypatch):
+    from flannel.lab.alicloud import REGION as ALI_REGION
+    from flannel.lab.alicloud import instance_id
+    from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
+
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    lab = make_lab()
+    lab.create_underlay()
+    api = FakeAliyunVpc({ALI_KEY_ID: ALI_SECRET}, region=ALI_REGION).start(
+        ROUTER, Host(lab.underlay_ns))
+    vpc = "vpc-bp1flannellabtest01"
+    by_node: dict[str, dict[str, str]] = {}  # the metadata service answers each node's own
+    metadata = FakeAliyunMetadata(by_node, enforced=True).start(ROUTER, Host(lab.underlay_ns))
+    try:
+        table = api.add_vpc(vpc, tables=2)[0]
+        lab.put_config({"Network": NETWORK, "Backend": {
+            "Type": "ali-vpc", "Endpoint": f"http://{api.endpoint}",
+            "MetadataURL": metadata.url}})
+        env = {"ACCESS_KEY_ID": ALI_KEY_ID, "ACCESS_KEY_SECRET": ALI_SECRET}
+        addresses: dict[str, str] = {}
+
+        def add(index: int) -> None:
+            lab.add_node(index)
+            instance = instance_id(index)
+            addresses[instance] = lab.node(index).address
+            api.instances.add(instance)
+            by_node[lab.node(index).address] = {"region-id": ALI_REGION, "vpc-id": vpc,
+                                                "instance-id": instance}
+
+        def entries() -> dict[str, str]:
+            return {e["DestinationCidrBlock"]: e["InstanceId"] for e in api.entries(table)
+                    if e["Type"] == "Custom"}
+
+        def routed(index: int) -> bool:
+            return entries().get(subnet(lab, index)) == instance_id(index)
+
+        api.fail("CreateRouteEntry", "Throttling.User", times=2)
+        for index in (1, 2, 3):
+            add(index)
+            lab.start_flanneld(index, "--reconcile-interval=1", "-v=10", env=env)
+        nodes = [1, 2, 3]
+        wait_until(lambda: all(routed(i) for i in nodes), 30, what="every node's entry")
+        assert sum(lab.log(i).count("Alibaba Cloud VPC CreateRouteEntry throttled "
+                                    "(Throttling.User); retrying in") for i in nodes) == 2
+        for index in nodes:
+            lab.attach_pod_bridge(index)
+        wait_until(lambda: pods_connected(lab, nodes, vpcrouter.ali_table(
+            api.entries(table), NETWORK, addresses)), 30,
+            what="pods connected through the VPC router")
+
+        api.delete_entry(table, subnet(lab, 2))
+        wait_until(lambda: routed(2), 20, what="node 2's entry repaired")
+
+        gone = subnet(lab, 3)
+        lab.remove_node(3)
+        wait_until(lambda: gone not in entries(), 20, what=f"{gone} collected")
+
+        api.entry_limit = len(entries())
+        add(4)
+        lab.start_flanneld(4, "--reconcile-interval=1", env=env)
+        full = (f"reconcile failed (retrying with backoff): ali-vpc routes: route table "
+                f"{table} is full: Alibaba Cloud refused the entry for {subnet(lab, 4)} "
+                "(QuotaExceeded)")
+        wait_until(lambda: full in lab.log(4), 30, what=f"the full table in {lab.log(4)}")
+        assert lab.flanneld_running(4)
+        api.entry_limit = None
+        wait_until(lambda: routed(4), 30, what="node 4's entry once the table has room")
+        wait_until(lambda: "reconcile recovered" in lab.log(4), 10, what="the recovery logged")
+        assert_no_credentials(lab, [1, 2, 4], ALI_SECRET)
+
+        # A wrong secret: the node stops at start, saying what to check, without a traceback.
+        wrong = "not-the-lab-secret-0000"
+        add(5)
+        lab.start_flanneld(5, env={"ACCESS_KEY_ID": ALI_KEY_ID, "ACCESS_KEY_SECRET": wrong})
+        wait_until(lambda: not lab.flanneld_running(5), 30, what="node 5 stopping")
+        log = lab.log(5)
+        assert ("ali-vpc backend: Alibaba Cloud VPC DescribeVpcs failed: SignatureDoesNotMatch: "
+                "Specified signature is not matched with our calculation. (check "
+                "AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)") in log, log
+        assert "Traceback" not in log and wrong not in log
+    finally:
+        lab.down()
+        metadata.stop()
+        api.stop()
+
+
+def test_lab_up_with_ali_vpc_connects_pods_through_the_vpc_router(make_lab):
+    lab = make_lab()
+
+    def lab_cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
+                               "--name", lab.name, *argv[1:]], capture_output=True, text=True,
+                              timeout=300, check=False)
+
+    up = lab_cli("up", "--backend", "ali-vpc", "--nodes", "3", "--pods-per-node", "1")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
+    recorded = Lab(lab.name, root=lab.directory.parent)
+    cloud_pid = recorded.state.cloud_pid
+    assert cloud_pid and Path(f"/proc/{cloud_pid}").exists()
+    subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
+                                        strict=False)): recorded.node(i).address
+               for i in (1, 2, 3)}
+    # The router's routes are the route table's, which only the backends wrote.
+    assert vpcrouter.installed(recorded.underlay_ns) == subnets
+    ping = lab_cli("ping")
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    assert "IPv4 pod ping matrix:" in ping.stdout and "FAIL" not in ping.stdout
+    status = lab_cli("status")
+    for destination, via in subnets.items():
+        assert f"  {destination} via {via}" in status.stdout
+    down = lab_cli("down")
+    assert down.returncode == 0, down.stderr
+    wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")
 
 
 # --- the lab's aws-vpc mode ------------------------------------------------------------

@@ -72,6 +72,8 @@ UNJUDGED = {
                  "node's kernel is not judged: the echoes alone decide",
     "aws-vpc": "the VPC's route table, not this node's kernel, carries each peer's subnet, so "
                "this node's kernel is not judged: the echoes alone decide",
+    "ali-vpc": "the VPC's route table, not this node's kernel, carries each peer's subnet, so "
+               "this node's kernel is not judged: the echoes alone decide",
     "alloc": "the alloc backend only reserves subnets: no traffic is carried between nodes: "
              "nothing is probed",
 }
@@ -92,7 +94,7 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-BACKENDS = ["vxlan", "host-gw", "udp", "wireguard", "extension", "aws-vpc", "alloc"]
+BACKENDS = ["vxlan", "host-gw", "udp", "wireguard", "extension", "aws-vpc", "ali-vpc", "alloc"]
 
 
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=needs(b)) for b in BACKENDS])
@@ -217,7 +219,23 @@ def wireguard_printed_command_works_and_cleanup_keeps_to_the_node(lab: Lab) -> N
                                     str(run_dir / "flannel" / "flannel-wg.log")])
 
 
+def alivpc_cleanup_takes_nothing_of_the_cloud(lab: Lab) -> None:
+    """The backend's routes are in the VPC's table: on the node, cleanup finds no device and
+    no route of it, only subnet.env and the --ip-masq chains every backend leaves."""
+    node = lab.node(1)
+    proc = run(["ip", "netns", "exec", node.netns, FLANNELCTL, "cleanup", "--dry-run",
+                "--force", f"--run-dir={lab.node_run_dir(1)}",
+                f"--subnet-file={node.subnet_file}"])
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stdout
+    assert sorted(line for line in proc.stdout.splitlines()
+                  if line.startswith("would remove: ")) == [
+        f"would remove: file {node.subnet_file}",
+        "would remove: iptables-nft filter chain FLANNEL-FWD (and 1 jump rule(s) to it)",
+        "would remove: iptables-nft nat chain FLANNEL-POSTRTG (and 1 jump rule(s) to it)"]
+
+
 EXTRA: dict[str, Callable[[Lab], None]] = {
+    "ali-vpc": alivpc_cleanup_takes_nothing_of_the_cloud,
     "vxlan": vxlan_checksum_still_warned_for_a_foreign_random_masquerade,
     "host-gw": hostgw_leases_are_listed_by_address,
     "wireguard": wireguard_printed_command_works_and_cleanup_keeps_to_the_node,

@@ -69,6 +69,7 @@ NET_CONF: dict[str, dict[str, Any]] = {
     "aws-vpc": DEFAULT_NET | {"Backend": {"Type": "aws-vpc",
                                           "RouteTableID": "rtb-0123456789abcdef0"}},
     "tencent-vpc": DEFAULT_NET | {"Backend": {"Type": "tencent-vpc"}},
+    "ali-vpc": DEFAULT_NET | {"Backend": {"Type": "ali-vpc"}},
     "dual-stack": DEFAULT_NET | {"IPv6Network": "2001:cafe:42::/56", "EnableIPv6": True,
                                  "Backend": {"Type": "vxlan"}},
     "ipv6-only": {"EnableIPv4": False, "IPv6Network": "fd00:10:244::/56", "EnableIPv6": True,

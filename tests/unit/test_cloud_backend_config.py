@@ -1,5 +1,5 @@
-"""The aws-vpc and tencent-vpc backends before any cloud call: registration, what they publish,
-and the messages a user sees for an unusable config or a missing SDK extra."""
+"""The aws-vpc, tencent-vpc and ali-vpc backends before any cloud call: registration, what
+they publish, and the messages a user sees for an unusable config or a missing SDK extra."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def prepare(backend_type: str, backend: dict, **fields: object):
 
 
 @pytest.mark.parametrize(("backend_type", "backend"), [("aws-vpc", {}),
-                                                       ("tencent-vpc", TENCENT_KEYS)])
+                                                       ("tencent-vpc", TENCENT_KEYS),
+                                                       ("ali-vpc", TENCENT_KEYS)])
 def test_publishes_no_backend_type_and_the_interface_mtu_as_go_does(backend_type, backend):
     local = prepare(backend_type, backend)
     assert (local.backend_type, local.mtu, local.backend_data) == ("", 9001, None)
@@ -41,6 +42,10 @@ def test_publishes_no_backend_type_and_the_interface_mtu_as_go_does(backend_type
      "provided! "),
     ("tencent-vpc", {**TENCENT_KEYS, "Endpoint": "ftp://vpc"}, "tencent-vpc backend: "
      "Backend.Endpoint: 'ftp://vpc' is not a URL"),
+    ("ali-vpc", {"AccessKeyID": "LTAIunitTestKey0001"}, "ali-vpc backend: ACCESS_KEY_ID and "
+     "ACCESS_KEY_SECRET must be provided! "),
+    ("ali-vpc", {**TENCENT_KEYS, "MetadataURL": "100.100.100.200"}, "ali-vpc backend: "
+     "Backend.MetadataURL: '100.100.100.200' is not a URL of the form http://host[:port]"),
 ])
 def test_unusable_config_is_refused_with_what_to_fix(backend_type, backend, message,
                                                      monkeypatch):
@@ -52,7 +57,7 @@ def test_unusable_config_is_refused_with_what_to_fix(backend_type, backend, mess
     assert "unit-test-secret-42" not in str(raised.value)
 
 
-@pytest.mark.parametrize("backend_type", ["aws-vpc", "tencent-vpc"])
+@pytest.mark.parametrize("backend_type", ["aws-vpc", "tencent-vpc", "ali-vpc"])
 def test_ipv6_is_refused(backend_type):
     with pytest.raises(BackendError) as raised:
         prepare(backend_type, TENCENT_KEYS, enable_ipv6=True)
@@ -78,3 +83,10 @@ def test_the_metadata_address_follows_boto3s_variable(monkeypatch):
         prepare("aws-vpc", {})
     assert str(raised.value) == ("aws-vpc backend: the metadata service address must be an "
                                  "http:// URL, not 'https://169.254.169.254'")
+
+
+def test_ali_vpc_needs_no_sdk_extra(monkeypatch):
+    # Its engine signs its own calls: no module outside the locked runtime is imported.
+    for module in ("aliyunsdkcore", "alibabacloud_vpc20160428", "cryptography"):
+        monkeypatch.setitem(sys.modules, module, None)
+    assert prepare("ali-vpc", TENCENT_KEYS).mtu == 9001

@@ -30,7 +30,7 @@ KNOWN_DIFFERENCES = frozenset({
     # data plane and backends
     "continuous-reconcile", "adopts-previous-routes", "readiness-includes-dataplane",
     "blackhole-metric", "vtep-mac-derived", "vxlan-ipv6-mtu", "ipip-mtu", "ipip-ipv6-refused",
-    "extension-retries", "extension-ipv6-env", "cloud-routes-reconciled",
+    "extension-retries", "extension-ipv6-env", "cloud-routes-reconciled", "ali-vpc-reconciled",
     "tencent-secret-not-logged", "udp-icmp-reaches-sender", "udp-other-backends-not-peers",
     "udp-tun-kept", "udp-runt-no-icmp", "wireguard-kept-across-restarts",
     "wireguard-peers-reconciled", "wireguard-failing-handshakes", "wireguard-genl-messages",

@@ -1,0 +1,137 @@
+"""Alibaba Cloud's RPC-style API, spoken with the standard library and the project's HTTP
+layer (``flannel.httpclient``) instead of the official SDK (whose core needs the compiled
+``cryptography``; docs/cloud.md has the measurement).
+
+A call is ``GET /?<query>`` carrying the action, the API version, the common parameters
+(``Format=JSON``, ``AccessKeyId``, ``SignatureMethod=HMAC-SHA1``, ``SignatureVersion=1.0``, a
+fresh ``SignatureNonce``, an ISO 8601 UTC ``Timestamp``) and ``Signature``: HMAC-SHA1, keyed
+with the secret and ``&``, over ``GET&%2F&`` and the percent-encoded canonical query (the
+parameters sorted by name, RFC 3986 encoded), in base64. An answer is JSON; an error carries
+``Code`` and ``Message`` (HTTP 4xx/5xx). Throttling codes raise ``Throttled`` for the
+engine's retry policy. Each call has one deadline (``timeout``) for connecting, sending and
+reading, and reads at most ``MAX_ANSWER`` bytes. The secret is held out of ``repr`` and
+never logged; no proxy from the environment is used.
+Must not touch: which actions are called (the engine decides), the store, the kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import ssl
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from flannel import boundedjson
+from flannel.cloud.base import ApiError, CloudError, Throttled
+from flannel.httpclient import Connection, ProtocolError
+
+#: Bytes one answer may have: a route table of 200 custom entries is well under 200 KiB.
+MAX_ANSWER = 4 * 1024 * 1024
+#: Codes that mean "slow down" (or "busy with another change to this router: try again"),
+#: retried with backoff by the engine.
+THROTTLING = frozenset({"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavailable",
+                        "TaskConflict", "OperationConflict"})
+
+
+def percent(text: str) -> str:
+    """RFC 3986 encoding, as the signature needs it (``~`` kept, space ``%20``, ``*`` ``%2A``)."""
+    return quote(text, safe="-_.~")
+
+
+def canonical_query(params: Mapping[str, str]) -> str:
+    return "&".join(f"{percent(k)}={percent(v)}" for k, v in sorted(params.items()))
+
+
+def signature(method: str, params: Mapping[str, str], secret: str) -> str:
+    """The signature version 1.0 of a request with these parameters (``Signature`` excluded)."""
+    to_sign = f"{method}&{percent('/')}&{percent(canonical_query(params))}"
+    digest = hmac.new(f"{secret}&".encode(), to_sign.encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode()
+
+
+class AliyunApiError(ApiError):
+    def __init__(self, service: str, action: str, code: str, message: str) -> None:
+        hint = ""
+        if code in ("SignatureDoesNotMatch", "IncompleteSignature") or code.startswith(
+                "InvalidAccessKeyId"):
+            hint = " (check AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)"
+        elif code == "NoPermission" or code.startswith("Forbidden"):
+            hint = f" (the key's RAM policy needs the action vpc:{action})"
+        elif code == "InvalidCIDRBlock.Duplicate":
+            hint = (" (an entry for this destination is there, or still being deleted: the "
+                    "next pass looks again)")
+        super().__init__(service, action, code, message, hint)
+
+
+@dataclass(frozen=True)
+class AliyunRpc:
+    """One API (``endpoint``, ``version``) in one region, with one access key."""
+
+    service: str
+    endpoint: str  # scheme://host[:port]
+    version: str
+    region: str
+    access_key_id: str
+    access_key_secret: str = field(repr=False)
+    timeout: float = 10.0
+
+    def _query(self, action: str, params: Mapping[str, str]) -> str:
+        signed = {"Action": action, "Version": self.version, "RegionId": self.region,
+                  "Format": "JSON", "AccessKeyId": self.access_key_id,
+                  "SignatureMethod": "HMAC-SHA1", "SignatureVersion": "1.0",
+                  "SignatureNonce": uuid.uuid4().hex,
+                  "Timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  **params}
+        return (canonical_query(signed) + "&Signature="
+                + percent(signature("GET", signed, self.access_key_secret)))
+
+    def call(self, action: str, params: Mapping[str, str]) -> dict[str, Any]:
+        """One call, blocking (for a worker thread): the decoded answer. Raises ``Throttled``,
+        ``AliyunApiError`` (the API refused) or ``CloudError`` (no usable answer)."""
+        what = f"{self.service} {action}"
+        try:
+            status, body = asyncio.run(self._exchange(self._query(action, params)))
+        except TimeoutError:
+            raise CloudError(f"{what}: no answer from {self.endpoint} within {self.timeout:g} "
+                             "s; check the node's route to the API endpoint (Endpoint)") from None
+        except (OSError, ProtocolError) as error:
+            raise CloudError(f"{what}: could not talk to {self.endpoint}: {error}") from None
+        try:
+            answer = boundedjson.loads(body, what=f"the answer to {what}", max_bytes=MAX_ANSWER)
+        except ValueError as error:
+            code = "ServiceUnavailable" if status == 503 else f"HTTP {status}"
+            if status == 503:
+                raise Throttled(code) from None
+            raise CloudError(f"{what}: {code}, not a JSON answer ({error})") from None
+        if not isinstance(answer, dict):
+            raise CloudError(f"{what}: the answer is not a JSON object")
+        if status != 200 or answer.get("Code"):
+            code = str(answer.get("Code") or f"HTTP {status}")[:100]
+            if code in THROTTLING:
+                raise Throttled(code)
+            raise AliyunApiError(self.service, action, code, str(answer.get("Message", "")))
+        return answer
+
+    async def _exchange(self, query: str) -> tuple[int, bytes]:
+        parts = urlsplit(self.endpoint)
+        secure = parts.scheme == "https"
+        host = parts.hostname or ""
+        port = parts.port or (443 if secure else 80)
+        context = ssl.create_default_context() if secure else None
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        connection = await Connection.open(host, port, context, host, deadline)
+        try:
+            connection.deadline = deadline
+            await connection.send("GET", f"/?{query}", parts.netloc,
+                                  {"Accept": "application/json", "User-Agent": "pyflannel"})
+            head = await connection.read_head()
+            return head.status, await connection.read_body(head, MAX_ANSWER)
+        finally:
+            connection.close()

@@ -1,0 +1,86 @@
+"""The lab's Alibaba Cloud: the VPC API double, the metadata service, and the VPC router, in
+one process that the lab runs inside its underlay namespace.
+
+``python -m flannel.lab.alicloud --address A --node 1=192.168.111.11 ... --network N
+--router-netns UL --out FILE`` builds a VPC with its vRouter and route table and one ECS
+instance per node; serves the API double and one metadata service
+(``flannel.lab.aliyunapi``, in enforced hardened mode) that answers each node as the
+instance at its address (as 100.100.100.200 answers each instance); writes what the nodes'
+flanneld need (the API URL, the metadata URL, the route table, the lab's access key) to
+FILE; then, until SIGTERM, makes the router namespace's routes follow the route table
+(``vpcrouter``), polling it every 0.2 s.
+Must not touch: any namespace but the router's; routes of other protocols.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from flannel.fileutil import write_atomic
+from flannel.lab import vpcrouter
+from flannel.lab.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
+from flannel.lab.cluster import LabError
+
+REGION = "cn-hangzhou"
+VPC = "vpc-bp1flannellab000001"
+#: The lab's access key: the double accepts only this one.
+LAB_KEY_ID = "LTAIflannelLabKey00001"
+LAB_SECRET = "flannel-lab-not-a-secret"  # noqa: S105 - the lab double's own key
+POLL = 0.2
+
+
+def instance_id(index: int) -> str:
+    return f"i-bp1flannellab{index:06d}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flannel.lab.alicloud")
+    parser.add_argument("--address", required=True, help="where to serve (the router's)")
+    parser.add_argument("--node", action="append", default=[], metavar="INDEX=ADDRESS")
+    parser.add_argument("--network", required=True, help="the flannel Network")
+    parser.add_argument("--router-netns", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    nodes = {int(index): address for index, _, address in
+             (item.partition("=") for item in args.node)}
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    api = FakeAliyunVpc({LAB_KEY_ID: LAB_SECRET}, region=REGION).start(args.address)
+    table = api.add_vpc(VPC)[0]
+    addresses = {instance_id(index): address for index, address in nodes.items()}
+    api.instances.update(addresses)
+    metadata = FakeAliyunMetadata({
+        address: {"region-id": REGION, "instance-id": instance, "vpc-id": VPC}
+        for instance, address in addresses.items()}, enforced=True).start(args.address)
+    try:
+        write_atomic(args.out, json.dumps({
+            "endpoint": f"http://{api.endpoint}", "metadata": metadata.url,
+            "route_table": table, "key_id": LAB_KEY_ID, "secret": LAB_SECRET}).encode(),
+            mode=0o644)
+        logged = ""
+        while not stopping.wait(POLL):
+            try:
+                vpcrouter.sync(args.router_netns,
+                               vpcrouter.ali_table(api.entries(table), args.network, addresses))
+                failure = ""
+            except (LabError, OSError) as err:
+                failure = str(err)  # reported, and the next poll tries again
+            if failure != logged:
+                print(f"{time.strftime('%H:%M:%S')} VPC router: "
+                      f"{failure or 'following the route table again'}", file=sys.stderr,
+                      flush=True)
+                logged = failure
+    finally:
+        metadata.stop()
+        api.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

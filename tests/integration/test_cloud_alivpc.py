@@ -1,0 +1,341 @@
+"""The ali-vpc route engine, through its signed RPC client over the project's HTTP layer,
+against the Alibaba Cloud VPC API double (flannel/lab/aliyunapi.py: signatures verified,
+documented shapes and error codes) and a fake metadata service."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from ipaddress import IPv4Network
+
+import pytest
+
+from flannel.backenderrors import BackendConfigError
+from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes
+from flannel.cloud.aliyunrpc import signature
+from flannel.cloud.base import CloudError, ThrottleRetry
+from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
+from flannel.lease import Lease
+from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
+from tests.support.imds import FakeMetadata
+
+NETWORK = IPv4Network("10.244.0.0/16")
+KEY_ID = "LTAIflannelTestKey0001"
+SECRET = "flannel-aliyun-secret-never-logged-9876"
+VPC = "vpc-bp1flannel0000000001"
+REGION = "cn-hangzhou"
+FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
+SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
+INSTANCES = ["i-bp1flannelnode00001", "i-bp1flannelnode00002", "i-bp1flannelnode00003"]
+
+
+@pytest.fixture
+def cloud(monkeypatch):
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    api = FakeAliyunVpc({KEY_ID: SECRET}, region=REGION).start()
+    api.table = api.add_vpc(VPC, tables=2)[0]
+    api.add_vpc("vpc-bp1someoneelse00000")
+    api.instances.update(INSTANCES)
+    served = [FakeAliyunMetadata({"127.0.0.1": {"region-id": REGION, "instance-id": instance,
+                                                "vpc-id": VPC}}, enforced=True).start()
+              for instance in INSTANCES]
+    yield api, served
+    # Each server takes up to its poll interval (0.5 s) to stop: stop them together.
+    stopping = [threading.Thread(target=server.stop) for server in (*served, api)]
+    for thread in stopping:
+        thread.start()
+    for thread in stopping:
+        thread.join(10)
+
+
+def engine(cloud, index: int, backend: dict | None = None, backoff: ThrottleRetry = FAST,
+           timeout: float = 10.0) -> AliVpcRoutes:
+    api, served = cloud
+    members = backend if backend is not None else {"AccessKeyID": KEY_ID,
+                                                   "AccessKeySecret": SECRET}
+    config = AliVpcConfig.from_backend({**members, "Endpoint": f"http://{api.endpoint}"},
+                                       NETWORK, environ={})
+    return AliVpcRoutes(config, MetadataClient(served[index].url, token=True,
+                                               scheme=ALIYUN_TOKENS),
+                        backoff=backoff, timeout=timeout)
+
+
+def lease(cidr: str) -> Lease:
+    return Lease(subnet=IPv4Network(cidr))
+
+
+def custom(api) -> dict[str, str]:
+    return {e["DestinationCidrBlock"]: e["InstanceId"] for e in api.entries(api.table)
+            if e["Type"] == "Custom"}
+
+
+def all_nodes(cloud):
+    nodes = [engine(cloud, index) for index in range(3)]
+    for node in nodes:
+        node.prepare()
+    return nodes
+
+
+def reconcile_all(nodes, subnets=SUBNETS):
+    leases = [lease(cidr) for cidr in subnets]
+    return [node.reconcile(leases[i], leases[:i] + leases[i + 1:])
+            for i, node in enumerate(nodes)]
+
+
+def test_signature_matches_alibabas_documented_example():
+    # The worked example of Alibaba Cloud's "request signature" page (RPC, version 1.0).
+    params = {"AccessKeyId": "testid", "Action": "DescribeRegions", "Format": "XML",
+              "SignatureMethod": "HMAC-SHA1", "SignatureNonce": "3ee8c1b8-83d3-44af-a94f-"
+              "4e0ad82fd6cf", "SignatureVersion": "1.0", "Timestamp": "2016-02-23T12:46:24Z",
+              "Version": "2014-05-26"}
+    assert signature("GET", params, "testsecret") == "OLeaidS1JvxuMvnyHOwuJ+uX5qY="
+
+
+def test_each_node_routes_its_subnet_in_the_vrouters_first_table(cloud, caplog):
+    caplog.set_level(logging.DEBUG)
+    api, _ = cloud
+    nodes = all_nodes(cloud)
+    assert all(node.table == api.table for node in nodes)
+    assert api.actions[:3] == ["DescribeVpcs", "DescribeVRouters", "DescribeVpcs"]
+    changes = reconcile_all(nodes)
+    assert [[str(c) for c in node_changes] for node_changes in changes] == [
+        [f"create {cidr} -> {instance} in {api.table}"]
+        for cidr, instance in zip(SUBNETS, INSTANCES, strict=True)]
+    entries = {e["DestinationCidrBlock"]: (e["NextHopType"], e["InstanceId"])
+               for e in api.entries(api.table) if e["Type"] == "Custom"}
+    assert entries == {cidr: ("Instance", instance)
+                       for cidr, instance in zip(SUBNETS, INSTANCES, strict=True)}
+    # Created in the background (Pending first): present all the same, nothing re-made.
+    assert reconcile_all(nodes) == [[], [], []]
+    assert nodes[0].status().healthy
+    assert nodes[0].status().target == INSTANCES[0]
+    assert SECRET not in caplog.text
+    assert SECRET not in repr(nodes[0].config)
+
+
+def test_entry_deleted_or_redirected_in_the_console_is_repaired(cloud):
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    node.reconcile(lease(SUBNETS[0]), [])
+    api.delete_entry(api.table, SUBNETS[0])
+    assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [])] == [
+        f"create {SUBNETS[0]} -> {INSTANCES[0]} in {api.table}"]
+    api.delete_entry(api.table, SUBNETS[0])
+    api.add_entry(api.table, SUBNETS[0], "i-bp1somewhereelse0001")
+    assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [])] == [
+        f"delete {SUBNETS[0]} -> i-bp1somewhereelse0001 in {api.table}",
+        f"create {SUBNETS[0]} -> {INSTANCES[0]} in {api.table}"]
+    assert custom(api) == {SUBNETS[0]: INSTANCES[0]}
+
+
+def test_entries_of_vanished_leases_are_collected_and_foreign_entries_kept(cloud):
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    api.add_entry(api.table, "10.244.9.0/24", "i-bp1vanishednode0009")  # vanished lease
+    api.add_entry(api.table, SUBNETS[1], INSTANCES[1])  # a live peer
+    api.add_entry(api.table, "10.244.0.0/16", "i-bp1gatewaynode00005")  # the whole Network
+    api.add_entry(api.table, "10.244.8.0/24", "vpn-bp1gateway000001",
+                  next_hop_type="VpnGateway")  # not an instance
+    api.add_entry(api.table, "172.16.0.0/24", INSTANCES[0])  # outside the Network, to us
+    api.add_entry(api.table, "0.0.0.0/0", INSTANCES[0])  # a default route through us
+    # Deleted when a second pass in a row finds it without a lease (not a newcomer's).
+    assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])])] == [
+        f"create {SUBNETS[0]} -> {INSTANCES[0]} in {api.table}"]
+    assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])])] == [
+        f"delete 10.244.9.0/24 -> i-bp1vanishednode0009 in {api.table}"]
+    assert set(custom(api)) == {SUBNETS[0], SUBNETS[1], "10.244.0.0/16", "10.244.8.0/24",
+                                "172.16.0.0/24", "0.0.0.0/0"}
+    assert any(e["Type"] == "System" for e in api.entries(api.table))
+
+
+@pytest.mark.parametrize("code", ["Throttling", "Throttling.User", "ServiceUnavailable",
+                                  "TaskConflict"])
+def test_throttling_is_retried_with_backoff(cloud, caplog, code):
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    api.fail("CreateRouteEntry", code, times=2)
+    with caplog.at_level(logging.WARNING, logger="flannel"):
+        assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
+    assert api.actions.count("CreateRouteEntry") == 3
+    retries = [r.getMessage() for r in caplog.records if "throttled" in r.getMessage()]
+    assert len(retries) == 2
+    assert retries[0].startswith(f"Alibaba Cloud VPC CreateRouteEntry throttled ({code}); "
+                                 "retrying in")
+
+
+def test_an_entry_still_being_deleted_fails_the_pass_until_it_is_gone(cloud):
+    # DeleteRouteEntry works in the background: re-creating the destination at once may be
+    # refused as a duplicate. The pass fails saying so; the next one creates it.
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    api.fail("CreateRouteEntry", "InvalidCIDRBlock.Duplicate", times=1)
+    with pytest.raises(CloudError) as raised:
+        node.reconcile(lease(SUBNETS[0]), [])
+    assert str(raised.value).startswith("Alibaba Cloud VPC CreateRouteEntry failed: "
+                                        "InvalidCIDRBlock.Duplicate: ")
+    assert str(raised.value).endswith("still being deleted: the next pass looks again)")
+    assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
+
+
+def test_a_pass_that_must_not_wait_fails_at_once_when_throttled(cloud):
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    api.fail("DescribeRouteTables", "Throttling.User", times=1)
+    with pytest.raises(CloudError, match=r"throttling \(Throttling.User\); the pass is retried"):
+        node.reconcile(lease(SUBNETS[0]), [], wait_throttled=False)
+    assert api.actions.count("DescribeRouteTables") == 1
+
+
+def test_full_route_table_is_reported_clearly(cloud):
+    api, _ = cloud
+    nodes = all_nodes(cloud)
+    reconcile_all(nodes[:2], SUBNETS[:2])
+    api.entry_limit = 2
+    with pytest.raises(CloudError) as raised:
+        nodes[2].reconcile(lease(SUBNETS[2]), [lease(s) for s in SUBNETS[:2]])
+    assert str(raised.value) == (
+        f"route table {api.table} is full: Alibaba Cloud refused the entry for {SUBNETS[2]} "
+        "(QuotaExceeded). Raise the route-entry quota of the VPC, or use a backend that needs "
+        "no route per node (vxlan)")
+    assert nodes[2].status().last_error == str(raised.value)
+
+
+def test_wrong_secret_is_refused_by_the_signature_check(cloud, caplog):
+    caplog.set_level(logging.DEBUG)
+    wrong = "not-the-secret-either-0000"
+    node = engine(cloud, 0, backend={"AccessKeyID": KEY_ID, "AccessKeySecret": wrong})
+    with pytest.raises(CloudError) as raised:
+        node.prepare()
+    assert str(raised.value).startswith(
+        "Alibaba Cloud VPC DescribeVpcs failed: SignatureDoesNotMatch: Specified signature is "
+        "not matched with our calculation.")
+    assert str(raised.value).endswith(
+        "(check AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)")
+    assert wrong not in caplog.text and wrong not in str(raised.value)
+    unknown = engine(cloud, 0, backend={"AccessKeyID": "LTAInobodyhasthiskey01",
+                                        "AccessKeySecret": SECRET})
+    with pytest.raises(CloudError, match=r"InvalidAccessKeyId\.NotFound: Specified access key"):
+        unknown.prepare()
+
+
+def test_missing_permission_names_the_ram_action(cloud):
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    api.fail("DeleteRouteEntry", "Forbidden.RAM", times=1)
+    api.add_entry(api.table, SUBNETS[0], "i-bp1somewhereelse0001")
+    with pytest.raises(CloudError, match=r"the key's RAM policy needs the action "
+                                         r"vpc:DeleteRouteEntry"):
+        node.reconcile(lease(SUBNETS[0]), [])
+
+
+def test_an_api_that_does_not_answer_times_out(cloud):
+    api, _ = cloud
+    node = engine(cloud, 0, timeout=0.3)
+    api.delay = 2.0
+    started = time.monotonic()
+    with pytest.raises(CloudError) as raised:
+        node.prepare()
+    assert time.monotonic() - started < 1.5
+    assert str(raised.value) == (f"Alibaba Cloud VPC DescribeVpcs: no answer from "
+                                 f"http://{api.endpoint} within 0.3 s; check the node's route "
+                                 "to the API endpoint (Endpoint)")
+
+
+def test_vpc_not_found_is_reported(cloud):
+    api, _ = cloud
+    api.vpcs.pop(VPC)
+    with pytest.raises(CloudError, match=f"VPC {VPC} not found in {REGION}"):
+        engine(cloud, 0).prepare()
+
+
+@pytest.mark.parametrize(("path", "value"), [
+    ("region-id", "cn-hangzhou; rm -rf /"),
+    ("instance-id", "../../i-bp1flannel"),
+    ("vpc-id", "vpc-" + "a" * 200),
+])
+def test_bad_metadata_is_refused_by_name(cloud, path, value):
+    api, served = cloud
+    served[0].by_client["127.0.0.1"][path] = value
+    with pytest.raises(CloudError) as raised:
+        engine(cloud, 0).prepare()
+    assert str(raised.value).startswith(f"instance metadata {path}: unexpected value ")
+    assert api.actions == []
+
+
+def test_missing_metadata_is_refused_by_name(cloud):
+    _, served = cloud
+    del served[0].by_client["127.0.0.1"]["vpc-id"]
+    with pytest.raises(CloudError, match=r"instance metadata vpc-id: HTTP 404"):
+        engine(cloud, 0).prepare()
+
+
+def test_metadata_in_hardened_mode_with_a_token_else_in_normal_mode(cloud, caplog):
+    api, served = cloud
+    node = engine(cloud, 0)
+    node.prepare()  # the service refuses GETs without a token
+    assert node.status().target == INSTANCES[0]
+    assert served[0].requests[0] == ("PUT", "/latest/api/token", False)
+    assert all(token for method, _, token in served[0].requests if method == "GET")
+    # A service that hands out no token (normal mode only): plain GETs, said once.
+    plain = FakeMetadata({"region-id": REGION, "instance-id": INSTANCES[1], "vpc-id": VPC},
+                         mode="v1-only").start()
+    try:
+        config = AliVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET,
+                                            "Endpoint": f"http://{api.endpoint}"},
+                                           NETWORK, environ={})
+        with caplog.at_level(logging.WARNING, logger="flannel"):
+            other = AliVpcRoutes(config, MetadataClient(plain.url, token=True,
+                                                        scheme=ALIYUN_TOKENS), backoff=FAST)
+            other.prepare()
+        assert other.status().target == INSTANCES[1]
+        assert [r.getMessage() for r in caplog.records] == [
+            f"hardened mode token request to {plain.url} failed (HTTP 403); falling back to "
+            "normal mode"]
+    finally:
+        plain.stop()
+
+
+def test_credentials_from_the_environment_as_go_reads_them():
+    config = AliVpcConfig.from_backend(
+        {"AccessKeyID": "only-the-id"}, NETWORK,
+        environ={"ACCESS_KEY_ID": KEY_ID, "ACCESS_KEY_SECRET": SECRET})
+    assert (config.access_key_id, config.access_key_secret) == (KEY_ID, SECRET)
+    with pytest.raises(BackendConfigError) as raised:
+        AliVpcConfig.from_backend({}, NETWORK, environ={"ACCESS_KEY_ID": KEY_ID})
+    assert str(raised.value).startswith("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! ")
+    with pytest.raises(BackendConfigError,
+                       match=r"Backend\.AccessKeySecret must be a string, not a"):
+        AliVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": 7}, NETWORK,
+                                  environ={})
+    with pytest.raises(BackendConfigError, match="access key is malformed"):
+        AliVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": "a\nb"}, NETWORK,
+                                  environ={})
+
+
+@pytest.mark.parametrize(("members", "message"), [
+    ({"Endpoint": "vpc.aliyuncs.com"}, "Backend.Endpoint: 'vpc.aliyuncs.com' is not a URL of "
+     "the form http://host[:port] or https://host[:port]"),
+    ({"Endpoint": "https://vpc.aliyuncs.com/?Action=x"}, "Backend.Endpoint: "),
+    ({"MetadataURL": "https://100.100.100.200"}, "Backend.MetadataURL: "
+     "'https://100.100.100.200' is not a URL of the form http://host[:port]"),
+])
+def test_bad_endpoint_options_are_refused(members, message):
+    with pytest.raises(BackendConfigError) as raised:
+        AliVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET,
+                                   **members}, NETWORK, environ={})
+    assert str(raised.value).startswith(message)
+    assert SECRET not in str(raised.value)
+
+
+def test_options_default_to_alibabas_services():
+    config = AliVpcConfig.from_backend({"accesskeyid": KEY_ID, "ACCESSKEYSECRET": SECRET},
+                                       NETWORK, environ={})
+    assert (config.endpoint, config.metadata_url) == ("", "http://100.100.100.200")
