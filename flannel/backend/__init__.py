@@ -18,6 +18,7 @@ _REGISTRY: dict[str, str | type[Backend]] = {
     "alloc": "flannel.backend.alloc:AllocBackend",
     "aws-vpc": "flannel.backend.awsvpc:AwsVpcBackend",
     "extension": "flannel.backend.extension:ExtensionBackend",
+    "gce": "flannel.backend.gce:GceBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
     "ipip": "flannel.backend.ipip:IpipBackend",
     "tencent-vpc": "flannel.backend.tencentvpc:TencentVpcBackend",
