@@ -115,7 +115,11 @@ class GceConfig:
             raise BackendConfigError(f"Backend.Network: {vpc[:80]!r} is not a network name "
                                      "(lower-case letters, digits and dashes, at most 63)")
         endpoint = members.get("Endpoint", "") or COMPUTE_API
-        parts = urllib.parse.urlsplit(endpoint)
+        try:
+            parts = urllib.parse.urlsplit(endpoint)
+            parts.port  # noqa: B018 - raises ValueError when the port is not a number
+        except ValueError:
+            parts = urllib.parse.urlsplit("")
         if len(endpoint) > 256 or parts.scheme not in ("http", "https") or not parts.netloc \
                 or parts.path not in ("", "/") or parts.query or parts.fragment \
                 or parts.username is not None:

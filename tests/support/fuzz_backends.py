@@ -2,7 +2,7 @@
 ``Backend`` object, and the ``BackendData`` a peer publishes in its lease.
 
 Backend options: the real parser of every backend (vxlan, udp, ipip, wireguard, extension,
-aws-vpc, tencent-vpc) fed an object whose members are that backend's fields in any case with
+aws-vpc, tencent-vpc, gce) fed an object whose members are that backend's fields in any case with
 hostile values. Peer data: the real decoders the backends apply to a remote lease (vxlan's
 ``VtepMAC``, wireguard's ``PublicKey``/``Port``, extension's string) fed a value that reached
 us either inside an etcd lease value or as a raw annotation string. ``run`` returns on
@@ -23,6 +23,7 @@ from flannel.backend.ipip import IpipConfig
 from flannel.backend.udp import UdpConfig
 from flannel.backend.vxlan import VxlanBackend, VxlanConfig
 from flannel.cloud.awsvpc import AwsVpcConfig
+from flannel.cloud.gce import GceConfig
 from flannel.cloud.tencentvpc import TencentVpcConfig
 from flannel.config import ConfigError, parse_config
 from flannel.extension.peers import ExtensionConfig, peer_stdin
@@ -65,6 +66,12 @@ FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
                                                  "ftp://x", "http://u@h/", "https://h:99999",
                                                  "https://h:port", "http://[::1"]),
                     "MetadataURL": st.one_of(odd_strings, st.just("http://169.254.0.23"))},
+    "gce": {"Project": st.one_of(odd_strings, numbers, st.just("my-project-1"),
+                                 st.just("example.com:my-project")),
+            "Network": st.one_of(odd_strings, st.just("default"), st.just("-bad")),
+            "Endpoint": st.sampled_from(["", "https://compute.googleapis.com", "ftp://x",
+                                         "http://u@h/", "https://h:99999", "https://h:port",
+                                         "http://[::1", "https://h/compute/v1"])},
 }
 
 
@@ -110,6 +117,10 @@ def run_backend_config(data: tuple[str, dict[str, Any]]) -> None:
         elif kind == "aws-vpc":
             aws = AwsVpcConfig.from_backend(options, _NETWORK, _ADDRESS)
             assert all(t.startswith("rtb-") for t in aws.route_table_ids)
+        elif kind == "gce":
+            gce = GceConfig.from_backend(options, _NETWORK, environ={})
+            assert gce.endpoint.startswith(("http://", "https://"))
+            assert not gce.project or gce.project.isprintable()
         else:
             TencentVpcConfig.from_backend(options, _NETWORK, _ADDRESS, environ={})
     except BackendConfigError as err:  # every backend's options refuse with this one type
