@@ -158,6 +158,13 @@ def build(lab: Lab, nodes: int, config: dict | str, *, second_underlay_from: int
         if not any(k.lower() == "routetableid" for k in backend):
             backend["RouteTableID"] = table
         text = json.dumps(document)
+    if decoded.backend_type == "gce":
+        compute_url = lab.start_gce_cloud(str(decoded.network))
+        document = json.loads(text)
+        backend = next(v for k, v in document.items() if k.lower() == "backend")
+        if not any(k.lower() == "endpoint" for k in backend):
+            backend["Endpoint"] = compute_url
+        text = json.dumps(document)
     lab.put_config(text)
     start_nodes(lab, indexes, *flanneld_args, timeout=60.0 + 3 * nodes)
     for index in indexes:
@@ -170,7 +177,7 @@ def check_mesh(lab: Lab, indexes: list[int], ipv6: bool) -> str:
     a ring (each node to the next) in a big one. What ``up`` reports. udp peers live in
     the forwarder, the extension's routes are not flanneld's (protocol 151) and aws-vpc's
     are in the VPC router: there, the pings are the mesh."""
-    if lab.state.backend in ("udp", "extension", "aws-vpc"):
+    if lab.state.backend in ("udp", "extension", "aws-vpc", "gce"):
         say("waiting for every node to reach every other")
         took = wait_for_mesh(lab, indexes, ipv6, timeout=60.0 + 3 * len(indexes))
         return f"every pair connected {took:.2f}s after every node had its subnet"
@@ -278,7 +285,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {key} {value}")
     for node in lab.state.nodes:
         print_node_state(lab, node.index)
-    if lab.state.backend == "aws-vpc":
+    if lab.state.backend in ("aws-vpc", "gce"):
         from flannel.lab import vpcrouter
 
         print(f"\n--- VPC router ({lab.underlay_ns}), following the route table:")
@@ -388,12 +395,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--backend", default="vxlan",
                     choices=["vxlan", "host-gw", "udp", "wireguard", "ipip", "extension",
-                             "aws-vpc", "alloc"],
+                             "aws-vpc", "gce", "alloc"],
                     help="alloc reserves subnets only: the lab shows leases, pings nothing; "
                     "extension runs deploy/examples/extension-vxlan (a vxlan built by "
                     "scripts); ipip needs the kernel's ipip module; aws-vpc runs moto's EC2 "
                     "and a metadata service per node, the underlay namespace routing as the "
-                    "VPC router (needs moto[server] and boto3)")
+                    "VPC router (needs moto[server] and boto3); gce runs a Compute Engine "
+                    "double the same way")
     up.add_argument("--ipv6", action="store_true", help="dual-stack network")
     up.add_argument("--direct-routing", action="store_true", help="vxlan or ipip DirectRouting")
     up.add_argument("--second-underlay", type=int, default=0, metavar="K",

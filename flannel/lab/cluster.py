@@ -109,7 +109,7 @@ class LabState:
     etcd_endpoint: str = ""
     etcd_pid: int = 0
     etcd_started: int = 0
-    cloud_pid: int = 0  # the lab's cloud (flannel.lab.awscloud), if its backend needs one
+    cloud_pid: int = 0  # the lab's cloud (flannel.lab.awscloud, gcecloud), if its backend needs one
     cloud_started: int = 0
     ipv6: bool = False
     backend: str = ""
@@ -311,6 +311,32 @@ class Lab:
                         "/nonexistent"}
         self.state.save()
         return str(cloud["route_table"])
+
+    def start_gce_cloud(self, network: str, timeout: float = 60.0) -> str:
+        """Start the lab's Compute Engine (``flannel.lab.gcecloud``: the API double, a
+        metadata server per node, the underlay namespace as VPC router) for the nodes added
+        so far, point their flanneld at their metadata server, and return the API's URL."""
+        out = self.directory / "cloud.json"
+        argv = [IP, "netns", "exec", self.underlay_ns, sys.executable, "-m",
+                "flannel.lab.gcecloud", "--address", f"{UNDERLAYS[0][0]}.1", "--network",
+                network, "--router-netns", self.underlay_ns, "--out", str(out),
+                *(f"--node={node.index}={node.address}" for node in self.state.nodes)]
+        with open(self.directory / "cloud.log", "ab") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.state.cloud_pid, self.state.cloud_started = proc.pid, _start_ticks(proc.pid)
+        self.state.save()
+        deadline = time.monotonic() + timeout
+        while not out.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log_text = (self.directory / "cloud.log").read_text(errors="replace")
+                raise LabError(f"the lab's Compute Engine did not start:\n{log_text[-3000:]}")
+            time.sleep(0.1)
+        cloud = json.loads(out.read_text())
+        for node in self.state.nodes:
+            node.env = {"GCE_METADATA_HOST": cloud["metadata"][str(node.index)]}
+        self.state.save()
+        return str(cloud["compute_url"])
 
     # -- flanneld ---------------------------------------------------------------------
 

@@ -111,11 +111,13 @@ class FakeCompute:
                                "autoCreateSubnetworks": True}
         return self.networks[name]["selfLink"]
 
-    def add_instance(self, zone: str, name: str, can_ip_forward: bool = True) -> str:
+    def add_instance(self, zone: str, name: str, can_ip_forward: bool = True,
+                     address: str = "", network: str = "") -> str:
         self.instances[f"{zone}/{name}"] = {
             "kind": "compute#instance", "id": str(next(self._ids)), "name": name,
             "zone": self.link(f"zones/{zone}"), "status": "RUNNING",
             "canIpForward": can_ip_forward,
+            "networkInterfaces": [{"name": "nic0", "network": network, "networkIP": address}],
             "selfLink": self.link(f"zones/{zone}/instances/{name}")}
         return self.instances[f"{zone}/{name}"]["selfLink"]
 
@@ -124,6 +126,13 @@ class FakeCompute:
         with self._lock:
             self._insert({"name": name, "destRange": dest, "network": network, **next_hop,
                           "priority": 1000})
+
+    def table(self) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """Every route, and each instance's selfLink -> its first interface's address."""
+        with self._lock:
+            return ([dict(r) for r in self.routes.values()],
+                    {i["selfLink"]: i["networkInterfaces"][0]["networkIP"]
+                     for i in self.instances.values()})
 
     def delete_route(self, name: str) -> None:
         """Delete a route, as an operator in the console does."""
