@@ -235,8 +235,9 @@ class GceRoutes(RouteEngineBase):
                 raise CloudError(f"Compute Engine {action}: an operation without a usable "
                                  f"name ({name[:60]!r})")
             self._sleep(self.poll_interval)
-            operation = self._call("globalOperations.get", "GET",
-                                   f"projects/{self.project}/global/operations/{name}")
+            # Not retried on its own: a throttled poll retries the whole change (``_changed``).
+            operation = self._request_once(
+                "globalOperations.get", "GET", f"projects/{self.project}/global/operations/{name}")
         else:
             if operation.get("status") != "DONE":
                 raise CloudError(

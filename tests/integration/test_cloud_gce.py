@@ -12,9 +12,8 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from flannel.backenderrors import BackendConfigError
 from flannel.cloud.base import CloudError, ThrottleRetry
-from flannel.cloud.gce import GceConfig, GceRoutes, route_name
+from flannel.cloud.gce import GceConfig, GceRoutes
 from flannel.cloud.gceauth import GceMetadata
 from flannel.lease import Lease
 from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
@@ -157,6 +156,18 @@ def test_throttling_is_retried_with_backoff(compute, caplog, status, reason):
     assert len(retries) == 2
     assert retries[0].startswith(f"Compute Engine routes.insert throttled ({reason}); "
                                  "retrying in")
+
+
+def test_a_throttled_operation_poll_retries_the_change_once_not_in_a_loop(compute):
+    node = engine(compute)
+    node.prepare()
+    compute.pending_polls = 2
+    compute.fail("globalOperations.get", 429, "rateLimitExceeded", times=1)
+    assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
+    # The insert is sent again and finds its route made (409): the change is done.
+    assert compute.actions.count("routes.insert") == 2
+    assert routes(compute) == {"flannel-10-244-1-0-24": (SUBNETS[0], "node-1")}
+    assert node.reconcile(lease(SUBNETS[0]), []) == []
 
 
 def test_throttling_in_a_data_plane_pass_fails_the_pass_at_once(compute):
@@ -346,28 +357,3 @@ def test_unusable_key_files_are_refused_by_name(compute, tmp_path, content, mess
     with pytest.raises(CloudError) as raised:
         engine(compute, environ={"GOOGLE_APPLICATION_CREDENTIALS": str(path)}).prepare()
     assert message in str(raised.value)
-
-
-def test_route_names_are_gos():
-    assert route_name(IPv4Network("10.244.3.0/24")) == "flannel-10-244-3-0-24"
-
-
-@pytest.mark.parametrize(("members", "message"), [
-    ({"Project": "Bad Project"}, "Backend.Project: 'Bad Project' is not a project ID"),
-    ({"Network": "-net"}, "Backend.Network: '-net' is not a network name"),
-    ({"Network": 5}, "Backend.Network must be a string, not a number"),
-    ({"Endpoint": "compute.googleapis.com"}, "Backend.Endpoint: 'compute.googleapis.com' is "
-                                             "not a URL of the form https://host[:port]"),
-    ({"Endpoint": "https://compute.googleapis.com/compute/v1"}, "Backend.Endpoint: "),
-])
-def test_bad_options_are_refused(members, message):
-    with pytest.raises(BackendConfigError) as raised:
-        GceConfig.from_backend(members, NETWORK, environ={})
-    assert str(raised.value).startswith(message)
-
-
-def test_options_in_any_case_and_defaults():
-    config = GceConfig.from_backend({"project": "host-project", "NETWORK": "shared-vpc"},
-                                    NETWORK, environ={})
-    assert (config.project, config.vpc_network, config.endpoint, config.key_file) == (
-        "host-project", "shared-vpc", "https://compute.googleapis.com", "")
