@@ -305,6 +305,9 @@ class GceRoutes(RouteEngineBase):
                            "create the instance with --can-ip-forward")
                 self._status.warnings = [warning]
                 log.warning("gce: %s", warning)
+            if self.config.endpoint.startswith("http://"):
+                log.warning("gce: Backend.Endpoint %s is plain http: the access token crosses "
+                            "the network unencrypted", self.config.endpoint)
             log.info("gce: project %s, network %s, instance %s in %s (routes authorised by "
                      "%s)", self.project, network, identity.instance, identity.zone,
                      self._tokens.describe)
