@@ -382,6 +382,9 @@ def test_lab_up_with_gce_connects_pods_through_the_vpc_router(make_lab):
     ping = lab_cli("ping")
     assert ping.returncode == 0, ping.stdout + ping.stderr
     assert "IPv4 pod ping matrix:" in ping.stdout and "FAIL" not in ping.stdout
+    status = lab_cli("status")
+    for destination, via in subnets.items():
+        assert f"  {destination} via {via}" in status.stdout
     down = lab_cli("down")
     assert down.returncode == 0, down.stderr
     wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")
