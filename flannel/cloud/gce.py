@@ -317,7 +317,11 @@ class GceRoutes(RouteEngineBase):
 
     def _list_routes(self) -> list[dict[str, Any]]:
         routes: list[dict[str, Any]] = []
-        query = {"filter": f'name eq "{ROUTE_PREFIX}.*"', "maxResults": str(_PAGE)}
+        # RE2 regular expressions, each matching a whole field; a network's link may carry
+        # any host in front of its path.
+        network = re.escape(_resource(self.network_link))
+        query = {"filter": f'(name eq "{ROUTE_PREFIX}.*") (network eq ".*/{network}")',
+                 "maxResults": str(_PAGE)}
         for _ in range(_MAX_PAGES):
             page = self._call("routes.list", "GET", f"projects/{self.project}/global/routes",
                               query)

@@ -5,9 +5,10 @@ tests use it (``tests/support/gceapi.py``).
 
 Modelled from the public Compute Engine API reference (cloud.google.com/compute/docs/reference
 /rest/v1): ``routes.list`` (``GET /compute/v1/projects/{p}/global/routes`` with ``filter`` in
-the ``field eq "RE2 regex"`` form, parenthesised terms ANDed, ``maxResults`` and
-``pageToken``), ``routes.insert`` (``POST``, the body's ``name``, ``network``, ``destRange``,
-``nextHopInstance``, ``priority``, ``tags``; 409 ``alreadyExists``), ``routes.delete``
+the ``field eq "RE2 regex"`` form, parenthesised terms ANDed, Python's ``re`` standing in
+for RE2; ``maxResults`` and ``pageToken``), ``routes.insert`` (``POST``, the body's
+``name``, ``network``, ``destRange``, ``nextHopInstance``, ``priority``, ``tags``; 409
+``alreadyExists``), ``routes.delete``
 (404 ``notFound``), ``networks.get``, ``instances.get`` (``selfLink``, ``canIpForward``) and
 ``globalOperations.get``; writes answer a ``compute#operation`` that is ``RUNNING`` for
 ``pending_polls`` reads, then ``DONE``, with an ``error.errors[]`` of ``{code, message}`` when
