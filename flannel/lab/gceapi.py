@@ -16,7 +16,7 @@ it failed. Errors are ``{"error": {"code", "message", "errors": [{"message", "do
 "reason"}]}}``: 401 without a valid bearer token, 403 ``quotaExceeded`` ("Quota 'ROUTES'
 exceeded") past ``route_limit`` (in the operation instead with ``limit_in_operation``), and
 whatever ``fail(action, status, reason, times)`` queues (429/403 ``rateLimitExceeded``);
-``op_fail(code, message, times)`` makes the next write's operation fail; ``delay`` holds
+``op_fail(code, message, times)`` makes the next inserts' operations fail; ``delay`` holds
 every API answer back (a timeout). The metadata server (from the metadata server
 documentation: ``/computeMetadata/v1/...`` only with ``Metadata-Flavor: Google``, answered with
 that header, 403 otherwise) serves ``project/project-id``, ``instance/zone``
