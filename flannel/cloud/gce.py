@@ -35,6 +35,7 @@ from typing import Any
 from flannel import gojson
 from flannel.backenderrors import BackendConfigError
 from flannel.cloud.base import (
+    NO_WAIT,
     ApiError,
     CloudError,
     RouteChange,
@@ -62,8 +63,10 @@ ROUTE_PREFIX = "flannel-"
 PRIORITY = 1000
 #: Seconds one API request may take.
 API_TIMEOUT = 10
-#: How operations are waited on: polled every second, at most this many times (Go: 100).
+#: How operations are waited on: polled every second, at most this many times at start (Go:
+#: 100), and fewer in a data plane pass, whose worker thread every other pass waits behind.
 OPERATION_POLLS = 60
+PASS_OPERATION_POLLS = 10
 #: Bounds on routes.list: entries per page (the API's maximum) and pages per pass.
 _PAGE = 500
 _MAX_PAGES = 40
@@ -228,7 +231,10 @@ class GceRoutes(RouteEngineBase):
     def _wait(self, action: str, operation: Mapping[str, Any]) -> None:
         """Poll a global operation until DONE (bounded); its error is the call's error."""
         name = str(operation.get("name", ""))
-        for _ in range(self.operation_polls):
+        # A pass that must not wait out throttling must not wait long on an operation either.
+        polls = self.operation_polls if self._retry is not NO_WAIT else \
+            min(self.operation_polls, PASS_OPERATION_POLLS)
+        for _ in range(polls):
             if operation.get("status") == "DONE":
                 break
             if not _OPERATION.fullmatch(name):
@@ -242,7 +248,7 @@ class GceRoutes(RouteEngineBase):
             if operation.get("status") != "DONE":
                 raise CloudError(
                     f"Compute Engine {action}: operation {name} not done after "
-                    f"{self.operation_polls * self.poll_interval:.0f}s; the next "
+                    f"{polls * self.poll_interval:.0f}s; the next "
                     "reconciliation looks at the route table again")
         errors = (operation.get("error") or {}).get("errors") or []
         if errors:

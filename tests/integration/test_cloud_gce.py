@@ -211,13 +211,18 @@ def test_an_operation_error_fails_the_pass_by_name(compute):
 
 
 def test_an_operation_never_done_is_waited_on_with_a_bound(compute):
-    node = engine(compute, operation_polls=3)
+    node = engine(compute, operation_polls=30)
     node.prepare()
-    compute.pending_polls = 10
+    compute.pending_polls = 100
     with pytest.raises(CloudError, match=r"Compute Engine routes.insert: operation "
                                          r"operation-\S+ not done after 0s"):
         node.reconcile(lease(SUBNETS[0]), [])
-    assert compute.actions.count("globalOperations.get") == 3
+    assert compute.actions.count("globalOperations.get") == 30
+    # A data plane pass waits less: its worker thread serves every other pass too.
+    compute.delete_route("flannel-10-244-1-0-24")
+    with pytest.raises(CloudError, match=r"not done after 0s; the next reconciliation"):
+        node.reconcile(lease(SUBNETS[0]), [], wait_throttled=False)
+    assert compute.actions.count("globalOperations.get") == 30 + 10
 
 
 def test_an_api_that_does_not_answer_in_time_fails_the_call(compute, monkeypatch):
