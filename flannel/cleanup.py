@@ -25,8 +25,8 @@ is ever removed:
   node), the files under ``/run`` and the default CNI directories are the host's, not this
   node's: only the directories and files given by flags are looked at (``in_named_netns``).
 Refuses while a flanneld runs in the same network namespace (it would recreate everything).
-Not on the node, so not here: the aws-vpc/tencent-vpc/ali-vpc routes in the cloud's route
-table and whatever the extension backend's own commands created (docs/install.md,
+Not on the node, so not here: the aws-vpc/tencent-vpc/ali-vpc/gce routes in the cloud's route
+tables and whatever the extension backend's own commands created (docs/install.md,
 "Uninstall").
 Must not touch: anything that fails those checks; files are never followed through symlinks.
 """

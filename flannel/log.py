@@ -51,5 +51,5 @@ def setup(verbosity: int = 0) -> None:
     root.handlers[:] = [handler]
     root.setLevel(v_level(min(max(verbosity, 0), MAX_VERBOSITY)))
     # The cloud SDKs' debug output holds signed request headers (the access key ID).
-    for sdk in ("botocore", "boto3", "urllib3", "tencentcloud_sdk_common"):
+    for sdk in ("botocore", "boto3", "urllib3", "tencentcloud_sdk_common", "google.auth"):
         logging.getLogger(sdk).setLevel(logging.WARNING)

@@ -19,6 +19,7 @@ _REGISTRY: dict[str, str | type[Backend]] = {
     "ali-vpc": "flannel.backend.alivpc:AliVpcBackend",
     "aws-vpc": "flannel.backend.awsvpc:AwsVpcBackend",
     "extension": "flannel.backend.extension:ExtensionBackend",
+    "gce": "flannel.backend.gce:GceBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
     "ipip": "flannel.backend.ipip:IpipBackend",
     "tencent-vpc": "flannel.backend.tencentvpc:TencentVpcBackend",

@@ -1,5 +1,5 @@
-"""What the cloud route backends (aws-vpc, tencent-vpc, ali-vpc) share: the start sequence
-and the applier that reconciles the cloud's route table on every data plane pass.
+"""What the cloud route backends (aws-vpc, tencent-vpc, ali-vpc, gce) share: the start
+sequence and the applier that reconciles the cloud's route table on every data plane pass.
 
 These backends program nothing through netlink: the VPC's router carries pod traffic between
 nodes, by one route per node in its route table. ``prepare()`` checks the config and that the
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 class RouteEngine(Protocol):
-    """A cloud route engine (``flannel.cloud.awsvpc``, ``tencentvpc``, ``alivpc``)."""
+    """A cloud route engine (``flannel.cloud.awsvpc``, ``tencentvpc``, ``alivpc``, ``gce``)."""
 
     def prepare(self) -> object: ...
 
@@ -74,7 +74,7 @@ class CloudRouteBackend(Backend):
     backend_type = ""
     footprint = Footprint(ELSEWHERE, unjudged="the VPC's route table, not this node's kernel, "
                           "carries each peer's subnet, so this node's kernel is not judged")
-    #: The name users configure, and the SDK module and extra the backend needs.
+    #: The name users configure, and the SDK module ("" for none) and extra it needs.
     type_name = ""
     sdk_module = ""
     extra = ""
@@ -94,7 +94,8 @@ class CloudRouteBackend(Backend):
                                "set Network, and leave EnableIPv6 unset (or false)")
         try:
             # Off the event loop: the SDKs take a noticeable time to import.
-            await asyncio.to_thread(importlib.import_module, self.sdk_module)
+            if self.sdk_module:
+                await asyncio.to_thread(importlib.import_module, self.sdk_module)
         except ImportError:
             raise BackendError(f"the {self.type_name} backend needs the Python module "
                                f"{self.sdk_module!r}, which is not installed: install it with "

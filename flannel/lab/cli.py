@@ -18,6 +18,7 @@ import os
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from flannel.boundedjson import MAX_CONFIG_BYTES
@@ -151,19 +152,17 @@ def build(lab: Lab, nodes: int, config: dict | str, *, second_underlay_from: int
     indexes = list(range(1, nodes + 1))
     for index in indexes:
         lab.add_node(index, 1 if second_underlay_from and index >= second_underlay_from else 0)
-    if decoded.backend_type == "aws-vpc":
-        table = lab.start_aws_cloud(str(decoded.network))
-        document = json.loads(text)
-        backend = next(v for k, v in document.items() if k.lower() == "backend")
-        if not any(k.lower() == "routetableid" for k in backend):
-            backend["RouteTableID"] = table
-        text = json.dumps(document)
-    if decoded.backend_type == "ali-vpc":
+    # The cloud backends' labs start their cloud doubles, which say where the config points.
+    start_cloud: dict[str, Callable[[str], dict[str, str]]] = {
+        "aws-vpc": lambda network: {"RouteTableID": lab.start_aws_cloud(network)},
+        "ali-vpc": lab.start_ali_cloud,
+        "gce": lambda network: {"Endpoint": lab.start_gce_cloud(network)}}
+    if decoded.backend_type in start_cloud:
         document = json.loads(text)
         backend = next(v for k, v in document.items() if k.lower() == "backend")
         given = {k.lower() for k in backend}
-        backend.update({k: v for k, v in lab.start_ali_cloud(str(decoded.network)).items()
-                        if k.lower() not in given})
+        backend.update({k: v for k, v in start_cloud[decoded.backend_type](
+            str(decoded.network)).items() if k.lower() not in given})
         text = json.dumps(document)
     lab.put_config(text)
     start_nodes(lab, indexes, *flanneld_args, timeout=60.0 + 3 * nodes)
@@ -176,8 +175,8 @@ def check_mesh(lab: Lab, indexes: list[int], ipv6: bool) -> str:
     """Wait for the full mesh in every node's kernel, then ping: every pair in a small lab,
     a ring (each node to the next) in a big one. What ``up`` reports. udp peers live in
     the forwarder, the extension's routes are not flanneld's (protocol 151) and aws-vpc's
-    and ali-vpc's are in the VPC router: there, the pings are the mesh."""
-    if lab.state.backend in ("udp", "extension", "aws-vpc", "ali-vpc"):
+    and ali-vpc's and gce's are in the VPC router: there, the pings are the mesh."""
+    if lab.state.backend in ("udp", "extension", "aws-vpc", "ali-vpc", "gce"):
         say("waiting for every node to reach every other")
         took = wait_for_mesh(lab, indexes, ipv6, timeout=60.0 + 3 * len(indexes))
         return f"every pair connected {took:.2f}s after every node had its subnet"
@@ -285,7 +284,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  {key} {value}")
     for node in lab.state.nodes:
         print_node_state(lab, node.index)
-    if lab.state.backend in ("aws-vpc", "ali-vpc"):
+    if lab.state.backend in ("aws-vpc", "ali-vpc", "gce"):
         from flannel.lab import vpcrouter
 
         print(f"\n--- VPC router ({lab.underlay_ns}), following the route table:")
@@ -395,13 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--backend", default="vxlan",
                     choices=["vxlan", "host-gw", "udp", "wireguard", "ipip", "extension",
-                             "aws-vpc", "ali-vpc", "alloc"],
+                             "aws-vpc", "ali-vpc", "gce", "alloc"],
                     help="alloc reserves subnets only: the lab shows leases, pings nothing; "
                     "extension runs deploy/examples/extension-vxlan (a vxlan built by "
                     "scripts); ipip needs the kernel's ipip module; aws-vpc runs moto's EC2 "
                     "and a metadata service per node, the underlay namespace routing as the "
-                    "VPC router (needs moto[server] and boto3); ali-vpc does the same with the "
-                    "Alibaba Cloud VPC API double")
+                    "VPC router (needs moto[server] and boto3); ali-vpc and gce do the same "
+                    "with the Alibaba Cloud VPC API double and the Compute Engine double")
     up.add_argument("--ipv6", action="store_true", help="dual-stack network")
     up.add_argument("--direct-routing", action="store_true", help="vxlan or ipip DirectRouting")
     up.add_argument("--second-underlay", type=int, default=0, metavar="K",

@@ -110,7 +110,7 @@ class LabState:
     etcd_endpoint: str = ""
     etcd_pid: int = 0
     etcd_started: int = 0
-    cloud_pid: int = 0  # the lab's cloud (awscloud, alicloud), if its backend needs one
+    cloud_pid: int = 0  # the lab's cloud (awscloud, alicloud, gcecloud), if its backend needs one
     cloud_started: int = 0
     ipv6: bool = False
     backend: str = ""
@@ -306,6 +306,16 @@ class Lab:
             node.env = {"ACCESS_KEY_ID": cloud["key_id"], "ACCESS_KEY_SECRET": cloud["secret"]}
         self.state.save()
         return {"Endpoint": cloud["endpoint"], "MetadataURL": cloud["metadata"]}
+
+    def start_gce_cloud(self, network: str, timeout: float = 60.0) -> str:
+        """Start the lab's Compute Engine (``flannel.lab.gcecloud``: the API double, a
+        metadata server per node, the underlay namespace as VPC router) for the nodes added
+        so far, point their flanneld at their metadata server, and return the API's URL."""
+        cloud = self._start_cloud("flannel.lab.gcecloud", "Compute Engine", network, timeout)
+        for node in self.state.nodes:
+            node.env = {"GCE_METADATA_HOST": cloud["metadata"][str(node.index)]}
+        self.state.save()
+        return str(cloud["compute_url"])
 
     def _start_cloud(self, module: str, what: str, network: str, timeout: float
                      ) -> dict[str, Any]:

@@ -5,8 +5,9 @@ names. In the lab, the underlay namespace (every node's default gateway) plays t
 ``sync`` makes its routes for the table's pod subnets (tagged with the lab's own route
 protocol) match what the table says, with the target instance's address as next hop. What
 the table says comes from a reader: ``aws_table`` (an EC2 endpoint, e.g. moto's),
-``tencent_table`` (the VPC API double's route objects) or ``ali_table`` (the Alibaba Cloud
-VPC API double's route entries).
+``tencent_table`` (the VPC API double's route objects), ``ali_table`` (the Alibaba Cloud VPC
+API double's route entries) or ``gce_table`` (the Compute Engine double's routes and
+instances).
 Must not touch: routes of other protocols; any namespace but the one it is given.
 """
 
@@ -79,6 +80,22 @@ def ali_table(entries: Iterable[Mapping[str, Any]], network: str,
             and entry.get("Status") in ("Available", "Pending")
             and entry.get("InstanceId") in addresses
             and _inside(entry.get("DestinationCidrBlock", ""), network)}
+
+
+def gce_table(routes: Iterable[Mapping[str, Any]], addresses: Mapping[str, str],
+              network: str) -> dict[str, str]:
+    """The pod routes of a GCE VPC network: destination -> address of the next hop instance
+    (routes to an instance strictly inside ``network`` only; of two routes to one
+    destination, the one with the lower priority number wins, as in Compute Engine)."""
+    found: dict[str, tuple[int, str]] = {}
+    for route in routes:
+        destination, hop = route.get("destRange", ""), route.get("nextHopInstance", "")
+        if hop not in addresses or not _inside(destination, network):
+            continue
+        priority = int(route.get("priority", 1000))
+        if destination not in found or priority < found[destination][0]:
+            found[destination] = (priority, addresses[hop])
+    return {destination: address for destination, (_, address) in found.items()}
 
 
 def _inside(destination: str, network: str) -> bool:

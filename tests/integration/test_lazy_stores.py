@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ETCD_CLIENT = ("flannel.subnet.etcd.client", "flannel.subnet.etcd.manager")
 KUBE_CLIENT = ("flannel.subnet.kube.client", "flannel.subnet.kube.config",
                "flannel.subnet.kube.auth", "flannel.subnet.kube.manager")
-CLOUD_SDKS = ("boto3", "botocore", "tencentcloud")
+CLOUD_SDKS = ("boto3", "botocore", "tencentcloud", "google.auth")
 METRICS = ("prometheus_client", "flannel.monitor.metrics")
 # Each backend type's modules: its own, and the packages only it uses.
 BACKEND_MODULES = {
@@ -37,6 +37,7 @@ BACKEND_MODULES = {
     "alloc": ("flannel.backend.alloc",),
     "aws-vpc": ("flannel.backend.awsvpc", "flannel.backend.cloudroutes", "flannel.cloud"),
     "extension": ("flannel.backend.extension", "flannel.extension"),
+    "gce": ("flannel.backend.gce", "flannel.backend.cloudroutes", "flannel.cloud"),
     "host-gw": ("flannel.backend.hostgw",),
     "ipip": ("flannel.backend.ipip",),
     "tencent-vpc": ("flannel.backend.tencentvpc", "flannel.backend.cloudroutes",

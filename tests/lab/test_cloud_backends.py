@@ -1,13 +1,14 @@
-"""aws-vpc, tencent-vpc and ali-vpc in a lab: real flanneld processes (real etcd, one
+"""aws-vpc, tencent-vpc, ali-vpc and gce in a lab: real flanneld processes (real etcd, one
 namespace per node) against moto's EC2 server (through the fault-injecting relay) with a fake
-metadata service per node, or against the Tencent or Alibaba Cloud VPC API double. The
-underlay namespace, every node's default gateway, plays the VPC router: its routes follow
-the cloud's route table (``flannel.lab.vpcrouter``), so pods reach each other only through
-the routes the backend wrote. Checked: every node's route, blackholes removed at start, a
-route deleted in the console repaired, a removed node's route collected, throttling
-retried, a full table reported (and recovered from), credentials never in the logs (-v
-included). Also the lab's
-aws-vpc and ali-vpc modes (``flannel-lab up --backend aws-vpc`` / ``ali-vpc``)."""
+metadata service per node, or against the Tencent or Alibaba Cloud VPC API double, or the
+Compute Engine double with a metadata server per node. The underlay namespace, every node's
+default gateway, plays the VPC router: its routes follow the cloud's route table
+(``flannel.lab.vpcrouter``), so pods reach each other only through the routes the backend
+wrote. Checked: every node's route, blackholes removed at start, a route deleted in the
+console repaired, a removed node's route collected, throttling retried, a full table
+reported (and recovered from), credentials never in the logs (-v included). Also the lab's
+aws-vpc, ali-vpc and gce modes (``flannel-lab up --backend aws-vpc`` / ``ali-vpc`` /
+``gce``)."""
 
 from __future__ import annotations
 
@@ -376,6 +377,78 @@ def test_lab_up_with_ali_vpc_connects_pods_through_the_vpc_router(make_lab):
     wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")
 
 
+# --- gce -------------------------------------------------------------------------------
+
+
+def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, monkeypatch):
+    from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
+
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    lab = make_lab()
+    lab.create_underlay()
+    compute = FakeCompute("flannel-lab-test").start(ROUTER, Host(lab.underlay_ns))
+    served: list[FakeGceMetadata] = []
+    try:
+        network = compute.add_network("lab-net")
+        lab.put_config({"Network": NETWORK, "Backend": {"Type": "gce",
+                                                        "Endpoint": compute.url}})
+
+        def add_node(index: int) -> None:
+            node = lab.add_node(index)
+            compute.add_instance("europe-west1-b", f"node-{index}", address=node.address,
+                                 network=network)
+            metadata = FakeGceMetadata(compute, metadata_paths(
+                compute, "europe-west1-b", f"node-{index}", "lab-net"))
+            served.append(metadata.start(ROUTER, Host(lab.underlay_ns)))
+            # -v: debug logs too must hold no token.
+            lab.start_flanneld(index, "--reconcile-interval=1", "-v=2",
+                               env={"GCE_METADATA_HOST": metadata.host})
+
+        def routes() -> dict[str, str]:
+            return {r["destRange"]: r["nextHopInstance"].rsplit("/", 1)[-1]
+                    for r in compute.table()[0]}
+
+        def routed(index: int) -> bool:
+            return routes().get(subnet(lab, index)) == f"node-{index}"
+
+        compute.fail("routes.insert", 429, "rateLimitExceeded", times=2)
+        nodes = [1, 2, 3]
+        for index in nodes:
+            add_node(index)
+        wait_until(lambda: all(routed(i) for i in nodes), 30, what="every node's route")
+        assert sum(lab.log(i).count("Compute Engine routes.insert throttled "
+                                    "(rateLimitExceeded); retrying in") for i in nodes) == 2
+        for index in nodes:
+            lab.attach_pod_bridge(index)
+        wait_until(lambda: pods_connected(lab, nodes, vpcrouter.gce_table(
+            *compute.table(), NETWORK)), 30, what="pods connected through the VPC router")
+
+        compute.delete_route(f"flannel-{subnet(lab, 2).replace('.', '-').replace('/', '-')}")
+        wait_until(lambda: routed(2), 20, what="node 2's route repaired")
+
+        gone = subnet(lab, 3)
+        lab.remove_node(3)
+        wait_until(lambda: gone not in routes(), 20, what=f"{gone} collected")
+
+        compute.route_limit = len(compute.routes)
+        add_node(4)
+        full = ("reconcile failed (retrying with backoff): gce routes: route limit reached: "
+                f"project flannel-lab-test refused the route for {subnet(lab, 4)} in network "
+                "flannel-lab-test/lab-net (")
+        wait_until(lambda: full in lab.log(4), 30, what=f"the route limit in {lab.log(4)}")
+        assert lab.flanneld_running(4)
+        compute.route_limit = None
+        wait_until(lambda: routed(4), 30, what="node 4's route once the quota has room")
+        wait_until(lambda: "reconcile recovered" in lab.log(4), 10, what="the recovery logged")
+        assert_no_credentials(lab, [1, 2, 4], *compute.tokens)
+    finally:
+        lab.down()
+        for metadata in served:
+            metadata.stop()
+        compute.stop()
+
+
 # --- the lab's aws-vpc mode ------------------------------------------------------------
 
 
@@ -398,6 +471,36 @@ def test_lab_up_with_aws_vpc_connects_pods_through_the_vpc_router(make_lab):
                                         strict=False)): recorded.node(i).address
                for i in (1, 2, 3)}
     # The router's routes are the route table's, which only the backends wrote.
+    assert vpcrouter.installed(recorded.underlay_ns) == subnets
+    ping = lab_cli("ping")
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    assert "IPv4 pod ping matrix:" in ping.stdout and "FAIL" not in ping.stdout
+    status = lab_cli("status")
+    for destination, via in subnets.items():
+        assert f"  {destination} via {via}" in status.stdout
+    down = lab_cli("down")
+    assert down.returncode == 0, down.stderr
+    wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")
+
+
+def test_lab_up_with_gce_connects_pods_through_the_vpc_router(make_lab):
+    lab = make_lab()
+
+    def lab_cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
+                               "--name", lab.name, *argv[1:]], capture_output=True, text=True,
+                              timeout=300, check=False)
+
+    up = lab_cli("up", "--backend", "gce", "--nodes", "3", "--pods-per-node", "1")
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
+    recorded = Lab(lab.name, root=lab.directory.parent)
+    cloud_pid = recorded.state.cloud_pid
+    assert cloud_pid and Path(f"/proc/{cloud_pid}").exists()
+    subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
+                                        strict=False)): recorded.node(i).address
+               for i in (1, 2, 3)}
+    # The router's routes are the network's, which only the backends wrote.
     assert vpcrouter.installed(recorded.underlay_ns) == subnets
     ping = lab_cli("ping")
     assert ping.returncode == 0, ping.stdout + ping.stderr

@@ -2,8 +2,9 @@
 ``Backend`` object, and the ``BackendData`` a peer publishes in its lease.
 
 Backend options: the real parser of every backend (vxlan, udp, ipip, wireguard, extension,
-aws-vpc, tencent-vpc, ali-vpc) fed an object whose members are that backend's fields in any
-case with hostile values. Peer data: the real decoders the backends apply to a remote lease (vxlan's
+aws-vpc, tencent-vpc, ali-vpc, gce) fed an object whose members are that backend's fields in
+any case with hostile values. Peer data: the real decoders the backends apply to a remote
+lease (vxlan's
 ``VtepMAC``, wireguard's ``PublicKey``/``Port``, extension's string) fed a value that reached
 us either inside an etcd lease value or as a raw annotation string. ``run`` returns on
 acceptance or on the designed refusal and checks what an accepted input promises; anything
@@ -24,6 +25,7 @@ from flannel.backend.udp import UdpConfig
 from flannel.backend.vxlan import VxlanBackend, VxlanConfig
 from flannel.cloud.alivpc import AliVpcConfig
 from flannel.cloud.awsvpc import AwsVpcConfig
+from flannel.cloud.gce import GceConfig
 from flannel.cloud.tencentvpc import TencentVpcConfig
 from flannel.config import ConfigError, parse_config
 from flannel.extension.peers import ExtensionConfig, peer_stdin
@@ -72,6 +74,12 @@ FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
                                              "ftp://x", "http://u@h/", "https://h:99999",
                                              "https://h/?Action=x", "http://[::1"]),
                 "MetadataURL": st.one_of(odd_strings, st.just("http://100.100.100.200"))},
+    "gce": {"Project": st.one_of(odd_strings, numbers, st.just("my-project-1"),
+                                 st.just("example.com:my-project")),
+            "Network": st.one_of(odd_strings, st.just("default"), st.just("-bad")),
+            "Endpoint": st.sampled_from(["", "https://compute.googleapis.com", "ftp://x",
+                                         "http://u@h/", "https://h:99999", "https://h:port",
+                                         "http://[::1", "https://h/compute/v1"])},
 }
 
 
@@ -121,6 +129,10 @@ def run_backend_config(data: tuple[str, dict[str, Any]]) -> None:
             ali = AliVpcConfig.from_backend(options, _NETWORK, environ={})
             assert ali.access_key_id.isprintable() and ali.access_key_secret.isprintable()
             assert ali.metadata_url.startswith("http://")
+        elif kind == "gce":
+            gce = GceConfig.from_backend(options, _NETWORK, environ={})
+            assert gce.endpoint.startswith(("http://", "https://"))
+            assert not gce.project or gce.project.isprintable()
         else:
             TencentVpcConfig.from_backend(options, _NETWORK, _ADDRESS, environ={})
     except BackendConfigError as err:  # every backend's options refuse with this one type

@@ -1,5 +1,6 @@
-"""The aws-vpc, tencent-vpc and ali-vpc backends before any cloud call: registration, what
-they publish, and the messages a user sees for an unusable config or a missing SDK extra."""
+"""The aws-vpc, tencent-vpc, ali-vpc and gce backends before any cloud call: registration,
+what they publish, and the messages a user sees for an unusable config or a missing SDK
+extra."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def prepare(backend_type: str, backend: dict, **fields: object):
 
 @pytest.mark.parametrize(("backend_type", "backend"), [("aws-vpc", {}),
                                                        ("tencent-vpc", TENCENT_KEYS),
-                                                       ("ali-vpc", TENCENT_KEYS)])
+                                                       ("ali-vpc", TENCENT_KEYS),
+                                                       ("gce", {})])
 def test_publishes_no_backend_type_and_the_interface_mtu_as_go_does(backend_type, backend):
     local = prepare(backend_type, backend)
     assert (local.backend_type, local.mtu, local.backend_data) == ("", 9001, None)
@@ -46,6 +48,10 @@ def test_publishes_no_backend_type_and_the_interface_mtu_as_go_does(backend_type
      "ACCESS_KEY_SECRET must be provided! "),
     ("ali-vpc", {**TENCENT_KEYS, "MetadataURL": "100.100.100.200"}, "ali-vpc backend: "
      "Backend.MetadataURL: '100.100.100.200' is not a URL of the form http://host[:port]"),
+    ("gce", {"Project": "No Such Project"}, "gce backend: Backend.Project: 'No Such Project' "
+     "is not a project ID"),
+    ("gce", {"Network": ["default"]}, "gce backend: Backend.Network must be a string, not a "
+     "array"),
 ])
 def test_unusable_config_is_refused_with_what_to_fix(backend_type, backend, message,
                                                      monkeypatch):
@@ -57,7 +63,7 @@ def test_unusable_config_is_refused_with_what_to_fix(backend_type, backend, mess
     assert "unit-test-secret-42" not in str(raised.value)
 
 
-@pytest.mark.parametrize("backend_type", ["aws-vpc", "tencent-vpc", "ali-vpc"])
+@pytest.mark.parametrize("backend_type", ["aws-vpc", "tencent-vpc", "ali-vpc", "gce"])
 def test_ipv6_is_refused(backend_type):
     with pytest.raises(BackendError) as raised:
         prepare(backend_type, TENCENT_KEYS, enable_ipv6=True)
@@ -90,3 +96,19 @@ def test_ali_vpc_needs_no_sdk_extra(monkeypatch):
     for module in ("aliyunsdkcore", "alibabacloud_vpc20160428", "cryptography"):
         monkeypatch.setitem(sys.modules, module, None)
     assert prepare("ali-vpc", TENCENT_KEYS).mtu == 9001
+
+
+def test_gce_options_are_checked_when_the_config_is_read():
+    config = NetworkConfig(network=NETWORK, backend_type="gce",
+                           backend={"Type": "gce", "Endpoint": "compute.googleapis.com"})
+    with pytest.raises(BackendError) as raised:
+        backend_class("gce").check_options(config)
+    assert str(raised.value).startswith("gce backend: Backend.Endpoint: "
+                                        "'compute.googleapis.com' is not a URL")
+
+
+def test_gce_needs_no_sdk_without_a_key_file(monkeypatch):
+    """The instance's service account is plain REST: google-auth may be absent."""
+    monkeypatch.setitem(sys.modules, "google.auth", None)
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    assert prepare("gce", {}).mtu == 9001

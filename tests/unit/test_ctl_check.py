@@ -114,7 +114,7 @@ def test_target_is_the_base_address_on_a_device_and_the_cni0_gateway_otherwise()
     subnet = IPv4Network("10.244.7.0/24")
     for backend in ("vxlan", "udp", "wireguard", "ipip"):
         assert probe_target(subnet, footprint(backend)) == IPv4Address("10.244.7.0")
-    for backend in ("host-gw", "extension", "aws-vpc", "tencent-vpc", "ali-vpc"):
+    for backend in ("host-gw", "extension", "aws-vpc", "tencent-vpc", "ali-vpc", "gce"):
         assert probe_target(subnet, footprint(backend)) == IPv4Address("10.244.7.1")
 
 
@@ -130,7 +130,8 @@ def test_every_backend_declares_what_the_tools_judge():
     assert {name: (lease_type, fp.routes) for name, (lease_type, fp) in judged.items()} == {
         "ali-vpc": ("", "elsewhere"),
         "alloc": ("", "no-data-path"), "aws-vpc": ("", "elsewhere"),
-        "extension": ("extension", "by-user"), "host-gw": ("host-gw", "per-peer"),
+        "extension": ("extension", "by-user"), "gce": ("", "elsewhere"),
+        "host-gw": ("host-gw", "per-peer"),
         "ipip": ("ipip", "per-peer"), "tencent-vpc": ("", "elsewhere"),
         "udp": ("", "covering"), "vxlan": ("vxlan", "per-peer"),
         "wireguard": ("wireguard", "covering")}
