@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from flannel import heap
 from flannel.backend.base import Backend, BackendError
 from flannel.backoff import Backoff
 from flannel.clock import SYSTEM, Clock
@@ -88,6 +89,10 @@ class DataplaneStatus:
     event_overruns: int = 0
     event_watch_failures: int = 0
 
+
+#: A pass making at least this many changes is a burst (a snapshot programmed), after which
+#: the freed C heap is given back (``heap``), as after every pass that read the kernel back.
+BURST_CHANGES = 256
 
 #: What a pass may fail with and be retried for: I/O (netlink errors are OSErrors), the
 #: backend's refusal and the kernel's; a backend adds its engines' (``Backend.pass_errors``).
@@ -295,9 +300,13 @@ class Dataplane:
             if result.error:
                 failures.append((f"{applier.name}: {result.error}",
                                  f"{applier.name}: {result.error}"))
+        total = sum(changes.values())
+        if full or check_local or total >= BURST_CHANGES:
+            # The tables read back, the requests encoded, and the store's decoding of a
+            # snapshot before the pass, are free now but kept by the C allocator.
+            heap.release_free_memory()
         if failures:
             raise PassError(*failures[0])
-        total = sum(changes.values())
         if total:
             log.info("reconciled: %d change(s) in %.1f ms", total,
                      (self._clock.monotonic() - started) * 1000)

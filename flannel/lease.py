@@ -212,7 +212,7 @@ class EventType(enum.Enum):
     REMOVED = "removed"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     type: EventType
     lease: Lease
