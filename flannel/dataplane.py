@@ -224,6 +224,11 @@ class Dataplane:
                     watcher = None
                 self.status.pass_durations.observe(clock.monotonic() - started)
                 self._succeeded(version, changes, len(peers))
+                if full or check_local or changes.total() >= BURST_CHANGES:
+                    # The tables read back, the requests encoded, the desired state this
+                    # pass replaced, and the store's decoding of a snapshot before it are
+                    # all free now, but kept by the C allocator.
+                    heap.release_free_memory()
         finally:
             if watcher is not None:
                 watcher.cancel()
@@ -300,13 +305,9 @@ class Dataplane:
             if result.error:
                 failures.append((f"{applier.name}: {result.error}",
                                  f"{applier.name}: {result.error}"))
-        total = sum(changes.values())
-        if full or check_local or total >= BURST_CHANGES:
-            # The tables read back, the requests encoded, and the store's decoding of a
-            # snapshot before the pass, are free now but kept by the C allocator.
-            heap.release_free_memory()
         if failures:
             raise PassError(*failures[0])
+        total = sum(changes.values())
         if total:
             log.info("reconciled: %d change(s) in %.1f ms", total,
                      (self._clock.monotonic() - started) * 1000)
