@@ -15,6 +15,8 @@ Cases, interleaved in every round (order alternating): a bare ``python -c 'impor
 of the same interpreter (spawn to exit), flanneld with 0 leases, flanneld with N leases.
 Medians are printed, with the load average, and the CPU time each process had used when
 ready (user and system, reaped children included), which the machine's load disturbs less.
+The flannel package's bytecode is written first, as an install or the image has it
+(``--source-only`` leaves it out).
 
     .venv/bin/python -m bench.startup --peers 5000 --rounds 5
     .venv/bin/python -m bench.startup --peers 5000 --rounds 1 --profile /tmp/start.prof
@@ -182,6 +184,9 @@ def main() -> None:
     parser.add_argument("--compare", default="", metavar="TREE",
                         help="also start the flannel package of another source tree (e.g. "
                              "`git archive` of an earlier commit), interleaved")
+    parser.add_argument("--source-only", action="store_true",
+                        help="do not write the trees' bytecode first (flanneld then compiles "
+                             "every module at every start if PYTHONDONTWRITEBYTECODE is set)")
     parser.add_argument("--drive", nargs=5, help=argparse.SUPPRESS)
     parser.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--put-leases", nargs=2, help=argparse.SUPPRESS)
@@ -198,6 +203,13 @@ def main() -> None:
         print("{}")
         return
 
+    if not args.source_only:
+        # As installed (pip compiles on install, the image ships the bytecode of what
+        # loads): flanneld must not compile its modules at every start, which it does when
+        # PYTHONDONTWRITEBYTECODE is set and no bytecode was written yet.
+        for tree in {str(ROOT), args.tree or str(ROOT), args.compare or str(ROOT)}:
+            subprocess.run([sys.executable, "-m", "compileall", "-q", f"{tree}/flannel"],
+                           check=True, timeout=300, stdout=subprocess.DEVNULL)
     many = f"{args.peers} leases"
     # name -> (leases, source tree); leases None: the bare interpreter.
     cases: dict[str, tuple[int | None, str]] = {

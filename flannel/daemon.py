@@ -53,7 +53,7 @@ from flannel.subnet import open_store
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.manager import SubnetManager
-from flannel.subnet.watch import LeaseWatcher, Snapshot
+from flannel.subnet.watch import LeaseUpdate, LeaseWatcher, Snapshot
 
 if TYPE_CHECKING:
     from flannel.rules.manager import RulesStatus
@@ -470,30 +470,40 @@ class Daemon:
         handed = False  # the data plane was given a peer set
         async with contextlib.aclosing(sm.watch_leases(config)) as updates:
             async for update in updates:
-                result = watcher.apply(update)
-                # A line per subnet of a large snapshot (5000 cost ~0.15 s) only at -v=2.
-                level = logging.INFO if len(result.events) <= SNAPSHOT_LINES else V2
-                if log.isEnabledFor(level):
-                    for event in result.events:
-                        verb = "added" if event.type is EventType.ADDED else "removed"
-                        log.log(level, "Subnet %s: %s (public IP %s)", verb, event.lease.key,
-                                event.lease.attrs.public_ip)
-                if result.own_lease_removed and sm.revocable:
-                    log.warning("Lease has been revoked. Shutting down daemon.")
-                    raise OwnLeaseRevoked(f"this node's lease {own.key} was removed")
-                if isinstance(update, Snapshot):
-                    log.info("Lease snapshot: %d remote subnet(s) known (%d added, %d removed)",
-                             len(watcher.leases), sum(e.type is EventType.ADDED
-                                                      for e in result.events),
-                             sum(e.type is EventType.REMOVED for e in result.events))
-                if not result.events and (handed or not isinstance(update, Snapshot)):
-                    # A renewal, or a relist that found what we had: the data plane has
-                    # this peer set, and readiness must not flip while it is programmed.
-                    continue
-                handed = True
-                dataplane.set_peers(watcher.leases)
-                if self.settings.rules.encap_peers_only:
-                    traffic.set_peers(encap_peers(own, watcher.leases))
+                # In a call of its own, so that a snapshot's events (5000 at start) are not
+                # kept alive while the next update is awaited.
+                handed = self._take_update(sm, watcher, own, update, handed, dataplane,
+                                           traffic)
+
+    def _take_update(self, sm: SubnetManager, watcher: LeaseWatcher, own: Lease,
+                     update: LeaseUpdate, handed: bool, dataplane: Dataplane,
+                     traffic: Rules) -> bool:
+        """Apply one lease update and hand the peer set over if it changed; whether a peer
+        set was ever handed over."""
+        result = watcher.apply(update)
+        # A line per subnet of a large snapshot (5000 cost ~0.15 s) only at -v=2.
+        level = logging.INFO if len(result.events) <= SNAPSHOT_LINES else V2
+        if log.isEnabledFor(level):
+            for event in result.events:
+                verb = "added" if event.type is EventType.ADDED else "removed"
+                log.log(level, "Subnet %s: %s (public IP %s)", verb, event.lease.key,
+                        event.lease.attrs.public_ip)
+        if result.own_lease_removed and sm.revocable:
+            log.warning("Lease has been revoked. Shutting down daemon.")
+            raise OwnLeaseRevoked(f"this node's lease {own.key} was removed")
+        if isinstance(update, Snapshot):
+            log.info("Lease snapshot: %d remote subnet(s) known (%d added, %d removed)",
+                     watcher.count, sum(e.type is EventType.ADDED for e in result.events),
+                     sum(e.type is EventType.REMOVED for e in result.events))
+        if not result.events and (handed or not isinstance(update, Snapshot)):
+            # A renewal, or a relist that found what we had: the data plane has this peer
+            # set, and readiness must not flip while it is programmed.
+            return handed
+        peers = watcher.leases
+        dataplane.set_peers(peers)
+        if self.settings.rules.encap_peers_only:
+            traffic.set_peers(encap_peers(own, peers))
+        return True
 
 
 def encap_peers(own: Lease, leases: Sequence[Lease]) -> PeerAddresses:

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from flannel import heap
 from flannel.backend.base import Backend, BackendError
 from flannel.backoff import Backoff
 from flannel.clock import SYSTEM, Clock
@@ -88,6 +89,10 @@ class DataplaneStatus:
     event_overruns: int = 0
     event_watch_failures: int = 0
 
+
+#: A pass making at least this many changes is a burst (a snapshot programmed), after which
+#: the freed C heap is given back (``heap``), as after every pass that read the kernel back.
+BURST_CHANGES = 256
 
 #: What a pass may fail with and be retried for: I/O (netlink errors are OSErrors), the
 #: backend's refusal and the kernel's; a backend adds its engines' (``Backend.pass_errors``).
@@ -219,6 +224,11 @@ class Dataplane:
                     watcher = None
                 self.status.pass_durations.observe(clock.monotonic() - started)
                 self._succeeded(version, changes, len(peers))
+                if full or check_local or changes.total() >= BURST_CHANGES:
+                    # The tables read back, the requests encoded, the desired state this
+                    # pass replaced, and the store's decoding of a snapshot before it are
+                    # all free now, but kept by the C allocator.
+                    heap.release_free_memory()
         finally:
             if watcher is not None:
                 watcher.cancel()

@@ -154,19 +154,28 @@ def _decode_str(value: Any, name: str) -> str:
     return value
 
 
-#: One string per BackendType seen (a few at most in a cluster), shared by every lease of that
-#: type instead of one copy per lease; bounded, as the values come from the store.
-_BACKEND_TYPES: dict[str, str] = {}
-_MAX_BACKEND_TYPES = 64
+class SharedStrings:
+    """One string object per distinct value, for a field whose few values repeat across
+    thousands of records (a lease's BackendType, a node's annotation names), instead of one
+    copy per record. Bounded, as the values come from the store: past ``limit`` distinct
+    values, new ones are returned as they are (and not through ``sys.intern``: store values
+    must not grow the interpreter's own table)."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._table: dict[str, str] = {}
+        self._limit = limit
+
+    def __call__(self, text: str) -> str:
+        shared = self._table.get(text)
+        if shared is not None:
+            return shared
+        if len(self._table) < self._limit:
+            self._table[text] = text
+        return text
 
 
-def _shared(backend_type: str) -> str:
-    shared = _BACKEND_TYPES.get(backend_type)
-    if shared is not None:
-        return shared
-    if len(_BACKEND_TYPES) < _MAX_BACKEND_TYPES:
-        _BACKEND_TYPES[backend_type] = backend_type
-    return backend_type
+#: A cluster uses a few BackendTypes at most.
+_shared = SharedStrings()
 
 
 def _raw(members: dict[str, Any], name: str) -> str | None:
@@ -212,7 +221,7 @@ class EventType(enum.Enum):
     REMOVED = "removed"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     type: EventType
     lease: Lease
