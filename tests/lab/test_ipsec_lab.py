@@ -14,6 +14,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from ipaddress import IPv4Network, ip_address
@@ -23,9 +25,11 @@ from typing import Any
 import pytest
 
 from flannel.ipsec import charon
+from flannel.kernel.host import Host
 from flannel.lab.cli import build, wait_for_mesh
 from flannel.lab.cluster import Lab, in_ns
 from flannel.lab.mesh import start_pings
+from flannel.wireguard import nsexec
 from tests.lab.test_wireguard_lab import Capture, ip_packet
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
@@ -45,6 +49,7 @@ CONFIG = {"Network": str(NETWORK), "Backend": {"Type": "ipsec", "PSK": PSK_A}}
 HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=10280")
 PATTERN = "f1a77e1ddeadc0de"
 IKE_PORTS = {500, 4500}
+FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 
 
 def session(lab: Lab, index: int) -> Any:
@@ -213,3 +218,60 @@ def test_a_psk_mismatch_is_reported_by_name(make_lab):
     # Nodes 1 and 2 still reach each other and stay ready.
     assert lab.ping(1, 2) and lab.ping(2, 1)
     assert http_get(lab.node_ns(1), "http://127.0.0.1:10280/readyz")[0] == 200
+
+
+def in_node(lab: Lab, index: int, *cmd: str) -> subprocess.CompletedProcess:
+    """``cmd`` in node ``index``'s view: its network namespace and its /run."""
+    return subprocess.run(nsexec.command(list(cmd), Host(lab.node_ns(index)),
+                                         lab.node_run_dir(index)),
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def doctor_ipsec(lab: Lab, index: int) -> list[dict]:
+    node = lab.node(index)
+    proc = in_node(lab, index, FLANNELCTL, "doctor", "--json",
+                   f"--etcd-endpoints={lab.state.etcd_endpoint}",
+                   f"--subnet-file={node.subnet_file}")
+    return [f for f in json.loads(proc.stdout)["findings"] if f["check"] == "ipsec"]
+
+
+def test_doctor_names_a_peer_without_an_sa_and_cleanup_stops_our_charon(make_lab):
+    lab = make_lab()
+    build(lab, 2, CONFIG, flanneld_args=HEALTH)
+    wait_for_mesh(lab, [1, 2], ipv6=False, timeout=60)
+    assert doctor_ipsec(lab, 1) == []
+    # Node 2's flanneld stops; its charon stays, as across restarts.
+    lab.stop_flanneld(2)
+    pid = charon_pid(lab, 2)
+    assert charon.process_conf(pid) is not None
+    # A policy of Go's shape (left by a Go flanneld on a kernel with ESP) and a foreign one.
+    go = ["xfrm", "policy", "add", "src", "10.244.1.0/24", "dst", "10.244.2.0/24", "dir",
+          "out", "tmpl", "src", "192.0.2.1", "dst", "192.0.2.2", "proto", "esp", "reqid"]
+    assert in_node(lab, 2, "ip", *go, "11", "mode", "tunnel").returncode == 0
+    foreign = [*go[:4], "10.9.1.0/24", *go[5:]]
+    assert in_node(lab, 2, "ip", *foreign, "12", "mode", "tunnel").returncode == 0
+    options = ("--run-dir", "/run", "--cni-bin-dir", "/nonexistent", "--cni-conf-dir",
+               "/nonexistent")
+    dry = in_node(lab, 2, FLANNELCTL, "cleanup", "--dry-run", *options)
+    listed = [line.removeprefix("would remove: ") for line in dry.stdout.splitlines()
+              if line.startswith("would remove: ")]
+    assert (f"charon process {pid} (started by flanneld's ipsec backend; its SAs, TUN device "
+            "and routes go with it)") in listed, dry.stdout
+    assert "directory /run/flannel/ipsec" in listed
+    assert ("XFRM policy src 10.244.1.0/24 dst 10.244.2.0/24 dir out (ESP tunnel, reqid 11)"
+            in listed)
+    assert not [line for line in listed if "10.9.1.0" in line]
+    assert charon.process_conf(pid) is not None  # a dry run changes nothing
+    done = in_node(lab, 2, FLANNELCTL, "cleanup", *options)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert charon.process_conf(pid) is None
+    assert "ipsec0" not in in_node(lab, 2, "ip", "-br", "link").stdout
+    assert not (lab.node_run_dir(2) / "flannel" / "ipsec").exists()
+    policies = in_node(lab, 2, "ip", "xfrm", "policy", "list").stdout
+    assert "10.244.1.0/24" not in policies and "10.9.1.0/24" in policies
+    # Node 2's charon deleted its SAs as it stopped: node 1 keeps the connection (node 2's
+    # lease stays) with no SA, and doctor names the peer.
+    wait_until(lambda: doctor_ipsec(lab, 1) != [], 20, what="doctor naming the peer")
+    found = doctor_ipsec(lab, 1)
+    assert found[0]["severity"] == "warning"
+    assert f"no established IKE SA with peer {lab.node(2).address}" in found[0]["what"]
