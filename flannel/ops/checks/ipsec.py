@@ -2,15 +2,18 @@
 answering while flanneld runs, and an established IKE SA with every peer.
 
 Connections are recognised by Go's names (``<ourPublicIP>-<ourSubnet>-<peerSubnet>-<peerIP>``);
-charon is asked over its VICI socket as flanneld asks it (``/var/run/charon.vici`` in this
-mount namespace). Must not touch: charon's state (only ``list-sas`` is asked).
+charon is asked over the VICI socket flanneld uses: ``/var/run/charon.vici`` as flanneld's
+mount namespace has it (through ``/proc/<flanneld>/root``: a lab node's flanneld has a /run of
+its own, which ``ip netns exec`` does not show).
+Must not touch: charon's state (only ``list-sas`` is asked).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
-from flannel.ipsec.charon import Charon, CharonError, CharonSpec, find_charon
+from flannel.ipsec.charon import VICI_SOCKET, Charon, CharonError, CharonSpec, find_charon
 from flannel.ops.checks import Context
 from flannel.ops.findings import Finding
 
@@ -30,7 +33,9 @@ def check_ipsec(ctx: Context) -> list[Finding]:
                              "'pyflannel[ipsec]')"))
     if found or not ctx.flanneld_pids:
         return found
-    charon = Charon(CharonSpec(libipsec=False))
+    # /var/run is a link to /run, which would resolve in our own root, not flanneld's.
+    root = Path(f"/proc/{ctx.flanneld_pids[0]}/root")
+    charon = Charon(CharonSpec(libipsec=False, socket_path=root / "run" / VICI_SOCKET.name))
     try:
         with charon.session() as vici:
             sas = list(vici.list_sas())
