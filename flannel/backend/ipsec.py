@@ -198,8 +198,13 @@ class ConnectionApplier(Applier):
                 ours = _prefix(backend)
                 present = {name for conn in vici.list_conns() for name in conn
                            if name.startswith(ours)}
-                for name in sorted(present - set(desired)):
+                gone = present - set(desired)
+                with_sa = {n for sa in (vici.list_sas() if gone else ()) for n in sa} & gone
+                for name in sorted(gone):
                     vici.unload_conn({"name": name})
+                    if name in with_sa:  # its SAs would carry traffic to a vanished peer
+                        for _ in vici.terminate({"ike": name, "timeout": -1}):
+                            pass
                     self._loaded.pop(name, None)
                     log.info("unloaded connection %s (its peer is gone)", name)
                     changes += 1
