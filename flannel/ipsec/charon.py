@@ -60,17 +60,12 @@ def find_charon() -> str:
 
 def config_text(log_path: Path, libipsec: bool) -> str:
     """flanneld's strongswan.conf: the system's, plus a log whose lines name the connection
-    (the PSK-mismatch report reads it) and the ESP data path. With kernel-libipsec, charon
-    installs no routes: it would route a peer's subnet through its TUN only when an address
-    of our subnet already exists (the CNI bridge's, made with the first pod) and never try
-    again; flanneld routes the peers through the TUN itself."""
+    (the PSK-mismatch report reads it) and the ESP data path."""
     load = "yes" if libipsec else "no"
-    routes = "  install_routes = no\n" if libipsec else ""
     return (
         "# Written by flanneld (ipsec backend); rewritten at every start of charon.\n"
         "include /etc/strongswan.conf\n"
         "charon {\n"
-        f"{routes}"
         "  filelog {\n"
         "    flannel {\n"
         f"      path = {log_path}\n"
