@@ -198,15 +198,19 @@ class ConnectionApplier(Applier):
                 ours = _prefix(backend)
                 present = {name for conn in vici.list_conns() for name in conn
                            if name.startswith(ours)}
-                gone = present - set(desired)
-                with_sa = {n for sa in (vici.list_sas() if gone else ()) for n in sa} & gone
-                for name in sorted(gone):
+                for name in sorted(present - set(desired)):
                     vici.unload_conn({"name": name})
-                    if name in with_sa:  # its SAs would carry traffic to a vanished peer
-                        for _ in vici.terminate({"ike": name, "timeout": -1}):
-                            pass
                     self._loaded.pop(name, None)
                     log.info("unloaded connection %s (its peer is gone)", name)
+                    changes += 1
+                # SAs of vanished peers (a connection unloaded keeps its SAs, which would
+                # carry traffic to whoever holds that address now).
+                stale = {name for sa in vici.list_sas() for name in sa
+                         if name.startswith(ours) and name not in desired}
+                for name in sorted(stale):
+                    log.info("terminating the SAs of %s (its peer is gone)", name)
+                    for _ in vici.terminate({"ike": name, "timeout": -1}):
+                        pass
                     changes += 1
                 for name, pair in sorted(desired.items()):
                     if name in present and self._loaded.get(name) == pair:
