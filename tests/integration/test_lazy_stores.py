@@ -38,6 +38,7 @@ BACKEND_MODULES = {
     "extension": ("flannel.backend.extension", "flannel.extension"),
     "host-gw": ("flannel.backend.hostgw",),
     "ipip": ("flannel.backend.ipip",),
+    "ipsec": ("flannel.backend.ipsec", "flannel.ipsec", "vici"),
     "tencent-vpc": ("flannel.backend.tencentvpc", "flannel.backend.cloudroutes",
                     "flannel.cloud"),
     "udp": ("flannel.backend.udp", "flannel.udp"),
