@@ -12,7 +12,7 @@ comes with the first pod, maybe much later); the ``ipsec connections`` applier k
 charon (started, adopted, restarted) holding our PSK, one PSK and one connection per peer
 named as Go names them, and (kernel ESP) Go's XFRM policies per peer pair; a CHILD_SA that
 failed under an established IKE SA is initiated again; connections of vanished peers are
-unloaded. It re-checks every ``RECHECK`` seconds: a charon restarted or a connection
+unloaded and their SAs terminated. It re-checks every ``RECHECK`` seconds: a charon restarted or a connection
 unloaded by hand raises no event.
 IKE authentication failures in charon's log are reported naming the peer (a PSK mismatch).
 Must not touch: the store; the PSK outside the VICI messages (never logged, in an error, in

@@ -37,7 +37,7 @@ from tests.support.waiting import wait_until
 vici = pytest.importorskip("vici", reason="needs the vici package (the ipsec extra)")
 
 pytestmark = [
-    pytest.mark.netns, pytest.mark.etcd, pytest.mark.slow,
+    pytest.mark.netns, pytest.mark.etcd,
     pytest.mark.skipif(not any(shutil.which(p) for p in charon.SEARCH),
                        reason="needs strongSwan's charon (install.sh installs it)"),
 ]
