@@ -12,8 +12,8 @@ comes with the first pod, maybe much later); the ``ipsec connections`` applier k
 charon (started, adopted, restarted) holding our PSK, one PSK and one connection per peer
 named as Go names them, and (kernel ESP) Go's XFRM policies per peer pair; a CHILD_SA that
 failed under an established IKE SA is initiated again; connections of vanished peers are
-unloaded and their SAs terminated. It re-checks every ``RECHECK`` seconds: a charon restarted or a connection
-unloaded by hand raises no event.
+unloaded and their SAs terminated. It re-checks every ``RECHECK`` seconds: a charon
+restarted, a connection unloaded or a policy deleted by hand raises no event.
 IKE authentication failures in charon's log are reported naming the peer (a PSK mismatch).
 Must not touch: the store; the PSK outside the VICI messages (never logged, in an error, in
 readiness or status); connections that are not ours (other names, or another local address).
@@ -150,10 +150,10 @@ class ConnectionApplier(Applier):
         self.backend = backend
         self._generation = 0
         self._loaded: dict[str, Pair] = {}  # connection name -> pair, in this charon
-        self._policies: set[Pair] = set()
         self._log_offset = -1
         self._failing: dict[str, str] = {}  # connection name -> peer, authentication failed
         self._established = 0
+        self._childless: set[str] = set()  # connections found without a CHILD_SA last pass
 
     def pairs(self, peers: Sequence[Lease]) -> dict[str, Pair]:
         backend = self.backend
@@ -224,13 +224,17 @@ class ConnectionApplier(Applier):
                         changes += 1
                 sas = list(vici.list_sas())
                 self._established = _count_established(sas, set(desired))
-                for name, child in _missing_children(sas, desired):
+                missing = _missing_children(sas, desired)
+                for name, child in missing:
                     # charon keeps an IKE SA whose CHILD_SA failed (e.g. its TUN route) and
-                    # never tries the child again by itself.
-                    log.warning("connection %s has no CHILD_SA: initiating it", name)
+                    # never tries the child again by itself. Said once while it lasts (another
+                    # ESPProposal on the peer fails every time).
+                    (log.debug if name in self._childless else log.warning)(
+                        "connection %s has no CHILD_SA: initiating it", name)
                     for _ in vici.initiate({"ike": name, "child": child, "timeout": -1}):
                         pass
                     changes += 1
+                self._childless = {name for name, _ in missing}
         except (CharonError, xfrm.XfrmError) as err:
             return ApplyResult(changes, str(err), recheck=RECHECK)
         except OSError as err:
@@ -244,26 +248,12 @@ class ConnectionApplier(Applier):
         return ApplyResult(changes, "", recheck=RECHECK)
 
     def _sync_policies(self, desired: set[Pair]) -> int:
-        """Go's XFRM policies, where the kernel carries ESP (kernel-libipsec keeps its
-        policies in charon; kernel ones would send packets to a kernel with no SA)."""
+        """Go's XFRM policies, where the kernel carries ESP, read back every pass (a policy
+        deleted by hand is restored); kernel-libipsec keeps its policies in charon (kernel
+        ones would send packets to a kernel with no SA)."""
         if self.backend.libipsec:
             return 0
-        netns = self.backend.options.host.netns
-        changes = 0
-        for pair in sorted(self._policies - desired, key=str):
-            for argv in xfrm.policy_commands(pair, "delete"):
-                try:
-                    xfrm.run(argv, netns)
-                except xfrm.XfrmError as err:
-                    log.warning("%s", err)
-            self._policies.discard(pair)
-            changes += 1
-        for pair in sorted(desired - self._policies, key=str):
-            for argv in xfrm.policy_commands(pair, "update"):
-                xfrm.run(argv, netns)
-            self._policies.add(pair)
-            changes += 1
-        return changes
+        return xfrm.sync_policies(sorted(desired, key=str), self.backend.options.host.netns)
 
     def _report_auth_failures(self, desired: dict[str, Pair]) -> None:
         """IKE authentication failures with a peer, named once while they last."""

@@ -7,7 +7,9 @@ three policies Go flannel installs per peer pair (out: local subnet -> remote su
 fwd: remote -> local; ESP tunnel template between the public addresses, reqid 11), through
 ``ip xfrm`` (iproute2; argv, never a shell).
 API: ``kernel_has_esp(netns)``, ``policy_commands(pair, action)``, ``run(argv, netns)``,
-``our_policies(netns)`` (the policies of that shape present: for ``flannelctl cleanup``).
+``our_policies(netns)`` (the policies of that shape present: for ``flannelctl cleanup``),
+``sync_policies(pairs, netns)`` (exactly the pairs' policies of that shape: missing ones
+added, others of that shape deleted).
 Must not touch: states or policies other than those named here.
 """
 
@@ -92,3 +94,21 @@ def policy_commands(pair: Pair, action: str) -> list[list[str]]:
             argv += ["tmpl", *ends, *tmpl]
         commands.append(argv)
     return commands
+
+
+def sync_policies(pairs: Sequence[Pair], netns: str | None) -> int:
+    """Make the policies of Go's shape exactly those of ``pairs``; the changes made."""
+    present = {tuple(argv[2:]) for argv in our_policies(netns)}
+    wanted: dict[tuple[str, ...], list[str]] = {}
+    for pair in pairs:
+        for update, delete in zip(policy_commands(pair, "update"),
+                                  policy_commands(pair, "delete"), strict=True):
+            wanted[tuple(delete[2:])] = update
+    changes = 0
+    for key in sorted(present - set(wanted)):
+        run(["policy", "delete", *key], netns)
+        changes += 1
+    for key in sorted(set(wanted) - present):
+        run(wanted[key], netns)
+        changes += 1
+    return changes

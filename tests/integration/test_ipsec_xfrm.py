@@ -63,6 +63,25 @@ def test_gos_policies_are_installed_found_and_deleted(ns):
     assert "reqid 12" in ip_xfrm(ns, "policy", "list")
 
 
+def test_sync_restores_a_policy_deleted_by_hand_and_drops_a_vanished_pairs(ns):
+    other = Pair(PAIR.local_ip, PAIR.local_subnet, IPv4Address("192.168.1.12"),
+                 IPv4Network("10.244.9.0/24"))
+    xfrm.run(["policy", "add", "src", "10.9.0.0/24", "dst", "10.8.0.0/24", "dir", "out",
+              "tmpl", "src", "192.0.2.1", "dst", "192.0.2.2", "proto", "esp", "reqid", "12",
+              "mode", "tunnel"], ns)
+    assert xfrm.sync_policies([PAIR, other], ns) == 6
+    assert xfrm.sync_policies([PAIR, other], ns) == 0
+    xfrm.run(["policy", "delete", "src", "10.244.9.0/24", "dst", "10.244.3.0/24", "dir",
+              "fwd"], ns)
+    assert xfrm.sync_policies([PAIR, other], ns) == 1
+    assert len(xfrm.our_policies(ns)) == 6
+    assert xfrm.sync_policies([PAIR], ns) == 3
+    assert sorted(" ".join(a[2:6]) for a in xfrm.our_policies(ns)) == [
+        "src 10.244.3.0/24 dst 10.244.7.0/24", "src 10.244.7.0/24 dst 10.244.3.0/24",
+        "src 10.244.7.0/24 dst 10.244.3.0/24"]
+    assert "reqid 12" in ip_xfrm(ns, "policy", "list")
+
+
 def test_a_refused_command_names_itself(ns):
     with pytest.raises(xfrm.XfrmError, match=r"^ip xfrm policy delete: "):
         xfrm.run(xfrm.policy_commands(PAIR, "delete")[0], ns)
