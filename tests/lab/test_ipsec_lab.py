@@ -147,8 +147,17 @@ def test_pods_reach_each_other_and_the_underlay_carries_only_ike_and_esp(lab3):
             remote = lab.lease_key(other).replace("-", "/")
             want[f"{node.address}-{subnet}-{remote}-{lab.node(other).address}"] = remote
         assert set(conns) == set(want)
+        negotiated = {name: ike for sa in session(lab, index).list_sas()
+                      for name, ike in sa.items()}
         for name, remote in want.items():
             assert conns[name]["version"] == b"IKEv2"
+            # Go's proposals: IKE aes256-sha256-modp4096, ESP aes128gcm16 (in UDP here).
+            ike = negotiated[name]
+            assert (ike["encr-alg"], ike["encr-keysize"], ike["integ-alg"],
+                    ike["dh-group"]) == (b"AES_CBC", b"256", b"HMAC_SHA2_256_128", b"MODP_4096")
+            child = next(iter(ike["child-sas"].values()))
+            assert (child["encr-alg"], child["encr-keysize"], child["encap"]) == (
+                b"AES_GCM_16", b"128", b"yes")
             child = conns[name]["children"][f"{subnet}-{remote}"]
             assert child["mode"] == b"TUNNEL"
             assert child["local-ts"] == [subnet.encode()]
