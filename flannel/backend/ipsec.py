@@ -151,7 +151,7 @@ class ConnectionApplier(Applier):
         self._generation = 0
         self._loaded: dict[str, Pair] = {}  # connection name -> pair, in this charon
         self._log_offset = -1
-        self._failing: dict[str, str] = {}  # connection name -> peer, authentication failed
+        self._failing: dict[str, str] = {}  # connection -> lease key, authentication failed
         self._established = 0
         self._childless: set[str] = set()  # connections found without a CHILD_SA last pass
 
@@ -212,6 +212,7 @@ class ConnectionApplier(Applier):
                     for _ in vici.terminate({"ike": name, "timeout": -1}):
                         pass
                     changes += 1
+                loaded_now: set[str] = set()
                 for name, pair in sorted(desired.items()):
                     if name in present and self._loaded.get(name) == pair:
                         continue
@@ -221,15 +222,19 @@ class ConnectionApplier(Applier):
                     self._loaded[name] = pair
                     if name not in present:
                         log.info("loaded connection %s", name)
+                        loaded_now.add(name)
                         changes += 1
                 sas = list(vici.list_sas())
-                self._established = _count_established(sas, set(desired))
-                missing = _missing_children(sas, desired)
+                established = _established(sas, set(desired))
+                self._established = len(established)
+                # charon initiates a connection it just loaded (start_action) by itself.
+                missing = [m for m in _missing_children(sas, desired) if m[0] not in loaded_now]
                 for name, child in missing:
-                    # charon keeps an IKE SA whose CHILD_SA failed (e.g. its TUN route) and
-                    # never tries the child again by itself. Said once while it lasts (another
-                    # ESPProposal on the peer fails every time).
-                    (log.debug if name in self._childless else log.warning)(
+                    # charon keeps an IKE SA whose CHILD_SA failed (e.g. its TUN route), and
+                    # drops one that failed to authenticate, and tries neither again by
+                    # itself. Said once while it lasts (a peer that is down, or has another
+                    # ESPProposal, fails every time).
+                    (log.debug if name in self._childless else log.info)(
                         "connection %s has no CHILD_SA: initiating it", name)
                     for _ in vici.initiate({"ike": name, "child": child, "timeout": -1}):
                         pass
@@ -244,7 +249,7 @@ class ConnectionApplier(Applier):
                 return ApplyResult(changes, f"charon refused a request: {err}",
                                    recheck=RECHECK)
             raise
-        self._report_auth_failures(desired)
+        self._report_auth_failures(desired, established)
         return ApplyResult(changes, "", recheck=RECHECK)
 
     def _sync_policies(self, desired: set[Pair]) -> int:
@@ -255,8 +260,9 @@ class ConnectionApplier(Applier):
             return 0
         return xfrm.sync_policies(sorted(desired, key=str), self.backend.options.host.netns)
 
-    def _report_auth_failures(self, desired: dict[str, Pair]) -> None:
-        """IKE authentication failures with a peer, named once while they last."""
+    def _report_auth_failures(self, desired: dict[str, Pair], established: set[str]) -> None:
+        """IKE authentication failures with a peer, named once while they last (until the
+        peer is gone or an IKE SA with it is established)."""
         charon = self.backend.charon
         assert charon is not None
         self._log_offset, lines = charon.read_log(self._log_offset)
@@ -267,17 +273,19 @@ class ConnectionApplier(Applier):
             name = match["name"]
             if name not in self._failing:
                 pair = desired[name]
-                self._failing[name] = f"{pair.remote_ip} (subnet {pair.remote_subnet})"
-                log.error("IKE authentication with peer %s failed: its PSK differs from ours "
-                          "(connection %s); give every node the same PSK in the network "
-                          "config and restart the nodes whose flanneld runs with another",
-                          self._failing[name], name)
-        for name in [n for n in self._failing if n not in desired]:
+                self._failing[name] = str(pair.remote_subnet).replace("/", "-")
+                log.error("IKE authentication with peer %s (subnet %s) failed: its PSK "
+                          "differs from ours (connection %s); give every node the same PSK "
+                          "in the network config and restart the nodes whose flanneld runs "
+                          "with another", pair.remote_ip, pair.remote_subnet, name)
+        for name in [n for n in self._failing if n not in desired or n in established]:
+            if name in established:
+                log.info("IKE authentication with connection %s succeeds again", name)
             del self._failing[name]
 
     def refused_peers(self) -> dict[str, str]:
-        return {peer: "IKE authentication failed: another PSK"
-                for peer in self._failing.values()}
+        """Peers failing IKE authentication, by lease key."""
+        return {key: "IKE authentication fails: another PSK" for key in self._failing.values()}
 
     def samples(self) -> list[EngineSample]:
         return [EngineSample("ipsec_connections", "Connections loaded into charon, one per peer.",
@@ -302,22 +310,24 @@ def _prefix(backend: IpsecBackend) -> str:
 
 def _missing_children(sas: Sequence[dict[str, Any]], desired: dict[str, Pair]
                       ) -> list[tuple[str, str]]:
-    """(connection, child) of our established IKE SAs that hold no installed CHILD_SA."""
+    """(connection, child) of our connections with no IKE SA at all (charon gave up: e.g.
+    after an authentication failure, until traffic hits the trap) or an established one
+    that holds no installed CHILD_SA."""
+    with_sa = set()
     out = []
     for sa in sas:
         for name, ike in sa.items():
-            if name not in desired or ike.get("state") != b"ESTABLISHED":
+            if name not in desired:
                 continue
+            with_sa.add(name)
             children = ike.get("child-sas") or {}
-            if not any(c.get("state") == b"INSTALLED" for c in children.values()):
+            if ike.get("state") == b"ESTABLISHED" and not any(
+                    c.get("state") == b"INSTALLED" for c in children.values()):
                 out.append((name, child_name(desired[name])))
-    return out
+    out += [(name, child_name(pair)) for name, pair in desired.items() if name not in with_sa]
+    return sorted(out)
 
 
-def _count_established(sas: Sequence[dict[str, Any]], names: set[str]) -> int:
-    count = 0
-    for sa in sas:
-        for name, ike in sa.items():
-            if name in names and ike.get("state") == b"ESTABLISHED":
-                count += 1
-    return count
+def _established(sas: Sequence[dict[str, Any]], names: set[str]) -> set[str]:
+    return {name for sa in sas for name, ike in sa.items()
+            if name in names and ike.get("state") == b"ESTABLISHED"}

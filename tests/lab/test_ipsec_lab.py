@@ -238,9 +238,20 @@ def test_a_psk_mismatch_is_reported_by_name(make_lab):
                 + http_get(lab.node_ns(index), "http://127.0.0.1:10280/status")[1] + metrics
                 + Path(lab.node_run_dir(index) / "flannel/ipsec/charon.log").read_text())
         assert PSK_A not in text and PSK_B not in text
+    status = json.loads(http_get(lab.node_ns(1), "http://127.0.0.1:10280/status")[1])
+    assert status["peers"]["refused_reasons"] == {
+        lab.lease_key(3): "IKE authentication fails: another PSK"}
     # Nodes 1 and 2 still reach each other and stay ready.
     assert lab.ping(1, 2) and lab.ping(2, 1)
     assert http_get(lab.node_ns(1), "http://127.0.0.1:10280/readyz")[0] == 200
+    # Node 3 restarted with the cluster's PSK: the failure is over, and said so.
+    lab.put_config(json.dumps(CONFIG))
+    lab.stop_flanneld(3)
+    lab.start_flanneld(3, *HEALTH)
+    wait_until(lambda: engine(lab, 1).get("ipsec_peers_failing_authentication") == 0, 60,
+               interval=0.5, what="node 1 no longer counting a failing peer")
+    assert "succeeds again" in lab.log(1)
+    wait_for_mesh(lab, [1, 2, 3], ipv6=False, timeout=30)
 
 
 def in_node(lab: Lab, index: int, *cmd: str) -> subprocess.CompletedProcess:
