@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flannel.backoff import Backoff
+
 log = logging.getLogger(__name__)
 
 #: Where Go flannel looks for charon, in its order.
@@ -179,7 +181,7 @@ class Charon:
         self.pid: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._next_start = 0.0
-        self._delay = RESTART_FIRST
+        self._backoff = Backoff(RESTART_FIRST, RESTART_LONGEST)
 
     # -- VICI -------------------------------------------------------------------------------
 
@@ -239,15 +241,15 @@ class Charon:
         if self.answers():
             if self.generation == 0:
                 self._adopt()
+            elif time.monotonic() > self._next_start:  # it outlived its restart delay
+                self._backoff.reset()
             return self.generation
         now = time.monotonic()
         if now < self._next_start:
             raise CharonError(f"charon does not answer on {self.spec.socket_path}; starting "
                               f"it again in {self._next_start - now:.0f}s")
-        self._next_start = now + self._delay
-        self._delay = min(self._delay * 2, RESTART_LONGEST)
+        self._next_start = now + self._backoff.grow()
         self._start()
-        self._delay = RESTART_FIRST
         self.generation += 1
         return self.generation
 

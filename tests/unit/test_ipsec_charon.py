@@ -12,6 +12,7 @@ import pytest
 
 from flannel.ipsec import charon
 from flannel.ipsec.charon import Charon, CharonError, CharonSpec
+from tests.support.waiting import wait_until
 
 
 def test_the_config_includes_the_systems_and_adds_a_log_with_connection_names(tmp_path):
@@ -72,3 +73,31 @@ def test_a_process_with_our_config_that_is_not_a_charon_is_not_ours(tmp_path):
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_charon_that_keeps_dying_is_started_again_later_each_time(monkeypatch, tmp_path):
+    """A program standing for a charon that exits at once (status 3): each start fails with
+    its status and log, and the next start waits 1 s, then 2 s, ..."""
+    fake = tmp_path / "charon"
+    fake.write_text("#!/bin/sh\necho 'no plugins found' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(charon, "SEARCH", (str(fake),))
+    daemon = Charon(CharonSpec(libipsec=True, socket_path=tmp_path / "charon.vici",
+                               state_dir=tmp_path / "state"))
+    with pytest.raises(CharonError, match=r"charon exited with status 3 at start: "
+                       r"no plugins found"):
+        daemon.ensure()
+    with pytest.raises(CharonError, match=r"starting it again in 1s"):
+        daemon.ensure()
+
+    def second_start_failed() -> bool:
+        try:
+            daemon.ensure()
+        except CharonError as err:
+            return "exited with status 3" in str(err)
+        return False
+
+    wait_until(second_start_failed, 5, interval=0.1, what="the second start")
+    with pytest.raises(CharonError, match=r"starting it again in 2s"):
+        daemon.ensure()
+    assert oct((tmp_path / "state" / "strongswan.conf").stat().st_mode & 0o777) == "0o600"
