@@ -8,6 +8,9 @@ cd "$(dirname "$0")"
 packages=(
     etcd-server etcd-client containernetworking-plugins iproute2 iptables nftables
     iputils-ping iperf3 wireguard-tools wireguard-go openssl procps
+    # The ipsec backend: strongSwan's charon with VICI, its crypto (AES-GCM, ECP, MODP) and
+    # kernel-libipsec (userspace ESP: this kernel has none); swanctl to look at it.
+    strongswan-charon libstrongswan-standard-plugins libcharon-extra-plugins strongswan-swanctl
     # The image and plain-host tests: buildah builds from a debootstrap base, in a chroot.
     buildah debootstrap util-linux ca-certificates
     # Other architectures' Debian roots run under qemu-user-static, called explicitly

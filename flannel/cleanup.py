@@ -11,6 +11,12 @@ is ever removed:
   one (device and stale socket removed); the private key flanneld created
   (``/run/flannel/wgkey``, only when it holds a key) and wireguard-go's logs
   ``/run/flannel/<name>.log``;
+- the ipsec backend's charon, when flanneld started it in this network namespace (its marker
+  ``/run/flannel/ipsec/charon.pid`` names it and the process runs with flanneld's
+  ``strongswan.conf``: stopped, which takes its SAs, TUN device and routes with it; another
+  charon is never stopped), flanneld's files for it (``/run/flannel/ipsec``), and the XFRM
+  policies of Go's shape (ESP tunnel template, reqid 11) the backend installs where the kernel
+  carries ESP;
 - routes carrying our protocol (151) in the main table, blackholes included, and the other
   routes through our devices (the udp and wireguard network routes), kernel ones aside;
 - permanent neighbour and FDB entries on the devices declared to hold them (vxlan's);
@@ -51,6 +57,8 @@ from flannel import boundedjson
 from flannel.backend import footprints
 from flannel.backend.footprint import Link
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
+from flannel.ipsec import charon, xfrm
+from flannel.ipsec.config import REQID
 from flannel.kernel import links, rtnl
 from flannel.monitor.localsock import connect, socket_path
 from flannel.procscan import processes_here, running_flanneld
@@ -287,6 +295,47 @@ def wireguard_go_items(inventory: Inventory, name: str, has_device: bool,
                                     _remove_file(socket_path)))
 
 
+# -- the ipsec backend's charon and XFRM policies -------------------------------------------
+
+def ipsec_items(inventory: Inventory, run_dir: Path | None) -> None:
+    """Our charon and its directory under ``run_dir``/flannel/ipsec (None: not this node's
+    /run), and XFRM policies of Go's shape."""
+    state = run_dir / "flannel" / "ipsec" if run_dir is not None else None
+    pid = charon.our_pid(state) if state is not None else None
+    if pid is not None and _same_netns(pid):
+        inventory.items.append(Item(f"charon process {pid} (started by flanneld's ipsec "
+                                    "backend; its SAs, TUN device and routes go with it)",
+                                    functools.partial(_stop_charon, pid)))
+    elif pid is not None:
+        inventory.kept.append(f"charon process {pid}: flanneld's, but in another network "
+                              "namespace")
+    if state is not None and state.is_dir() and not state.is_symlink():
+        if all(entry.is_file() and not entry.is_symlink() for entry in _entries(state)):
+            inventory.items.append(Item(f"directory {state}",
+                                        functools.partial(shutil.rmtree, state)))
+        else:
+            inventory.kept.append(f"{state}: holds something other than flanneld's files")
+    try:
+        policies = xfrm.our_policies(None)
+    except xfrm.XfrmError:
+        return  # no iproute2 or no XFRM in this kernel: nothing of ours there
+    for argv in policies:
+        inventory.items.append(Item(f"XFRM policy {' '.join(argv[2:])} (ESP tunnel, reqid "
+                                    f"{REQID})", functools.partial(_delete_policy, argv)))
+
+
+def _stop_charon(pid: int) -> None:
+    if not charon.stop(pid, STOP_TIMEOUT):
+        raise OSError(f"charon {pid} did not stop")
+
+
+def _delete_policy(argv: list[str]) -> None:
+    try:
+        xfrm.run(argv, None)
+    except xfrm.XfrmError as err:
+        raise OSError(str(err)) from None
+
+
 def rule_items(inventory: Inventory) -> None:
     variants = [v for v in (iptables.LEGACY, iptables.NFT) if installed(v)]
     if not variants:
@@ -445,6 +494,7 @@ def inventory(subnet_file: Path | None, bin_dirs: list[Path], conf_dirs: list[Pa
     ``wireguard_key``, when not None) are looked at."""
     found = Inventory()
     kernel_items(found, run_dir if run_files else None)
+    ipsec_items(found, run_dir if run_files else None)
     rule_items(found)
     key = wireguard_key or (run_dir / "flannel" / "wgkey" if run_files else None)
     file_items(found, subnet_file, bin_dirs, conf_dirs, key, run_dir if run_files else None)

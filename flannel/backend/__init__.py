@@ -22,13 +22,12 @@ _REGISTRY: dict[str, str | type[Backend]] = {
     "gce": "flannel.backend.gce:GceBackend",
     "host-gw": "flannel.backend.hostgw:HostGwBackend",
     "ipip": "flannel.backend.ipip:IpipBackend",
+    "ipsec": "flannel.backend.ipsec:IpsecBackend",
     "tencent-vpc": "flannel.backend.tencentvpc:TencentVpcBackend",
     "udp": "flannel.backend.udp:UdpBackend",
     "vxlan": "flannel.backend.vxlan:VxlanBackend",
     "wireguard": "flannel.backend.wireguard:WireguardBackend",
 }
-# Types Go flannel knows; named in the error so an operator can tell "not yet" from "typo".
-_UPSTREAM_ONLY = ("ipsec",)
 
 
 #: A backend type as the network config names it (lower-case; compared lower-cased).
@@ -64,9 +63,6 @@ def backend_class(backend_type: str) -> type[Backend]:
     target = _REGISTRY.get(backend_type)
     if target is None:
         known = ", ".join(supported())
-        if backend_type in _UPSTREAM_ONLY:
-            raise BackendError(f"backend type {backend_type!r} is not available in this "
-                               f"pyflannel build; available: {known}")
         raise BackendError(f"unknown backend type: {backend_type}; set Backend.Type in the "
                            f"network config to one of: {known}")
     if not isinstance(target, str):

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import secrets
 import shlex
 import sys
 import time
@@ -66,6 +67,8 @@ def network_config(args: argparse.Namespace, lab: Lab) -> str:
     backend: dict = {"Type": args.backend}
     if args.backend == "extension":
         backend = extension.backend_section(lab)
+    if args.backend == "ipsec":
+        backend["PSK"] = secrets.token_hex(48)  # 96 characters, Go's minimum
     if args.direct_routing:
         backend["DirectRouting"] = True
     config: dict = {"Network": "10.244.0.0/16", "Backend": backend}
@@ -174,9 +177,10 @@ def build(lab: Lab, nodes: int, config: dict | str, *, second_underlay_from: int
 def check_mesh(lab: Lab, indexes: list[int], ipv6: bool) -> str:
     """Wait for the full mesh in every node's kernel, then ping: every pair in a small lab,
     a ring (each node to the next) in a big one. What ``up`` reports. udp peers live in
-    the forwarder, the extension's routes are not flanneld's (protocol 151) and aws-vpc's
-    and ali-vpc's and gce's are in the VPC router: there, the pings are the mesh."""
-    if lab.state.backend in ("udp", "extension", "aws-vpc", "ali-vpc", "gce"):
+    the forwarder, the extension's routes are not flanneld's (protocol 151), aws-vpc's,
+    ali-vpc's and gce's are in the VPC router and ipsec's in charon: there, the pings are the
+    mesh."""
+    if lab.state.backend in ("udp", "extension", "aws-vpc", "ali-vpc", "gce", "ipsec"):
         say("waiting for every node to reach every other")
         took = wait_for_mesh(lab, indexes, ipv6, timeout=60.0 + 3 * len(indexes))
         return f"every pair connected {took:.2f}s after every node had its subnet"
@@ -394,8 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=3)
     up.add_argument("--backend", default="vxlan",
                     choices=["vxlan", "host-gw", "udp", "wireguard", "ipip", "extension",
-                             "aws-vpc", "ali-vpc", "gce", "alloc"],
+                             "aws-vpc", "ali-vpc", "gce", "alloc", "ipsec"],
                     help="alloc reserves subnets only: the lab shows leases, pings nothing; "
+                    "ipsec runs charon (strongSwan) on every node with a random PSK; "
                     "extension runs deploy/examples/extension-vxlan (a vxlan built by "
                     "scripts); ipip needs the kernel's ipip module; aws-vpc runs moto's EC2 "
                     "and a metadata service per node, the underlay namespace routing as the "

@@ -14,7 +14,7 @@ SEVERITIES = ("error", "warning", "info")
 #: Check names, causes first; a finding's rank within its severity.
 CAUSE_ORDER = (
     "flanneld", "store", "config", "subnet-env", "lease", "duplicates", "outside", "sysctl",
-    "forward", "cni", "device", "vtep-mac", "mtu", "routes", "neighbours", "fdb", "clock",
+    "forward", "cni", "ipsec", "device", "vtep-mac", "mtu", "routes", "neighbours", "fdb", "clock",
     "checksum", "underlay", "encap", "path-mtu", "encap-filter",
 )
 

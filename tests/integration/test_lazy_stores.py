@@ -40,6 +40,7 @@ BACKEND_MODULES = {
     "gce": ("flannel.backend.gce", "flannel.backend.cloudroutes", "flannel.cloud"),
     "host-gw": ("flannel.backend.hostgw",),
     "ipip": ("flannel.backend.ipip",),
+    "ipsec": ("flannel.backend.ipsec", "flannel.ipsec", "vici"),
     "tencent-vpc": ("flannel.backend.tencentvpc", "flannel.backend.cloudroutes",
                     "flannel.cloud"),
     "udp": ("flannel.backend.udp", "flannel.udp"),

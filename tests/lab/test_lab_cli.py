@@ -148,7 +148,7 @@ def test_bad_config_is_refused_before_anything_is_built(make_lab, tmp_path):
     for backend, message in (
             ({"Type": "vxaln"}, "unknown backend type: vxaln; set Backend.Type in the network "
                                 "config to one of: ali-vpc, alloc, aws-vpc, extension, gce, "
-                                "host-gw, ipip, tencent-vpc, udp, vxlan, wireguard"),
+                                "host-gw, ipip, ipsec, tencent-vpc, udp, vxlan, wireguard"),
             ({"Type": "vxlan", "DirectRoutng": True, "VNI": "one"},
              'error decoding VXLAN backend config: VNI must be an integer, got string "one"')):
         path.write_text(json.dumps({"Network": "10.244.0.0/16", "Backend": backend}))

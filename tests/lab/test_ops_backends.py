@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from flannel.ipsec import charon
 from flannel.lab.cluster import Lab, in_ns
 from tests.support.waiting import wait_until
 
@@ -76,6 +77,8 @@ UNJUDGED = {
                "this node's kernel is not judged: the echoes alone decide",
     "alloc": "the alloc backend only reserves subnets: no traffic is carried between nodes: "
              "nothing is probed",
+    "ipsec": "charon's IPsec SAs, not routes or devices of flanneld, carry the peers "
+             "(`swanctl --list-sas` shows them): the echoes alone decide",
 }
 
 
@@ -83,6 +86,10 @@ def needs(backend: str) -> list[pytest.MarkDecorator]:
     if backend == "wireguard":
         return [pytest.mark.skipif(shutil.which("wireguard-go") is None,
                                    reason="needs wireguard-go")]
+    if backend == "ipsec":
+        return [pytest.mark.skipif(not any(shutil.which(p) for p in charon.SEARCH)
+                                   or not _importable("vici"),
+                                   reason="needs strongSwan's charon and the vici package")]
     if backend == "aws-vpc":
         return [pytest.mark.skipif(not _importable("moto"), reason="needs moto[server]")]
     return []
@@ -94,7 +101,8 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-BACKENDS = ["vxlan", "host-gw", "udp", "wireguard", "extension", "aws-vpc", "ali-vpc", "alloc"]
+BACKENDS = ["vxlan", "host-gw", "udp", "wireguard", "extension", "aws-vpc", "ali-vpc", "alloc",
+            "ipsec"]
 
 
 @pytest.mark.parametrize("backend", [pytest.param(b, marks=needs(b)) for b in BACKENDS])

@@ -24,6 +24,7 @@ from flannel.backend.udp import UdpConfig
 from flannel.backend.vxlan import VxlanConfig
 from flannel.config import parse_config
 from flannel.extension.peers import ExtensionConfig
+from flannel.ipsec.config import IpsecConfig
 from flannel.version import __version__
 from flannel.wireguard.config import WireguardConfig
 from tests.deploy.chart import (
@@ -163,6 +164,11 @@ def test_backend_options_decode_as_asked():
             wireguard.keepalive, wireguard.mode) == (51830, 51831, 1500, 25, "auto")
     assert wireguard.psk is not None
     assert IpipConfig.from_backend(backend("ipip")) == IpipConfig(direct_routing=True)
+    psk = "p" * 96
+    ipsec = IpsecConfig.from_backend(parse_config(render(
+        {"flannel": {"backend": "ipsec", "psk": psk, "backendConfig": {"UDPEncap": True}}})
+        ["ConfigMap/kube-flannel-cfg"]["data"]["net-conf.json"]).backend)
+    assert (ipsec.psk, ipsec.udp_encap) == (psk, True)
     assert ExtensionConfig.from_backend(backend("extension")) == ExtensionConfig(
         pre_startup=EXTENSION_DIR + "pre-startup eth0", post_startup=EXTENSION_DIR + "post-startup",
         subnet_add=EXTENSION_DIR + "subnet-add", subnet_remove=EXTENSION_DIR + "subnet-remove")
@@ -362,7 +368,7 @@ def test_skip_cni_config_installation_drops_the_conflist_installer():
 
 @pytest.mark.parametrize(("values", "key"), [
     ({"flannel": {"backend": "VXLAN"}}, "/flannel/backend"),
-    ({"flannel": {"backend": "ipsec"}}, "/flannel/backend"),
+    ({"flannel": {"backend": "geneve"}}, "/flannel/backend"),
     ({"flannel": {"tunnelMode": "both"}}, "/flannel/tunnelMode"),
     ({"flannel": {"backendPort": 70000}}, "/flannel/backendPort"),
     ({"flannel": {"vni": "four"}}, "/flannel/vni"),

@@ -132,7 +132,8 @@ def test_every_backend_declares_what_the_tools_judge():
         "alloc": ("", "no-data-path"), "aws-vpc": ("", "elsewhere"),
         "extension": ("extension", "by-user"), "gce": ("", "elsewhere"),
         "host-gw": ("host-gw", "per-peer"),
-        "ipip": ("ipip", "per-peer"), "tencent-vpc": ("", "elsewhere"),
+        "ipip": ("ipip", "per-peer"), "ipsec": ("ipsec", "elsewhere"),
+        "tencent-vpc": ("", "elsewhere"),
         "udp": ("", "covering"), "vxlan": ("vxlan", "per-peer"),
         "wireguard": ("wireguard", "covering")}
     assert {name: fp.device_name(7) for name, (_, fp) in judged.items() if fp.device} == {

@@ -36,6 +36,8 @@ KNOWN_DIFFERENCES = frozenset({
     "udp-tun-kept", "udp-runt-no-icmp", "wireguard-kept-across-restarts",
     "wireguard-peers-reconciled", "wireguard-failing-handshakes", "wireguard-genl-messages",
     "wireguard-genl-errors", "neighbours-adopted-any-protocol",
+    "ipsec-charon-kept-across-restarts", "ipsec-kernel-libipsec", "ipsec-reconciled",
+    "ipsec-psk-mismatch-named", "ipsec-config-checked",
     # rules
     "iptables-refill-chains", "nftables-rechecked", "iptables-mode",
     # health, tools, memory

@@ -52,6 +52,8 @@ those of Go flannel's chart; a key at 0, "" or false sets nothing.
 {{- if $f.keepaliveInterval }}
 {{- $_ := set $named "PersistentKeepaliveInterval" (int64 $f.keepaliveInterval) }}
 {{- end }}
+{{- else if eq $f.backend "ipsec" }}
+{{- if $f.psk }}{{ $_ := set $named "PSK" (toString $f.psk) }}{{ end }}
 {{- else if eq $f.backend "udp" }}
 {{- if $f.backendPort }}{{ $_ := set $named "Port" (int64 $f.backendPort) }}{{ end }}
 {{- end }}

@@ -120,7 +120,8 @@ Check = Callable[[Context], list[Finding]]
 
 
 def all_checks() -> list[tuple[str, Check]]:
-    from flannel.ops.checks import cluster, kernel, node, probes
+    from flannel.ops.checks import cluster, ipsec, kernel, node, probes
 
-    return [*node.CHECKS, *cluster.CHECKS, *kernel.CHECKS, *probes.CHECKS]
+    return [*node.CHECKS, *cluster.CHECKS, ("ipsec", ipsec.check_ipsec), *kernel.CHECKS,
+            *probes.CHECKS]
 

@@ -1,0 +1,314 @@
+"""strongSwan's charon for the ipsec backend: found, started, adopted, restarted, talked to.
+
+Owns: finding the charon binary where Go flannel looks (``charon`` in PATH, then the
+distributions' paths); flanneld's strongSwan config ``<state>/strongswan.conf`` (includes
+``/etc/strongswan.conf``, then adds a log file with connection names for the PSK-mismatch
+report and, where the kernel has no ESP, loads kernel-libipsec); the charon process flanneld
+starts (its own session, so it outlives a flanneld restart and the next flanneld adopts it with
+its established SAs), the marker ``<state>/charon.pid`` that makes it ours, restarts with
+backoff when it dies, and stopping it (``stop``: for ``flannelctl cleanup``); one VICI
+session per request on ``/var/run/charon.vici``.
+A charon that answers on the socket and that flanneld did not start is used, never stopped.
+Synchronous: call from a worker thread.
+Must not touch: other processes; strongSwan's own files (``/etc``); charon's SAs (the backend
+decides what to load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flannel.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+#: Where Go flannel looks for charon, in its order.
+SEARCH = ("charon", "/usr/lib/strongswan/charon", "/usr/lib/ipsec/charon",
+          "/usr/libexec/strongswan/charon", "/usr/libexec/ipsec/charon")
+VICI_SOCKET = Path("/var/run/charon.vici")
+STATE_DIR = Path("/run/flannel/ipsec")
+STARTUP_TIMEOUT = 10.0
+REQUEST_TIMEOUT = 10.0
+RESTART_FIRST, RESTART_LONGEST = 1.0, 30.0
+_LOG_TAIL = 800
+INSTALL_HINT = ("install strongSwan's charon with its VICI plugin (Debian: strongswan-charon "
+                "libstrongswan-standard-plugins, and libcharon-extra-plugins where the kernel "
+                "has no ESP)")
+
+
+class CharonError(Exception):
+    """charon cannot be started or does not answer; the message says what to fix."""
+
+
+def find_charon() -> str:
+    for candidate in SEARCH:
+        found = shutil.which(candidate)
+        if found is not None:
+            return found
+    raise CharonError(f"no charon executable found at {', '.join(SEARCH)}; {INSTALL_HINT}")
+
+
+def config_text(log_path: Path, libipsec: bool) -> str:
+    """flanneld's strongswan.conf: the system's, plus a log whose lines name the connection
+    (the PSK-mismatch report reads it) and the ESP data path."""
+    load = "yes" if libipsec else "no"
+    return (
+        "# Written by flanneld (ipsec backend); rewritten at every start of charon.\n"
+        "include /etc/strongswan.conf\n"
+        "charon {\n"
+        "  filelog {\n"
+        "    flannel {\n"
+        f"      path = {log_path}\n"
+        "      time_format = %Y-%m-%dT%H:%M:%S\n"
+        "      ike_name = yes\n"
+        "      append = yes\n"
+        "      flush_line = yes\n"
+        "      default = 1\n"
+        "    }\n"
+        "  }\n"
+        "  plugins {\n"
+        "    kernel-libipsec {\n"
+        f"      load = {load}\n"
+        "    }\n"
+        "  }\n"
+        "}\n")
+
+
+def _write_atomic(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        os.write(fd, text.encode())
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def _read_small(path: Path, limit: int = 4096) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+
+
+def process_conf(pid: int) -> str | None:
+    """The STRONGSWAN_CONF a running charon was started with (None: not a charon, gone, or
+    none)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            if f.read().strip() != "charon":
+                return None
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read(1 << 20)
+    except OSError:
+        return None
+    for entry in environ.split(b"\0"):
+        if entry.startswith(b"STRONGSWAN_CONF="):
+            return entry.split(b"=", 1)[1].decode("utf-8", "replace")
+    return None
+
+
+def our_pid(state_dir: Path) -> int | None:
+    """The charon flanneld started from ``state_dir``, when it still runs: the pid in the
+    marker, checked against the process's own config path (a reused pid is not ours)."""
+    text = _read_small(state_dir / "charon.pid")
+    if text is None or not text.strip().isdigit():
+        return None
+    pid = int(text.strip())
+    return pid if process_conf(pid) == str(state_dir / "strongswan.conf") else None
+
+
+def stop(pid: int, timeout: float = 10.0) -> bool:
+    """SIGTERM the charon ``pid`` (then SIGKILL after ``timeout``); True when it is gone.
+    charon removes its TUN device, routes and policies as it exits."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process_conf(pid) is None:
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return process_conf(pid) is None
+
+
+@dataclass
+class CharonSpec:
+    """``wrap``: turns charon's argv into the command that runs it where flanneld programs
+    (a named network namespace); ``libipsec``: load kernel-libipsec (no ESP in the kernel)."""
+
+    libipsec: bool
+    socket_path: Path = VICI_SOCKET
+    state_dir: Path = STATE_DIR
+    wrap: Callable[[list[str]], list[str]] = field(default=list)
+
+    @property
+    def conf_path(self) -> Path:
+        return self.state_dir / "strongswan.conf"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "charon.log"
+
+
+class Charon:
+    """The charon of this node. ``generation`` grows every time a new charon answers: what
+    was loaded into the previous one is gone and must be loaded again."""
+
+    def __init__(self, spec: CharonSpec) -> None:
+        self.spec = spec
+        self.generation = 0
+        self.pid: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._next_start = 0.0
+        self._backoff = Backoff(RESTART_FIRST, RESTART_LONGEST)
+
+    # -- VICI -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Any]:
+        """A VICI session (the ``vici`` package's ``Session``), closed afterwards."""
+        try:
+            import vici
+        except ImportError:
+            raise CharonError("the ipsec backend needs the vici package: install pyflannel "
+                              "with its ipsec extra (pip install 'pyflannel[ipsec]')") from None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.settimeout(REQUEST_TIMEOUT)
+        try:
+            try:
+                sock.connect(str(self.spec.socket_path))
+            except OSError as err:
+                raise CharonError(f"charon does not answer on {self.spec.socket_path}: "
+                                  f"{os.strerror(err.errno or errno.EIO)}") from None
+            yield vici.Session(sock)
+        finally:
+            sock.close()
+
+    def answers(self) -> bool:
+        try:
+            with self.session() as vici:
+                vici.version()
+        except (CharonError, OSError):
+            return False
+        except Exception as err:
+            log.debug("charon's VICI socket answered badly: %s", err)
+            return False
+        return True
+
+    # -- the process ------------------------------------------------------------------------
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.spec.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - _LOG_TAIL))
+                return f.read().decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def _reap(self) -> None:
+        if self._process is not None and self._process.poll() is not None:
+            log.error("charon (pid %d) exited with status %s; last lines of %s: %s",
+                      self._process.pid, self._process.returncode, self.spec.log_path,
+                      self._log_tail()[-300:])
+            self._process = None
+            self.pid = None
+
+    def ensure(self) -> int:
+        """Make sure a charon answers (adopt one, or start ours); the generation."""
+        self._reap()
+        if self.answers():
+            if self.generation == 0:
+                self._adopt()
+            elif time.monotonic() > self._next_start:  # it outlived its restart delay
+                self._backoff.reset()
+            return self.generation
+        now = time.monotonic()
+        if now < self._next_start:
+            raise CharonError(f"charon does not answer on {self.spec.socket_path}; starting "
+                              f"it again in {self._next_start - now:.0f}s")
+        self._next_start = now + self._backoff.grow()
+        self._start()
+        self.generation += 1
+        return self.generation
+
+    def _adopt(self) -> None:
+        self.generation = 1
+        self.pid = our_pid(self.spec.state_dir)
+        if self.pid is not None:
+            log.info("adopting the running charon (pid %d) started by a previous flanneld; its "
+                     "SAs are kept", self.pid)
+        else:
+            log.warning("a charon that flanneld did not start answers on %s: using it (its "
+                        "strongSwan config is its own, and flanneld will never stop it)",
+                        self.spec.socket_path)
+
+    def _start(self) -> None:
+        binary = find_charon()
+        state = self.spec.state_dir
+        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _write_atomic(self.spec.conf_path, config_text(self.spec.log_path, self.spec.libipsec),
+                      0o600)
+        out = os.open(self.spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                      | os.O_CLOEXEC, 0o600)
+        env = {**os.environ, "STRONGSWAN_CONF": str(self.spec.conf_path)}
+        try:
+            # Its own session and no pipes: it keeps its SAs across a flanneld restart.
+            self._process = subprocess.Popen(
+                self.spec.wrap([binary]), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                env=env, start_new_session=True, close_fds=True)
+        finally:
+            os.close(out)
+        self.pid = self._process.pid
+        _write_atomic(state / "charon.pid", f"{self.pid}\n", 0o644)
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self.answers():
+            if self._process.poll() is not None:
+                code = self._process.returncode
+                self._process = None
+                raise CharonError(f"charon exited with status {code} at start: "
+                                  f"{self._log_tail()[-300:]}")
+            if time.monotonic() > deadline:
+                raise CharonError(f"charon did not answer on {self.spec.socket_path} within "
+                                  f"{STARTUP_TIMEOUT:g}s: {self._log_tail()[-300:]}")
+            time.sleep(0.05)
+        log.info("charon started (pid %d, %s ESP, log %s)", self.pid,
+                 "userspace (kernel-libipsec)" if self.spec.libipsec else "kernel",
+                 self.spec.log_path)
+
+    def read_log(self, offset: int, limit: int = 1 << 20) -> tuple[int, Sequence[str]]:
+        """Lines charon logged from ``offset`` on (at most ``limit`` bytes); the next offset.
+        A log that shrank (rotated, rewritten) is read from its start."""
+        try:
+            with open(self.spec.log_path, "rb") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size < offset:
+                    offset = 0
+                offset = max(offset, size - limit)
+                f.seek(offset)
+                data = f.read(limit)
+        except OSError:
+            return offset, ()
+        end = data.rfind(b"\n") + 1
+        return offset + end, data[:end].decode("utf-8", "replace").splitlines()

@@ -1,0 +1,103 @@
+"""What flanneld asks of charon before it runs one: the strongswan.conf it writes (the
+system's included, a log with connection names, kernel-libipsec only where asked), where it
+looks for charon and what it says when there is none, and which running process it calls
+its own (the marker's pid must be a charon started with flanneld's config)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from flannel.ipsec import charon
+from flannel.ipsec.charon import Charon, CharonError, CharonSpec
+from tests.support.waiting import wait_until
+
+
+def test_the_config_includes_the_systems_and_adds_a_log_with_connection_names(tmp_path):
+    text = charon.config_text(tmp_path / "charon.log", libipsec=True)
+    assert text.splitlines()[1] == "include /etc/strongswan.conf"
+    assert f"path = {tmp_path / 'charon.log'}" in text and "ike_name = yes" in text
+    assert "kernel-libipsec {\n      load = yes" in text
+    assert "load = no" in charon.config_text(tmp_path / "charon.log", libipsec=False)
+
+
+def test_charon_is_looked_for_where_go_looks_and_its_absence_says_what_to_install(
+        monkeypatch, tmp_path):
+    assert charon.SEARCH[:3] == ("charon", "/usr/lib/strongswan/charon", "/usr/lib/ipsec/charon")
+    monkeypatch.setattr(charon, "SEARCH", (str(tmp_path / "charon"),))
+    with pytest.raises(CharonError, match=r"no charon executable found at .*; install "
+                       r"strongSwan's charon .*strongswan-charon libstrongswan-standard-plugins"):
+        charon.find_charon()
+
+
+def test_a_marker_naming_a_process_that_is_not_our_charon_is_not_ours(tmp_path):
+    (tmp_path / "charon.pid").write_text(f"{os.getpid()}\n")  # a python, not a charon
+    assert charon.our_pid(tmp_path) is None
+    (tmp_path / "charon.pid").write_text("not a pid\n")
+    assert charon.our_pid(tmp_path) is None
+    (tmp_path / "charon.pid").unlink()
+    assert charon.our_pid(tmp_path) is None
+
+
+def test_a_socket_nobody_serves_is_not_a_charon_and_a_session_says_where_it_looked(tmp_path):
+    spec = CharonSpec(libipsec=True, socket_path=tmp_path / "charon.vici", state_dir=tmp_path)
+    assert Charon(spec).answers() is False
+    with pytest.raises(CharonError, match=f"charon does not answer on {tmp_path}/charon.vici"),\
+            Charon(spec).session():
+        pass
+
+
+def test_the_log_is_read_by_whole_lines_from_where_the_last_read_ended(tmp_path):
+    spec = CharonSpec(libipsec=True, state_dir=tmp_path)
+    log = Charon(spec)
+    spec.log_path.write_text("one\ntwo\nhalf")
+    offset, lines = log.read_log(0)
+    assert (offset, list(lines)) == (8, ["one", "two"])
+    with open(spec.log_path, "a") as f:
+        f.write(" done\n")
+    assert list(log.read_log(offset)[1]) == ["half done"]
+    spec.log_path.write_text("new\n")  # rewritten: read from its start
+    assert list(log.read_log(offset)[1]) == ["new"]
+
+
+def test_a_process_with_our_config_that_is_not_a_charon_is_not_ours(tmp_path):
+    conf = tmp_path / "strongswan.conf"
+    conf.write_text("charon {\n}\n")
+    other = subprocess.Popen(["sleep", "30"], env={"STRONGSWAN_CONF": str(conf)})
+    try:
+        (tmp_path / "charon.pid").write_text(f"{other.pid}\n")
+        assert charon.process_conf(other.pid) is None
+        assert charon.our_pid(tmp_path) is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_charon_that_keeps_dying_is_started_again_later_each_time(monkeypatch, tmp_path):
+    """A program standing for a charon that exits at once (status 3): each start fails with
+    its status and log, and the next start waits 1 s, then 2 s, ..."""
+    fake = tmp_path / "charon"
+    fake.write_text("#!/bin/sh\necho 'no plugins found' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(charon, "SEARCH", (str(fake),))
+    daemon = Charon(CharonSpec(libipsec=True, socket_path=tmp_path / "charon.vici",
+                               state_dir=tmp_path / "state"))
+    with pytest.raises(CharonError, match=r"charon exited with status 3 at start: "
+                       r"no plugins found"):
+        daemon.ensure()
+    with pytest.raises(CharonError, match=r"starting it again in 1s"):
+        daemon.ensure()
+
+    def second_start_failed() -> bool:
+        try:
+            daemon.ensure()
+        except CharonError as err:
+            return "exited with status 3" in str(err)
+        return False
+
+    wait_until(second_start_failed, 5, interval=0.1, what="the second start")
+    with pytest.raises(CharonError, match=r"starting it again in 2s"):
+        daemon.ensure()
+    assert oct((tmp_path / "state" / "strongswan.conf").stat().st_mode & 0o777) == "0o600"
