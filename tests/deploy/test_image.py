@@ -193,3 +193,71 @@ def test_size(image, tmp_path):
         print(f"  {layer / 1e6:6.1f} MB  {' '.join(step.split())[:100]}")
     assert size < SIZE_TARGET, (
         f"the image is {size / 1e6:.1f} MB uncompressed, target {SIZE_TARGET / 1e6:.0f} MB")
+
+
+# Run by the image's python: the ipsec backend's own search and start of charon (flanneld's
+# strongswan.conf, kernel-libipsec asked for), then VICI through the image's vici package.
+CHARON_IN_THE_IMAGE = """
+import json, os, subprocess
+from flannel.ipsec.charon import Charon, CharonSpec, find_charon, stop
+
+def plain(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+charon = Charon(CharonSpec(libipsec=True))
+try:
+    charon.ensure()
+    with charon.session() as vici:
+        answers = {"version": vici.version(), "plugins": vici.stats()["plugins"],
+                   "algorithms": vici.get_algorithms()}
+    listing = subprocess.run(["swanctl", "--list-sas"], capture_output=True, timeout=30)
+    answers["swanctl"] = listing.returncode
+finally:
+    stopped = charon.pid is not None and stop(charon.pid)
+    status = os.waitstatus_to_exitcode(os.waitpid(charon.pid, 0)[1]) if stopped else None
+print(json.dumps({"binary": find_charon(), "stopped": stopped, "status": status,
+                  **plain(answers)}))
+"""
+# What the backend asks of charon: Go's IKE proposal (aes256-sha256-modp4096) and default ESP
+# proposal (aes128gcm16-sha256-prfsha256-ecp256), by the names VICI gives them.
+ALGORITHMS = {"encryption": "AES_CBC", "integrity": "HMAC_SHA2_256_128",
+              "prf": "PRF_HMAC_SHA2_256", "aead": "AES_GCM_16", "dh": "MODP_4096"}
+
+
+def test_charon_starts_from_the_image_and_answers_vici(box, ns, tmp_path):
+    """The ipsec backend finds charon where Go flannel looks, starts it with flanneld's
+    strongswan.conf in a namespace of the test's own (its run directory a private one), with
+    the VICI plugin, the kernel's IPsec and kernel-libipsec's userspace ESP (a TUN device)
+    loaded and the crypto of Go's proposals, and swanctl lists its SAs; then stops it: charon
+    exits cleanly, leaving nothing running."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    result = images.run(box, "/opt/pyflannel/bin/python", "-c", CHARON_IN_THE_IMAGE, netns=ns,
+                        volumes=((run_dir, "/run"), (Path("/dev/net/tun"), "/dev/net/tun")),
+                        cap_add=("CAP_NET_ADMIN", "CAP_NET_RAW"))
+    charon_log = run_dir / "flannel" / "ipsec" / "charon.log"
+    tail = charon_log.read_text()[-3000:] if charon_log.exists() else "(no charon log)"
+    assert result.returncode == 0, f"{result.stderr[-3000:]}\ncharon's log: {tail}"
+    answer = json.loads(result.stdout)
+    assert answer["binary"] == "/usr/lib/ipsec/charon"
+    assert answer["version"]["daemon"] == "charon", answer["version"]
+    assert answer["swanctl"] == 0, "swanctl --list-sas failed in the image"
+    # Stopped by SIGTERM, it exits cleanly (an abort would leave its TUN device and SAs).
+    assert (answer["stopped"], answer["status"]) == (True, 0), tail
+    needed = {"kernel-netlink", "kernel-libipsec", "socket-default", "vici", "openssl",
+              "nonce", "random"}
+    assert needed <= set(answer["plugins"]), f"{answer['plugins']}\ncharon's log: {tail}"
+    algorithms = answer["algorithms"]
+    missing = {kind: name for kind, name in ALGORITHMS.items()
+               if name not in algorithms.get(kind, {})}
+    assert missing == {}, algorithms
+    assert "ECP_256" in algorithms["dh"], algorithms
+    left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+    assert left == [], f"processes left in the namespace: {left}"
