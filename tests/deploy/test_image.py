@@ -7,15 +7,20 @@ anything of the Debian base that nothing runs, has bytecode for what flanneld lo
 under its size target."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from flannel.lab.etcd import EtcdServer
 from flannel.version import __version__
 from tests.deploy import images
 from tests.deploy.manifests import BASE, documents, pod_spec
+from tests.support import netns
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
@@ -261,3 +266,63 @@ def test_charon_starts_from_the_image_and_answers_vici(box, ns, tmp_path):
     left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
                           timeout=30).stdout.split()
     assert left == [], f"processes left in the namespace: {left}"
+
+
+def _charons_in(ns: str) -> list[int]:
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "charon":
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_flanneld_with_the_ipsec_backend_starts_the_image_s_charon(box, ns, tmp_path):
+    """flanneld as the DaemonSet runs it (its capabilities, /run/flannel from the host) with
+    the ipsec backend, here given /dev/net/tun (this kernel has no ESP): it finds and starts
+    the image's charon, writes subnet.env with the MTU of ESP in UDP and becomes ready.
+    charon outlives flanneld by design; the test stops it."""
+    netns.ip("link", "add", "eth0", "type", "veth", "peer", "name", "eth1", netns=ns)
+    netns.ip("addr", "add", "10.99.0.2/24", "dev", "eth0", netns=ns)
+    netns.ip("link", "set", "eth0", "up", netns=ns)
+    netns.ip("link", "set", "eth1", "up", netns=ns)
+    netns.ip("route", "add", "default", "via", "10.99.0.1", netns=ns)
+    run_flannel = tmp_path / "run-flannel"
+    run_flannel.mkdir()
+    log = tmp_path / "flanneld.log"
+    with EtcdServer(tmp_path / "etcd", netns=ns) as etcd:
+        etcd.ctl("put", "/coreos.com/network/config", json.dumps(
+            {"Network": "10.12.0.0/16", "Backend": {"Type": "ipsec", "PSK": "k" * 96}}))
+        flanneld = images.start(
+            box, "/opt/bin/flanneld", f"--etcd-endpoints={etcd.endpoint}", log=log, netns=ns,
+            cap_add=("CAP_NET_ADMIN", "CAP_NET_RAW"),
+            volumes=((run_flannel, "/run/flannel"), (Path("/dev/net/tun"), "/dev/net/tun")))
+        try:
+            subnet_env = run_flannel / "subnet.env"
+            try:
+                wait_until(subnet_env.exists, 60, interval=0.2, what=str(subnet_env))
+            except AssertionError as err:
+                raise AssertionError(f"{err}; flanneld's log:\n"
+                                     f"{log.read_text(errors='replace')[-3000:]}") from None
+            wait_until(lambda: "Ready: " in log.read_text(errors="replace"), 30,
+                       interval=0.2, what="flanneld to be ready")
+            text = log.read_text(errors="replace")
+            assert "charon started" in text, text[-3000:]
+            assert "Traceback" not in text, text[-3000:]
+            # 1500 less ESP's 77 and UDP's 8: kernel-libipsec sends ESP in UDP only.
+            assert "FLANNEL_MTU=1415\n" in subnet_env.read_text()
+            assert _charons_in(ns), "no charon runs in the namespace"
+        finally:
+            flanneld.terminate()
+            try:
+                flanneld.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                flanneld.kill()
+                flanneld.wait(timeout=15)
+            for pid in _charons_in(ns):
+                os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: not _charons_in(ns), 15, interval=0.1, what="charon to stop")
