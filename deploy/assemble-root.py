@@ -7,6 +7,10 @@ What goes in:
   plain names, Debian's nft default), nft, and dash as /bin/sh with coreutils' cat, cp and
   sleep (the kustomization's init container runs cp, minikube's a shell loop, the etcd
   functional test cat);
+- the ipsec backend's strongSwan (STRONGSWAN): charon where Go flannel's search finds it,
+  swanctl (to look at charon's SAs), Debian's strongswan.conf with charon's and swanctl's own
+  settings, and only the plugins the backend uses, each with its file under
+  strongswan.d/charon (charon loads modularly: a plugin loads when its file says so);
 - every file of Python's standard library packages (libpython3.11-minimal, -stdlib) but for
   those nothing here loads (STDLIB_EXCLUDES), the xtables extension modules both iptables
   variants load, iproute2's tables;
@@ -43,6 +47,27 @@ COMMANDS = [
     *(f"/usr/sbin/{name}{variant}{action}" for name in ("iptables", "ip6tables")
       for variant in ("", "-legacy", "-nft") for action in ("", "-save", "-restore")),
     "/bin/sh", "/usr/bin/cat", "/usr/bin/cp", "/usr/bin/sleep",
+    "/usr/lib/ipsec/charon", "/usr/sbin/swanctl",
+]
+# charon's plugins for the ipsec backend: its sockets and the kernel's IPsec (netlink, or
+# kernel-libipsec's userspace ESP where the kernel has none, loaded by flanneld's own
+# strongswan.conf), the VICI socket flanneld talks to, and the crypto of PSK-authenticated
+# IKEv2 and ESP (openssl for every proposal, Go's IKE aes256-sha256-modp4096 and ESP
+# aes128gcm16-sha256-prfsha256-ecp256 included, with strongSwan's own aes, sha1, sha2, hmac,
+# gcm and gmp as Debian loads them too; kdf for prf+, nonce, random and drbg). Certificates,
+# EAP, updown scripts and the rest of Debian's plugins serve nothing the backend configures.
+STRONGSWAN_PLUGINS = ("kernel-netlink", "kernel-libipsec", "socket-default", "vici",
+                      "openssl", "aes", "sha1", "sha2", "hmac", "gcm", "gmp", "kdf", "nonce",
+                      "random", "drbg")
+STRONGSWAN = [
+    # glibc loads libgcc_s (no ldd shows it) when charon and swanctl cancel their threads as
+    # they stop: without it they abort instead of removing their TUN device, routes and SAs.
+    f"/usr/lib/{MULTIARCH}/libgcc_s.so.1",
+    "/etc/strongswan.conf", "/etc/strongswan.d/charon.conf",
+    "/etc/strongswan.d/charon-logging.conf", "/etc/strongswan.d/swanctl.conf",
+    *(path for plugin in STRONGSWAN_PLUGINS
+      for path in (f"/usr/lib/ipsec/plugins/libstrongswan-{plugin}.so",
+                   f"/etc/strongswan.d/charon/{plugin}.conf")),
 ]
 DATA = [
     f"/usr/lib/{MULTIARCH}/xtables/*.so", "/etc/iproute2/*", "/etc/iproute2/*/*",
@@ -182,7 +207,7 @@ def main(target: str, libraries_of: list[str]) -> None:
     for package in STDLIB_PACKAGES:
         for path in package_files(package):
             root.add(path)
-    for pattern in DATA:
+    for pattern in [*DATA, *STRONGSWAN]:
         matches = sorted(glob.glob(pattern))
         if not matches:
             raise SystemExit(f"assemble-root: nothing matches {pattern}")

@@ -3,7 +3,7 @@ on every architecture Go flannel ships.
 
 The runtime set is pyflannel's ``Requires-Dist`` without extras, resolved recursively through
 the installed metadata (tests/support/runtime_dists.py): what deploy/requirements.lock
-installs in the image, never the ``test`` extra. Two checks:
+installs in the image besides the ``ipsec`` extra's vici, never the ``test`` extra. Two checks:
 
 - the installed files of each runtime distribution hold no compiled extension module
   (``.so``, ``.pyd``) outside the standard library and Debian's python3 packages;

@@ -7,15 +7,20 @@ anything of the Debian base that nothing runs, has bytecode for what flanneld lo
 under its size target."""
 
 import json
+import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from flannel.lab.etcd import EtcdServer
 from flannel.version import __version__
 from tests.deploy import images
 from tests.deploy.manifests import BASE, documents, pod_spec
+from tests.support import netns
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.image, pytest.mark.timeout(1800)]
 
@@ -193,3 +198,131 @@ def test_size(image, tmp_path):
         print(f"  {layer / 1e6:6.1f} MB  {' '.join(step.split())[:100]}")
     assert size < SIZE_TARGET, (
         f"the image is {size / 1e6:.1f} MB uncompressed, target {SIZE_TARGET / 1e6:.0f} MB")
+
+
+# Run by the image's python: the ipsec backend's own search and start of charon (flanneld's
+# strongswan.conf, kernel-libipsec asked for), then VICI through the image's vici package.
+CHARON_IN_THE_IMAGE = """
+import json, os, subprocess
+from flannel.ipsec.charon import Charon, CharonSpec, find_charon, stop
+
+def plain(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    return value
+
+charon = Charon(CharonSpec(libipsec=True))
+try:
+    charon.ensure()
+    with charon.session() as vici:
+        answers = {"version": vici.version(), "plugins": vici.stats()["plugins"],
+                   "algorithms": vici.get_algorithms()}
+    listing = subprocess.run(["swanctl", "--list-sas"], capture_output=True, timeout=30)
+    answers["swanctl"] = listing.returncode
+finally:
+    stopped = charon.pid is not None and stop(charon.pid)
+    status = os.waitstatus_to_exitcode(os.waitpid(charon.pid, 0)[1]) if stopped else None
+print(json.dumps({"binary": find_charon(), "stopped": stopped, "status": status,
+                  **plain(answers)}))
+"""
+# What the backend asks of charon: Go's IKE proposal (aes256-sha256-modp4096) and default ESP
+# proposal (aes128gcm16-sha256-prfsha256-ecp256), by the names VICI gives them.
+ALGORITHMS = {"encryption": "AES_CBC", "integrity": "HMAC_SHA2_256_128",
+              "prf": "PRF_HMAC_SHA2_256", "aead": "AES_GCM_16", "dh": "MODP_4096"}
+
+
+def test_charon_starts_from_the_image_and_answers_vici(box, ns, tmp_path):
+    """The ipsec backend finds charon where Go flannel looks, starts it with flanneld's
+    strongswan.conf in a namespace of the test's own (its run directory a private one), with
+    the VICI plugin, the kernel's IPsec and kernel-libipsec's userspace ESP (a TUN device)
+    loaded and the crypto of Go's proposals, and swanctl lists its SAs; then stops it: charon
+    exits cleanly, leaving nothing running."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    result = images.run(box, "/opt/pyflannel/bin/python", "-c", CHARON_IN_THE_IMAGE, netns=ns,
+                        volumes=((run_dir, "/run"), (Path("/dev/net/tun"), "/dev/net/tun")),
+                        cap_add=("CAP_NET_ADMIN", "CAP_NET_RAW"))
+    charon_log = run_dir / "flannel" / "ipsec" / "charon.log"
+    tail = charon_log.read_text()[-3000:] if charon_log.exists() else "(no charon log)"
+    assert result.returncode == 0, f"{result.stderr[-3000:]}\ncharon's log: {tail}"
+    answer = json.loads(result.stdout)
+    assert answer["binary"] == "/usr/lib/ipsec/charon"
+    assert answer["version"]["daemon"] == "charon", answer["version"]
+    assert answer["swanctl"] == 0, "swanctl --list-sas failed in the image"
+    # Stopped by SIGTERM, it exits cleanly (an abort would leave its TUN device and SAs).
+    assert (answer["stopped"], answer["status"]) == (True, 0), tail
+    needed = {"kernel-netlink", "kernel-libipsec", "socket-default", "vici", "openssl",
+              "nonce", "random"}
+    assert needed <= set(answer["plugins"]), f"{answer['plugins']}\ncharon's log: {tail}"
+    algorithms = answer["algorithms"]
+    missing = {kind: name for kind, name in ALGORITHMS.items()
+               if name not in algorithms.get(kind, {})}
+    assert missing == {}, algorithms
+    assert "ECP_256" in algorithms["dh"], algorithms
+    left = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+    assert left == [], f"processes left in the namespace: {left}"
+
+
+def _charons_in(ns: str) -> list[int]:
+    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+    found = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "charon":
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_flanneld_with_the_ipsec_backend_starts_the_image_s_charon(box, ns, tmp_path):
+    """flanneld as the DaemonSet runs it (its capabilities, /run/flannel from the host) with
+    the ipsec backend, here given /dev/net/tun (this kernel has no ESP): it finds and starts
+    the image's charon, writes subnet.env with the MTU of ESP in UDP and becomes ready.
+    charon outlives flanneld by design; the test stops it."""
+    netns.ip("link", "add", "eth0", "type", "veth", "peer", "name", "eth1", netns=ns)
+    netns.ip("addr", "add", "10.99.0.2/24", "dev", "eth0", netns=ns)
+    netns.ip("link", "set", "eth0", "up", netns=ns)
+    netns.ip("link", "set", "eth1", "up", netns=ns)
+    netns.ip("route", "add", "default", "via", "10.99.0.1", netns=ns)
+    run_flannel = tmp_path / "run-flannel"
+    run_flannel.mkdir()
+    log = tmp_path / "flanneld.log"
+    with EtcdServer(tmp_path / "etcd", netns=ns) as etcd:
+        etcd.ctl("put", "/coreos.com/network/config", json.dumps(
+            {"Network": "10.12.0.0/16", "Backend": {"Type": "ipsec", "PSK": "k" * 96}}))
+        flanneld = images.start(
+            box, "/opt/bin/flanneld", f"--etcd-endpoints={etcd.endpoint}", log=log, netns=ns,
+            cap_add=("CAP_NET_ADMIN", "CAP_NET_RAW"),
+            volumes=((run_flannel, "/run/flannel"), (Path("/dev/net/tun"), "/dev/net/tun")))
+        try:
+            subnet_env = run_flannel / "subnet.env"
+            try:
+                wait_until(subnet_env.exists, 60, interval=0.2, what=str(subnet_env))
+            except AssertionError as err:
+                raise AssertionError(f"{err}; flanneld's log:\n"
+                                     f"{log.read_text(errors='replace')[-3000:]}") from None
+            wait_until(lambda: "Ready: " in log.read_text(errors="replace"), 30,
+                       interval=0.2, what="flanneld to be ready")
+            text = log.read_text(errors="replace")
+            assert "charon started" in text, text[-3000:]
+            assert "Traceback" not in text, text[-3000:]
+            # 1500 less ESP's 77 and UDP's 8: kernel-libipsec sends ESP in UDP only.
+            assert "FLANNEL_MTU=1415\n" in subnet_env.read_text()
+            assert _charons_in(ns), "no charon runs in the namespace"
+        finally:
+            flanneld.terminate()
+            try:
+                flanneld.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                flanneld.kill()
+                flanneld.wait(timeout=15)
+            for pid in _charons_in(ns):
+                os.kill(pid, signal.SIGTERM)
+            wait_until(lambda: not _charons_in(ns), 15, interval=0.1, what="charon to stop")

@@ -96,10 +96,11 @@ ETCD_CONFIG = {"Network": "10.11.0.0/16", "Backend": {"Type": "vxlan"}}
 # images/Dockerfile copies dist/mk-docker-opts.sh to /opt/bin; its flags are in its usage.
 MK_DOCKER_OPTS = "/opt/bin/mk-docker-opts.sh"
 
-# What else images/Dockerfile's final stage (alpine) puts on PATH: wireguard-tools, strongSwan,
-# kubernetes-sigs' iptables-wrapper (as /usr/sbin/iptables-wrapper, installed as iptables),
-# busybox. Ours has none of them (docs/install.md lists them).
-UPSTREAM_ONLY = {"wg": "wireguard-tools", "ipsec": "strongswan",
+# What else images/Dockerfile's final stage (alpine) puts on PATH: wireguard-tools, strongSwan's
+# ipsec starter (ours has charon and swanctl only), kubernetes-sigs' iptables-wrapper (as
+# /usr/sbin/iptables-wrapper, installed as iptables), busybox. Ours has none of them
+# (docs/install.md lists them).
+UPSTREAM_ONLY = {"wg": "wireguard-tools", "ipsec": "strongSwan's ipsec starter",
                  "iptables-wrapper": "iptables-wrapper", "busybox": "alpine's busybox"}
 
 
