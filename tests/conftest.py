@@ -1,7 +1,7 @@
 """Shared fixtures: a real etcd per session (and private ones on demand), unique key prefixes,
 a sweep that removes any network namespace this run left behind, the ``netns``/``etcd``
-markers of the tests that use them, ``slow`` on the image, foreign-arch and download tests, and
-the fast lane's guard (tests/support/fastlane.py)."""
+markers of the tests that use them, ``slow`` on the image, foreign-arch and download tests, the
+fast lane's guard (tests/support/fastlane.py) and its fewer property-test examples."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from flannel.lab.etcd import EtcdServer
 from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
-from tests.support import netns
+from tests.support import fuzzing, netns
 
 pytest_plugins = ["tests.support.fastlane"]
 
@@ -30,6 +30,13 @@ NETNS_FIXTURES = frozenset({"ns", "make_lab"})
 ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
 #: Tests that take minutes when cold or wait on the network: whole run only, not the fast lane.
 SLOW_MARKERS = frozenset({"image", "foreign", "pypi"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Imported here: the plugin is registered (and its asserts rewritten) by pytest_plugins.
+    from tests.support.fastlane import is_fast_lane
+    if is_fast_lane(config.getoption("markexpr", "") or ""):
+        fuzzing.fast_lane()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects
