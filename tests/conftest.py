@@ -32,6 +32,25 @@ ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
 SLOW_MARKERS = frozenset({"image", "foreign", "pypi"})
 
 
+#: Workers ``-n auto`` (pyproject's addopts) starts at most: more were never measured.
+MAX_WORKERS = 8
+
+
+def auto_workers(markexpr: str, cores: int) -> int:
+    """How many workers ``-n auto`` starts: two per core for a run with the netns and etcd
+    tests, which mostly wait on processes, the kernel and timers; one per core for the fast
+    lane, whose tests mostly compute (and each worker imports and compiles every test module
+    again)."""
+    from tests.support.fastlane import is_fast_lane
+    return max(1, min(MAX_WORKERS, cores if is_fast_lane(markexpr) else 2 * cores))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    return auto_workers(config.getoption("markexpr", "") or "", len(os.sched_getaffinity(0)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # Imported here: the plugin is registered (and its asserts rewritten) by pytest_plugins.
     from tests.support.fastlane import is_fast_lane

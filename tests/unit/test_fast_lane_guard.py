@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import MAX_WORKERS, auto_workers
 from tests.support.fastlane import forbidden, is_fast_lane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,3 +82,15 @@ def test_a_fast_lane_run_fails_the_unmarked_test_that_creates_a_namespace_or_sta
     assert "test_makes_a_namespace - " in out and "mark it pytest.mark.netns" in out, out
     assert "test_starts_etcd" in out and "mark it pytest.mark.etcd" in out, out
     assert "test_unshares_the_network" in out, out
+
+
+@pytest.mark.parametrize(("expr", "cores", "workers"), [
+    ("", 2, 4),  # the whole run mostly waits: two workers per core
+    ("not slow", 2, 4),
+    ("not netns and not etcd and not slow", 2, 2),  # the fast lane computes: one per core
+    ("not netns and not etcd", 1, 1),
+    ("", 64, MAX_WORKERS),
+    ("not netns and not etcd", 64, MAX_WORKERS),
+])
+def test_auto_starts_more_workers_for_the_waiting_tests(expr, cores, workers):
+    assert auto_workers(expr, cores) == workers
