@@ -1,7 +1,8 @@
 """Shared fixtures: a real etcd per session (and private ones on demand), unique key prefixes,
 a sweep that removes any network namespace this run left behind, the ``netns``/``etcd``
 markers of the tests that use them, ``slow`` on the image, foreign-arch and download tests, the
-fast lane's guard (tests/support/fastlane.py) and its fewer property-test examples."""
+fast lane's guard (tests/support/fastlane.py) and its fewer property-test examples, and how
+many workers ``-n auto`` starts."""
 
 from __future__ import annotations
 
