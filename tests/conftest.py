@@ -1,7 +1,8 @@
 """Shared fixtures: a real etcd per session (and private ones on demand), unique key prefixes,
 a sweep that removes any network namespace this run left behind, the ``netns``/``etcd``
-markers of the tests that use them, ``slow`` on the image, foreign-arch and download tests, and
-the fast lane's guard (tests/support/fastlane.py)."""
+markers of the tests that use them, ``slow`` on the image, foreign-arch and download tests, the
+fast lane's guard (tests/support/fastlane.py) and its fewer property-test examples, and how
+many workers ``-n auto`` starts."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from flannel.lab.etcd import EtcdServer
 from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
-from tests.support import netns
+from tests.support import fuzzing, netns
 
 pytest_plugins = ["tests.support.fastlane"]
 
@@ -30,6 +31,32 @@ NETNS_FIXTURES = frozenset({"ns", "make_lab"})
 ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
 #: Tests that take minutes when cold or wait on the network: whole run only, not the fast lane.
 SLOW_MARKERS = frozenset({"image", "foreign", "pypi"})
+
+
+#: Workers ``-n auto`` (pyproject's addopts) starts at most: more were never measured.
+MAX_WORKERS = 8
+
+
+def auto_workers(markexpr: str, cores: int) -> int:
+    """How many workers ``-n auto`` starts: two per core for a run with the netns and etcd
+    tests, which mostly wait on processes, the kernel and timers; one per core for the fast
+    lane, whose tests mostly compute (and each worker imports and compiles every test module
+    again)."""
+    from tests.support.fastlane import is_fast_lane
+    return max(1, min(MAX_WORKERS, cores if is_fast_lane(markexpr) else 2 * cores))
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # pytest-xdist's own hook reads it
+    return auto_workers(config.getoption("markexpr", "") or "", len(os.sched_getaffinity(0)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Imported here: the plugin is registered (and its asserts rewritten) by pytest_plugins.
+    from tests.support.fastlane import is_fast_lane
+    if is_fast_lane(config.getoption("markexpr", "") or ""):
+        fuzzing.fast_lane()
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
-import yaml
 
-from tests.deploy.manifests import ROOT
+from tests.deploy.manifests import ROOT, load_all
 
 CHART = ROOT / "deploy" / "chart"
 VALUES = Path(__file__).resolve().parent / "chart_values"
@@ -36,7 +35,7 @@ def render(values: dict[str, Any] | None = None) -> dict[str, dict]:
     for path, text in render_text(values).items():
         if not path.endswith(".yaml"):
             continue
-        for doc in yaml.safe_load_all(text):
+        for doc in load_all(text):
             if doc:
                 key = f"{doc['kind']}/{doc['metadata']['name']}"
                 assert key not in docs, f"{key} rendered twice"

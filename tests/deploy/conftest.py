@@ -15,7 +15,15 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
 @pytest.fixture(scope="session")
-def image():
+def image(request):
+    # Under --dist loadgroup, pytest-xdist marks the grouped tests in their node ids; without
+    # it every worker would build the image under the same tag.
+    if getattr(request.config.option, "loadgroup", False) and any(
+            item.get_closest_marker("image") and not item.nodeid.endswith("@image")
+            for item in request.session.items):
+        pytest.fail("pytest-xdist did not keep the image tests on one worker: install the "
+                    "pytest the test extra asks for (./install.sh), or run with -n 0",
+                    pytrace=False)
     for tool in ("buildah", "debootstrap"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} is not installed: run ./install.sh")

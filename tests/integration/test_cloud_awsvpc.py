@@ -8,6 +8,8 @@ import logging
 from ipaddress import IPv4Address, IPv4Network
 
 import boto3
+import botocore.loaders
+import botocore.session
 import pytest
 
 from flannel.backenderrors import BackendConfigError
@@ -38,6 +40,11 @@ def moto_relay():
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "HTTP_PROXY",
                      "http_proxy"):
             patch.delenv(name, raising=False)
+        # Each engine makes a boto3 session of its own, whose loader would parse the EC2 model
+        # again (a quarter of a second of CPU each time): the module's sessions share one
+        # loader, as the clients of one session do.
+        loader = botocore.loaders.create_loader()
+        patch.setattr(botocore.session, "create_loader", lambda *_: loader)
         started = Ec2Relay().start()
         yield started
         started.stop()

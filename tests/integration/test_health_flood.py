@@ -33,6 +33,12 @@ def metric(ns: str, name: str) -> float:
     return float(line.split()[1])
 
 
+def calm_readyz(ns: str) -> float:
+    """The median time of ten GETs of /readyz with no flood, in ms."""
+    with HealthFlood(ns, PORT, 0) as quiet:
+        return statistics.median(p["ms"] for p in quiet.ask("probe 10 /readyz 0.05")["probes"])
+
+
 def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_path):  # noqa: F811
     ns, server = node
     server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
@@ -50,6 +56,7 @@ def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_pa
         assert re.search(r"Max open files\s+20000\s+20000", limits), limits
         assert http_get(ns, f"http://127.0.0.1:{PORT}/metrics")[0] == 200  # code loaded
         rss_before = proc.rss_kib()
+        calm = [calm_readyz(ns)]
 
         flood = HealthFlood(ns, PORT, FLOOD)
         opened = flood.ask(f"wait {FLOOD} 10")
@@ -58,7 +65,6 @@ def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_pa
         print(f"\nflood: {opened}; /readyz under it: median {statistics.median(latencies)} ms, "
               f"max {max(latencies)} ms")
         assert all(p["status"] == 200 for p in probes), probes
-        assert statistics.median(latencies) < 100, latencies
 
         # The rules resync still runs commands (it needs files: pipes, the command's own).
         subprocess.run(["ip", "netns", "exec", ns, "iptables-nft", "-t", "nat", "-F",
@@ -71,6 +77,11 @@ def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_pa
 
         wait_until(lambda: metric(ns, "flannel_health_connections_open") == 1, 30,
                    what="every flood connection closed")  # 1: the scrape itself
+        calm.append(calm_readyz(ns))
+        print(f"/readyz without the flood, before and after: median {calm} ms")
+        # 100 ms on an idle machine, where /readyz takes a few ms without the flood; the bound
+        # grows with what the machine's other work (other tests, workers) costs /readyz.
+        assert statistics.median(latencies) < max(100, 20 * max(calm)), (calm, latencies)
         rss_after = proc.rss_kib()
         dropped = metric(ns, "flannel_health_connections_dropped_total")
         print(f"flood stats {stats}; dropped {dropped}; RSS before {rss_before} KiB, "

@@ -118,7 +118,8 @@ async def test_host_gw_dual_stack_and_overwrites(api, tmp_path):
 
 async def test_missing_pod_cidr_and_mismatched_network_say_what_to_fix(api, tmp_path):
     api.put_node("node1", [])
-    sm = manager(api, tmp_path)
+    # A node that never gets a pod CIDR is refused once the wait for one ends.
+    sm = manager(api, tmp_path, pod_cidr_wait=0.3, retry_interval=0.05)
     try:
         config = await sm.get_network_config()
         with pytest.raises(KubeError, match=r'node "node1" pod cidr not assigned.*'

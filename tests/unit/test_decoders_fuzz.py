@@ -7,14 +7,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.support import fuzz_backends, fuzz_http, fuzz_store, fuzz_udp
+from tests.support.fuzzing import examples
 
-EXAMPLES = 300
 TARGETS = fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS + fuzz_http.TARGETS
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
 def test_decoder_accepts_or_refuses_but_never_crashes(target):
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
+    @settings(max_examples=examples(300), deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(target.inputs)
     def one(value):

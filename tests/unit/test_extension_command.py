@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flannel.extension.command import OUTPUT_LIMIT, expand, run_command, split_and_expand
+from tests.support.fuzzing import examples
 from tests.support.waiting import wait_until
 
 ENV = {"SUBNET": "10.5.2.0/24", "PUBLIC_IP": "192.168.1.2", "SPACED": "a b", "A": "x",
@@ -100,7 +101,7 @@ def test_output_is_bounded_and_stdin_cannot_block():
     assert run_command("sleep 0.2", {}, stdin="x" * 2_000_000, timeout=5).ok
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("${}_aAz19*#@ \t")), max_size=40))
 def test_expansion_never_fails_and_leaves_dollar_free_text_alone(word):
     out = expand(word, ENV)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import MAX_WORKERS, auto_workers
 from tests.support.fastlane import forbidden, is_fast_lane
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,11 +69,12 @@ def test_what_the_fast_lane_refuses(argv, marker):
 def test_a_fast_lane_run_fails_the_unmarked_test_that_creates_a_namespace_or_starts_etcd(
         tmp_path):
     (tmp_path / "test_inner.py").write_text(INNER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    # -p: the guard as a plugin; the inner directory has no conftest of ours.
+    # No plugin but the guard (-p): the inner tests need none, and loading the installed
+    # ones (hypothesis above all) would be most of this test's time.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.support.fastlane", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "-q", "-rf", "-m", "not netns and not etcd", "test_inner.py"],
+         "-q", "-rf", "-m", "not netns and not etcd", "test_inner.py"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     out = result.stdout
     assert result.returncode == 1, out + result.stderr
@@ -80,3 +82,15 @@ def test_a_fast_lane_run_fails_the_unmarked_test_that_creates_a_namespace_or_sta
     assert "test_makes_a_namespace - " in out and "mark it pytest.mark.netns" in out, out
     assert "test_starts_etcd" in out and "mark it pytest.mark.etcd" in out, out
     assert "test_unshares_the_network" in out, out
+
+
+@pytest.mark.parametrize(("expr", "cores", "workers"), [
+    ("", 2, 4),  # the whole run mostly waits: two workers per core
+    ("not slow", 2, 4),
+    ("not netns and not etcd and not slow", 2, 2),  # the fast lane computes: one per core
+    ("not netns and not etcd", 1, 1),
+    ("", 64, MAX_WORKERS),
+    ("not netns and not etcd", 64, MAX_WORKERS),
+])
+def test_auto_starts_more_workers_for_the_waiting_tests(expr, cores, workers):
+    assert auto_workers(expr, cores) == workers

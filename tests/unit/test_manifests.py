@@ -19,6 +19,7 @@ from tests.deploy.manifests import (
     RENDERED,
     documents,
     kustomize,
+    load_all,
     pod_spec,
 )
 
@@ -46,7 +47,7 @@ def test_rendered_manifest_is_the_base():
 @pytest.mark.parametrize("name", ("base", *OVERLAYS))
 def test_renders_and_validates_against_the_schemas(name):
     directory = BASE if name == "base" else KUSTOMIZE / "overlays" / name
-    rendered = list(yaml.safe_load_all(kustomize(directory)))
+    rendered = load_all(kustomize(directory))
     assert len(rendered) == 6
     for version in KUBERNETES_VERSIONS:
         for document in rendered:
@@ -62,7 +63,7 @@ def test_schema_validation_catches_a_misspelt_field():
 
 def test_manifest_holds_what_flanneld_needs():
     with RENDERED.open() as handle:
-        kinds = {f"{o['kind']}/{o['metadata']['name']}" for o in yaml.safe_load_all(handle) if o}
+        kinds = {f"{o['kind']}/{o['metadata']['name']}" for o in load_all(handle.read()) if o}
     assert kinds == {"Namespace/kube-flannel", "ServiceAccount/flannel", "ClusterRole/flannel",
                      "ClusterRoleBinding/flannel", "ConfigMap/kube-flannel-cfg",
                      "DaemonSet/kube-flannel-ds"}

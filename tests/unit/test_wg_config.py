@@ -14,6 +14,7 @@ from flannel.wireguard.config import (
     decode_lease_data,
     encode_lease_data,
 )
+from tests.support.fuzzing import examples
 
 KEY = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 
@@ -122,7 +123,7 @@ _members = st.sampled_from(["ListenPort", "listenportv6", "MTU", "PSK", "Mode",
                             "PersistentKeepaliveInterval", "PublicKey", "Port", "x"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.dictionaries(_members, _json, max_size=6))
 def test_any_backend_object_gives_a_config_or_a_config_error(obj):
     try:
@@ -133,7 +134,7 @@ def test_any_backend_object_gives_a_config_or_a_config_error(obj):
     assert data is None or ("PublicKey" in obj and isinstance(data, LeaseData))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=200))
 def test_any_lease_data_text_decodes_or_is_skipped(text):
     data = decode_lease_data(text)

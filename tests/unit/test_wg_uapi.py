@@ -17,6 +17,7 @@ from flannel.wireguard.uapi import (
     encode_set,
     normalise_endpoint,
 )
+from tests.support.fuzzing import examples
 
 PRIV = Secret(bytes(range(32)))
 PSK = Secret(bytes(range(32, 64)))
@@ -121,7 +122,7 @@ _VALUES = st.one_of(st.text(max_size=70), st.just(PUB_RAW.hex()), st.just("10.5.
                     st.just("[fd00::1]:1"), st.integers(-5, 2**70).map(str))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(_KEYS), _VALUES), max_size=12))
 def test_any_get_answer_is_decoded_or_refused_as_a_control_error(lines):
     text = "\n".join(f"{key}={value}" for key, value in lines)
