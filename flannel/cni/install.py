@@ -341,7 +341,10 @@ def _mkdir_parents(path: Path) -> None:
         missing.append(path)
         path = path.parent
     for directory in reversed(missing):
-        _mkdir(directory)
+        # Another install-cni (a DaemonSet pod restarting beside its predecessor) may create
+        # it first; what it made is checked below like any existing directory.
+        with contextlib.suppress(FileExistsError):
+            _mkdir(directory)
 
 
 def install_plugin(bin_dir: Path, python: str = sys.executable, *, force: bool = False

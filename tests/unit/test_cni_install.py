@@ -251,6 +251,24 @@ def test_refused_when_the_plugin_cannot_run_from_the_bin_dir(tmp_path):
                            "it: Permission denied (is it mounted noexec?)\n")
 
 
+def test_a_bin_dir_another_install_creates_meanwhile_is_used(tmp_path, monkeypatch):
+    """The race of concurrent installs, made certain: the other install creates the bin
+    dir between this one's look and its mkdir."""
+    from flannel.cni import install
+
+    bin_dir = tmp_path / "opt" / "cni" / "bin"
+    real_mkdir = install._mkdir
+
+    def racing_mkdir(path: Path) -> None:
+        if path == bin_dir:
+            real_mkdir(path)  # the other install's
+        real_mkdir(path)
+    monkeypatch.setattr(install, "_mkdir", racing_mkdir)
+    assert main(["install-cni", "--bin-dir", str(bin_dir), "--conf-dir",
+                 str(tmp_path / "conf")]) == 0
+    assert launcher_library(bin_dir / "flannel") is not None
+
+
 def test_concurrent_installs_leave_one_consistent_install(tmp_path):
     python_or_skip("host")
     procs = [subprocess.Popen([sys.executable, "-m", "flannel.ctl", "install-cni", "--bin-dir",
