@@ -33,11 +33,10 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from pathlib import Path
 
-from flannel.kernel import links, rtnl
+from flannel.kernel import links, nsexec, rtnl
 from flannel.kernel.device import ensure_address
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import NetlinkError, Rtnl
-from flannel.wireguard import nsexec
 from flannel.wireguard.genl import LOAD_MODULE, NO_FAMILY, GenlControl, wireguard_family
 from flannel.wireguard.keys import Secret, public_key
 from flannel.wireguard.uapi import (
