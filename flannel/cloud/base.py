@@ -17,9 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Network
 from typing import TypeVar
-from urllib.parse import urlsplit
 
-from flannel.backenderrors import BackendConfigError
 from flannel.backoff import Backoff
 from flannel.lease import Lease
 
@@ -152,23 +150,6 @@ def route_in_network(destination: object, network: IPv4Network) -> IPv4Network |
     if subnet.prefixlen > network.prefixlen and subnet.subnet_of(network):
         return subnet
     return None
-
-
-def endpoint_url(name: str, value: str, schemes: tuple[str, ...]) -> str:
-    """``value`` checked as a bare ``scheme://host[:port]`` URL ("" stays "")."""
-    if not value:
-        return ""
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError when the port is not a number
-    except ValueError:
-        parts = None
-    if (parts is None or len(value) > 256 or parts.scheme not in schemes or not parts.hostname
-            or parts.username is not None or parts.path not in ("", "/") or parts.query
-            or parts.fragment):
-        raise BackendConfigError(f"Backend.{name}: {value[:80]!r} is not a URL of the form "
-                                 f"{' or '.join(s + '://host[:port]' for s in schemes)}")
-    return f"{parts.scheme}://{parts.netloc}"
 
 
 def live_subnets(engine: str, own_lease: Lease, peer_leases: Iterable[Lease]
