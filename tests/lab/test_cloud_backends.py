@@ -191,13 +191,11 @@ def test_aws_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, aws_env)
 # --- tencent-vpc -----------------------------------------------------------------------
 
 
-def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypatch):
+def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, no_proxy):
     pytest.importorskip("tencentcloud.vpc")
     from tests.support.imds import FakeMetadata
     from tests.support.tencentapi import FakeTencentVpc
 
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     lab = make_lab()
     lab.create_underlay()
     api = FakeTencentVpc({TC_KEY_ID: TC_SECRET}).start(ROUTER, Host(lab.underlay_ns))
@@ -260,13 +258,11 @@ def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monk
 # --- ali-vpc ---------------------------------------------------------------------------
 
 
-def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypatch):
+def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, no_proxy):
     from flannel.lab.alicloud import REGION as ALI_REGION
     from flannel.lab.alicloud import instance_id
     from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
 
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     lab = make_lab()
     lab.create_underlay()
     api = FakeAliyunVpc({ALI_KEY_ID: ALI_SECRET}, region=ALI_REGION).start(
@@ -347,44 +343,12 @@ def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypa
         api.stop()
 
 
-def test_lab_up_with_ali_vpc_connects_pods_through_the_vpc_router(make_lab):
-    lab = make_lab()
-
-    def lab_cli(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
-                               "--name", lab.name, *argv[1:]], capture_output=True, text=True,
-                              timeout=300, check=False)
-
-    up = lab_cli("up", "--backend", "ali-vpc", "--nodes", "3", "--pods-per-node", "1")
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
-    recorded = Lab(lab.name, root=lab.directory.parent)
-    cloud_pid = recorded.state.cloud_pid
-    assert cloud_pid and Path(f"/proc/{cloud_pid}").exists()
-    subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
-                                        strict=False)): recorded.node(i).address
-               for i in (1, 2, 3)}
-    # The router's routes are the route table's, which only the backends wrote.
-    assert vpcrouter.installed(recorded.underlay_ns) == subnets
-    ping = lab_cli("ping")
-    assert ping.returncode == 0, ping.stdout + ping.stderr
-    assert "IPv4 pod ping matrix:" in ping.stdout and "FAIL" not in ping.stdout
-    status = lab_cli("status")
-    for destination, via in subnets.items():
-        assert f"  {destination} via {via}" in status.stdout
-    down = lab_cli("down")
-    assert down.returncode == 0, down.stderr
-    wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")
-
-
 # --- gce -------------------------------------------------------------------------------
 
 
-def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, monkeypatch):
+def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, no_proxy):
     from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     lab = make_lab()
     lab.create_underlay()
     compute = FakeCompute("flannel-lab-test").start(ROUTER, Host(lab.underlay_ns))
@@ -449,11 +413,13 @@ def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, monkeyp
         compute.stop()
 
 
-# --- the lab's aws-vpc mode ------------------------------------------------------------
+# --- the lab's cloud modes --------------------------------------------------------------
 
 
-def test_lab_up_with_aws_vpc_connects_pods_through_the_vpc_router(make_lab):
-    pytest.importorskip("moto")
+@pytest.mark.parametrize("backend", ["aws-vpc", "ali-vpc", "gce"])
+def test_lab_up_with_a_cloud_backend_connects_pods_through_the_vpc_router(make_lab, backend):
+    if backend == "aws-vpc":
+        pytest.importorskip("moto")
     lab = make_lab()
 
     def lab_cli(*argv: str) -> subprocess.CompletedProcess:
@@ -461,7 +427,7 @@ def test_lab_up_with_aws_vpc_connects_pods_through_the_vpc_router(make_lab):
                                "--name", lab.name, *argv[1:]], capture_output=True, text=True,
                               timeout=300, check=False)
 
-    up = lab_cli("up", "--backend", "aws-vpc", "--nodes", "3", "--pods-per-node", "1")
+    up = lab_cli("up", "--backend", backend, "--nodes", "3", "--pods-per-node", "1")
     assert up.returncode == 0, up.stdout + up.stderr
     assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
     recorded = Lab(lab.name, root=lab.directory.parent)
@@ -470,37 +436,7 @@ def test_lab_up_with_aws_vpc_connects_pods_through_the_vpc_router(make_lab):
     subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
                                         strict=False)): recorded.node(i).address
                for i in (1, 2, 3)}
-    # The router's routes are the route table's, which only the backends wrote.
-    assert vpcrouter.installed(recorded.underlay_ns) == subnets
-    ping = lab_cli("ping")
-    assert ping.returncode == 0, ping.stdout + ping.stderr
-    assert "IPv4 pod ping matrix:" in ping.stdout and "FAIL" not in ping.stdout
-    status = lab_cli("status")
-    for destination, via in subnets.items():
-        assert f"  {destination} via {via}" in status.stdout
-    down = lab_cli("down")
-    assert down.returncode == 0, down.stderr
-    wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")
-
-
-def test_lab_up_with_gce_connects_pods_through_the_vpc_router(make_lab):
-    lab = make_lab()
-
-    def lab_cli(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
-                               "--name", lab.name, *argv[1:]], capture_output=True, text=True,
-                              timeout=300, check=False)
-
-    up = lab_cli("up", "--backend", "gce", "--nodes", "3", "--pods-per-node", "1")
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
-    recorded = Lab(lab.name, root=lab.directory.parent)
-    cloud_pid = recorded.state.cloud_pid
-    assert cloud_pid and Path(f"/proc/{cloud_pid}").exists()
-    subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
-                                        strict=False)): recorded.node(i).address
-               for i in (1, 2, 3)}
-    # The router's routes are the network's, which only the backends wrote.
+    # The router's routes are the cloud's route table, which only the backends wrote.
     assert vpcrouter.installed(recorded.underlay_ns) == subnets
     ping = lab_cli("ping")
     assert ping.returncode == 0, ping.stdout + ping.stderr
