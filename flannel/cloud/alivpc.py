@@ -174,14 +174,9 @@ class AliVpcRoutes(RouteEngineBase):
             if destination is None:
                 continue
             if destination != own:
-                if not collect or destination in live:
-                    continue
-                if self._orphans.confirmed(self.table, destination):
+                if self._orphan(self.table, destination, str(entry.get("InstanceId", "")),
+                                live, collect):
                     doomed.append((entry, destination))
-                else:
-                    log.info("ali-vpc: %s -> %s in %s has no lease; deleting it at the next "
-                             "pass if it still has none", destination,
-                             entry.get("InstanceId", ""), self.table)
             elif entry.get("InstanceId") != instance:
                 doomed.append((entry, destination))  # pointed elsewhere: ours is re-made
             else:

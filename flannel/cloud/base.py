@@ -189,6 +189,19 @@ class RouteEngineBase(ABC):
     def _retried(self, what: str, once: Callable[[], T]) -> T:
         return with_retry(what, once, self._retry, self._sleep)
 
+    def _orphan(self, table: str, destination: IPv4Network, target: str,
+                live: set[IPv4Network], collect: bool) -> bool:
+        """Whether another node's route to ``destination`` goes: only while collecting, when
+        no lease holds it and the pass before found it so too (the first finding is logged).
+        Called between ``self._orphans.begin()`` and ``end()``."""
+        if not collect or destination in live:
+            return False
+        if self._orphans.confirmed(table, destination):
+            return True
+        log.info("%s: %s -> %s in %s has no lease; deleting it at the next pass if it still "
+                 "has none", self.name, destination, target, table)
+        return False
+
     @abstractmethod
     def _prepared(self) -> bool:
         """Whether ``prepare()`` has run."""

@@ -181,14 +181,9 @@ class TencentVpcRoutes(RouteEngineBase):
             if destination is None:
                 continue
             if destination != own:
-                if not collect or destination in live:
-                    continue
-                if self._orphans.confirmed(self.table, destination):
+                if self._orphan(self.table, destination, str(route.get("GatewayId", "")),
+                                live, collect):
                     doomed.append((route, destination))
-                else:
-                    log.info("tencent-vpc: %s -> %s in %s has no lease; deleting it at the "
-                             "next pass if it still has none", destination,
-                             route.get("GatewayId", ""), self.table)
             elif route.get("GatewayId") != gateway:
                 misdirected = misdirected or route
             elif not route.get("Enabled") or ours is not None:
