@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from ipaddress import IPv4Network
 
 import pytest
 
@@ -18,6 +17,8 @@ from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
 from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
 from tests.support.cloudengines import (
+    FAST,
+    NETWORK,
     SUBNETS,
     assert_keys_read_as_go_reads_them,
     assert_refused,
@@ -26,12 +27,10 @@ from tests.support.cloudengines import (
 )
 from tests.support.imds import FakeMetadata
 
-NETWORK = IPv4Network("10.244.0.0/16")
 KEY_ID = "LTAIflannelTestKey0001"
 SECRET = "flannel-aliyun-secret-never-logged-9876"
 VPC = "vpc-bp1flannel0000000001"
 REGION = "cn-hangzhou"
-FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
 INSTANCES = ["i-bp1flannelnode00001", "i-bp1flannelnode00002", "i-bp1flannelnode00003"]
 
 

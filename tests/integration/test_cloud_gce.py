@@ -8,20 +8,17 @@ import json
 import logging
 import os
 import threading
-from ipaddress import IPv4Network
 
 import pytest
 
-from flannel.cloud.base import CloudError, ThrottleRetry
+from flannel.cloud.base import CloudError
 from flannel.cloud.gce import GceConfig, GceRoutes
 from flannel.cloud.gceauth import GceMetadata
-from tests.support.cloudengines import SUBNETS, lease
+from tests.support.cloudengines import FAST, NETWORK, SUBNETS, lease
 from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
-NETWORK = IPv4Network("10.244.0.0/16")
 ZONE = "europe-west1-b"
 VPC = "flannel-net"
-FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
 NODES = ["node-1", "node-2", "node-3"]
 
 

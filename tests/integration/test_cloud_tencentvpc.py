@@ -5,7 +5,7 @@ codes) and a fake metadata service."""
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address
 
 import pytest
 
@@ -14,6 +14,8 @@ from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from flannel.cloud.tencentvpc import TencentVpcConfig, TencentVpcRoutes
 from tests.support.cloudengines import (
+    FAST,
+    NETWORK,
     SUBNETS,
     assert_keys_read_as_go_reads_them,
     assert_refused,
@@ -23,12 +25,10 @@ from tests.support.cloudengines import (
 from tests.support.imds import FakeMetadata
 from tests.support.tencentapi import FakeTencentVpc
 
-NETWORK = IPv4Network("10.244.0.0/16")
 KEY_ID = "AKIDflannelTestKey0001"
 SECRET = "flannel-tencent-secret-never-logged-9876"
 VPC = "vpc-2flannel"
 MAC = "52:54:00:ab:cd:ef"
-FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
 ADDRESSES = ["172.16.0.11", "172.16.0.12", "172.16.0.13"]
 
 

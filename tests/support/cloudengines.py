@@ -11,9 +11,13 @@ from typing import Any
 import pytest
 
 from flannel.backenderrors import BackendConfigError
+from flannel.cloud.base import ThrottleRetry
 from flannel.lease import Lease
 
+NETWORK = IPv4Network("10.244.0.0/16")
 SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
+#: Throttled calls retried at once: the tests do not wait out real backoff.
+FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
 
 Read = Callable[[dict[str, Any], dict[str, str]], Any]
 
