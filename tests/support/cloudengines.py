@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from flannel.backenderrors import BackendConfigError
-from flannel.cloud.base import ThrottleRetry
+from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.lease import Lease
 
 NETWORK = IPv4Network("10.244.0.0/16")
@@ -31,6 +31,17 @@ def reconcile_all(engines: Sequence[Any], subnets: Sequence[str] = SUBNETS) -> l
     leases = [lease(cidr) for cidr in subnets]
     return [engine.reconcile(leases[i], leases[:i] + leases[i + 1:])
             for i, engine in enumerate(engines)]
+
+
+def full_table_error(engines: Sequence[Any], fill: Callable[[], None]) -> str:
+    """Nodes 1 and 2 routed, then the table filled (``fill()``): node 3's pass fails. Its
+    message, which the status holds too."""
+    reconcile_all(engines[:2], SUBNETS[:2])
+    fill()
+    with pytest.raises(CloudError) as raised:
+        engines[2].reconcile(lease(SUBNETS[2]), [lease(s) for s in SUBNETS[:2]])
+    assert engines[2].status().last_error == str(raised.value)
+    return str(raised.value)
 
 
 def assert_keys_read_as_go_reads_them(read: Read, key_id: str, secret: str) -> None:
