@@ -44,9 +44,10 @@ def full_table_error(engines: Sequence[Any], fill: Callable[[], None]) -> str:
     return str(raised.value)
 
 
-def assert_keys_read_as_go_reads_them(read: Read, key_id: str, secret: str) -> None:
+def assert_keys_read_as_go_reads_them(read: Read, key_id: str, secret: str, cloud: str) -> None:
     """Both from the environment unless both are set; Go's message when neither has them;
-    a member that is not a string refused by its name."""
+    a member that is not a string refused by its name; a secret that is not printable
+    refused as a malformed key of ``cloud``."""
     config = read({"AccessKeyID": "only-the-id"},
                   {"ACCESS_KEY_ID": key_id, "ACCESS_KEY_SECRET": secret})
     assert (config.access_key_id, config.access_key_secret) == (key_id, secret)
@@ -56,6 +57,8 @@ def assert_keys_read_as_go_reads_them(read: Read, key_id: str, secret: str) -> N
     with pytest.raises(BackendConfigError,
                        match=r"Backend\.AccessKeySecret must be a string, not a"):
         read({"AccessKeyID": key_id, "AccessKeySecret": 7}, {})
+    with pytest.raises(BackendConfigError, match=f"the {cloud} access key is malformed"):
+        read({"AccessKeyID": key_id, "AccessKeySecret": "a\nb"}, {})
 
 
 def assert_refused(read: Read, members: dict[str, Any], message: str, secret: str) -> None:
