@@ -1,7 +1,7 @@
 """Benchmark: TCP throughput through wireguard-go devices set up by the WireGuard engine.
 
 Two namespaces joined by a 1500-MTU veth; each gets ``flannel-wg`` (wireguard-go, private
-/run via ``flannel.wireguard.nsexec``) configured by ``WireguardDevice`` and
+/run via ``flannel.kernel.nsexec``) configured by ``WireguardDevice`` and
 ``WireguardPeers``. iperf3 single TCP stream through the tunnel, interleaved with the same
 over the bare veth (the baseline, same run). Prints medians and the ratio.
 

@@ -1,7 +1,8 @@
 """Atomic file writes with explicit modes, shared by everything that writes files we own.
 
 Owns: the temp-file (O_EXCL|O_NOFOLLOW, explicit mode) + fsync + rename sequence, bounded
-reads of files we only consume (O_NONBLOCK, regular files only), and the check that no one
+reads of files we only consume (O_NONBLOCK, regular files only), the helper processes' log
+files (appended to, their tail read back), and the check that no one
 but root or this process's user can change what a path leads to.
 Must not touch: anything but the target path and a temporary sibling of it.
 """
@@ -109,6 +110,24 @@ def read_head(path: str | Path, limit: int) -> tuple[bytes, bool]:
         os.close(fd)
     data = b"".join(chunks)
     return data[:limit], len(data) > limit
+
+
+def open_log(path: str | Path) -> int:
+    """A log file of a helper process we start, opened to append (created 0600, never
+    through a symbolic link); the caller closes the descriptor."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   0o600)
+
+
+def log_tail(path: str | Path, limit: int) -> str:
+    """The last ``limit`` bytes of a log file as text, stripped; "" when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
 
 
 def trusted_owner(uid: int) -> bool:

@@ -1,8 +1,8 @@
 """Shared fixtures: a real etcd per session (and private ones on demand), unique key prefixes,
-a sweep that removes any network namespace this run left behind, the ``netns``/``etcd``
-markers of the tests that use them, ``slow`` on the image, foreign-arch and download tests, the
-fast lane's guard (tests/support/fastlane.py) and its fewer property-test examples, and how
-many workers ``-n auto`` starts."""
+a sweep that removes any network namespace this run left behind, no proxy for the cloud
+doubles, the ``netns``/``etcd`` markers of the tests that use them, ``slow`` on the image,
+foreign-arch and download tests, the fast lane's guard (tests/support/fastlane.py) and its
+fewer property-test examples, and how many workers ``-n auto`` starts."""
 
 from __future__ import annotations
 
@@ -78,6 +78,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.geteuid() == 0 and shutil.which("ip"):
         netns.sweep()
+
+
+@pytest.fixture
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy variables: the cloud API doubles are reached directly."""
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from ipaddress import IPv4Network
 from flannel.backend.cloudroutes import CloudRouteBackend, RouteEngine
 from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes
 from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
+from flannel.cloud.options import KEY_OPTIONS
 
 
 class AliVpcBackend(CloudRouteBackend):
@@ -23,7 +24,7 @@ class AliVpcBackend(CloudRouteBackend):
     # The engine's API client: the standard library and the project's HTTP layer only.
     sdk_module = "flannel.cloud.aliyunrpc"
     extra = ""
-    option_names = ("AccessKeyID", "AccessKeySecret", "Endpoint", "MetadataURL")
+    option_names = tuple(KEY_OPTIONS.values())
 
     def make_engine(self, network: IPv4Network) -> RouteEngine:
         config = AliVpcConfig.from_backend(self.config.backend, network)

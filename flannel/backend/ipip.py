@@ -18,9 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
-from flannel import gojson
 from flannel.backend.base import (
-    BackendConfigError,
     BackendError,
     BackendOptions,
     LocalNetwork,
@@ -28,6 +26,7 @@ from flannel.backend.base import (
 )
 from flannel.backend.footprint import PER_PEER, Footprint, Link
 from flannel.backend.routed import RoutedBackend
+from flannel.backendoptions import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device, ipipdev
 from flannel.kernel.iface import ExternalInterface
@@ -46,11 +45,8 @@ class IpipConfig:
 
     @classmethod
     def from_backend(cls, backend: Mapping[str, object]) -> IpipConfig:
-        try:
-            fields = gojson.decode_fields(backend, {"DirectRouting": (bool, False)},
-                                          "error decoding IPIP backend config")
-        except ValueError as err:
-            raise BackendConfigError(str(err)) from None
+        fields = decode_options(backend, {"DirectRouting": (bool, False)},
+                                "error decoding IPIP backend config")
         return cls(fields["DirectRouting"])
 
 

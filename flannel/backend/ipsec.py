@@ -50,12 +50,11 @@ from flannel.ipsec.config import (
     connection_name,
     shared_key_message,
 )
-from flannel.kernel import links
+from flannel.kernel import links, nsexec
 from flannel.kernel.device import ensure_address
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Rtnl
 from flannel.lease import Lease
-from flannel.wireguard import nsexec
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from ipaddress import IPv4Network
 
 from flannel.backend.cloudroutes import CloudRouteBackend, RouteEngine
 from flannel.cloud.metadata import MetadataClient
+from flannel.cloud.options import KEY_OPTIONS
 from flannel.cloud.tencentvpc import TencentVpcConfig, TencentVpcRoutes
 
 
@@ -23,7 +24,7 @@ class TencentVpcBackend(CloudRouteBackend):
     sdk_module = "tencentcloud.vpc.v20170312.vpc_client"
     extra = "tencent"
     # Decoded once the node's address is known (the keys may come from the environment).
-    option_names = ("AccessKeyID", "AccessKeySecret", "Endpoint", "MetadataURL")
+    option_names = tuple(KEY_OPTIONS.values())
 
     def make_engine(self, network: IPv4Network) -> RouteEngine:
         address = self._address(self.ext.ext_addr, "public address")

@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 
-from flannel import gojson
 from flannel.backend.base import (
     Applier,
     ApplyResult,
@@ -35,6 +34,7 @@ from flannel.backend.base import (
 )
 from flannel.backend.footprint import COVERING, Footprint, Link
 from flannel.backend.routed import RoutedBackend
+from flannel.backendoptions import decode_options
 from flannel.backoff import Backoff
 from flannel.config import NetworkConfig
 from flannel.kernel import device as kernel_device
@@ -67,10 +67,7 @@ class UdpConfig:
 
     @classmethod
     def from_backend(cls, backend: dict[str, object]) -> UdpConfig:
-        try:
-            fields = gojson.decode_fields(backend, {"Port": (int, DEFAULT_PORT)}, CONFIG_ERROR)
-        except ValueError as err:
-            raise BackendConfigError(str(err)) from None
+        fields = decode_options(backend, {"Port": (int, DEFAULT_PORT)}, CONFIG_ERROR)
         port: int = fields["Port"]
         if not 1 <= port <= 65535:
             raise BackendConfigError(

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
-from flannel import gojson
 from flannel.backend.base import (
     BackendConfigError,
     BackendError,
@@ -29,6 +28,7 @@ from flannel.backend.base import (
 )
 from flannel.backend.footprint import PER_PEER, Footprint, Link
 from flannel.backend.routed import RoutedBackend
+from flannel.backendoptions import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device
 from flannel.kernel.iface import ExternalInterface
@@ -62,11 +62,7 @@ class VxlanConfig:
 
     @classmethod
     def from_backend(cls, backend: dict[str, Any]) -> VxlanConfig:
-        try:
-            fields = gojson.decode_fields(backend, OPTIONS,
-                                          "error decoding VXLAN backend config")
-        except ValueError as err:
-            raise BackendConfigError(str(err)) from None
+        fields = decode_options(backend, OPTIONS, "error decoding VXLAN backend config")
         cfg = cls(fields["VNI"], fields["Port"], fields["MTU"], fields["GBP"],
                   fields["Learning"], fields["DirectRouting"])
         if not 0 <= cfg.vni < 1 << 24:

@@ -27,15 +27,12 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 from typing import Any
 
-from flannel import gojson
-from flannel.backenderrors import BackendConfigError
 from flannel.cloud.aliyunrpc import AliyunApiError, AliyunRpc
 from flannel.cloud.base import (
     CloudError,
     RouteChange,
     RouteEngineBase,
     ThrottleRetry,
-    endpoint_url,
     route_in_network,
 )
 from flannel.cloud.metadata import (
@@ -44,6 +41,7 @@ from flannel.cloud.metadata import (
     MetadataClient,
     aliyun_identity,
 )
+from flannel.cloud.options import KEY_OPTIONS, access_key, endpoint_url, string_members
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +49,6 @@ VERSION = "2016-04-28"
 SERVICE = "Alibaba Cloud VPC"
 ENTRY_TYPE = "Custom"
 NEXT_HOP_TYPE = "Instance"
-_MAX_SECRET = 256
 #: Seconds one API request may take: a pass never waits longer on one call (and its retries).
 API_TIMEOUT = 10.0
 
@@ -79,26 +76,8 @@ class AliVpcConfig:
     @classmethod
     def from_backend(cls, backend: dict[str, Any], network: IPv4Network,
                      environ: Mapping[str, str] = os.environ) -> AliVpcConfig:
-        members = gojson.fold_keys(backend, {"accesskeyid": "AccessKeyID",
-                                             "accesskeysecret": "AccessKeySecret",
-                                             "endpoint": "Endpoint",
-                                             "metadataurl": "MetadataURL"})
-        for name, value in members.items():
-            if not isinstance(value, str):
-                raise BackendConfigError(f"Backend.{name} must be a string, not a "
-                                         f"{gojson.type_name(value)}")
-        key_id, secret = members.get("AccessKeyID", ""), members.get("AccessKeySecret", "")
-        if not key_id or not secret:  # as Go: both from the environment unless both set
-            key_id = environ.get("ACCESS_KEY_ID", "")
-            secret = environ.get("ACCESS_KEY_SECRET", "")
-        if not key_id or not secret:
-            raise BackendConfigError("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! (set "
-                                     "Backend.AccessKeyID and Backend.AccessKeySecret, or the "
-                                     "ACCESS_KEY_ID and ACCESS_KEY_SECRET environment variables)")
-        if (len(key_id) > _MAX_SECRET or len(secret) > _MAX_SECRET or not key_id.isprintable()
-                or not secret.isprintable()):
-            raise BackendConfigError("the Alibaba Cloud access key is malformed (too long or "
-                                     "not printable); check AccessKeyID/AccessKeySecret")
+        members = string_members(backend, KEY_OPTIONS)
+        key_id, secret = access_key(members, environ, "Alibaba Cloud")
         return cls(network, key_id, secret,
                    endpoint_url("Endpoint", members.get("Endpoint", ""), ("http", "https")),
                    endpoint_url("MetadataURL", members.get("MetadataURL", ""), ("http",))
@@ -195,14 +174,9 @@ class AliVpcRoutes(RouteEngineBase):
             if destination is None:
                 continue
             if destination != own:
-                if not collect or destination in live:
-                    continue
-                if self._orphans.confirmed(self.table, destination):
+                if self._orphan(self.table, destination, str(entry.get("InstanceId", "")),
+                                live, collect):
                     doomed.append((entry, destination))
-                else:
-                    log.info("ali-vpc: %s -> %s in %s has no lease; deleting it at the next "
-                             "pass if it still has none", destination,
-                             entry.get("InstanceId", ""), self.table)
             elif entry.get("InstanceId") != instance:
                 doomed.append((entry, destination))  # pointed elsewhere: ours is re-made
             else:

@@ -218,13 +218,9 @@ class AwsVpcRoutes(RouteEngineBase):
                     continue
                 if destination == own:
                     ours = route
-                elif collect and destination not in live and _target_of(route):
-                    if self._orphans.confirmed(table_id, destination):
-                        changes.append(self._delete(table_id, destination, _target_of(route)))
-                    else:
-                        log.info("aws-vpc: %s -> %s in %s has no lease; deleting it at the "
-                                 "next pass if it still has none", destination,
-                                 _target_of(route), table_id)
+                elif _target_of(route) and self._orphan(table_id, destination,
+                                                        _target_of(route), live, collect):
+                    changes.append(self._delete(table_id, destination, _target_of(route)))
             if ours is None:
                 changes.append(self._create(table_id, own, eni_id))
             elif ours.get("NetworkInterfaceId") != eni_id or ours.get("State") != "active":

@@ -17,9 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Network
 from typing import TypeVar
-from urllib.parse import urlsplit
 
-from flannel.backenderrors import BackendConfigError
 from flannel.backoff import Backoff
 from flannel.lease import Lease
 
@@ -154,23 +152,6 @@ def route_in_network(destination: object, network: IPv4Network) -> IPv4Network |
     return None
 
 
-def endpoint_url(name: str, value: str, schemes: tuple[str, ...]) -> str:
-    """``value`` checked as a bare ``scheme://host[:port]`` URL ("" stays "")."""
-    if not value:
-        return ""
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError when the port is not a number
-    except ValueError:
-        parts = None
-    if (parts is None or len(value) > 256 or parts.scheme not in schemes or not parts.hostname
-            or parts.username is not None or parts.path not in ("", "/") or parts.query
-            or parts.fragment):
-        raise BackendConfigError(f"Backend.{name}: {value[:80]!r} is not a URL of the form "
-                                 f"{' or '.join(s + '://host[:port]' for s in schemes)}")
-    return f"{parts.scheme}://{parts.netloc}"
-
-
 def live_subnets(engine: str, own_lease: Lease, peer_leases: Iterable[Lease]
                  ) -> tuple[IPv4Network, set[IPv4Network]]:
     """Our IPv4 subnet and every subnet that has a lease (ours included)."""
@@ -207,6 +188,19 @@ class RouteEngineBase(ABC):
 
     def _retried(self, what: str, once: Callable[[], T]) -> T:
         return with_retry(what, once, self._retry, self._sleep)
+
+    def _orphan(self, table: str, destination: IPv4Network, target: str,
+                live: set[IPv4Network], collect: bool) -> bool:
+        """Whether another node's route to ``destination`` goes: only while collecting, when
+        no lease holds it and the pass before found it so too (the first finding is logged).
+        Called between ``self._orphans.begin()`` and ``end()``."""
+        if not collect or destination in live:
+            return False
+        if self._orphans.confirmed(table, destination):
+            return True
+        log.info("%s: %s -> %s in %s has no lease; deleting it at the next pass if it still "
+                 "has none", self.name, destination, target, table)
+        return False
 
     @abstractmethod
     def _prepared(self) -> bool:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flannel.cloud.base import CloudError
+from flannel.cloud.metadata import checked
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +90,6 @@ class GceMetadata:
         return body.decode("utf-8", "replace").strip()
 
 
-def _checked(path: str, value: str, shape: re.Pattern[str]) -> str:
-    if not shape.fullmatch(value):
-        raise CloudError(f"GCE metadata {path}: unexpected value {value[:80]!r}")
-    return value
-
-
 @dataclass(frozen=True)
 class GceIdentity:
     project: str  # the instance's project
@@ -106,14 +101,14 @@ class GceIdentity:
 def gce_identity(metadata: GceMetadata) -> GceIdentity:
     """Project, zone, instance name and the first interface's network, as Go read them
     (the zone and network are the last part of the path the server gives)."""
-    project = _checked("project/project-id", metadata.get("project/project-id"), PROJECT)
-    zone_path = metadata.get("instance/zone")
-    zone = _checked("instance/zone", zone_path.rsplit("/", 1)[-1], _ZONE)
-    instance = _checked("instance/name", metadata.get("instance/name"), NAME)
-    network_path = metadata.get("instance/network-interfaces/0/network")
-    network = _checked("instance/network-interfaces/0/network",
-                       network_path.rsplit("/", 1)[-1], NAME)
-    return GceIdentity(project, zone, instance, network)
+    def read(path: str, shape: re.Pattern[str], last: bool = False) -> str:
+        value = metadata.get(path)
+        return checked(path, value.rsplit("/", 1)[-1] if last else value, shape,
+                       "GCE metadata")
+
+    return GceIdentity(read("project/project-id", PROJECT), read("instance/zone", _ZONE, True),
+                       read("instance/name", NAME),
+                       read("instance/network-interfaces/0/network", NAME, True))
 
 
 @dataclass

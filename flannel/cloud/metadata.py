@@ -137,9 +137,11 @@ class MetadataClient:
         return body
 
 
-def _checked(path: str, value: str, shape: re.Pattern[str]) -> str:
+def checked(path: str, value: str, shape: re.Pattern[str],
+            source: str = "instance metadata") -> str:
+    """``value``, read at ``path`` of ``source``, if it has the shape expected there."""
     if not shape.fullmatch(value):
-        raise CloudError(f"instance metadata {path}: unexpected value {value[:80]!r}")
+        raise CloudError(f"{source} {path}: unexpected value {value[:80]!r}")
     return value
 
 
@@ -154,8 +156,8 @@ class AwsIdentity:
 
 def aws_identity(client: MetadataClient, address: IPv4Address) -> AwsIdentity:
     """The instance, its region, and the ENI (with its subnet and VPC) holding ``address``."""
-    instance_id = _checked("instance-id", client.get("instance-id"), _AWS_SHAPES["instance-id"])
-    region = _checked("placement/region", client.get("placement/region"),
+    instance_id = checked("instance-id", client.get("instance-id"), _AWS_SHAPES["instance-id"])
+    region = checked("placement/region", client.get("placement/region"),
                       _AWS_SHAPES["placement/region"])
     macs = [line.strip().rstrip("/") for line in
             client.get("network/interfaces/macs/").splitlines()[:64]]
@@ -166,7 +168,7 @@ def aws_identity(client: MetadataClient, address: IPv4Address) -> AwsIdentity:
         addresses = client.get(f"{base}/local-ipv4s").split()
         if str(address) not in addresses:
             continue
-        fields = {name: _checked(f"{base}/{name}", client.get(f"{base}/{name}"),
+        fields = {name: checked(f"{base}/{name}", client.get(f"{base}/{name}"),
                                  _AWS_SHAPES[name])
                   for name in ("interface-id", "subnet-id", "vpc-id")}
         return AwsIdentity(instance_id, region, fields["interface-id"], fields["subnet-id"],
@@ -184,10 +186,10 @@ class TencentIdentity:
 
 def tencent_identity(client: MetadataClient) -> TencentIdentity:
     """The region and VPC of this CVM, as Go flannel reads them (primary MAC's VPC)."""
-    region = _checked("placement/region", client.get("placement/region"), _TENCENT_REGION)
-    mac = _checked("mac", client.get("mac").lower(), _MAC)
+    region = checked("placement/region", client.get("placement/region"), _TENCENT_REGION)
+    mac = checked("mac", client.get("mac").lower(), _MAC)
     vpc_path = f"network/interfaces/macs/{mac}/vpc-id"
-    return TencentIdentity(region, _checked(vpc_path, client.get(vpc_path), _TENCENT_VPC))
+    return TencentIdentity(region, checked(vpc_path, client.get(vpc_path), _TENCENT_VPC))
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,6 @@ class AliyunIdentity:
 
 def aliyun_identity(client: MetadataClient) -> AliyunIdentity:
     """The region, instance and VPC of this ECS instance, the three values Go flannel read."""
-    region, instance_id, vpc_id = (_checked(path, client.get(path), _ALIYUN_SHAPES[path])
+    region, instance_id, vpc_id = (checked(path, client.get(path), _ALIYUN_SHAPES[path])
                                    for path in ("region-id", "instance-id", "vpc-id"))
     return AliyunIdentity(region, instance_id, vpc_id)

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from flannel import gojson
-from flannel.backenderrors import BackendConfigError
 from flannel.cloud.base import (
     ApiError,
     CloudError,
@@ -33,7 +31,6 @@ from flannel.cloud.base import (
     RouteEngineBase,
     Throttled,
     ThrottleRetry,
-    endpoint_url,
     route_in_network,
 )
 from flannel.cloud.metadata import (
@@ -42,12 +39,12 @@ from flannel.cloud.metadata import (
     TencentIdentity,
     tencent_identity,
 )
+from flannel.cloud.options import KEY_OPTIONS, access_key, endpoint_url, string_members
 
 log = logging.getLogger(__name__)
 
 GATEWAY_TYPE = "NORMAL_CVM"
 ROUTE_TYPE = "USER"
-_MAX_SECRET = 256
 #: Seconds one API request may take: a pass never waits longer on one call (and its retries).
 API_TIMEOUT = 10
 
@@ -78,25 +75,8 @@ class TencentVpcConfig:
     def from_backend(cls, backend: dict[str, Any], network: IPv4Network,
                      external_address: IPv4Address,
                      environ: Mapping[str, str] = os.environ) -> TencentVpcConfig:
-        members = gojson.fold_keys(backend, {"accesskeyid": "AccessKeyID",
-                                             "accesskeysecret": "AccessKeySecret",
-                                             "endpoint": "Endpoint",
-                                             "metadataurl": "MetadataURL"})
-        for name, value in members.items():
-            if not isinstance(value, str):
-                raise BackendConfigError(f"Backend.{name} must be a string, not a "
-                                         f"{gojson.type_name(value)}")
-        key_id, secret = members.get("AccessKeyID", ""), members.get("AccessKeySecret", "")
-        if not key_id or not secret:  # as Go: both from the environment unless both set
-            key_id = environ.get("ACCESS_KEY_ID", "")
-            secret = environ.get("ACCESS_KEY_SECRET", "")
-        if not key_id or not secret:
-            raise BackendConfigError("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! (set "
-                                     "Backend.AccessKeyID and Backend.AccessKeySecret, or the "
-                                     "ACCESS_KEY_ID and ACCESS_KEY_SECRET environment variables)")
-        if len(key_id) > _MAX_SECRET or len(secret) > _MAX_SECRET or not key_id.isprintable():
-            raise BackendConfigError("the Tencent Cloud access key is malformed (too long or not "
-                                     "printable); check AccessKeyID/AccessKeySecret")
+        members = string_members(backend, KEY_OPTIONS)
+        key_id, secret = access_key(members, environ, "Tencent Cloud")
         return cls(network, external_address, key_id, secret,
                    endpoint_url("Endpoint", members.get("Endpoint", ""), ("http", "https")),
                    endpoint_url("MetadataURL", members.get("MetadataURL", ""), ("http",))
@@ -201,14 +181,9 @@ class TencentVpcRoutes(RouteEngineBase):
             if destination is None:
                 continue
             if destination != own:
-                if not collect or destination in live:
-                    continue
-                if self._orphans.confirmed(self.table, destination):
+                if self._orphan(self.table, destination, str(route.get("GatewayId", "")),
+                                live, collect):
                     doomed.append((route, destination))
-                else:
-                    log.info("tencent-vpc: %s -> %s in %s has no lease; deleting it at the "
-                             "next pass if it still has none", destination,
-                             route.get("GatewayId", ""), self.table)
             elif route.get("GatewayId") != gateway:
                 misdirected = misdirected or route
             elif not route.get("Enabled") or ours is not None:

@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 
-from flannel import boundedjson, gojson
-from flannel.backenderrors import BackendConfigError
+from flannel import boundedjson
+from flannel.backendoptions import decode_options
 from flannel.backoff import Backoff
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
 from flannel.kernel.host import LOCAL, Host
@@ -66,13 +66,10 @@ class ExtensionConfig:
     @classmethod
     def from_backend(cls, backend: Mapping[str, object], timeout: float = DEFAULT_TIMEOUT
                      ) -> ExtensionConfig:
-        try:
-            fields = gojson.decode_fields(backend, {
-                "PreStartupCommand": (str, ""), "PostStartupCommand": (str, ""),
-                "SubnetAddCommand": (str, ""), "SubnetRemoveCommand": (str, ""),
-            }, _CONTEXT)
-        except ValueError as err:
-            raise BackendConfigError(str(err)) from None
+        fields = decode_options(backend, {
+            "PreStartupCommand": (str, ""), "PostStartupCommand": (str, ""),
+            "SubnetAddCommand": (str, ""), "SubnetRemoveCommand": (str, ""),
+        }, _CONTEXT)
         return cls(fields["PreStartupCommand"], fields["PostStartupCommand"],
                    fields["SubnetAddCommand"], fields["SubnetRemoveCommand"], timeout)
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from flannel.backoff import Backoff
+from flannel.fileutil import log_tail, open_log, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -84,19 +85,6 @@ def config_text(log_path: Path, libipsec: bool) -> str:
         "    }\n"
         "  }\n"
         "}\n")
-
-
-def _write_atomic(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
-    try:
-        os.write(fd, text.encode())
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
 
 
 def _read_small(path: Path, limit: int = 4096) -> str | None:
@@ -219,13 +207,7 @@ class Charon:
     # -- the process ------------------------------------------------------------------------
 
     def _log_tail(self) -> str:
-        try:
-            with open(self.spec.log_path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - _LOG_TAIL))
-                return f.read().decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
+        return log_tail(self.spec.log_path, _LOG_TAIL)
 
     def _reap(self) -> None:
         if self._process is not None and self._process.poll() is not None:
@@ -268,10 +250,9 @@ class Charon:
         binary = find_charon()
         state = self.spec.state_dir
         state.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write_atomic(self.spec.conf_path, config_text(self.spec.log_path, self.spec.libipsec),
-                      0o600)
-        out = os.open(self.spec.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                      | os.O_CLOEXEC, 0o600)
+        write_atomic(self.spec.conf_path,
+                     config_text(self.spec.log_path, self.spec.libipsec).encode(), 0o600)
+        out = open_log(self.spec.log_path)
         env = {**os.environ, "STRONGSWAN_CONF": str(self.spec.conf_path)}
         try:
             # Its own session and no pipes: it keeps its SAs across a flanneld restart.
@@ -281,7 +262,7 @@ class Charon:
         finally:
             os.close(out)
         self.pid = self._process.pid
-        _write_atomic(state / "charon.pid", f"{self.pid}\n", 0o644)
+        write_atomic(state / "charon.pid", f"{self.pid}\n".encode(), 0o644)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not self.answers():
             if self._process.poll() is not None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from flannel import gojson
 from flannel.backenderrors import BackendConfigError
+from flannel.backendoptions import decode_options
 
 DEFAULT_ESP_PROPOSAL = "aes128gcm16-sha256-prfsha256-ecp256"
 MIN_PSK_LENGTH = 96
@@ -58,15 +59,8 @@ class IpsecConfig:
 
     @classmethod
     def from_backend(cls, backend: dict[str, Any]) -> IpsecConfig:
-        try:
-            fields = gojson.decode_fields(backend, _OPTIONS, _CONTEXT)
-        except gojson.FieldTypeError as err:
-            if err.field == "PSK":  # the message would quote the value: never echo a PSK
-                raise BackendConfigError(f"{_CONTEXT}: PSK must be a string of at least "
-                                         f"{MIN_PSK_LENGTH} characters") from None
-            raise BackendConfigError(str(err)) from None
-        except ValueError as err:
-            raise BackendConfigError(str(err)) from None
+        fields = decode_options(backend, _OPTIONS, _CONTEXT, secrets={
+            "PSK": f"PSK must be a string of at least {MIN_PSK_LENGTH} characters"})
         psk = fields["PSK"]
         if len(psk) < MIN_PSK_LENGTH:
             # Go's words, then the fix (the length of a PSK says little about it).

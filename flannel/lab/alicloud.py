@@ -14,25 +14,18 @@ Must not touch: any namespace but the router's; routes of other protocols.
 
 from __future__ import annotations
 
-import argparse
 import json
-import signal
 import sys
-import threading
-import time
-from pathlib import Path
 
 from flannel.fileutil import write_atomic
-from flannel.lab import vpcrouter
+from flannel.lab import labcloud, vpcrouter
 from flannel.lab.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
-from flannel.lab.cluster import LabError
 
 REGION = "cn-hangzhou"
 VPC = "vpc-bp1flannellab000001"
 #: The lab's access key: the double accepts only this one.
 LAB_KEY_ID = "LTAIflannelLabKey00001"
 LAB_SECRET = "flannel-lab-not-a-secret"  # noqa: S105 - the lab double's own key
-POLL = 0.2
 
 
 def instance_id(index: int) -> str:
@@ -40,20 +33,11 @@ def instance_id(index: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flannel.lab.alicloud")
-    parser.add_argument("--address", required=True, help="where to serve (the router's)")
-    parser.add_argument("--node", action="append", default=[], metavar="INDEX=ADDRESS")
-    parser.add_argument("--network", required=True, help="the flannel Network")
-    parser.add_argument("--router-netns", required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    nodes = {int(index): address for index, _, address in
-             (item.partition("=") for item in args.node)}
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    args = labcloud.parse_args("python -m flannel.lab.alicloud", argv)
+    stopping = labcloud.stop_on_sigterm()
     api = FakeAliyunVpc({LAB_KEY_ID: LAB_SECRET}, region=REGION).start(args.address)
     table = api.add_vpc(VPC)[0]
-    addresses = {instance_id(index): address for index, address in nodes.items()}
+    addresses = {instance_id(index): address for index, address in args.nodes.items()}
     api.instances.update(addresses)
     metadata = FakeAliyunMetadata({
         address: {"region-id": REGION, "instance-id": instance, "vpc-id": VPC}
@@ -63,19 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             "endpoint": f"http://{api.endpoint}", "metadata": metadata.url,
             "route_table": table, "key_id": LAB_KEY_ID, "secret": LAB_SECRET}).encode(),
             mode=0o644)
-        logged = ""
-        while not stopping.wait(POLL):
-            try:
-                vpcrouter.sync(args.router_netns,
-                               vpcrouter.ali_table(api.entries(table), args.network, addresses))
-                failure = ""
-            except (LabError, OSError) as err:
-                failure = str(err)  # reported, and the next poll tries again
-            if failure != logged:
-                print(f"{time.strftime('%H:%M:%S')} VPC router: "
-                      f"{failure or 'following the route table again'}", file=sys.stderr,
-                      flush=True)
-                logged = failure
+        labcloud.follow(
+            args.router_netns,
+            lambda: vpcrouter.ali_table(api.entries(table), args.network, addresses),
+            stopping, "following the route table again")
     finally:
         metadata.stop()
         api.stop()

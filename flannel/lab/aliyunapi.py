@@ -43,7 +43,6 @@ import base64
 import hashlib
 import hmac
 import json
-import secrets
 import threading
 import time
 import uuid
@@ -53,6 +52,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.lab.imds import TokenMetadata
 from flannel.lab.served import endpoint, serve, shut
 
 VERSION = "2016-04-28"
@@ -325,60 +325,18 @@ class FakeAliyunVpc:
         shut(self._server)
 
 
-class FakeAliyunMetadata:
+class FakeAliyunMetadata(TokenMetadata):
+    token_header = "X-aliyun-ecs-metadata-token"  # noqa: S105 - a header name
+
     def __init__(self, by_client: dict[str, dict[str, str]], enforced: bool = False) -> None:
+        super().__init__()
         self.by_client = by_client  # source address -> path -> value; may grow while served
         self.enforced = enforced
-        self.tokens: set[str] = set()
-        self.requests: list[tuple[str, str, bool]] = []
-        self._server: ThreadingHTTPServer | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://{endpoint(self._server)}"
+    def _get_refused(self, token: str | None) -> int | None:
+        if token is not None and token not in self.tokens:
+            return 401
+        return 403 if token is None and self.enforced else None
 
-    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> FakeAliyunMetadata:
-        """Serve on ``address`` (a free port) in ``host``'s network namespace."""
-        double = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def _answer(self, status: int, body: str = "") -> None:
-                data = body.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_PUT(self) -> None:
-                double.requests.append(("PUT", self.path, False))
-                if self.path != "/latest/api/token":
-                    return self._answer(404)
-                ttl = self.headers.get("X-aliyun-ecs-metadata-token-ttl-seconds", "")
-                if not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
-                    return self._answer(400)
-                token = secrets.token_urlsafe(24)
-                double.tokens.add(token)
-                return self._answer(200, token)
-
-            def do_GET(self) -> None:
-                token = self.headers.get("X-aliyun-ecs-metadata-token")
-                double.requests.append(("GET", self.path, token is not None))
-                if token is not None and token not in double.tokens:
-                    return self._answer(401)
-                if token is None and double.enforced:
-                    return self._answer(403)
-                paths = double.by_client.get(self.client_address[0], {})
-                prefix = "/latest/meta-data/"
-                value = paths.get(self.path[len(prefix):]) if self.path.startswith(
-                    prefix) else None
-                return self._answer(404) if value is None else self._answer(200, value)
-
-        self._server = serve(Handler, address, host)
-        return self
-
-    def stop(self) -> None:
-        shut(self._server)
+    def _paths(self, client: str) -> dict[str, str]:
+        return self.by_client.get(client, {})

@@ -12,20 +12,14 @@ Must not touch: any namespace but the router's; routes of other protocols.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import os
-import signal
 import sys
-import threading
-import time
-from pathlib import Path
 from typing import Any
 
 from flannel.fileutil import write_atomic
-from flannel.lab import vpcrouter
-from flannel.lab.cluster import LabError
+from flannel.lab import labcloud, vpcrouter
 from flannel.lab.imds import FakeMetadata, aws_paths
 
 REGION = "eu-west-1"
@@ -33,7 +27,6 @@ VPC_CIDR = "192.168.0.0/16"
 #: Credentials the lab's nodes and moto use (moto accepts any).
 LAB_KEY_ID = "AKIALABKEY0000000000"
 LAB_SECRET = "flannel-lab-not-a-secret"  # noqa: S105 - moto accepts any key
-POLL = 0.2
 
 
 def build_vpc(ec2: Any, nodes: dict[int, str], serve_at: str
@@ -59,15 +52,7 @@ def build_vpc(ec2: Any, nodes: dict[int, str], serve_at: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flannel.lab.awscloud")
-    parser.add_argument("--address", required=True, help="where to serve (the router's)")
-    parser.add_argument("--node", action="append", default=[], metavar="INDEX=ADDRESS")
-    parser.add_argument("--network", required=True, help="the flannel Network")
-    parser.add_argument("--router-netns", required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    nodes = {int(index): address for index, _, address in
-             (item.partition("=") for item in args.node)}
+    args = labcloud.parse_args("python -m flannel.lab.awscloud", argv)
     os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"  # seconds per region, unused here
     try:
         import boto3
@@ -77,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the aws-vpc lab needs moto's EC2 server and boto3 ({err}): install "
               "'moto[server]' and boto3 (the project's test extras have both)", file=sys.stderr)
         return 1
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    stopping = labcloud.stop_on_sigterm()
     moto = ThreadedMotoServer(ip_address=args.address, port=0, verbose=False)
     moto.start()
     try:
@@ -86,23 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         ec2_url = f"http://{host}:{port}"
         ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=ec2_url,
                            aws_access_key_id=LAB_KEY_ID, aws_secret_access_key=LAB_SECRET)
-        table, served = build_vpc(ec2, nodes, args.address)
+        table, served = build_vpc(ec2, args.nodes, args.address)
         write_atomic(args.out, json.dumps({
             "ec2_url": ec2_url, "route_table": table,
             "metadata": {str(i): m.url for i, m in served.items()}}).encode(), mode=0o644)
-        logged = ""
-        while not stopping.wait(POLL):
-            try:
-                vpcrouter.sync(args.router_netns,
-                               vpcrouter.aws_table(ec2, table, args.network))
-                failure = ""
-            except (LabError, OSError, BotoCoreError, ClientError) as err:
-                failure = str(err)  # reported, and the next poll tries again
-            if failure != logged:
-                print(f"{time.strftime('%H:%M:%S')} VPC router: "
-                      f"{failure or 'following the route table again'}", file=sys.stderr,
-                      flush=True)
-                logged = failure
+        labcloud.follow(args.router_netns, lambda: vpcrouter.aws_table(ec2, table, args.network),
+                        stopping, "following the route table again", (BotoCoreError, ClientError))
         for metadata in served.values():
             metadata.stop()
     finally:

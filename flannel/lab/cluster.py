@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from flannel.fileutil import write_atomic
+from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
 from flannel.lab.etcd import EtcdServer
 from flannel.ops import commands
-from flannel.wireguard import nsexec
 
 DEFAULT_ROOT = Path("/run/flannel-lab")
 STATE_FILE = "state.json"

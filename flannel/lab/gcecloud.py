@@ -12,42 +12,26 @@ Must not touch: any namespace but the router's; routes of other protocols.
 
 from __future__ import annotations
 
-import argparse
 import json
-import signal
 import sys
-import threading
-import time
-from pathlib import Path
 
 from flannel.fileutil import write_atomic
-from flannel.lab import vpcrouter
-from flannel.lab.cluster import LabError
+from flannel.lab import labcloud, vpcrouter
 from flannel.lab.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
 PROJECT = "flannel-lab"
 ZONE = "europe-west1-b"
 VPC = "flannel-lab-net"
-POLL = 0.2
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flannel.lab.gcecloud")
-    parser.add_argument("--address", required=True, help="where to serve (the router's)")
-    parser.add_argument("--node", action="append", default=[], metavar="INDEX=ADDRESS")
-    parser.add_argument("--network", required=True, help="the flannel Network")
-    parser.add_argument("--router-netns", required=True)
-    parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    nodes = {int(index): address for index, _, address in
-             (item.partition("=") for item in args.node)}
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    args = labcloud.parse_args("python -m flannel.lab.gcecloud", argv)
+    stopping = labcloud.stop_on_sigterm()
     compute = FakeCompute(PROJECT).start(args.address)
     served: dict[int, FakeGceMetadata] = {}
     try:
         network = compute.add_network(VPC)
-        for index, address in sorted(nodes.items()):
+        for index, address in sorted(args.nodes.items()):
             name = f"node-{index}"
             compute.add_instance(ZONE, name, address=address, network=network)
             served[index] = FakeGceMetadata(
@@ -55,19 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         write_atomic(args.out, json.dumps({
             "compute_url": compute.url,
             "metadata": {str(i): m.host for i, m in served.items()}}).encode(), mode=0o644)
-        logged = ""
-        while not stopping.wait(POLL):
-            try:
-                vpcrouter.sync(args.router_netns, vpcrouter.gce_table(*compute.table(),
-                                                                      args.network))
-                failure = ""
-            except (LabError, OSError) as err:
-                failure = str(err)  # reported, and the next poll tries again
-            if failure != logged:
-                print(f"{time.strftime('%H:%M:%S')} VPC router: "
-                      f"{failure or 'following the network routes again'}", file=sys.stderr,
-                      flush=True)
-                logged = failure
+        labcloud.follow(args.router_netns,
+                        lambda: vpcrouter.gce_table(*compute.table(), args.network),
+                        stopping, "following the network routes again")
     finally:
         for metadata in served.values():
             metadata.stop()

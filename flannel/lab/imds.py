@@ -10,22 +10,29 @@ AWS does), ``"required"`` (a GET without a valid token gets 401), ``"v1-only"`` 
 PUT gets 403, as when IMDSv2 is unavailable). ``expire_tokens()`` invalidates every token
 issued so far. Not modelled: token TTL expiry by time, hop limits, the dynamic/ and
 user-data/ trees. Requests are recorded in ``requests`` (method, path, had a token).
+``TokenMetadata`` is the frame it shares with Alibaba Cloud's metadata double
+(``flannel.lab.aliyunapi``): the same paths and token dance, other headers and refusals.
 """
 
 from __future__ import annotations
 
 import secrets
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 from flannel.kernel.host import LOCAL, Host
 from flannel.lab.served import endpoint, serve, shut
 
 
-class FakeMetadata:
-    def __init__(self, paths: dict[str, str], mode: str = "optional") -> None:
-        assert mode in ("optional", "required", "v1-only")
-        self.paths = dict(paths)
-        self.mode = mode
+class TokenMetadata:
+    """What AWS's IMDS and Alibaba Cloud's metadata service share: ``GET
+    /latest/meta-data/<path>``, and ``PUT /latest/api/token`` with ``<token_header>-ttl-seconds``
+    (1..21600, else 400) issuing a token that GETs carry in ``<token_header>``. Subclasses
+    say which requests they refuse and which paths a client sees."""
+
+    token_header = ""
+
+    def __init__(self) -> None:
         self.tokens: set[str] = set()
         self.requests: list[tuple[str, str, bool]] = []
         self._server: ThreadingHTTPServer | None = None
@@ -37,7 +44,19 @@ class FakeMetadata:
     def expire_tokens(self) -> None:
         self.tokens.clear()
 
-    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> FakeMetadata:
+    def _put_refused(self) -> int | None:
+        """The status a token request gets instead of a token, if any."""
+        return None
+
+    def _get_refused(self, token: str | None) -> int | None:
+        """The status a GET with ``token`` (None: none sent) gets instead of an answer."""
+        raise NotImplementedError
+
+    def _paths(self, client: str) -> dict[str, str]:
+        """The tree the client at address ``client`` sees."""
+        raise NotImplementedError
+
+    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> Self:
         """Serve on ``address`` (a free port) in ``host``'s network namespace."""
         double = self
 
@@ -57,9 +76,10 @@ class FakeMetadata:
                 double.requests.append(("PUT", self.path, False))
                 if self.path != "/latest/api/token":
                     return self._answer(404)
-                if double.mode == "v1-only":
-                    return self._answer(403)
-                ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
+                refused = double._put_refused()
+                if refused is not None:
+                    return self._answer(refused)
+                ttl = self.headers.get(f"{double.token_header}-ttl-seconds", "")
                 if not ttl.isdigit() or not 1 <= int(ttl) <= 21600:
                     return self._answer(400)
                 token = secrets.token_urlsafe(24)
@@ -67,24 +87,45 @@ class FakeMetadata:
                 return self._answer(200, token)
 
             def do_GET(self) -> None:
-                token = self.headers.get("X-aws-ec2-metadata-token")
+                token = self.headers.get(double.token_header)
                 double.requests.append(("GET", self.path, token is not None))
-                if double.mode != "v1-only":
-                    if token is not None and token not in double.tokens:
-                        return self._answer(401)
-                    if token is None and double.mode == "required":
-                        return self._answer(401)
+                refused = double._get_refused(token)
+                if refused is not None:
+                    return self._answer(refused)
+                paths = double._paths(self.client_address[0])
                 prefix = "/latest/meta-data/"
-                path = self.path[len(prefix):] if self.path.startswith(prefix) else None
-                if path is None or path not in double.paths:
-                    return self._answer(404)
-                return self._answer(200, double.paths[path])
+                value = paths.get(self.path[len(prefix):]) if self.path.startswith(
+                    prefix) else None
+                return self._answer(404) if value is None else self._answer(200, value)
 
         self._server = serve(Handler, address, host)
         return self
 
     def stop(self) -> None:
         shut(self._server)
+
+
+class FakeMetadata(TokenMetadata):
+    token_header = "X-aws-ec2-metadata-token"  # noqa: S105 - a header name
+
+    def __init__(self, paths: dict[str, str], mode: str = "optional") -> None:
+        assert mode in ("optional", "required", "v1-only")
+        super().__init__()
+        self.paths = dict(paths)
+        self.mode = mode
+
+    def _put_refused(self) -> int | None:
+        return 403 if self.mode == "v1-only" else None
+
+    def _get_refused(self, token: str | None) -> int | None:
+        if self.mode == "v1-only":
+            return None
+        if token is not None and token not in self.tokens:
+            return 401
+        return 401 if token is None and self.mode == "required" else None
+
+    def _paths(self, client: str) -> dict[str, str]:
+        return self.paths
 
 
 def aws_paths(instance_id: str, region: str, interfaces: list[dict[str, str]]) -> dict[str, str]:

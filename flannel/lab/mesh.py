@@ -21,10 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flannel.kernel import rtnl
+from flannel.kernel import nsexec, rtnl
 from flannel.kernel.host import Host
 from flannel.lab.cluster import IP, Lab, LabError
-from flannel.wireguard import nsexec
 
 MAIN_TABLE = 254
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -20,6 +20,7 @@ from typing import Any
 
 from flannel import boundedjson, gojson
 from flannel.backenderrors import BackendConfigError
+from flannel.backendoptions import decode_options
 from flannel.wireguard.keys import KeyFileError, Secret, parse_key
 
 MODES = ("separate", "auto", "ipv4", "ipv6")
@@ -58,14 +59,8 @@ class WireguardConfig:
 
     @classmethod
     def from_backend(cls, backend: dict[str, Any]) -> WireguardConfig:
-        try:
-            fields = gojson.decode_fields(backend, _OPTIONS, _CONTEXT)
-        except ValueError as err:
-            if isinstance(err, gojson.FieldTypeError) and err.field == "PSK":
-                # decode_fields quotes the bad value; a PSK must never be echoed.
-                raise BackendConfigError(f"{_CONTEXT}: PSK must be a string (a base64 key from "
-                                         "`wg genpsk`)") from None
-            raise BackendConfigError(str(err)) from None
+        fields = decode_options(backend, _OPTIONS, _CONTEXT, secrets={
+            "PSK": "PSK must be a string (a base64 key from `wg genpsk`)"})
         for name in ("ListenPort", "ListenPortV6"):
             if not 1 <= fields[name] <= 65535:
                 raise BackendConfigError(

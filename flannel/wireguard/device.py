@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from pathlib import Path
 
-from flannel.kernel import links, rtnl
+from flannel.fileutil import log_tail, open_log
+from flannel.kernel import links, nsexec, rtnl
 from flannel.kernel.device import ensure_address
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import NetlinkError, Rtnl
-from flannel.wireguard import nsexec
 from flannel.wireguard.genl import LOAD_MODULE, NO_FAMILY, GenlControl, wireguard_family
 from flannel.wireguard.keys import Secret, public_key
 from flannel.wireguard.uapi import (
@@ -200,17 +200,10 @@ class WireguardDevice:
     def _open_log(self) -> int:
         path = self.spec.wireguard_go_log
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
-                       | os.O_CLOEXEC, 0o600)
+        return open_log(path)
 
     def _log_tail(self) -> str:
-        try:
-            with open(self.spec.wireguard_go_log, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - _LOG_TAIL))
-                return f.read().decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
+        return log_tail(self.spec.wireguard_go_log, _LOG_TAIL)
 
     def _start_userspace(self) -> None:
         binary = shutil.which(self.spec.wireguard_go)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from flannel.kernel import nsexec
 from flannel.kernel.host import Host
 from flannel.udp.device import TunSpec, ensure_tun
-from flannel.wireguard import nsexec
 from flannel.wireguard.device import DeviceSpec, WireguardDevice
 from flannel.wireguard.keys import load_or_create_private_key
 from tests.support import netns

@@ -7,33 +7,35 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from ipaddress import IPv4Network
 
 import pytest
 
-from flannel.backenderrors import BackendConfigError
 from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes
 from flannel.cloud.aliyunrpc import signature
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
-from flannel.lease import Lease
 from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
+from tests.support.cloudengines import (
+    FAST,
+    NETWORK,
+    SUBNETS,
+    assert_keys_read_as_go_reads_them,
+    assert_refused,
+    full_table_error,
+    lease,
+    reconcile_all,
+)
 from tests.support.imds import FakeMetadata
 
-NETWORK = IPv4Network("10.244.0.0/16")
 KEY_ID = "LTAIflannelTestKey0001"
 SECRET = "flannel-aliyun-secret-never-logged-9876"
 VPC = "vpc-bp1flannel0000000001"
 REGION = "cn-hangzhou"
-FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
-SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
 INSTANCES = ["i-bp1flannelnode00001", "i-bp1flannelnode00002", "i-bp1flannelnode00003"]
 
 
 @pytest.fixture
-def cloud(monkeypatch):
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
+def cloud(no_proxy):
     api = FakeAliyunVpc({KEY_ID: SECRET}, region=REGION).start()
     api.table = api.add_vpc(VPC, tables=2)[0]
     api.add_vpc("vpc-bp1someoneelse00000")
@@ -62,10 +64,6 @@ def engine(cloud, index: int, backend: dict | None = None, backoff: ThrottleRetr
                         backoff=backoff, timeout=timeout)
 
 
-def lease(cidr: str) -> Lease:
-    return Lease(subnet=IPv4Network(cidr))
-
-
 def custom(api) -> dict[str, str]:
     return {e["DestinationCidrBlock"]: e["InstanceId"] for e in api.entries(api.table)
             if e["Type"] == "Custom"}
@@ -76,12 +74,6 @@ def all_nodes(cloud):
     for node in nodes:
         node.prepare()
     return nodes
-
-
-def reconcile_all(nodes, subnets=SUBNETS):
-    leases = [lease(cidr) for cidr in subnets]
-    return [node.reconcile(leases[i], leases[:i] + leases[i + 1:])
-            for i, node in enumerate(nodes)]
 
 
 def test_signature_matches_alibabas_documented_example():
@@ -195,16 +187,10 @@ def test_a_pass_that_must_not_wait_fails_at_once_when_throttled(cloud):
 
 def test_full_route_table_is_reported_clearly(cloud):
     api, _ = cloud
-    nodes = all_nodes(cloud)
-    reconcile_all(nodes[:2], SUBNETS[:2])
-    api.entry_limit = 2
-    with pytest.raises(CloudError) as raised:
-        nodes[2].reconcile(lease(SUBNETS[2]), [lease(s) for s in SUBNETS[:2]])
-    assert str(raised.value) == (
+    assert full_table_error(all_nodes(cloud), lambda: setattr(api, "entry_limit", 2)) == (
         f"route table {api.table} is full: Alibaba Cloud refused the entry for {SUBNETS[2]} "
         "(QuotaExceeded). Raise the route-entry quota of the VPC, or use a backend that needs "
         "no route per node (vxlan)")
-    assert nodes[2].status().last_error == str(raised.value)
 
 
 def test_wrong_secret_is_refused_by_the_signature_check(cloud, caplog):
@@ -303,21 +289,12 @@ def test_metadata_in_hardened_mode_with_a_token_else_in_normal_mode(cloud, caplo
         plain.stop()
 
 
+def read(members: dict, environ: dict) -> AliVpcConfig:
+    return AliVpcConfig.from_backend(members, NETWORK, environ=environ)
+
+
 def test_credentials_from_the_environment_as_go_reads_them():
-    config = AliVpcConfig.from_backend(
-        {"AccessKeyID": "only-the-id"}, NETWORK,
-        environ={"ACCESS_KEY_ID": KEY_ID, "ACCESS_KEY_SECRET": SECRET})
-    assert (config.access_key_id, config.access_key_secret) == (KEY_ID, SECRET)
-    with pytest.raises(BackendConfigError) as raised:
-        AliVpcConfig.from_backend({}, NETWORK, environ={"ACCESS_KEY_ID": KEY_ID})
-    assert str(raised.value).startswith("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! ")
-    with pytest.raises(BackendConfigError,
-                       match=r"Backend\.AccessKeySecret must be a string, not a"):
-        AliVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": 7}, NETWORK,
-                                  environ={})
-    with pytest.raises(BackendConfigError, match="access key is malformed"):
-        AliVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": "a\nb"}, NETWORK,
-                                  environ={})
+    assert_keys_read_as_go_reads_them(read, KEY_ID, SECRET, "Alibaba Cloud")
 
 
 @pytest.mark.parametrize(("members", "message"), [
@@ -328,11 +305,8 @@ def test_credentials_from_the_environment_as_go_reads_them():
      "'https://100.100.100.200' is not a URL of the form http://host[:port]"),
 ])
 def test_bad_endpoint_options_are_refused(members, message):
-    with pytest.raises(BackendConfigError) as raised:
-        AliVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET,
-                                   **members}, NETWORK, environ={})
-    assert str(raised.value).startswith(message)
-    assert SECRET not in str(raised.value)
+    assert_refused(read, {"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET, **members},
+                   message, SECRET)
 
 
 def test_options_default_to_alibabas_services():

@@ -5,7 +5,7 @@ throttling, the route quota, IMDSv2/v1, and credentials kept out of the logs."""
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address
 
 import boto3
 import botocore.loaders
@@ -16,12 +16,11 @@ from flannel.backenderrors import BackendConfigError
 from flannel.cloud.awsvpc import AwsVpcConfig, AwsVpcRoutes
 from flannel.cloud.base import CloudError, RouteChange, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
-from flannel.lease import Lease
+from tests.support.cloudengines import NETWORK, SUBNETS, lease
 from tests.support.ec2faults import Ec2Relay
 from tests.support.imds import FakeMetadata, aws_paths
 
 REGION = "eu-west-1"
-NETWORK = IPv4Network("10.244.0.0/16")
 KEY_ID = "AKIAFLANNELTESTKEY01"
 SECRET = "flannel-test-secret-never-logged-0123456789"
 FAST = ThrottleRetry(attempts=6, base=0.01, cap=0.05)
@@ -109,13 +108,6 @@ def vpc(relay):
     made = Vpc(relay)
     yield made
     made.close()
-
-
-def lease(cidr: str) -> Lease:
-    return Lease(subnet=IPv4Network(cidr))
-
-
-SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
 
 
 def three_nodes(vpc: Vpc) -> list[tuple[AwsVpcRoutes, dict[str, str]]]:

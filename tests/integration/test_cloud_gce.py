@@ -8,28 +8,22 @@ import json
 import logging
 import os
 import threading
-from ipaddress import IPv4Network
 
 import pytest
 
-from flannel.cloud.base import CloudError, ThrottleRetry
+from flannel.cloud.base import CloudError
 from flannel.cloud.gce import GceConfig, GceRoutes
 from flannel.cloud.gceauth import GceMetadata
-from flannel.lease import Lease
+from tests.support.cloudengines import FAST, NETWORK, SUBNETS, lease
 from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
-NETWORK = IPv4Network("10.244.0.0/16")
 ZONE = "europe-west1-b"
 VPC = "flannel-net"
-FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
-SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
 NODES = ["node-1", "node-2", "node-3"]
 
 
 @pytest.fixture
-def compute(monkeypatch):
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
+def compute(no_proxy):
     api = FakeCompute("flannel-test").start()
     api.network_link = api.add_network(VPC)
     api.add_network("other-net")
@@ -53,10 +47,6 @@ def engine(api, instance: str = NODES[0], backend: dict | None = None,
                                     environ=environ or {})
     metadata = GceMetadata(f"http://{api.metadata(instance).host}", timeout=2)
     return GceRoutes(config, metadata, backoff=FAST, poll_interval=0.01, **options)
-
-
-def lease(cidr: str) -> Lease:
-    return Lease(subnet=IPv4Network(cidr))
 
 
 def routes(api) -> dict[str, tuple[str, str]]:

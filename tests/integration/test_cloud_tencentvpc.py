@@ -5,32 +5,35 @@ codes) and a fake metadata service."""
 from __future__ import annotations
 
 import logging
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address
 
 import pytest
 
-from flannel.backenderrors import BackendConfigError
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from flannel.cloud.tencentvpc import TencentVpcConfig, TencentVpcRoutes
-from flannel.lease import Lease
+from tests.support.cloudengines import (
+    FAST,
+    NETWORK,
+    SUBNETS,
+    assert_keys_read_as_go_reads_them,
+    assert_refused,
+    full_table_error,
+    lease,
+    reconcile_all,
+)
 from tests.support.imds import FakeMetadata
 from tests.support.tencentapi import FakeTencentVpc
 
-NETWORK = IPv4Network("10.244.0.0/16")
 KEY_ID = "AKIDflannelTestKey0001"
 SECRET = "flannel-tencent-secret-never-logged-9876"
 VPC = "vpc-2flannel"
 MAC = "52:54:00:ab:cd:ef"
-FAST = ThrottleRetry(attempts=5, base=0.01, cap=0.05)
-SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
 ADDRESSES = ["172.16.0.11", "172.16.0.12", "172.16.0.13"]
 
 
 @pytest.fixture
-def cloud(monkeypatch):
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
+def cloud(no_proxy):
     api = FakeTencentVpc({KEY_ID: SECRET}).start()
     metadata = FakeMetadata({"placement/region": "ap-guangzhou", "mac": MAC,
                              f"network/interfaces/macs/{MAC}/vpc-id": VPC},
@@ -53,10 +56,6 @@ def engine(cloud, address: str, backend: dict | None = None,
     return TencentVpcRoutes(config, MetadataClient(metadata.url, token=False), backoff=backoff)
 
 
-def lease(cidr: str) -> Lease:
-    return Lease(subnet=IPv4Network(cidr))
-
-
 def routes(api) -> dict[str, tuple[str, str, bool]]:
     return {r["DestinationCidrBlock"]: (r["GatewayType"], r["GatewayId"], r["Enabled"])
             for r in api.routes(api.table)}
@@ -67,12 +66,6 @@ def all_nodes(cloud):
     for node in nodes:
         node.prepare()
     return nodes
-
-
-def reconcile_all(nodes, subnets=SUBNETS):
-    leases = [lease(cidr) for cidr in subnets]
-    return [node.reconcile(leases[i], leases[:i] + leases[i + 1:])
-            for i, node in enumerate(nodes)]
 
 
 def test_each_node_routes_its_subnet_in_the_vpcs_first_table(cloud, caplog):
@@ -146,16 +139,10 @@ def test_throttling_is_retried_with_backoff(cloud, caplog):
 
 def test_full_route_table_is_reported_clearly(cloud):
     api, _ = cloud
-    nodes = all_nodes(cloud)
-    reconcile_all(nodes[:2], SUBNETS[:2])
-    api.route_limit = 2
-    with pytest.raises(CloudError) as raised:
-        nodes[2].reconcile(lease(SUBNETS[2]), [lease(s) for s in SUBNETS[:2]])
-    assert str(raised.value) == (
+    assert full_table_error(all_nodes(cloud), lambda: setattr(api, "route_limit", 2)) == (
         f"route table {api.table} is full: Tencent Cloud refused the route for {SUBNETS[2]} "
         "(LimitExceeded). Raise the route-per-table quota of the VPC, or use a backend that "
         "needs no route per node (vxlan)")
-    assert nodes[2].status().last_error == str(raised.value)
 
 
 def test_wrong_secret_is_refused_by_the_signature_check(cloud, caplog):
@@ -190,19 +177,13 @@ def test_vpc_without_route_tables_is_reported(cloud):
         engine(cloud, ADDRESSES[0]).prepare()
 
 
+def read(members: dict, environ: dict) -> TencentVpcConfig:
+    return TencentVpcConfig.from_backend(members, NETWORK, IPv4Address(ADDRESSES[0]),
+                                         environ=environ)
+
+
 def test_credentials_from_the_environment_as_go_reads_them():
-    network, address = NETWORK, IPv4Address(ADDRESSES[0])
-    config = TencentVpcConfig.from_backend(
-        {"AccessKeyID": "only-the-id"}, network, address,
-        environ={"ACCESS_KEY_ID": KEY_ID, "ACCESS_KEY_SECRET": SECRET})
-    assert (config.access_key_id, config.access_key_secret) == (KEY_ID, SECRET)
-    with pytest.raises(BackendConfigError) as raised:
-        TencentVpcConfig.from_backend({}, network, address, environ={"ACCESS_KEY_ID": KEY_ID})
-    assert str(raised.value).startswith("ACCESS_KEY_ID and ACCESS_KEY_SECRET must be provided! ")
-    with pytest.raises(BackendConfigError,
-                       match=r"Backend\.AccessKeySecret must be a string, not a"):
-        TencentVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": 7}, network,
-                                      address, environ={})
+    assert_keys_read_as_go_reads_them(read, KEY_ID, SECRET, "Tencent Cloud")
 
 
 @pytest.mark.parametrize(("members", "message"), [
@@ -214,12 +195,8 @@ def test_credentials_from_the_environment_as_go_reads_them():
     ({"MetadataURL": "http://127.0.0.1:notaport"}, "Backend.MetadataURL: "),
 ])
 def test_bad_endpoint_options_are_refused(members, message):
-    with pytest.raises(BackendConfigError) as raised:
-        TencentVpcConfig.from_backend({"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET,
-                                       **members}, NETWORK, IPv4Address(ADDRESSES[0]),
-                                      environ={})
-    assert str(raised.value).startswith(message)
-    assert SECRET not in str(raised.value)
+    assert_refused(read, {"AccessKeyID": KEY_ID, "AccessKeySecret": SECRET, **members},
+                   message, SECRET)
 
 
 def test_endpoint_options_default_to_tencents_services():

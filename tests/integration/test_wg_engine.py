@@ -1,7 +1,7 @@
 """The WireGuard engine on real wireguard-go in two namespaces joined by a veth.
 
 This kernel has no WireGuard module, so every device here is wireguard-go (userspace), each
-node with a private /run (its UAPI socket directory) via ``flannel.wireguard.nsexec``; the
+node with a private /run (its UAPI socket directory) via ``flannel.kernel.nsexec``; the
 kernel path (generic netlink) is shown finding no "wireguard" family here and falling back.
 """
 
@@ -22,10 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from flannel.kernel import rtnl
+from flannel.kernel import nsexec, rtnl
 from flannel.kernel.host import Host
 from flannel.lease import Lease, LeaseAttrs
-from flannel.wireguard import nsexec
 from flannel.wireguard.config import WireguardConfig, encode_lease_data
 from flannel.wireguard.device import DeviceSpec, WireguardDevice, WireguardDeviceError
 from flannel.wireguard.genl import GenlControl, GenlSocket, resolve_family

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -57,6 +57,37 @@ def assert_no_credentials(lab: Lab, nodes: list[int], *secrets: str) -> None:
 def pods_connected(lab: Lab, nodes: list[int], wanted: dict[str, str]) -> bool:
     vpcrouter.sync(lab.underlay_ns, wanted)
     return all(lab.ping(src, dst) for src in nodes for dst in nodes if src != dst)
+
+
+def assert_pods_connect(lab: Lab, nodes: list[int],
+                        table: Callable[[], dict[str, str]]) -> None:
+    """Pods on ``nodes`` reach each other once the VPC router follows ``table()``."""
+    for index in nodes:
+        lab.attach_pod_bridge(index)
+    wait_until(lambda: pods_connected(lab, nodes, table()), 30,
+               what="pods connected through the VPC router")
+
+
+def assert_routes_repaired_collected_and_full(
+        lab: Lab, routes: Callable[[], dict[str, str]], routed: Callable[[int], bool],
+        delete: Callable[[str], None], limit: Callable[[bool], None],
+        add_node: Callable[[int], None], full: Callable[[], str]) -> None:
+    """With nodes 1 to 3 routed: node 2's route, deleted in the console, is put back; node 3
+    leaves and its route is collected; node 4 joins a full table (``limit(True)``), logs
+    ``full()`` and keeps running, then routes once there is room (``limit(False)``)."""
+    delete(subnet(lab, 2))
+    wait_until(lambda: routed(2), 20, what="node 2's route repaired")
+    gone = subnet(lab, 3)
+    lab.remove_node(3)
+    wait_until(lambda: gone not in routes(), 20, what=f"{gone} collected")
+    limit(True)
+    add_node(4)
+    message = full()
+    wait_until(lambda: message in lab.log(4), 30, what=f"the full table in {lab.log(4)}")
+    assert lab.flanneld_running(4)
+    limit(False)
+    wait_until(lambda: routed(4), 30, what="node 4's route once the table has room")
+    wait_until(lambda: "reconcile recovered" in lab.log(4), 10, what="the recovery logged")
 
 
 # --- aws-vpc ---------------------------------------------------------------------------
@@ -145,15 +176,13 @@ def test_aws_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, aws_env)
         wait_until(lambda: routed(2) and routed(3), 30, what="the routes of nodes 2 and 3")
         nodes = [1, 2, 3]
         for index in nodes:
-            lab.attach_pod_bridge(index)
             eni = ec2.describe_network_interfaces(NetworkInterfaceIds=[enis[index]])
             assert eni["NetworkInterfaces"][0]["SourceDestCheck"] is False
 
         def table_routes() -> dict[str, str]:
             return vpcrouter.aws_table(ec2, table, NETWORK)
 
-        wait_until(lambda: pods_connected(lab, nodes, table_routes()), 30,
-                   what="pods connected through the VPC router")
+        assert_pods_connect(lab, nodes, table_routes)
 
         # Deleted in the console: the owner's next periodic pass puts it back.
         ec2.delete_route(RouteTableId=table, DestinationCidrBlock=subnet(lab, 2))
@@ -191,13 +220,11 @@ def test_aws_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, aws_env)
 # --- tencent-vpc -----------------------------------------------------------------------
 
 
-def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypatch):
+def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, no_proxy):
     pytest.importorskip("tencentcloud.vpc")
     from tests.support.imds import FakeMetadata
     from tests.support.tencentapi import FakeTencentVpc
 
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     lab = make_lab()
     lab.create_underlay()
     api = FakeTencentVpc({TC_KEY_ID: TC_SECRET}).start(ROUTER, Host(lab.underlay_ns))
@@ -227,29 +254,22 @@ def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monk
         wait_until(lambda: all(routed(i) for i in nodes), 30, what="every node's route")
         assert sum(lab.log(i).count("Tencent VPC CreateRoutes throttled "
                                     "(RequestLimitExceeded); retrying in") for i in nodes) == 2
-        for index in nodes:
-            lab.attach_pod_bridge(index)
-        wait_until(lambda: pods_connected(lab, nodes, vpcrouter.tencent_table(
-            api.routes(table), NETWORK)), 30, what="pods connected through the VPC router")
+        assert_pods_connect(lab, nodes,
+                            lambda: vpcrouter.tencent_table(api.routes(table), NETWORK))
 
-        api.delete_route(table, subnet(lab, 2))
-        wait_until(lambda: routed(2), 20, what="node 2's route repaired")
+        def limit(full: bool) -> None:
+            api.route_limit = len(routes()) if full else None
 
-        gone = subnet(lab, 3)
-        lab.remove_node(3)
-        wait_until(lambda: gone not in routes(), 20, what=f"{gone} collected")
+        def add_node(index: int) -> None:
+            lab.add_node(index)
+            lab.start_flanneld(index, "--reconcile-interval=1", env=env)
 
-        api.route_limit = len(routes())
-        lab.add_node(4)
-        lab.start_flanneld(4, "--reconcile-interval=1", env=env)
-        full = (f"reconcile failed (retrying with backoff): tencent-vpc routes: route table "
-                f"{table} is full: Tencent Cloud refused the route for {subnet(lab, 4)} "
-                "(LimitExceeded)")
-        wait_until(lambda: full in lab.log(4), 30, what=f"the full table in {lab.log(4)}")
-        assert lab.flanneld_running(4)
-        api.route_limit = None
-        wait_until(lambda: routed(4), 30, what="node 4's route once the table has room")
-        wait_until(lambda: "reconcile recovered" in lab.log(4), 10, what="the recovery logged")
+        assert_routes_repaired_collected_and_full(
+            lab, routes, routed, lambda destination: api.delete_route(table, destination),
+            limit, add_node,
+            lambda: (f"reconcile failed (retrying with backoff): tencent-vpc routes: route "
+                     f"table {table} is full: Tencent Cloud refused the route for "
+                     f"{subnet(lab, 4)} (LimitExceeded)"))
         assert_no_credentials(lab, [1, 2, 4], TC_SECRET)
     finally:
         lab.down()
@@ -260,13 +280,11 @@ def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monk
 # --- ali-vpc ---------------------------------------------------------------------------
 
 
-def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypatch):
+def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, no_proxy):
     from flannel.lab.alicloud import REGION as ALI_REGION
     from flannel.lab.alicloud import instance_id
     from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
 
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     lab = make_lab()
     lab.create_underlay()
     api = FakeAliyunVpc({ALI_KEY_ID: ALI_SECRET}, region=ALI_REGION).start(
@@ -305,30 +323,22 @@ def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypa
         wait_until(lambda: all(routed(i) for i in nodes), 30, what="every node's entry")
         assert sum(lab.log(i).count("Alibaba Cloud VPC CreateRouteEntry throttled "
                                     "(Throttling.User); retrying in") for i in nodes) == 2
-        for index in nodes:
-            lab.attach_pod_bridge(index)
-        wait_until(lambda: pods_connected(lab, nodes, vpcrouter.ali_table(
-            api.entries(table), NETWORK, addresses)), 30,
-            what="pods connected through the VPC router")
+        assert_pods_connect(lab, nodes,
+                            lambda: vpcrouter.ali_table(api.entries(table), NETWORK, addresses))
 
-        api.delete_entry(table, subnet(lab, 2))
-        wait_until(lambda: routed(2), 20, what="node 2's entry repaired")
+        def limit(full: bool) -> None:
+            api.entry_limit = len(entries()) if full else None
 
-        gone = subnet(lab, 3)
-        lab.remove_node(3)
-        wait_until(lambda: gone not in entries(), 20, what=f"{gone} collected")
+        def add_node(index: int) -> None:
+            add(index)
+            lab.start_flanneld(index, "--reconcile-interval=1", env=env)
 
-        api.entry_limit = len(entries())
-        add(4)
-        lab.start_flanneld(4, "--reconcile-interval=1", env=env)
-        full = (f"reconcile failed (retrying with backoff): ali-vpc routes: route table "
-                f"{table} is full: Alibaba Cloud refused the entry for {subnet(lab, 4)} "
-                "(QuotaExceeded)")
-        wait_until(lambda: full in lab.log(4), 30, what=f"the full table in {lab.log(4)}")
-        assert lab.flanneld_running(4)
-        api.entry_limit = None
-        wait_until(lambda: routed(4), 30, what="node 4's entry once the table has room")
-        wait_until(lambda: "reconcile recovered" in lab.log(4), 10, what="the recovery logged")
+        assert_routes_repaired_collected_and_full(
+            lab, entries, routed, lambda destination: api.delete_entry(table, destination),
+            limit, add_node,
+            lambda: (f"reconcile failed (retrying with backoff): ali-vpc routes: route table "
+                     f"{table} is full: Alibaba Cloud refused the entry for {subnet(lab, 4)} "
+                     "(QuotaExceeded)"))
         assert_no_credentials(lab, [1, 2, 4], ALI_SECRET)
 
         # A wrong secret: the node stops at start, saying what to check, without a traceback.
@@ -347,44 +357,12 @@ def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, monkeypa
         api.stop()
 
 
-def test_lab_up_with_ali_vpc_connects_pods_through_the_vpc_router(make_lab):
-    lab = make_lab()
-
-    def lab_cli(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
-                               "--name", lab.name, *argv[1:]], capture_output=True, text=True,
-                              timeout=300, check=False)
-
-    up = lab_cli("up", "--backend", "ali-vpc", "--nodes", "3", "--pods-per-node", "1")
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
-    recorded = Lab(lab.name, root=lab.directory.parent)
-    cloud_pid = recorded.state.cloud_pid
-    assert cloud_pid and Path(f"/proc/{cloud_pid}").exists()
-    subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
-                                        strict=False)): recorded.node(i).address
-               for i in (1, 2, 3)}
-    # The router's routes are the route table's, which only the backends wrote.
-    assert vpcrouter.installed(recorded.underlay_ns) == subnets
-    ping = lab_cli("ping")
-    assert ping.returncode == 0, ping.stdout + ping.stderr
-    assert "IPv4 pod ping matrix:" in ping.stdout and "FAIL" not in ping.stdout
-    status = lab_cli("status")
-    for destination, via in subnets.items():
-        assert f"  {destination} via {via}" in status.stdout
-    down = lab_cli("down")
-    assert down.returncode == 0, down.stderr
-    wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")
-
-
 # --- gce -------------------------------------------------------------------------------
 
 
-def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, monkeypatch):
+def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, no_proxy):
     from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
-    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
     lab = make_lab()
     lab.create_underlay()
     compute = FakeCompute("flannel-lab-test").start(ROUTER, Host(lab.underlay_ns))
@@ -419,28 +397,19 @@ def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, monkeyp
         wait_until(lambda: all(routed(i) for i in nodes), 30, what="every node's route")
         assert sum(lab.log(i).count("Compute Engine routes.insert throttled "
                                     "(rateLimitExceeded); retrying in") for i in nodes) == 2
-        for index in nodes:
-            lab.attach_pod_bridge(index)
-        wait_until(lambda: pods_connected(lab, nodes, vpcrouter.gce_table(
-            *compute.table(), NETWORK)), 30, what="pods connected through the VPC router")
+        assert_pods_connect(lab, nodes, lambda: vpcrouter.gce_table(*compute.table(), NETWORK))
 
-        compute.delete_route(f"flannel-{subnet(lab, 2).replace('.', '-').replace('/', '-')}")
-        wait_until(lambda: routed(2), 20, what="node 2's route repaired")
+        def limit(full: bool) -> None:
+            compute.route_limit = len(compute.routes) if full else None
 
-        gone = subnet(lab, 3)
-        lab.remove_node(3)
-        wait_until(lambda: gone not in routes(), 20, what=f"{gone} collected")
-
-        compute.route_limit = len(compute.routes)
-        add_node(4)
-        full = ("reconcile failed (retrying with backoff): gce routes: route limit reached: "
-                f"project flannel-lab-test refused the route for {subnet(lab, 4)} in network "
-                "flannel-lab-test/lab-net (")
-        wait_until(lambda: full in lab.log(4), 30, what=f"the route limit in {lab.log(4)}")
-        assert lab.flanneld_running(4)
-        compute.route_limit = None
-        wait_until(lambda: routed(4), 30, what="node 4's route once the quota has room")
-        wait_until(lambda: "reconcile recovered" in lab.log(4), 10, what="the recovery logged")
+        assert_routes_repaired_collected_and_full(
+            lab, routes, routed,
+            lambda destination: compute.delete_route(
+                f"flannel-{destination.replace('.', '-').replace('/', '-')}"),
+            limit, add_node,
+            lambda: ("reconcile failed (retrying with backoff): gce routes: route limit "
+                     f"reached: project flannel-lab-test refused the route for "
+                     f"{subnet(lab, 4)} in network flannel-lab-test/lab-net ("))
         assert_no_credentials(lab, [1, 2, 4], *compute.tokens)
     finally:
         lab.down()
@@ -449,11 +418,13 @@ def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, monkeyp
         compute.stop()
 
 
-# --- the lab's aws-vpc mode ------------------------------------------------------------
+# --- the lab's cloud modes --------------------------------------------------------------
 
 
-def test_lab_up_with_aws_vpc_connects_pods_through_the_vpc_router(make_lab):
-    pytest.importorskip("moto")
+@pytest.mark.parametrize("backend", ["aws-vpc", "ali-vpc", "gce"])
+def test_lab_up_with_a_cloud_backend_connects_pods_through_the_vpc_router(make_lab, backend):
+    if backend == "aws-vpc":
+        pytest.importorskip("moto")
     lab = make_lab()
 
     def lab_cli(*argv: str) -> subprocess.CompletedProcess:
@@ -461,7 +432,7 @@ def test_lab_up_with_aws_vpc_connects_pods_through_the_vpc_router(make_lab):
                                "--name", lab.name, *argv[1:]], capture_output=True, text=True,
                               timeout=300, check=False)
 
-    up = lab_cli("up", "--backend", "aws-vpc", "--nodes", "3", "--pods-per-node", "1")
+    up = lab_cli("up", "--backend", backend, "--nodes", "3", "--pods-per-node", "1")
     assert up.returncode == 0, up.stdout + up.stderr
     assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
     recorded = Lab(lab.name, root=lab.directory.parent)
@@ -470,37 +441,7 @@ def test_lab_up_with_aws_vpc_connects_pods_through_the_vpc_router(make_lab):
     subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
                                         strict=False)): recorded.node(i).address
                for i in (1, 2, 3)}
-    # The router's routes are the route table's, which only the backends wrote.
-    assert vpcrouter.installed(recorded.underlay_ns) == subnets
-    ping = lab_cli("ping")
-    assert ping.returncode == 0, ping.stdout + ping.stderr
-    assert "IPv4 pod ping matrix:" in ping.stdout and "FAIL" not in ping.stdout
-    status = lab_cli("status")
-    for destination, via in subnets.items():
-        assert f"  {destination} via {via}" in status.stdout
-    down = lab_cli("down")
-    assert down.returncode == 0, down.stderr
-    wait_until(lambda: not Path(f"/proc/{cloud_pid}").exists(), 10, what="the cloud stopped")
-
-
-def test_lab_up_with_gce_connects_pods_through_the_vpc_router(make_lab):
-    lab = make_lab()
-
-    def lab_cli(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
-                               "--name", lab.name, *argv[1:]], capture_output=True, text=True,
-                              timeout=300, check=False)
-
-    up = lab_cli("up", "--backend", "gce", "--nodes", "3", "--pods-per-node", "1")
-    assert up.returncode == 0, up.stdout + up.stderr
-    assert f"==> lab {lab.name} is up: 3 nodes, every pair connected" in up.stdout
-    recorded = Lab(lab.name, root=lab.directory.parent)
-    cloud_pid = recorded.state.cloud_pid
-    assert cloud_pid and Path(f"/proc/{cloud_pid}").exists()
-    subnets = {str(ipaddress.ip_network(recorded.wait_subnet_env(i)["FLANNEL_SUBNET"],
-                                        strict=False)): recorded.node(i).address
-               for i in (1, 2, 3)}
-    # The router's routes are the network's, which only the backends wrote.
+    # The router's routes are the cloud's route table, which only the backends wrote.
     assert vpcrouter.installed(recorded.underlay_ns) == subnets
     ping = lab_cli("ping")
     assert ping.returncode == 0, ping.stdout + ping.stderr

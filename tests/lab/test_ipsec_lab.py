@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 
 from flannel.ipsec import charon
+from flannel.kernel import nsexec
 from flannel.kernel.host import Host
 from flannel.lab.cli import build, wait_for_mesh
 from flannel.lab.cluster import ETCD_PREFIX, Lab, in_ns
 from flannel.lab.mesh import start_pings
-from flannel.wireguard import nsexec
 from tests.lab.test_wireguard_lab import Capture, ip_packet
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
-from flannel.wireguard import nsexec
 from tests.support.waiting import wait_until
 
 FLANNELD = str(Path(sys.executable).parent / "flanneld")

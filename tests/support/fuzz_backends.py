@@ -48,6 +48,20 @@ from tests.support.fuzzing import FuzzTarget
 
 _KEY = "YAnz5TF+lXXJte14tji3zlMNq+hd2rYUIgJBgB3fBmk="
 ports = st.one_of(numbers, st.sampled_from([0, 1, 8285, 8472, 51820, 65535, 65536, -1]))
+
+
+def _key_options(key_id: str, endpoint: str, metadata: str
+                 ) -> dict[str, st.SearchStrategy[Any]]:
+    """The options of the access-key engines (ali-vpc, tencent-vpc; one parser reads them):
+    their own plausible values, and URLs that are not bare ``scheme://host[:port]``."""
+    return {"AccessKeyID": st.one_of(odd_strings, st.just(key_id)),
+            "AccessKeySecret": st.one_of(odd_strings, numbers, st.just("secret")),
+            "Endpoint": st.sampled_from(["", endpoint, "ftp://x", "http://u@h/",
+                                         "https://h:99999", "https://h:port",
+                                         "https://h/?Action=x", "http://[::1"]),
+            "MetadataURL": st.one_of(odd_strings, st.just(metadata))}
+
+
 FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "vxlan": {"VNI": numbers, "Port": ports, "MTU": numbers, "GBP": st.booleans(),
               "Learning": st.booleans(), "DirectRouting": st.booleans()},
@@ -62,18 +76,9 @@ FIELDS: dict[str, dict[str, st.SearchStrategy[Any]]] = {
     "aws-vpc": {"RouteTableID": st.one_of(
         odd_strings, st.sampled_from(["rtb-0abc", "rtb-12345678"]),
         st.lists(st.one_of(odd_strings, st.just("rtb-0abc"), numbers), max_size=60))},
-    "tencent-vpc": {"AccessKeyID": st.one_of(odd_strings, st.just("AKID")),
-                    "AccessKeySecret": st.one_of(odd_strings, numbers, st.just("secret")),
-                    "Endpoint": st.sampled_from(["", "https://vpc.internal.example",
-                                                 "ftp://x", "http://u@h/", "https://h:99999",
-                                                 "https://h:port", "http://[::1"]),
-                    "MetadataURL": st.one_of(odd_strings, st.just("http://169.254.0.23"))},
-    "ali-vpc": {"AccessKeyID": st.one_of(odd_strings, st.just("LTAI")),
-                "AccessKeySecret": st.one_of(odd_strings, numbers, st.just("secret")),
-                "Endpoint": st.sampled_from(["", "https://vpc-vpc.cn-hangzhou.aliyuncs.com",
-                                             "ftp://x", "http://u@h/", "https://h:99999",
-                                             "https://h/?Action=x", "http://[::1"]),
-                "MetadataURL": st.one_of(odd_strings, st.just("http://100.100.100.200"))},
+    "tencent-vpc": _key_options("AKID", "https://vpc.internal.example", "http://169.254.0.23"),
+    "ali-vpc": _key_options("LTAI", "https://vpc-vpc.cn-hangzhou.aliyuncs.com",
+                            "http://100.100.100.200"),
     "gce": {"Project": st.one_of(odd_strings, numbers, st.just("my-project-1"),
                                  st.just("example.com:my-project")),
             "Network": st.one_of(odd_strings, st.just("default"), st.just("-bad")),

@@ -1,6 +1,6 @@
 """Run a program inside a named network namespace with a private ``/run``.
 
-``python -m flannel.wireguard.nsexec [--netns NAME] [--run-dir DIR [--keep PATH]...] --
+``python -m flannel.kernel.nsexec [--netns NAME] [--run-dir DIR [--keep PATH]...] --
 PROGRAM ARGS...`` enters ``/run/netns/NAME``, and with ``--run-dir`` unshares the mount
 namespace and binds DIR over ``/run`` (so wireguard-go's ``/var/run/wireguard/<ifname>.sock``
 lands in ``DIR/wireguard/``, private to this node), then execs PROGRAM (no shell). Each
@@ -39,7 +39,7 @@ def command(argv: Sequence[str], host: Host, run_dir: Path | None,
     opts = [*(["--netns", host.netns] if host.netns else []),
             *(["--run-dir", str(run_dir)] if run_dir is not None else []),
             *(arg for path in keep for arg in ("--keep", str(path)))]
-    return [sys.executable, "-m", "flannel.wireguard.nsexec", *opts, "--", *argv]
+    return [sys.executable, "-m", "flannel.kernel.nsexec", *opts, "--", *argv]
 
 
 def _check(result: int, what: str) -> None:
