@@ -29,8 +29,10 @@ needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd
 #: ``-m "not netns and not etcd and not slow"`` selects the fast lane that runs without root.
 NETNS_FIXTURES = frozenset({"ns", "make_lab"})
 ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
-#: Tests that take minutes when cold or wait on the network: whole run only, not the fast lane.
-SLOW_MARKERS = frozenset({"image", "foreign", "pypi"})
+#: Tests that take minutes when cold or wait on the network, and the cloud engines' and the
+#: deployment renderers' tests (a third of the fast lane's time for a fifth of its tests, and
+#: untouched by most changes): whole run only, not the fast lane.
+SLOW_MARKERS = frozenset({"image", "foreign", "pypi", "cloud", "render"})
 
 
 #: Workers ``-n auto`` (pyproject's addopts) starts at most: more were never measured.

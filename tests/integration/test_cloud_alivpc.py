@@ -27,6 +27,8 @@ from tests.support.cloudengines import (
 )
 from tests.support.imds import FakeMetadata
 
+pytestmark = pytest.mark.cloud
+
 KEY_ID = "LTAIflannelTestKey0001"
 SECRET = "flannel-aliyun-secret-never-logged-9876"
 VPC = "vpc-bp1flannel0000000001"

@@ -20,6 +20,8 @@ from tests.support.cloudengines import NETWORK, SUBNETS, lease
 from tests.support.ec2faults import Ec2Relay
 from tests.support.imds import FakeMetadata, aws_paths
 
+pytestmark = pytest.mark.cloud
+
 REGION = "eu-west-1"
 KEY_ID = "AKIAFLANNELTESTKEY01"
 SECRET = "flannel-test-secret-never-logged-0123456789"

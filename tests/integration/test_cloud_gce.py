@@ -17,6 +17,8 @@ from flannel.cloud.gceauth import GceMetadata
 from tests.support.cloudengines import FAST, NETWORK, SUBNETS, lease
 from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
+pytestmark = pytest.mark.cloud
+
 ZONE = "europe-west1-b"
 VPC = "flannel-net"
 NODES = ["node-1", "node-2", "node-3"]

@@ -25,6 +25,8 @@ from tests.support.cloudengines import (
 from tests.support.imds import FakeMetadata
 from tests.support.tencentapi import FakeTencentVpc
 
+pytestmark = pytest.mark.cloud
+
 KEY_ID = "AKIDflannelTestKey0001"
 SECRET = "flannel-tencent-secret-never-logged-9876"
 VPC = "vpc-2flannel"

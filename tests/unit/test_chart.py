@@ -43,6 +43,8 @@ from tests.deploy.chart import (
 )
 from tests.deploy.manifests import BASE, KUBERNETES_VERSIONS, documents, pod_spec
 
+pytestmark = pytest.mark.render
+
 DEFAULT_NET = {"Network": "10.244.0.0/16", "EnableNFTables": False}
 EXTENSION_DIR = "/usr/local/lib/flannel/extension-vxlan/"
 TEST_PSK = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="

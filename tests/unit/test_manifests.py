@@ -23,6 +23,8 @@ from tests.deploy.manifests import (
     pod_spec,
 )
 
+pytestmark = pytest.mark.render
+
 
 def net_conf(docs: dict[str, dict]) -> dict:
     return json.loads(docs["ConfigMap/kube-flannel-cfg"]["data"]["net-conf.json"])
