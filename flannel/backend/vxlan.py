@@ -15,7 +15,7 @@ import json
 import logging
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
@@ -140,7 +140,7 @@ class VxlanBackend(RoutedBackend):
         self._entries: dict[int, dict[str, _Peer]] = {}
         # The last desired state and what it was made from (the peer set, by identity, and
         # the devices, lease and adoption bounds): a periodic pass over the same peers gets
-        # the same object back instead of new sets of every entry.
+        # its sets back instead of new sets of every entry.
         self._state: tuple[Sequence[Lease], tuple[object, ...], DesiredState] | None = None
 
     def device_mtu(self, version: int) -> int:
@@ -235,7 +235,9 @@ class VxlanBackend(RoutedBackend):
         # DirectRouting asks the kernel's routes each time: nothing to reuse.
         if last is not None and last[0] is peers and last[1] == frame \
                 and not self.vxlan.direct_routing:
-            return last[2]
+            # A new state over the same sets: the indexes a drift check may have built on
+            # the last one (``DesiredState.fdb_keys``...) are not kept from pass to pass.
+            return replace(last[2])
         state = self._build_state(peers, route_get)
         self._state = (peers, frame, state)
         return state
