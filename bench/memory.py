@@ -6,10 +6,14 @@ the API-server test double ``tests/support/kubeapi.py`` serving this node and N 
 peer nodes), then flanneld with the vxlan backend (real devices, routes, neighbours and FDB
 entries; masquerade and forward rules on). Once subnet.env is written and the kernel holds a
 route per peer, and after a settling pause, VmRSS (and Pss) of the flanneld process is read
-from /proc. Baseline, in the same rounds: a bare ``python -c 'import asyncio'`` process of
-the same interpreter. Rounds are interleaved; medians are printed.
+from /proc ("programmed"); then again once ``--passes`` periodic full passes (the data plane's
+resync that reads the kernel's tables back, every ``--interval`` seconds here instead of the
+default 30) have run ("steady"): what a converged flanneld holds, the figure the targets are
+about. Baseline, in the same rounds: a bare ``python -c 'import asyncio'`` process of the
+same interpreter. Rounds are interleaved; medians are printed.
 
     .venv/bin/python -m bench.memory --peers 1000 --rounds 3
+    .venv/bin/python -m bench.memory --peers 5000 --rounds 1 --passes 3 --interval 10
     .venv/bin/python -m bench.memory --imports   # where import-time memory goes (kube mode)
 """
 
@@ -34,6 +38,8 @@ FLANNELD = str(Path(sys.executable).parent / "flanneld")
 PREFIX = "/coreos.com/network"
 KUBE_PORT = 16443
 SETTLE = 3.0
+PASSES = 3  # --passes: periodic full passes before the steady reading
+INTERVAL = 10  # --interval: flanneld's --reconcile-interval, seconds (more than SETTLE)
 DAEMON_ENV: dict[str, str] = {}  # --daemon-env: extra environment for flanneld
 NETWORK = {"Network": "10.0.0.0/8", "SubnetLen": 24, "Backend": {"Type": "vxlan"}}
 
@@ -78,11 +84,15 @@ def wait_for(what: str, check, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+Reading = tuple[int, int, int, int]  # (VmRSS, Pss) programmed, then (VmRSS, Pss) steady
+
+
 def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
-                   env: dict[str, str] | None = None) -> tuple[int, int]:
+                   env: dict[str, str] | None = None) -> Reading:
     env_file = workdir / "subnet.env"
     log = (workdir / "flanneld.log").open("wb")
     proc = subprocess.Popen(["ip", "netns", "exec", ns, FLANNELD, *flags, "--ip-masq",
+                             f"--reconcile-interval={INTERVAL}",
                              f"--subnet-file={env_file}"], stdout=log,
                             stderr=subprocess.STDOUT,
                             env={**os.environ, **DAEMON_ENV, **(env or {})})
@@ -97,7 +107,13 @@ def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
 
         wait_for(f"flanneld with {peers} peers programmed", programmed)
         time.sleep(SETTLE)
-        return rss_kib(proc.pid)
+        first = rss_kib(proc.pid)
+        # The periodic passes come every INTERVAL after the pass that programmed the peers:
+        # read SETTLE after the last of PASSES.
+        time.sleep(PASSES * INTERVAL)
+        if proc.poll() is not None:
+            raise RuntimeError(f"flanneld exited: {(workdir / 'flanneld.log').read_text()}")
+        return (*first, *rss_kib(proc.pid))
     finally:
         proc.terminate()
         try:
@@ -108,7 +124,7 @@ def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
         log.close()
 
 
-def run_etcd(ns: str, workdir: Path, peers: int) -> tuple[int, int]:
+def run_etcd(ns: str, workdir: Path, peers: int) -> Reading:
     with EtcdServer(workdir / "etcd", netns=ns) as server:
         subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "bench.memory",
                         "--put-leases", server.endpoint, str(peers)],
@@ -116,7 +132,7 @@ def run_etcd(ns: str, workdir: Path, peers: int) -> tuple[int, int]:
         return measure_daemon(ns, workdir, [f"--etcd-endpoints={server.endpoint}"], peers)
 
 
-def run_kube(ns: str, workdir: Path, peers: int) -> tuple[int, int]:
+def run_kube(ns: str, workdir: Path, peers: int) -> Reading:
     api = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "bench.memory",
                             "--serve-kubeapi", str(KUBE_PORT), str(peers)],
                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -134,13 +150,13 @@ def run_kube(ns: str, workdir: Path, peers: int) -> tuple[int, int]:
         api.wait(timeout=10)
 
 
-def run_baseline() -> tuple[int, int]:
+def run_baseline() -> Reading:
     proc = subprocess.Popen([sys.executable, "-c",
                              "import asyncio, sys; print(flush=True); sys.stdin.read()"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         proc.stdout.readline()
-        return rss_kib(proc.pid)
+        return (*rss_kib(proc.pid), *rss_kib(proc.pid))
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
@@ -256,6 +272,7 @@ def import_report(top: int) -> None:
 
 
 def main() -> None:
+    global PASSES, INTERVAL
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
@@ -264,6 +281,10 @@ def main() -> None:
     parser.add_argument("--daemon-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for flanneld (e.g. MALLOC_ARENA_MAX=2)")
     parser.add_argument("--modes", default="etcd,kube", help="modes to measure")
+    parser.add_argument("--passes", type=int, default=PASSES,
+                        help="periodic full passes before the steady reading (0: none)")
+    parser.add_argument("--interval", type=int, default=INTERVAL,
+                        help=f"flanneld's --reconcile-interval in seconds (> {SETTLE:g})")
     parser.add_argument("--put-leases", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--serve-kubeapi", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -278,6 +299,9 @@ def main() -> None:
         import_report(15)
         return
     DAEMON_ENV.update(item.split("=", 1) for item in args.daemon_env)
+    if args.passes < 0 or args.interval <= SETTLE:
+        parser.error(f"--passes must be >= 0 and --interval more than {SETTLE:g} s")
+    PASSES, INTERVAL = args.passes, args.interval
     cases = {"baseline (python -c 'import asyncio')": lambda ns, d: run_baseline()}
     runners = {"etcd": run_etcd, "kube": run_kube}
     for mode in args.modes.split(","):
@@ -285,7 +309,7 @@ def main() -> None:
         for peers in (0, args.peers):
             cases[f"{mode} mode, {peers} peers"] = (
                 lambda ns, d, runner=runner, peers=peers: runner(ns, d, peers))
-    results: dict[str, list[tuple[int, int]]] = {name: [] for name in cases}
+    results: dict[str, list[Reading]] = {name: [] for name in cases}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         for round_no in range(args.rounds):
@@ -298,13 +322,16 @@ def main() -> None:
                     results[name].append(case(ns, workdir))
                 finally:
                     subprocess.run(["ip", "netns", "del", ns], check=False, timeout=20)
-    base = statistics.median(rss for rss, _ in results[next(iter(cases))])
-    print(f"medians of {args.rounds} round(s); load average at start {load:.2f}")
+    base = statistics.median(v[0] for v in results[next(iter(cases))])
+    print(f"medians of {args.rounds} round(s); load average at start {load:.2f}, at end "
+          f"{os.getloadavg()[0]:.2f}; programmed: {SETTLE:g} s after every peer was "
+          f"programmed; steady: after {PASSES} periodic full pass(es), one every {INTERVAL} s")
     for name, values in results.items():
-        rss = statistics.median(v[0] for v in values)
-        pss = statistics.median(v[1] for v in values)
-        print(f"{name:42s} RSS {rss / 1024:6.1f} MiB  PSS {pss / 1024:6.1f} MiB  "
-              f"ratio to baseline {rss / base:5.2f}")
+        rss, pss, steady, steady_pss = (statistics.median(v[i] for v in values)
+                                        for i in range(4))
+        print(f"{name:42s} programmed RSS {rss / 1024:5.1f} MiB PSS {pss / 1024:5.1f} MiB"
+              f" | steady RSS {steady / 1024:5.1f} MiB PSS {steady_pss / 1024:5.1f} MiB"
+              f" | steady/baseline {steady / base:4.2f}")
 
 
 if __name__ == "__main__":

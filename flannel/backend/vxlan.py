@@ -15,7 +15,7 @@ import json
 import logging
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from ipaddress import IPv4Address, IPv6Address, ip_address
 from typing import Any
 
@@ -134,6 +134,10 @@ class VxlanBackend(RoutedBackend):
         # kept (the lease watcher hands over the same objects). Rebuilt on every call, so it
         # holds the current peers only.
         self._entries: dict[int, dict[str, _Peer]] = {}
+        # The last desired state and what it was made from (the peer set, by identity, and
+        # the devices, lease and adoption bounds): a periodic pass over the same peers gets
+        # its sets back instead of new sets of every entry.
+        self._state: tuple[Sequence[Lease], tuple[object, ...], DesiredState] | None = None
 
     def device_mtu(self, version: int) -> int:
         return (self.vxlan.mtu or self.ext.mtu) - ENCAP_OVERHEAD[version]
@@ -221,6 +225,20 @@ class VxlanBackend(RoutedBackend):
                      Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
 
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
+        frame = (tuple((v, f.index, f.spec) for v, f in self.families.items()), self.lease,
+                 tuple(self.ownership().items()))
+        last = self._state
+        # DirectRouting asks the kernel's routes each time: nothing to reuse.
+        if last is not None and last[0] is peers and last[1] == frame \
+                and not self.vxlan.direct_routing:
+            # A new state over the same sets: the indexes a drift check may have built on
+            # the last one (``DesiredState.fdb_keys``...) are not kept from pass to pass.
+            return replace(last[2])
+        state = self._build_state(peers, route_get)
+        self._state = (peers, frame, state)
+        return state
+
+    def _build_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes: set[Route] = set()
         neighbours: set[Neighbour] = set()
         fdb: set[FdbEntry] = set()

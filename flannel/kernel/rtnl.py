@@ -555,9 +555,13 @@ class Rtnl:
                     kept.append(item)
 
     def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
-               oif: int = 0, not_protocol: int | None = None) -> list[tuple[Route, int, int]]:
+               oif: int = 0, not_protocol: int | None = None,
+               unless: Callable[[tuple[Route, int, int]], bool] | None = None
+               ) -> list[tuple[Route, int, int]]:
         """The routes of ``family``; ``table``, ``protocol``, ``kind`` (RTN_*) and ``oif``
-        (0: any) select, ``not_protocol`` leaves out the routes of that protocol. The kernel
+        (0: any) select, ``not_protocol`` leaves out the routes of that protocol, and so
+        does ``unless`` each (route, protocol, table) it is true for, as it is decoded (so
+        that a caller can count entries instead of holding them). The kernel
         applies the first four with strict checking (Linux 4.20 and later:
         ``ip_valid_fib_dump_req``); all are applied here too, from the message header before
         decoding where they can be, so the answer is the same on older kernels, which send
@@ -582,7 +586,8 @@ class Rtnl:
                 return None
             route, proto, in_table = decoded
             if ((table and in_table != table) or (protocol and proto != protocol)
-                    or (kind and route.kind != kind) or (oif and route.oif != oif)):
+                    or (kind and route.kind != kind) or (oif and route.oif != oif)
+                    or (unless is not None and unless(decoded))):
                 return None
             return decoded
 
@@ -593,10 +598,12 @@ class Rtnl:
                 return []  # the device is gone, and its routes with it
             raise
 
-    def neighbours(self, family: int, ifindex: int = 0) -> list[tuple[Neighbour | FdbEntry,
-                                                                       int, int]]:
+    def neighbours(self, family: int, ifindex: int = 0, *,
+                   unless: Callable[[tuple[Neighbour | FdbEntry, int, int]], bool] | None = None
+                   ) -> list[tuple[Neighbour | FdbEntry, int, int]]:
         """The neighbours (FDB entries for AF_BRIDGE) of ``family`` on device ``ifindex``
-        (0: every device). The kernel selects the device (with strict checking: the
+        (0: every device), as (entry, state, flags), but those ``unless`` is true for. The
+        kernel selects the device (with strict checking: the
         neighbour dump by NDA_IFINDEX, the FDB dump by the header's ifindex, which also
         leaves out every bridge's table unless the device is a port of it); older kernels
         send every entry, and the device is selected here too."""
@@ -615,7 +622,9 @@ class Rtnl:
         def keep(msg: int, body: bytes) -> tuple[Neighbour | FdbEntry, int, int] | None:
             if msg != RTM_NEWNEIGH or (ifindex and _NDMSG.unpack_from(body)[3] != ifindex):
                 return None
-            return decode_neighbour(body)
+            decoded = decode_neighbour(body)
+            return None if decoded is None or (unless is not None and unless(decoded)) \
+                else decoded
 
         return self.dump(RTM_GETNEIGH, header, keep)
 

@@ -7,7 +7,7 @@ What it models, from ``flannel.kernel.rtnl.Rtnl`` and ``flannel.kernel.events.wa
   protocol; permanent neighbours keyed (ifindex, ip); ``self`` FDB entries keyed
   (ifindex, mac); dumps of each (``routes(family, ...)`` by table, protocol, kind and
   output device, ``neighbours(family, ifindex)``, AF_BRIDGE for FDB), counted, with the
-  filters a kernel with strict dump checking applies;
+  filters a kernel with strict dump checking applies and the caller's ``unless``;
 - ``run(ops)``: replace/delete with the kernel's outcome per request: every request is
   attempted, refused ones are returned as ``NetlinkError`` with Rtnl's request text, a delete
   of what is gone is not a failure; routes we install get ``RTPROT_FLANNEL``;
@@ -56,29 +56,35 @@ class Handle:
         self.closed_in = threading.get_ident()
 
     def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
-               oif: int = 0, not_protocol: int | None = None
+               oif: int = 0, not_protocol: int | None = None,
+               unless: Callable[[tuple[Route, int, int]], bool] | None = None
                ) -> list[tuple[Route, int, int]]:
         self._use()
         with self.kernel.lock:
             self.kernel.dumps += 1
             if table not in (0, rtnl.RT_TABLE_MAIN):
                 return []
-            return [(r, proto, rtnl.RT_TABLE_MAIN) for r, proto in self.kernel.routes.values()
-                    if r.family == family and (not protocol or proto == protocol)
-                    and proto != not_protocol
-                    and (not kind or r.kind == kind) and (not oif or r.oif == oif)]
+            found = [(r, proto, rtnl.RT_TABLE_MAIN) for r, proto in self.kernel.routes.values()
+                     if r.family == family and (not protocol or proto == protocol)
+                     and proto != not_protocol
+                     and (not kind or r.kind == kind) and (not oif or r.oif == oif)]
+        return [entry for entry in found if unless is None or not unless(entry)]
 
-    def neighbours(self, family: int, ifindex: int = 0
+    def neighbours(self, family: int, ifindex: int = 0, *,
+                   unless: Callable[[tuple[Neighbour | FdbEntry, int, int]], bool] | None = None
                    ) -> list[tuple[Neighbour | FdbEntry, int, int]]:
         self._use()
+        found: list[tuple[Neighbour | FdbEntry, int, int]]
         with self.kernel.lock:
             self.kernel.dumps += 1
             if family == rtnl.AF_BRIDGE:
-                return [(f, *PERMANENT_SELF) for f in self.kernel.fdb.values()
-                        if not ifindex or f.ifindex == ifindex]
-            return [(n, rtnl.NUD_PERMANENT, 0) for n in self.kernel.neighbours.values()
-                    if (":" in n.ip) == (family == socket.AF_INET6)
-                    and (not ifindex or n.ifindex == ifindex)]
+                found = [(f, *PERMANENT_SELF) for f in self.kernel.fdb.values()
+                         if not ifindex or f.ifindex == ifindex]
+            else:
+                found = [(n, rtnl.NUD_PERMANENT, 0) for n in self.kernel.neighbours.values()
+                         if (":" in n.ip) == (family == socket.AF_INET6)
+                         and (not ifindex or n.ifindex == ifindex)]
+        return [entry for entry in found if unless is None or not unless(entry)]
 
     def route_get(self, dst: rtnl.IPAddress) -> Route | None:
         self._use()

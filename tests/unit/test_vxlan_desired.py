@@ -61,6 +61,22 @@ def test_a_peer_handed_over_again_keeps_its_entries_and_a_changed_one_gets_new_o
     assert FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.2") not in second.fdb
 
 
+def test_a_pass_over_the_same_peers_and_device_shares_the_sets_and_a_change_makes_new_ones():
+    """A periodic pass hands over the same peer set: no new sets of every entry."""
+    vxlan = backend()
+    peers = (peer(2, "0e:00:00:00:00:02"),)
+    first = vxlan.desired_state(peers, lambda _ip: None)
+    again = vxlan.desired_state(peers, lambda _ip: None)
+    assert again == first
+    assert again.routes is first.routes and again.fdb is first.fdb
+    vxlan.families[4].index = 8  # the device was re-created
+    moved = vxlan.desired_state(peers, lambda _ip: None)
+    assert moved.devices == {8} and Neighbour(8, "10.244.2.0", "0e:00:00:00:00:02") in \
+        moved.neighbours
+    grown = vxlan.desired_state((*peers, peer(3, "0e:00:00:00:00:03")), lambda _ip: None)
+    assert len(grown.routes) == 2
+
+
 def test_peers_with_unusable_backend_data_are_skipped():
     peers = [peer(3, "zz:00:00:00:00:03"), peer(4, "0e:00:00"),
              Lease(IPv4Network("10.244.5.0/24"), attrs=LeaseAttrs(
