@@ -55,16 +55,29 @@ FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 def session(lab: Lab, index: int) -> Any:
     sock = socket.socket(socket.AF_UNIX)
     sock.settimeout(10)
-    sock.connect(str(lab.node_run_dir(index) / "charon.vici"))
+    # A lab under a worker's temporary directory can be deeper than the 108 bytes an AF_UNIX
+    # address holds: the socket is reached through its open directory's short /proc path.
+    directory = os.open(lab.node_run_dir(index), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.connect(f"/proc/self/fd/{directory}/charon.vici")
+    except OSError:
+        sock.close()
+        raise
+    finally:
+        os.close(directory)
     return vici.Session(sock)
 
 
 def ike_sas(lab: Lab, index: int) -> dict[str, tuple[bytes, bytes, tuple[str, ...]]]:
-    """Connection name -> (IKE SA unique id, state, its CHILD_SAs' names)."""
-    out = {}
+    """Connection name -> (IKE SA unique id, state, its CHILD_SAs' names). Both ends of a
+    pair initiate (start_action start, as Go sets it), so a connection may briefly hold a
+    second IKE SA still connecting beside the established one: the established one counts."""
+    out: dict[str, tuple[bytes, bytes, tuple[str, ...]]] = {}
     for sa in session(lab, index).list_sas():
         for name, ike in sa.items():
-            out[name] = (ike["uniqueid"], ike["state"], tuple(sorted(ike["child-sas"])))
+            seen = (ike["uniqueid"], ike["state"], tuple(sorted(ike["child-sas"])))
+            if name not in out or out[name][1] != b"ESTABLISHED":
+                out[name] = seen
     return out
 
 
