@@ -548,3 +548,106 @@ async def test_remote_lease_expirations_are_not_looked_up(client, prefix):
                      b'{"PublicIP":"192.0.2.9","PublicIPv6":null}', lease=lease_id)
     (lease,), _ = await sm.list_leases()
     assert (lease.etcd_lease_id, lease.expiration) == (lease_id, None)
+
+
+def count_listings(client: EtcdClient, monkeypatch, then=None) -> list[bytes]:
+    """The prefixes the manager lists through ``client`` (the real call; ``then`` runs after
+    each listing returns)."""
+    listed: list[bytes] = []
+    real = client.get_prefix
+
+    async def get_prefix(key: bytes):
+        answer = await real(key)
+        listed.append(key)
+        if then is not None:
+            await then()
+        return answer
+    monkeypatch.setattr(client, "get_prefix", get_prefix)
+    return listed
+
+
+async def first_snapshot(collector: Collector) -> Snapshot:
+    async def arrived() -> bool:
+        return bool(collector.updates)
+    await async_wait_until(arrived, what="the first snapshot")
+    snapshot = collector.updates[0]
+    assert isinstance(snapshot, Snapshot)
+    return snapshot
+
+
+async def test_the_acquisition_listing_is_the_first_snapshot(private_etcd, prefix, monkeypatch):
+    # An etcd of its own: a write of another test between our listing and our creation
+    # would (rightly) make the manager list again.
+    client = EtcdClient(EtcdOptions(parse_endpoints(private_etcd.endpoint)))
+    try:
+        sm = await setup(client, prefix)
+        await put_lease(client, prefix, 220, "2.2.2.2")
+        listings = count_listings(client, monkeypatch)
+        own = await acquire(sm, attrs())
+        await put_lease(client, prefix, 221, "2.2.2.3")  # after our creation, before the watch
+        collector = Collector(sm, own)
+        try:
+            snapshot = await first_snapshot(collector)
+            await collector.wait_for((EventType.ADDED, "10.3.221.0-24"))
+            assert len(listings) == 1  # the acquisition's only
+            assert sorted(x.key for x in snapshot.leases) == sorted([own.key, "10.3.220.0-24"])
+            listed, _ = await sm.list_leases()
+            assert [x for x in snapshot.leases if x.key == own.key] == [
+                x for x in listed if x.key == own.key]
+            assert sm.status.ready and not collector.own_removed
+        finally:
+            await collector.stop()
+    finally:
+        await client.close()
+
+
+async def test_a_write_between_the_acquisition_listing_and_our_creation_is_not_lost(
+        client, prefix, monkeypatch):
+    sm = await setup(client, prefix)
+    written: list[bool] = []
+
+    async def write_once() -> None:
+        if not written:
+            written.append(True)
+            await put_lease(client, prefix, 220, "2.2.2.2")
+    count_listings(client, monkeypatch, then=write_once)
+    own = await acquire(sm, attrs())
+    collector = Collector(sm, own)
+    try:
+        snapshot = await first_snapshot(collector)
+        assert sorted(x.key for x in snapshot.leases) == sorted([own.key, "10.3.220.0-24"])
+    finally:
+        await collector.stop()
+
+
+async def test_a_repeated_acquisition_does_not_reuse_the_earlier_listing(client, prefix):
+    sm = await setup(client, prefix)
+    await acquire(sm, attrs())
+    own = await acquire(sm, attrs())  # reused by public IP: rewritten with a new etcd lease
+    collector = Collector(sm, own)
+    try:
+        snapshot = await first_snapshot(collector)
+        assert [x.etcd_lease_id for x in snapshot.leases if x.key == own.key] == [
+            own.etcd_lease_id]
+        assert sm.status.ready
+    finally:
+        await collector.stop()
+
+
+async def test_compaction_between_acquisition_and_watch_relists(private_etcd, prefix):
+    client = EtcdClient(EtcdOptions(parse_endpoints(private_etcd.endpoint)))
+    try:
+        sm = await setup(client, prefix)
+        own = await acquire(sm, attrs())
+        await put_lease(client, prefix, 221, "2.2.2.3")
+        await client.compact(await client.put(b"/compaction-marker", b"x"))
+        collector = Collector(sm, own)
+        try:
+            await collector.wait_for((EventType.ADDED, "10.3.221.0-24"))
+            assert sum(isinstance(u, Snapshot) for u in collector.updates) == 2
+            assert sm.status.compactions == 1
+            assert not collector.own_removed
+        finally:
+            await collector.stop()
+    finally:
+        await client.close()

@@ -743,12 +743,13 @@ class EtcdClient:
             raise EtcdUnavailable(f"etcd {method}: malformed answer: {err}") from None
 
     async def create(self, key: bytes, value: bytes, lease: int = 0, *,
-                     else_list: bytes | None = None) -> tuple[bool, list[KeyValue]]:
+                     else_list: bytes | None = None) -> tuple[bool, list[KeyValue], int]:
         """Put ``key`` only if it does not exist (a create-if-absent transaction).
 
-        With ``else_list``, a failed transaction also returns every key (names only) under
-        that prefix, so a caller that lost a race sees what is taken without another round
-        trip.
+        Returns whether it was created, the listing below, and the store's revision after
+        the transaction (that of the put when it was created). With ``else_list``, a failed
+        transaction also returns every key (names only) under that prefix, so a caller that
+        lost a race sees what is taken without another round trip.
         """
         put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
         if lease:
@@ -764,7 +765,7 @@ class EtcdClient:
                 "keys_only": True}}]
         doc = await self.call("Txn", "/v3/kv/txn", request, key=key)
 
-        def read(doc: dict[str, Any]) -> tuple[bool, list[KeyValue]]:
+        def read(doc: dict[str, Any]) -> tuple[bool, list[KeyValue], int]:
             listed = []
             for op in _list(doc, "responses"):
                 if not isinstance(op, dict):
@@ -772,7 +773,8 @@ class EtcdClient:
                 if "response_range" in op:
                     listed += [KeyValue.from_json(kv)
                                for kv in _list(_object(op, "response_range"), "kvs")]
-            return doc.get("succeeded") is True, listed
+            revision = _int(_object(doc, "header"), "revision")
+            return doc.get("succeeded") is True, listed, revision
 
         return self._field("Txn", doc, read)
 

@@ -156,6 +156,9 @@ class EtcdSubnetManager:
         self._missing_checks = 0
         # Every remote lease the watch has reported, to bridge a reset (see _recover).
         self._known: dict[str, Lease] = {}
+        # The acquisition's listing, when the store after our creation is exactly it plus our
+        # lease: the lease watch's first snapshot (see _first_snapshot).
+        self._acquired_listing: _Listing | None = None
 
     @property
     def lease(self) -> Lease | None:
@@ -267,12 +270,13 @@ class EtcdSubnetManager:
         listing, so each retry costs one round trip. Raises StoreUnavailable when retrying
         later may help; StoreError (AcquireError included) or ConfigError when it will not.
         """
+        self._acquired_listing = None
         lease = await self._acquire(config, attrs)
         self._own, self._own_deleted = lease, False
         return lease
 
     async def _acquire(self, cfg: NetworkConfig, attrs: LeaseAttrs) -> Lease:
-        kvs, _ = await self.client.get_prefix(self.subnets_prefix)
+        kvs, listed_at = await self.client.get_prefix(self.subnets_prefix)
         leases = [lease for kv in _may_name(kvs, attrs)
                   if (lease := self._decode(kv)) is not None]
         reused, deleted = await self._reuse_by_public_ip(cfg, attrs, leases)
@@ -292,12 +296,18 @@ class EtcdSubnetManager:
                     log.info("Found previously leased subnet (%s), reusing",
                              subnet or ipv6_subnet)
                 lease = Lease(subnet, ipv6_subnet, attrs, etcd_lease_id=lease_id)
-                acquired, fresh = await self.client.create(
-                    self.lease_key(lease.key), value, lease_id, else_list=self.subnets_prefix)
+                key = self.lease_key(lease.key)
+                acquired, fresh, written_at = await self.client.create(
+                    key, value, lease_id, else_list=self.subnets_prefix)
                 if acquired:
                     log.info("Allocated lease (%s) to current node (%s)", lease.key,
                              attrs.public_ip)
-                    return replace(lease, expiration=self._clock() + ttl)
+                    lease = replace(lease, expiration=self._clock() + ttl)
+                    if written_at == listed_at + 1:
+                        # Nothing was written between the listing and our creation.
+                        record = KeyValue(key, value, lease_id, written_at, written_at)
+                        self._acquired_listing = _Listing([*kvs, record], written_at, lease)
+                    return lease
                 log.info("another node took the subnet first (%s); choosing again "
                          "(attempt %d of %d)", lease.key, attempt, ACQUIRE_ATTEMPTS)
                 taken = self._taken(fresh, cfg)
@@ -434,7 +444,10 @@ class EtcdSubnetManager:
         """A snapshot, then changes; survives disconnects, relists after compaction, and
         recovers from a wiped or restored store (see ``_recover``). Every key under the
         prefix is reported whatever ``config`` says (the daemon's ``LeaseWatcher`` filters)."""
-        snapshot, revision = await self._resync(max_backoff)
+        reason = self.client.take_reset()
+        first = self._first_snapshot() if reason is None else None
+        snapshot, revision = (first if first is not None
+                              else await self._resync(max_backoff, reason))
         self._remember(snapshot)
         yield snapshot
         self._settled()
@@ -503,6 +516,19 @@ class EtcdSubnetManager:
             finally:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
+
+    def _first_snapshot(self) -> tuple[Snapshot, int] | None:
+        """The store as our creation left it (taken once): the acquisition's listing, in
+        which nothing was under our key, plus our record, at the revision of our creation
+        (the next after the listing's). The watch resumes after it, so any write since is
+        replayed, and a compacted revision makes it relist. None when a full listing is
+        needed: no such listing, or our lease changed since."""
+        listing, self._acquired_listing = self._acquired_listing, None
+        if listing is None or self._own is not listing.own or self._own_deleted:
+            return None
+        leases = [lease for kv in listing.kvs if (lease := self._decode(kv)) is not None]
+        self.status.relists += 1
+        return Snapshot(leases), listing.revision
 
     def _settled(self) -> None:
         """The consumer has applied the snapshot that ends a recovery: ready again."""
@@ -629,7 +655,7 @@ class EtcdSubnetManager:
             return mine
         lease_id, ttl = await self._grant()
         try:
-            created, _ = await self.client.create(key, value, lease_id)
+            created, _, _ = await self.client.create(key, value, lease_id)
         except BaseException:
             await self._revoke_quietly(lease_id)
             raise
@@ -712,6 +738,18 @@ def make_etcd_manager(settings: EtcdSettings) -> EtcdSubnetManager:
         renew_margin=settings.renew_margin,
         previous=PreviousSubnets(single_cidr(previous, "FLANNEL_SUBNET", 4),
                                  single_cidr(previous, "FLANNEL_IPV6_SUBNET", 6)))
+
+
+@dataclass(frozen=True)
+class _Listing:
+    """The records under the subnets prefix at ``revision``, where the last write was the
+    creation of ``own`` (the last record)."""
+
+    kvs: list[KeyValue]
+    revision: int
+    own: Lease
+
+
 def _may_name(kvs: list[KeyValue], attrs: LeaseAttrs) -> list[KeyValue]:
     """The records that may hold our public IP, for reuse by public IP without decoding every
     lease (5000 of them cost ~0.15 s): a value holds an IPv4 address as the exact text
