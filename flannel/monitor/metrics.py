@@ -175,10 +175,8 @@ class NodeCollector(Collector):
         rules = self.state.rules
         if rules is None:
             return
-        installed = GaugeMetricFamily("flannel_rules_installed", "1 when the traffic rules "
-                                      "are in place, by mode.", labels=["mode"])
-        installed.add_metric([rules.mode], int(rules.installed))
-        yield installed
+        yield _by("flannel_rules_installed", "1 when the traffic rules are in place, by "
+                  "mode.", "mode", {rules.mode: int(rules.installed)}, counter=False)
         yield _counter("flannel_rules_resyncs", "Checks of the traffic rules (start-up and "
                        "every --iptables-resync).", rules.checks)
         yield _counter("flannel_rules_repairs", "Checks that found rules missing and "

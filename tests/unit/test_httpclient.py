@@ -5,10 +5,30 @@ streamed while the response is read."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from flannel.httpclient import MAX_HEAD_BYTES, BodyTooLarge, Connection, ProtocolError
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def connected(answer: Handler) -> AsyncIterator[Connection]:
+    """A connection to a loopback server whose every client ``answer`` serves; both closed
+    afterwards. The exchange inside is bounded to 5 s."""
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = await Connection.open("127.0.0.1", port, None, None,
+                                 asyncio.get_running_loop().time() + 5)
+    try:
+        async with asyncio.timeout(5):
+            yield conn
+    finally:
+        conn.close()
+        server.close()
 
 
 async def exchange(raw: bytes, max_bytes: int = 1024) -> tuple[bytes, bool]:
@@ -22,19 +42,11 @@ async def exchange(raw: bytes, max_bytes: int = 1024) -> tuple[bytes, bool]:
         await reader.read()  # hold the connection open until the client closes it
         writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    loop = asyncio.get_running_loop()
-    conn = await Connection.open("127.0.0.1", port, None, None, loop.time() + 5)
-    try:
-        async with asyncio.timeout(5):
-            await conn.send("GET", "/api/v1/nodes/a", f"127.0.0.1:{port}", {})
-            head = await conn.read_head()
-            body = await conn.read_body(head, max_bytes)
-            return body, conn.fit_for_reuse()
-    finally:
-        conn.close()
-        server.close()
+    async with connected(answer) as conn:
+        await conn.send("GET", "/api/v1/nodes/a", "127.0.0.1", {})
+        head = await conn.read_head()
+        body = await conn.read_body(head, max_bytes)
+        return body, conn.fit_for_reuse()
 
 
 @pytest.mark.parametrize(("raw", "reusable"), [
@@ -60,18 +72,10 @@ async def test_a_body_ended_by_the_connection_is_read_and_not_reused():
         writer.write(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
         writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    conn = await Connection.open("127.0.0.1", port, None, None,
-                                 asyncio.get_running_loop().time() + 5)
-    try:
-        async with asyncio.timeout(5):
-            await conn.send("GET", "/", "h", {})
-            body = await conn.read_body(await conn.read_head(), 1024)
-            reusable = conn.reusable
-    finally:
-        conn.close()
-        server.close()
+    async with connected(answer) as conn:
+        await conn.send("GET", "/", "h", {})
+        body = await conn.read_body(await conn.read_head(), 1024)
+        reusable = conn.reusable
     assert (body, reusable) == (b"until the end", False)
 
 
@@ -121,25 +125,17 @@ async def test_a_streamed_request_body_is_sent_while_the_response_is_read():
         await reader.read()
         writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    conn = await Connection.open("127.0.0.1", port, None, None,
-                                 asyncio.get_running_loop().time() + 5)
-    try:
-        async with asyncio.timeout(5):
-            await conn.start("POST", "/v3/watch", "h", {"Content-Type": "application/json"})
-            await conn.send_data(b'{"create": 1}')
-            head = await conn.read_head()
-            lines = conn.lines(head, 1024)
-            first = await anext(lines)
-            await conn.send_data(b'{"progress": 1}')
-            second = await anext(lines)
-            await conn.end_body()
-            rest = [line async for line in lines]
-            reusable = conn.reusable
-    finally:
-        conn.close()
-        server.close()
+    async with connected(answer) as conn:
+        await conn.start("POST", "/v3/watch", "h", {"Content-Type": "application/json"})
+        await conn.send_data(b'{"create": 1}')
+        head = await conn.read_head()
+        lines = conn.lines(head, 1024)
+        first = await anext(lines)
+        await conn.send_data(b'{"progress": 1}')
+        second = await anext(lines)
+        await conn.end_body()
+        rest = [line async for line in lines]
+        reusable = conn.reusable
     assert (head.status, first, second, rest, reusable) == \
         (200, b'{"create": 1}', b'{"progress": 1}', [], True)
 
@@ -154,18 +150,10 @@ async def test_a_connection_is_reusable_only_once_the_streamed_body_ended_too():
         await reader.read()
         writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    conn = await Connection.open("127.0.0.1", port, None, None,
-                                 asyncio.get_running_loop().time() + 5)
-    try:
-        async with asyncio.timeout(5):
-            await conn.start("POST", "/v3/watch", "h", {})
-            body = await conn.read_body(await conn.read_head(), 16)
-            before = conn.reusable
-            await conn.end_body()
-            after = conn.reusable
-    finally:
-        conn.close()
-        server.close()
+    async with connected(answer) as conn:
+        await conn.start("POST", "/v3/watch", "h", {})
+        body = await conn.read_body(await conn.read_head(), 16)
+        before = conn.reusable
+        await conn.end_body()
+        after = conn.reusable
     assert (body, before, after) == (b"ok", False, True)
