@@ -164,12 +164,18 @@ class PingRun:
 def start_pings(lab: Lab, pairs: list[tuple[int, int]], seconds: float,
                 interval: float = 0.1) -> list[PingRun]:
     """One ping per pair, ``1/interval`` per second for ``seconds``, running in the
-    background; collect with ``PingRun.result``."""
+    background; collect with ``PingRun.result``.
+
+    A count, not a deadline, ends each run: a deadline would count the echo still in
+    flight when it expires as lost. The deadline only bounds a run that does lose some.
+    """
     runs = []
+    count = max(1, round(seconds / interval))
     try:
         for src, dst in pairs:
             cmd = [IP, "netns", "exec", lab.node_ns(src), "ping", "-4", "-q", "-n",
-                   "-i", f"{interval:g}", "-w", f"{seconds:g}", "-W", "1",
+                   "-i", f"{interval:g}", "-c", str(count), "-w", f"{seconds + 5:g}",
+                   "-W", "1",
                    "-I", lab.pod_address(src), lab.pod_address(dst)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, text=True)
