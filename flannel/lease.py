@@ -112,6 +112,10 @@ class LeaseAttrs:
     @classmethod
     def from_json(cls, raw: bytes | str) -> LeaseAttrs:
         """Decode a lease value; field names match case-insensitively as in Go."""
+        if isinstance(raw, bytes) and (found := _GO_SHAPE.match(raw)) is not None:
+            attrs = cls._from_go_shape(found)
+            if attrs is not None:
+                return attrs
         try:
             doc = boundedjson.loads(raw, what="lease value", max_bytes=boundedjson.MAX_LEASE_BYTES)
         except boundedjson.JSONLimitError as err:
@@ -119,8 +123,7 @@ class LeaseAttrs:
         if not isinstance(doc, dict):
             raise LeaseDecodeError(
                 f"lease value must be a JSON object, got {gojson.type_name(doc)}")
-        members = gojson.fold_keys(doc, {name.lower(): name for name in (
-            "PublicIP", "PublicIPv6", "BackendType", "BackendData", "BackendV6Data")})
+        members = gojson.fold_keys(doc, _LEASE_FIELDS)
         return cls(
             public_ip=_decode_ip(members.get("PublicIP"), "PublicIP", 4),
             public_ipv6=_decode_ip(members.get("PublicIPv6"), "PublicIPv6", 6),
@@ -128,6 +131,49 @@ class LeaseAttrs:
             backend_data=_raw(members, "BackendData"),
             backend_v6_data=_raw(members, "BackendV6Data"),
         )
+
+
+    @classmethod
+    def _from_go_shape(cls, found: re.Match[bytes]) -> LeaseAttrs | None:
+        """The attrs of a value in Go's shape (``_GO_SHAPE``), exactly as the JSON decoder
+        would give them; None if a backend data object repeats a member (the decoder keeps
+        the last one), which the general path handles."""
+        public_ip, public_ipv6, backend_type, data, v6_data = found.groups()
+        for raw_data in (data, v6_data):
+            if raw_data is not None and _repeats_a_member(raw_data):
+                return None
+        return cls(
+            public_ip=_decode_ip(public_ip.decode(), "PublicIP", 4),
+            public_ipv6=None if public_ipv6 is None else _decode_ip(public_ipv6.decode(),
+                                                                    "PublicIPv6", 6),
+            backend_type=_shared(backend_type.decode()) if backend_type else "",
+            backend_data=None if data is None else data.decode(),
+            backend_v6_data=None if v6_data is None else v6_data.decode())
+
+
+def _repeats_a_member(flat_object: bytes) -> bool:
+    names = _MEMBER_NAME.findall(flat_object)
+    return len(set(names)) != len(names)
+
+
+_LEASE_FIELDS = {name.lower(): name for name in (
+    "PublicIP", "PublicIPv6", "BackendType", "BackendData", "BackendV6Data")}
+
+# Go's encoder writes a lease value in one shape: these members in this order, no spaces,
+# empty ones omitted. Such a value whose backend data are flat objects of plain strings and
+# integers (every built-in backend's) is what a snapshot of thousands holds: it is decoded
+# with one match instead of the JSON decoder and an encoder (a third of the cost), into the
+# same attrs. Strings hold no quote, backslash or character the encoders would escape, and
+# integers have the one spelling they are encoded back to, so each object's text is already
+# the compact text the general path makes; anything else takes the general path.
+_MEMBER = rb'"[A-Za-z][A-Za-z0-9]{0,31}":(?:"[A-Za-z0-9:.+/=_-]{0,88}"|0|-?[1-9][0-9]{0,14})'
+_FLAT_OBJECT = rb"\{(?:" + _MEMBER + rb"(?:," + _MEMBER + rb"){0,15})?\}"
+_GO_SHAPE = re.compile(
+    rb'\{"PublicIP":"([0-9.]{7,15})","PublicIPv6":(?:null|"([0-9a-f:.]{2,45})")'
+    rb'(?:,"BackendType":"([A-Za-z0-9_-]{1,32})")?'
+    rb'(?:,"BackendData":(' + _FLAT_OBJECT + rb'))?'
+    rb'(?:,"BackendV6Data":(' + _FLAT_OBJECT + rb'))?\}\Z')
+_MEMBER_NAME = re.compile(rb'[{,]"([A-Za-z0-9]+)":')
 
 
 def _decode_ip(value: Any, name: str, version: int) -> Any:

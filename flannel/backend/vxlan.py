@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 # Over an IPv6 underlay the outer IP header is 40 bytes, so 70. Go flannel uses 50 for both,
 # which leaves IPv6-underlay pods with an MTU the kernel will not carry.
 ENCAP_OVERHEAD = {4: 50, 6: 70}
+# The backend data every vxlan node writes, read without the JSON decoder (a snapshot holds
+# thousands); any other text is decoded.
+_GO_BACKEND_DATA = re.compile(
+    r'\{"VNI":(?:0|-?[1-9][0-9]{0,18}),"VtepMAC":"([0-9a-fA-F:]{17})"\}\Z')
 
 
 #: The backend options: (type, default) by name.
@@ -198,8 +203,12 @@ class VxlanBackend(RoutedBackend):
 
     def _peer_mac(self, peer: Lease, version: int) -> str | None:
         try:
-            data = peer.attrs.backend_json(v6=version == 6)
-            mac = data["VtepMAC"] if isinstance(data, dict) else None
+            raw = peer.attrs.backend_v6_data if version == 6 else peer.attrs.backend_data
+            if raw is not None and (found := _GO_BACKEND_DATA.match(raw)) is not None:
+                mac = found[1]
+            else:
+                data = peer.attrs.backend_json(v6=version == 6)
+                mac = data["VtepMAC"] if isinstance(data, dict) else None
             if isinstance(mac, str) and len(mac_bytes(mac)) == 6:
                 return mac.lower()
         except (ValueError, KeyError):

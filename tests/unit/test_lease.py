@@ -1,9 +1,13 @@
 """Subnet keys and lease values: the vectors of the compat reference, sections 3.2 and 3.3."""
 
+import json
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from flannel import boundedjson
 from flannel.lease import Lease, LeaseAttrs, LeaseDecodeError, make_subnet_key, parse_subnet_key
 
 
@@ -110,3 +114,106 @@ def test_leases_of_one_backend_type_share_its_name():
     a = LeaseAttrs.from_json(b'{"PublicIP":"10.0.0.1","BackendType":"vxlan"}')
     b = LeaseAttrs.from_json(b'{"PublicIP":"10.0.0.2","BackendType":"vx' + b'lan"}')
     assert a.backend_type == "vxlan" and a.backend_type is b.backend_type
+
+
+def _decoded(raw: bytes | str) -> LeaseAttrs | str:
+    try:
+        return LeaseAttrs.from_json(raw)
+    except LeaseDecodeError as err:
+        return str(err)
+
+
+_NAMES = st.sampled_from(["VNI", "VtepMAC", "Port"] * 4 + ["1a", "k_1"])
+_GOOD_VALUES = st.one_of(st.integers(-10**15 + 1, 10**15 - 1).map(str),
+                         st.text(alphabet="aZ09:.+/=_-", max_size=12).map(lambda t: f'"{t}"'))
+_OTHER_VALUES = st.one_of(
+    st.sampled_from(["-0", "01", "-01", "1.5", "1e3", "true", "null", "[]", "{}"]),
+    st.text(alphabet="a<>&\"\\é \n", min_size=1, max_size=4).map(
+        lambda text: json.dumps(text, ensure_ascii=False)))
+
+
+#: One time in 12 (``st.integers`` would favour its bounds).
+_ODD = st.sampled_from([False] * 11 + [True])
+
+
+@st.composite
+def _go_like_values(draw) -> bytes:
+    """Lease values in Go's shape, most of them, each part now and then changed to something
+    just outside it: values the decoder accepts differently, repeated members, spaces, other
+    casings, other IP spellings, other JSON types."""
+    def odd() -> bool:
+        return draw(_ODD)
+
+    def member(name: str, value: str) -> str:
+        return f'"{name.lower() if odd() else name}":{value}'
+
+    def flat_object() -> str:
+        members = draw(st.lists(st.tuples(_NAMES, _OTHER_VALUES if odd() else _GOOD_VALUES),
+                                max_size=4))
+        return "{" + (", " if odd() else ",").join(f'"{k}":{v}' for k, v in members) + "}"
+
+    public_ip = draw(st.sampled_from(["0.0.0.0", "999.1.1.1", "1.2.3", "01.2.3.4",
+                                      "1.2.3.4.5", "fd00::1"]) if odd()
+                     else st.ip_addresses(v=4).map(str))
+    public_ipv6 = draw(st.sampled_from(['"FD00::1"', '"1.2.3.4"', '"::ffff:1.2.3.4"', "7"])
+                       if odd() else st.one_of(st.just("null"), st.ip_addresses(v=6).map(
+                           lambda a: f'"{a.compressed}"')))
+    fields = [member("PublicIP", f'"{public_ip}"'), member("PublicIPv6", public_ipv6)]
+    if draw(st.booleans()):
+        backend_type = draw(st.sampled_from(["", "a_b", "é", "x" * 33]) if odd()
+                            else st.sampled_from(["vxlan", "host-gw", "wireguard"]))
+        fields.append(member("BackendType", json.dumps(backend_type, ensure_ascii=False)))
+    for name in ("BackendData", "BackendV6Data"):
+        if draw(st.booleans()):
+            fields.append(member(name, draw(st.sampled_from(
+                ["null", "[1]", '"x"', '{"a":{"b":1}}']) if odd() else st.builds(flat_object))))
+    return ("{" + ",".join(fields) + "}").encode()
+
+
+@given(_go_like_values())
+def test_values_in_gos_shape_decode_as_the_json_decoder_decodes_them(raw):
+    """Bytes in Go's shape take a shortcut past the JSON decoder; a str never does: both
+    must give the same attrs or the same error for any value."""
+    assert _decoded(raw) == _decoded(raw.decode())
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{"VNI":1,"VNI":2}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendV6Data":{"VNI":1,"VNI":1}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{"VNI":-0}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{"VNI":01}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{"VNI":1.0}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{"VNI":99999999999999999999}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{"K":"\\u0041\\/"}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{"K":"a<b"}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{"VNI":1, "Port":2}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":"FD00::1","BackendType":"vxlan"}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":"::ffff:1.2.3.4"}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":"10.0.0.1"}',
+    b'{"PublicIP":"0.0.0.0","PublicIPv6":"fd00::1"}',
+    b'{"PublicIP":"1.2.3.256","PublicIPv6":null}',
+    b'{"PublicIP":"01.2.3.4","PublicIPv6":null}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendType":""}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"backendtype":"vxlan"}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":{}}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null,"BackendData":null}',
+    b'{"PublicIP":"10.0.0.1","PublicIPv6":null}\n',
+])
+def test_values_at_the_edge_of_gos_shape_decode_as_the_json_decoder_decodes_them(raw):
+    assert _decoded(raw) == _decoded(raw.decode())
+
+
+@pytest.mark.parametrize("attrs", [
+    LeaseAttrs(IPv4Address("10.0.0.1"), None, "vxlan", '{"VNI":1,"VtepMAC":"0e:00:00:00:65:0a"}'),
+    LeaseAttrs(IPv4Address("10.0.0.1"), IPv6Address("fd00::1"), "vxlan",
+               '{"VNI":1,"VtepMAC":"0e:00:00:00:65:0a"}',
+               '{"VNI":1,"VtepMAC":"0e:00:00:00:65:0b"}'),
+    LeaseAttrs(IPv4Address("10.0.0.1"), None, "host-gw"),
+    LeaseAttrs(IPv4Address("10.0.0.1"), None, "wireguard",
+               '{"PublicKey":"kB4VbJd5XzEnlQm3fzuqk+JnLD5iIDBXdSLpPS4PXWY=","Port":51820}'),
+    LeaseAttrs(IPv4Address("10.0.0.1"), None),
+])
+def test_values_go_writes_decode_without_the_json_decoder(attrs, monkeypatch):
+    """What a snapshot of thousands of leases holds is decoded by the shortcut."""
+    monkeypatch.setattr(boundedjson, "loads", None)
+    assert LeaseAttrs.from_json(attrs.to_json().encode()) == attrs

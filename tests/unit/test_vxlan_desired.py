@@ -86,6 +86,23 @@ def test_peers_with_unusable_backend_data_are_skipped():
     assert not state.routes and not state.neighbours and not state.fdb
 
 
+@pytest.mark.parametrize("mac", ["0e:00:00:00:00:02", "0E:AA:00:00:00:02", "0e:00:00:00:0002:",
+                                 "0e:00:00:00:00:2", "::::::::::::::::a"])
+@pytest.mark.parametrize("vni", ["1", "0", "-3", "01"])
+def test_gos_compact_backend_data_gives_what_the_json_decoder_gives(mac, vni):
+    """The backend data in the one spelling vxlan nodes write is read without the JSON
+    decoder; the same data spelled otherwise is decoded: the entries must not differ."""
+    def state(backend_data: str):
+        lease = Lease(IPv4Network("10.244.2.0/24"), attrs=LeaseAttrs(
+            public_ip=IPv4Address("192.168.1.2"), backend_type="vxlan",
+            backend_data=backend_data))
+        found = backend().desired_state([lease], lambda _ip: None)
+        return found.routes, found.neighbours, found.fdb
+
+    compact = f'{{"VNI":{vni},"VtepMAC":"{mac}"}}'
+    assert state(compact) == state(compact.replace(",", ", "))
+
+
 def test_only_vxlan_leases_are_wanted():
     vxlan = backend()
     assert vxlan.wants(peer(2, "0e:00:00:00:00:02"))

@@ -22,7 +22,7 @@ import logging
 import posixpath
 import re
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
@@ -57,6 +57,9 @@ from flannel.subnet.etcd.client import (
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+
+#: The subnets a key names: IPv4 (None for an IPv6-only lease) and IPv6 (None if absent).
+Subnets = tuple[IPv4Network | None, IPv6Network | None]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,16 @@ def _clip(subnet: IPv4Network | IPv6Network | None, subnet_len: int) -> Any:
     if subnet is None or not subnet_len or subnet.prefixlen >= subnet_len:
         return subnet
     return type(subnet)((subnet.network_address, subnet_len))
+
+
+def _taken(keys: Iterable[Subnets | None], cfg: NetworkConfig) -> list[Subnets]:
+    """The subnets the parsed keys take (values are not read).
+
+    A key wider than SubnetLen takes only the subnet at its base, as upstream counts base
+    addresses: a stray ``0.0.0.0-1`` must not make the whole Network look taken.
+    """
+    return [(_clip(subnets[0], cfg.subnet_len), _clip(subnets[1], cfg.ipv6_subnet_len))
+            for subnets in keys if subnets is not None]
 
 
 def subnet_fits(cfg: NetworkConfig, subnet: IPv4Network | None,
@@ -200,16 +213,17 @@ class EtcdSubnetManager:
     def _key_name(self, kv: KeyValue) -> str:
         return kv.key[len(self.subnets_prefix):].decode(errors="replace")
 
-    def _subnets(self, kv: KeyValue, key: str | None = None
-                 ) -> tuple[IPv4Network | None, IPv6Network | None] | None:
+    def _subnets(self, kv: KeyValue, key: str | None = None) -> Subnets | None:
         subnets = parse_subnet_key(self._key_name(kv) if key is None else key)
         if subnets is None:
             return None
         return (None if subnets[0] == NO_IPV4 else subnets[0]), subnets[1]
 
-    def _decode(self, kv: KeyValue) -> Lease | None:
+    def _decode(self, kv: KeyValue, parsed: Mapping[bytes, Subnets | None] | None = None
+                ) -> Lease | None:
+        """The lease of a record; ``parsed`` holds keys already parsed (by ``_parse_keys``)."""
         key = self._key_name(kv)
-        subnets = self._subnets(kv, key)
+        subnets = self._subnets(kv, key) if parsed is None else parsed[kv.key]
         if subnets is None:
             self.undecodable.skip(key[:100], "the key does not name a subnet")
             return None
@@ -282,8 +296,10 @@ class EtcdSubnetManager:
         reused, deleted = await self._reuse_by_public_ip(cfg, attrs, leases)
         if reused is not None:
             return reused
+        parsed = self._parse_keys(kvs)
         # Every key that names a subnet is taken, even one whose value we cannot read.
-        taken = self._taken((kv for kv in kvs if self._key_name(kv) not in deleted), cfg)
+        taken = _taken((parsed[kv.key] for kv in kvs if self._key_name(kv) not in deleted),
+                       cfg)
         value = attrs.to_json().encode()
         lease_id, ttl = await self._grant()
         acquired = False
@@ -306,11 +322,13 @@ class EtcdSubnetManager:
                     if written_at == listed_at + 1:
                         # Nothing was written between the listing and our creation.
                         record = KeyValue(key, value, lease_id, written_at, written_at)
-                        self._acquired_listing = _Listing([*kvs, record], written_at, lease)
+                        parsed[key] = (lease.subnet, lease.ipv6_subnet)
+                        self._acquired_listing = _Listing([*kvs, record], parsed,
+                                                          written_at, lease)
                     return lease
                 log.info("another node took the subnet first (%s); choosing again "
                          "(attempt %d of %d)", lease.key, attempt, ACQUIRE_ATTEMPTS)
-                taken = self._taken(fresh, cfg)
+                taken = _taken(self._parse_keys(fresh).values(), cfg)
         finally:
             if not acquired:
                 await self._revoke_quietly(lease_id)
@@ -318,14 +336,10 @@ class EtcdSubnetManager:
             f"max retries reached trying to acquire a subnet ({ACQUIRE_ATTEMPTS} lost races); "
             "many nodes are starting at once, the process can simply be restarted")
 
-    def _taken(self, kvs: Iterable[KeyValue], cfg: NetworkConfig) -> list[Lease]:
-        """The subnets named by keys (values are not read).
-
-        A key wider than SubnetLen takes only the subnet at its base, as upstream counts
-        base addresses: a stray ``0.0.0.0-1`` must not make the whole Network look taken.
-        """
-        return [Lease(_clip(subnets[0], cfg.subnet_len), _clip(subnets[1], cfg.ipv6_subnet_len))
-                for kv in kvs if (subnets := self._subnets(kv)) is not None]
+    def _parse_keys(self, kvs: Iterable[KeyValue]) -> dict[bytes, Subnets | None]:
+        """The subnets each record's key names (None: it names none), parsed once for the
+        allocation and, when the listing becomes the first snapshot, its decoding."""
+        return {kv.key: self._subnets(kv) for kv in kvs}
 
     async def _reuse_by_public_ip(self, cfg: NetworkConfig, attrs: LeaseAttrs,
                                   leases: list[Lease]) -> tuple[Lease | None, set[str]]:
@@ -354,7 +368,7 @@ class EtcdSubnetManager:
             deleted.add(existing.key)
         return None, deleted
 
-    def _previous_if_free(self, cfg: NetworkConfig, leases: list[Lease]
+    def _previous_if_free(self, cfg: NetworkConfig, taken: list[Subnets]
                           ) -> tuple[IPv4Network | None, IPv6Network | None]:
         prev = self.previous
         wanted_v6 = prev.ipv6_subnet if cfg.enable_ipv6 else None
@@ -362,16 +376,16 @@ class EtcdSubnetManager:
             return None, None
         if not subnet_fits(cfg, prev.subnet if cfg.enable_ipv4 else None, wanted_v6):
             return None, None
-        for lease in leases:
-            if prev.subnet is not None and lease.subnet is not None \
-                    and lease.subnet.overlaps(prev.subnet):
+        for subnet, ipv6_subnet in taken:
+            if prev.subnet is not None and subnet is not None \
+                    and subnet.overlaps(prev.subnet):
                 return None, None
-            if wanted_v6 is not None and lease.ipv6_subnet is not None \
-                    and lease.ipv6_subnet.overlaps(wanted_v6):
+            if wanted_v6 is not None and ipv6_subnet is not None \
+                    and ipv6_subnet.overlaps(wanted_v6):
                 return None, None
         return (prev.subnet if cfg.enable_ipv4 else None), wanted_v6
 
-    def _allocate(self, cfg: NetworkConfig, leases: list[Lease], attrs: LeaseAttrs,
+    def _allocate(self, cfg: NetworkConfig, taken: list[Subnets], attrs: LeaseAttrs,
                   attempt: int) -> tuple[IPv4Network | None, IPv6Network | None]:
         """A free subnet at a point derived from our public IP and the attempt number, so
         simultaneous nodes rarely race for the same key (see flannel/subnet/etcd/candidates.py)."""
@@ -381,18 +395,16 @@ class EtcdSubnetManager:
             # parse_config sets the range of every enabled family.
             assert cfg.subnet_min is not None and cfg.subnet_max is not None
             subnet = free_subnet(IPv4Network, cfg.subnet_len, 32, cfg.subnet_min,
-                                 cfg.subnet_max, [x.subnet for x in leases if x.subnet],
-                                 seed, attempt)
+                                 cfg.subnet_max, [v4 for v4, _ in taken if v4], seed, attempt)
             if subnet is None:
-                raise AcquireError(self._out_of_subnets(cfg, len(leases)))
+                raise AcquireError(self._out_of_subnets(cfg, len(taken)))
         if cfg.enable_ipv6:
             assert cfg.ipv6_subnet_min is not None and cfg.ipv6_subnet_max is not None
             ipv6_subnet = free_subnet(IPv6Network, cfg.ipv6_subnet_len, 128,
                                       cfg.ipv6_subnet_min, cfg.ipv6_subnet_max,
-                                      [x.ipv6_subnet for x in leases if x.ipv6_subnet],
-                                      seed, attempt)
+                                      [v6 for _, v6 in taken if v6], seed, attempt)
             if ipv6_subnet is None:
-                raise AcquireError(self._out_of_subnets(cfg, len(leases), v6=True))
+                raise AcquireError(self._out_of_subnets(cfg, len(taken), v6=True))
         return subnet, ipv6_subnet
 
     def _out_of_subnets(self, cfg: NetworkConfig, count: int, v6: bool = False) -> str:
@@ -526,7 +538,8 @@ class EtcdSubnetManager:
         listing, self._acquired_listing = self._acquired_listing, None
         if listing is None or self._own is not listing.own or self._own_deleted:
             return None
-        leases = [lease for kv in listing.kvs if (lease := self._decode(kv)) is not None]
+        leases = [lease for kv in listing.kvs
+                  if (lease := self._decode(kv, listing.subnets)) is not None]
         self.status.relists += 1
         return Snapshot(leases), listing.revision
 
@@ -746,6 +759,7 @@ class _Listing:
     creation of ``own`` (the last record)."""
 
     kvs: list[KeyValue]
+    subnets: dict[bytes, Subnets | None]
     revision: int
     own: Lease
 
