@@ -1,6 +1,6 @@
-"""A batch of netlink requests against a real kernel, over many chunks (the next one is
-encoded while the kernel handles the last): every request is applied, every refusal is
-reported whichever chunk it is in, and a delete of what is gone is no refusal."""
+"""A batch of netlink requests against a real kernel, over many chunks (one ACK each): every
+request is applied, every refusal is reported whichever chunk it is in, and a delete of what
+is gone is no refusal."""
 
 from __future__ import annotations
 
