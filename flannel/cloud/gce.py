@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network
 from typing import Any
 
+from flannel import boundedjson
 from flannel.backenderrors import BackendConfigError
+from flannel.boundedjson import JSONLimitError
 from flannel.cloud.base import (
     NO_WAIT,
     ApiError,
@@ -71,6 +73,7 @@ PASS_OPERATION_POLLS = 10
 _PAGE = 500
 _MAX_PAGES = 40
 _MAX_BODY = 8 * 1024 * 1024
+_MAX_ERROR = 64 * 1024
 _OPERATION = re.compile(r"[A-Za-z0-9_-]{1,128}", re.ASCII)
 _THROTTLED = ("rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED")
 
@@ -202,9 +205,10 @@ class GceRoutes(RouteEngineBase):
                 raise CloudError(f"Compute Engine {action}: an answer over {_MAX_BODY} "
                                  "bytes; refusing it")
             try:
-                answer = json.loads(raw or b"{}")
-            except ValueError:
-                answer = None
+                answer = boundedjson.loads(raw or b"{}", what=f"Compute Engine {action}'s "
+                                           "answer", max_bytes=_MAX_BODY)
+            except JSONLimitError as error:
+                raise CloudError(str(error)) from None
             if not isinstance(answer, dict):
                 raise CloudError(f"Compute Engine {action}: the answer is not a JSON object")
             return answer
@@ -361,12 +365,8 @@ class GceRoutes(RouteEngineBase):
                     ours = True
                 else:  # pointed elsewhere: routes are immutable, so delete and insert
                     doomed.append((str(route["name"]), subnet, target))
-            elif collect and subnet not in live:
-                if self._orphans.confirmed(table, subnet):
-                    doomed.append((str(route["name"]), subnet, target))
-                else:
-                    log.info("gce: %s -> %s has no lease; deleting it at the next pass if "
-                             "it still has none", subnet, target)
+            elif self._orphan(table, subnet, target, live, collect):
+                doomed.append((str(route["name"]), subnet, target))
         if collect:
             self._orphans.end()
         changes: list[RouteChange] = []
@@ -398,7 +398,8 @@ def _error_of(error: urllib.error.HTTPError) -> tuple[int, str, str]:
     """(HTTP status, the first error's reason, its message) of a Compute API error answer
     (``{"error": {"code", "message", "errors": [{"reason", "message"}]}}``)."""
     try:
-        answer = json.loads(error.read(64 * 1024))
+        answer = boundedjson.loads(error.read(_MAX_ERROR), what="an error answer",
+                                   max_bytes=_MAX_ERROR)
         detail = answer["error"]
         first = (detail.get("errors") or [{}])[0]
         reason = str(first.get("reason", ""))[:80]

@@ -15,7 +15,6 @@ Must not touch: the Compute API, the store, the kernel.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import re
 import time
@@ -26,8 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from flannel import boundedjson
+from flannel.boundedjson import JSONLimitError
 from flannel.cloud.base import CloudError
 from flannel.cloud.metadata import checked
+from flannel.fileutil import read_head
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,10 @@ class _Token:
 def _token_from(source: str, body: bytes) -> tuple[str, float]:
     """(access token, seconds it lives) from an OAuth 2.0 token answer."""
     try:
-        answer = json.loads(body)
+        answer = boundedjson.loads(body, what=f"the answer of {source}", max_bytes=_MAX_BODY)
+    except JSONLimitError as error:
+        raise CloudError(str(error)) from None
+    try:
         token, lifetime = answer["access_token"], float(answer.get("expires_in", 300))
     except (ValueError, KeyError, TypeError):
         raise CloudError(f"{source} sent no access token in its answer") from None
@@ -174,19 +179,19 @@ class ServiceAccountKey:
 def read_key_file(path: str) -> ServiceAccountKey:
     """A service-account key file (JSON, as the console downloads it), checked."""
     try:
-        with open(path, "rb") as file:
-            raw = file.read(_MAX_BODY + 1)
+        raw, more = read_head(path, _MAX_BODY)
     except OSError as error:
         raise CloudError(f"{KEY_FILE_VARIABLE}: cannot read {path[:200]!r} "
                          f"({error.strerror}); point it at a service-account key file or "
                          "unset it to use the instance's service account") from None
-    if len(raw) > _MAX_BODY:
+    if more:
         raise CloudError(f"{KEY_FILE_VARIABLE}: {path[:200]!r} is over {_MAX_BODY} bytes; "
                          "not a service-account key file")
     try:
-        info = json.loads(raw)
-    except ValueError:
-        info = None
+        info = boundedjson.loads(raw, what=f"{KEY_FILE_VARIABLE}: {path[:200]!r}",
+                                 max_bytes=_MAX_BODY)
+    except JSONLimitError as error:
+        raise CloudError(str(error)) from None
     if not isinstance(info, dict):
         raise CloudError(f"{KEY_FILE_VARIABLE}: {path[:200]!r} is not a JSON object")
     if info.get("type") != "service_account":
@@ -253,7 +258,8 @@ def key_file_tokens(path: str, timeout: float) -> TokenSource:
 def _oauth_error(error: urllib.error.HTTPError) -> str:
     """The OAuth error code and description (never anything the request carried)."""
     try:
-        answer = json.loads(error.read(4096))
+        answer = boundedjson.loads(error.read(4096), what="an OAuth error answer",
+                                   max_bytes=4096)
         text = f"{answer.get('error', '')}: {answer.get('error_description', '')}"
     except (ValueError, OSError, AttributeError):
         return ""

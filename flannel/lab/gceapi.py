@@ -16,13 +16,14 @@ it failed. Errors are ``{"error": {"code", "message", "errors": [{"message", "do
 "reason"}]}}``: 401 without a valid bearer token, 403 ``quotaExceeded`` ("Quota 'ROUTES'
 exceeded") past ``route_limit`` (in the operation instead with ``limit_in_operation``), and
 whatever ``fail(action, status, reason, times)`` queues (429/403 ``rateLimitExceeded``);
-``op_fail(code, message, times)`` makes the next inserts' operations fail; ``delay`` holds
-every API answer back (a timeout). The metadata server (from the metadata server
-documentation: ``/computeMetadata/v1/...`` only with ``Metadata-Flavor: Google``, answered with
-that header, 403 otherwise) serves ``project/project-id``, ``instance/zone``
+``op_fail(code, message, times)`` makes the next inserts' operations fail; ``garble(action,
+status, body, times)`` answers ``body`` verbatim instead (a broken or hostile answer);
+``delay`` holds every API answer back (a timeout). The metadata server (from the metadata
+server documentation: ``/computeMetadata/v1/...`` only with ``Metadata-Flavor: Google``,
+answered with that header, 403 otherwise) serves ``project/project-id``, ``instance/zone``
 (``projects/<number>/zones/<zone>``), ``instance/name``, ``instance/hostname``,
 ``instance/network-interfaces/0/network`` and ``instance/service-accounts/default/token``
-(``{access_token, expires_in, token_type}``); ``paths`` overrides any value. The token
+(``{access_token, expires_in, token_type}``); ``paths`` overrides any of them. The token
 endpoint (``POST /token``, from Google's OAuth 2.0 for service accounts documentation)
 takes ``grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer`` and an RS256 ``assertion``
 whose signature it verifies with the registered key's public half (google-auth).
@@ -61,6 +62,14 @@ class ApiError(Exception):
             {"message": self.message, "domain": domain, "reason": self.reason}]}}
 
 
+class _Verbatim(Exception):
+    """An answer queued by ``garble``: sent as it is."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(status)
+        self.status, self.body = status, body
+
+
 class _Json(BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass
@@ -93,6 +102,7 @@ class FakeCompute:
         self.actions: list[str] = []
         self._faults: dict[str, list[tuple[int, str]]] = {}
         self._op_faults: list[tuple[str, str]] = []
+        self._garbled: dict[str, list[tuple[int, str]]] = {}
         self._ids = itertools.count(1000)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -152,6 +162,10 @@ class FakeCompute:
     def op_fail(self, code: str, message: str, times: int = 1) -> None:
         with self._lock:
             self._op_faults.extend([(code, message)] * times)
+
+    def garble(self, action: str, status: int, body: str, times: int = 1) -> None:
+        with self._lock:
+            self._garbled.setdefault(action, []).extend([(status, body)] * times)
 
     # --- the API -----------------------------------------------------------------------
 
@@ -238,6 +252,9 @@ class FakeCompute:
         if action is None:
             raise ApiError(404, "notFound", f"The resource '{path}' was not found")
         self.actions.append(action)
+        garbled = self._garbled.get(action)
+        if garbled:
+            raise _Verbatim(*garbled.pop(0))
         queued = self._faults.get(action)
         if queued:
             status, reason = queued.pop(0)
@@ -302,6 +319,8 @@ class FakeCompute:
                             return self.answer(200, double._exchange(form))
                     with double._lock:
                         answer = double._handle(method, parts.path, query, self.headers, body)
+                except _Verbatim as verbatim:
+                    return self.answer(verbatim.status, verbatim.body)
                 except ApiError as error:
                     if parts.path == "/token":
                         return self.answer(error.status, {"error": error.reason,
@@ -362,13 +381,13 @@ class FakeGceMetadata:
                 if self.headers.get("Metadata-Flavor") != "Google":
                     return self.answer(403, "Missing Metadata-Flavor:Google header.", headers)
                 path = self.path.removeprefix("/computeMetadata/v1/")
+                if self.path.startswith("/computeMetadata/v1/") and path in double.paths:
+                    return self.answer(200, double.paths[path],
+                                       {**headers, "Content-Type": "application/text"})
                 if path == "instance/service-accounts/default/token":
                     return self.answer(200, {"access_token": double.compute.issue_token(),
                                              "expires_in": 3599, "token_type": "Bearer"},
                                        headers)
-                if self.path.startswith("/computeMetadata/v1/") and path in double.paths:
-                    return self.answer(200, double.paths[path],
-                                       {**headers, "Content-Type": "application/text"})
                 self.answer(404, "Not Found", headers)
 
         self._server = serve(Handler, address, host)

@@ -14,7 +14,14 @@ import pytest
 from flannel.cloud.base import CloudError
 from flannel.cloud.gce import GceConfig, GceRoutes
 from flannel.cloud.gceauth import GceMetadata
-from tests.support.cloudengines import FAST, NETWORK, SUBNETS, lease
+from tests.support.cloudengines import (
+    FAST,
+    NETWORK,
+    SUBNETS,
+    full_table_error,
+    lease,
+    reconcile_all,
+)
 from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
 pytestmark = pytest.mark.cloud
@@ -60,11 +67,9 @@ def routes(api) -> dict[str, tuple[str, str]]:
 def test_each_node_routes_its_subnet_to_its_instance(compute, caplog):
     caplog.set_level(logging.DEBUG)
     nodes = [engine(compute, name) for name in NODES]
-    leases = [lease(cidr) for cidr in SUBNETS]
     for node in nodes:
         node.prepare()
-    changes = [node.reconcile(leases[i], leases[:i] + leases[i + 1:])
-               for i, node in enumerate(nodes)]
+    changes = reconcile_all(nodes)
     assert [[str(c) for c in node_changes] for node_changes in changes] == [
         [f"create {cidr} -> {name} in flannel-test/{VPC}"]
         for cidr, name in zip(SUBNETS, NODES, strict=True)]
@@ -76,8 +81,7 @@ def test_each_node_routes_its_subnet_to_its_instance(compute, caplog):
         compute.network_link, 1000, [])
     # Each insert was waited on through globalOperations.get.
     assert compute.actions.count("globalOperations.get") == 3
-    assert [node.reconcile(leases[i], leases[:i] + leases[i + 1:])
-            for i, node in enumerate(nodes)] == [[], [], []]
+    assert reconcile_all(nodes) == [[], [], []]
     assert nodes[0].status().healthy
     # The metadata server's tokens are never logged.
     assert not any(token in caplog.text for token in compute.tokens)
@@ -176,20 +180,19 @@ def test_route_quota_is_reported_as_route_limit_reached(compute, in_operation):
     nodes = [engine(compute, name) for name in NODES]
     for node in nodes:
         node.prepare()
-    nodes[0].reconcile(lease(SUBNETS[0]), [])
-    compute.route_limit, compute.limit_in_operation = 1, in_operation
-    with pytest.raises(CloudError) as raised:
-        nodes[1].reconcile(lease(SUBNETS[1]), [lease(SUBNETS[0])])
-    message = str(raised.value)
+
+    def fill() -> None:
+        compute.route_limit, compute.limit_in_operation = len(compute.routes), in_operation
+
+    message = full_table_error(nodes, fill)  # also: the status holds the message
     assert message.startswith(f"route limit reached: project flannel-test refused the route "
-                              f"for {SUBNETS[1]} in network flannel-test/{VPC} (")
+                              f"for {SUBNETS[2]} in network flannel-test/{VPC} (")
     assert "Quota 'ROUTES' exceeded" in message
     assert message.endswith("Raise the ROUTES quota of the project, or use a backend that "
                             "needs no route per node (vxlan)")
-    assert nodes[1].status().last_error == message
     compute.route_limit = None  # raised: the next pass routes it
-    assert [c.action for c in nodes[1].reconcile(lease(SUBNETS[1]), [lease(SUBNETS[0])])] \
-        == ["create"]
+    assert [[c.action for c in changes] for changes in reconcile_all(nodes)] == [
+        [], [], ["create"]]
 
 
 def test_an_operation_error_fails_the_pass_by_name(compute):
@@ -228,6 +231,34 @@ def test_an_api_that_does_not_answer_in_time_fails_the_call(compute, monkeypatch
     compute.delay = 0
 
 
+#: Deeper than the decoder's recursion limit: json.loads alone raises RecursionError.
+DEEP = "[" * 50_000
+
+
+@pytest.mark.parametrize(("status", "message"), [
+    pytest.param(200, "Compute Engine routes.list's answer nests JSON deeper than the limit "
+                      "of 32 levels", id="answer"),
+    # An error answer that cannot be read is reported by its status.
+    pytest.param(500, "Compute Engine routes.list failed: HTTP 500: ", id="error-answer"),
+])
+def test_a_deeply_nested_api_answer_is_refused_by_name(compute, status, message):
+    node = engine(compute)
+    node.prepare()
+    compute.garble("routes.list", status, DEEP)
+    with pytest.raises(CloudError) as raised:
+        node.reconcile(lease(SUBNETS[0]), [])
+    assert str(raised.value).startswith(message)
+    assert node.status().last_error == str(raised.value)
+
+
+def test_a_deeply_nested_token_answer_is_refused_by_name(compute):
+    compute.metadata(NODES[0]).paths["instance/service-accounts/default/token"] = DEEP
+    with pytest.raises(CloudError, match=r"^the answer of the metadata server's instance/"
+                                         r"service-accounts/default/token nests JSON deeper "
+                                         r"than the limit of 32 levels$"):
+        engine(compute).prepare()
+
+
 def test_missing_permission_names_the_role(compute):
     node = engine(compute)
     node.prepare()
@@ -242,6 +273,10 @@ def test_a_refused_token_is_fetched_again_once(compute):
     node.prepare()
     compute.tokens.clear()  # revoked
     assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
+    # One token at start, one fresh one after the refusal: not one per retry.
+    assert [r for r in compute.metadata(NODES[0]).requests
+            if r.endswith("service-accounts/default/token")] == \
+        ["/computeMetadata/v1/instance/service-accounts/default/token"] * 2
 
 
 def test_project_and_network_options_route_in_another_network(compute):
@@ -345,12 +380,39 @@ def test_a_key_the_token_endpoint_does_not_know_is_refused(compute, tmp_path):
     ('{"type": "authorized_user"}', "holds credentials of type 'authorized_user'"),
     ("[]", "is not a JSON object"),
     ('{"type": "service_account"}', "lacks client_email, private_key"),
+    pytest.param(DEEP, "nests JSON deeper than the limit of 32 levels", id="deeply-nested"),
+    pytest.param('{"type": "service_account", "x": "' + "x" * 70_000 + '"}',
+                 "is over 65536 bytes; not a service-account key file", id="oversized"),
 ])
 def test_unusable_key_files_are_refused_by_name(compute, tmp_path, content, message):
     path = tmp_path / "key.json"
     path.write_text(content)
-    with pytest.raises(CloudError, match=f"GOOGLE_APPLICATION_CREDENTIALS: '{path}' "):
-        engine(compute, environ={"GOOGLE_APPLICATION_CREDENTIALS": str(path)}).prepare()
-    with pytest.raises(CloudError) as raised:
+    with pytest.raises(CloudError, match=f"GOOGLE_APPLICATION_CREDENTIALS: '{path}' ") \
+            as raised:
         engine(compute, environ={"GOOGLE_APPLICATION_CREDENTIALS": str(path)}).prepare()
     assert message in str(raised.value)
+
+
+def test_a_fifo_as_the_key_file_is_refused_at_once(compute, tmp_path):
+    """Opening a FIFO for reading waits for a writer: flanneld's start would hang."""
+    fifo = tmp_path / "key.json"
+    os.mkfifo(fifo, 0o600)
+    outcome: list[str] = []
+
+    def attempt() -> None:
+        try:
+            engine(compute, environ={"GOOGLE_APPLICATION_CREDENTIALS": str(fifo)}).prepare()
+            outcome.append("accepted")
+        except CloudError as error:
+            outcome.append(str(error))
+
+    reader = threading.Thread(target=attempt, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # release the reader stuck in open()
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+        pytest.fail("reading a FIFO as GOOGLE_APPLICATION_CREDENTIALS blocked")
+    assert outcome == [f"GOOGLE_APPLICATION_CREDENTIALS: cannot read '{fifo}' (Not a regular "
+                       "file but a FIFO); point it at a service-account key file or unset it "
+                       "to use the instance's service account"]

@@ -361,6 +361,7 @@ def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, no_proxy
 
 
 def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, no_proxy):
+    from flannel.cloud.gce import route_name
     from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
     lab = make_lab()
@@ -405,7 +406,7 @@ def test_gce_nodes_route_each_other_through_the_network_routes(make_lab, no_prox
         assert_routes_repaired_collected_and_full(
             lab, routes, routed,
             lambda destination: compute.delete_route(
-                f"flannel-{destination.replace('.', '-').replace('/', '-')}"),
+                route_name(ipaddress.IPv4Network(destination))),
             limit, add_node,
             lambda: ("reconcile failed (retrying with backoff): gce routes: route limit "
                      f"reached: project flannel-lab-test refused the route for "
