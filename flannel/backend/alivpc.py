@@ -21,8 +21,9 @@ from flannel.cloud.options import KEY_OPTIONS
 
 class AliVpcBackend(CloudRouteBackend):
     type_name = "ali-vpc"
-    # The engine's API client: the standard library and the project's HTTP layer only.
-    sdk_module = "flannel.cloud.aliyunrpc"
+    # No SDK to import: the engine's API client (flannel.cloud.aliyunrpc) is the standard
+    # library and the project's HTTP layer only.
+    sdk_module = ""
     extra = ""
     option_names = tuple(KEY_OPTIONS.values())
 

@@ -33,10 +33,11 @@ _AWS_SHAPES = {
     "vpc-id": re.compile(r"vpc-[0-9a-f]{8,32}", re.ASCII),
 }
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}", re.ASCII)
-_TENCENT_REGION = re.compile(r"[a-z]{2,}(-[a-z0-9]+){1,3}", re.ASCII)
+# Tencent's and Alibaba's region names have the same shape (ap-guangzhou, cn-hangzhou).
+_REGION = re.compile(r"[a-z]{2,}(-[a-z0-9]+){1,3}", re.ASCII)
 _TENCENT_VPC = re.compile(r"vpc-[0-9a-z]{4,32}", re.ASCII)
 _ALIYUN_SHAPES = {
-    "region-id": re.compile(r"[a-z]{2,}(-[a-z0-9]+){1,3}", re.ASCII),
+    "region-id": _REGION,
     "instance-id": re.compile(r"i-[0-9a-z]{8,32}", re.ASCII),
     "vpc-id": re.compile(r"vpc-[0-9a-z]{8,32}", re.ASCII),
 }
@@ -186,7 +187,7 @@ class TencentIdentity:
 
 def tencent_identity(client: MetadataClient) -> TencentIdentity:
     """The region and VPC of this CVM, as Go flannel reads them (primary MAC's VPC)."""
-    region = checked("placement/region", client.get("placement/region"), _TENCENT_REGION)
+    region = checked("placement/region", client.get("placement/region"), _REGION)
     mac = checked("mac", client.get("mac").lower(), _MAC)
     vpc_path = f"network/interfaces/macs/{mac}/vpc-id"
     return TencentIdentity(region, checked(vpc_path, client.get(vpc_path), _TENCENT_VPC))

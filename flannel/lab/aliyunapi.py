@@ -147,11 +147,8 @@ class FakeAliyunVpc:
 
     def _verify(self, method: str, params: dict[str, str]) -> None:
         given = params.pop("Signature", "")
-        for name in ("AccessKeyId", "SignatureNonce", "Timestamp", "SignatureMethod",
-                     "SignatureVersion", "Version", "Action"):
-            if not params.get(name):
-                raise ApiError("MissingParameter", f"The input parameter \"{name}\" that is "
-                               "mandatory for processing this request is not supplied.")
+        self._required(params, "AccessKeyId", "SignatureNonce", "Timestamp", "SignatureMethod",
+                       "SignatureVersion", "Version", "Action")
         secret = self.credentials.get(params["AccessKeyId"])
         if secret is None:
             raise ApiError("InvalidAccessKeyId.NotFound", "Specified access key is not found.")

@@ -11,13 +11,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from flannel.kernel.host import Host
 
+#: Seconds between the serving loop's checks for shut(): the longest a stop waits (the
+#: standard library's 0.5 s made tests stop their servers in parallel threads).
+POLL_INTERVAL = 0.05
+
 
 def serve(handler: type[BaseHTTPRequestHandler], address: str, host: Host
           ) -> ThreadingHTTPServer:
     """Listen on ``address`` (a free port) inside ``host``'s namespace, served by threads."""
     with host.entered():  # the socket stays in that namespace; threads serve it from here
         server = ThreadingHTTPServer((address, 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(POLL_INTERVAL,), daemon=True).start()
     return server
 
 

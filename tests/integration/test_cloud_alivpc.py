@@ -5,7 +5,6 @@ documented shapes and error codes) and a fake metadata service."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import pytest
@@ -46,12 +45,8 @@ def cloud(no_proxy):
                                                 "vpc-id": VPC}}, enforced=True).start()
               for instance in INSTANCES]
     yield api, served
-    # Each server takes up to its poll interval (0.5 s) to stop: stop them together.
-    stopping = [threading.Thread(target=server.stop) for server in (*served, api)]
-    for thread in stopping:
-        thread.start()
-    for thread in stopping:
-        thread.join(10)
+    for server in (*served, api):
+        server.stop()
 
 
 def engine(cloud, index: int, backend: dict | None = None, backoff: ThrottleRetry = FAST,

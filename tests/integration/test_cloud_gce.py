@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 
 import pytest
 
@@ -42,12 +41,8 @@ def compute(no_proxy):
         api.add_instance(ZONE, name)
         served.append(FakeGceMetadata(api, metadata_paths(api, ZONE, name, VPC)).start())
     yield api
-    # Each server takes up to half a second to stop: stop them side by side.
-    stopping = [threading.Thread(target=server.stop) for server in (*served, api)]
-    for thread in stopping:
-        thread.start()
-    for thread in stopping:
-        thread.join(10)
+    for server in (*served, api):
+        server.stop()
 
 
 def engine(api, instance: str = NODES[0], backend: dict | None = None,
