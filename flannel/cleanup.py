@@ -45,15 +45,13 @@ import itertools
 import os
 import re
 import shutil
-import signal
 import socket
 import stat
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flannel import boundedjson
+from flannel import boundedjson, procstop
 from flannel.backend import footprints
 from flannel.backend.footprint import Link
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
@@ -68,7 +66,7 @@ from flannel.wireguard.keys import KeyFileError, parse_key
 from flannel.wireguard.uapi import UapiControl, is_stale_socket
 
 MAX_SCAN_BYTES = 64 * 1024  # files larger than this are not ours
-STOP_TIMEOUT = 5.0  # for a wireguard-go to exit on SIGTERM before it gets SIGKILL
+STOP_TIMEOUT = 5.0  # for a wireguard-go or charon to exit on SIGTERM before it gets SIGKILL
 MAX_NAMED_NETNS = 100_000  # entries of /run/netns looked at
 
 
@@ -221,31 +219,16 @@ def _wireguard_go_argv(pid: int) -> list[bytes]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie, waiting for its parent to collect it, has stopped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rpartition(b")")[2].split()[:1]
-    except OSError:
-        return False
-    return state != [b"Z"]
-
-
 def _stop_wireguard_go(pid: int, socket_path: Path | None, then: Callable[[], None]) -> None:
     """SIGTERM (wireguard-go then removes its device and socket), SIGKILL after
     STOP_TIMEOUT; then whatever it left: ``then`` (its device) and a stale socket."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    stopped = procstop.stop(pid, STOP_TIMEOUT)
     then()
     if socket_path is not None and is_stale_socket(socket_path):
         with contextlib.suppress(FileNotFoundError):
             socket_path.unlink()
+    if not stopped:
+        raise OSError(f"wireguard-go {pid} did not stop")
 
 
 def _serves(name: str) -> Callable[[bytes], bool]:

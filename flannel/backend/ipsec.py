@@ -48,6 +48,7 @@ from flannel.ipsec.config import (
     child_name,
     connection_message,
     connection_name,
+    established,
     shared_key_message,
 )
 from flannel.kernel import links, nsexec
@@ -70,6 +71,7 @@ _AUTH_FAILED = re.compile(
 
 #: The TUN device kernel-libipsec creates (charon's, never flanneld's).
 TUN_DEVICE = "ipsec0"
+_LOG_END_PROBE = 64 * 1024  # bytes of charon's log read at start to find its last line
 
 
 class IpsecBackend(Backend):
@@ -180,7 +182,8 @@ class ConnectionApplier(Applier):
         except CharonError as err:
             return ApplyResult(0, str(err), recheck=RECHECK)
         if self._log_offset < 0:  # failures from before this flanneld are not news
-            self._log_offset = charon.read_log(0)[0]
+            # The end of the last whole line: its tail is enough to find it.
+            self._log_offset = charon.read_log(0, _LOG_END_PROBE)[0]
         desired = self.pairs(peers)
         changes = 0
         try:
@@ -202,9 +205,10 @@ class ConnectionApplier(Applier):
                     self._loaded.pop(name, None)
                     log.info("unloaded connection %s (its peer is gone)", name)
                     changes += 1
+                sas = list(vici.list_sas())
                 # SAs of vanished peers (a connection unloaded keeps its SAs, which would
                 # carry traffic to whoever holds that address now).
-                stale = {name for sa in vici.list_sas() for name in sa
+                stale = {name for sa in sas for name in sa
                          if name.startswith(ours) and name not in desired}
                 for name in sorted(stale):
                     log.info("terminating the SAs of %s (its peer is gone)", name)
@@ -212,6 +216,7 @@ class ConnectionApplier(Applier):
                         pass
                     changes += 1
                 loaded_now: set[str] = set()
+                reloaded = False
                 for name, pair in sorted(desired.items()):
                     if name in present and self._loaded.get(name) == pair:
                         continue
@@ -219,13 +224,18 @@ class ConnectionApplier(Applier):
                     vici.load_conn(connection_message(pair, backend.ipsec, encap=backend.encap,
                                                       install_policies=backend.libipsec))
                     self._loaded[name] = pair
+                    reloaded = True
                     if name not in present:
                         log.info("loaded connection %s", name)
                         loaded_now.add(name)
                         changes += 1
-                sas = list(vici.list_sas())
-                established = _established(sas, set(desired))
-                self._established = len(established)
+                if reloaded:
+                    # charon acts on a connection as it loads it (starts a new one, replaces
+                    # the SAs of a changed one): the first dump may be out of date. Without a
+                    # load it is not: terminating stale SAs touches no desired connection.
+                    sas = list(vici.list_sas())
+                up = established(sas, desired)
+                self._established = len(up)
                 # charon initiates a connection it just loaded (start_action) by itself.
                 missing = [m for m in _missing_children(sas, desired) if m[0] not in loaded_now]
                 for name, child in missing:
@@ -241,14 +251,7 @@ class ConnectionApplier(Applier):
                 self._childless = {name for name, _ in missing}
         except (CharonError, xfrm.XfrmError) as err:
             return ApplyResult(changes, str(err), recheck=RECHECK)
-        except OSError as err:
-            return ApplyResult(changes, f"charon's VICI socket: {err}", recheck=RECHECK)
-        except Exception as err:
-            if type(err).__module__.startswith("vici"):
-                return ApplyResult(changes, f"charon refused a request: {err}",
-                                   recheck=RECHECK)
-            raise
-        self._report_auth_failures(desired, established)
+        self._report_auth_failures(desired, up)
         return ApplyResult(changes, "", recheck=RECHECK)
 
     def _sync_policies(self, desired: set[Pair]) -> int:
@@ -326,7 +329,3 @@ def _missing_children(sas: Sequence[dict[str, Any]], desired: dict[str, Pair]
     out += [(name, child_name(pair)) for name, pair in desired.items() if name not in with_sa]
     return sorted(out)
 
-
-def _established(sas: Sequence[dict[str, Any]], names: set[str]) -> set[str]:
-    return {name for sa in sas for name, ike in sa.items()
-            if name in names and ike.get("state") == b"ESTABLISHED"}

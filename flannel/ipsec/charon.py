@@ -21,8 +21,8 @@ import errno
 import logging
 import os
 import shutil
-import signal
 import socket
+import struct
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flannel import procstop
 from flannel.backoff import Backoff
-from flannel.fileutil import log_tail, open_log, write_atomic
+from flannel.fileutil import log_tail, open_log, read_head, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ STATE_DIR = Path("/run/flannel/ipsec")
 STARTUP_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 10.0
 RESTART_FIRST, RESTART_LONGEST = 1.0, 30.0
-_LOG_TAIL = 800
+_LOG_TAIL = 300
+_MAX_PID_FILE = 64  # a pid and a newline; anything longer is not our marker
 INSTALL_HINT = ("install strongSwan's charon with its VICI plugin (Debian: strongswan-charon "
                 "libstrongswan-standard-plugins, and libcharon-extra-plugins where the kernel "
                 "has no ESP)")
@@ -87,17 +89,6 @@ def config_text(log_path: Path, libipsec: bool) -> str:
         "}\n")
 
 
-def _read_small(path: Path, limit: int = 4096) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, limit).decode("utf-8", "replace")
-    finally:
-        os.close(fd)
-
-
 def process_conf(pid: int) -> str | None:
     """The STRONGSWAN_CONF a running charon was started with (None: not a charon, gone, or
     none)."""
@@ -118,26 +109,31 @@ def process_conf(pid: int) -> str | None:
 def our_pid(state_dir: Path) -> int | None:
     """The charon flanneld started from ``state_dir``, when it still runs: the pid in the
     marker, checked against the process's own config path (a reused pid is not ours)."""
-    text = _read_small(state_dir / "charon.pid")
-    if text is None or not text.strip().isdigit():
+    spec = CharonSpec(libipsec=False, state_dir=state_dir)
+    try:
+        data, more = read_head(spec.pid_path, _MAX_PID_FILE)
+    except OSError:
         return None
-    pid = int(text.strip())
-    return pid if process_conf(pid) == str(state_dir / "strongswan.conf") else None
+    text = data.decode("ascii", "replace").strip()
+    if more or not text.isdigit():
+        return None
+    pid = int(text)
+    return pid if process_conf(pid) == str(spec.conf_path) else None
 
 
 def stop(pid: int, timeout: float = 10.0) -> bool:
     """SIGTERM the charon ``pid`` (then SIGKILL after ``timeout``); True when it is gone.
     charon removes its TUN device, routes and policies as it exits."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process_conf(pid) is None:
-            return True
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    return process_conf(pid) is None
+    return procstop.stop(pid, timeout, running=lambda p: process_conf(p) is not None)
+
+
+def _cause(err: Exception) -> str:
+    """What went wrong, for a user (a timeout says nothing by itself; charon's own error
+    text is bounded)."""
+    if isinstance(err, TimeoutError):
+        return f"no reply within {REQUEST_TIMEOUT:g}s"
+    text = str(err) or type(err).__name__
+    return text[:300]
 
 
 @dataclass
@@ -158,6 +154,10 @@ class CharonSpec:
     def log_path(self) -> Path:
         return self.state_dir / "charon.log"
 
+    @property
+    def pid_path(self) -> Path:
+        return self.state_dir / "charon.pid"
+
 
 class Charon:
     """The charon of this node. ``generation`` grows every time a new charon answers: what
@@ -175,12 +175,20 @@ class Charon:
 
     @contextlib.contextmanager
     def session(self) -> Iterator[Any]:
-        """A VICI session (the ``vici`` package's ``Session``), closed afterwards."""
+        """A VICI session (the ``vici`` package's ``Session``), closed afterwards. Whatever
+        fails while it is used (charon refuses a request, the socket breaks or times out, a
+        reply cannot be decoded) comes out as CharonError."""
         try:
             import vici
+            import vici.exception
         except ImportError:
             raise CharonError("the ipsec backend needs the vici package: install pyflannel "
                               "with its ipsec extra (pip install 'pyflannel[ipsec]')") from None
+        # struct.error and UnicodeDecodeError: vici's decoder on a truncated or garbled reply.
+        failures = (OSError, struct.error, UnicodeDecodeError,
+                    vici.exception.DeserializationException,
+                    vici.exception.SessionException, vici.exception.CommandException,
+                    vici.exception.EventUnknownException)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.settimeout(REQUEST_TIMEOUT)
         try:
@@ -189,7 +197,11 @@ class Charon:
             except OSError as err:
                 raise CharonError(f"charon does not answer on {self.spec.socket_path}: "
                                   f"{os.strerror(err.errno or errno.EIO)}") from None
-            yield vici.Session(sock)
+            try:
+                yield vici.Session(sock)
+            except failures as err:
+                raise CharonError(f"charon on {self.spec.socket_path} failed a request: "
+                                  f"{_cause(err)}") from None
         finally:
             sock.close()
 
@@ -197,10 +209,8 @@ class Charon:
         try:
             with self.session() as vici:
                 vici.version()
-        except (CharonError, OSError):
-            return False
-        except Exception as err:
-            log.debug("charon's VICI socket answered badly: %s", err)
+        except CharonError as err:
+            log.debug("%s", err)
             return False
         return True
 
@@ -213,7 +223,7 @@ class Charon:
         if self._process is not None and self._process.poll() is not None:
             log.error("charon (pid %d) exited with status %s; last lines of %s: %s",
                       self._process.pid, self._process.returncode, self.spec.log_path,
-                      self._log_tail()[-300:])
+                      self._log_tail())
             self._process = None
             self.pid = None
 
@@ -248,8 +258,7 @@ class Charon:
 
     def _start(self) -> None:
         binary = find_charon()
-        state = self.spec.state_dir
-        state.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.spec.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(self.spec.conf_path,
                      config_text(self.spec.log_path, self.spec.libipsec).encode(), 0o600)
         out = open_log(self.spec.log_path)
@@ -262,17 +271,17 @@ class Charon:
         finally:
             os.close(out)
         self.pid = self._process.pid
-        write_atomic(state / "charon.pid", f"{self.pid}\n".encode(), 0o644)
+        write_atomic(self.spec.pid_path, f"{self.pid}\n".encode(), 0o644)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not self.answers():
             if self._process.poll() is not None:
                 code = self._process.returncode
                 self._process = None
                 raise CharonError(f"charon exited with status {code} at start: "
-                                  f"{self._log_tail()[-300:]}")
+                                  f"{self._log_tail()}")
             if time.monotonic() > deadline:
                 raise CharonError(f"charon did not answer on {self.spec.socket_path} within "
-                                  f"{STARTUP_TIMEOUT:g}s: {self._log_tail()[-300:]}")
+                                  f"{STARTUP_TIMEOUT:g}s: {self._log_tail()}")
             time.sleep(0.05)
         log.info("charon started (pid %d, %s ESP, log %s)", self.pid,
                  "userspace (kernel-libipsec)" if self.spec.libipsec else "kernel",

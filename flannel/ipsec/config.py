@@ -10,6 +10,7 @@ keyingtries 0, PSK auth, child in tunnel mode with reqid 11, start/trap/restart,
 
 API: ``IpsecConfig.from_backend(backend_obj)`` (raises ``BackendConfigError``), ``cfg.mtu``,
 ``Pair`` (one local/remote lease pair), ``connection_name``, ``child_name``,
+``established`` (the connections with an established IKE SA in a ``list-sas`` answer),
 ``shared_key_message``, ``connection_message``.
 The PSK is a ``Secret``: its repr hides it; it is never in a message or a log line.
 Must not touch: files, the kernel, charon (``flannel.ipsec.charon`` talks to it).
@@ -17,6 +18,7 @@ Must not touch: files, the kernel, charon (``flannel.ipsec.charon`` talks to it)
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
@@ -104,6 +106,13 @@ def connection_name(pair: Pair) -> str:
 
 def child_name(pair: Pair) -> str:
     return f"{pair.local_subnet}-{pair.remote_subnet}"
+
+
+def established(sas: Iterable[dict[str, Any]], names: Collection[str]) -> set[str]:
+    """Which of the connections ``names`` hold an established IKE SA in ``sas`` (charon's
+    ``list-sas`` answer: one ``{connection: IKE SA}`` per SA)."""
+    return {name for sa in sas for name, ike in sa.items()
+            if name in names and ike.get("state") == b"ESTABLISHED"}
 
 
 def shared_key_id(owner: IPv4Address) -> str:

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from ipaddress import IPv4Network, ip_address
 from pathlib import Path
@@ -184,7 +183,9 @@ def test_restart_keeps_the_established_sas_and_loses_no_ping(lab3, sig):
     pid = charon_pid(lab, 1)
     log_before = len(lab.log(1))
     runs = start_pings(lab, [(2, 1), (1, 3)], seconds=6, interval=0.1)
-    time.sleep(0.5)
+    # The restart comes once both paths carry echoes, while the runs still go on.
+    wait_until(lambda: lab.ping(2, 1) and lab.ping(1, 3), 5, interval=0.05,
+               what="echoes answered on both paths before the restart")
     code = lab.stop_flanneld(1, sig)
     assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
     lab.start_flanneld(1, *HEALTH)

@@ -211,7 +211,9 @@ def test_restart_keeps_wireguard_go_and_loses_no_ping(lab3, sig):
     assert len(before) == 2  # flannel-wg and flannel-wg-v6
     log_before = len(lab.log(1))
     runs = start_pings(lab, [(2, 1), (1, 3)], seconds=6, interval=0.1)
-    time.sleep(0.5)  # let some pings through before the restart
+    # The restart comes once both paths carry echoes, while the runs still go on.
+    wait_until(lambda: lab.ping(2, 1) and lab.ping(1, 3), 5, interval=0.05,
+               what="echoes answered on both paths before the restart")
     code = lab.stop_flanneld(1, sig)
     assert code == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
     lab.start_flanneld(1)

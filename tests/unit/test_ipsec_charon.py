@@ -1,14 +1,22 @@
 """What flanneld asks of charon before it runs one: the strongswan.conf it writes (the
 system's included, a log with connection names, kernel-libipsec only where asked), where it
-looks for charon and what it says when there is none, and which running process it calls
-its own (the marker's pid must be a charon started with flanneld's config)."""
+looks for charon and what it says when there is none, which running process it calls
+its own (the marker's pid must be a charon started with flanneld's config), how a VICI
+session that fails comes out (a CharonError, whatever failed) and how cleanup stops a charon
+that ignores SIGTERM."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import struct
 import subprocess
+import sys
+import threading
 
 import pytest
+from vici.protocol import Message
 
 from flannel.ipsec import charon
 from flannel.ipsec.charon import Charon, CharonError, CharonSpec
@@ -38,6 +46,8 @@ def test_a_marker_naming_a_process_that_is_not_our_charon_is_not_ours(tmp_path):
     (tmp_path / "charon.pid").write_text("not a pid\n")
     assert charon.our_pid(tmp_path) is None
     (tmp_path / "charon.pid").unlink()
+    assert charon.our_pid(tmp_path) is None
+    os.mkfifo(tmp_path / "charon.pid")  # would block a reader that opened it for reading
     assert charon.our_pid(tmp_path) is None
 
 
@@ -101,3 +111,73 @@ def test_a_charon_that_keeps_dying_is_started_again_later_each_time(monkeypatch,
     with pytest.raises(CharonError, match=r"starting it again in 2s"):
         daemon.ensure()
     assert oct((tmp_path / "state" / "strongswan.conf").stat().st_mode & 0o777) == "0o600"
+
+
+def _serve_once(path, answer):
+    """A VICI socket at ``path`` that reads one request and then does ``answer(conn)``."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def run() -> None:
+        conn, _ = server.accept()
+        with conn:
+            length, = struct.unpack("!I", conn.recv(4))
+            conn.recv(length)
+            answer(conn)
+            conn.recv(1)  # until the client closes
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return server, thread
+
+
+def _refuse(conn):
+    packet = bytes([1]) + Message.serialize({"success": "no", "errmsg": "invalid proposal"})
+    conn.sendall(struct.pack("!I", len(packet)) + packet)
+
+
+@pytest.mark.parametrize(("answer", "cause"), [
+    (_refuse, "Command failed: invalid proposal"),  # vici's CommandException
+    (lambda conn: conn.shutdown(socket.SHUT_WR), "Connection closed"),  # charon died
+    (lambda conn: None, "no reply within 0.2s"),  # charon hangs
+])
+def test_a_vici_request_that_fails_in_a_session_is_a_charon_error(monkeypatch, tmp_path,
+                                                                  answer, cause):
+    monkeypatch.setattr(charon, "REQUEST_TIMEOUT", 0.2)
+    spec = CharonSpec(libipsec=False, socket_path=tmp_path / "charon.vici", state_dir=tmp_path)
+    server, thread = _serve_once(spec.socket_path, answer)
+    try:
+        with pytest.raises(CharonError) as raised, Charon(spec).session() as vici:
+            vici.load_conn({"peer": {"version": "2"}})
+        assert str(raised.value) == (f"charon on {spec.socket_path} failed a request: {cause}")
+    finally:
+        thread.join(5)
+        server.close()
+    assert not thread.is_alive()
+
+
+def test_a_charon_that_ignores_sigterm_is_killed_and_reported_stopped(tmp_path):
+    """A program named charon started with a strongswan.conf (as flanneld starts charon)
+    that traps SIGTERM: it needs SIGKILL, and stop waits for it to go."""
+    fake = tmp_path / "charon"
+    fake.symlink_to(sys.executable)  # the kernel names the process after the path run
+    conf = tmp_path / "strongswan.conf"
+    stubborn = subprocess.Popen(
+        [str(fake), "-c", "import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+         "print('ready', flush=True)\n"
+         "time.sleep(60)\n"],
+        env={"STRONGSWAN_CONF": str(conf)}, stdout=subprocess.PIPE)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+        (tmp_path / "charon.pid").write_text(f"{stubborn.pid}\n")
+        assert charon.our_pid(tmp_path) == stubborn.pid
+        assert charon.stop(stubborn.pid, timeout=0.3) is True
+        assert stubborn.wait(5) == -signal.SIGKILL
+        assert charon.our_pid(tmp_path) is None
+    finally:
+        stubborn.kill()
+        stubborn.wait()
+        if stubborn.stdout is not None:
+            stubborn.stdout.close()

@@ -14,6 +14,7 @@ import importlib.util
 from pathlib import Path
 
 from flannel.ipsec.charon import VICI_SOCKET, Charon, CharonError, CharonSpec, find_charon
+from flannel.ipsec.config import Pair, connection_name, established
 from flannel.ops.checks import Context
 from flannel.ops.findings import Finding
 
@@ -44,12 +45,15 @@ def check_ipsec(ctx: Context) -> list[Finding]:
                         "flanneld starts charon and restarts it when it dies: read "
                         "/run/flannel/ipsec/charon.log and flanneld's log for why it does "
                         "not answer")]
-    established = {name for sa in sas for name, ike in sa.items()
-                   if ike.get("state") == b"ESTABLISHED"}
     own, public = ctx.own_subnet, ctx.public_ip()
-    for peer in ctx.peers:
-        name = f"{public}-{own}-{peer.subnet}-{peer.attrs.public_ip}"
-        if name not in established:
+    if own is None or public is None:
+        return found  # without our lease no connection can be named (the node check says so)
+    names = {connection_name(Pair(public, own, peer.attrs.public_ip, peer.subnet)): peer
+             for peer in ctx.peers
+             if peer.attrs.public_ip is not None and peer.subnet is not None}
+    up = established(sas, names)
+    for name, peer in names.items():
+        if name not in up:
             found.append(Finding(
                 "ipsec", "warning",
                 f"no established IKE SA with peer {peer.attrs.public_ip} (subnet "
