@@ -27,7 +27,7 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
@@ -37,7 +37,6 @@ from flannel.netutil import within
 log = logging.getLogger(__name__)
 
 IPNetwork = IPv4Network | IPv6Network
-T = TypeVar("T")
 
 #: Protocols of routes a hand or Go flannel (netlink's default) installs; routes of any other
 #: protocol (kernel, ra, dhcp, routing daemons) are never adopted.
@@ -144,15 +143,73 @@ def read_actual(sock: Netlink, desired: DesiredState) -> ActualState:
     routes, routes on our devices and the underlay (adoption), and the neighbours and FDB
     entries of our devices, so that a host's other tables (a bridge learning a million
     MACs, an ARP-flooded underlay) cost a pass nothing. A kernel that cannot filter dumps
-    (before strict checking) sends everything in one dump, filtered here.
+    (before strict checking) sends everything in one dump, filtered here."""
+    return _read(sock, desired, _Nothing())
 
-    Each entry of a dump that is one of desired's is struck off as it is decoded, not kept:
-    the answer holds desired's own entries, less those the kernel lacks, and only the
-    kernel's other entries are added (a converged kernel's answer shares desired's sets).
-    Reading back 5000 peers' tables is then 15,000 short-lived objects, one at a time,
-    rather than sets of them that outlive the dumps and leave pymalloc arenas pinned by
-    whatever else was allocated meanwhile."""
-    held = _Held(desired)
+
+def read_unless_converged(sock: Netlink, desired: DesiredState) -> ActualState | None:
+    """``read_actual``'s answer when the kernel holds every entry of ``desired`` (what a
+    periodic pass almost always finds), None otherwise. Each entry of a dump that is one of
+    desired's is counted and dropped as it is decoded, and the answer shares desired's sets
+    with only the kernel's other entries added: reading back 5000 peers' tables is then
+    15,000 short-lived objects, one at a time, rather than sets of them that outlive the
+    dumps and leave pymalloc arenas pinned by whatever else was allocated meanwhile.
+    The kernel holds one entry per identity (a route per destination, tos and metric in a
+    table; a neighbour per device and IP; an FDB remote per device, MAC and destination),
+    so no entry is counted twice."""
+    counted = _Counted(desired)
+    actual = _read(sock, desired, counted)
+    if (counted.routes, counted.neighbours, counted.fdb_entries) != (
+            len(desired.routes), len(desired.neighbours), len(desired.fdb)):
+        return None
+    return ActualState(desired.routes | actual.routes if actual.routes else desired.routes,
+                       desired.neighbours | actual.neighbours if actual.neighbours
+                       else desired.neighbours,
+                       desired.fdb | actual.fdb if actual.fdb else desired.fdb,
+                       actual.adopted)
+
+
+class _Nothing:
+    """Counts nothing: every entry is kept."""
+
+    def route(self, _entry: tuple[Route, int, int]) -> bool:
+        return False
+
+    def neighbour(self, _entry: tuple[Neighbour | FdbEntry, int, int]) -> bool:
+        return False
+
+    fdb = neighbour
+
+
+class _Counted(_Nothing):
+    """Counts (and so drops) each of desired's entries the kernel holds as ours."""
+
+    def __init__(self, desired: DesiredState) -> None:
+        self.desired = desired
+        self.routes = self.neighbours = self.fdb_entries = 0
+
+    def route(self, entry: tuple[Route, int, int]) -> bool:
+        if entry[1] == rtnl.RTPROT_FLANNEL and entry[0] in self.desired.routes:
+            self.routes += 1
+            return True
+        return False
+
+    def neighbour(self, entry: tuple[Neighbour | FdbEntry, int, int]) -> bool:
+        if entry[1] & rtnl.NUD_PERMANENT and entry[0] in self.desired.neighbours:
+            self.neighbours += 1
+            return True
+        return False
+
+    def fdb(self, entry: tuple[Neighbour | FdbEntry, int, int]) -> bool:
+        if entry[1] & rtnl.NUD_PERMANENT and entry[2] & rtnl.NTF_SELF \
+                and entry[0] in self.desired.fdb:
+            self.fdb_entries += 1
+            return True
+        return False
+
+
+def _read(sock: Netlink, desired: DesiredState, counted: _Nothing) -> ActualState:
+    """Our entries in the kernel (``read_actual``) but those ``counted`` drops."""
     routes: set[Route] = set()
     adopted: set[Route] = set()
     main, unicast = rtnl.RT_TABLE_MAIN, rtnl.RTN_UNICAST
@@ -161,13 +218,13 @@ def read_actual(sock: Netlink, desired: DesiredState) -> ActualState:
         if sock.strict:
             routes.update(route for route, _proto, _table in sock.routes(
                 family, table=main, protocol=rtnl.RTPROT_FLANNEL, kind=unicast,
-                unless=held.route))
+                unless=counted.route))
         for oif in oifs:
             # Ours were read by protocol, when the kernel can select it.
             for route, proto, _table in sock.routes(
                     family, table=main, kind=unicast, oif=oif,
                     not_protocol=rtnl.RTPROT_FLANNEL if sock.strict else None,
-                    unless=held.route):
+                    unless=counted.route):
                 if proto == rtnl.RTPROT_FLANNEL:
                     routes.add(route)
                 elif adoptable(route, proto, desired):
@@ -177,55 +234,15 @@ def read_actual(sock: Netlink, desired: DesiredState) -> ActualState:
     for device in sorted(desired.devices):
         for family in desired.families:
             for entry, state, _flags in sock.neighbours(family, device,
-                                                        unless=held.neighbour):
+                                                        unless=counted.neighbour):
                 if isinstance(entry, Neighbour) and state & rtnl.NUD_PERMANENT:
                     neighbours.add(entry)
-        for entry, state, flags in sock.neighbours(AF_BRIDGE, device, unless=held.fdb):
+        for entry, state, flags in sock.neighbours(AF_BRIDGE, device, unless=counted.fdb):
             if isinstance(entry, FdbEntry) and state & rtnl.NUD_PERMANENT \
                     and flags & rtnl.NTF_SELF:
                 fdb.add(entry)
-    return ActualState(_with(desired.routes, held.missing_routes, routes),
-                       _with(desired.neighbours, held.missing_neighbours, neighbours),
-                       _with(desired.fdb, held.missing_fdb, fdb), frozenset(adopted))
-
-
-class _Held:
-    """Strikes each of desired's entries the dumps show held as ours off its ``missing``
-    set (the kernel holds one entry per identity: a route per destination, tos and metric
-    in a table; a neighbour per device and IP; an FDB remote per device, MAC and
-    destination)."""
-
-    def __init__(self, desired: DesiredState) -> None:
-        self.desired = desired
-        self.missing_routes = set(desired.routes)
-        self.missing_neighbours = set(desired.neighbours)
-        self.missing_fdb = set(desired.fdb)
-
-    def route(self, entry: tuple[Route, int, int]) -> bool:
-        if entry[1] == rtnl.RTPROT_FLANNEL and entry[0] in self.desired.routes:
-            self.missing_routes.discard(entry[0])
-            return True
-        return False
-
-    def neighbour(self, entry: tuple[Neighbour | FdbEntry, int, int]) -> bool:
-        if entry[1] & rtnl.NUD_PERMANENT and entry[0] in self.desired.neighbours:
-            self.missing_neighbours.discard(entry[0])
-            return True
-        return False
-
-    def fdb(self, entry: tuple[Neighbour | FdbEntry, int, int]) -> bool:
-        if entry[1] & rtnl.NUD_PERMANENT and entry[2] & rtnl.NTF_SELF \
-                and entry[0] in self.desired.fdb:
-            self.missing_fdb.discard(entry[0])
-            return True
-        return False
-
-
-def _with(desired: frozenset[T], missing: set[T], others: set[T]) -> frozenset[T]:
-    """Desired's entries less the missing ones, plus the others read (desired's own set
-    when the kernel holds all of it and nothing else)."""
-    held = desired - missing if missing else desired
-    return held | others if others else held
+    return ActualState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
+                       frozenset(adopted))
 
 
 def plan(desired: DesiredState, actual: ActualState) -> list[tuple[str, object]]:
@@ -416,7 +433,7 @@ def reconcile(sock: Netlink, desired: DesiredState,
     Raises ``ReconcileError`` when the kernel refused any change (every change is still
     attempted); ``hint`` turns the first refusal into advice ("" when it has none).
     """
-    actual = read_actual(sock, desired)
+    actual = read_unless_converged(sock, desired) or read_actual(sock, desired)
     ops = plan(desired, actual)
     if actual.adopted:
         taken = sorted(r for _verb, r in ops if isinstance(r, Route) and r in actual.adopted)
