@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 
 import pytest
 
@@ -22,6 +21,7 @@ from tests.support.cloudengines import (
     lease,
     reconcile_all,
 )
+from tests.support.fifos import outcome_of_reading
 from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
 pytestmark = pytest.mark.cloud
@@ -393,22 +393,15 @@ def test_a_fifo_as_the_key_file_is_refused_at_once(compute, tmp_path):
     """Opening a FIFO for reading waits for a writer: flanneld's start would hang."""
     fifo = tmp_path / "key.json"
     os.mkfifo(fifo, 0o600)
-    outcome: list[str] = []
 
-    def attempt() -> None:
+    def attempt() -> str:
         try:
             engine(compute, environ={"GOOGLE_APPLICATION_CREDENTIALS": str(fifo)}).prepare()
-            outcome.append("accepted")
         except CloudError as error:
-            outcome.append(str(error))
+            return str(error)
+        return "accepted"
 
-    reader = threading.Thread(target=attempt, daemon=True)
-    reader.start()
-    reader.join(5)
-    if reader.is_alive():  # release the reader stuck in open()
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        reader.join(5)
-        pytest.fail("reading a FIFO as GOOGLE_APPLICATION_CREDENTIALS blocked")
+    outcome = [outcome_of_reading(fifo, attempt, "GOOGLE_APPLICATION_CREDENTIALS")]
     assert outcome == [f"GOOGLE_APPLICATION_CREDENTIALS: cannot read '{fifo}' (Not a regular "
                        "file but a FIFO); point it at a service-account key file or unset it "
                        "to use the instance's service account"]

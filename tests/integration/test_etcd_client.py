@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 
 import pytest
 
@@ -20,6 +19,7 @@ from flannel.subnet.etcd.client import (
     EtcdUnavailable,
     parse_endpoints,
 )
+from tests.support.fifos import outcome_of_reading
 from tests.support.tls import make_tls_files
 from tests.support.waiting import async_wait_until
 
@@ -141,22 +141,15 @@ def test_a_fifo_as_a_tls_file_is_refused_at_once(tmp_path):
     """Opening a FIFO for reading waits for a writer: flanneld's start would hang."""
     fifo = tmp_path / "ca.pem"
     os.mkfifo(fifo, 0o600)
-    outcome: list[str] = []
 
-    def attempt() -> None:
+    def attempt() -> str:
         try:
             EtcdClient(EtcdOptions(parse_endpoints("https://127.0.0.1:2379"), cafile=str(fifo)))
-            outcome.append("accepted")
         except EtcdOptionError as err:
-            outcome.append(str(err))
+            return str(err)
+        return "accepted"
 
-    reader = threading.Thread(target=attempt, daemon=True)
-    reader.start()
-    reader.join(5)
-    if reader.is_alive():  # release the reader stuck in open()
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        reader.join(5)
-        pytest.fail("reading a FIFO as --etcd-cafile blocked")
+    outcome = [outcome_of_reading(fifo, attempt, "--etcd-cafile")]
     assert outcome == [f"--etcd-cafile: cannot read {fifo}: Not a regular file but a FIFO; "
                        "give the path of a PEM file"]
 

@@ -5,7 +5,6 @@ import os
 import shutil
 import stat
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from flannel.wireguard.keys import (
     read_key_file,
     x25519,
 )
+from tests.support.fifos import outcome_of_reading
 
 
 def test_a_missing_key_file_is_created_0400_in_a_0700_directory(tmp_path):
@@ -137,14 +137,7 @@ def test_a_fifo_at_the_key_path_is_refused_at_once(tmp_path):
     """Opening a FIFO for reading waits for a writer: start-up would hang."""
     path = tmp_path / "wgkey"
     os.mkfifo(path, 0o600)
-    outcome: list[object] = []
-    reader = threading.Thread(target=lambda: outcome.append(_attempt(path)), daemon=True)
-    reader.start()
-    reader.join(5)
-    if reader.is_alive():  # release the reader stuck in open()
-        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-        reader.join(5)
-        pytest.fail("reading a FIFO key file blocked")
+    outcome = [outcome_of_reading(path, lambda: _attempt(path), "the WireGuard key file")]
     assert outcome == [
         f"WireGuard key file {path} is a FIFO, not a regular file: remove it (flanneld then "
         "creates a key there) or set WIREGUARD_KEY_FILE to the key file"]
