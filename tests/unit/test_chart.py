@@ -67,7 +67,7 @@ NET_CONF: dict[str, dict[str, Any]] = {
         "PreStartupCommand": EXTENSION_DIR + "pre-startup eth0",
         "PostStartupCommand": EXTENSION_DIR + "post-startup",
         "SubnetAddCommand": EXTENSION_DIR + "subnet-add",
-        "SubnetRemoveCommand": EXTENSION_DIR + "subnet-remove"}},
+        "SubnetRemoveCommand": EXTENSION_DIR + "subnet-remove", "EncapOverhead": 50}},
     "alloc": DEFAULT_NET | {"Backend": {"Type": "alloc"}},
     "aws-vpc": DEFAULT_NET | {"Backend": {"Type": "aws-vpc",
                                           "RouteTableID": "rtb-0123456789abcdef0"}},
@@ -173,7 +173,8 @@ def test_backend_options_decode_as_asked():
     assert (ipsec.psk, ipsec.udp_encap) == (psk, True)
     assert ExtensionConfig.from_backend(backend("extension")) == ExtensionConfig(
         pre_startup=EXTENSION_DIR + "pre-startup eth0", post_startup=EXTENSION_DIR + "post-startup",
-        subnet_add=EXTENSION_DIR + "subnet-add", subnet_remove=EXTENSION_DIR + "subnet-remove")
+        subnet_add=EXTENSION_DIR + "subnet-add", subnet_remove=EXTENSION_DIR + "subnet-remove",
+        encap_overhead=50)
 
 
 @pytest.mark.parametrize("mode", ["separate", "auto", "ipv4", "ipv6"])
