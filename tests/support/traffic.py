@@ -75,10 +75,11 @@ def df_ping(netns: str, target: str, size: int, count: int = 1, within: float = 
             ) -> DfPing:
     """Ping ``target`` from ``netns`` with don't-fragment packets of ``size`` bytes, IP
     header included (ICMP payload ``size`` - 28, IPv6 ``size`` - 48); with ``within``,
-    echoes every 0.2 s until one is answered or ``within`` seconds passed."""
+    echoes every 0.2 s until one is answered or ``within`` seconds passed; without, ``count``
+    echoes 0.2 s apart, each waited for up to 2 s."""
     v6 = ":" in target
     payload = size - (48 if v6 else 28)
-    timing = ["-i", "0.2", "-w", f"{within:g}"] if within else ["-W", "2"]
+    timing = ["-i", "0.2", *(["-w", f"{within:g}"] if within else ["-W", "2"])]
     result = subprocess.run(["ip", "netns", "exec", netns, "ping", "-6" if v6 else "-4",
                              "-M", "do", "-s", str(payload), "-c", str(count), *timing,
                              target], capture_output=True, text=True,
