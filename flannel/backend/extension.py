@@ -10,8 +10,10 @@ pass (readiness says so) and is tried again on the next one (the data plane retr
 backoff). A subnet command that fails for one peer makes that peer a bad peer: skipped,
 counted on /metrics (``flannel_engine_extension_*``), listed in /status, retried with its own
 backoff, and not a readiness failure: every node would otherwise go not ready for one bad
-node. Nothing is fatal. The lease is published with the interface's addresses, not
-``--public-ip``, as Go does. How commands run (no shell, ``$VAR`` expansion, timeouts, stdin)
+node. Nothing is fatal once started. The lease is published with the interface's addresses,
+not ``--public-ip``, as Go does. Pods get the external MTU less ``EncapOverhead`` (pyflannel's
+option: Go has none and gives them the external MTU, which a data path that encapsulates
+cannot carry). How commands run (no shell, ``$VAR`` expansion, timeouts, stdin)
 is ``flannel/extension``'s.
 Must not touch: the store; the kernel (the commands do, in the ``Host``'s namespace).
 """
@@ -41,11 +43,15 @@ from flannel.extension.peers import (
     pre_startup,
     run_post_startup,
 )
+from flannel.kernel.device import MIN_MTU
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
+
+#: The least MTU an IPv6 link may have (RFC 8200).
+IPV6_MIN_MTU = 1280
 
 
 def _some(keys: list[str]) -> str:
@@ -112,7 +118,7 @@ class ExtensionBackend(Backend):
                           "each peer, so this node's kernel is not judged")
     # ShutdownCommand: in upstream's examples, ignored by Go flannel and here.
     option_names = ("PreStartupCommand", "PostStartupCommand", "SubnetAddCommand",
-                    "SubnetRemoveCommand", "ShutdownCommand")
+                    "SubnetRemoveCommand", "ShutdownCommand", "EncapOverhead")
 
     @classmethod
     def parse_options(cls, config: NetworkConfig) -> None:
@@ -125,6 +131,7 @@ class ExtensionBackend(Backend):
         self.engine = ExtensionCommands(self.commands, self.options.host)
 
     async def prepare(self) -> LocalNetwork:
+        mtu = self.pods_mtu()  # a refusal before any command has run
         try:
             data = await asyncio.to_thread(pre_startup, self.commands, self.options.host)
         except CommandFailed as err:
@@ -132,9 +139,22 @@ class ExtensionBackend(Backend):
                                "script for pipes, redirections or several steps)") from None
         ext, config = self.ext, self.config
         return LocalNetwork(
-            "extension", ext.mtu, data,
+            "extension", mtu, data,
             public_ip=ext.iface_addr if config.enable_ipv4 else None,
             public_ipv6=ext.iface_v6_addr if config.enable_ipv6 else None)
+
+    def pods_mtu(self) -> int:
+        """The external MTU less what the commands' encapsulation adds (``EncapOverhead``;
+        none by default, as in Go, which gives pods the external MTU)."""
+        mtu = self.ext.mtu - self.commands.encap_overhead
+        least = IPV6_MIN_MTU if self.config.enable_ipv6 else MIN_MTU
+        if mtu < least:
+            raise BackendError(
+                f"the extension backend's EncapOverhead ({self.commands.encap_overhead}) leaves "
+                f"pods an MTU of {mtu} on {self.ext.name} (MTU {self.ext.mtu}); "
+                f"{'IPv6 needs' if least == IPV6_MIN_MTU else 'a link needs'} at least {least}: "
+                "give the bytes the commands' data path really adds")
+        return mtu
 
     async def activate(self, lease: Lease) -> None:
         await super().activate(lease)

@@ -120,7 +120,29 @@ class IpsecBackend(Backend):
             await asyncio.to_thread(self.charon.ensure)
         except CharonError as err:
             raise BackendError(str(err)) from None
-        return LocalNetwork("ipsec", self.ipsec.mtu(self.ext.mtu, self.encap))
+        mtu = self.ipsec.mtu(self.ext.mtu, self.encap)
+        if self.libipsec:
+            mtu = await asyncio.to_thread(self._fit_tun, mtu)
+        return LocalNetwork("ipsec", mtu)
+
+    def _fit_tun(self, mtu: int) -> int:
+        """The pods' MTU with kernel-libipsec: ``mtu`` (what ESP in UDP leaves of the external
+        MTU), or less when charon's TUN carries less. kernel-libipsec gives ``ipsec0`` an MTU of
+        its own (1400, which strongSwan has no option for) and reads no larger packet from it,
+        so raising the TUN's MTU would truncate packets: the pods' MTU follows it instead."""
+        with Rtnl(self.options.host) as sock:
+            tun = links.get_link(sock, TUN_DEVICE)
+        if tun is None or tun.kind != "tun":
+            raise BackendError(
+                f"charon runs without kernel-libipsec's TUN {TUN_DEVICE}, and this kernel has "
+                "no ESP: nothing would carry the pods' packets; install kernel-libipsec "
+                "(Debian: libcharon-extra-plugins) and restart flanneld (a charon that flanneld "
+                "did not start must load it in its own strongswan.conf)")
+        if tun.link.mtu < mtu:
+            log.info("pods get MTU %d, what charon's %s carries (%s less ESP in UDP would "
+                     "be %d)", tun.link.mtu, TUN_DEVICE, self.ext.name, mtu)
+            return tun.link.mtu
+        return mtu
 
     def appliers(self) -> Sequence[ConnectionApplier]:
         return (self._applier,)

@@ -2,7 +2,8 @@
 
 Owns: decoding ``PreStartupCommand``, ``PostStartupCommand``, ``SubnetAddCommand``,
 ``SubnetRemoveCommand`` (case-insensitive, Go's names; ``ShutdownCommand`` of the upstream
-examples is ignored, as in Go), the pre-startup output published as a JSON string in
+examples is ignored, as in Go) and pyflannel's ``EncapOverhead`` (bytes the commands' data
+path adds to a pod packet, 0 to 1024), the pre-startup output published as a JSON string in
 ``BackendData``, the post-startup environment (``NETWORK``, ``SUBNET``, ``IPV6SUBNET``,
 ``PUBLIC_IP``, ``PUBLIC_IPV6``), and per remote lease: the add command (env ``SUBNET``,
 ``PUBLIC_IP``, and ``IPV6SUBNET`` / ``PUBLIC_IPV6`` when the lease has them; stdin = the
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 
 from flannel import boundedjson
+from flannel.backenderrors import BackendConfigError
 from flannel.backendoptions import decode_options
 from flannel.backoff import Backoff
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
@@ -49,6 +51,8 @@ MAX_PUBLISHED_DATA = boundedjson.MAX_LEASE_BYTES - 1024
 _LOG_OUTPUT = 2000
 #: Seconds before a bad peer's command is tried again: first, doubling up to longest.
 BAD_PEER_BACKOFF = (5.0, 300.0)
+#: The largest ``EncapOverhead``: more than any encapsulation adds, less than any MTU.
+MAX_ENCAP_OVERHEAD = 1024
 
 
 class CommandFailed(Exception):
@@ -57,11 +61,15 @@ class CommandFailed(Exception):
 
 @dataclass(frozen=True)
 class ExtensionConfig:
+    """``encap_overhead``: the bytes the commands' data path adds to every pod packet
+    (``EncapOverhead``, pyflannel's own option); pods get the external MTU less that."""
+
     pre_startup: str = ""
     post_startup: str = ""
     subnet_add: str = ""
     subnet_remove: str = ""
     timeout: float = DEFAULT_TIMEOUT
+    encap_overhead: int = 0
 
     @classmethod
     def from_backend(cls, backend: Mapping[str, object], timeout: float = DEFAULT_TIMEOUT
@@ -69,9 +77,17 @@ class ExtensionConfig:
         fields = decode_options(backend, {
             "PreStartupCommand": (str, ""), "PostStartupCommand": (str, ""),
             "SubnetAddCommand": (str, ""), "SubnetRemoveCommand": (str, ""),
+            "EncapOverhead": (int, 0),
         }, _CONTEXT)
+        overhead = fields["EncapOverhead"]
+        if not 0 <= overhead <= MAX_ENCAP_OVERHEAD:
+            raise BackendConfigError(
+                f"{_CONTEXT}: EncapOverhead {overhead} is out of range; give the bytes your "
+                f"commands' data path adds to each pod packet (0 to {MAX_ENCAP_OVERHEAD}; "
+                "50 for vxlan over IPv4), or leave it out for none")
         return cls(fields["PreStartupCommand"], fields["PostStartupCommand"],
-                   fields["SubnetAddCommand"], fields["SubnetRemoveCommand"], timeout)
+                   fields["SubnetAddCommand"], fields["SubnetRemoveCommand"], timeout,
+                   overhead)
 
 
 def _log_failure(what: str, command: str, result: CommandResult) -> None:

@@ -1,5 +1,6 @@
 """The lab's extension backend: the ``deploy/examples/extension-vxlan`` scripts of the
-source checkout, copied into the lab directory, and the network config that points at them.
+source checkout, copied into the lab directory, and the example's network config pointed at
+them.
 
 Owns the copy (``<lab>/extension-vxlan/``, mode 0755) and the backend section naming it.
 Must not touch: anything outside the lab directory.
@@ -7,6 +8,7 @@ Must not touch: anything outside the lab directory.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -20,14 +22,21 @@ def scripts_dir(lab: Lab) -> Path:
     return lab.directory / "extension-vxlan"
 
 
-def backend_section(lab: Lab, underlay_device: str = "eth0") -> dict[str, str]:
-    """The ``Backend`` object of the lab's extension config."""
-    where = scripts_dir(lab)
-    return {"Type": "extension",
-            "PreStartupCommand": f"{where}/pre-startup {underlay_device}",
-            "PostStartupCommand": f"{where}/post-startup",
-            "SubnetAddCommand": f"{where}/subnet-add",
-            "SubnetRemoveCommand": f"{where}/subnet-remove"}
+#: Where the example's net-conf.json expects the scripts (the lab points at its copy).
+INSTALLED = "/usr/local/lib/flannel/extension-vxlan/"
+
+
+def backend_section(lab: Lab) -> dict[str, object]:
+    """The ``Backend`` object of the example's ``net-conf.json``, its commands pointed at the
+    lab's copy of the scripts (every other member as the example gives it)."""
+    try:
+        document = json.loads((EXAMPLE / "net-conf.json").read_text())
+    except (OSError, ValueError) as err:
+        raise LabError(f"the extension lab uses {EXAMPLE / 'net-conf.json'}, which cannot be "
+                       f"read as JSON ({err}): run flannel-lab from a source checkout") from None
+    where = f"{scripts_dir(lab)}/"
+    return {key: value.replace(INSTALLED, where) if isinstance(value, str) else value
+            for key, value in document["Backend"].items()}
 
 
 def install_scripts(lab: Lab) -> None:

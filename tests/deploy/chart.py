@@ -4,6 +4,7 @@ lives in deploy/chart, the values files the tests use in tests/deploy/chart_valu
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,21 @@ def render_text(values: dict[str, Any] | None = None) -> dict[str, str]:
     Raises helm.HelmValuesError (schema) or helm.HelmRenderError (a template's fail)."""
     with helm.Chart.load(CHART) as chart:
         return chart.render(values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def refusals(each_values: Iterable[dict[str, Any]]) -> list[str]:
+    """For each values dict, what Helm refuses it with (its schema's or a template's
+    message), "" when it renders; the chart loaded once for all of them."""
+    out = []
+    with helm.Chart.load(CHART) as chart:
+        for values in each_values:
+            try:
+                chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+            except (helm.HelmValuesError, helm.HelmRenderError) as err:
+                out.append(str(err) or type(err).__name__)
+            else:
+                out.append("")
+    return out
 
 
 def render(values: dict[str, Any] | None = None) -> dict[str, dict]:

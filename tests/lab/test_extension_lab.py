@@ -55,7 +55,10 @@ def test_scripts_build_an_overlay_that_follows_nodes_joining_and_leaving(make_la
         lease = leases[lab.node(index).address]
         assert lease["BackendType"] == "extension"
         assert lease["BackendData"] == device_mac(lab, index)
-        assert lab.wait_subnet_env(index)["FLANNEL_MTU"] == "1500"
+        # The example's EncapOverhead: the MTU flannel-ext (eth0's less vxlan's 50) carries.
+        assert lab.wait_subnet_env(index)["FLANNEL_MTU"] == "1450"
+        assert json.loads(ip(lab.node_ns(index), "-j", "link", "show", "flannel-ext").stdout
+                          )[0]["mtu"] == 1450
     # The post-startup script put the lease base on the device: host-to-pod works across.
     base = subnet(lab, 1).split("/")[0]
     assert f"inet {base}/32" in ip(lab.node_ns(1), "-4", "-o", "addr", "show", "dev",

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import copy
 import json
-from ipaddress import IPv4Network, IPv6Network
+import random
+import re
+import shlex
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
 import helm_python as helm
@@ -22,8 +25,9 @@ from flannel import backend as backends
 from flannel.backend.ipip import IpipConfig
 from flannel.backend.udp import UdpConfig
 from flannel.backend.vxlan import VxlanConfig
-from flannel.config import parse_config
+from flannel.config import ConfigError, check_network_config, parse_config
 from flannel.extension.peers import ExtensionConfig
+from flannel.flags import FLAGS
 from flannel.ipsec.config import IpsecConfig
 from flannel.version import __version__
 from flannel.wireguard.config import WireguardConfig
@@ -37,11 +41,12 @@ from tests.deploy.chart import (
     chart_values,
     lint,
     notes,
+    refusals,
     render,
     render_text,
     values_file,
 )
-from tests.deploy.manifests import BASE, KUBERNETES_VERSIONS, documents, pod_spec
+from tests.deploy.manifests import BASE, KUBERNETES_VERSIONS, ROOT, documents, pod_spec
 
 pytestmark = pytest.mark.render
 
@@ -67,7 +72,7 @@ NET_CONF: dict[str, dict[str, Any]] = {
         "PreStartupCommand": EXTENSION_DIR + "pre-startup eth0",
         "PostStartupCommand": EXTENSION_DIR + "post-startup",
         "SubnetAddCommand": EXTENSION_DIR + "subnet-add",
-        "SubnetRemoveCommand": EXTENSION_DIR + "subnet-remove"}},
+        "SubnetRemoveCommand": EXTENSION_DIR + "subnet-remove", "EncapOverhead": 50}},
     "alloc": DEFAULT_NET | {"Backend": {"Type": "alloc"}},
     "aws-vpc": DEFAULT_NET | {"Backend": {"Type": "aws-vpc",
                                           "RouteTableID": "rtb-0123456789abcdef0"}},
@@ -173,7 +178,8 @@ def test_backend_options_decode_as_asked():
     assert (ipsec.psk, ipsec.udp_encap) == (psk, True)
     assert ExtensionConfig.from_backend(backend("extension")) == ExtensionConfig(
         pre_startup=EXTENSION_DIR + "pre-startup eth0", post_startup=EXTENSION_DIR + "post-startup",
-        subnet_add=EXTENSION_DIR + "subnet-add", subnet_remove=EXTENSION_DIR + "subnet-remove")
+        subnet_add=EXTENSION_DIR + "subnet-add", subnet_remove=EXTENSION_DIR + "subnet-remove",
+        encap_overhead=50)
 
 
 @pytest.mark.parametrize("mode", ["separate", "auto", "ipv4", "ipv6"])
@@ -376,13 +382,198 @@ def test_skip_cni_config_installation_drops_the_conflist_installer():
     ({"flannel": {"vni": "four"}}, "/flannel/vni"),
     ({"flannel": {"GBP": "yes"}}, "/flannel/GBP"),
     ({"flannel": {"cniBinDir": "opt/cni/bin"}}, "/flannel/cniBinDir"),
+    # The pod networks: CIDRs of their family, with a prefix flanneld takes (its subnets
+    # need room: /28 at most for IPv4, /124 for IPv6; /0 is no network).
+    ({"podCidr": "not-a-cidr"}, "/podCidr"),
+    ({"podCidr": "10.42.0.0/33"}, "/podCidr"),
+    ({"podCidr": "10.42.0.0/29"}, "/podCidr"),
+    ({"podCidr": "0.0.0.0/0"}, "/podCidr"),
+    ({"podCidr": "256.42.0.0/16"}, "/podCidr"),
+    ({"podCidr": "010.42.0.0/16"}, "/podCidr"),
+    ({"podCidr": "10.42.0.0/016"}, "/podCidr"),
+    ({"podCidr": "10.42.0.0/255.255.0.0"}, "/podCidr"),
+    ({"podCidr": "10.42.0.0"}, "/podCidr"),
+    ({"podCidr": " 10.42.0.0/16"}, "/podCidr"),
+    ({"podCidr": "fd00:10:244::/56"}, "/podCidr"),
+    ({"podCidrv6": "10.42.0.0/16"}, "/podCidrv6"),
+    ({"podCidrv6": "fd00:10:244::/129"}, "/podCidrv6"),
+    ({"podCidrv6": "fd00:10:244::/125"}, "/podCidrv6"),
+    ({"podCidrv6": "fd00::10::244/56"}, "/podCidrv6"),
+    ({"podCidrv6": "fd00:10:244::%eth0/56"}, "/podCidrv6"),
+    # Numbers in range, also as the strings --set-string gives (a leading 0 would be read
+    # as octal by the template: "010" is 8).
+    ({"flannel": {"backendPort": "70000"}}, "/flannel/backendPort"),
+    ({"flannel": {"backendPort": "08472"}}, "/flannel/backendPort"),
+    ({"flannel": {"backendPortv6": -1}}, "/flannel/backendPortv6"),
+    ({"flannel": {"vni": 16777216}}, "/flannel/vni"),
+    ({"flannel": {"vni": "010"}}, "/flannel/vni"),
+    ({"flannel": {"keepaliveInterval": 65536}}, "/flannel/keepaliveInterval"),
+    ({"flannel": {"healthz": {"port": "65536"}}}, "/flannel/healthz/port"),
+    # What each backend makes of a value, as its own option decoder checks it.
+    ({"flannel": {"mtu": 117}}, "/flannel/mtu"),
+    ({"flannel": {"mtu": "100"}}, "/flannel/mtu"),
+    ({"flannel": {"backend": "wireguard", "mtu": 1279}}, "/flannel/mtu"),
+    ({"flannel": {"backend": "wireguard", "mtu": "1000"}}, "/flannel/mtu"),
+    ({"flannel": {"backend": "wireguard", "psk": "not-a-key"}}, "/flannel/psk"),
+    ({"flannel": {"backend": "wireguard", "psk": TEST_PSK[:-2] + "=="}}, "/flannel/psk"),
+    ({"flannel": {"backend": "ipsec", "psk": "p" * 95}}, "/flannel/psk"),
+    ({"flannel": {"backend": "ipsec", "psk": "p" * 4097}}, "/flannel/psk"),
+    ({"flannel": {"updateStrategy": {"type": "Recreate"}}}, "/flannel/updateStrategy/type"),
+    ({"netpol": {"enabled": "yes"}}, "/netpol/enabled"),
 ])
 def test_wrong_values_are_refused_naming_the_key(values, key):
-    with pytest.raises(helm.HelmValuesError, match=key):
+    with pytest.raises(helm.HelmValuesError, match=f"at '{key}'"):
         render(values)
 
 
+@pytest.mark.parametrize(("values", "where", "key"), [
+    ({"flannel": {"backned": "host-gw"}}, "/flannel", "backned"),
+    ({"podCIDR": "10.42.0.0/16"}, "", "podCIDR"),
+    ({"flanel": {"backend": "host-gw"}}, "", "flanel"),
+    ({"flannel": {"image": {"repository": "r", "tag": "t", "pullPolicy": "Always"}}},
+     "/flannel/image", "pullPolicy"),
+    ({"flannel": {"flannel_cni": {"imag": {}}}}, "/flannel/flannel_cni", "imag"),
+    ({"flannel": {"healthz": {"prot": 8081}}}, "/flannel/healthz", "prot"),
+    ({"flannel": {"updateStrategy": {"tpye": "OnDelete"}}}, "/flannel/updateStrategy", "tpye"),
+    ({"netpol": {"enable": True}}, "/netpol", "enable"),
+    ({"netpol": {"image": {"repository": "r", "tag": "t", "digest": "d"}}}, "/netpol/image",
+     "digest"),
+])
+def test_unknown_keys_are_refused_naming_them(values, where, key):
+    """A typo fails `helm install` (and template, lint) instead of being ignored."""
+    with pytest.raises(helm.HelmValuesError,
+                       match=re.escape(f"at '{where}': additional properties '{key}' not "
+                                       "allowed")):
+        render(values)
+    report = lint(values)
+    assert any(f"additional properties '{key}' not allowed" in error
+               for error in report["errors"]), report
+
+
+@pytest.mark.parametrize("values", [
+    {"podCidr": "10.42.0.0/16"}, {"podCidr": "10.42.0.0/28"}, {"podCidr": "192.168.7.0/24"},
+    {"podCidr": "10.42.0.1/16"},
+    {"podCidr": "", "podCidrv6": "fd00:10:244::/56"},
+    {"podCidrv6": "2001:DB8:42::/124"}, {"podCidrv6": "::ffff:10.0.0.0/104"},
+    {"flannel": {"backendPort": "4789", "vni": 16777215, "mtu": 118}},
+    {"flannel": {"backend": "wireguard", "mtu": "1280", "psk": 0, "keepaliveInterval": 65535}},
+    {"flannel": {"backend": "wireguard", "psk": TEST_PSK}},
+    {"flannel": {"backend": "ipsec", "psk": "p" * 96}},
+    {"flannel": {"backend": "ipsec", "backendConfig": {"PSK": "p" * 96}}},
+    {"flannel": {"backend": "host-gw", "mtu": 100}},  # host-gw has no MTU: left out
+    {"flannel": {"updateStrategy": {"type": "RollingUpdate",
+                                    "rollingUpdate": {"maxUnavailable": 2}}}},
+    {"flannel": {"args": ["--ip-masq", "--kube-subnet-mgr", "-iface", "eth1", "--v=2",
+                          "-help"]}},
+    {"flannel": {"healthz": {"port": 0}, "args": ["--healthz-port=9000"]}},
+    {"global": {"imagePullSecrets": [{"name": "s"}], "imageRegistry": "for-other-charts"}},
+])
+def test_values_flanneld_takes_render(values):
+    render(values)
+
+
+def flanneld_takes(field: str, text: str) -> bool | None:
+    """Whether flanneld starts with this pod network (None: only because it overlaps a range
+    it keeps pods out of, which the schema leaves to it), written as Go's ParseCIDR reads
+    one too: a decimal prefix without leading zeros, no netmask."""
+    conf: dict[str, Any] = {"Network": text} if field == "podCidr" else {
+        "EnableIPv4": False, "IPv6Network": text, "EnableIPv6": True}
+    try:
+        check_network_config(parse_config(json.dumps(conf)))
+    except ConfigError as err:
+        return None if "overlaps" in err.describe() else False
+    return re.fullmatch(r"[^/]+/(0|[1-9][0-9]*)", text) is not None
+
+
+def cidr_corpus(seed: int = 31) -> list[tuple[str, str]]:
+    """(field, text): pod networks of both families, written every way flanneld's parser
+    takes them and with the mistakes people make, prefixes around every limit."""
+    rng = random.Random(seed)
+    prefixes4 = [0, 1, 8, 8, 16, 16, 22, 24, 24, 28, 28, 29, 32, 33, 99]
+    prefixes6 = [0, 1, 48, 56, 64, 100, 124, 125, 128, 129, 1000]
+    out: list[tuple[str, str]] = []
+    for _ in range(300):
+        octets = [rng.choice([10, 172, 192, 100, 44, 10, 172, 192, 100, 44, 256, 300, 0, 127]),
+                  *(rng.choice([0, 1, 9, 10, 99, 100, 199, 200, 249, 250, 255, 0, 1, 256])
+                    for _ in range(3))]
+        text = ".".join(str(o) for o in octets)
+        variant = rng.randrange(12)
+        if variant == 0:
+            text = ".".join(rng.choice([str(o), f"0{o}"]) for o in octets)
+        elif variant == 1:
+            text = ".".join(str(o) for o in octets[:rng.choice([3, 5])])
+            text += ".1" if text.count(".") == 2 else ""
+        prefix = rng.choice(prefixes4)
+        suffix = rng.choice([f"/{prefix}", f"/{prefix}", f"/0{prefix}", "", "/", "/x",
+                             "/255.255.0.0"]) if variant == 2 else f"/{prefix}"
+        out.append(("podCidr", text + suffix))
+    for _ in range(240):
+        value = rng.getrandbits(128)
+        groups = [(value >> (16 * i)) & 0xFFFF for i in reversed(range(8))]
+        for i in rng.sample(range(8), rng.randrange(8)):  # runs of zeros to compress
+            groups[i] = 0
+        groups[0] = rng.choice([0xfd00, 0x2001, 0xfd00, 0x2001, groups[0], 0, 0xfe80, 0xff02])
+        address = IPv6Address(sum(g << (16 * (7 - i)) for i, g in enumerate(groups)))
+        variant = rng.randrange(10)
+        if variant == 0:
+            text = address.exploded
+        elif variant == 1:
+            text = ":".join(f"{g:x}" for g in groups)
+        elif variant == 2:
+            text = str(address).upper()
+        elif variant == 3:  # the last 32 bits as an IPv4 address
+            head = str(IPv6Address(int(address) & ~0xFFFFFFFF)).rstrip(":")
+            tail = IPv4Address(int(address) & 0xFFFFFFFF)
+            text = f"{head}:{tail}" if head.endswith(":") or head.count(":") >= 6 \
+                else f"{head}::{tail}" if "::" not in head else f"{head}:{tail}"
+        elif variant == 4:  # a mistake
+            text = rng.choice([str(address) + ":", str(address).replace(":", ":::", 1),
+                               ":".join(f"{g:x}" for g in [*groups[:rng.choice([7, 9])], 1]),
+                               str(address).replace(":", ":12345:", 1),
+                               str(address) + "::1" if "::" in str(address) else "g::1",
+                               f"{address}%eth0", str(IPv4Address(value & 0xFFFFFFFF))])
+        else:
+            text = str(address)
+        out.append(("podCidrv6", f"{text}/{rng.choice(prefixes6)}"))
+    for text in ("fd00:10:244::/56", "::/1", "1::/16", "1:2:3:4:5:6:7::/64",
+                 "::2:3:4:5:6:7:8/64", "1::8/64", "::ffff:10.0.0.0/104", "1:2:3:4:5:6:1.2.3.4/96",
+                 "1::1.2.3.4/64", "1:2:3:4:5::1.2.3.4/64", "1:2:3:4:5:6::1.2.3.4/64",
+                 "1:2:3:4:5:6:7:1.2.3.4/64", "::1.2.3.04/96", "::256.2.3.4/96"):
+        out.append(("podCidrv6", text))
+    return out
+
+
+def test_pod_networks_are_taken_exactly_when_flanneld_takes_them():
+    """Through Helm's engine (Go's regular expressions): podCidr and podCidrv6 render exactly
+    when flanneld would start with them, for every text of the corpus but those flanneld
+    refuses only for overlapping a reserved range (loopback, link-local, multicast)."""
+    cases = [(field, text, flanneld_takes(field, text)) for field, text in cidr_corpus()]
+    cases = [(field, text, takes) for field, text, takes in cases if takes is not None]
+    for family in ("podCidr", "podCidrv6"):
+        verdicts = [takes for field, _, takes in cases if field == family]
+        assert verdicts.count(True) >= 50 and verdicts.count(False) >= 100, family
+    refused = refusals({"podCidr": text} if field == "podCidr" else
+                       {"podCidr": "", "podCidrv6": text} for field, text, _ in cases)
+    wrong = [(field, text, "refused" if why else "rendered")
+             for (field, text, takes), why in zip(cases, refused, strict=True)
+             if bool(why) == takes or (why and f"at '/{field}'" not in why)]
+    assert not wrong, wrong
+
+
 @pytest.mark.parametrize(("values", "message"), [
+    ({"podCidr": "", "podCidrv6": ""}, "podCidr and podCidrv6 are both empty"),
+    ({"podCidr": None}, "podCidr and podCidrv6 are both empty"),
+    ({"flannel": {"backend": "ipsec"}},
+     "flannel.psk: the ipsec backend needs a PSK of 96 to 4096 characters"),
+    ({"flannel": {"args": ["--ip-masq", "--kube-subnet-mgr", "--ip-mask"]}},
+     r"flannel.args\[2\]: --ip-mask is not a flag of flanneld"),
+    ({"flannel": {"args": ["-iface-regx=eth.*"]}},
+     r"flannel.args\[0\]: -iface-regx=eth.\* is not a flag of flanneld"),
+    ({"flannel": {"args": ["--healthz-port=9000"]}},
+     r"flannel.args\[0\]: --healthz-port=9000: the chart sets --healthz-port from "
+     "flannel.healthz.port"),
+    ({"flannel": {"image_cni": {"repository": "mirror.example/flannel-cni-plugin"}}},
+     "flannel.image_cni: Go flannel's chart calls it flannel.flannel_cni.image since v0.28.3"),
     ({"flannel": {"vni": 7, "backendConfig": {"vni": 8}}},
      "backendConfig.vni: VNI is already set"),
     ({"flannel": {"backendConfig": {"TYPE": "host-gw"}}},
@@ -440,3 +631,62 @@ def test_lints_clean_for_each_kubernetes_version(version):
     report = helm.lint(CHART, {}, strict=True, kube_version=f"v{version}")
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_the_args_check_knows_every_flag_of_flanneld():
+    """The chart's list of flanneld's flags (templates/_helpers.tpl) is flanneld's own, and
+    every one of them renders, in each way flanneld takes it."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    listed = re.search(r"\$known := list\s(.*?)\}\}", helpers, re.S)
+    assert listed is not None
+    assert set(re.findall(r'"([^"]+)"', listed[1])) == {f.name for f in FLAGS} | {"h", "help"}
+    args = [form.format(f.name) for f in FLAGS if f.name != "healthz-port"
+            for form in ("--{}", "-{}=x")]
+    assert container(render({"flannel": {"args": args}}), "kube-flannel")["args"][:-1] == args
+
+
+def merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    """(file, command): every `helm install|upgrade|template` of this chart in the docs, in
+    code blocks (continuation lines joined) or inline."""
+    found = []
+    for path in [ROOT / "README.md", CHART / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = path.read_text().replace("\\\n", " ")
+        for match in re.finditer(r"helm (?:install|upgrade|template) [^`\n]*(?:\n[^`\n]*)?",
+                                 text):
+            command = match[0]
+            if text[match.start() - 1] != "`":  # in a code block: one (joined) line
+                command = command.split("\n")[0]
+            if " deploy/chart" in command:
+                found.append((path.name, " ".join(command.split())))
+    return found
+
+
+def test_every_helm_command_in_the_docs_renders():
+    """Each documented install or upgrade of this chart renders with the values it gives
+    (`-f your-values.yaml`: a values file of Go flannel's chart; placeholders such as
+    `<new tag>`: a word)."""
+    commands = documented_commands()
+    assert len(commands) >= 5, commands
+    refused = []
+    for where, command in commands:
+        words = shlex.split(re.sub(r"<[^>]*>", "placeholder", command))
+        values: dict[str, Any] = {}
+        for option, argument in zip(words, [*words[1:], ""], strict=True):
+            if option in ("-f", "--values"):
+                values = merged(values, values_file("upstream-defaults"))
+            elif option == "--set":
+                values = merged(values, helm.parse_set_string(argument))
+            elif option == "--set-string":
+                values = merged(values, helm.parse_set_string_values(argument))
+        refused += [f"{where}: {command}: {why}" for why in refusals([values]) if why]
+    assert not refused, refused

@@ -30,7 +30,8 @@ KNOWN_DIFFERENCES = frozenset({
     # data plane and backends
     "continuous-reconcile", "adopts-previous-routes", "readiness-includes-dataplane",
     "blackhole-metric", "vtep-mac-derived", "vxlan-ipv6-mtu", "ipip-mtu", "ipip-ipv6-refused",
-    "extension-retries", "extension-ipv6-env", "cloud-routes-reconciled", "ali-vpc-reconciled",
+    "extension-retries", "extension-ipv6-env", "extension-encap-overhead",
+    "cloud-routes-reconciled", "ali-vpc-reconciled",
     "gce-routes-reconciled", "gce-options-and-identity",
     "tencent-secret-not-logged", "udp-icmp-reaches-sender", "udp-other-backends-not-peers",
     "udp-tun-kept", "udp-runt-no-icmp", "wireguard-kept-across-restarts",

@@ -55,7 +55,7 @@ def calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[
     return read
 
 
-def backend(host: Host | None = None, **commands: str) -> ExtensionBackend:
+def backend(host: Host | None = None, **commands: str | int) -> ExtensionBackend:
     config = parse_config(json.dumps({"Network": "10.244.0.0/16",
                                       "Backend": {"Type": "extension", **commands}}))
     check_network_config(config)
@@ -111,6 +111,48 @@ async def test_a_failing_pre_startup_command_stops_the_start_with_its_output():
                               "/nonexistent-pre-startup; output: ls: ")
     assert message.endswith("; fix the command (it runs without a shell: write a script for "
                             "pipes, redirections or several steps)")
+
+
+async def test_pods_get_the_external_mtu_less_the_encapsulation_overhead():
+    """EncapOverhead (pyflannel's): the bytes the commands' data path adds; without it pods
+    get the external MTU, as in Go."""
+    assert (await backend(EncapOverhead=50).prepare()).mtu == 1450
+    assert (await backend(encapoverhead=0).prepare()).mtu == 1500
+
+
+@pytest.mark.parametrize(("network", "ext_mtu", "overhead", "least"), [
+    ({}, 1000, 950, "a link needs at least 68"),
+    ({"IPv6Network": "fd00:10:244::/56", "EnableIPv6": True}, 1300, 50,
+     "IPv6 needs at least 1280"),
+])
+async def test_an_overhead_that_leaves_too_small_an_mtu_is_refused_before_any_command(
+        tmp_path, network, ext_mtu, overhead, least):
+    ran = tmp_path / "ran"
+    ext = ExternalInterface("eth0", 2, ext_mtu, IPv4Address("192.168.1.1"), None,
+                            IPv4Address("192.168.1.1"), None)
+    config = parse_config(json.dumps({"Network": "10.244.0.0/16", **network, "Backend": {
+        "Type": "extension", "PreStartupCommand": f"touch {ran}",
+        "EncapOverhead": overhead}}))
+    with pytest.raises(BackendError) as err:
+        await ExtensionBackend(ext, config).prepare()
+    assert str(err.value) == (
+        f"the extension backend's EncapOverhead ({overhead}) leaves pods an MTU of "
+        f"{ext_mtu - overhead} on eth0 (MTU {ext_mtu}); {least}: give the bytes the commands' "
+        "data path really adds")
+    assert not ran.exists()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (-1, "EncapOverhead -1 is out of range; give the bytes your commands' data path adds to "
+         "each pod packet (0 to 1024; 50 for vxlan over IPv4), or leave it out for none"),
+    (1025, "EncapOverhead 1025 is out of range; give the bytes your commands' data path adds "
+           "to each pod packet (0 to 1024; 50 for vxlan over IPv4), or leave it out for none"),
+    ("50", 'EncapOverhead must be an integer, got string "50"'),
+])
+def test_an_overhead_out_of_range_or_of_the_wrong_type_is_refused(value, message):
+    with pytest.raises(BackendError) as err:
+        backend(EncapOverhead=value)
+    assert str(err.value) == f"error decoding backend config: {message}"
 
 
 def test_a_config_of_the_wrong_shape_is_refused():

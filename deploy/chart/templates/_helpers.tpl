@@ -24,6 +24,18 @@ those of Go flannel's chart; a key at 0, "" or false sets nothing.
 */}}
 {{- define "pyflannel.netConf" -}}
 {{- $f := .Values.flannel -}}
+{{- if not (or .Values.podCidr .Values.podCidrv6) }}
+{{- fail "podCidr and podCidrv6 are both empty: give the cluster's pod CIDR in podCidr (IPv4), podCidrv6 (IPv6) or both" }}
+{{- end }}
+{{- if and (eq $f.backend "ipsec") (not $f.psk) }}
+{{- $given := false }}
+{{- range $key, $_ := ($f.backendConfig | default dict) }}
+{{- if eq (lower $key) "psk" }}{{ $given = true }}{{ end }}
+{{- end }}
+{{- if not $given }}
+{{- fail "flannel.psk: the ipsec backend needs a PSK of 96 to 4096 characters, the same on every node (e.g. from `openssl rand -hex 48`)" }}
+{{- end }}
+{{- end }}
 {{- $conf := dict -}}
 {{- if .Values.podCidr }}
 {{- $_ := set $conf "Network" (toString .Values.podCidr) }}
@@ -84,4 +96,39 @@ otherwise reach every node and leave kubelet without a network.
 {{- fail "flannel.cniConf is not a JSON object: give the CNI network config list as JSON text" }}
 {{- end }}
 {{- $conf }}
+{{- end }}
+
+{{/*
+What the schema cannot say. flannel.image_cni: Go flannel's chart named flannel_cni.image so
+until v0.28.3, and ignores it since. flannel.args: every item that starts with "-" names one of
+flanneld's flags (flannel/flags.py, kept equal by tests/unit/test_chart.py), as -name, --name,
+-name=value or --name=value; an item that does not is the value of the flag before it.
+flanneld exits on any other flag, on every node. --healthz-port comes from
+flannel.healthz.port.
+*/}}
+{{- define "pyflannel.checkValues" -}}
+{{- if hasKey .Values.flannel "image_cni" }}
+{{- fail "flannel.image_cni: Go flannel's chart calls it flannel.flannel_cni.image since v0.28.3 (and ignores image_cni); move repository and tag there" }}
+{{- end }}
+{{- $known := list
+    "etcd-endpoints" "etcd-prefix" "etcd-keyfile" "etcd-certfile" "etcd-cafile"
+    "etcd-username" "etcd-password" "iface" "iface-regex" "iface-can-reach" "subnet-file"
+    "public-ip" "public-ipv6" "subnet-lease-renew-margin" "subnet-lease-ttl" "ip-masq"
+    "ip-masq-fully-random-disable" "kube-subnet-mgr" "kube-api-url" "kube-annotation-prefix"
+    "kubeconfig-file" "version" "healthz-ip" "healthz-port" "reconcile-interval"
+    "iptables-resync" "iptables-mode" "iptables-forward-rules" "encap-peers-only"
+    "ip-blackhole-route" "net-config-path" "set-node-network-unavailable" "v" "vmodule"
+    "log_backtrace_at" "h" "help" }}
+{{- $healthz := int (.Values.flannel.healthz.port | default 0) }}
+{{- range $i, $arg := (.Values.flannel.args | default list) }}
+{{- if hasPrefix "-" $arg }}
+{{- $name := first (splitList "=" (trimPrefix "-" (trimPrefix "-" $arg))) }}
+{{- if not (has $name $known) }}
+{{- fail (printf "flannel.args[%d]: %s is not a flag of flanneld (flanneld --help lists them)" $i $arg) }}
+{{- end }}
+{{- if and (eq $name "healthz-port") $healthz }}
+{{- fail (printf "flannel.args[%d]: %s: the chart sets --healthz-port from flannel.healthz.port; set that instead" $i $arg) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
