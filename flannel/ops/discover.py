@@ -114,15 +114,21 @@ def describe(pid: int) -> Flanneld:
     return Flanneld(pid, flags, why, root, cwd)
 
 
-def find() -> Flanneld | None:
-    """The flanneld of this network namespace; None if none runs; NotFound if several, or
-    if this user may not tell."""
+def find(subnet_file: str = "") -> Flanneld | None:
+    """The flanneld of this network namespace (of several, the one writing ``subnet_file``,
+    as it names the file or as reached from here); None if none runs; NotFound if several
+    (and ``subnet_file`` picks none), or if this user may not tell."""
     pids = running_flanneld()
     if not pids and os.geteuid() != 0:
         raise NotFound("only root may see which flanneld runs in this network namespace "
                        "(and use its socket): run flannelctl as root")
+    if len(pids) > 1 and subnet_file:
+        named = [one for one in map(describe, pids) if one.flags is not None
+                 and subnet_file in (one.subnet_file, str(one.path(one.subnet_file)))]
+        if len(named) == 1:
+            return named[0]
     if len(pids) > 1:
         raise NotFound(f"several flanneld processes run in this network namespace (pids "
-                       f"{', '.join(map(str, pids))}); say which with --subnet-file or "
-                       "--socket")
+                       f"{', '.join(map(str, pids))}): say which with --subnet-file (the "
+                       "subnet.env it writes)")
     return describe(pids[0]) if pids else None
