@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flannel.ops.discover import Flanneld, NotFound, find
 from flannel.ops.storeflags import StoreOptions, explicit, of_running, resolve, shown
@@ -79,4 +79,7 @@ def locate(args: argparse.Namespace, environ: dict[str, str] | None = None) -> L
     if found is not None:
         note = found.why
     store = resolve(args, environ, of_running(found) if found is not None else None)
+    if found is not None and found.flags is not None and store.subnet_file == found.subnet_file:
+        # Given as flanneld names it (a lab node's, a pod's /run/...): read where it is.
+        store = replace(store, subnet_file=str(found.path(found.subnet_file)))
     return Located(store, found, note, given)
