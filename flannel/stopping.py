@@ -144,7 +144,8 @@ def run(prog: Callable[[], str], command: Callable[[], int]) -> int:
         stop = err
     finally:
         for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+            if handler is not None:  # None: one set outside Python, which stays ours
+                signal.signal(sig, handler)
     if output_closed(stop):
         _silence_stdout()
     line, code = ending(prog(), stop)

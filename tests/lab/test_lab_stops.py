@@ -218,3 +218,20 @@ def test_a_flanneld_that_exits_at_start_is_told_by_its_last_error(make_lab):
         nothing_left(lab, [])
     finally:
         kept.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("verb", ["demo", "tour"])
+def test_demo_and_tour_whose_reader_goes_away_remove_their_lab(make_lab, verb):
+    lab = make_lab()
+    proc = subprocess.Popen(lab_argv(lab, verb), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for said in proc.stdout:
+        if "creating node 1" in said:
+            break
+    proc.stdout.close()
+    proc.wait(timeout=120)
+    assert (proc.returncode, proc.stderr.read()) == (
+        141, f"flannel-lab {verb}: stopped: its output was closed; lab {lab.name} removed: "
+             "nothing it built is left\n")
+    nothing_left(lab, [])
