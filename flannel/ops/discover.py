@@ -44,11 +44,19 @@ class Flanneld:
     cwd: Path
 
     def path(self, text: str) -> Path:
-        """A path flanneld was given, as this tool reaches the same file."""
+        """A path flanneld was given, as this tool reaches the same file: as it is written
+        when that is the same file here (a lab directory both see), else through
+        flanneld's root (its private ``/run``)."""
         path = Path(text)
         if not path.is_absolute():
             return self.cwd / path
-        return self.root / path.relative_to("/") if self.root != Path("/") else path
+        if self.root == Path("/"):
+            return path
+        theirs = self.root / path.relative_to("/")
+        try:
+            return path if os.path.samefile(path, theirs) else theirs
+        except OSError:  # missing here, or there: only its root is sure to be flanneld's
+            return theirs
 
     @property
     def subnet_file(self) -> str:

@@ -80,6 +80,6 @@ def locate(args: argparse.Namespace, environ: dict[str, str] | None = None) -> L
         note = found.why
     store = resolve(args, environ, of_running(found) if found is not None else None)
     if found is not None and found.flags is not None and store.subnet_file == found.subnet_file:
-        # Given as flanneld names it (a lab node's, a pod's /run/...): read where it is.
+        # Given as flanneld names it (a file in its private /run...): read where it is.
         store = replace(store, subnet_file=str(found.path(found.subnet_file)))
     return Located(store, found, note, given)
