@@ -21,23 +21,30 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
+from flannel import stopping
 from flannel.boundedjson import MAX_CONFIG_BYTES
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
+from flannel.fileutil import write_atomic
 from flannel.flags import UsageError, parse_namespace
 from flannel.lab import extension, tour
-from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
+from flannel.lab.cluster import (
+    DEFAULT_ROOT,
+    FlanneldExited,
+    Lab,
+    LabError,
+    LabExists,
+    in_ns,
+    ip,
+)
 from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
-from flannel.ops import commands
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
+MAX_PODS_PER_NODE = 100
+MAX_KEPT_LOG = 4 << 20  # bytes of a failed node's log kept when its lab is removed
 ALL_PAIRS_UP_TO = 10  # up pings every pair up to this many nodes, a ring above
 PING_WITHIN = 3.0  # seconds a pair of the ping matrix may take to answer one echo
-
-
-def lab_command(verb: str, name: str) -> str:
-    """A ``flannel-lab`` command line to paste, the script by its full path."""
-    return shlex.join([commands.script("flannel-lab"), verb, "--name", name])
 
 
 def say(message: str) -> None:
@@ -110,16 +117,37 @@ def decode_config(config: dict | str) -> tuple[str, NetworkConfig]:
     return text, decoded
 
 
-def check_backend(decoded: NetworkConfig) -> str:
-    """The backend's type and options, decoded by the backend's own parser (warnings for
-    unknown keys included): what flanneld would exit with, "" when it would not. Imported
-    here: the backends cost 'down', 'ping' and 'status' nothing."""
-    from flannel.backend import BackendError, backend_class
+def check_backend(decoded: NetworkConfig, probe_netns: str) -> str:
+    """What flanneld would exit with at start for this config on this machine, "" when it
+    would not: the backend's options (decoded by its own parser, warnings for unknown keys
+    included), a family the backend does not carry (its declared footprint), a device its
+    footprint declares that this kernel cannot make (asked in ``probe_netns``, created and
+    removed here: ``flannel.lab.kernelprobe``). Imported here: the backends cost 'down',
+    'ping' and 'status' nothing."""
+    from flannel.backend import BackendError, backend_class, supported
+    from flannel.lab.kernelprobe import missing_link_kind
 
     try:
-        backend_class(decoded.backend_type).check_options(decoded)
+        backend = backend_class(decoded.backend_type)
+        backend.check_options(decoded)
     except BackendError as err:
         return str(err)
+    if (decoded.enable_ipv6 or not decoded.enable_ipv4) and not backend.footprint.dual_stack:
+        carriers = ", ".join(name for name in supported()
+                             if backend_class(name).footprint.dual_stack
+                             and backend_class(name).footprint.has_data_path)
+        return (f"the {decoded.backend_type} backend carries IPv4 only, and this network "
+                f"{'enables IPv6' if decoded.enable_ipv6 else 'disables IPv4'}: flanneld "
+                "refuses to start; drop --ipv6 (EnableIPv6), or choose a backend that carries "
+                f"IPv6 ({carriers})")
+    for link in backend.footprint.links:
+        why = missing_link_kind(link.kind, probe_netns)
+        if why and link.userspace:  # served by a userspace program instead (wireguard-go)
+            why = missing_link_kind(link.userspace, probe_netns)
+        if why:
+            return (f"the {decoded.backend_type} backend makes {link.kind} devices, and "
+                    f"{why}: flanneld would exit at start; load the {link.kind} module on "
+                    f"the host ('modprobe {link.kind}'), or choose another backend")
     return ""
 
 
@@ -202,16 +230,44 @@ def check_mesh(lab: Lab, indexes: list[int], ipv6: bool) -> str:
             f"{len(indexes)} pings ok")
 
 
+def remove(lab: Lab) -> str:
+    """Remove what the lab built so far, Ctrl-C and SIGTERM ignored meanwhile (the removal
+    is bounded); what came of it, in words."""
+    with stopping.ignored():
+        try:
+            lab.down()
+        except (LabError, OSError) as err:
+            return str(err)
+    return f"lab {lab.name} removed: nothing it built is left"
+
+
+def keep_log(lab: Lab, exited: FlanneldExited) -> str:
+    """Copy the log of a node whose flanneld exited out of the lab (removed next) to the
+    lab root; its path, or the reason it could not be kept."""
+    kept = lab.directory.parent / f"{lab.name}-n{exited.index}-flanneld.log"
+    try:
+        with open(exited.log_file, "rb") as log:
+            write_atomic(kept, log.read(MAX_KEPT_LOG), mode=0o644)
+    except OSError as err:
+        return f"its log could not be kept: {err.strerror or err}"
+    return f"full log: {kept}"
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     lab = Lab(args.name, args.root, progress=say)
+    if args.second_underlay > args.nodes:
+        print(f"flannel-lab: --second-underlay={args.second_underlay}: no node would sit on "
+              f"the second underlay; give 1 to --nodes ({args.nodes}), or 0 for one underlay",
+              file=sys.stderr)
+        return 2
     try:
         text = network_config(args, lab)
         _, decoded = decode_config(text)
-        refused = check_backend(decoded)
+        refused = check_backend(decoded, f"{lab.name}-probe")
     except ConfigError as err:
         refused = err.describe()
     if refused:
-        print(f"flannel-lab: --config: {refused}", file=sys.stderr)
+        print(f"flannel-lab: {'--config: ' if args.config else ''}{refused}", file=sys.stderr)
         return 2
     try:
         extra = flanneld_args(args)
@@ -232,25 +288,33 @@ def cmd_up(args: argparse.Namespace) -> int:
             for _ in range(args.pods_per_node):
                 pod = lab.add_pod(index)
                 say(f"pod {pod.name} on node {index}: {pod.address} {pod.address6}".rstrip())
+        say(f"lab {lab.name} is up: {len(indexes)} nodes, {done}; "
+            f"'{lab.command('status')}' shows it, '{lab.command('down')}' removes it")
     except LabExists as err:  # another 'up' claimed the name first: not ours to remove
         print(f"flannel-lab: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM or a closed output: undo, then end
+        err.add_note(remove(lab))
+        raise
     except (LabError, OSError) as err:
-        print(f"flannel-lab: {err}", file=sys.stderr)
-        lab.down()
+        if stopping.output_closed(err):
+            err.add_note(remove(lab))
+            raise
+        if isinstance(err, FlanneldExited):
+            err = LabError(f"flanneld on node {err.index} exited: {err.reason} "
+                           f"({keep_log(lab, err)})")
+        print(f"flannel-lab: {err}; {remove(lab)}", file=sys.stderr)
         return 1
-    say(f"lab {lab.name} is up: {len(indexes)} nodes, {done}; "
-        f"'{lab_command('status', lab.name)}' shows it, '{lab_command('down', lab.name)}' "
-        "removes it")
     return 0
 
 
-def print_node_state(lab: Lab, index: int) -> None:
+def print_node_state(lab: Lab, index: int, gone: str) -> None:
     node = lab.node(index)
     ns = node.netns
     env = lab.wait_subnet_env(index, timeout=0.1) if Path(node.subnet_file).exists() else {}
     print(f"\n--- node {index} ({ns}, {node.address}) subnet {env.get('FLANNEL_SUBNET', '?')} "
-          f"MTU {env.get('FLANNEL_MTU', '?')}")
+          f"MTU {env.get('FLANNEL_MTU', '?')}, flanneld "
+          f"{'GONE' if gone else f'pid {node.pid}'}")
     for link in json.loads(ip(ns, "-j", "-d", "link", "show").stdout or "[]"):
         info = link.get("linkinfo", {})
         if info.get("info_kind") == "vxlan":
@@ -278,22 +342,73 @@ def print_node_state(lab: Lab, index: int) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """The lab as it is; exit 1 naming every node whose flanneld is gone."""
     lab = Lab(args.name, args.root)
     if not lab.state.nodes:
         print(f"flannel-lab: no lab named {args.name}", file=sys.stderr)
         return 1
+    gone = {node.index: lab.flanneld_gone(node.index) for node in lab.state.nodes}
     print(f"lab {lab.name}: etcd {lab.state.etcd_endpoint}")
     print("leases:")
     for key, value in sorted(lab.leases().items()):
         print(f"  {key} {value}")
     for node in lab.state.nodes:
-        print_node_state(lab, node.index)
+        print_node_state(lab, node.index, gone[node.index])
     if lab.state.backend in ("aws-vpc", "ali-vpc", "gce"):
         from flannel.lab import vpcrouter
 
         print(f"\n--- VPC router ({lab.underlay_ns}), following the route table:")
         for destination, via in sorted(vpcrouter.installed(lab.underlay_ns).items()):
             print(f"  {destination} via {via}")
+    sys.stdout.flush()
+    for index, why in gone.items():
+        if why:
+            print(f"flannel-lab: node {index}: {why}; "
+                  f"'{lab.command('restart', '--node', str(index))}' starts it again",
+                  file=sys.stderr)
+    return 1 if any(gone.values()) else 0
+
+
+def wait_ready(lab: Lab, index: int, timeout: float) -> float:
+    """Seconds until node ``index``'s flanneld says it is ready (its /readyz, asked on its
+    socket); FlanneldExited if it ends first, LabError if ``timeout`` passes."""
+    from flannel.monitor.localsock import socket_path
+    from flannel.ops.status import StatusUnavailable, Where, fetch
+
+    node = lab.node(index)
+    where = Where(socket=socket_path(node.subnet_file))
+    start = time.monotonic()
+    why = "it did not answer on its socket"
+    while time.monotonic() - start < timeout:
+        if not lab.flanneld_running(index):
+            raise lab.exited(index)
+        try:
+            reply, body = fetch(where, "/readyz", 1.0, 4096, accept="*/*")
+        except StatusUnavailable as err:
+            why = str(err)
+        else:
+            if reply.status == 200:
+                return time.monotonic() - start
+            why = " ".join(body[:4096].decode(errors="replace").split()) or f"HTTP {reply.status}"
+        time.sleep(0.1)
+    raise LabError(f"node {index}: flanneld (pid {node.pid}) not ready after {timeout:g}s: "
+                   f"{why} (its log: {node.log_file})")
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """Start one node's flanneld again (stopping it first if it runs) with the flags and
+    environment recorded when the lab started it; wait until it is ready."""
+    lab = Lab(args.name, args.root, progress=say)
+    if not lab.state.nodes:
+        print(f"flannel-lab: no lab named {args.name}", file=sys.stderr)
+        return 1
+    node = lab.node(args.node)
+    was = lab.flanneld_gone(args.node) or f"flanneld (pid {node.pid}) running"
+    flags = shlex.join(node.extra_args) or "none beyond the lab's"
+    say(f"node {args.node}: {was}; restarting it with the flags it was started with: {flags}")
+    lab.restart_flanneld(args.node)
+    took = wait_ready(lab, args.node, args.timeout)
+    say(f"node {args.node}: flanneld (pid {node.pid}) ready {took:.1f}s after it started")
     return 0
 
 
@@ -336,7 +451,7 @@ def cmd_ping(args: argparse.Namespace) -> int:
         return 1
     if not has_data_path(lab):
         say(f"lab {lab.name} uses the alloc backend, which programs no data path: nothing to "
-            f"ping; '{lab_command('status', lab.name)}' shows the leases")
+            f"ping; '{lab.command('status')}' shows the leases")
         return 0
     ok = True
     for v6 in (False, True) if lab.state.ipv6 else (False,):
@@ -355,7 +470,12 @@ def cmd_down(args: argparse.Namespace) -> int:
         print(f"flannel-lab: {lab.directory} holds no lab state; it is left as it is "
               "(remove it by hand if it is a leftover)", file=sys.stderr)
         return 1
-    lab.down()
+    try:
+        lab.down()
+    except KeyboardInterrupt as err:  # the state still lists what is left
+        err.add_note(f"lab {lab.name} only partly removed: '{lab.command('down')}' removes "
+                     "the rest")
+        raise
     say(f"lab {args.name} removed")
     return 0
 
@@ -368,22 +488,56 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"flannel-lab: {lab.exists_error()}", file=sys.stderr)
         return 1
     walk = tour.tour if args.command == "tour" else tour.demo
+
+    def finish() -> str:
+        if args.keep:
+            return (f"lab {lab.name} kept: '{lab.command('status')}' shows it, "
+                    f"'{lab.command('down')}' removes it")
+        return remove(lab)
+
     try:
-        return walk(lab, build)
-    except LabError as err:
+        code = walk(lab, build)
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM or a closed output
+        if lab.owns_directory:
+            err.add_note(finish())
+        raise
+    except (LabError, OSError) as err:
+        if stopping.output_closed(err):
+            if lab.owns_directory:
+                err.add_note(finish())
+            raise
         print(f"flannel-lab: {err}", file=sys.stderr)
-        return 1
-    finally:
-        if lab.owns_directory and args.keep:
-            say(f"lab {lab.name} kept: '{lab_command('status', lab.name)}' shows it, "
-                f"'{lab_command('down', lab.name)}' removes it")
-        elif lab.owns_directory:
+        code = 1
+    if lab.owns_directory:
+        if not args.keep:
             say(f"removing the {args.command} lab")
-            lab.down()
+        say(finish())
+    return code
+
+
+def _number(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` to ``high``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a whole number from {low} to "
+                                             f"{high}")
+        return value
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """A bad option is refused in one line (the usage is what --help is for)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (--help lists the options)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="flannel-lab",
         description="Build, inspect and tear down throw-away flannel clusters on one machine.")
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
@@ -395,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="build a lab and start flanneld on every node")
     with_name(up)
-    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--nodes", type=_number(1, MAX_NODES), default=3,
+                    help=f"how many nodes, 1 to {MAX_NODES} (default %(default)s)")
     up.add_argument("--backend", default="vxlan",
                     choices=["vxlan", "host-gw", "udp", "wireguard", "ipip", "extension",
                              "aws-vpc", "ali-vpc", "gce", "alloc", "ipsec"],
@@ -408,15 +563,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "with the Alibaba Cloud VPC API double and the Compute Engine double")
     up.add_argument("--ipv6", action="store_true", help="dual-stack network")
     up.add_argument("--direct-routing", action="store_true", help="vxlan or ipip DirectRouting")
-    up.add_argument("--second-underlay", type=int, default=0, metavar="K",
-                    help="nodes K and above sit on a second, routed underlay subnet")
+    up.add_argument("--second-underlay", type=_number(0, MAX_NODES), default=0, metavar="K",
+                    help="nodes K and above (K from 1 to --nodes) sit on a second, routed "
+                    "underlay subnet; 0 (the default): one underlay")
     up.add_argument("--config", metavar="JSON|FILE",
                     help="network config: the JSON text, or a file holding it (a path, or "
                     "@path); read as flanneld reads it, backend options included, and refused "
                     "before anything is built when flanneld would refuse it (overrides the "
                     "options above)")
-    up.add_argument("--pods-per-node", type=int, default=0, metavar="K",
-                    help="attach K pods per node through the flannel CNI plugin")
+    up.add_argument("--pods-per-node", type=_number(0, MAX_PODS_PER_NODE), default=0,
+                    metavar="K", help="attach K pods per node through the flannel CNI plugin "
+                    f"(0 to {MAX_PODS_PER_NODE})")
     up.add_argument("--flanneld-arg", action="append", metavar="FLAG",
                     help="one more flag for every node's flanneld (after the lab's "
                     "--ip-masq), given with '=': --flanneld-arg=--healthz-port=8081; "
@@ -426,12 +583,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "shell runs them), given with '=': --flanneld-args='-v=2 "
                     "--iptables-resync=10'")
     up.set_defaults(func=cmd_up)
-    for name, func, text in (("status", cmd_status, "leases, routes, neighbours, FDB"),
+    for name, func, text in (("status", cmd_status, "leases, routes, neighbours, FDB; exit 1 "
+                              "naming every node whose flanneld is gone"),
                              ("ping", cmd_ping, "pod-to-pod ping matrix"),
                              ("down", cmd_down, "remove what the lab created (idempotent)")):
         p = sub.add_parser(name, help=text)
         with_name(p)
         p.set_defaults(func=func)
+    restart = sub.add_parser(
+        "restart", help="restart one node's flanneld with the flags it was started with",
+        description="Stop node K's flanneld if it runs, start it again with the flags and "
+                    "environment the lab started it with (recorded in the lab's state), and "
+                    "wait until it is ready (its /readyz), at most --timeout seconds.")
+    with_name(restart)
+    restart.add_argument("--node", type=_number(1, MAX_NODES), required=True, metavar="K",
+                         help="the node whose flanneld to restart")
+    restart.add_argument("--timeout", type=_number(1, 600), default=60, metavar="SECONDS",
+                         help="how long to wait for it to be ready (default %(default)s)")
+    restart.set_defaults(func=cmd_restart)
     for name, text in (("demo", "two vxlan nodes explained: the leases in etcd, "
                         "subnet.env, a packet's path through route, neighbour and FDB, a ping"),
                        ("tour", "the demo, and more: a node joining (its lease, the entries "
@@ -444,28 +613,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    # What flanneld would warn about in the config (unknown keys), said here too.
-    warnings = logging.StreamHandler(sys.stderr)
-    warnings.setFormatter(logging.Formatter("flannel-lab: warning: %(message)s"))
-    logging.getLogger("flannel.config").addHandler(warnings)
+def run(args: argparse.Namespace) -> int:
+    """The command ``args`` names, as root; a lab step that fails ends it with one line."""
     if os.geteuid() != 0:
         print(f"flannel-lab: {args.command} needs root: a lab is network namespaces with "
               "etcd, flanneld and ping running inside them, which only root may create and "
               "enter; run it as root (sudo)", file=sys.stderr)
         return 1
-    if args.command == "up" and not 1 <= args.nodes <= MAX_NODES:
-        print(f"flannel-lab: --nodes={args.nodes}: give 1 to {MAX_NODES}", file=sys.stderr)
-        return 2
     try:
-        return args.func(args)
+        code: int = args.func(args)
     except (LabError, OSError) as err:
-        if isinstance(err, BrokenPipeError):  # output piped into head and the like
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
+        if stopping.output_closed(err):
+            raise
         print(f"flannel-lab: {err}", file=sys.stderr)
         return 1
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    # What flanneld would warn about in the config (unknown keys), said here too.
+    warnings = logging.StreamHandler(sys.stderr)
+    warnings.setFormatter(logging.Formatter("flannel-lab: warning: %(message)s"))
+    logging.getLogger("flannel.config").addHandler(warnings)
+    parsed: list[argparse.Namespace] = []
+
+    def command() -> int:
+        parsed.append(build_parser().parse_args(argv))
+        return run(parsed[0])
+
+    return stopping.run(lambda: " ".join(["flannel-lab", *(a.command for a in parsed)]),
+                        command)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flannel import stopping
 from flannel.fileutil import write_atomic
 from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
@@ -52,6 +54,42 @@ class LabError(Exception):
 
 class LabExists(LabError):
     """A lab of that name exists already; it is left as it is."""
+
+
+class FlanneldExited(LabError):
+    """A node's flanneld ended while the lab waited for it: the reason its log gives."""
+
+    def __init__(self, index: int, reason: str, log_file: str) -> None:
+        super().__init__(f"flanneld on node {index} exited: {reason} (its log: {log_file})")
+        self.index = index
+        self.reason = reason
+        self.log_file = log_file
+
+
+#: How a flanneld log line of an error starts (glog: severity, date, time, pid, place).
+_GLOG_ERROR = re.compile(r"^[EF]\d{4} \S+\s+\d+ \S+\] ")
+_GLOG_LINE = re.compile(r"^[IWEF]\d{4} \S+\s+\d+ \S+\] ")
+#: The line flanneld starts every run with.
+_FIRST_LINE = "CLI flags config:"
+MAX_REASON_LINES = 5
+
+
+def exit_reason(log: str) -> str:
+    """Why a flanneld that ended did, from its log: the error lines ending its last run
+    (their glog prefix dropped), else that run's last line (a traceback's, or a clean exit's;
+    a process killed outright leaves no word)."""
+    lines = log.splitlines()
+    starts = [i for i, line in enumerate(lines) if _FIRST_LINE in line]
+    run_lines = [line for line in lines[starts[-1] if starts else 0:] if line.strip()]
+    errors = [i for i, line in enumerate(run_lines) if _GLOG_ERROR.match(line)]
+    if not errors:
+        return (f"no error in its log, whose last line is: "
+                f"{_GLOG_LINE.sub('', run_lines[-1]).strip()}" if run_lines
+                else "its log is empty")
+    block = [errors[-1]]
+    while len(block) < MAX_REASON_LINES and block[0] - 1 in errors:
+        block.insert(0, block[0] - 1)
+    return "; ".join(_GLOG_LINE.sub("", run_lines[i]).strip() for i in block)
 
 
 def run(cmd: list[str], *, check: bool = True, timeout: float = 30.0
@@ -163,10 +201,17 @@ class Lab:
         """Whether something (a lab, or a leftover) holds this lab's directory."""
         return self.directory.exists()
 
+    def command(self, verb: str, *args: str) -> str:
+        """A ``flannel-lab`` command line about this lab, to paste (the script by its full
+        path; ``--root`` when it is not the default)."""
+        root = self.directory.parent
+        return shlex.join([commands.script("flannel-lab"),
+                           *(["--root", str(root)] if root != DEFAULT_ROOT else []), verb,
+                           *args, "--name", self.name])
+
     def exists_error(self) -> LabExists:
-        down = shlex.join([commands.script("flannel-lab"), "down", "--name", self.name])
         return LabExists(f"lab {self.name} already exists ({self.directory}); it is left as "
-                         f"it is: '{down}' removes it")
+                         f"it is: '{self.command('down')}' removes it")
 
     @property
     def underlay_ns(self) -> str:
@@ -199,10 +244,12 @@ class Lab:
         self.state.save()
 
     def _add_netns(self, netns: str) -> None:
-        """Create ``netns`` and record it as the lab's (only once it is really ours)."""
-        run(["ip", "netns", "add", netns])
-        self.state.namespaces.append(netns)
-        self.state.save()
+        """Create ``netns`` and record it as the lab's (only once it is really ours; a stop
+        waits until it is recorded)."""
+        with stopping.held():
+            run(["ip", "netns", "add", netns])
+            self.state.namespaces.append(netns)
+            self.state.save()
 
     def create_underlay(self, underlays: int = 1, ipv6: bool = False) -> None:
         self._claim()
@@ -327,11 +374,11 @@ class Lab:
                 module, "--address", router, "--network", network,
                 "--router-netns", self.underlay_ns, "--out", str(out),
                 *(f"--node={node.index}={node.address}" for node in self.state.nodes)]
-        with open(self.directory / "cloud.log", "ab") as log:
+        with stopping.held(), open(self.directory / "cloud.log", "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        self.state.cloud_pid, self.state.cloud_started = proc.pid, _start_ticks(proc.pid)
-        self.state.save()
+            self.state.cloud_pid, self.state.cloud_started = proc.pid, _start_ticks(proc.pid)
+            self.state.save()
         deadline = time.monotonic() + timeout
         while not out.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -348,20 +395,22 @@ class Lab:
         node = self.node(index)
         if extra:
             node.extra_args = list(extra)
+        if env:
+            node.env = {**node.env, **env}
         args = [FLANNELD, f"--etcd-endpoints={self.state.etcd_endpoint}",
                 f"--subnet-file={node.subnet_file}", "--iface=eth0", *node.extra_args]
         run_dir = self.node_run_dir(index)
         run_dir.mkdir(mode=0o755, exist_ok=True)
         keep = [self.directory] if self.directory.is_relative_to("/run") else []
         args = nsexec.command(args, LOCAL, run_dir, keep)
-        with open(node.log_file, "ab") as log:
+        with stopping.held(), open(node.log_file, "ab") as log:
             proc = subprocess.Popen([IP, "netns", "exec", node.netns, *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True,
-                                    env={**os.environ, **node.env, **(env or {})})
-        node.pid, node.started = proc.pid, _start_ticks(proc.pid)
+                                    env={**os.environ, **node.env})
+            node.pid, node.started = proc.pid, _start_ticks(proc.pid)
+            self.state.save()
         self.first_flanneld_start = self.first_flanneld_start or time.monotonic()
-        self.state.save()
         return node
 
     def stop_flanneld(self, index: int, sig: int = signal.SIGTERM,
@@ -377,6 +426,34 @@ class Lab:
     def flanneld_running(self, index: int) -> bool:
         node = self.node(index)
         return bool(node.pid) and _alive(node.pid)
+
+    def flanneld_gone(self, index: int) -> str:
+        """Why node ``index`` has no flanneld running ("" when it has): never started or
+        stopped by the lab, or its recorded process ended (gone, or a zombie its parent has
+        not collected)."""
+        node = self.node(index)
+        if not node.pid:
+            return "flanneld is not running (stopped by the lab)"
+        fields = _stat(node.pid)
+        if fields and int(fields[19]) == node.started and fields[0] not in ("Z", "X"):
+            return ""
+        how = ("exited, a zombie its parent has not collected" if fields
+               and int(fields[19]) == node.started else "exited")
+        return f"flanneld (pid {node.pid}) {how}: {self.exited(index).reason}"
+
+    def exited(self, index: int) -> FlanneldExited:
+        """The error saying why node ``index``'s flanneld ended, from its log."""
+        node = self.node(index)
+        return FlanneldExited(index, exit_reason(self.log(index)), node.log_file)
+
+    def restart_flanneld(self, index: int, timeout: float = 15.0) -> Node:
+        """Stop node ``index``'s flanneld if it runs, start it again with the flags and
+        environment it was started with (recorded in the lab's state)."""
+        node = self.node(index)
+        if node.pid and not self.flanneld_gone(index):
+            self.stop_flanneld(index, timeout=timeout)
+        node.pid = node.started = 0
+        return self.start_flanneld(index)
 
     def lease_key(self, index: int) -> str:
         """The key of node ``index``'s IPv4 lease (``10.244.3.0-24``), from its subnet.env."""
@@ -406,10 +483,10 @@ class Lab:
         deadline = time.monotonic() + timeout
         while not path.exists():
             if node.pid and not _alive(node.pid):
-                raise LabError(f"flanneld on node {index} exited:\n{self.log(index)[-3000:]}")
+                raise self.exited(index)
             if time.monotonic() > deadline:
-                raise LabError(f"node {index}: no subnet.env after {timeout}s:\n"
-                               f"{self.log(index)[-3000:]}")
+                raise LabError(f"node {index}: no subnet.env after {timeout:g}s (its log: "
+                               f"{node.log_file})")
             time.sleep(0.05)
         return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
 
@@ -524,7 +601,8 @@ class Lab:
 
     def down(self) -> None:
         """Stop the processes, remove the namespaces and the directory this lab recorded
-        creating, and nothing else; safe to run twice."""
+        creating, and nothing else; safe to run twice. LabError when something could not
+        be removed: the state then records only that, for the next ``down``."""
         for node in self.state.nodes:  # all at once: a big lab's daemons stop in parallel
             if node.pid:
                 _signal_own(node.pid, node.started, signal.SIGTERM)
@@ -543,10 +621,35 @@ class Lab:
         for netns in reversed(self.state.namespaces):
             if netns.startswith(f"{self.name}-"):  # a state file edited by hand stays harmless
                 run(["ip", "netns", "del", netns], check=False)
+        left = self._left_running()
+        if left:
+            self.state.save()
+            raise LabError(f"lab {self.name}: could not remove {', '.join(left)}; "
+                           f"'{self.command('down')}' tries again")
         if self.owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
         self.owns_directory = False
         self.state = LabState(self.name, str(self.directory))
+
+    def _left_running(self) -> list[str]:
+        """What ``down`` left: the lab's processes still running, namespaces still there
+        (and the state reduced to them)."""
+        left = []
+        for node in self.state.nodes:
+            if node.pid and _running(node.pid, node.started):
+                left.append(f"flanneld of node {node.index} (pid {node.pid})")
+            else:
+                node.pid = node.started = 0
+        state = self.state
+        for what, pid, started in (("etcd", state.etcd_pid, state.etcd_started),
+                                   ("the lab's cloud", state.cloud_pid, state.cloud_started)):
+            if pid and _running(pid, started):
+                left.append(f"{what} (pid {pid})")
+        namespaces = [ns for ns in state.namespaces if ns.startswith(f"{self.name}-")
+                      and os.path.lexists(f"/run/netns/{ns}")]
+        left += [f"namespace {ns}" for ns in namespaces]
+        state.namespaces = namespaces
+        return left
 
 
 def _stop_processes_in(netns: str, timeout: float = 5.0) -> None:

@@ -94,7 +94,7 @@ def _has_subnet_env(lab: Lab, index: int) -> bool:
     if Path(node.subnet_file).exists():
         return True
     if not lab.flanneld_running(index):
-        raise LabError(f"flanneld on node {index} exited:\n{lab.log(index)[-3000:]}")
+        raise lab.exited(index)
     return False
 
 
@@ -118,8 +118,7 @@ def wait_full_mesh(lab: Lab, indexes: list[int], timeout: float = 300.0,
             last_report = now
         dead = [i for i in indexes if not lab.flanneld_running(i)]
         if dead:
-            raise LabError(f"flanneld on node {dead[0]} exited before the full mesh:\n"
-                           f"{lab.log(dead[0])[-3000:]}")
+            raise lab.exited(dead[0])
         if now - start > timeout:
             short = {i: c for i, c in counts.items() if c != want}
             raise LabError(f"no full mesh after {timeout:g}s: peer routes (want {want}) "

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import statistics
 import sys
@@ -399,14 +398,6 @@ def render(check: NodeCheck) -> str:
     return "\n".join(out)
 
 
-def emit(text: str) -> None:
-    """Print the report; a reader that went away (``| head``) is not an error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def cmd_check(args: CheckOptions) -> int:
     if args.store is None:
         from flannel.ops.checklab import cmd_check_lab
@@ -414,13 +405,15 @@ def cmd_check(args: CheckOptions) -> int:
         return cmd_check_lab(args)
     try:
         check = run_check(args, args.store)
-    except KeyboardInterrupt:
-        return 130
     except (CheckError, IcmpError) as err:
         if args.json:
-            emit(json.dumps({"ok": False, "error": str(err), "peers": []}, indent=2))
+            print(json.dumps({"ok": False, "error": str(err), "peers": [],
+                              "store": args.source}, indent=2))
         else:
             print(f"flannelctl check: {err}", file=sys.stderr)
         return 1
-    emit(json.dumps(check.as_json(), indent=2) if args.json else render(check))
+    if args.json:
+        print(json.dumps({**check.as_json(), "store": args.source}, indent=2))
+    else:
+        print(f"{render(check)}\nstore read: {args.source}")
     return 0 if check.ok else 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -125,24 +126,32 @@ def node_command(node: LabNode, endpoint: str, args: CheckOptions) -> list[str]:
             f"--parallel={args.parallel}", f"--deadline={args.deadline:g}"]
 
 
-def check_node(node: LabNode, endpoint: str, args: CheckOptions) -> NodeOutcome:
-    import subprocess
-
+def check_node(node: LabNode, endpoint: str, args: CheckOptions,
+               running: set[subprocess.Popen[bytes]]) -> NodeOutcome:
+    """Run the check in ``node``; its process is in ``running`` while it runs (so that a
+    stop ends it at once)."""
     # The node's own store round trips (10 s) and probes (--deadline) bound its run.
     limit = args.deadline + 30
     try:
-        proc = subprocess.run(node_command(node, endpoint, args), capture_output=True,
-                              timeout=limit, check=False, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return NodeOutcome(node, error=f"the check in {node.netns} did not end within "
-                                       f"{limit:g}s")
+        proc = subprocess.Popen(node_command(node, endpoint, args), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     except OSError as err:
         return NodeOutcome(node, error=f"cannot run the check in {node.netns}: {err}")
-    out = proc.stdout[:MAX_OUTPUT].decode(errors="replace")
+    running.add(proc)
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return NodeOutcome(node, error=f"the check in {node.netns} did not end within "
+                                       f"{limit:g}s")
+    finally:
+        running.discard(proc)
+    out = stdout[:MAX_OUTPUT].decode(errors="replace")
     try:
         doc = json.loads(out)
     except ValueError:
-        said = proc.stderr[:2000].decode(errors="replace").strip()
+        said = stderr[:2000].decode(errors="replace").strip()
         return NodeOutcome(node, error=f"the check in {node.netns} failed (exit "
                                        f"{proc.returncode}): {said or out[:2000]}")
     if not isinstance(doc, dict):
@@ -258,12 +267,18 @@ def cmd_check_lab(args: CheckOptions) -> int:
     except LabCheckError as err:
         print(f"flannelctl check: {err}", file=sys.stderr)
         return 1
+    running: set[subprocess.Popen[bytes]] = set()
     with ThreadPoolExecutor(max_workers=min(NODES_AT_ONCE, len(nodes))) as pool:
-        outcomes = list(pool.map(lambda node: check_node(node, endpoint, args), nodes))
+        try:
+            outcomes = list(pool.map(lambda node: check_node(node, endpoint, args, running),
+                                     nodes))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the checks in the nodes end too
+            pool.shutdown(cancel_futures=True, wait=False)
+            for proc in list(running):
+                proc.kill()
+            raise
     pairs = pairs_of(outcomes)
     ok = not any(o.error for o in outcomes) and not any(p.fails for p in pairs)
-    from flannel.ops.check import emit
-
-    emit(json.dumps(as_json(args.lab, outcomes, pairs, ok), indent=2) if args.json
-         else render(args.lab, endpoint, outcomes, pairs))
+    print(json.dumps(as_json(args.lab, outcomes, pairs, ok), indent=2) if args.json
+          else render(args.lab, endpoint, outcomes, pairs))
     return 0 if ok else 1

@@ -125,27 +125,9 @@ def diagnose(ctx: Context) -> list[Finding]:
 
 def store_source(opts: DoctorOptions) -> str:
     """Which store doctor read, and whose settings say so."""
-    from flannel.ops.storeflags import shown
-    from flannel.settings import KubeSettings
+    from flannel.ops.locate import Located
 
-    store, found, given = opts.store.store, opts.found, opts.given
-    if isinstance(store, KubeSettings):
-        api = store.api_url or store.kubeconfig_file or "in-cluster"
-        place = f"the Kubernetes API ({api}), network config {store.net_config_path}"
-    else:
-        place = (f"etcd {shown('etcd-endpoints', store.endpoints)}, "
-                 f"prefix {store.prefix}")
-    if found is not None and found.flags is not None:
-        whose = "the settings of the flanneld running here"
-        if given:
-            whose += f", overridden by {', '.join('--' + name for name in given)}"
-    elif given:
-        whose = "the flags given"
-    else:
-        whose = "flanneld's defaults"
-    env = (found.subnet_file if found is not None and found.flags is not None
-           and "subnet-file" not in given else opts.store.subnet_file)
-    return f"{place}, from {whose}; subnet.env {env}"
+    return Located(opts.store, opts.found, opts.note, opts.given).source()
 
 
 def cmd_doctor(opts: DoctorOptions) -> int:
@@ -154,10 +136,7 @@ def cmd_doctor(opts: DoctorOptions) -> int:
     unread = [Finding("store", "warning", f"flanneld's settings are unknown: {opts.note}",
                       "run flannelctl doctor as root, or give flanneld's store flags")
               ] if opts.note and not opts.given else []
-    try:
-        findings = rank([*diagnose(gather(opts)), *unread])
-    except KeyboardInterrupt:
-        return 130
+    findings = rank([*diagnose(gather(opts)), *unread])
     if opts.json:
         doc: dict[str, Any] = {"healthy": exit_code(findings) == 0, "store": source,
                                "findings": [f.as_json() for f in findings]}

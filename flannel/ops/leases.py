@@ -18,6 +18,8 @@ from ipaddress import IPv4Address, IPv4Network, ip_network
 from typing import TYPE_CHECKING, Any
 
 from flannel.lease import NO_IPV4, Lease, LeaseAttrs, LeaseDecodeError, parse_subnet_key
+from flannel.ops.parsers import RELEASE_EFFECT
+from flannel.stopping import output_closed
 
 if TYPE_CHECKING:
     from flannel.ops.options import LeasesOptions
@@ -302,10 +304,9 @@ async def run_command(opts: LeasesOptions) -> int:
             if opts.json:
                 print(json.dumps([row.as_json() for row in sorted(rows, key=by_address)],
                                  indent=2))
-            elif rows:
-                print(table(rows))
             else:
-                print("no leases")
+                print(table(rows) if rows else "no leases")
+                print(f"store read: {opts.source}")
             return 0
         if opts.action == "show":
             rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
@@ -314,8 +315,12 @@ async def run_command(opts: LeasesOptions) -> int:
             if etcd is not None:
                 kv, _ = await etcd.client.get(etcd.lease_key(row.key))
                 raw = kv.value if kv is not None else None
-            print(json.dumps(row.as_json(), indent=2) if opts.json else show_text(row, raw))
+            if opts.json:
+                print(json.dumps(row.as_json(), indent=2))
+            else:
+                print(f"{show_text(row, raw)}\nstore read: {opts.source}")
             return 0
+        print(f"store: {opts.source}")
         if opts.action == "reserve":
             assert opts.reserve is not None and opts.reserve_for is not None  # required
             print(await asyncio.wait_for(reserve(manager, opts.reserve, opts.reserve_for),
@@ -326,20 +331,16 @@ async def run_command(opts: LeasesOptions) -> int:
         what = "reservation" if row.lease and row.lease.is_reservation else "lease"
         owner = (f"of {row.lease.attrs.public_ip}" if row.lease
                  else f"that no flanneld can use: {row.problem}")
+        if row.lease is not None:
+            print(f"{row.key} ({what} {owner}): {RELEASE_EFFECT}")
         if not confirm(f"delete the {what} {row.key} {owner}?", opts.yes):
             print("nothing deleted")
             return 1
         assert etcd is not None  # release is refused above in kube mode
         deleted = await asyncio.wait_for(
             etcd.client.delete(etcd.lease_key(row.key)), STORE_TIMEOUT)
-        if not deleted:
-            print(f"{row.key} was already gone")
-            return 0
-        if row.lease is None:
-            print(f"released {row.key} ({what} {owner})")
-            return 0
-        print(f"released {row.key} ({what} {owner}); a flanneld still running there "
-              "writes it again at its next renewal: stop it first to free the subnet")
+        print(f"released {row.key} ({what} {owner})" if deleted
+              else f"{row.key} was already gone")
         return 0
     finally:
         await manager.close()
@@ -351,9 +352,9 @@ def cmd_leases(opts: LeasesOptions) -> int:
     failures: tuple[type[Exception], ...] = (LeaseCommandError, *STORE_FAILURES)
     try:
         return asyncio.run(run_command(opts))
-    except KeyboardInterrupt:
-        return 130
     except failures as err:
+        if output_closed(err):
+            raise  # the reader went away: not the store's doing
         text = str(err) or "the store did not answer in time; check --etcd-endpoints"
         print(f"flannelctl leases: {text}", file=sys.stderr)
         return 1

@@ -17,6 +17,17 @@ from typing import Any
 from flannel.netutil import unusable_address
 from flannel.ops.storeflags import add_store_flags
 
+#: What deleting a lease does to the flanneld holding it (etcd mode), as it does it: said
+#: by ``leases release`` before it asks, and in its help.
+RELEASE_EFFECT = (
+    "a flanneld running with that lease sees it deleted, logs \"Lease has been revoked. "
+    "Shutting down daemon.\" and exits with status 0 (as Go flannel does), and the other "
+    "nodes remove their routes to its subnet. Started again (by hand, or by a supervisor: "
+    "systemd's Restart=always, a DaemonSet), it takes the subnet its subnet.env names once "
+    "more, as a new lease that expires unless renewed (a reservation is not restored), "
+    "unless another node took that subnet meanwhile: then it gets another one, and the pods "
+    "on that node must be recreated")
+
 
 def _later(module: str, name: str) -> Callable[[Any], int]:
     """The command ``name`` of ``module``, which takes the command's typed options."""
@@ -63,7 +74,10 @@ def add_leases(sub: Any) -> None:
     reserve_p.add_argument("subnet", type=_subnet_arg)
     reserve_p.add_argument("--public-ip", dest="reserve_for", type=_node_ip_arg, required=True,
                            help="the public IP of the node that gets the subnet")
-    release = actions.add_parser("release", help="delete a lease or reservation")
+    release = actions.add_parser(
+        "release", help="delete a lease or reservation",
+        description="Delete a lease or reservation (etcd mode) after asking. Deleted, "
+                    f"{RELEASE_EFFECT}.")
     release.add_argument("subnet", help="subnet, lease key or public IP")
     release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     for parser in (listing, show, reserve_p, release):

@@ -27,6 +27,7 @@ from flannel import boundedjson
 from flannel.monitor.localsock import connect, socket_path
 
 if TYPE_CHECKING:
+    from flannel.ops.discover import Flanneld
     from flannel.ops.options import StatusOptions
 
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8081"
@@ -104,9 +105,10 @@ def _socket_failure(where: Where, err: OSError) -> StatusUnavailable:
                              f"{err.strerror or err}")
 
 
-def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
-    """flanneld's status document from its health server or local socket."""
-    where = Where(url=where) if isinstance(where, str) else where
+def fetch(where: Where, path: str, timeout: float, limit: int = MAX_STATUS_BYTES,
+          accept: str = "application/json") -> tuple[http.client.HTTPResponse, bytes]:
+    """One GET of ``path`` from flanneld's health server or local socket: its answer and up
+    to ``limit`` + 1 bytes of its body; StatusUnavailable says why there is none."""
     base = str(where)
     connection: http.client.HTTPConnection
     if where.url:
@@ -116,9 +118,9 @@ def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
         assert where.socket is not None
         connection = _SocketConnection(where.socket, timeout)
     try:
-        connection.request("GET", "/status", headers={"Accept": "application/json"})
+        connection.request("GET", path, headers={"Accept": accept})
         reply = connection.getresponse()
-        body = reply.read(MAX_STATUS_BYTES + 1)
+        body = reply.read(limit + 1)
     except (OSError, http.client.HTTPException) as err:
         if not where.url and isinstance(err, OSError) and err.errno is not None:
             raise _socket_failure(where, err) from None
@@ -130,6 +132,14 @@ def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
             f"flanneld did not answer on {base} ({why})") from None
     finally:
         connection.close()
+    return reply, body
+
+
+def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
+    """flanneld's status document from its health server or local socket."""
+    where = Where(url=where) if isinstance(where, str) else where
+    base = str(where)
+    reply, body = fetch(where, "/status", timeout)
     if reply.status == 403:
         raise StatusUnavailable(
             f"flanneld at {base} serves /status to clients on its own host only: run "
@@ -309,6 +319,11 @@ def locate(args: StatusOptions, environ: dict[str, str] | None = None) -> Where:
     found = find()
     if found is None:
         return Where(socket=socket_path(DEFAULT_SUBNET_FILE), looked=True)
+    return where_of(found)
+
+
+def where_of(found: Flanneld) -> Where:
+    """The local socket of a flanneld found running here, named as it names it."""
     shown = str(socket_path(found.subnet_file))
     if found.socket != Path(shown):
         shown += f" (in the mount namespace of flanneld pid {found.pid})"

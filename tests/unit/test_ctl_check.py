@@ -358,7 +358,9 @@ def test_no_subnet_env_is_said_plainly(tmp_path, capsys, flannel_log_level):
     assert main(["check", "--json", f"--subnet-file={missing}"]) == 1
     assert json.loads(capsys.readouterr().out) == {
         "ok": False, "peers": [],
-        "error": f"{missing}: missing: is flanneld running on this node? run flannelctl doctor"}
+        "error": f"{missing}: missing: is flanneld running on this node? run flannelctl doctor",
+        "store": "etcd http://127.0.0.1:4001,http://127.0.0.1:2379, prefix /coreos.com/network, "
+                 f"from the flags given; subnet.env {missing}"}
 
 
 def test_plan_decides_what_needs_no_echo():
