@@ -44,11 +44,13 @@ from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcd.candidates import free_subnet, node_seed
 from flannel.subnet.etcd.client import (
+    PAGE,
     Code,
     EtcdClient,
     EtcdCompacted,
     EtcdError,
     EtcdOptions,
+    EtcdTooLarge,
     KeyValue,
     WatchBatch,
     WatchEvent,
@@ -69,6 +71,10 @@ MAX_LEASE_TTL = 9_000_000_000  # etcd's MaxLeaseTTL
 ACQUIRE_ATTEMPTS = 10
 CHECK_INTERVAL = 5.0
 RESET_GRACE = 30.0
+#: A watch stream that lived this long was healthy: the next one opens after the first
+#: delay. Shorter ones (etcd, or whatever answers in its place, ending or breaking every
+#: stream right after confirming it) back off, as do relists after compaction.
+WATCH_HEALTHY = 30.0
 
 
 def go_path_join(*elements: str) -> str:
@@ -214,6 +220,10 @@ class EtcdSubnetManager:
         subnets = self._subnets(kv, key)
         if subnets is None:
             self.undecodable.skip(key[:100], "the key does not name a subnet")
+            return None
+        if kv.oversize:
+            self.undecodable.skip(key, f"its value is larger than a page of the listing may be "
+                                       f"({PAGE.max_bytes} bytes)")
             return None
         try:
             attrs = LeaseAttrs.from_json(kv.value)
@@ -458,6 +468,7 @@ class EtcdSubnetManager:
         while True:
             queue: asyncio.Queue[WatchBatch | Exception] = asyncio.Queue(maxsize=16)
             pump = asyncio.create_task(self._pump(revision + 1, queue), name="etcd watch")
+            opened = time.monotonic()
             try:
                 while True:
                     timeout = self.check_interval
@@ -481,8 +492,10 @@ class EtcdSubnetManager:
                         self._settled()
                         break
                     if item is not None:
-                        backoff.reset()
                         self.status.watching = True
+                    if item is not None and item.progress:
+                        revision = await self._progress(revision, item.revision)
+                        continue
                     if item is None or item.created:
                         reason = await self._check()
                         if reason is not None:
@@ -501,15 +514,23 @@ class EtcdSubnetManager:
                         update = Changes(events)
                         self._remember(update)
                         yield update
-            except EtcdCompacted as err:
-                self.status.compactions += 1
-                log.warning("watch resumed from a compacted revision (%d < %d); relisting",
-                            revision + 1, err.compact_revision)
+            except (EtcdCompacted, EtcdTooLarge) as err:
+                self._healthy(opened, backoff)
+                if isinstance(err, EtcdCompacted):
+                    self.status.compactions += 1
+                    log.warning("watch resumed from a compacted revision (%d < %d); relisting "
+                                "in %.1fs", revision + 1, err.compact_revision, backoff.delay)
+                else:
+                    self.status.reconnects += 1
+                    log.warning("lease watch: %s; relisting in %.1fs (the listing reads it in "
+                                "pages)", err, backoff.delay)
+                await backoff.wait()
                 snapshot, revision = await self._resync(max_backoff)
                 self._remember(snapshot)
                 yield snapshot
                 self._settled()
             except StoreUnavailable as err:
+                self._healthy(opened, backoff)
                 self.status.watching = False
                 self.status.reconnects += 1
                 log.warning("lease watch interrupted (%s); resuming from revision %d in %.1fs",
@@ -518,6 +539,34 @@ class EtcdSubnetManager:
             finally:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
+
+    @staticmethod
+    def _healthy(opened: float, backoff: Backoff) -> None:
+        """A stream that lived WATCH_HEALTHY seconds ended: the next waits the first delay.
+        Not on its confirmation: one that breaks right after it would be reopened ten times
+        a second."""
+        if time.monotonic() - opened >= WATCH_HEALTHY:
+            backoff.reset()
+
+    async def _progress(self, revision: int, reported: int) -> int:
+        """The revision to resume from after a progress notification that says the stream
+        has read up to ``reported``. Taken only once a linearizable read shows the store got
+        there: a revision ahead of the store would be taken as the floor of the next reads
+        (the store would look wiped) and resume the watch past events it never sent.
+        StoreUnavailable (the stream is broken) when the store is behind it."""
+        if reported <= self.client.revision:
+            return max(revision, reported)
+        try:
+            await self.client.get(self.config_key)
+        except (StoreUnavailable, StoreError) as err:
+            log.log(V1, "could not check the watch's progress revision %d: %s", reported, err)
+            return revision
+        if reported <= self.client.revision:
+            return max(revision, reported)
+        raise StoreUnavailable(
+            f"the watch says it has read up to revision {reported}, ahead of the store's "
+            f"{self.client.revision}: not taken (a broken proxy or gateway in front of "
+            "etcd?)")
 
     def _first_snapshot(self) -> tuple[Snapshot, int] | None:
         """The store as our creation left it (taken once): the acquisition's listing, in
