@@ -11,13 +11,14 @@ connection (each answer ends with its connection, which the client then does not
 and it relays etcd's own answers byte for byte (``Connection: close`` is the only header it
 adds to a request), so everything the test does not make hostile is real etcd.
 
-``rules`` maps a request path (``/v3/kv/range``, ``/v3/watch``...) to a ``Rule``: given the
-request and a handle on etcd (``Upstream``: etcd's answer to the same request, whole or as a
-watch stream), it yields the bytes to send in its place. The helpers below build answers:
-``answer`` (a whole JSON answer), ``stream_head`` and ``chunk`` (a chunked body), ``endless``
-(a chunked body of a unit repeated up to a size), ``redirect``. ``requests`` records every
-request (path, parsed body, time), ``sent`` the bytes sent for hostile answers, and
-``connections`` how many connections came in; ``cut`` resets every open connection.
+``rules`` maps a request path (``/v3/kv/range``, ``/v3/watch``..., ``*`` for any other) to a
+``Rule``: given the request and a handle on etcd (``Upstream``: etcd's answer to the same
+request, whole or as a watch stream), it yields the bytes to send in its place. The helpers
+below build answers: ``answer`` (a whole JSON answer), ``stream_head`` and ``chunk`` (a
+chunked body), ``endless`` (a chunked body of a unit repeated up to a size), ``redirect``.
+``requests`` records every request (path, parsed body, time), ``sent`` the bytes sent for
+hostile answers, and ``connections`` how many connections came in; ``cut`` resets every open
+connection.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ class EtcdGateway:
             body = await reader.readexactly(int(headers.get("content-length") or 0))
             request = Request(method, path, headers, body)
             self.requests.append(request)
-            rule = self.rules.get(path)
+            rule = self.rules.get(path) or self.rules.get("*")
             if rule is None:
                 await self._relay(request, reader, writer)
                 return

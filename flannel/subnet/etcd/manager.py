@@ -270,10 +270,15 @@ class EtcdSubnetManager:
             raise
 
     async def _revoke_quietly(self, lease_id: int) -> None:
+        """Revoke an etcd lease we no longer use; one that outlives a failure expires on
+        its own. While flanneld stops (this task cancelled), at most 1 s is spent on it."""
+        task = asyncio.current_task()
         try:
-            await self.client.revoke(lease_id)
-        except (StoreError, StoreUnavailable) as err:
-            log.warning("could not revoke unused etcd lease %x: %s", lease_id, err)
+            async with asyncio.timeout(1 if task is not None and task.cancelling() else None):
+                await self.client.revoke(lease_id)
+        except (StoreError, StoreUnavailable, TimeoutError) as err:
+            log.warning("could not revoke unused etcd lease %x: %s", lease_id,
+                        err or "flanneld is stopping")
 
     async def acquire_lease(self, config: NetworkConfig, attrs: LeaseAttrs) -> Lease:
         """Acquire a subnet for this node: reuse by public IP, previous subnet, or a new one.
