@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from flannel.kernel.host import Host
+from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 from tests.support import netns
 from tests.support.etcdgateway import (
     EtcdGateway,
@@ -208,3 +209,73 @@ async def test_memory_under_hostile_answers_stays_within_twice_the_steady(host, 
     print(f"\nflanneld steady RSS {steady / 1024:.1f} MiB, peak {peak / 1024:.1f} MiB under "
           "60 MiB answers of {} and [] and a 60 MiB watch message")
     assert peak <= 2 * steady, (steady, peak)
+
+
+# -- a store larger than any answer may be ---------------------------------------------------
+
+async def fill(etcd_port: int, pairs: list[tuple[bytes, bytes]], batch: int = 100) -> None:
+    """Write ``pairs`` in transactions of ``batch`` puts, eight at a time."""
+    from tests.support.etcdgateway import b64
+
+    client = EtcdClient(EtcdOptions(parse_endpoints(f"http://127.0.0.1:{etcd_port}"),
+                                    timeout=60))
+    queue = [pairs[i:i + batch] for i in range(0, len(pairs), batch)]
+
+    async def worker() -> None:
+        while queue:
+            puts = [{"request_put": {"key": b64(k), "value": b64(v)}} for k, v in queue.pop()]
+            await client.call("Txn", "/v3/kv/txn", {"success": puts})
+    try:
+        await asyncio.gather(*(worker() for _ in range(8)))
+    finally:
+        await client.close()
+
+
+async def time_to_lease(tmp_path: Path, ns: str, gateway: EtcdGateway) -> float:
+    """Seconds from flanneld's start to its subnet.env."""
+    env = tmp_path / "subnet.env"
+    started = time.monotonic()
+    daemon = start_flanneld(tmp_path, ns, gateway)
+    try:
+        await until(env.exists, "subnet.env", daemon, timeout=120)
+        took = time.monotonic() - started
+        await stop_within(daemon, 5)
+    finally:
+        daemon.stop()
+    return took
+
+
+async def test_fifty_junk_values_of_1_4_mb_leave_the_node_leasing(host, private_etcd,
+                                                                   tmp_path):
+    """50 values of 1.4 MB under subnets/ made the one listing 93 MB, refused whole: no
+    node ever leased (Go leases in under 1 s). They are read page by page and skipped."""
+    ns, gateway = host
+    baseline = await time_to_lease(tmp_path / "empty", ns, gateway)
+    junk = b"x" * 1_400_000
+    await fill(private_etcd.client_port,
+               [(f"{PREFIX}/subnets/10.5.{i}.0-24".encode(), junk) for i in range(50)],
+               batch=1)
+    took = await time_to_lease(tmp_path / "junk", ns, gateway)
+    print(f"\n50 junk values of 1.4 MB: subnet.env after {took:.2f}s "
+          f"(an empty store: {baseline:.2f}s)")
+    assert took < baseline + 5
+
+
+@pytest.mark.slow
+async def test_120000_padded_leases_leave_the_node_leasing(host, private_etcd, tmp_path):
+    """120,000 leases of 600 bytes (72.5 MB in one listing, refused whole before)."""
+    ns, gateway = host
+    private_etcd.ctl("put", f"{PREFIX}/config", json.dumps(
+        {"Network": "100.64.0.0/10", "SubnetLen": 28, "Backend": {"Type": "alloc"}}))
+    pad = "p" * 480
+    pairs = [(f"{PREFIX}/subnets/100.{64 + (i >> 12)}.{(i >> 4) & 255}.{(i & 15) * 16}-28"
+              .encode(),
+              json.dumps({"PublicIP": f"172.{i >> 16}.{(i >> 8) & 255}.{i & 255}",
+                          "PublicIPv6": None, "BackendType": "alloc",
+                          "BackendData": {"Pad": pad}}).encode())
+             for i in range(120_000)]
+    await fill(private_etcd.client_port, pairs)
+    took = await time_to_lease(tmp_path / "padded", ns, gateway)
+    print(f"\n120,000 padded leases ({sum(len(v) for _, v in pairs) / 1e6:.1f} MB of values): "
+          f"subnet.env after {took:.2f}s")
+    assert took < 30

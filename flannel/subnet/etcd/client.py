@@ -823,8 +823,9 @@ class EtcdClient:
                          ) -> tuple[list[KeyValue], int]:
         """Every key under ``prefix`` (without values with ``keys_only``) and the revision
         of the listing. Read in pages of PAGE_KEYS keys at the first page's revision, each
-        page within PAGE; a page over it is asked again with a quarter of the keys, and a
-        key whose value alone is over it comes back ``oversize``, without its value. A
+        page within PAGE; a page over it is asked again with one key (pages grow back,
+        doubling, while they stay small), and a key whose value alone is over it comes back
+        ``oversize``, without its value. A
         listing whose revision is compacted before its end starts again (a few times)."""
         for restart in range(LISTING_RESTARTS + 1):
             try:
@@ -853,7 +854,9 @@ class EtcdClient:
                                                         keys_only)
             except EtcdTooLarge:
                 if limit > 1:
-                    limit = max(1, limit // 4)
+                    # Large values: one key at a time, more again once pages are small.
+                    # (Every page asked for costs etcd the whole page, read or not.)
+                    limit = 1
                     continue
                 # One value alone is over the budget: name its key, and go on after it.
                 page, revision, more = await self._page(prefix, key, end, 1, revision, True)
@@ -864,7 +867,9 @@ class EtcdClient:
                                    f"holds more than {LISTING_KEYS} keys")
             if not more:
                 return kvs, revision
-            key, limit = page[-1].key + b"\0", min(PAGE_KEYS, limit * 2)
+            key = page[-1].key + b"\0"
+            if sum(len(kv.key) + len(kv.value) for kv in page) < PAGE.max_bytes // 8:
+                limit = min(PAGE_KEYS, limit * 2)
 
     async def _page(self, prefix: bytes, key: bytes, end: bytes, limit: int, revision: int,
                     keys_only: bool) -> tuple[list[KeyValue], int, bool]:

@@ -75,6 +75,8 @@ RESET_GRACE = 30.0
 #: delay. Shorter ones (etcd, or whatever answers in its place, ending or breaking every
 #: stream right after confirming it) back off, as do relists after compaction.
 WATCH_HEALTHY = 30.0
+#: Leases decoded between two yields to the event loop (~25 ms of work).
+DECODE_SLICE = 1000
 
 
 def go_path_join(*elements: str) -> str:
@@ -236,8 +238,18 @@ class EtcdSubnetManager:
     async def list_leases(self) -> tuple[list[Lease], int]:
         """Every valid lease and the revision of the listing; bad entries are skipped."""
         kvs, revision = await self.client.get_prefix(self.subnets_prefix)
-        leases = [lease for kv in kvs if (lease := self._decode(kv)) is not None]
-        return leases, revision
+        return await self._decode_all(kvs), revision
+
+    async def _decode_all(self, kvs: Iterable[KeyValue]) -> list[Lease]:
+        """The valid leases among ``kvs``, decoded a slice at a time: 100,000 leases take
+        seconds, during which a signal or a cancellation must still get through."""
+        leases = []
+        for count, kv in enumerate(kvs, 1):
+            if (lease := self._decode(kv)) is not None:
+                leases.append(lease)
+            if count % DECODE_SLICE == 0:
+                await asyncio.sleep(0)
+        return leases
 
     async def _put(self, subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None,
                    attrs: LeaseAttrs, *, reservation: bool = False) -> Lease:
@@ -294,8 +306,7 @@ class EtcdSubnetManager:
 
     async def _acquire(self, cfg: NetworkConfig, attrs: LeaseAttrs) -> Lease:
         kvs, listed_at = await self.client.get_prefix(self.subnets_prefix)
-        leases = [lease for kv in _may_name(kvs, attrs)
-                  if (lease := self._decode(kv)) is not None]
+        leases = await self._decode_all(_may_name(kvs, attrs))
         reused, deleted = await self._reuse_by_public_ip(cfg, attrs, leases)
         if reused is not None:
             return reused
@@ -462,7 +473,7 @@ class EtcdSubnetManager:
         recovers from a wiped or restored store (see ``_recover``). Every key under the
         prefix is reported whatever ``config`` says (the daemon's ``LeaseWatcher`` filters)."""
         reason = self.client.take_reset()
-        first = self._first_snapshot() if reason is None else None
+        first = await self._first_snapshot() if reason is None else None
         snapshot, revision = (first if first is not None
                               else await self._resync(max_backoff, reason))
         self._remember(snapshot)
@@ -573,7 +584,7 @@ class EtcdSubnetManager:
             f"{self.client.revision}: not taken (a broken proxy or gateway in front of "
             "etcd?)")
 
-    def _first_snapshot(self) -> tuple[Snapshot, int] | None:
+    async def _first_snapshot(self) -> tuple[Snapshot, int] | None:
         """The store as our creation left it (taken once): the acquisition's listing, in
         which nothing was under our key, plus our record, at the revision of our creation
         (the next after the listing's). The watch resumes after it, so any write since is
@@ -582,7 +593,7 @@ class EtcdSubnetManager:
         listing, self._acquired_listing = self._acquired_listing, None
         if listing is None or self._own is not listing.own or self._own_deleted:
             return None
-        leases = [lease for kv in listing.kvs if (lease := self._decode(kv)) is not None]
+        leases = await self._decode_all(listing.kvs)
         self.status.relists += 1
         return Snapshot(leases), listing.revision
 
