@@ -223,10 +223,10 @@ async def test_a_list_body_that_never_ends_costs_a_few_bounds_not_nine():
                 await client.list_nodes(lambda n: n)
             assert caught.value.too_large
             assert str(caught.value).endswith("larger than the limit of 262144 bytes")
-            assert limits == ["500", "250", "125", "62"]
+            assert limits == ["100", "50", "25", "12"]
             with pytest.raises(ApiUnreachable):
                 await client.list_nodes(lambda n: n)
-            assert limits[4:] == ["62"]
+            assert limits[4:] == ["12"]
         finally:
             await client.close()
 
@@ -236,12 +236,13 @@ async def test_a_list_is_bounded_in_time_per_page_and_as_a_whole():
     coming with a continue token forever end at the listing's deadline (and what they gave
     is not kept for the next listing)."""
     endless_pages = False
+    pages = itertools.count()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while await read_request(reader):
             if endless_pages:
                 writer.write(response({"kind": "NodeList", "metadata": {
-                    "resourceVersion": "5", "continue": "more"},
+                    "resourceVersion": "5", "continue": f"more{next(pages)}"},
                     "items": [node("n", "10.244.1.0/24")]}))
                 await writer.drain()
                 continue
@@ -267,6 +268,33 @@ async def test_a_list_is_bounded_in_time_per_page_and_as_a_whole():
             assert loop.time() - started < 3
         finally:
             await client.close()
+
+
+async def test_a_continue_token_that_comes_back_is_refused():
+    """A server whose continue tokens cycle (a, b, a, ...) would be listed for ever, its
+    nodes kept again and again until the listing's deadline: the second time a token is
+    given, the listing ends with an error that says so."""
+    asked: list[str] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await read_request(reader):
+            asked.append(line)
+            token = "b" if "continue=a" in line else "a"
+            writer.write(response({"kind": "NodeList", "metadata": {
+                "resourceVersion": "5", "continue": token},
+                "items": [node("n", "10.244.1.0/24")]}))
+            await writer.drain()
+
+    async with raw_server(handler) as url:
+        client = client_for(url)
+        try:
+            with pytest.raises(ApiUnreachable) as caught:
+                await client.list_nodes(lambda n: n)
+        finally:
+            await client.close()
+    assert str(caught.value).endswith(
+        "the node list gave a continue token it had given before (it would never end)")
+    assert len(asked) == 3
 
 
 async def test_a_listing_cut_part_way_goes_on_from_its_continue_token(api):
