@@ -34,7 +34,9 @@ client certificate of that common name when ``client_common_name`` is set (as th
 maps a certificate to a user): anything else gets 401 ``Unauthorized`` as a ``Status``.
 ``fail_next`` queues error ``Status`` answers for the next requests (429, 5xx, 403...),
 ``refuse_patches`` answers every node status patch with one error ``Status`` while it is set
-(the other requests go on: a webhook or an RBAC rule refusing writes only),
+(the other requests go on: a webhook or an RBAC rule refusing writes only), ``hostile``
+answers the requests it picks with whatever bytes it yields instead (a server or proxy gone
+wrong: huge, dripping, redirecting, of the wrong shape), then closes the connection,
 ``truncate_next`` closes the connection halfway through the next response body,
 ``header_padding`` adds a header of that many bytes to every answer, ``chunk_size`` cuts
 watch events across chunks (as a proxy may), ``stall_watches`` makes watch streams outlive
@@ -70,6 +72,7 @@ import copy
 import json
 import socket
 import ssl
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -159,6 +162,10 @@ class FakeKubeAPI:
         self.path_prefix = ""  # e.g. "/k8s/clusters/c-abc": the API is served under it
         #: (code, message) answered to every node status patch while set.
         self.refuse_patches: tuple[int, str] | None = None
+        #: Given (method, path without the prefix, query), the raw bytes to answer instead
+        #: (the connection is closed after them), or None to answer as the server would.
+        self.hostile: Callable[[str, str, dict[str, str]], AsyncIterator[bytes] | None] | \
+            None = None
 
     # -- test controls ------------------------------------------------------------------
 
@@ -283,6 +290,14 @@ class FakeKubeAPI:
                         (self.client_common_name is not None and
                          _common_name(writer) != self.client_common_name):
                     code, doc = 401, _status(401, "Unauthorized", "Unauthorized")
+                elif self.hostile is not None and \
+                        (raw := self.hostile(method, url.path, query)) is not None:
+                    async for data in raw:
+                        if writer.is_closing():
+                            break
+                        writer.write(data)
+                        await writer.drain()
+                    return
                 elif self.fail_next:
                     failure, message = self.fail_next.pop(0)
                     code, doc = failure, _status(failure, "Failure", message)
