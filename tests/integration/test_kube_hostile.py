@@ -540,7 +540,7 @@ async def test_a_page_of_tiny_elements_within_its_bytes_is_asked_again_smaller()
      "the node list's items is not a JSON array"),
     ({"metadata": [], "items": []}, "the node list's metadata is not a JSON object"),
     ({"metadata": {"resourceVersion": 7}, "items": []},
-     "the node list's metadata.resourceVersion is not a string"),
+     "the node list's metadata.resourceVersion is not a resource version"),
     ({"metadata": {"resourceVersion": "5", "continue": 5}, "items": []},
      "the node list's metadata.continue is not a continue token"),
 ])

@@ -570,6 +570,13 @@ class EtcdClient:
         Raises _Unreachable when the endpoint did not answer as etcd (_OverBudget when its
         answer was too large), _Refused when etcd answered with an error status.
         """
+        status, data = await self._post(index, path, request, token, require_leader, budget)
+        return self._answer(self._options.endpoints[index], path, status, data, budget)
+
+    async def _post(self, index: int, path: str, request: dict[str, Any], token: str | None,
+                    require_leader: bool, budget: Budget) -> tuple[int, bytes]:
+        """The status and body of etcd's answer to ``request``, within ``budget``'s bytes
+        (an error answer's within ERROR) and the call's timeout; a redirect is refused."""
         endpoint = self._options.endpoints[index]
         deadline = asyncio.get_running_loop().time() + self._options.timeout
         body = json.dumps(request).encode()
@@ -606,8 +613,14 @@ class EtcdClient:
             break
         conn.deadline = None
         self._keep_idle(index, conn)
-        if head.status != 200:
-            raise self._error_answer(endpoint, path, head.status, data)
+        return head.status, data
+
+    def _answer(self, endpoint: Endpoint, path: str, status: int, data: bytes,
+                budget: Budget) -> dict[str, Any]:
+        """The JSON object of an answer read whole; _Refused for etcd's error status,
+        _OverBudget or _Unreachable for anything else."""
+        if status != 200:
+            raise self._error_answer(endpoint, path, status, data)
         try:
             doc = _decode(data, f"{endpoint}: the answer to {path}", budget)
         except _Malformed as err:

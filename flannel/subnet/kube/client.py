@@ -385,9 +385,9 @@ class KubeClient:
             raise ApiUnreachable(f"{self.config.server}: the node list's items is not a JSON "
                                  "array")
         version, token = meta.get("resourceVersion"), meta.get("continue") or ""
-        if not isinstance(version, str):
+        if not isinstance(version, str) or len(version) > 1024:
             raise ApiUnreachable(f"{self.config.server}: the node list's "
-                                 "metadata.resourceVersion is not a string")
+                                 "metadata.resourceVersion is not a resource version")
         if not isinstance(token, str) or len(token) > 4096:
             raise ApiUnreachable(f"{self.config.server}: the node list's metadata.continue is "
                                  "not a continue token")
