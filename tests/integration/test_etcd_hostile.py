@@ -583,3 +583,23 @@ async def test_a_value_too_large_for_any_page_is_skipped_by_name(client, gateway
     assert lease.key != "10.3.200.0-24"  # named by the key: taken, even unread
     assert sm.undecodable.current == {"10.3.200.0-24": (
         f"its value is larger than a page of the listing may be ({PAGE.max_bytes} bytes)")}
+
+
+@pytest.mark.parametrize(("status", "code"), [(401, 16), (429, 8), (503, 14)])
+async def test_an_error_storm_on_the_watch_backs_off(client, gateway, prefix, status, code):
+    """Every watch refused (401 unauthenticated, 429 too many requests, 503 unavailable):
+    the watch is retried with backoff, the lease and the node stay as they are."""
+    sm, collector = await start_manager(gateway, client, prefix)
+    own = sm.lease
+    try:
+        gateway.rules["/v3/watch"] = always(answer({"code": code, "message": "storm"}, status))
+        gateway.cut()
+        started = len(gateway.paths("/v3/watch"))
+        await asyncio.sleep(3.5)
+        watches = len(gateway.paths("/v3/watch")) - started
+        assert 2 <= watches <= 6, watches
+        assert not collector.task.done()
+    finally:
+        await collector.stop()
+        await sm.close()
+    assert sm.lease is own

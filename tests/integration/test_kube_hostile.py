@@ -657,3 +657,25 @@ async def test_a_redirect_never_takes_the_bearer_token_elsewhere(tmp_path, statu
         f"cannot get node 'node1': {url} answered HTTP {status}, a redirect to "
         f"{location!r}; flanneld does not follow redirects (its credentials stay with the "
         f"server given by the kubeconfig {config}): give the API server's own address")
+
+
+@pytest.mark.parametrize("status", [401, 429, 503])
+async def test_an_error_storm_on_the_node_watch_backs_off(api, tmp_path, status):
+    """Every watch and list answered with an error: each retry waits longer than the one
+    before, and the node store keeps what it has."""
+    api.put_node("node1", ["10.244.1.0/24"])
+    sm = sm_for(api.url, tmp_path)
+    updates = sm.watch_leases(await sm.get_network_config())
+    try:
+        await asyncio.wait_for(anext(updates), 10)
+        api.fail_next = [(status, "storm")] * 1000
+        asked = len(api.requests)
+        api.cut_watches()
+        await asyncio.sleep(3.5)
+        retries = len(api.requests) - asked
+    finally:
+        await updates.aclose()
+        await sm.close()
+    # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s of backoff fit in 3.5 s.
+    assert 2 <= retries <= 7, retries
+    assert "node1" in sm.nodes
