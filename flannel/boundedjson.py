@@ -3,9 +3,11 @@
 ``json.loads`` recurses once per nesting level: about 1000 levels raise RecursionError and
 deeper input can exhaust the C stack. Every decoder of untrusted JSON calls ``loads`` here,
 which checks the size, pre-scans the nesting depth (strings and escapes respected) and only
-then hands the text to ``json``. NaN, Infinity and numbers beyond float range are refused,
-as Go's decoder refuses them. Owns: the limits and their messages. Must not touch: files,
-the store, the kernel.
+then hands the text to ``json``. A caller may also bound the elements a document decodes to
+(``max_elements``): an answer of many tiny elements (``[[],[],...]``) costs some twenty
+times its size once decoded, so its bytes alone do not bound its memory. NaN, Infinity and
+numbers beyond float range are refused, as Go's decoder refuses them. Owns: the limits and
+their messages. Must not touch: files, the store, the kernel.
 """
 
 from __future__ import annotations
@@ -88,19 +90,31 @@ def nests_deeper_than(text: str, max_depth: int) -> bool:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > max_depth
 
 
+def element_bound(raw: bytes | str) -> int:
+    """At least the number of values and object members ``raw`` decodes to, counted without
+    decoding: every one but the first of a container follows a comma, and every container
+    opens with a bracket. Separators inside strings count too, so it never undercounts."""
+    if isinstance(raw, str):
+        return raw.count(",") + raw.count("[") + raw.count("{") + 1
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
+
+
 def loads(raw: bytes | str, *, what: str, max_bytes: int,
-          max_depth: int | None = MAX_DEPTH) -> Any:
+          max_depth: int | None = MAX_DEPTH, max_elements: int | None = None) -> Any:
     """Decode JSON within limits; JSONLimitError names ``what`` and the limit it broke.
 
     Bytes are UTF-8; invalid sequences become U+FFFD as Go's decoder does inside strings.
     ``max_depth=None`` skips the pre-scan (it costs more than decoding a large document):
     nesting is then bounded only by the decoder's recursion guard, whose RecursionError is
     refused like any other limit. Only for callers that keep nothing nested of the result
-    (the Kubernetes client's node views).
+    (the Kubernetes client's node views). ``max_elements`` bounds ``element_bound(raw)``.
     """
     size = _size(raw, max_bytes)
     if size > max_bytes:
         raise JSONLimitError(f"{what} is larger than the limit of {max_bytes} bytes")
+    if max_elements is not None and element_bound(raw) > max_elements:
+        raise JSONLimitError(f"{what} has more JSON elements than the limit of "
+                             f"{max_elements}")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     # Fewer openers than the limit cannot nest deeper: skip the scan (the common case).
     if max_depth is not None and text.count("[") + text.count("{") > max_depth and \

@@ -120,15 +120,35 @@ def make_backend(ext: ExternalInterface, config: NetworkConfig,
     return backend_class(config.backend_type)(ext, config, options)
 
 
+async def unless_stopped(call: Callable[[], Awaitable[T]], stop: asyncio.Event
+                         ) -> tuple[bool, T | None]:
+    """(True, ``call``'s result), or (False, None) once ``stop`` is set first: the call is
+    cancelled then, so a store that answers slowly or never cannot hold a shutdown."""
+    work = asyncio.ensure_future(call())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((work, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if work.cancelled():
+        return False, None
+    return True, work.result()
+
+
 async def retried(call: Callable[[], Awaitable[T]], what: str, fatal: str,
                   backoff: Backoff, stop: asyncio.Event) -> T | None:
     """``call``'s result, retried with ``backoff`` while the store is unavailable (logged as
     ``what``); a fatal store error stops flanneld with ``fatal`` and the reason; None when
-    ``stop`` is set first."""
+    ``stop`` is set first (a call under way is cancelled)."""
     retries = RetryLog(log, what)
     while not stop.is_set():
         try:
-            result = await call()
+            done, result = await unless_stopped(call, stop)
+            if not done:
+                return None
         except StoreError as err:
             raise StartupError(f"{fatal}: {err}") from None
         except StoreUnavailable as err:

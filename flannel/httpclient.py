@@ -7,13 +7,17 @@ response head (at most ``MAX_HEAD_BYTES`` counting 1xx interim answers, ``MAX_HE
 fields), reading a body framed by Content-Length, chunked transfer coding or the end of the
 connection within a byte bound the caller gives, and splitting a streamed body into lines
 within a line bound.
+``Budget`` is what one answer, or one message of a stream, may cost: its bytes, the JSON
+elements it decodes to, and its time; each API client keeps its budgets in one place and
+reads and decodes through them (``read_body``, ``lines``, ``Budget.decode``).
 Every read ends by the connection's ``deadline`` (a loop time) if one is set: one timer per
 deadline aborts the connection; a stream may also be aborted after a time without body data
-(``abort_when_idle``). Bytes are read through a protocol of our own whose buffer is
-bounded and fed to h11 only as it asks for more, so a connection with anything left after
-its response (an answer nobody asked for) is never reused (``reusable``,
-``fit_for_reuse``). Whatever the peer sends, the only exceptions are ``ProtocolError``,
-``OSError`` (``ConnectionError``, ``ssl.SSLError``) and ``TimeoutError``.
+(``abort_when_idle``), and a message of a stream that takes longer than its budget's
+seconds from its first byte to its end (a drip) is cut. Bytes are read through a protocol
+of our own whose buffer is bounded and fed to h11 only as it asks for more, so a connection
+with anything left after its response (an answer nobody asked for) is never reused
+(``reusable``, ``fit_for_reuse``). Whatever the peer sends, the only exceptions are
+``ProtocolError``, ``OSError`` (``ConnectionError``, ``ssl.SSLError``) and ``TimeoutError``.
 Must not touch: any API's objects or paths, credentials, the stores, the kernel.
 """
 
@@ -24,9 +28,11 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import h11
+
+from flannel import boundedjson
 
 #: Status line plus headers, interim answers included. API servers send well under 1 KiB;
 #: proxies add a little. Also the bound of one chunk-size line.
@@ -47,6 +53,27 @@ class ProtocolError(Exception):
 
 class BodyTooLarge(ProtocolError):
     """A body or a line of it is larger than the bound the caller gave."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one answer, or one message of a stream, may cost.
+
+    ``max_bytes``: its body (a message: its line); ``max_elements``: the JSON values and
+    members it may decode to (``boundedjson.element_bound``: tiny elements cost some twenty
+    times their bytes once decoded); ``seconds``: its time, from the request to the answer's
+    end (the caller's deadline) or from a message's first byte to its end (``lines``)."""
+
+    max_bytes: int
+    max_elements: int
+    seconds: float
+
+    def decode(self, data: bytes, what: str) -> Any:
+        """``data`` as JSON within this budget; ``boundedjson.JSONLimitError`` names the bound
+        it broke. Nesting is bounded by the decoder's recursion guard (an element bound
+        makes the depth pre-scan's cost not worth it)."""
+        return boundedjson.loads(data, what=what, max_bytes=self.max_bytes,
+                                 max_elements=self.max_elements, max_depth=None)
 
 
 @dataclass(frozen=True)
@@ -164,6 +191,8 @@ class Connection:
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_data = 0.0
         self.idle_expired = False
+        self._message: asyncio.TimerHandle | None = None  # a stream message's time budget
+        self._why = "the deadline passed"  # what aborted the connection
         self._both_framings = False  # the response had chunks and a Content-Length
         self._method = ""  # of the request under way
 
@@ -227,19 +256,35 @@ class Connection:
             self._idle_timer = self._loop.call_at(self._last_data + self._idle,
                                                   self._check_idle)
 
-    def _expire(self) -> None:
+    def _expire(self, why: str = "the deadline passed") -> None:
+        if not self.expired:
+            self._why = why
         self.expired = True
         self.transport.abort()
+
+    def _time_message(self, seconds: float | None, started: bool) -> None:
+        """A message of a stream began (``started``: the timer starts unless it runs) or
+        ended (the timer stops): it must end within ``seconds`` of its first byte."""
+        if seconds is None:
+            return
+        if not started:
+            if self._message is not None:
+                self._message.cancel()
+                self._message = None
+        elif self._message is None:
+            self._message = self._loop.call_later(
+                seconds, self._expire,
+                f"a message took longer than its budget of {seconds:g}s to arrive")
 
     async def _bounded(self, io: Awaitable[T]) -> T:
         try:
             result = await io
         except OSError:
             if self.expired:
-                raise TimeoutError("the deadline passed") from None
+                raise TimeoutError(self._why) from None
             raise
         if self.expired:  # an aborted connection reads as its end
-            raise TimeoutError("the deadline passed")
+            raise TimeoutError(self._why)
         return result
 
     # -- reuse --------------------------------------------------------------------------
@@ -276,6 +321,7 @@ class Connection:
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+        self._time_message(0, started=False)
         self.transport.close()
 
     # -- the request --------------------------------------------------------------------
@@ -422,27 +468,37 @@ class Connection:
             else:
                 raise ProtocolError(f"unexpected {type(event).__name__} in a response body")
 
-    async def read_body(self, head: Head, max_bytes: int) -> bytes:
-        """The whole body, at most ``max_bytes`` (BodyTooLarge past it)."""
+    async def read_body(self, head: Head, limit: int | Budget) -> bytes:
+        """The whole body, at most ``limit`` bytes (a budget's; BodyTooLarge past it)."""
+        max_bytes = limit.max_bytes if isinstance(limit, Budget) else limit
         return b"".join([data async for data in self.pieces(head, max_bytes)])
 
-    async def lines(self, head: Head, max_line: int) -> AsyncIterator[bytes]:
+    async def lines(self, head: Head, limit: int | Budget) -> AsyncIterator[bytes]:
         """The body's newline-terminated lines (without the newline), each at most
-        ``max_line`` bytes; a longer one raises BodyTooLarge."""
+        ``limit`` bytes (a budget's; a longer one raises BodyTooLarge). With a budget, a
+        line must also arrive within its seconds from its first byte: a slower one aborts
+        the connection (TimeoutError, naming the budget)."""
+        max_line, seconds = ((limit.max_bytes, limit.seconds) if isinstance(limit, Budget)
+                             else (limit, None))
         pending = bytearray()
-        async for data in self.pieces(head, max_line, whole=False):
-            start = 0
-            while (end := data.find(b"\n", start)) >= 0:
-                if len(pending) + end - start > max_line:
+        try:
+            async for data in self.pieces(head, max_line, whole=False):
+                start = 0
+                while (end := data.find(b"\n", start)) >= 0:
+                    if len(pending) + end - start > max_line:
+                        raise BodyTooLarge(f"a line of the response is longer than the limit "
+                                           f"of {max_line} bytes")
+                    pending += data[start:end]
+                    self._time_message(seconds, started=False)
+                    yield bytes(pending)
+                    pending.clear()
+                    start = end + 1
+                if len(pending) + len(data) - start > max_line:
                     raise BodyTooLarge(f"a line of the response is longer than the limit of "
                                        f"{max_line} bytes")
-                pending += data[start:end]
-                yield bytes(pending)
-                pending.clear()
-                start = end + 1
-            if len(pending) + len(data) - start > max_line:
-                raise BodyTooLarge(f"a line of the response is longer than the limit of "
-                                   f"{max_line} bytes")
-            pending += data[start:]
+                pending += data[start:]
+                self._time_message(seconds, started=bool(pending))
+        finally:
+            self._time_message(seconds, started=False)
         if pending.strip():
             yield bytes(pending)

@@ -23,7 +23,8 @@ KNOWN_DIFFERENCES = frozenset({
     "etcd-prefix-not-a-regex", "etcd-endpoints-lenient", "etcd-username-without-password",
     "etcd-json-gateway", "lost-race-retried", "subnet-search-hashed", "reservations-honoured",
     "renewal-revokes-old-lease", "remote-ttl-not-looked-up", "etcd-reset-detected",
-    "store-errors-classified", "relist-reports-changed-attributes",
+    "store-errors-classified", "relist-reports-changed-attributes", "etcd-listing-in-pages",
+    "etcd-watch-backoff", "answer-budgets",
     # any store, the network config, the interface
     "unusable-records-skipped", "invalid-config-exits-1", "non-masquerade-cidrs",
     "no-link-local-public-address",
@@ -54,6 +55,7 @@ KNOWN_DIFFERENCES = frozenset({
     "kube-writes-retried", "kube-readiness-lease-published", "kube-start-waits-for-node",
     "kube-pod-cidr-change-reported", "kube-node-name-checked", "kube-watch-reopen-backoff",
     "kube-list-resumes", "kubeconfig-duplicate-key", "kube-http-1-0-keep-alive",
+    "kube-no-redirects",
     # Helm chart
     "chart-default-image", "chart-tunnel-mode-json", "chart-values-checked", "chart-extra-keys",
     "chart-objects",

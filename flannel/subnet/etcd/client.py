@@ -6,10 +6,14 @@ JSON lines), so plain HTTP/1.1 (flannel/httpclient.py) reaches all of it without
 Owns the connections (TCP or unix socket; plain or TLS with client certificates, chosen per
 endpoint as Go's etcd client chooses), failover across several endpoints, password
 authentication (the token goes in the ``Authorization`` header) and re-authentication when
-the token expires, per-call deadlines, bounded answers, watch streams that report
-compaction, the classification of every etcd status into retryable (``StoreUnavailable``)
-or fatal (``StoreError``, saying what to fix), and the cluster ID and highest revision
-seen, so that a wiped or restored store is noticed.
+the token expires, the budget of every answer (bytes, JSON elements, time: one place, the
+``Budget`` constants below; an answer over its budget is never decoded), listings read in
+pages (``get_prefix``: ``limit`` and a continuation from the last key, at one revision; a
+value too large for any page is skipped and reported), watch streams that report compaction
+and whose revisions only go forward, the classification of every etcd status into retryable
+(``StoreUnavailable``) or fatal (``StoreError``, saying what to fix), no redirect ever
+followed (the credentials stay with their endpoint), and the cluster ID and highest
+revision seen, so that a wiped or restored store is noticed.
 Must not touch: flannel semantics (keys, lease JSON) and the kernel.
 """
 
@@ -25,7 +29,7 @@ import os
 import socket
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import IntEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +37,7 @@ from urllib.parse import urlsplit
 
 from flannel import boundedjson
 from flannel.fileutil import read_head, unsafe_path
-from flannel.httpclient import Connection, ProtocolError
+from flannel.httpclient import BodyTooLarge, Budget, Connection, ProtocolError
 from flannel.subnet.errors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,10 @@ class EtcdAuthFailed(EtcdUnavailable):
     """etcd did not accept the user name and password (they may be fixed on the server)."""
 
 
+class EtcdTooLarge(EtcdUnavailable):
+    """An answer (or a watch message) was larger than its budget: it was not decoded."""
+
+
 class EtcdCompacted(StoreUnavailable):
     """A watch asked for a revision that etcd has compacted away."""
 
@@ -88,6 +96,10 @@ class EtcdCompacted(StoreUnavailable):
 
 class _Unreachable(Exception):
     """An endpoint could not be reached, or did not answer as etcd's gateway answers."""
+
+
+class _OverBudget(_Unreachable):
+    """An endpoint's answer was larger than its budget (bytes or elements)."""
 
 
 class _Refused(Exception):
@@ -191,6 +203,10 @@ def parse_endpoints(text: str) -> list[Endpoint]:
     return endpoints
 
 
+#: The time one call may take, its answer included (EtcdOptions.timeout).
+CALL_SECONDS = 5.0
+
+
 @dataclass(frozen=True)
 class EtcdOptions:
     endpoints: Sequence[Endpoint]
@@ -199,7 +215,7 @@ class EtcdOptions:
     keyfile: str = ""
     username: str = ""
     password: str = ""
-    timeout: float = 5.0
+    timeout: float = CALL_SECONDS
 
 
 @dataclass(frozen=True)
@@ -209,6 +225,9 @@ class KeyValue:
     lease: int
     create_revision: int
     mod_revision: int
+    #: The value was too large for any page of a listing: it was not read (``value`` is
+    #: empty); the key still names what it names.
+    oversize: bool = False
 
     @classmethod
     def from_json(cls, kv: Any) -> KeyValue:
@@ -228,11 +247,14 @@ class WatchEvent:
 @dataclass(frozen=True)
 class WatchBatch:
     """Events of one watch response and the last revision the watcher has fully seen;
-    ``created`` marks the confirmation that the watch stream is (re)established."""
+    ``created`` marks the confirmation that the watch stream is (re)established,
+    ``progress`` a message without events (a progress notification: its revision is
+    etcd's word that nothing else happened until then, unconfirmed)."""
 
     events: list[WatchEvent]
     revision: int
     created: bool = False
+    progress: bool = False
 
 
 def prefix_range_end(prefix: bytes) -> bytes:
@@ -248,11 +270,31 @@ def prefix_range_end(prefix: bytes) -> bytes:
 
 #: A CA bundle, certificate or key file; the system CA bundle is about 200 KiB.
 MAX_PEM_BYTES = 4 * 1024 * 1024
-#: One answer or one watch message. etcd refuses requests over 1.5 MiB, but a listing holds
-#: many keys: 100,000 leases of ~300 bytes stay well within this once in base64 and JSON.
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+# -- answer budgets ---------------------------------------------------------------------
+# Measured against etcd 3.4 holding 20,000 vxlan leases, each bound to an etcd lease
+# (docs/architecture.md, "Answer budgets"): the whole listing is 6.6 MB (330 bytes and 7
+# JSON elements a key), a page of 1000 keys 331 KB and 7009 elements, the largest watch
+# message (1000 events, etcd's most per message) 340 KB. Each budget leaves ten times that
+# or more; whatever is over one is refused before it is decoded.
+
+#: Keys asked for in one page of a listing.
+PAGE_KEYS = 1000
+#: One page of a listing (a page over it is asked again with fewer keys).
+PAGE = Budget(max_bytes=4 * 1024 * 1024, max_elements=50_000, seconds=CALL_SECONDS)
+#: Any other answer: one key (etcd stores values of at most 1.5 MiB, 2 MiB in base64), a
+#: transaction, a lease.
+ANSWER = Budget(max_bytes=4 * 1024 * 1024, max_elements=10_000, seconds=CALL_SECONDS)
 #: An error answer: a status code and a message.
-MAX_ERROR_BYTES = 64 * 1024
+ERROR = Budget(max_bytes=64 * 1024, max_elements=100, seconds=CALL_SECONDS)
+#: One message of a watch stream, from its first byte to its end.
+WATCH_MESSAGE = Budget(max_bytes=4 * 1024 * 1024, max_elements=50_000, seconds=10.0)
+#: A whole listing: its keys (a page of names costs ~160 bytes a key) and its time.
+LISTING_KEYS = 1_000_000
+LISTING_SECONDS = 120.0
+#: A listing whose revision was compacted before its last page is started again this many
+#: times at most.
+LISTING_RESTARTS = 3
 #: Idle connections kept for the next requests (each request takes one of its own).
 MAX_IDLE = 8
 #: TCP keepalive on etcd connections: a peer gone without a word (powered off, partitioned)
@@ -299,6 +341,14 @@ def _bytes(doc: dict[str, Any], name: str) -> bytes:
         raise _Malformed(f"{name} is not base64 text") from None
 
 
+def _flag(doc: dict[str, Any], name: str) -> bool:
+    """A boolean field (absent means false)."""
+    value = doc.get(name, False)
+    if not isinstance(value, bool):
+        raise _Malformed(f"{name} is not a boolean")
+    return value
+
+
 def _object(doc: dict[str, Any], name: str) -> dict[str, Any]:
     value = doc.get(name, {})
     if not isinstance(value, dict):
@@ -315,20 +365,35 @@ def _list(doc: dict[str, Any], name: str) -> list[Any]:
 
 def _error_status(doc: Any) -> tuple[Code, str] | None:
     """The code and message of an error answer: ``{"code": 5, "message": ...}`` for a call,
-    ``{"error": {"grpc_code": 14, "message": ...}}`` inside a stream."""
+    ``{"error": {"grpc_code": 14, "message": ...}}`` inside a stream; None when ``doc`` has
+    no code. _Malformed, naming the field, when the code or the message has another type."""
     if not isinstance(doc, dict):
         return None
     inner = doc.get("error")
     if isinstance(inner, dict):
         doc = inner
-    code = doc.get("grpc_code", doc.get("code"))
-    if not isinstance(code, int) or isinstance(code, bool):
+    name = "grpc_code" if "grpc_code" in doc else "code"
+    if name not in doc:
         return None
+    code = doc[name]
+    if not isinstance(code, int) or isinstance(code, bool):
+        raise _Malformed(f"the error's {name} is not an integer: {str(code)[:40]!r}")
     message = doc.get("message") or doc.get("error") or ""
+    if not isinstance(message, str):
+        raise _Malformed("the error's message is not text")
     try:
-        return Code(code), str(message)[:1000]
+        return Code(code), message[:1000]
     except ValueError:
-        return Code.UNKNOWN, str(message)[:1000]
+        return Code.UNKNOWN, message[:1000]
+
+
+def _redirect(endpoint: Endpoint, path: str, status: int, location: str | None) -> _Unreachable:
+    """A redirect is never followed: the token or certificate sent to ``endpoint`` must not
+    reach another host."""
+    where = f" to {location[:200]!r}" if location else ""
+    return _Unreachable(f"{endpoint}: {path} answered HTTP {status}, a redirect{where}; "
+                        "flanneld does not follow redirects (its credentials stay with the "
+                        "endpoint given): give the etcd endpoint itself in --etcd-endpoints")
 
 
 def _refuse_common_name(status: int, body: bytes) -> None:
@@ -344,7 +409,8 @@ def _refuse_common_name(status: int, body: bytes) -> None:
 
 def _describe(err: BaseException) -> str:
     if isinstance(err, TimeoutError):
-        return "no answer in time"
+        return str(err) if str(err) and str(err) != "the deadline passed" \
+            else "no answer in time"
     if isinstance(err, ssl.SSLError):
         return f"TLS: {err.reason or err}"
     if isinstance(err, OSError) and err.strerror:
@@ -352,12 +418,16 @@ def _describe(err: BaseException) -> str:
     return str(err) or type(err).__name__
 
 
-def _decode(data: bytes, what: str) -> Any:
-    """An answer's JSON; _Malformed when it is not JSON within the bounds. etcd's answers
-    nest a few levels only: the decoder's recursion guard bounds them (the depth pre-scan
-    costs more than decoding a large listing)."""
+def _decode(data: bytes, what: str, budget: Budget) -> Any:
+    """An answer's JSON within ``budget``; _OverBudget when it is too large (never decoded),
+    _Malformed when it is not JSON."""
+    if len(data) > budget.max_bytes:
+        raise _OverBudget(f"{what} is larger than its budget of {budget.max_bytes} bytes")
+    if boundedjson.element_bound(data) > budget.max_elements:
+        raise _OverBudget(f"{what} has more JSON elements than its budget of "
+                          f"{budget.max_elements}")
     try:
-        return boundedjson.loads(data, what=what, max_bytes=MAX_RESPONSE_BYTES, max_depth=None)
+        return budget.decode(data, what)
     except boundedjson.JSONLimitError as err:
         raise _Malformed(str(err)) from None
 
@@ -492,12 +562,21 @@ class EtcdClient:
         return headers
 
     async def _exchange(self, index: int, path: str, request: dict[str, Any],
-                        token: str | None, require_leader: bool = False) -> dict[str, Any]:
-        """POST ``request`` to endpoint ``index``; the answer's JSON object.
+                        token: str | None, require_leader: bool = False,
+                        budget: Budget = ANSWER) -> dict[str, Any]:
+        """POST ``request`` to endpoint ``index``; the answer's JSON object, within
+        ``budget`` (an error answer within ERROR) and the call's timeout.
 
-        Raises _Unreachable when the endpoint did not answer as etcd, _Refused when etcd
-        answered with an error status.
+        Raises _Unreachable when the endpoint did not answer as etcd (_OverBudget when its
+        answer was too large), _Refused when etcd answered with an error status.
         """
+        status, data = await self._post(index, path, request, token, require_leader, budget)
+        return self._answer(self._options.endpoints[index], path, status, data, budget)
+
+    async def _post(self, index: int, path: str, request: dict[str, Any], token: str | None,
+                    require_leader: bool, budget: Budget) -> tuple[int, bytes]:
+        """The status and body of etcd's answer to ``request``, within ``budget``'s bytes
+        (an error answer's within ERROR) and the call's timeout; a redirect is refused."""
         endpoint = self._options.endpoints[index]
         deadline = asyncio.get_running_loop().time() + self._options.timeout
         body = json.dumps(request).encode()
@@ -511,15 +590,22 @@ class EtcdClient:
                 await conn.send("POST", path, endpoint.host_header,
                                 self._headers(token, require_leader), body)
                 head = await conn.read_head()
-                data = await conn.read_body(
-                    head, MAX_RESPONSE_BYTES if head.status == 200 else MAX_ERROR_BYTES)
+                if 300 <= head.status < 400:
+                    raise _redirect(endpoint, path, head.status, head.headers.get("location"))
+                data = await conn.read_body(head, budget if head.status == 200 else ERROR)
             except (OSError, TimeoutError, ProtocolError) as err:
                 if conn is not None:
                     conn.close()
                 if reused and isinstance(err, ConnectionError):
                     conn = None  # closed by the server while idle: once more on a new one
                     continue
+                if isinstance(err, BodyTooLarge) and head.status == 200:
+                    raise _OverBudget(f"{endpoint}: the answer to {path}: {err}") from None
                 raise _Unreachable(f"{endpoint}: {_describe(err)}") from None
+            except _Unreachable:
+                if conn is not None:
+                    conn.close()
+                raise
             except BaseException:
                 if conn is not None:
                     conn.close()
@@ -527,22 +613,42 @@ class EtcdClient:
             break
         conn.deadline = None
         self._keep_idle(index, conn)
+        return head.status, data
+
+    def _answer(self, endpoint: Endpoint, path: str, status: int, data: bytes,
+                budget: Budget) -> dict[str, Any]:
+        """The JSON object of an answer read whole; _Refused for etcd's error status,
+        _OverBudget or _Unreachable for anything else."""
+        if status != 200:
+            raise self._error_answer(endpoint, path, status, data)
         try:
-            doc = _decode(data, f"the answer to {path}")
+            doc = _decode(data, f"{endpoint}: the answer to {path}", budget)
         except _Malformed as err:
-            _refuse_common_name(head.status, data)
-            raise _Unreachable(f"{endpoint}: {path} answered HTTP {head.status} with "
-                               f"{'no etcd JSON' if head.status != 200 else err}; is this "
+            raise _Unreachable(f"{endpoint}: {path} answered HTTP 200 with {err}; is this "
                                "etcd 3.4 or later with its gRPC gateway enabled?") from None
-        if head.status != 200:
-            status = _error_status(doc)
-            if status is None:
-                raise _Unreachable(f"{endpoint}: {path} answered HTTP {head.status} without "
-                                   "an etcd status")
-            raise _Refused(*status)
         if not isinstance(doc, dict):
             raise _Unreachable(f"{endpoint}: the answer to {path} is not a JSON object")
         return doc
+
+    @staticmethod
+    def _error_answer(endpoint: Endpoint, path: str, status: int, data: bytes) -> Exception:
+        """What an answer other than 200 means: _Refused with etcd's status, else
+        _Unreachable naming what is wrong with it."""
+        try:
+            found = _error_status(_decode(data, "an error answer", ERROR))
+        except _Unreachable:
+            found = None
+        except _Malformed as err:
+            _refuse_common_name(status, data)
+            shape = "no etcd JSON" if data[:1] not in (b"{", b"[") else \
+                f"an error answer etcd does not write ({err})"
+            return _Unreachable(f"{endpoint}: {path} answered HTTP {status} with {shape}; is "
+                                "this etcd 3.4 or later with its gRPC gateway enabled?")
+        if found is None:
+            _refuse_common_name(status, data)
+            return _Unreachable(f"{endpoint}: {path} answered HTTP {status} without an etcd "
+                                "status")
+        return _Refused(*found)
 
     def _failover(self, index: int) -> None:
         """Leave endpoint ``index`` for the next, if it is still the current one."""
@@ -653,11 +759,14 @@ class EtcdClient:
     # -- calls --------------------------------------------------------------------------
 
     async def call(self, method: str, path: str, request: dict[str, Any], *,
-                   key: bytes | None = None, require_leader: bool = False) -> dict[str, Any]:
+                   key: bytes | None = None, require_leader: bool = False,
+                   budget: Budget = ANSWER) -> dict[str, Any]:
         """Run one call (``method`` names it in messages, ``key`` is the key it concerns):
-        fail over on unavailability, re-authenticate on token expiry. Returns the answer.
+        fail over on unavailability, re-authenticate on token expiry. Returns the answer,
+        which ``budget`` bounds.
 
-        Raises EtcdUnavailable when retrying later may help, EtcdError when it will not.
+        Raises EtcdUnavailable when retrying later may help (EtcdTooLarge: the answer was
+        over its budget; the same endpoint is kept), EtcdError when it will not.
         """
         attempts = len(self._options.endpoints)
         reauthed = False
@@ -671,9 +780,13 @@ class EtcdClient:
                 continue
             floor = self.revision
             try:
-                doc = await self._exchange(index, path, request, token, require_leader)
+                doc = await self._exchange(index, path, request, token, require_leader,
+                                           budget)
                 self._observe(_object(doc, "header"), floor)
                 return doc
+            except _OverBudget as err:
+                # Another endpoint of the same cluster would send the same answer.
+                raise EtcdTooLarge(f"etcd {method}: {err}") from None
             except _Malformed as err:
                 last_error = f"{self._options.endpoints[index]}: {method}: {err}"
                 self._failover(index)
@@ -719,9 +832,86 @@ class EtcdClient:
         kvs, revision = await self._kvs("Range", "/v3/kv/range", {"key": _b64(key)}, key)
         return (kvs[0] if kvs else None), revision
 
-    async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
-        return await self._kvs("Range", "/v3/kv/range", {
-            "key": _b64(prefix), "range_end": _b64(prefix_range_end(prefix))}, prefix)
+    async def get_prefix(self, prefix: bytes, *, keys_only: bool = False
+                         ) -> tuple[list[KeyValue], int]:
+        """Every key under ``prefix`` (without values with ``keys_only``) and the revision
+        of the listing. Read in pages of PAGE_KEYS keys at the first page's revision, each
+        page within PAGE; a page over it is asked again with one key (pages grow back,
+        doubling, while they stay small), and a key whose value alone is over it comes back
+        ``oversize``, without its value. A
+        listing whose revision is compacted before its end starts again (a few times)."""
+        for restart in range(LISTING_RESTARTS + 1):
+            try:
+                return await self._listing(prefix, keys_only=keys_only)
+            except EtcdError as err:
+                if err.code != Code.OUT_OF_RANGE or restart == LISTING_RESTARTS:
+                    raise
+                log.info("the listing of %s was compacted before its last page; listing "
+                         "again", prefix.decode(errors="replace"))
+        raise AssertionError("unreachable")
+
+    async def _listing(self, prefix: bytes, *, keys_only: bool, revision: int = 0,
+                       start: bytes = b"") -> tuple[list[KeyValue], int]:
+        """The keys under ``prefix`` from ``start`` on, page by page, at ``revision`` (the
+        first page's when 0); within LISTING_KEYS and LISTING_SECONDS."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LISTING_SECONDS
+        key, end, limit = start or prefix, prefix_range_end(prefix), PAGE_KEYS
+        kvs: list[KeyValue] = []
+        while True:
+            if loop.time() > deadline:
+                raise EtcdUnavailable(f"etcd: the listing of {prefix.decode(errors='replace')} "
+                                      f"did not end within {LISTING_SECONDS:g}s")
+            try:
+                page, revision, more = await self._page(prefix, key, end, limit, revision,
+                                                        keys_only)
+            except EtcdTooLarge:
+                if limit > 1:
+                    # Large values: one key at a time, more again once pages are small.
+                    # (Every page asked for costs etcd the whole page, read or not.)
+                    limit = 1
+                    continue
+                # One value alone is over the budget: name its key, and go on after it.
+                page, revision, more = await self._page(prefix, key, end, 1, revision, True)
+                page = [replace(kv, oversize=True) for kv in page]
+            kvs += page
+            if len(kvs) > LISTING_KEYS:
+                raise EtcdTooLarge(f"etcd: the listing of {prefix.decode(errors='replace')} "
+                                   f"holds more than {LISTING_KEYS} keys")
+            if not more:
+                return kvs, revision
+            key = page[-1].key + b"\0"
+            if sum(len(kv.key) + len(kv.value) for kv in page) < PAGE.max_bytes // 8:
+                limit = min(PAGE_KEYS, limit * 2)
+
+    async def _page(self, prefix: bytes, key: bytes, end: bytes, limit: int, revision: int,
+                    keys_only: bool) -> tuple[list[KeyValue], int, bool]:
+        """One page: at most ``limit`` keys from ``key`` to ``end``, at ``revision`` (the
+        store's current one when 0); its keys, its revision, whether more follow."""
+        request: dict[str, Any] = {"key": _b64(key), "range_end": _b64(end),
+                                   "limit": str(limit)}
+        if revision:
+            request["revision"] = str(revision)
+        if keys_only:
+            request["keys_only"] = True
+        doc = await self.call("Range", "/v3/kv/range", request, key=prefix, budget=PAGE)
+
+        def read(doc: dict[str, Any]) -> tuple[list[KeyValue], int, bool]:
+            kvs = [KeyValue.from_json(kv) for kv in _list(doc, "kvs")]
+            more = doc.get("more", False)
+            if not isinstance(more, bool):
+                raise _Malformed("more is not a boolean")
+            if len(kvs) > limit or (more and not kvs):
+                raise _Malformed(f"a page of {len(kvs)} keys (asked for {limit}, more: "
+                                 f"{str(more).lower()})")
+            previous = key
+            for kv in kvs:  # in order, within the range asked for: a listing cannot cycle
+                if kv.key < previous or kv.key >= end:
+                    raise _Malformed("a key is out of order or outside the range asked for")
+                previous = kv.key + b"\0"
+            return kvs, revision or _int(_object(doc, "header"), "revision"), more
+
+        return self._field("Range", doc, read)
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         request: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
@@ -762,21 +952,36 @@ class EtcdClient:
         if else_list is not None:
             request["failure"] = [{"request_range": {
                 "key": _b64(else_list), "range_end": _b64(prefix_range_end(else_list)),
-                "keys_only": True}}]
-        doc = await self.call("Txn", "/v3/kv/txn", request, key=key)
+                "keys_only": True, "limit": str(PAGE_KEYS)}}]
+        doc = await self.call("Txn", "/v3/kv/txn", request, key=key, budget=PAGE)
 
-        def read(doc: dict[str, Any]) -> tuple[bool, list[KeyValue], int]:
-            listed = []
+        def read(doc: dict[str, Any]) -> tuple[bool, list[KeyValue], int, bool]:
+            listed, more = [], False
             for op in _list(doc, "responses"):
                 if not isinstance(op, dict):
                     raise _Malformed("a transaction response is not a JSON object")
                 if "response_range" in op:
                     listed += [KeyValue.from_json(kv)
                                for kv in _list(_object(op, "response_range"), "kvs")]
-            revision = _int(_object(doc, "header"), "revision")
-            return doc.get("succeeded") is True, listed, revision
+                    more = _object(op, "response_range").get("more") is True and bool(listed)
+            succeeded = doc.get("succeeded", False)
+            if not isinstance(succeeded, bool):
+                raise _Malformed("succeeded is not a boolean")
+            return succeeded, listed, _int(_object(doc, "header"), "revision"), more
 
-        return self._field("Txn", doc, read)
+        created, listed, revision, more = self._field("Txn", doc, read)
+        if more and else_list is not None and not created:
+            # The rest of the listing, at the transaction's revision, page by page.
+            try:
+                rest, _ = await self._listing(else_list, keys_only=True, revision=revision,
+                                              start=listed[-1].key + b"\0")
+            except EtcdError as err:
+                if err.code != Code.OUT_OF_RANGE:
+                    raise
+                raise EtcdUnavailable(f"etcd Txn: the listing after it was compacted: "
+                                      f"{err}") from None
+            listed += rest
+        return created, listed, revision
 
     async def grant(self, ttl: int) -> tuple[int, int]:
         """Grant a lease; returns its ID and the TTL etcd actually granted."""
@@ -795,7 +1000,7 @@ class EtcdClient:
 
     async def leases(self) -> set[int]:
         """The IDs of every etcd lease that exists now."""
-        doc = await self.call("LeaseLeases", "/v3/lease/leases", {})
+        doc = await self.call("LeaseLeases", "/v3/lease/leases", {}, budget=PAGE)
 
         def read(doc: dict[str, Any]) -> set[int]:
             found = _list(doc, "leases")
@@ -818,9 +1023,12 @@ class EtcdClient:
                     prefix: bool = True) -> AsyncIterator[WatchBatch]:
         """Stream the changes of ``key`` (or every key under it) from ``start_revision``.
 
-        The first batch (no events, ``created``) confirms the stream. Raises EtcdCompacted when
-        the revision is gone, EtcdUnavailable when the stream breaks or etcd cancels it.
-        Progress notifications keep ``revision`` fresh.
+        The first batch (no events, ``created``) confirms the stream. Each message is
+        within WATCH_MESSAGE (bytes, elements, and time from its first byte to its end).
+        Raises EtcdCompacted when the revision is gone, EtcdTooLarge when a message is over
+        its budget, EtcdUnavailable when the stream breaks, goes back in revisions, or etcd
+        cancels it. Progress notifications (``progress``) say how far the stream has read;
+        unlike events, they are not taken as the store's revision (see ``revision``).
         """
         try:
             index, token = await self._session()
@@ -842,45 +1050,50 @@ class EtcdClient:
                                 self._headers(token, require_leader=True),
                                 json.dumps({"create_request": create}).encode())
                 head = await conn.read_head()
+                if 300 <= head.status < 400:
+                    raise _redirect(endpoint, "/v3/watch", head.status,
+                                    head.headers.get("location"))
                 if head.status != 200:
-                    body = await conn.read_body(head, MAX_ERROR_BYTES)
-                    try:
-                        status = _error_status(_decode(body, "the watch's answer"))
-                    except _Malformed:
-                        _refuse_common_name(head.status, body)
-                        status = None
-                    if status is None:
-                        raise _Unreachable(f"{endpoint}: /v3/watch answered HTTP "
-                                           f"{head.status} without an etcd status")
-                    raise _Refused(*status)
-                lines = conn.lines(head, MAX_RESPONSE_BYTES)
+                    raise self._error_answer(endpoint, "/v3/watch", head.status,
+                                             await conn.read_body(head, ERROR))
+                lines = conn.lines(head, WATCH_MESSAGE)
                 first = await anext(lines, None)
                 if first is None:
                     raise EtcdUnavailable("etcd closed the watch stream")
                 conn.deadline = None
-            except TimeoutError:
+            except BodyTooLarge as err:
+                raise EtcdTooLarge(f"{endpoint}: a watch message: {err}") from None
+            except TimeoutError as err:
                 self._failover(index)
-                raise EtcdUnavailable(
-                    f"{endpoint}: watch not confirmed within {self._options.timeout:g}s"
-                ) from None
+                why = _describe(err) if conn is not None and conn.expired and \
+                    str(err) != "the deadline passed" else \
+                    f"watch not confirmed within {self._options.timeout:g}s"
+                raise EtcdUnavailable(f"{endpoint}: {why}") from None
             except (OSError, ProtocolError) as err:
                 self._failover(index)
                 raise EtcdUnavailable(f"cannot watch: {endpoint}: {_describe(err)}") from None
             except _Unreachable as err:
                 self._failover(index)
                 raise EtcdUnavailable(f"cannot watch: {err}") from None
-            batch = self._watch_batch(first)
+            last = start_revision - 1  # how far the stream has read: it never goes back
+            batch = self._watch_batch(first, endpoint, last)
             self._watches[conn] = index
-            yield WatchBatch([], start_revision - 1, created=True)
-            if batch is not None:
-                yield batch
+            yield WatchBatch([], last, created=True)
             try:
-                async for line in lines:
-                    batch = self._watch_batch(line)
+                while True:
                     if batch is not None:
-                        # Watched revisions are committed: later linearizable reads see no less.
-                        self.revision = max(self.revision, batch.revision)
+                        last = batch.revision
+                        if batch.events:
+                            # Watched events are committed: later linearizable reads see
+                            # no less.
+                            self.revision = max(self.revision, batch.revision)
                         yield batch
+                    line = await anext(lines, None)
+                    if line is None:
+                        break
+                    batch = self._watch_batch(line, endpoint, last)
+            except BodyTooLarge as err:
+                raise EtcdTooLarge(f"{endpoint}: a watch message: {err}") from None
             except (OSError, TimeoutError, ProtocolError) as err:
                 if conn not in self._watches:
                     raise EtcdUnavailable(f"watch stream broken: {endpoint} stopped answering "
@@ -902,11 +1115,13 @@ class EtcdClient:
                 self._watches.pop(conn, None)
                 conn.close()
 
-    def _watch_batch(self, line: bytes) -> WatchBatch | None:
-        """The events of one watch message; None for the creation confirmation. Raises
-        _Refused for an error message, EtcdCompacted, EtcdUnavailable."""
+    def _watch_batch(self, line: bytes, endpoint: Endpoint, last: int) -> WatchBatch | None:
+        """The events of one watch message, on a stream that has read up to revision
+        ``last``; None for the creation confirmation. Raises _Refused for an error message,
+        EtcdCompacted, EtcdTooLarge, EtcdUnavailable (a malformed message, or one whose
+        revision is below ``last``)."""
         try:
-            doc = _decode(line, "a watch message")
+            doc = _decode(line, "a watch message", WATCH_MESSAGE)
             status = _error_status(doc)
             if status is not None:
                 raise _Refused(*status)
@@ -916,12 +1131,13 @@ class EtcdClient:
             compact_revision = _int(result, "compact_revision")
             if compact_revision:
                 raise EtcdCompacted(compact_revision)
-            if result.get("canceled"):
+            if _flag(result, "canceled"):
                 # etcd cancels a watch it cannot serve (e.g. permission): retrying later is
                 # all we can do from here, and the message says why.
+                reason = result.get("cancel_reason", "")
                 raise EtcdUnavailable(
-                    f"etcd cancelled the watch: {str(result.get('cancel_reason', ''))[:500]}")
-            if result.get("created"):
+                    f"etcd cancelled the watch: {reason[:500] if isinstance(reason, str) else '?'}")
+            if _flag(result, "created"):
                 # Its header revision is the store's, not how far this watch has read.
                 return None
             events = []
@@ -929,15 +1145,26 @@ class EtcdClient:
                 if not isinstance(event, dict):
                     raise _Malformed("a watch event is not a JSON object")
                 kind = event.get("type", "PUT")
-                if kind not in ("PUT", "DELETE", 0, 1):
+                if kind not in ("PUT", "DELETE", 0, 1) or isinstance(kind, bool):
                     raise _Malformed(f"unknown watch event type {str(kind)[:20]!r}")
                 events.append(WatchEvent(kind in ("DELETE", 1),
                                          KeyValue.from_json(event.get("kv"))))
             revision = (events[-1].kv.mod_revision if events
                         else _int(_object(result, "header"), "revision"))
+            previous = last
+            for event in events:
+                if event.kv.mod_revision < previous:
+                    break
+                previous = event.kv.mod_revision
+            else:
+                if revision >= last:
+                    return WatchBatch(events, revision, progress=not events)
+            raise EtcdUnavailable(f"{endpoint}: the watch went back in revisions, from {last} "
+                                  f"to {min(previous, revision)}: resuming")
+        except _OverBudget as err:
+            raise EtcdTooLarge(f"{endpoint}: {err}") from None
         except _Malformed as err:
             raise EtcdUnavailable(f"etcd sent a malformed watch message: {err}") from None
-        return WatchBatch(events, revision)
 
 
 def _load_key_pair(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:

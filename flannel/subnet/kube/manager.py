@@ -605,17 +605,7 @@ class KubeSubnetManager:
                 self.status.watching = True
                 async for kind, raw in self._timed(
                         self.client.watch_nodes(self.resource_version), backoff):
-                    meta = raw.get("metadata")
-                    version = meta.get("resourceVersion") if isinstance(meta, dict) else None
-                    if isinstance(version, str) and version:
-                        self.resource_version = version
-                    if kind == "DELETED":
-                        name = _name_of(raw)
-                        self.nodes.pop(name, None)
-                        self.undecodable.forget(name)
-                        self._mark(name)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        self._store(raw)
+                    self._apply(kind, raw)
                     relisted = False
             except ApiUnreachable as err:
                 self.status.watching = False
@@ -641,6 +631,21 @@ class KubeSubnetManager:
                 log.warning("node watch failed (%s); retrying in %.1fs",
                             api_failure(err, "watch nodes"), backoff.delay)
             await backoff.wait()
+
+    def _apply(self, kind: str, raw: dict[str, Any]) -> None:
+        """One watch event (its object a JSON object, as the client checked) into the cache:
+        the resourceVersion to resume from, the node stored, replaced or removed."""
+        meta = raw.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, dict) else None
+        if isinstance(version, str) and 0 < len(version) <= 1024:  # it goes in a URL
+            self.resource_version = version
+        if kind == "DELETED":
+            name = _name_of(raw)
+            self.nodes.pop(name, None)
+            self.undecodable.forget(name)
+            self._mark(name)
+        elif kind in ("ADDED", "MODIFIED"):
+            self._store(raw)
 
     async def _timed(self, events: AsyncIterator[tuple[str, Any]],
                      backoff: Backoff) -> AsyncIterator[tuple[str, Any]]:
