@@ -177,7 +177,9 @@ def hostgw_leases_are_listed_by_address(lab: Lab) -> None:
     want = sorted([*taken, *free], key=lambda net: int(net.network_address))
     proc = run([*here, "list", endpoint])
     assert proc.returncode == 0, proc.stderr
-    assert [line.split()[0] for line in proc.stdout.splitlines()[1:]] == [str(n) for n in want]
+    *table, said = proc.stdout.splitlines()
+    assert [line.split()[0] for line in table[1:]] == [str(n) for n in want]
+    assert said.startswith(f"store read: etcd {lab.state.etcd_endpoint}"), said
     proc = run([*here, "list", "--json", endpoint])
     assert [row["subnet"] for row in json.loads(proc.stdout)] == [str(n) for n in want]
 
