@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from typing import ClassVar
 
@@ -71,6 +71,18 @@ class LocalNetwork:
     backend_v6_data: str | None = None
     public_ip: IPv4Address | None = None
     public_ipv6: IPv6Address | None = None
+
+
+@dataclass(frozen=True)
+class Encapsulation:
+    """How peers' encapsulated traffic reaches this node, by IP version of the underlay: the
+    UDP ports it arrives on and the IP protocols it travels in (ESP 50, IP-in-IP 4).
+    ``authenticated``: the receiver checks every packet against the sending peer's key
+    (WireGuard, IPsec), so a forged one is refused whoever sends it."""
+
+    udp: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    protocols: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    authenticated: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,11 +200,12 @@ class Backend(ABC):
         """Advice for an operator when the kernel refused one of our changes ("" if none)."""
         return ""
 
-    def encap_ports(self) -> dict[int, tuple[int, ...]]:
-        """The UDP ports peers send our encapsulated traffic to, by IP version of the
-        underlay (after ``prepare``); what ``--encap-peers-only`` filters. Empty when the
-        backend carries nothing over UDP, or authenticates it (wireguard)."""
-        return {}
+    def encapsulation(self) -> Encapsulation:
+        """Every port and protocol peers send our encapsulated traffic to (after
+        ``prepare``): what pods may not send to (``--drop-pod-encap``), and, where it is
+        not authenticated, what only peers may send to (``--encap-peers-only``). None by
+        default."""
+        return Encapsulation()
 
     def close(self) -> None:
         """Stop what the backend runs besides kernel state (a forwarder process) when

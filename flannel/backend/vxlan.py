@@ -24,6 +24,7 @@ from flannel.backend.base import (
     BackendConfigError,
     BackendError,
     BackendOptions,
+    Encapsulation,
     LocalNetwork,
     RouteLookup,
 )
@@ -186,9 +187,9 @@ class VxlanBackend(RoutedBackend):
         mtu = min(self.device_mtu(version) for version in self.families)
         return LocalNetwork("vxlan", mtu, data.get(4), data.get(6))
 
-    def encap_ports(self) -> dict[int, tuple[int, ...]]:
+    def encapsulation(self) -> Encapsulation:
         port = self.vxlan.port or device.DEFAULT_VXLAN_PORT
-        return {version: (port,) for version in self.families}
+        return Encapsulation(udp={version: (port,) for version in self.families})
 
     def ensure_local(self) -> None:
         assert self.lease is not None

@@ -31,6 +31,7 @@ from flannel.backend.base import (
     Backend,
     BackendError,
     BackendOptions,
+    Encapsulation,
     EngineSample,
     LocalNetwork,
 )
@@ -141,6 +142,14 @@ class WireguardBackend(Backend):
             dev.device.spec = replace(dev.device.spec, addresses=tuple(addresses),
                                       routes=tuple(routes))
         await asyncio.to_thread(self._ensure_devices)
+
+    def encapsulation(self) -> Encapsulation:
+        # Each device's socket takes datagrams over either family of the underlay.
+        ports = tuple(sorted({dev.layout.listen_port for dev in self.devices
+                              if dev.layout.listen_port}))
+        versions = [v for v, on in ((4, self.config.enable_ipv4),
+                                    (6, self.config.enable_ipv6)) if on]
+        return Encapsulation(udp={v: ports for v in versions}, authenticated=True)
 
     def ensure_local(self) -> None:
         self._ensure_devices()

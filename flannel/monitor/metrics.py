@@ -197,6 +197,14 @@ class NodeCollector(Collector):
                       {f"ipv{v}": rules.peers.get(v, 0) for v in rules.filtered}, counter=False)
             yield _counter("flannel_encap_filter_updates", "Peer set changes written to the "
                            "encapsulation filter.", rules.peer_updates)
+        if rules.pod_encap:
+            dropped = {f"ipv{v}": rules.pod_encap_dropped.get(v, (0, 0)) for v in rules.pod_encap}
+            yield _by("flannel_pod_encap_dropped_packets", "Packets from the pod network to the "
+                      "backend's encapsulation ports and protocols, dropped (--drop-pod-encap), "
+                      "by IP family; read at each rules check.", "family",
+                      {f: counted[0] for f, counted in dropped.items()}, counter=True)
+            yield _by("flannel_pod_encap_dropped_bytes", "Bytes of those packets.", "family",
+                      {f: counted[1] for f, counted in dropped.items()}, counter=True)
 
     def _health(self) -> Iterator[Metric]:
         health = self.state.health

@@ -178,6 +178,10 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
                 f"ipv{v}": {"peers": rules.peers.get(v, 0),
                             "dropped_packets": rules.not_peer_dropped.get(v, (0, 0))[0]}
                 for v in rules.filtered}
+        if rules.pod_encap:  # --drop-pod-encap
+            doc["rules"]["pod_encap_drop"] = {
+                f"ipv{v}": {"dropped_packets": rules.pod_encap_dropped.get(v, (0, 0))[0]}
+                for v in rules.pod_encap}
     doc["engines"] = {name: {s.name: s.value for s in samples}
                       for name, samples in state.engines()}
     doc["last_errors"] = last_errors(doc)

@@ -42,7 +42,7 @@ KNOWN_DIFFERENCES = frozenset({
     "iptables-refill-chains", "nftables-rechecked", "iptables-mode",
     # health, tools, memory
     "readyz-no-paths", "metrics-and-status", "flannelctl-cleanup", "lazy-store-clients",
-    "health-server-bounded", "local-socket", "encap-peers-only",
+    "health-server-bounded", "local-socket", "encap-peers-only", "pod-encap-dropped",
     # files, the image and its tools
     "key-and-tls-files-checked", "subnet-env-dir-warning", "image-paths-are-links",
     "install-conf-checked", "mk-docker-opts-as-data", "image-minimal",

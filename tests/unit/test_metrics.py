@@ -409,6 +409,7 @@ async def test_every_family_is_documented(tmp_path):
         await node.wait_readyz(200)
         assert node.rules is not None
         node.rules.status.filtered = (4,)  # as with --encap-peers-only over vxlan or udp
+        node.rules.status.pod_encap = (4,)  # as with --drop-pod-encap (the default)
         _, body = await get(node.port, "/metrics")
     families = {f.name + ("_total" if f.type == "counter" else "")
                 for f in text_string_to_metric_families(body) if f.name.startswith("flannel_")}
