@@ -13,10 +13,16 @@ other engine must hold:
   ``samples``, ``refused_peers``, ``close``) handed the full peer set on every pass;
 - ``failure_hint(error)``: advice for an operator when the kernel refused a change.
 
+Which peers those are is ``admit(peers)``'s (``flannel/backend/admission.py``), from what the
+backend declares of a lease: ``lease_problem`` (data it cannot use, refused as the kernel
+would refuse it), ``identities`` (what must be one node's only: a VTEP MAC, a public key),
+and, when the kernel refused a change, ``entry_peers`` (whose entry it was: that peer is
+parked and retried, the others are programmed).
+
 The first three fail with OSError (netlink errors included), ``BackendError`` or one of the
 backend's ``pass_errors``; the data plane retries those, and anything else ends flanneld.
 
-All four run in the data plane's worker thread; a backend owns no task, thread, socket
+All of these run in the data plane's worker thread; a backend owns no task, thread, socket
 lifetime or readiness code. ``close()`` (the daemon, at shutdown, after the data plane has
 stopped) closes every applier, which stops any process an engine runs. A backend also
 declares its ``footprint`` (``flannel/backend/footprint.py``) for the operator tools, and
@@ -33,6 +39,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from typing import ClassVar
 
+from flannel.backend.admission import PeerAdmission
 from flannel.backend.footprint import Footprint
 from flannel.backenderrors import BackendConfigError as BackendConfigError
 from flannel.backenderrors import BackendError as BackendError
@@ -175,6 +182,8 @@ class Backend(ABC):
         self.options = options or BackendOptions()
         self.lease: Lease | None = None
         self._ignored: set[str] = set()  # keys of leases of other backends, logged once
+        #: Which peers are programmed, and why the others are not.
+        self.admission = PeerAdmission(self.lease_problem, self.identities)
 
     @abstractmethod
     async def prepare(self) -> LocalNetwork:
@@ -183,6 +192,29 @@ class Backend(ABC):
     async def activate(self, lease: Lease) -> None:
         """Program the local side of our own lease (addresses on devices)."""
         self.lease = lease
+        self.admission.own(lease)
+
+    def lease_problem(self, lease: Lease) -> str | None:
+        """Why this backend cannot use a peer lease's data ("its IPv4 VtepMAC ... is a
+        multicast MAC"; the message names what the lease needs), None when it can. Refused
+        here rather than by the kernel, which would fail the whole pass. None by default."""
+        return None
+
+    def identities(self, lease: Lease) -> tuple[str, ...]:
+        """What a lease claims that must be one node's only ("IPv4 VtepMAC 0e:..",
+        "PublicKey ..."): a newer lease claiming one of them from another address is
+        refused. None by default."""
+        return ()
+
+    def entry_peers(self, entry: object, peers: Sequence[Lease]) -> list[Lease]:
+        """The peers among ``peers`` a kernel entry of desired state was made for (none:
+        it is this node's own, e.g. a route over the whole Network)."""
+        return []
+
+    def admit(self, peers: Sequence[Lease]) -> tuple[Lease, ...]:
+        """The peers to program now (``admission``): those whose data and identity are
+        usable and that the kernel is not refusing. The same tuple while nothing changes."""
+        return self.admission.admit(peers)
 
     def ensure_local(self) -> None:
         """Recreate whatever local device state is missing (worker thread; idempotent)."""

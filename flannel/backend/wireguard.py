@@ -45,12 +45,13 @@ from flannel.wireguard.config import (
     OPTION_NAMES,
     DeviceLayout,
     WireguardConfig,
+    decode_lease_data,
     encode_lease_data,
 )
 from flannel.wireguard.device import DeviceSpec, WireguardDevice, WireguardDeviceError
 from flannel.wireguard.handshakes import HandshakeWatch
 from flannel.wireguard.keys import KeyFileError, key_file_path, load_or_create_private_key
-from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, skipped_leases
+from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,25 @@ class WireguardBackend(Backend):
                                       routes=tuple(routes))
         await asyncio.to_thread(self._ensure_devices)
 
+    def lease_problem(self, lease: Lease) -> str | None:
+        if self._keys(lease):
+            return None
+        return ("its wireguard backend data has no valid PublicKey and Port (a wireguard lease "
+                'needs {"PublicKey":"<base64 key>","Port":<port>}); the node that owns it '
+                "rewrites it on restart, or delete the lease")
+
+    def identities(self, lease: Lease) -> tuple[str, ...]:
+        """Its public key: a peer of ours with it gets that node's subnets and endpoint."""
+        return tuple(f"PublicKey {key}" for key in self._keys(lease))
+
+    @staticmethod
+    def _keys(lease: Lease) -> list[str]:
+        """The public keys of both families' data (one, for a node of ours or Go's)."""
+        keys = {data.public_key for raw in (lease.attrs.backend_data,
+                                            lease.attrs.backend_v6_data)
+                if (data := decode_lease_data(raw)) is not None}
+        return sorted(keys)
+
     def encapsulation(self) -> Encapsulation:
         # Each device's socket takes datagrams over either family of the underlay.
         ports = tuple(sorted({dev.layout.listen_port for dev in self.devices
@@ -165,20 +185,12 @@ class PeerApplier(Applier):
 
     def __init__(self, backend: WireguardBackend) -> None:
         self.backend = backend
-        self._warned: set[str] = set()
         self._reported: set[str] = set()
         self._peers = 0
         self._failing = 0
 
     def apply(self, peers: Sequence[Lease]) -> ApplyResult:
         backend = self.backend
-        for key in skipped_leases(peers):
-            if key not in self._warned:
-                self._warned.add(key)
-                log.warning("ignoring peer %s: its wireguard backend data has no valid "
-                            "PublicKey and Port (a wireguard lease needs {\"PublicKey\":\"<base64 "
-                            "key>\",\"Port\":<port>}); the node that owns it rewrites it on "
-                            "restart, or delete the lease", key)
         local = LocalEndpoints(backend.ext.ext_addr, backend.ext.ext_v6_addr)
         changes = configured = 0
         errors: list[str] = []

@@ -250,15 +250,3 @@ class WireguardPeers:
                 for key, st in states.items()}
         self.status = PeerStatus(True, "", len(changes), ages, now, states)
         return changes
-
-
-def skipped_leases(leases: Iterable[Lease]) -> list[str]:
-    """Keys of wireguard leases that publish no usable public key (for a warning)."""
-    out = []
-    for lease in leases:
-        if lease.attrs.backend_type == "wireguard" and decode_lease_data(
-                lease.attrs.backend_data) is None and decode_lease_data(
-                lease.attrs.backend_v6_data) is None:
-            out.append(lease.key)
-    return out
-

@@ -36,10 +36,10 @@ from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.rules.manager import RulesStatus
 from flannel.rules.spec import PeerAddresses
 from flannel.settings import InterfaceSettings, RulesSettings, Settings
+from flannel.skips import SkippedRecords
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.manager import StoreStatus
-from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 from tests.support.waiting import async_wait_until
 
