@@ -22,9 +22,9 @@ route_get)`` reconciled through netlink (when not None), then each of its ``appl
 handed the same peers. When the kernel refuses entries of some peers (for what they hold:
 an unreachable address, a MAC), those peers are parked and the pass is made again without
 them, so that a bad peer never makes this node not ready; a refusal of a delete, of the
-device, or of every peer is this node's and fails the pass. A parked peer is tried again
-when it is due (its backoff asks for a pass) or its lease changes. Peer sets handed over
-while a pass runs are coalesced into the next pass.
+device, or of every one of several peers is this node's and fails the pass. A parked peer
+is tried again when it is due (its backoff asks for a pass) or its lease changes. Peer
+sets handed over while a pass runs are coalesced into the next pass.
 Must not touch: the store; what to program (the backend describes it).
 """
 
@@ -358,7 +358,9 @@ class Dataplane:
     def _park_refused(self, err: ReconcileError, admitted: tuple[Lease, ...]) -> bool:
         """Park the peers whose entries the kernel refused for what they hold; False (park
         nothing) when a refusal is this node's own: a delete, an error about the device or
-        the socket rather than the entry, an entry no peer owns, or every peer refused."""
+        the socket rather than the entry, an entry no peer owns, or every one of several
+        peers refused alike (this node's underlay, not theirs). A lone peer refused is its
+        own problem: at start it may be the first lease known."""
         backend = self.backend
         owners: dict[str, tuple[Lease, rtnl.NetlinkError]] = {}
         for failure in err.failures:
@@ -369,7 +371,7 @@ class Dataplane:
                 return False
             for lease in found:
                 owners.setdefault(lease.key, (lease, failure))
-        if not owners or len(owners) == len(admitted):
+        if not owners or 1 < len(admitted) == len(owners):
             return False
         for lease, failure in owners.values():
             hint = backend.failure_hint(failure)

@@ -227,6 +227,31 @@ async def test_a_peer_the_kernel_refuses_is_parked_and_the_others_are_programmed
         assert clock.timers() == [300]  # only the periodic pass is due
 
 
+async def test_a_lone_peer_the_kernel_refuses_is_its_own_problem():
+    # At start the bad lease may be the only one known yet: refused alone, it is parked.
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24"] = errno.ENETUNREACH
+    backend = hostgw()
+    async with running(backend, kernel, clock=FakeClock()) as dataplane:
+        dataplane.set_peers([peer(3)])
+        await programmed(dataplane)
+        assert set(backend.admission.refused) == {"10.244.3.0-24"}
+        assert dataplane.status.failed_passes == 0 and dataplane.status.programmed_peers == 0
+        dataplane.set_peers([peer(3), peer(2)])
+        await until(lambda: kernel.ours() == {route(2)}, "the good peer")
+
+
+@pytest.mark.parametrize("code", [errno.ENODEV, errno.ENOBUFS])
+async def test_a_refusal_about_the_device_or_the_socket_is_this_nodes(code):
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24"] = code
+    backend = hostgw()
+    async with running(backend, kernel, clock=FakeClock()) as dataplane:
+        dataplane.set_peers([peer(2), peer(3)])
+        await until(lambda: dataplane.status.failed_passes >= 1, "a failed pass")
+        assert not readiness(dataplane)[0] and backend.admission.refused == {}
+
+
 async def test_a_parked_peer_whose_lease_changes_is_tried_at_once_and_forgotten_when_gone():
     kernel = FakeKernel()
     kernel.refusals["replace route 10.244.3.0/24 via 192.168.1.3"] = errno.ENETUNREACH

@@ -8,6 +8,7 @@ its victim's; and each refusal logged once and counted."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from ipaddress import IPv4Address, IPv4Network
@@ -27,7 +28,7 @@ EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.168.1.1"), None,
                         IPv4Address("192.168.1.1"), None)
 NETWORK = '"Network": "10.244.0.0/16"'
 OWN_MAC, VICTIM_MAC = "0e:00:00:00:00:01", "0e:00:00:00:00:02"
-KEY = {n: f"{chr(ord('A') + n) * 43}=" for n in range(1, 6)}
+KEY = {n: base64.b64encode(bytes([n]) * 32).decode() for n in range(1, 6)}
 
 
 def vxlan_lease(third: int, mac: str, ip: str = "", created: int = 0) -> Lease:
@@ -168,3 +169,21 @@ def test_an_unchanged_peer_set_gives_the_same_tuple_back():
     first = backend.admit(peers)
     assert backend.admit(peers) is first
     assert backend.admit(tuple(peers)) is first  # another tuple of the same leases
+
+
+def test_another_spelling_of_a_wireguard_key_is_the_same_key():
+    # The last base64 digit before "=" carries two padding bits: four spellings, one key,
+    # which the device reports in the one spelling with zero bits.
+    backend = WireguardBackend(EXT, parse_config(f'{{{NETWORK}, "Backend": '
+                                                 '{"Type": "wireguard"}}'))
+    spelled = KEY[2][:-2] + chr(ord(KEY[2][-2]) + 3) + "="
+    assert base64.b64decode(spelled) == base64.b64decode(KEY[2]) and spelled != KEY[2]
+
+    def wg(third: int, key: str, created: int) -> Lease:
+        return Lease(IPv4Network(f"10.244.{third}.0/24"), attrs=LeaseAttrs(
+            public_ip=IPv4Address(f"192.168.1.{third}"), backend_type="wireguard",
+            backend_data=json.dumps({"PublicKey": key, "Port": 51820})), created=created)
+
+    victim, thief = wg(2, KEY[2], created=1), wg(66, spelled, created=2)
+    assert backend.admit((victim, thief)) == (victim,)
+    assert backend.identities(thief) == (f"PublicKey {KEY[2]}",)
