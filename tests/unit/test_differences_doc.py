@@ -26,6 +26,7 @@ KNOWN_DIFFERENCES = frozenset({
     "store-errors-classified", "relist-reports-changed-attributes",
     # any store, the network config, the interface
     "unusable-records-skipped", "invalid-config-exits-1", "non-masquerade-cidrs",
+    "lease-identities-unique", "bad-peers-parked",
     "no-link-local-public-address",
     # data plane and backends
     "continuous-reconcile", "adopts-previous-routes", "readiness-includes-dataplane",
