@@ -56,7 +56,7 @@ def _address(lease: Lease) -> object:
     return lease.attrs.public_ip or lease.attrs.public_ipv6
 
 
-@dataclass
+@dataclass(slots=True)
 class _Examined:
     """One lease as last examined: the object itself, what is wrong with its data, and the
     identities it claims."""
@@ -112,12 +112,13 @@ class PeerAdmission:
         refused_identity = self._resolve(candidates)
         admitted: list[Lease] = []
         due = float("inf")
+        parked = self.parked
         for examined in candidates:
             lease = examined.lease
             if lease.key in refused_identity:
                 continue
-            if self.parked.waiting(lease.key, KERNEL, fingerprint(lease)):
-                due = min(due, self.parked[lease.key].due)
+            if parked and parked.waiting(lease.key, KERNEL, fingerprint(lease)):
+                due = min(due, parked[lease.key].due)
                 continue
             admitted.append(lease)
         if self.parked:
@@ -134,6 +135,7 @@ class PeerAdmission:
         """Every peer whose data the backend can use (each lease object examined once)."""
         before, self._examined = self._examined, {}
         candidates = []
+        invalid = self.invalid.current
         for lease in peers:
             examined = before.get(lease.key)
             if examined is None or examined.lease is not lease:
@@ -144,19 +146,24 @@ class PeerAdmission:
             if examined.problem:
                 self._skip(self.invalid, INVALID_DATA, lease.key, examined.problem)
                 continue
-            self.invalid.forget(lease.key)
+            if lease.key in invalid:
+                self.invalid.forget(lease.key)
             candidates.append(examined)
-        self.invalid.keep_only(self._examined)
+        if invalid:
+            self.invalid.keep_only(self._examined)
         return candidates
 
     def _resolve(self, candidates: list[_Examined]) -> set[str]:
         """The keys refused for an identity ours or an older lease's (logged once each)."""
         claims: dict[str, Lease] = {}
         contested = False
+        own = self._own
         for examined in candidates:
+            lease = examined.lease
             for identity in examined.identities:
-                holder = claims.setdefault(identity, examined.lease)
-                contested |= identity in self._own or not _same_node(holder, examined.lease)
+                holder = claims.setdefault(identity, lease)
+                if identity in own or (holder is not lease and not _same_node(holder, lease)):
+                    contested = True
         refused: dict[str, str] = {}
         if contested:  # rare: the oldest claim wins, leases taken from the oldest first
             claims = {}
