@@ -46,7 +46,7 @@ def ready(lab: Lab, index: int) -> bool:
 
 
 def refused_everywhere(lab: Lab, nodes: list[int], key: str) -> bool:
-    return all(status(lab, i)["peers"]["refused_kinds"].get(key) == "identity_taken"
+    return all(status(lab, i)["peers"].get("refused_kinds", {}).get(key) == "identity_taken"
                for i in nodes)
 
 
@@ -69,21 +69,35 @@ def fdb_dst(lab: Lab, index: int, mac: str) -> set[str]:
     return {e.get("dst", "") for e in entries if e.get("mac") == mac}
 
 
+def known(lab: Lab, index: int) -> int:
+    return int(status(lab, index)["peers"]["known"])
+
+
 def during_and_after(lab: Lab, observers: list[int], claim: Callable[[], None],
                      withdraw: Callable[[], None], check: Callable[[], None]) -> None:
-    """Pings from ``observers`` to node 1 while the claim is made, stands and is
-    withdrawn: none may be lost; node 1 ready throughout the checks."""
+    """Pings from ``observers`` to node 1 while the claim is made, stands and is withdrawn:
+    none may be lost; node 1 ready throughout the checks. What ``check`` finds wrong while
+    the claim stands is reported after the pings, which are what matters most."""
+    before = {i: known(lab, i) for i in (1, *observers)}
     runs = start_pings(lab, [(i, 1) for i in observers], seconds=SECONDS, interval=0.1)
+    found: list[AssertionError] = []
     try:
         claim()
-        check()
-        assert ready(lab, 1), status(lab, 1)["reason"]
+        wait_until(lambda: all(known(lab, i) == n + 1 for i, n in before.items()), 20,
+                   what="the claim to reach every node")
+        try:
+            check()
+            assert ready(lab, 1), status(lab, 1)["reason"]
+        except AssertionError as err:
+            found.append(err)
         withdraw()
     finally:
-        results = [run.result(SECONDS + 20) for run in runs]
+        results = [run.result(SECONDS + 30) for run in runs]
     for (sent, received), observer in zip(results, observers, strict=True):
         assert received == sent, f"node {observer} lost {sent - received} of {sent} pings " \
                                  "to node 1"
+    if found:
+        raise found[0]
     assert ready(lab, 1)
 
 
