@@ -116,6 +116,9 @@ class PeerAdmission:
         for examined in candidates:
             lease = examined.lease
             if lease.key in refused_identity:
+                if lease.key in parked:  # refused for what it claims now, not by the kernel
+                    parked.release(lease.key)
+                    self._parked_version += 1
                 continue
             if parked and parked.waiting(lease.key, KERNEL, fingerprint(lease)):
                 due = min(due, parked[lease.key].due)
@@ -145,6 +148,9 @@ class PeerAdmission:
             self._examined[lease.key] = examined
             if examined.problem:
                 self._skip(self.invalid, INVALID_DATA, lease.key, examined.problem)
+                if lease.key in self.parked:  # refused for its data now, not by the kernel
+                    self.parked.release(lease.key)
+                    self._parked_version += 1
                 continue
             if lease.key in invalid:
                 self.invalid.forget(lease.key)

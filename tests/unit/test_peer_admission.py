@@ -187,3 +187,15 @@ def test_another_spelling_of_a_wireguard_key_is_the_same_key():
     victim, thief = wg(2, KEY[2], created=1), wg(66, spelled, created=2)
     assert backend.admit((victim, thief)) == (victim,)
     assert backend.identities(thief) == (f"PublicKey {KEY[2]}",)
+
+
+def test_a_peer_parked_by_the_kernel_then_refused_for_its_data_shows_that_reason():
+    backend = vxlan()
+    peer = vxlan_lease(2, VICTIM_MAC)
+    assert backend.admit((peer,)) == (peer,)
+    backend.admission.park(peer, "Network is unreachable (replace route ...)")
+    assert backend.admission.refused[peer.key][0] == "kernel_refused"
+    broken = vxlan_lease(2, "00:00:00:00:00:00")
+    assert backend.admit((broken,)) == ()
+    assert backend.admission.refused[peer.key][0] == "invalid_data"
+    assert peer.key not in backend.admission.parked
