@@ -325,9 +325,10 @@ class Dataplane:
                       check_local: bool, full: bool
                       ) -> tuple[tuple[Lease, ...], DesiredState | None, list[tuple[str, object]]]:
         """The netlink part of a pass: (the peers programmed, desired state, the changes).
-        A peer whose entries the kernel refuses (and not every peer's: that is this node's
-        failure) is parked by the backend's admission and the pass made again without it,
-        reading the kernel back, so that the other peers are programmed and ready."""
+        A peer whose entries the kernel refuses (``_park_refused`` says when a refusal is
+        this node's instead) is parked by the backend's admission and the pass made again
+        without it, reading the kernel back, so that the other peers are programmed and
+        ready."""
         backend = self.backend
         for attempt in range(1, PARK_ATTEMPTS + 1):
             desired = backend.desired_state(admitted,
