@@ -4,7 +4,9 @@ Owns the backend config (VNI, Port, MTU, GBP, Learning, DirectRouting), the devi
 ``flannel.<VNI>`` / ``flannel-v6.<VNI>``, the lease data ``{"VNI":n,"VtepMAC":"..."}``, and
 per peer: a permanent neighbour (peer subnet base -> peer VTEP MAC), a permanent FDB entry
 (peer VTEP MAC -> peer public IP) and an onlink route via the peer's subnet base; with
-DirectRouting, a plain route via the peer's public IP when it is on-link.
+DirectRouting, a plain route via the peer's public IP when it is on-link. A lease whose
+VtepMAC the kernel would refuse (not 6 bytes, zero, multicast or broadcast) is refused, and
+its VtepMAC per family is the identity it claims (``backend/admission.py``).
 Must not touch: the store; routes of other protocols; other devices.
 """
 

@@ -9,7 +9,10 @@ checked when the backend is created; ``prepare`` loads or creates the private ke
 to the cluster network on the devices; ``ensure_local`` re-creates what is missing (a
 wireguard-go that died is restarted); the ``wireguard peers`` applier keeps every device's
 peers equal to the remote leases and asks the data plane to re-check them every
-``RECHECK`` seconds, because a peer changed with ``wg`` raises no kernel event. Handshakes
+``RECHECK`` seconds, because a peer changed with ``wg`` raises no kernel event. A lease
+without a usable key and port is refused, and its public key is the identity it claims
+(``backend/admission.py``): a lease with another node's key is never merged into that
+node's peer. Handshakes
 that keep failing with a peer that does reach us (another PSK or key) are logged naming the
 peer and counted on /metrics and /status, never silent; they do not make this node not
 ready (the other node is as likely to be the misconfigured one).
