@@ -86,7 +86,8 @@ def desired_peers(cfg: WireguardConfig, layout: DeviceLayout, leases: Iterable[L
     """The peers device ``layout`` must hold for the remote ``leases`` (wireguard ones).
 
     A lease whose data carries no usable public key is skipped (logged by the caller's
-    status, never fatal). Two leases with one key (a node re-registered) merge their subnets.
+    status, never fatal). Two leases with one key (a node registered again: no other node's
+    lease shares a key, the backend's admission refuses it) merge their subnets.
     """
     single = len(layout.families) > 1 or cfg.mode != "separate"
     by_key: dict[str, Peer] = {}
