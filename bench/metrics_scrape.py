@@ -38,8 +38,8 @@ from flannel.monitor.health import HealthServer
 from flannel.monitor.nodestate import NodeState
 from flannel.readiness import Readiness
 from flannel.rules.manager import RulesStatus
+from flannel.skips import SkippedRecords
 from flannel.subnet.manager import StoreStatus
-from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 
 CONFIG = parse_config('{"Network": "10.0.0.0/8", "Backend": {"Type": "host-gw"}}')

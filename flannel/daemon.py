@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, backend_class
-from flannel.backend.base import BackendOptions
+from flannel.backend.base import BackendOptions, Encapsulation
 from flannel.backoff import Backoff
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
 from flannel.dataplane import Dataplane
@@ -111,8 +111,8 @@ class Supervised:
 SelectInterface = Callable[[InterfaceSettings, NetworkConfig, PublicIPs],
                            Awaitable[ExternalInterface]]
 MakeBackend = Callable[[ExternalInterface, NetworkConfig, BackendOptions], Backend]
-#: The rules of the flags for our lease, filtering the backend's encapsulation ports.
-MakeRules = Callable[[RulesSettings, NetworkConfig, Lease, dict[int, tuple[int, ...]]], Rules]
+#: The rules of the flags for our lease, given the backend's encapsulation.
+MakeRules = Callable[[RulesSettings, NetworkConfig, Lease, Encapsulation], Rules]
 
 
 def make_backend(ext: ExternalInterface, config: NetworkConfig,
@@ -357,7 +357,7 @@ class Daemon:
                 backend, self.readiness, interval=self.settings.dataplane.reconcile_interval)
             self.state.backend, self.state.dataplane = backend, dataplane
             self.phase("installing traffic rules")
-            traffic = self._make_rules(rules, config, lease, backend.encap_ports())
+            traffic = self._make_rules(rules, config, lease, backend.encapsulation())
             self.state.rules = traffic.status
             await traffic.start()
             self._report_rules(traffic)

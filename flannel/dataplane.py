@@ -15,16 +15,23 @@ state and the one the previous pass programmed, without reading the kernel (with
 reading the tables back was two thirds of a pass). The event watch and the periodic full
 pass keep the kernel honest meanwhile.
 
-A pass, in the worker thread: the backend's ``ensure_local()`` (when devices may have
-changed), its ``desired_state(peers, route_get)`` reconciled through netlink (when not None),
-then each of its ``appliers()`` handed the same peers. Peer sets handed over while a pass
-runs are coalesced into the next pass.
+A pass, in the worker thread: the peers the backend admits (``admit``: not those whose
+data or identity it refuses, nor those the kernel refused and that are not due again), its
+``ensure_local()`` (when devices may have changed), its ``desired_state(admitted,
+route_get)`` reconciled through netlink (when not None), then each of its ``appliers()``
+handed the same peers. When the kernel refuses entries of some peers (for what they hold:
+an unreachable address, a MAC), those peers are parked and the pass is made again without
+them, so that a bad peer never makes this node not ready; a refusal of a delete, of the
+device, or of every one of several peers is this node's and fails the pass. A parked peer
+is tried again when it is due (its backoff asks for a pass) or its lease changes. Peer
+sets handed over while a pass runs are coalesced into the next pass.
 Must not touch: the store; what to program (the backend describes it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -94,6 +101,14 @@ class DataplaneStatus:
 #: the freed C heap is given back (``heap``), as after every pass that read the kernel back.
 BURST_CHANGES = 256
 
+#: How often a pass is made again within itself after parking the peers the kernel
+#: refused (each time without them); a pass still refused after that fails.
+PARK_ATTEMPTS = 3
+#: The kernel's refusals of an entry for what it holds (a peer's address, MAC): that peer's
+#: problem. Any other (the device gone, no memory, no privilege) is this node's.
+PEER_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.ENETUNREACH, errno.EHOSTUNREACH,
+                         errno.EINVAL, errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.ERANGE})
+
 #: What a pass may fail with and be retried for: I/O (netlink errors are OSErrors), the
 #: backend's refusal and the kernel's; a backend adds its engines' (``Backend.pass_errors``).
 #: Anything else is a bug: it ends flanneld with its traceback rather than being retried
@@ -135,6 +150,7 @@ class Dataplane:
             on_event, on_overrun, host, interest=self._interest))
         self._retry = Backoff(*retry)
         self._clock = clock
+        backend.admission.use_clock(clock.monotonic)  # when parked peers are due
         self._errors = PASS_ERRORS + backend.pass_errors
         self._peers: tuple[Lease, ...] = ()
         self._first_peers = asyncio.Event()
@@ -208,7 +224,7 @@ class Dataplane:
                 version, peers = self.status.wanted_version, self._peers
                 started = clock.monotonic()
                 try:
-                    uses_netlink, changes = await loop.run_in_executor(
+                    uses_netlink, changes, programmed = await loop.run_in_executor(
                         worker, self._pass, peers, check_local, full)
                 except PassError as err:
                     self.status.pass_durations.observe(clock.monotonic() - started)
@@ -223,7 +239,7 @@ class Dataplane:
                     watcher.cancel()  # nothing of ours in netlink: no drift to watch for
                     watcher = None
                 self.status.pass_durations.observe(clock.monotonic() - started)
-                self._succeeded(version, changes, len(peers))
+                self._succeeded(version, changes, programmed)
                 if full or check_local or changes.total() >= BURST_CHANGES:
                     # The tables read back, the requests encoded, the desired state this
                     # pass replaced, and the store's decoding of a snapshot before it are
@@ -257,35 +273,24 @@ class Dataplane:
             sock.close()
 
     def _pass(self, peers: tuple[Lease, ...], check_local: bool, full: bool
-              ) -> tuple[bool, Counter[str]]:
+              ) -> tuple[bool, Counter[str], int]:
         """One pass (full, or incremental when allowed; see the module docstring): whether
-        the backend has netlink state, and the changes made by kind. Raises PassError if
-        anything could not be programmed (all is still attempted); an error the backend
-        does not declare (a bug) propagates."""
+        the backend has netlink state, the changes made by kind, and how many peers it
+        programmed (those the backend admits). Raises PassError if anything could not be
+        programmed (all is still attempted); an error the backend does not declare (a bug)
+        propagates."""
         started = self._clock.monotonic()
         backend = self.backend
         failures: list[tuple[str, str]] = []
         changes: Counter[str] = Counter()
         desired = None
         self._recheck = 0.0
+        admitted = backend.admit(peers)
         try:
             if check_local:
                 backend.ensure_local()
-            desired = backend.desired_state(peers, lambda ip: self._netlink().route_get(ip))
-            if desired is not None:
-                if self._last is None or self._last.devices != desired.devices:
-                    self._interest.set_devices(desired.devices)
-                self._last = desired
-                programmed, self._programmed = self._programmed, None
-                if full or check_local or programmed is None \
-                        or not programmed.same_frame(desired):
-                    ops = reconcile(self._netlink(), desired, backend.failure_hint)
-                    self.status.full_passes += 1
-                else:
-                    ops = reconcile_difference(self._netlink(), programmed, desired,
-                                               backend.failure_hint)
-                self._programmed = desired
-                changes.update(kind(obj) for _verb, obj in ops)
+            admitted, desired, ops = self._netlink_pass(peers, admitted, check_local, full)
+            changes.update(kind(obj) for _verb, obj in ops)
         except self._errors as err:
             self.status.netlink_errors += 1
             self._close_netlink()  # a fresh socket for the retry
@@ -295,7 +300,7 @@ class Dataplane:
             failures.append((str(err), getattr(err, "cause", str(err))))
         for applier in backend.appliers():
             try:
-                result = applier.apply(peers)
+                result = applier.apply(admitted)
             except self._errors as err:
                 failures.append((f"{applier.name}: {err}", f"{applier.name}: {err}"))
                 continue
@@ -307,11 +312,72 @@ class Dataplane:
                                  f"{applier.name}: {result.error}"))
         if failures:
             raise PassError(*failures[0])
+        backend.admission.programmed(admitted)
+        if (retry := backend.admission.retry_in()) > 0:  # a parked peer's next try
+            self._recheck = min(self._recheck or retry, retry)
         total = sum(changes.values())
         if total:
             log.info("reconciled: %d change(s) in %.1f ms", total,
                      (self._clock.monotonic() - started) * 1000)
-        return desired is not None, changes
+        return desired is not None, changes, len(admitted)
+
+    def _netlink_pass(self, peers: tuple[Lease, ...], admitted: tuple[Lease, ...],
+                      check_local: bool, full: bool
+                      ) -> tuple[tuple[Lease, ...], DesiredState | None, list[tuple[str, object]]]:
+        """The netlink part of a pass: (the peers programmed, desired state, the changes).
+        A peer whose entries the kernel refuses (``_park_refused`` says when a refusal is
+        this node's instead) is parked by the backend's admission and the pass made again
+        without it, reading the kernel back, so that the other peers are programmed and
+        ready."""
+        backend = self.backend
+        for attempt in range(1, PARK_ATTEMPTS + 1):
+            desired = backend.desired_state(admitted,
+                                            lambda ip: self._netlink().route_get(ip))
+            if desired is None:
+                return admitted, None, []
+            if self._last is None or self._last.devices != desired.devices:
+                self._interest.set_devices(desired.devices)
+            self._last = desired
+            programmed, self._programmed = self._programmed, None
+            try:
+                if full or check_local or programmed is None \
+                        or not programmed.same_frame(desired):
+                    ops = reconcile(self._netlink(), desired, backend.failure_hint)
+                    self.status.full_passes += 1
+                else:
+                    ops = reconcile_difference(self._netlink(), programmed, desired,
+                                               backend.failure_hint)
+            except ReconcileError as err:
+                if attempt == PARK_ATTEMPTS or not self._park_refused(err, admitted):
+                    raise
+                admitted, full = backend.admit(peers), True
+                continue
+            self._programmed = desired
+            return admitted, desired, ops
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _park_refused(self, err: ReconcileError, admitted: tuple[Lease, ...]) -> bool:
+        """Park the peers whose entries the kernel refused for what they hold; False (park
+        nothing) when a refusal is this node's own: a delete, an error about the device or
+        the socket rather than the entry, an entry no peer owns, or every one of several
+        peers refused alike (this node's underlay, not theirs). A lone peer refused is its
+        own problem: at start it may be the first lease known."""
+        backend = self.backend
+        owners: dict[str, tuple[Lease, rtnl.NetlinkError]] = {}
+        for failure in err.failures:
+            if failure.verb == "delete" or failure.errno not in PEER_ERRNOS:
+                return False
+            found = backend.entry_peers(failure.entry, admitted)
+            if not found:
+                return False
+            for lease in found:
+                owners.setdefault(lease.key, (lease, failure))
+        if not owners or 1 < len(admitted) == len(owners):
+            return False
+        for lease, failure in owners.values():
+            hint = backend.failure_hint(failure)
+            backend.admission.park(lease, f"{failure.strerror}{'; ' + hint if hint else ''}")
+        return True
 
     # -- on the event loop --
 

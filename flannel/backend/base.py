@@ -13,10 +13,16 @@ other engine must hold:
   ``samples``, ``refused_peers``, ``close``) handed the full peer set on every pass;
 - ``failure_hint(error)``: advice for an operator when the kernel refused a change.
 
+Which peers those are is ``admit(peers)``'s (``flannel/backend/admission.py``), from what the
+backend declares of a lease: ``lease_problem`` (data it cannot use, refused as the kernel
+would refuse it), ``identities`` (what must be one node's only: a VTEP MAC, a public key),
+and, when the kernel refused a change, ``entry_peers`` (whose entry it was: that peer is
+parked and retried, the others are programmed).
+
 The first three fail with OSError (netlink errors included), ``BackendError`` or one of the
 backend's ``pass_errors``; the data plane retries those, and anything else ends flanneld.
 
-All four run in the data plane's worker thread; a backend owns no task, thread, socket
+All of these run in the data plane's worker thread; a backend owns no task, thread, socket
 lifetime or readiness code. ``close()`` (the daemon, at shutdown, after the data plane has
 stopped) closes every applier, which stops any process an engine runs. A backend also
 declares its ``footprint`` (``flannel/backend/footprint.py``) for the operator tools, and
@@ -29,10 +35,11 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 from typing import ClassVar
 
+from flannel.backend.admission import PeerAdmission
 from flannel.backend.footprint import Footprint
 from flannel.backenderrors import BackendConfigError as BackendConfigError
 from flannel.backenderrors import BackendError as BackendError
@@ -71,6 +78,18 @@ class LocalNetwork:
     backend_v6_data: str | None = None
     public_ip: IPv4Address | None = None
     public_ipv6: IPv6Address | None = None
+
+
+@dataclass(frozen=True)
+class Encapsulation:
+    """How peers' encapsulated traffic reaches this node, by IP version of the underlay: the
+    UDP ports it arrives on and the IP protocols it travels in (ESP 50, IP-in-IP 4).
+    ``authenticated``: the receiver checks every packet against the sending peer's key
+    (WireGuard, IPsec), so a forged one is refused whoever sends it."""
+
+    udp: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    protocols: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    authenticated: bool = False
 
 
 @dataclass(frozen=True)
@@ -163,6 +182,8 @@ class Backend(ABC):
         self.options = options or BackendOptions()
         self.lease: Lease | None = None
         self._ignored: set[str] = set()  # keys of leases of other backends, logged once
+        #: Which peers are programmed, and why the others are not.
+        self.admission = PeerAdmission(self.lease_problem, self.identities)
 
     @abstractmethod
     async def prepare(self) -> LocalNetwork:
@@ -171,6 +192,29 @@ class Backend(ABC):
     async def activate(self, lease: Lease) -> None:
         """Program the local side of our own lease (addresses on devices)."""
         self.lease = lease
+        self.admission.own(lease)
+
+    def lease_problem(self, lease: Lease) -> str | None:
+        """Why this backend cannot use a peer lease's data ("its IPv4 VtepMAC ... is a
+        multicast MAC"; the message names what the lease needs), None when it can. Refused
+        here rather than by the kernel, which would fail the whole pass. None by default."""
+        return None
+
+    def identities(self, lease: Lease) -> tuple[str, ...]:
+        """What a lease claims that must be one node's only ("IPv4 VtepMAC 0e:..",
+        "PublicKey ..."): a newer lease claiming one of them from another address is
+        refused. None by default."""
+        return ()
+
+    def entry_peers(self, entry: object, peers: Sequence[Lease]) -> list[Lease]:
+        """The peers among ``peers`` a kernel entry of desired state was made for (none:
+        it is this node's own, e.g. a route over the whole Network)."""
+        return []
+
+    def admit(self, peers: Sequence[Lease]) -> tuple[Lease, ...]:
+        """The peers to program now (``admission``): those whose data and identity are
+        usable and that the kernel is not refusing. The same tuple while nothing changes."""
+        return self.admission.admit(peers)
 
     def ensure_local(self) -> None:
         """Recreate whatever local device state is missing (worker thread; idempotent)."""
@@ -188,11 +232,12 @@ class Backend(ABC):
         """Advice for an operator when the kernel refused one of our changes ("" if none)."""
         return ""
 
-    def encap_ports(self) -> dict[int, tuple[int, ...]]:
-        """The UDP ports peers send our encapsulated traffic to, by IP version of the
-        underlay (after ``prepare``); what ``--encap-peers-only`` filters. Empty when the
-        backend carries nothing over UDP, or authenticates it (wireguard)."""
-        return {}
+    def encapsulation(self) -> Encapsulation:
+        """Every port and protocol peers send our encapsulated traffic to (after
+        ``prepare``): what pods may not send to (``--drop-pod-encap``), and, where it is
+        not authenticated, what only peers may send to (``--encap-peers-only``). None by
+        default."""
+        return Encapsulation()
 
     def close(self) -> None:
         """Stop what the backend runs besides kernel state (a forwarder process) when

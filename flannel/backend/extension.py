@@ -108,7 +108,7 @@ class ExtensionCommands(Applier):
 
     def refused_peers(self) -> dict[str, str]:
         """Bad peers: lease key -> why (for /status)."""
-        return {key: bad.reason for key, bad in sorted(self.peers.bad.items())}
+        return self.peers.bad.reasons()
 
 
 class ExtensionBackend(Backend):

@@ -21,6 +21,7 @@ from ipaddress import IPv4Address
 from flannel.backend.base import (
     BackendError,
     BackendOptions,
+    Encapsulation,
     LocalNetwork,
     RouteLookup,
 )
@@ -86,6 +87,10 @@ class IpipBackend(RoutedBackend):
             raise BackendError(str(err)) from None
         self.spec = spec
         return LocalNetwork("ipip", mtu)
+
+    def encapsulation(self) -> Encapsulation:
+        # The device takes IP-in-IP from any remote and delivers the inner packet.
+        return Encapsulation(protocols={4: (socket.IPPROTO_IPIP,)})
 
     def ensure_local(self) -> None:
         assert self.lease is not None and self.spec is not None

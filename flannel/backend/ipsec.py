@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 from collections.abc import Sequence
 from ipaddress import IPv4Address
 from typing import Any
@@ -34,6 +35,7 @@ from flannel.backend.base import (
     Backend,
     BackendError,
     BackendOptions,
+    Encapsulation,
     EngineSample,
     LocalNetwork,
 )
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between checks of charon and its connections.
 RECHECK = 5.0
+#: charon's ports (strongSwan's defaults, Go flannel's): IKE, and NAT-T/ESP in UDP.
+IKE_PORTS = (500, 4500)
 # charon's log, with connection names: "<name|unique id> received AUTHENTICATION_FAILED ..."
 # (we are the initiator) or "... MAC mismatched" / "verification of AUTH payload ... failed"
 # (we are the responder).
@@ -146,6 +150,12 @@ class IpsecBackend(Backend):
 
     def appliers(self) -> Sequence[ConnectionApplier]:
         return (self._applier,)
+
+    def encapsulation(self) -> Encapsulation:
+        # IKE (500, and 4500 once NAT-T or UDPEncap moves it there), ESP in UDP on 4500,
+        # bare ESP; IPv4 only.
+        return Encapsulation(udp={4: IKE_PORTS}, protocols={4: (socket.IPPROTO_ESP,)},
+                             authenticated=True)
 
     def ensure_local(self) -> None:
         """With kernel-libipsec: our subnet's base address on charon's TUN (when charon has

@@ -28,6 +28,7 @@ from flannel.backend.base import (
     BackendConfigError,
     BackendError,
     BackendOptions,
+    Encapsulation,
     EngineSample,
     LocalNetwork,
     RouteLookup,
@@ -172,8 +173,8 @@ class UdpBackend(RoutedBackend):
     def appliers(self) -> Sequence[Applier]:
         return (self._applier,)
 
-    def encap_ports(self) -> dict[int, tuple[int, ...]]:
-        return {4: (self.port,)}
+    def encapsulation(self) -> Encapsulation:
+        return Encapsulation(udp={4: (self.port,)})
 
     def wants(self, lease: Lease) -> bool:
         # Go's udp takes every lease; a lease with a BackendType is a node that runs no

@@ -4,7 +4,9 @@ Owns the backend config (VNI, Port, MTU, GBP, Learning, DirectRouting), the devi
 ``flannel.<VNI>`` / ``flannel-v6.<VNI>``, the lease data ``{"VNI":n,"VtepMAC":"..."}``, and
 per peer: a permanent neighbour (peer subnet base -> peer VTEP MAC), a permanent FDB entry
 (peer VTEP MAC -> peer public IP) and an onlink route via the peer's subnet base; with
-DirectRouting, a plain route via the peer's public IP when it is on-link.
+DirectRouting, a plain route via the peer's public IP when it is on-link. A lease whose
+VtepMAC the kernel would refuse (not 6 bytes, zero, multicast or broadcast) is refused, and
+its VtepMAC per family is the identity it claims (``backend/admission.py``).
 Must not touch: the store; routes of other protocols; other devices.
 """
 
@@ -24,6 +26,7 @@ from flannel.backend.base import (
     BackendConfigError,
     BackendError,
     BackendOptions,
+    Encapsulation,
     LocalNetwork,
     RouteLookup,
 )
@@ -131,7 +134,6 @@ class VxlanBackend(RoutedBackend):
         super().__init__(ext, config, options)
         self.vxlan = VxlanConfig.from_backend(self.config.backend)
         self.families: dict[int, _Family] = {}
-        self._warned: set[str] = set()
         # Device index -> the peer's lease key -> its record, from the previous
         # desired_state: a lease change then costs one peer's decoding, not every peer's.
         # Keyed by the key string the lease already holds (no key object per peer; hashing
@@ -186,9 +188,9 @@ class VxlanBackend(RoutedBackend):
         mtu = min(self.device_mtu(version) for version in self.families)
         return LocalNetwork("vxlan", mtu, data.get(4), data.get(6))
 
-    def encap_ports(self) -> dict[int, tuple[int, ...]]:
+    def encapsulation(self) -> Encapsulation:
         port = self.vxlan.port or device.DEFAULT_VXLAN_PORT
-        return {version: (port,) for version in self.families}
+        return Encapsulation(udp={version: (port,) for version in self.families})
 
     def ensure_local(self) -> None:
         assert self.lease is not None
@@ -201,31 +203,57 @@ class VxlanBackend(RoutedBackend):
                 device.ensure_address(dev.index, subnet.network_address, network,
                                       self.options.host)
 
-    def _peer_mac(self, peer: Lease, version: int) -> str | None:
+    def _mac(self, lease: Lease, version: int) -> tuple[str | None, str]:
+        """(the lease's VTEP MAC of one family, lower-case; "") or (None, what is wrong with
+        it: the kernel refuses an FDB entry for a multicast or zero MAC)."""
         try:
-            raw = peer.attrs.backend_v6_data if version == 6 else peer.attrs.backend_data
+            raw = lease.attrs.backend_v6_data if version == 6 else lease.attrs.backend_data
             if raw is not None and (found := _GO_BACKEND_DATA.match(raw)) is not None:
                 mac = found[1]
             else:
-                data = peer.attrs.backend_json(v6=version == 6)
+                data = lease.attrs.backend_json(v6=version == 6)
                 mac = data["VtepMAC"] if isinstance(data, dict) else None
-            if isinstance(mac, str) and len(mac_bytes(mac)) == 6:
-                return mac.lower()
+            octets = mac_bytes(mac) if isinstance(mac, str) else b""
         except (ValueError, KeyError):
-            pass
-        if peer.key not in self._warned:
-            self._warned.add(peer.key)
-            log.warning("ignoring peer %s: its IPv%d backend data has no valid VtepMAC (a vxlan "
-                        "lease needs {\"VtepMAC\":\"<6-byte MAC>\"}); the node that owns it "
-                        "rewrites it on restart, or delete the lease", peer.key, version)
+            octets = b""
+        fix = "the node that owns it rewrites it on restart, or delete the lease"
+        if len(octets) != 6:
+            return None, (f"its IPv{version} backend data has no valid VtepMAC (a vxlan lease "
+                          f'needs {{"VtepMAC":"<6-byte MAC>"}}); {fix}')
+        assert isinstance(mac, str)
+        if not any(octets):
+            return None, f"its IPv{version} VtepMAC {mac} is zero, which no VTEP has; {fix}"
+        if octets[0] & 1:
+            return None, (f"its IPv{version} VtepMAC {mac} is a multicast or broadcast MAC, "
+                          f"not one VTEP's; {fix}")
+        return mac.lower(), ""
+
+    def _peer_families(self, lease: Lease) -> list[int]:
+        """The families of our devices the lease has a subnet and a public address of."""
+        return [version for version in self.families
+                if (lease.subnet if version == 4 else lease.ipv6_subnet) is not None
+                and (lease.attrs.public_ip if version == 4 else lease.attrs.public_ipv6)
+                is not None]
+
+    def lease_problem(self, lease: Lease) -> str | None:
+        for version in self._peer_families(lease):
+            mac, why = self._mac(lease, version)
+            if mac is None:
+                return why
         return None
+
+    def identities(self, lease: Lease) -> tuple[str, ...]:
+        """Its VTEP MAC on each of our devices: another node's FDB entry for it would send
+        that node's traffic elsewhere."""
+        return tuple(f"IPv{version} VtepMAC {mac}" for version in self._peer_families(lease)
+                     if (mac := self._mac(lease, version)[0]) is not None)
 
     def _peer_record(self, peer: Lease, version: int, index: int) -> _Peer:
         """One peer's record on one device: its neighbour, FDB entry and onlink route."""
         subnet = peer.subnet if version == 4 else peer.ipv6_subnet
         public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
-        mac = self._peer_mac(peer, version)
-        if subnet is None or public is None or mac is None:
+        mac = self._mac(peer, version)[0]
+        if subnet is None or public is None or mac is None:  # not admitted (lease_problem)
             return _Peer(peer)
         # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
         base = ip_text(subnet.network_address.packed)

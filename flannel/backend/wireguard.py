@@ -9,7 +9,10 @@ checked when the backend is created; ``prepare`` loads or creates the private ke
 to the cluster network on the devices; ``ensure_local`` re-creates what is missing (a
 wireguard-go that died is restarted); the ``wireguard peers`` applier keeps every device's
 peers equal to the remote leases and asks the data plane to re-check them every
-``RECHECK`` seconds, because a peer changed with ``wg`` raises no kernel event. Handshakes
+``RECHECK`` seconds, because a peer changed with ``wg`` raises no kernel event. A lease
+without a usable key and port is refused, and its public key is the identity it claims
+(``backend/admission.py``): a lease with another node's key is never merged into that
+node's peer. Handshakes
 that keep failing with a peer that does reach us (another PSK or key) are logged naming the
 peer and counted on /metrics and /status, never silent; they do not make this node not
 ready (the other node is as likely to be the misconfigured one).
@@ -31,6 +34,7 @@ from flannel.backend.base import (
     Backend,
     BackendError,
     BackendOptions,
+    Encapsulation,
     EngineSample,
     LocalNetwork,
 )
@@ -44,12 +48,13 @@ from flannel.wireguard.config import (
     OPTION_NAMES,
     DeviceLayout,
     WireguardConfig,
+    decode_lease_data,
     encode_lease_data,
 )
 from flannel.wireguard.device import DeviceSpec, WireguardDevice, WireguardDeviceError
 from flannel.wireguard.handshakes import HandshakeWatch
 from flannel.wireguard.keys import KeyFileError, key_file_path, load_or_create_private_key
-from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, skipped_leases
+from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +147,33 @@ class WireguardBackend(Backend):
                                       routes=tuple(routes))
         await asyncio.to_thread(self._ensure_devices)
 
+    def lease_problem(self, lease: Lease) -> str | None:
+        if self._keys(lease):
+            return None
+        return ("its wireguard backend data has no valid PublicKey and Port (a wireguard lease "
+                'needs {"PublicKey":"<base64 key>","Port":<port>}); the node that owns it '
+                "rewrites it on restart, or delete the lease")
+
+    def identities(self, lease: Lease) -> tuple[str, ...]:
+        """Its public key: a peer of ours with it gets that node's subnets and endpoint."""
+        return tuple(f"PublicKey {key}" for key in self._keys(lease))
+
+    @staticmethod
+    def _keys(lease: Lease) -> list[str]:
+        """The public keys of both families' data (one, for a node of ours or Go's)."""
+        keys = {data.public_key for raw in (lease.attrs.backend_data,
+                                            lease.attrs.backend_v6_data)
+                if (data := decode_lease_data(raw)) is not None}
+        return sorted(keys)
+
+    def encapsulation(self) -> Encapsulation:
+        # Each device's socket takes datagrams over either family of the underlay.
+        ports = tuple(sorted({dev.layout.listen_port for dev in self.devices
+                              if dev.layout.listen_port}))
+        versions = [v for v, on in ((4, self.config.enable_ipv4),
+                                    (6, self.config.enable_ipv6)) if on]
+        return Encapsulation(udp={v: ports for v in versions}, authenticated=True)
+
     def ensure_local(self) -> None:
         self._ensure_devices()
 
@@ -156,20 +188,12 @@ class PeerApplier(Applier):
 
     def __init__(self, backend: WireguardBackend) -> None:
         self.backend = backend
-        self._warned: set[str] = set()
         self._reported: set[str] = set()
         self._peers = 0
         self._failing = 0
 
     def apply(self, peers: Sequence[Lease]) -> ApplyResult:
         backend = self.backend
-        for key in skipped_leases(peers):
-            if key not in self._warned:
-                self._warned.add(key)
-                log.warning("ignoring peer %s: its wireguard backend data has no valid "
-                            "PublicKey and Port (a wireguard lease needs {\"PublicKey\":\"<base64 "
-                            "key>\",\"Port\":<port>}); the node that owns it rewrites it on "
-                            "restart, or delete the lease", key)
         local = LocalEndpoints(backend.ext.ext_addr, backend.ext.ext_v6_addr)
         changes = configured = 0
         errors: list[str] = []

@@ -393,12 +393,15 @@ def _fdb_drift(desired: DesiredState, entry: FdbEntry, deleted: bool, state: int
 class ReconcileError(Exception):
     """A pass that could not make every change; the message says which and, if known, why.
 
-    ``cause`` is the message without the counts, which change from retry to retry.
+    ``cause`` is the message without the counts, which change from retry to retry;
+    ``failures`` the kernel's refusals, each naming its request and entry.
     """
 
-    def __init__(self, failed: int, attempted: int, cause: str) -> None:
+    def __init__(self, failed: int, attempted: int, cause: str,
+                 failures: tuple[rtnl.NetlinkError, ...] = ()) -> None:
         super().__init__(f"{failed} of {attempted} changes failed, first: {cause}")
         self.cause = cause
+        self.failures = failures
 
 
 class Netlink(Protocol):
@@ -466,7 +469,8 @@ def _apply(sock: Netlink, ops: list[tuple[str, object]],
         first = failures[0]
         advice = hint(first) if hint is not None else ""
         raise ReconcileError(len(failures), len(ops),
-                             f"{first.strerror}{'; ' + advice if advice else ''}") from first
+                             f"{first.strerror}{'; ' + advice if advice else ''}",
+                             tuple(failures)) from first
     return ops
 
 

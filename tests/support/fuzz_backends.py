@@ -23,6 +23,7 @@ from flannel.backend.base import BackendConfigError
 from flannel.backend.ipip import IpipConfig
 from flannel.backend.udp import UdpConfig
 from flannel.backend.vxlan import VxlanBackend, VxlanConfig
+from flannel.backend.wireguard import WireguardBackend
 from flannel.cloud.alivpc import AliVpcConfig
 from flannel.cloud.awsvpc import AwsVpcConfig
 from flannel.cloud.gce import GceConfig
@@ -34,7 +35,7 @@ from flannel.kernel.rtnl import mac_bytes
 from flannel.lease import Lease, LeaseAttrs, LeaseDecodeError
 from flannel.wireguard.config import DeviceLayout, WireguardConfig, decode_lease_data
 from flannel.wireguard.keys import parse_key
-from flannel.wireguard.peers import LocalEndpoints, desired_peers, skipped_leases
+from flannel.wireguard.peers import LocalEndpoints, desired_peers
 from tests.support.fuzz_store import (
     case_variants,
     deep,
@@ -188,6 +189,8 @@ _EXT = ExternalInterface("eth0", 2, 1500, _ADDRESS, None, _ADDRESS, None)
 _VXLAN = VxlanBackend(_EXT, parse_config(b'{"Network":"10.244.0.0/16",'
                                          b'"Backend":{"Type":"vxlan"}}'))
 _WG = WireguardConfig.from_backend({})
+_WG_BACKEND = WireguardBackend(_EXT, parse_config(b'{"Network":"10.244.0.0/16",'
+                                                  b'"Backend":{"Type":"wireguard"}}'))
 
 
 def run_peer_data(data: tuple[Any, bool]) -> None:
@@ -197,8 +200,10 @@ def run_peer_data(data: tuple[Any, bool]) -> None:
         if lease is None:
             return
         if kind == "vxlan":
-            mac = _VXLAN._peer_mac(lease, 4)
-            assert mac is None or (len(mac_bytes(mac)) == 6 and mac == mac.lower())
+            mac, why = _VXLAN._mac(lease, 4)
+            assert (mac is None) == bool(why)
+            assert mac is None or (len(mac_bytes(mac)) == 6 and mac == mac.lower()
+                                   and any(mac_bytes(mac)) and not mac_bytes(mac)[0] & 1)
         elif kind == "wireguard":
             parsed = decode_lease_data(lease.attrs.backend_data)
             if parsed is not None:
@@ -207,8 +212,9 @@ def run_peer_data(data: tuple[Any, bool]) -> None:
             peers = desired_peers(_WG, DeviceLayout("flannel-wg", 51820, (4,)), [lease],
                                   LocalEndpoints(_ADDRESS))
             assert len(peers) == (parsed is not None)
-            assert (skipped_leases([lease]) == [lease.key]) == (
+            assert (_WG_BACKEND.lease_problem(lease) is not None) == (
                 parsed is None and decode_lease_data(lease.attrs.backend_v6_data) is None)
+            assert len(_WG_BACKEND.identities(lease)) <= 2
         else:
             stdin = peer_stdin(lease)
             assert stdin is None or (isinstance(stdin, str) and stdin.endswith("\n"))

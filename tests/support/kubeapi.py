@@ -5,7 +5,8 @@ this server. It speaks real HTTP/1.1 (keep-alive, chunked watch streams) and mod
 real API server does:
 
 - nodes (cluster-scoped) and pods (namespaced) as JSON objects; every write bumps one global
-  resourceVersion (as etcd revisions do) and stamps it on the object;
+  resourceVersion (as etcd revisions do) and stamps it on the object; a node made by
+  ``put_node`` gets its ``creationTimestamp`` (whole seconds, UTC) when it is created;
 - ``GET /api/v1/nodes``: a NodeList whose ``metadata.resourceVersion`` is the current one;
   with ``limit=N`` at most N nodes (by name) and a ``metadata.continue`` token for the rest;
   ``continue=T`` goes on after T's last name, answering with T's resourceVersion, or 410
@@ -72,6 +73,7 @@ import copy
 import json
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
@@ -191,7 +193,9 @@ class FakeKubeAPI:
         existing = name in self.nodes
         node = self.nodes.get(name) or {
             "kind": "Node", "apiVersion": "v1",
-            "metadata": {"name": name, "uid": f"uid-{name}", "annotations": {}},
+            "metadata": {"name": name, "uid": f"uid-{name}", "annotations": {},
+                         "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                            time.gmtime())},
             "spec": {}, "status": {"conditions": []}}
         if pod_cidrs is not None:
             node["spec"]["podCIDR"] = pod_cidrs[0] if pod_cidrs else ""

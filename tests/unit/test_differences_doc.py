@@ -27,6 +27,7 @@ KNOWN_DIFFERENCES = frozenset({
     "etcd-watch-backoff", "answer-budgets",
     # any store, the network config, the interface
     "unusable-records-skipped", "invalid-config-exits-1", "non-masquerade-cidrs",
+    "lease-identities-unique", "bad-peers-parked",
     "no-link-local-public-address",
     # data plane and backends
     "continuous-reconcile", "adopts-previous-routes", "readiness-includes-dataplane",
@@ -44,7 +45,7 @@ KNOWN_DIFFERENCES = frozenset({
     "iptables-refill-chains", "nftables-rechecked", "iptables-mode",
     # health, tools, memory
     "readyz-no-paths", "metrics-and-status", "flannelctl-cleanup", "lazy-store-clients",
-    "health-server-bounded", "local-socket", "encap-peers-only",
+    "health-server-bounded", "local-socket", "encap-peers-only", "pod-encap-dropped",
     # files, the image and its tools
     "key-and-tls-files-checked", "subnet-env-dir-warning", "image-paths-are-links",
     "install-conf-checked", "mk-docker-opts-as-data", "image-minimal",

@@ -187,7 +187,7 @@ async def test_subnet_commands_follow_the_peers_through_the_data_plane(calls):
 
 async def test_peers_the_subnet_command_fails_for_are_skipped_not_a_readiness_failure(
         calls, tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr("flannel.extension.peers.BAD_PEER_BACKOFF", (0.2, 0.4))
+    monkeypatch.setattr("flannel.skips.PARKED_BACKOFF", (0.2, 0.4))
     ext = backend(SubnetAddCommand=f"{PY} -c $REC add $SUBNET")
     (engine,) = ext.appliers()
     (tmp_path / "gate").unlink()

@@ -127,6 +127,7 @@ async def served(tmp_path) -> set[str]:
         await node.wait_readyz(200)
         assert node.rules is not None
         node.rules.status.filtered = (4,)  # as with --encap-peers-only: its families too
+        node.rules.status.pod_encap = (4,)  # as with --drop-pod-encap (the default)
         _, body = await get(node.port, "/metrics")
     finally:
         await node.stop()

@@ -40,6 +40,7 @@ from flannel.lease import (
 )
 from flannel.log import V1, V4
 from flannel.settings import EtcdSettings
+from flannel.skips import SkippedRecords
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcd.candidates import free_subnet, node_seed
@@ -57,7 +58,6 @@ from flannel.subnet.etcd.client import (
     parse_endpoints,
 )
 from flannel.subnet.manager import StoreStatus
-from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 
 #: The subnets a key names: IPv4 (None for an IPv6-only lease) and IPv6 (None if absent).
@@ -233,7 +233,8 @@ class EtcdSubnetManager:
             self.undecodable.skip(key, str(err))
             return None
         self.undecodable.forget(key)
-        return Lease(subnets[0], subnets[1], attrs, etcd_lease_id=kv.lease)
+        return Lease(subnets[0], subnets[1], attrs, etcd_lease_id=kv.lease,
+                     created=kv.create_revision)
 
     async def list_leases(self) -> tuple[list[Lease], int]:
         """Every valid lease and the revision of the listing; bad entries are skipped."""
