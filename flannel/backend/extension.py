@@ -30,8 +30,17 @@ from flannel.backend.base import (
     BackendOptions,
     EngineSample,
     LocalNetwork,
+    PeerPlanner,
 )
 from flannel.backend.footprint import BY_USER, Footprint
+from flannel.backend.plan import (
+    Carrier,
+    FamilyPlan,
+    NodeView,
+    family_subnet,
+    gateway_address,
+    versions,
+)
 from flannel.config import NetworkConfig
 from flannel.extension.peers import (
     CommandFailed,
@@ -147,3 +156,19 @@ class ExtensionBackend(Backend):
 
     def appliers(self) -> Sequence[ExtensionCommands]:
         return (self.engine,)
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        carrier = Carrier("the extension's data path", unprobed="the extension's own commands "
+                          "(SubnetAddCommand) choose what carries it")
+
+        def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(lease, version)
+                if subnet is not None:
+                    out.append(FamilyPlan(version, subnet, public, carrier=carrier,
+                                          answers_on=gateway_address(subnet)))
+            return tuple(out)
+
+        return plan

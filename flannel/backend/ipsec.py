@@ -22,10 +22,12 @@ readiness or status); connections that are not ours (other names, or another loc
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import re
 from collections.abc import Sequence
 from ipaddress import IPv4Address
+from pathlib import Path
 from typing import Any
 
 from flannel.backend.base import (
@@ -36,13 +38,27 @@ from flannel.backend.base import (
     BackendOptions,
     EngineSample,
     LocalNetwork,
+    PeerPlanner,
 )
 from flannel.backend.footprint import ELSEWHERE, Footprint
+from flannel.backend.plan import (
+    Carrier,
+    DevicePlan,
+    EngineEntry,
+    EngineReading,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    gateway_address,
+    local_addresses,
+)
 from flannel.config import NetworkConfig
 from flannel.ipsec import xfrm
-from flannel.ipsec.charon import Charon, CharonError, CharonSpec
+from flannel.ipsec.charon import VICI_SOCKET, Charon, CharonError, CharonSpec, find_charon
 from flannel.ipsec.config import (
+    IPSEC_OVERHEAD,
     OPTION_NAMES,
+    UDP_ENCAP_OVERHEAD,
     IpsecConfig,
     Pair,
     child_name,
@@ -71,6 +87,10 @@ _AUTH_FAILED = re.compile(
 
 #: The TUN device kernel-libipsec creates (charon's, never flanneld's).
 TUN_DEVICE = "ipsec0"
+IKE_SA = "IKE SA"
+#: What an IKE SA with a peer must be: established, its CHILD_SA installed.
+UP = (("state", "ESTABLISHED"), ("CHILD_SA", "INSTALLED"))
+CHARON_LOG = "/run/flannel/ipsec/charon.log"
 _LOG_END_PROBE = 64 * 1024  # bytes of charon's log read at start to find its last line
 
 
@@ -139,6 +159,80 @@ class IpsecBackend(Backend):
     def close(self) -> None:
         """charon keeps running: the next flanneld adopts it with its SAs
         (``flannelctl cleanup`` stops it)."""
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        encap = IpsecConfig.from_backend(node.config.backend).udp_encap \
+            or TUN_DEVICE in node.devices  # kernel-libipsec forces it
+        overhead = IPSEC_OVERHEAD + (UDP_ENCAP_OVERHEAD if encap else 0)
+        return NodePlan(devices=(DevicePlan(TUN_DEVICE, 4, overhead, optional=True),),
+                        overhead=overhead,
+                        unjudged="charon's IPsec SAs, not routes or devices of flanneld, "
+                        "carry the peers (`swanctl --list-sas` shows them)",
+                        local=local_addresses(node, on_base=False))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        libipsec = TUN_DEVICE in node.devices
+        encap = IpsecConfig.from_backend(node.config.backend).udp_encap or libipsec
+        # charon answers no stray datagram on its ports; ESP has no port to probe.
+        carrier = Carrier("IPsec (IKE and ESP)", udp_ports=(500, 4500),
+                          ip_protocols=() if encap else (50,), refuses=True)
+        own, local_ip = node.own, node.public_ip
+
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            public, subnet = peer.attrs.public_ip, peer.subnet
+            if subnet is None:
+                return ()
+            engine: tuple[EngineEntry, ...] = ()
+            if own is not None and own.subnet is not None and local_ip is not None \
+                    and public is not None:
+                pair = Pair(local_ip, own.subnet, public, subnet)
+                engine = (EngineEntry(IKE_SA, "charon", connection_name(pair), UP),)
+            return (FamilyPlan(4, subnet, public, engine=engine, carrier=carrier,
+                               answers_on=gateway_address(subnet)),)
+
+        return plan
+
+    @classmethod
+    def read_engine(cls, node: NodeView, root: Path | None) -> EngineReading:
+        """charon and the vici package installed, and charon's IKE SAs (with their
+        CHILD_SAs), asked over the VICI socket flanneld's charon serves (under ``root``)."""
+        problems = []
+        try:
+            find_charon()
+        except CharonError as err:
+            problems.append(("error", "strongSwan's charon is not installed",
+                             str(err).split("; ", 1)[-1]))
+        if importlib.util.find_spec("vici") is None:
+            problems.append(("error", "the vici Python package is not installed",
+                             "install pyflannel with its ipsec extra (pip install "
+                             "'pyflannel[ipsec]')"))
+        if problems or root is None:
+            return EngineReading(problems=tuple(problems))
+        # /var/run is a link to /run, which would resolve in our own root, not flanneld's.
+        charon = Charon(CharonSpec(libipsec=False, socket_path=root / "run" / VICI_SOCKET.name))
+        try:
+            with charon.session() as vici:
+                sas = list(vici.list_sas())
+        except CharonError as err:
+            return EngineReading(unread=str(err), problems=((
+                "error", str(err), "flanneld starts charon and restarts it when it dies: read "
+                f"{CHARON_LOG} and flanneld's log for why it does not answer"),))
+        entries = {}
+        for sa in sas:
+            for name, ike in sa.items():
+                children = (ike.get("child-sas") or {}).values()
+                child = "INSTALLED" if any(c.get("state") == b"INSTALLED" for c in children) \
+                    else "none installed"
+                state = ike.get("state")
+                entry = EngineEntry(IKE_SA, "charon", str(name), (
+                    ("state", state.decode(errors="replace") if isinstance(state, bytes)
+                     else str(state)), ("CHILD_SA", child)))
+                entries[entry.identity] = entry
+        return EngineReading(entries)
 
 
 class ConnectionApplier(Applier):

@@ -17,7 +17,7 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from ipaddress import IPv4Address, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from flannel.backend.base import (
@@ -25,9 +25,24 @@ from flannel.backend.base import (
     BackendError,
     BackendOptions,
     LocalNetwork,
+    PeerPlanner,
     RouteLookup,
 )
 from flannel.backend.footprint import PER_PEER, Footprint, Link
+from flannel.backend.plan import (
+    PLAIN,
+    Carrier,
+    DevicePlan,
+    FamilyPlan,
+    IPAddress,
+    IPNetwork,
+    NodePlan,
+    NodeView,
+    base_address,
+    family_subnet,
+    local_addresses,
+    versions,
+)
 from flannel.backend.routed import RoutedBackend
 from flannel.backendoptions import decode_options
 from flannel.config import NetworkConfig
@@ -90,6 +105,43 @@ class VxlanConfig:
         return cfg
 
 
+def device_name(vni: int, version: int) -> str:
+    """``flannel.<VNI>`` (IPv4) or ``flannel-v6.<VNI>``."""
+    return f"flannel{'' if version == 4 else '-v6'}.{vni}"
+
+
+def peer_mac(peer: Lease, version: int) -> str | None:
+    """The VtepMAC a peer's lease publishes for one IP family, lower-case; None when it
+    publishes no valid one."""
+    try:
+        raw = peer.attrs.backend_v6_data if version == 6 else peer.attrs.backend_data
+        if raw is not None and (found := _GO_BACKEND_DATA.match(raw)) is not None:
+            mac = found[1]
+        else:
+            data = peer.attrs.backend_json(v6=version == 6)
+            mac = data["VtepMAC"] if isinstance(data, dict) else None
+        if isinstance(mac, str) and len(mac_bytes(mac)) == 6:
+            return mac.lower()
+    except (ValueError, KeyError):
+        pass
+    return None
+
+
+def no_mac(version: int) -> str:
+    return (f"its IPv{version} backend data has no valid VtepMAC (a vxlan lease needs "
+            "{\"VtepMAC\":\"<6-byte MAC>\"}); the node that owns it rewrites it on restart, "
+            "or delete the lease")
+
+
+def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -> Route | None:
+    """DirectRouting's route to a peer on-link on the underlay (the kernel reaches its
+    public address without a gateway): via that address; None when it is not on-link."""
+    direct = route_get(public)
+    if direct is not None and direct.gateway is None:
+        return Route(str(subnet), str(public), direct.oif)
+    return None
+
+
 class _Peer:
     """A peer's lease and its neighbour, FDB entry and onlink route on one device (None
     without a usable VtepMAC): one small record per peer, whose entries the desired state's
@@ -103,6 +155,18 @@ class _Peer:
         self.neighbour = neighbour
         self.fdb = fdb
         self.route = route
+
+
+def vtep_record(peer: Lease, version: int, index: int, mac: str | None) -> _Peer:
+    """A peer's neighbour, FDB entry and onlink route on device ``index`` for one IP family
+    (none without a public address or ``mac``)."""
+    subnet, public = family_subnet(peer, version)
+    if subnet is None or public is None or mac is None:
+        return _Peer(peer)
+    # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
+    base = ip_text(subnet.network_address.packed)
+    return _Peer(peer, Neighbour(index, base, mac), FdbEntry(index, mac, ip_text(public.packed)),
+                 Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
 
 
 @dataclass
@@ -149,9 +213,8 @@ class VxlanBackend(RoutedBackend):
 
     def _spec(self, version: int, local: IPv4Address | IPv6Address, mac: str
               ) -> device.VxlanSpec:
-        suffix = "" if version == 4 else "-v6"
         return device.VxlanSpec(
-            name=f"flannel{suffix}.{self.vxlan.vni}", vni=self.vxlan.vni, port=self.vxlan.port,
+            name=device_name(self.vxlan.vni, version), vni=self.vxlan.vni, port=self.vxlan.port,
             local=local, underlay_index=self.ext.index, learning=self.vxlan.learning,
             gbp=self.vxlan.gbp, mtu=self.device_mtu(version), mac=mac)
 
@@ -202,36 +265,18 @@ class VxlanBackend(RoutedBackend):
                                       self.options.host)
 
     def _peer_mac(self, peer: Lease, version: int) -> str | None:
-        try:
-            raw = peer.attrs.backend_v6_data if version == 6 else peer.attrs.backend_data
-            if raw is not None and (found := _GO_BACKEND_DATA.match(raw)) is not None:
-                mac = found[1]
-            else:
-                data = peer.attrs.backend_json(v6=version == 6)
-                mac = data["VtepMAC"] if isinstance(data, dict) else None
-            if isinstance(mac, str) and len(mac_bytes(mac)) == 6:
-                return mac.lower()
-        except (ValueError, KeyError):
-            pass
-        if peer.key not in self._warned:
+        mac = peer_mac(peer, version)
+        if mac is None and peer.key not in self._warned:
             self._warned.add(peer.key)
-            log.warning("ignoring peer %s: its IPv%d backend data has no valid VtepMAC (a vxlan "
-                        "lease needs {\"VtepMAC\":\"<6-byte MAC>\"}); the node that owns it "
-                        "rewrites it on restart, or delete the lease", peer.key, version)
-        return None
+            log.warning("ignoring peer %s: %s", peer.key, no_mac(version))
+        return mac
 
     def _peer_record(self, peer: Lease, version: int, index: int) -> _Peer:
         """One peer's record on one device: its neighbour, FDB entry and onlink route."""
-        subnet = peer.subnet if version == 4 else peer.ipv6_subnet
-        public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
-        mac = self._peer_mac(peer, version)
-        if subnet is None or public is None or mac is None:
+        subnet, public = family_subnet(peer, version)
+        if subnet is None or public is None:
             return _Peer(peer)
-        # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
-        base = ip_text(subnet.network_address.packed)
-        return _Peer(peer, Neighbour(index, base, mac),
-                     FdbEntry(index, mac, ip_text(public.packed)),
-                     Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
+        return vtep_record(peer, version, index, self._peer_mac(peer, version))
 
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         frame = (tuple((v, f.index, f.spec) for v, f in self.families.items()), self.lease,
@@ -262,9 +307,9 @@ class VxlanBackend(RoutedBackend):
                 if subnet is None or public is None:
                     continue
                 if self.vxlan.direct_routing:
-                    direct = route_get(ip_address(public))
-                    if direct is not None and direct.gateway is None:
-                        routes.add(Route(str(subnet), str(public), direct.oif))
+                    direct = direct_route(subnet, public, route_get)
+                    if direct is not None:
+                        routes.add(direct)
                         continue
                 record = before.get(peer.key)
                 if record is None or record.lease is not peer:
@@ -295,3 +340,45 @@ class VxlanBackend(RoutedBackend):
                 base = subnet.network_address
                 out.add((family.index, f"{base}/{base.max_prefixlen}"))
         return frozenset(out)
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        vni = VxlanConfig.from_backend(node.config.backend).vni
+        return NodePlan(devices=tuple(DevicePlan(device_name(vni, v), v, ENCAP_OVERHEAD[v],
+                                                 entries=True)
+                                      for v in versions(node.config)),
+                        local=local_addresses(node, on_base=True))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        cfg = VxlanConfig.from_backend(node.config.backend)
+        vxlan = Carrier("VXLAN", udp_ports=(cfg.port or device.DEFAULT_VXLAN_PORT,),
+                        refuses=True)
+
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(peer, version)
+                if subnet is None or public is None:
+                    continue
+                base = base_address(subnet)
+                direct = direct_route(subnet, public, node.route_get) \
+                    if cfg.direct_routing else None
+                if direct is not None:
+                    out.append(FamilyPlan(version, subnet, public, routes=frozenset({direct}),
+                                          carrier=PLAIN, answers_on=base))
+                    continue
+                index = node.device(device_name(cfg.vni, version))
+                record = vtep_record(peer, version, index, peer_mac(peer, version))
+                if record.route is None or record.neighbour is None or record.fdb is None:
+                    out.append(FamilyPlan(version, subnet, public, skipped=no_mac(version)))
+                    continue
+                out.append(FamilyPlan(version, subnet, public, routes=frozenset({record.route}),
+                                      neighbours=frozenset({record.neighbour}),
+                                      fdb=frozenset({record.fdb}), carrier=vxlan,
+                                      answers_on=base))
+            return tuple(out)
+
+        return plan

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from pathlib import Path
 
 from flannel.backend.base import (
     Applier,
@@ -33,28 +35,62 @@ from flannel.backend.base import (
     BackendOptions,
     EngineSample,
     LocalNetwork,
+    PeerPlanner,
 )
 from flannel.backend.footprint import COVERING, Footprint, Link
+from flannel.backend.plan import (
+    Carrier,
+    DevicePlan,
+    EngineEntry,
+    EngineReading,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    base_address,
+    family_subnet,
+    local_addresses,
+    versions,
+)
 from flannel.config import NetworkConfig
+from flannel.kernel import links
 from flannel.kernel.iface import ExternalInterface
+from flannel.kernel.rtnl import Route, Rtnl
 from flannel.lease import Lease
 from flannel.wireguard.config import (
     DEVICE,
     DEVICE_V6,
+    ENCAP_OVERHEAD,
     OPTION_NAMES,
     DeviceLayout,
     WireguardConfig,
     encode_lease_data,
 )
 from flannel.wireguard.device import DeviceSpec, WireguardDevice, WireguardDeviceError
+from flannel.wireguard.genl import GenlControl
 from flannel.wireguard.handshakes import HandshakeWatch
 from flannel.wireguard.keys import KeyFileError, key_file_path, load_or_create_private_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, skipped_leases
+from flannel.wireguard.uapi import Control, ControlError, Peer, UapiControl
 
 log = logging.getLogger(__name__)
 
 #: Seconds between peer checks: a peer removed or changed by hand is back within a second.
 RECHECK = 0.5
+PEER = "WireGuard peer"
+NO_KEY = ("its wireguard backend data has no valid PublicKey and Port (a wireguard lease needs "
+          "{\"PublicKey\":\"<base64 key>\",\"Port\":<port>}); the node that owns it rewrites "
+          "it on restart, or delete the lease")
+
+
+def peer_entry(device: str, peer: Peer) -> EngineEntry:
+    """What the device holds for a peer, as the operator tools compare it (never a PSK)."""
+    return EngineEntry(PEER, device, peer.public_key,
+                       (("endpoint", peer.endpoint or "none"),
+                        ("allowed ips", ", ".join(sorted(peer.allowed_ips)))))
+
+
+def _port(peer: Peer) -> int:
+    return int(peer.endpoint.rsplit(":", 1)[1]) if peer.endpoint else 0
 
 
 class _Device:
@@ -148,6 +184,90 @@ class WireguardBackend(Backend):
     def appliers(self) -> Sequence[PeerApplier]:
         return (self._applier,)
 
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        wg = WireguardConfig.from_backend(node.config.backend)
+        return NodePlan(devices=tuple(DevicePlan(layout.name, version, ENCAP_OVERHEAD)
+                                      for layout in wg.devices(node.config.enable_ipv4,
+                                                               node.config.enable_ipv6)
+                                      for version in layout.families),
+                        local=local_addresses(node, on_base=True))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        wg = WireguardConfig.from_backend(node.config.backend)
+        config = node.config
+        layouts = wg.devices(config.enable_ipv4, config.enable_ipv6)
+        local = LocalEndpoints(node.public_ip, node.public_ipv6)
+        # The device's route to the Network, as its ``ensure`` makes it.
+        routes = {version: frozenset({Route(str(network), None, node.device(layout.name))})
+                  for layout in layouts for version in layout.families
+                  if (network := config.network if version == 4 else config.ipv6_network)}
+
+        def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
+            if skipped_leases([lease]):
+                return tuple(FamilyPlan(v, subnet, public, skipped=NO_KEY)
+                             for v in versions(config)
+                             for subnet, public in [family_subnet(lease, v)] if subnet)
+            out = []
+            for layout in layouts:
+                # The applier's own computation, for this one lease.
+                peers = desired_peers(wg, layout, [lease], local)
+                entries = tuple(peer_entry(layout.name, peer) for peer in peers)
+                port = next((_port(peer) for peer in peers), 0) or layout.listen_port
+                carrier = Carrier("WireGuard", udp_ports=(port,), refuses=True)
+                for version in layout.families:
+                    subnet, public = family_subnet(lease, version)
+                    if subnet is None:
+                        continue
+                    if not entries:
+                        out.append(FamilyPlan(version, subnet, public, skipped=NO_KEY))
+                        continue
+                    out.append(FamilyPlan(version, subnet, public,
+                                          routes=routes.get(version, frozenset()),
+                                          engine=entries, carrier=carrier,
+                                          answers_on=base_address(subnet)))
+            return tuple(sorted(out, key=lambda family: family.version))
+
+        return plan
+
+    @classmethod
+    def read_engine(cls, node: NodeView, root: Path | None) -> EngineReading:
+        """Every device's peers, with the age of each one's latest handshake: from the
+        kernel (generic netlink) or the wireguard-go serving it (its UAPI socket under
+        ``root``/run/wireguard)."""
+        wg = WireguardConfig.from_backend(node.config.backend)
+        entries: dict[tuple[str, str, str], EngineEntry] = {}
+        notes: dict[tuple[str, str, str], str] = {}
+        unread = []
+        now = time.time()
+        for layout in wg.devices(node.config.enable_ipv4, node.config.enable_ipv6):
+            with Rtnl() as sock:
+                found = links.get_link(sock, layout.name)
+            if found is None:
+                continue  # no device: the device check says so
+            if found.kind == "wireguard":
+                control: Control = GenlControl(layout.name)
+            elif root is not None:
+                control = UapiControl(root / "run" / "wireguard" / f"{layout.name}.sock",
+                                      timeout=2.0)
+            else:
+                continue  # wireguard-go's socket is where flanneld's /run is
+            try:
+                state = control.get()
+            except ControlError as err:
+                unread.append(str(err))
+                continue
+            for peer_state in state.peers.values():
+                entry = peer_entry(layout.name, peer_state.peer.normalised())
+                entries[entry.identity] = entry
+                seen = peer_state.last_handshake
+                notes[entry.identity] = ("no handshake yet" if seen is None else
+                                         f"latest handshake {max(0.0, now - seen):.0f}s ago")
+        return EngineReading(entries, notes, "; ".join(unread))
+
 
 class PeerApplier(Applier):
     """The ``wireguard peers`` engine: every device's peers from the remote leases."""
@@ -166,10 +286,7 @@ class PeerApplier(Applier):
         for key in skipped_leases(peers):
             if key not in self._warned:
                 self._warned.add(key)
-                log.warning("ignoring peer %s: its wireguard backend data has no valid "
-                            "PublicKey and Port (a wireguard lease needs {\"PublicKey\":\"<base64 "
-                            "key>\",\"Port\":<port>}); the node that owns it rewrites it on "
-                            "restart, or delete the lease", key)
+                log.warning("ignoring peer %s: %s", key, NO_KEY)
         local = LocalEndpoints(backend.ext.ext_addr, backend.ext.ext_v6_addr)
         changes = configured = 0
         errors: list[str] = []
