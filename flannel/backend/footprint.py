@@ -1,13 +1,12 @@
 """What a backend leaves on a node, declared for the operator tools.
 
 Every backend class declares its ``Footprint`` (``Backend.footprint``), next to the
-``backend_type`` its leases carry, so ``flannelctl check``, ``doctor`` and ``cleanup`` judge
-and clean a node of any backend from one description instead of knowing each backend by
-name: how peers' subnets are routed, the devices it makes (``links``), the UDP port anyone
-on the underlay may send it encapsulated packets to, whether peers are reached through a
-VTEP (a permanent neighbour and FDB entry per peer), and whether it carries IPv6 too.
-A declaration only: the backends themselves never read it, and it must stay true to what
-they program.
+``backend_type`` its leases carry, so ``flannelctl cleanup`` cleans a node of any backend
+from one declaration instead of knowing each backend by name (the devices it makes:
+``links``), ``/status`` shows it, and ``doctor`` knows whether a backend carries IPv6 and
+what its kernel cannot show. What a backend does with each peer is its description
+(``flannel/backend/plan.py``), computed by its own code. A declaration only: the backends
+themselves never read it, and it must stay true to what they program.
 """
 
 from __future__ import annotations
@@ -45,9 +44,7 @@ class Link:
 @dataclass(frozen=True)
 class Footprint:
     """``routes``: one of the constants above. ``device``: the IPv4 device flanneld makes
-    (``{vni}`` stands for the VXLAN VNI; "" for none). ``answers_on_base``: that device holds
-    the base address of the node's subnet, so a peer answers there whether or not it runs
-    pods (else only its ``cni0`` gateway, the subnet's first address, answers). ``unjudged``:
+    (``{vni}`` stands for the VXLAN VNI; "" for none). ``unjudged``:
     why the node's kernel cannot tell whether a peer is programmed ("" when it can).
     ``links``: every device the backend makes, in any family. ``encap_port``: the UDP port
     peers send encapsulated packets to unless the ``Port`` option says another (0: none that
@@ -58,7 +55,6 @@ class Footprint:
 
     routes: str
     device: str = ""
-    answers_on_base: bool = False
     unjudged: str = ""
     links: tuple[Link, ...] = ()
     encap_port: int = 0

@@ -84,7 +84,7 @@ def peer_route(peer: Lease, index: int, underlay: int, direct_routing: bool,
 
 class IpipBackend(RoutedBackend):
     backend_type = "ipip"
-    footprint = Footprint(PER_PEER, device=DEVICE, answers_on_base=True,
+    footprint = Footprint(PER_PEER, device=DEVICE,
                           links=(Link(r"flannel\.ipip", "ipip"),))
     pass_errors = (device.DeviceError,)
     option_names = ("DirectRouting",)

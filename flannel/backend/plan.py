@@ -135,13 +135,18 @@ class DevicePlan:
     """A device that carries pods' packets to peers: ``name``, the IP ``version`` of the
     packets it carries, the bytes the backend adds on the underlay (``overhead``: the
     device's MTU plus it must fit the underlay's), whether flanneld keeps permanent
-    neighbour and FDB entries on it (``entries``), and ``optional``: it exists only in some
-    setups (its absence is no fault)."""
+    neighbour and FDB entries on it (``entries``: a VTEP, which sends from the public
+    address our lease publishes), the MAC our lease publishes for it ("" for none),
+    whether the kernel wraps its packets in UDP itself (``udp_offload``: the outer checksum
+    may be offloaded), and ``optional``: it exists only in some setups (its absence is no
+    fault)."""
 
     name: str
     version: int
     overhead: int
     entries: bool = False
+    mac: str = ""
+    udp_offload: bool = False
     optional: bool = False
 
 
@@ -150,13 +155,16 @@ class NodePlan:
     """This node's side. ``data_path``: the backend carries traffic between nodes.
     ``devices``: what carries pods' packets (none: the underlay itself, ``overhead`` bytes
     added). ``unjudged``: what this node's kernel cannot show ("" when it can). ``local``:
-    our address of the kind peers answer on, per IP version, as the echoes' source."""
+    our address of the kind peers answer on, per IP version, as the echoes' source.
+    ``injectable``: the UDP ports on which any host of the underlay can put packets into the
+    pods' network (unauthenticated encapsulation: what ``--encap-peers-only`` filters)."""
 
     data_path: bool = True
     devices: tuple[DevicePlan, ...] = ()
     overhead: int = 0
     unjudged: str = ""
     local: Mapping[int, IPAddress] = field(default_factory=dict)
+    injectable: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ def network_route(network: IPv4Network | None, index: int) -> frozenset[Route]:
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
     # The forwarder, not the kernel, knows the peers: the Network route into the TUN is all.
-    footprint = Footprint(COVERING, device=TUN_NAME, answers_on_base=True,
+    footprint = Footprint(COVERING, device=TUN_NAME,
                           links=(Link(r"flannel\d+", "tun"),), encap_port=DEFAULT_PORT)
     pass_errors = (TunError,)
     option_names = ("Port",)
@@ -205,7 +205,8 @@ class UdpBackend(RoutedBackend):
     @classmethod
     def node_plan(cls, node: NodeView) -> NodePlan:
         return NodePlan(devices=(DevicePlan(TUN_NAME, 4, ENCAP_OVERHEAD),),
-                        local=local_addresses(node, on_base=True))
+                        local=local_addresses(node, on_base=True),
+                        injectable=(UdpConfig.from_backend(node.config.backend).port,))
 
     @classmethod
     def peer_planner(cls, node: NodeView) -> PeerPlanner:

@@ -180,7 +180,7 @@ class _Family:
 
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
-    footprint = Footprint(PER_PEER, device="flannel.{vni}", answers_on_base=True,
+    footprint = Footprint(PER_PEER, device="flannel.{vni}",
                           links=(Link(r"flannel(-v6)?\.\d+", "vxlan", entries=True),),
                           encap_port=device.DEFAULT_VXLAN_PORT, vtep=True, dual_stack=True)
     pass_errors = (device.DeviceError,)
@@ -345,11 +345,14 @@ class VxlanBackend(RoutedBackend):
 
     @classmethod
     def node_plan(cls, node: NodeView) -> NodePlan:
-        vni = VxlanConfig.from_backend(node.config.backend).vni
-        return NodePlan(devices=tuple(DevicePlan(device_name(vni, v), v, ENCAP_OVERHEAD[v],
-                                                 entries=True)
-                                      for v in versions(node.config)),
-                        local=local_addresses(node, on_base=True))
+        cfg = VxlanConfig.from_backend(node.config.backend)
+        own = node.own
+        devices = tuple(DevicePlan(device_name(cfg.vni, v), v, ENCAP_OVERHEAD[v], entries=True,
+                                   mac=(peer_mac(own, v) or "") if own else "",
+                                   udp_offload=True)
+                        for v in versions(node.config))
+        return NodePlan(devices=devices, local=local_addresses(node, on_base=True),
+                        injectable=(cfg.port or device.DEFAULT_VXLAN_PORT,))
 
     @classmethod
     def peer_planner(cls, node: NodeView) -> PeerPlanner:

@@ -107,7 +107,7 @@ class WireguardBackend(Backend):
     backend_type = "wireguard"
     # The device's peers (their AllowedIPs) pick the node; the route covers the Network.
     # wireguard-go serves the devices as tun devices where the kernel has no WireGuard.
-    footprint = Footprint(COVERING, device=DEVICE, answers_on_base=True, dual_stack=True,
+    footprint = Footprint(COVERING, device=DEVICE, dual_stack=True,
                           links=(Link(r"flannel-wg(-v6)?", "wireguard", userspace="tun",
                                       names=(DEVICE, DEVICE_V6)),))
     option_names = OPTION_NAMES
