@@ -39,7 +39,7 @@ from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import ClassVar
 
-from flannel.backend.footprint import Footprint
+from flannel.backend.footprint import Footprint, Leftovers, Place
 from flannel.backend.plan import (
     PLAIN,
     Description,
@@ -297,6 +297,13 @@ class Backend(ABC):
         themselves; nothing for a backend whose peers are all in netlink state. Read
         only."""
         return EngineReading()
+
+    @classmethod
+    def leftovers(cls, place: Place) -> Leftovers:
+        """What ``flannelctl cleanup`` removes of this backend besides the devices its
+        footprint declares (with their routes and entries) and the traffic rules: processes
+        it started, their sockets and files. Looks only; the items remove when called."""
+        return Leftovers()
 
 
 def unclaimed(lease: Lease) -> bool:

@@ -12,7 +12,9 @@ themselves never read it, and it must stay true to what they program.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 #: How the node's main routing table carries a peer's subnet.
 PER_PEER = "per-peer"  # one route per peer subnet, made by flanneld (vxlan, host-gw, ipip)
@@ -67,3 +69,25 @@ class Footprint:
     @property
     def has_data_path(self) -> bool:
         return self.routes != NO_DATA_PATH
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where ``flannelctl cleanup`` looks for what a backend leaves besides its devices,
+    routes, neighbour and FDB entries (``Backend.leftovers``): ``run_dir``, the node's /run
+    (None: the files under it are not this node's, not looked at); ``key_file``, a key file
+    named on the command line (None: the backend's default under ``run_dir``); ``devices``,
+    every link of this network namespace, name -> (ifindex, kind)."""
+
+    run_dir: Path | None
+    key_file: Path | None = None
+    devices: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+
+
+@dataclass
+class Leftovers:
+    """What a backend left on a node: ``items``, (what, how to remove it) in removal order;
+    ``kept``, what looks like the backend's but is not (left alone, said why)."""
+
+    items: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)

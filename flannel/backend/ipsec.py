@@ -15,6 +15,12 @@ failed under an established IKE SA is initiated again; connections of vanished p
 unloaded and their SAs terminated. It re-checks every ``RECHECK`` seconds: a charon
 restarted, a connection unloaded or a policy deleted by hand raises no event.
 IKE authentication failures in charon's log are reported naming the peer (a PSK mismatch).
+For ``flannelctl cleanup`` (``leftovers``): charon, when flanneld started it in this network
+namespace (its marker ``/run/flannel/ipsec/charon.pid`` names it and the process runs with
+flanneld's ``strongswan.conf``: stopped, which takes its SAs, TUN device and routes with it;
+another charon is never stopped), flanneld's files for it (``/run/flannel/ipsec``), and the
+XFRM policies of Go's shape (ESP tunnel template, reqid 11) it installs where the kernel
+carries ESP.
 Must not touch: the store; the PSK outside the VICI messages (never logged, in an error, in
 readiness or status); connections that are not ours (other names, or another local address).
 """
@@ -22,9 +28,11 @@ readiness or status); connections that are not ours (other names, or another loc
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import logging
 import re
+import shutil
 from collections.abc import Sequence
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -40,7 +48,7 @@ from flannel.backend.base import (
     LocalNetwork,
     PeerPlanner,
 )
-from flannel.backend.footprint import ELSEWHERE, Footprint
+from flannel.backend.footprint import ELSEWHERE, Footprint, Leftovers, Place
 from flannel.backend.plan import (
     Carrier,
     DevicePlan,
@@ -53,11 +61,13 @@ from flannel.backend.plan import (
     local_addresses,
 )
 from flannel.config import NetworkConfig
+from flannel.ipsec import charon as charon_process
 from flannel.ipsec import xfrm
 from flannel.ipsec.charon import VICI_SOCKET, Charon, CharonError, CharonSpec, find_charon
 from flannel.ipsec.config import (
     IPSEC_OVERHEAD,
     OPTION_NAMES,
+    REQID,
     UDP_ENCAP_OVERHEAD,
     IpsecConfig,
     Pair,
@@ -72,11 +82,13 @@ from flannel.kernel.device import ensure_address
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Rtnl
 from flannel.lease import Lease
+from flannel.procscan import same_netns
 
 log = logging.getLogger(__name__)
 
 #: Seconds between checks of charon and its connections.
 RECHECK = 5.0
+STOP_TIMEOUT = 5.0  # for charon to exit on SIGTERM before it gets SIGKILL
 # charon's log, with connection names: "<name|unique id> received AUTHENTICATION_FAILED ..."
 # (we are the initiator) or "... MAC mismatched" / "verification of AUTH payload ... failed"
 # (we are the responder).
@@ -161,6 +173,34 @@ class IpsecBackend(Backend):
         (``flannelctl cleanup`` stops it)."""
 
     # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def leftovers(cls, place: Place) -> Leftovers:
+        found = Leftovers()
+        state = place.run_dir / "flannel" / "ipsec" if place.run_dir is not None else None
+        pid = charon_process.our_pid(state) if state is not None else None
+        if pid is not None and same_netns(pid):
+            found.items.append((f"charon process {pid} (started by flanneld's ipsec backend; "
+                                "its SAs, TUN device and routes go with it)",
+                                functools.partial(_stop_charon, pid)))
+        elif pid is not None:
+            found.kept.append(f"charon process {pid}: flanneld's, but in another network "
+                              "namespace")
+        if state is not None and state.is_dir() and not state.is_symlink():
+            entries = sorted(state.iterdir())
+            if all(entry.is_file() and not entry.is_symlink() for entry in entries):
+                found.items.append((f"directory {state}",
+                                    functools.partial(shutil.rmtree, state)))
+            else:
+                found.kept.append(f"{state}: holds something other than flanneld's files")
+        try:
+            policies = xfrm.our_policies(None)
+        except xfrm.XfrmError:
+            return found  # no iproute2 or no XFRM in this kernel: nothing of ours there
+        for argv in policies:
+            found.items.append((f"XFRM policy {' '.join(argv[2:])} (ESP tunnel, reqid "
+                                f"{REQID})", functools.partial(_delete_policy, argv)))
+        return found
 
     @classmethod
     def node_plan(cls, node: NodeView) -> NodePlan:
@@ -423,3 +463,15 @@ def _missing_children(sas: Sequence[dict[str, Any]], desired: dict[str, Pair]
     out += [(name, child_name(pair)) for name, pair in desired.items() if name not in with_sa]
     return sorted(out)
 
+
+
+def _stop_charon(pid: int) -> None:
+    if not charon_process.stop(pid, STOP_TIMEOUT):
+        raise OSError(f"charon {pid} did not stop")
+
+
+def _delete_policy(argv: list[str]) -> None:
+    try:
+        xfrm.run(argv, None)
+    except xfrm.XfrmError as err:
+        raise OSError(str(err)) from None

@@ -13,6 +13,11 @@ peers equal to the remote leases and asks the data plane to re-check them every
 that keep failing with a peer that does reach us (another PSK or key) are logged naming the
 peer and counted on /metrics and /status, never silent; they do not make this node not
 ready (the other node is as likely to be the misconfigured one).
+For ``flannelctl cleanup`` (``leftovers``): a wireguard-go serving one of our devices in
+the node's network namespace (stopped, which removes its device and its socket
+``/run/wireguard/<name>.sock``), or the device and a stale socket it left; the private key
+flanneld created (``/run/flannel/wgkey``, only when it holds a key) and wireguard-go's logs
+``/run/flannel/<name>.log``.
 Must not touch: the store; routes and links other than the devices'; the key outside its
 file (never logged, never in an error, readiness or status).
 """
@@ -20,13 +25,18 @@ file (never logged, never in an error, readiness or status).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
+import os
+import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from pathlib import Path
 
+from flannel import procstop
 from flannel.backend.base import (
     Applier,
     ApplyResult,
@@ -37,7 +47,7 @@ from flannel.backend.base import (
     LocalNetwork,
     PeerPlanner,
 )
-from flannel.backend.footprint import COVERING, Footprint, Link
+from flannel.backend.footprint import COVERING, Footprint, Leftovers, Link, Place
 from flannel.backend.plan import (
     Carrier,
     DevicePlan,
@@ -56,6 +66,7 @@ from flannel.kernel import links
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Route, Rtnl
 from flannel.lease import Lease
+from flannel.procscan import processes_here, same_netns
 from flannel.wireguard.config import (
     DEVICE,
     DEVICE_V6,
@@ -68,14 +79,20 @@ from flannel.wireguard.config import (
 from flannel.wireguard.device import DeviceSpec, WireguardDevice, WireguardDeviceError
 from flannel.wireguard.genl import GenlControl
 from flannel.wireguard.handshakes import HandshakeWatch
-from flannel.wireguard.keys import KeyFileError, key_file_path, load_or_create_private_key
+from flannel.wireguard.keys import (
+    KeyFileError,
+    key_file_path,
+    load_or_create_private_key,
+    parse_key,
+)
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers, skipped_leases
-from flannel.wireguard.uapi import Control, ControlError, Peer, UapiControl
+from flannel.wireguard.uapi import Control, ControlError, Peer, UapiControl, is_stale_socket
 
 log = logging.getLogger(__name__)
 
 #: Seconds between peer checks: a peer removed or changed by hand is back within a second.
 RECHECK = 0.5
+STOP_TIMEOUT = 5.0  # for a wireguard-go to exit on SIGTERM before it gets SIGKILL
 PEER = "WireGuard peer"
 NO_KEY = ("its wireguard backend data has no valid PublicKey and Port (a wireguard lease needs "
           "{\"PublicKey\":\"<base64 key>\",\"Port\":<port>}); the node that owns it rewrites "
@@ -183,6 +200,36 @@ class WireguardBackend(Backend):
 
     def appliers(self) -> Sequence[PeerApplier]:
         return (self._applier,)
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def leftovers(cls, place: Place) -> Leftovers:
+        found = Leftovers()
+        run_dir = place.run_dir
+        for name in (DEVICE, DEVICE_V6):
+            present = place.devices.get(name)
+            _wireguard_go_items(found, name, present[0] if present and present[1] == "tun"
+                                else 0, run_dir / "wireguard" if run_dir is not None else None)
+        key = place.key_file or (run_dir / "flannel" / "wgkey" if run_dir is not None
+                                 else None)
+        if key is not None and (key.exists() or key.is_symlink()):
+            if _holds_key(key):
+                found.items.append((f"file {key}", key.unlink))
+            else:
+                found.kept.append(f"file {key}: does not hold a WireGuard key")
+        logs = [run_dir / "flannel" / f"{name}.log" for name in (DEVICE, DEVICE_V6)] \
+            if run_dir is not None else []
+        for log_file in logs:  # wireguard-go's output
+            try:
+                regular = stat.S_ISREG(log_file.lstat().st_mode)
+            except OSError:
+                continue
+            if regular:
+                found.items.append((f"file {log_file}", log_file.unlink))
+            else:
+                found.kept.append(f"{log_file}: not a regular file")
+        return found
 
     # -- for the operator tools ------------------------------------------------------------
 
@@ -331,3 +378,89 @@ class PeerApplier(Applier):
         for peer in sorted(self._reported - set(failing)):
             log.info("wireguard handshakes no longer failing with %s", peer)
         self._reported = set(failing)
+
+
+# -- what cleanup removes ----------------------------------------------------------------------
+
+def _holds_key(path: Path) -> bool:
+    """A regular file (never a symlink) of bounded size holding a WireGuard key."""
+    try:
+        info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 64 * 1024:
+            return False
+        parse_key(path.read_bytes().decode("utf-8"), "the file")
+    except (OSError, UnicodeDecodeError, KeyFileError):
+        return False
+    return True
+
+
+def _argv(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return [arg for arg in handle.read(4096).split(b"\0") if arg]
+    except OSError:
+        return []
+
+
+def _serves(name: str) -> Callable[[bytes], bool]:
+    def matches(cmdline: bytes) -> bool:
+        argv = [arg for arg in cmdline.split(b"\0") if arg]
+        return bool(argv) and os.path.basename(argv[0]) == b"wireguard-go" \
+            and name.encode() in argv
+    return matches
+
+
+def _delete_tun(name: str) -> None:
+    """By name: when its wireguard-go stopped, the device went with it."""
+    with Rtnl() as sock:
+        found = links.get_link(sock, name)
+        if found is not None and found.kind == "tun":
+            links.delete_link(sock, found.link.index, "delete the device")
+
+
+def _stop(pid: int, socket_path: Path | None, name: str) -> None:
+    """SIGTERM (wireguard-go then removes its device and socket), SIGKILL after
+    STOP_TIMEOUT; then whatever it left: its device and a stale socket."""
+    stopped = procstop.stop(pid, STOP_TIMEOUT)
+    _delete_tun(name)
+    if socket_path is not None and is_stale_socket(socket_path):
+        with contextlib.suppress(FileNotFoundError):
+            socket_path.unlink()
+    if not stopped:
+        raise OSError(f"wireguard-go {pid} did not stop")
+
+
+def _wireguard_go_items(found: Leftovers, name: str, tun: int, socket_dir: Path | None
+                        ) -> None:
+    """The wireguard-go serving ``name`` in this network namespace, its tun device (when
+    ``tun``, its index) and its socket in ``socket_dir`` (None: its socket is out of sight,
+    so the process is found by its command line)."""
+    delete_device = functools.partial(_delete_tun, name)
+    if socket_dir is None:
+        pids = processes_here(_serves(name)) if tun else []
+        if pids:
+            found.items.append((f"wireguard-go process {pids[0]} serving {name} (its device "
+                                "goes with it)", functools.partial(_stop, pids[0], None, name)))
+        elif tun:
+            found.items.append((f"device {name} (tun: its wireguard-go is gone)",
+                                delete_device))
+        return
+    socket_path = socket_dir / f"{name}.sock"
+    control = UapiControl(socket_path, timeout=1.0)
+    pid = control.peer_pid() if control.answers() else None
+    argv = _argv(pid) if pid else []
+    serves_us = bool(argv) and os.path.basename(argv[0]) == b"wireguard-go" \
+        and name.encode() in argv and same_netns(pid or 0)
+    if pid and serves_us:
+        found.items.append((f"wireguard-go process {pid} serving {name} (socket "
+                            f"{socket_path}; its device goes with it)",
+                            functools.partial(_stop, pid, socket_path, name)))
+        return
+    if pid:
+        found.kept.append(f"socket {socket_path}: served by process {pid}, not a "
+                          f"wireguard-go for {name} in this network namespace")
+    if tun:
+        found.items.append((f"device {name} (tun: its wireguard-go is gone)", delete_device))
+    if is_stale_socket(socket_path):
+        found.items.append((f"stale socket {socket_path} (its wireguard-go is gone)",
+                            socket_path.unlink))
