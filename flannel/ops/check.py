@@ -252,9 +252,13 @@ def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
     if description is None:
         raise CheckError(f"the network config's backend options are unusable: "
                          f"{ctx.description_error}")
+    own_lease = ctx.own_lease
+    if own_lease is None:
+        raise CheckError(f"the store holds no lease for this node's subnet {own} (expired, "
+                         "released or revoked): no peer routes traffic back to it; restart "
+                         "flanneld, and run flannelctl doctor")
     ctx.flanneld_pids = running_flanneld()
     to_probe, decided = plan(ctx, description, read_entries(), ctx.engine)
-    own_lease = ctx.own_lease
     node = description.node
     note = ""
     if node.unjudged:
@@ -275,7 +279,7 @@ def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
 
     source = asyncio.run(probe_peers()) if to_probe else ""
     peers = sorted(to_probe + decided, key=lambda row: (row.family, row.subnet))
-    public = str(own_lease.attrs.public_ip or "") if own_lease else ""
+    public = str(own_lease.attrs.public_ip or "")
     return NodeCheck(own, public, ctx.backend, source, peers, note)
 
 

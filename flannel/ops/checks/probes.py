@@ -123,8 +123,10 @@ def probe_family(ctx: Context, plan: PeerPlan, family: FamilyPlan, source: str,
         return probe_mtu(ctx, family, source, node)
     public = str(family.public)
     if not ping(public, timeout=timeout):
+        reserved = (" (its lease is a reservation: the node it is reserved for may not run "
+                    "yet)") if plan.lease.is_reservation else ""
         return [Finding("underlay", "error", f"{node} does not answer on the underlay: it is "
-                        "down, unreachable from here, or drops ICMP",
+                        f"down, unreachable from here, or drops ICMP{reserved}",
                         f"check that the node is up and that this node reaches {public}")]
     carrier = family.carrier
     if dropped_here:
@@ -145,7 +147,8 @@ def probe_family(ctx: Context, plan: PeerPlan, family: FamilyPlan, source: str,
     if refused:
         ports = ", ".join(str(p) for p in refused)
         return [Finding("encap", "error", f"{node} answers ping, but nothing listens on UDP "
-                        f"{ports}: its {carrier.name} is not running there",
+                        f"{ports}, where {carrier.name} receives: its device or the program "
+                        "serving it is gone there",
                         "is flanneld running there? run flannelctl doctor on that node")]
     note = _engine_note(ctx, family)
     return [Finding("encap", "error", f"{node} answers ping but {carrier.name} traffic to "
@@ -210,6 +213,10 @@ def check_peers(ctx: Context) -> list[Finding]:
     description = ctx.description
     if not ctx.probe or description is None or not description.node.data_path:
         return []
+    if ctx.own_lease is None:
+        return [Finding("probes", "info", "not checked: the peers over the overlay, because "
+                        "the store holds no lease of this node: no peer routes traffic back "
+                        "to it (the lease finding says why)")] if ctx.peers else []
     # A peer this node has not programmed fully is not probed: the kernel or engine check
     # names what is missing, and a probe could only fail for that reason.
     reading = ctx.engine
