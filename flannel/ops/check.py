@@ -316,8 +316,10 @@ def render(check: NodeCheck) -> str:
             for line in lines]
     failing = [peer for peer in check.peers if not peer.answers]
     noted = [peer for peer in check.peers if peer.detail]
+    # A dual-stack network has a row per peer and IP family.
+    rows = "peers" if all(peer.family == 4 for peer in check.peers) else "peer rows"
     if failing:
-        out.append(f"{len(failing)} of {len(check.peers)} peers do not answer:")
+        out.append(f"{len(failing)} of {len(check.peers)} {rows} do not answer:")
     elif any(peer.verdict in ANSWERING for peer in check.peers):
         out.append(f"every peer answers ({len(check.peers)})")
     else:

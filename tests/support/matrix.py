@@ -335,6 +335,34 @@ def _ike_sa_del(m: Matrix, c: Cell) -> None:
                 pass
 
 
+def _vpc_route_del(m: Matrix, c: Cell) -> None:
+    """Delete the peer's route from the VPC's route table (the lab's EC2, moto), the peer's
+    flanneld frozen so it does not put it back at once."""
+    import boto3
+
+    from flannel.kernel.host import Host
+    from flannel.lab.awscloud import LAB_KEY_ID, LAB_SECRET, REGION
+
+    cloud = json.loads((Path(m.lab.directory) / "cloud.json").read_text())  # type: ignore
+    ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=cloud["ec2_url"],
+                       aws_access_key_id=LAB_KEY_ID, aws_secret_access_key=LAB_SECRET)
+    m.freeze(c.peer)
+    with Host(str(m.lab.underlay_ns)).entered():  # type: ignore[attr-defined]
+        # The lab's cloud serves in the underlay namespace only.
+        ec2.delete_route(RouteTableId=cloud["route_table"],
+                         DestinationCidrBlock=_peer_subnet(m, c.peer))
+    from flannel.lab import vpcrouter
+    from tests.support.waiting import wait_until
+
+    wait_until(lambda: _peer_subnet(m, c.peer) not in vpcrouter.installed(
+        str(m.lab.underlay_ns)), 10, interval=0.1,  # type: ignore[attr-defined]
+        what="the VPC router following the deletion")
+
+
+def _thaw_peer(m: Matrix, c: Cell) -> None:
+    m.thaw(c.peer)
+
+
 def _stop_peer(m: Matrix, c: Cell) -> None:
     m.lab.stop_flanneld(c.peer)  # type: ignore[attr-defined]
 
@@ -396,6 +424,8 @@ SITUATIONS: dict[str, Situation] = {
                                  _nothing, frozen=True),
     "ike-sa-deleted": Situation("n1's IKE SA (and its CHILD_SA) with the peer terminated",
                                 _ike_sa_del, _nothing, frozen=True),
+    "vpc-route-deleted": Situation("the peer's route deleted from the VPC's route table (its "
+                                   "flanneld frozen)", _vpc_route_del, _thaw_peer),
     "peer-stopped": Situation("the peer's flanneld stopped (SIGTERM: it leaves its state)",
                               _stop_peer, _start_peer),
     "lease-revoked": Situation("n1's lease deleted from the store (flanneld exits)", _revoke,
@@ -473,13 +503,19 @@ def _cells() -> list[Cell]:
         add(lab, "lease-revoked", 1, "flanneld", ("is not running",), "error")
     # ipsec: charon keeps its SAs and runs on when flanneld stops.
     add("ipsec", "healthy")
+    add("ipsec", "reservation", 0, "", ("reservation",))
     add("ipsec", "peer-port-nft", 1, "encap", ("{peer}", "UDP 500, 4500"), "timeout")
+    add("ipsec", "peer-port-iptables", 1, "encap", ("{peer}", "UDP 500, 4500"), "timeout")
+    add("ipsec", "own-port-nft", 1, "firewall",
+        (*firewall_own, f"nftables table inet {TABLE} chain input", "udp dport 500 drop"),
+        "timeout")
     add("ipsec", "own-port-iptables", 1, "firewall",
         (*firewall_own, "iptables-legacy table filter chain INPUT", "--dport 500 -j DROP"),
         "timeout")
     add("ipsec", "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
     add("ipsec", "ike-sa-deleted", 1, "engine", ("IKE SA", "{peer}"), "not-programmed")
-    add("ipsec", "reservation", 0, "", ("reservation",))
+    add("ipsec", "peer-stopped", 1, "flanneld", ("is not running",), "ok", node=2)
+    add("ipsec", "lease-revoked", 1, "flanneld", ("is not running",), "error")
     # host-gw: plain routing, no carrier of its own.
     add("host-gw", "healthy")
     add("host-gw", "reservation", 0, "", ("reservation",))
@@ -518,6 +554,9 @@ def _cells() -> list[Cell]:
         add(lab, "reservation", 1, "underlay", (RESERVED_FOR, "a reservation"), "ok")
         add(lab, "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
         add(lab, "underlay-mtu", 1, "path-mtu", ("{peer}",), "ok")
+    # Nothing of it is on the node: the overlay fails while the underlay answers.
+    add("aws-vpc", "vpc-route-deleted", 1, "overlay", ("{peer}", "the VPC's route table"),
+        "unreachable")
     add("alloc", "healthy", 0, "", ("not checked",), "no-data-path")
     # alloc takes every lease as its peers, and does nothing with them.
     add("alloc", "reservation", 0, "", (), "no-data-path")

@@ -105,7 +105,7 @@ class Context:
         from flannel.ops.plans import describe
 
         backend, node = self.backend_class, self.node
-        if backend is None or node is None or self.rows is None:
+        if backend is None or node is None:
             return None
         try:
             return describe(backend, node, self.leases)
