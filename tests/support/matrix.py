@@ -104,8 +104,8 @@ class Matrix:
 
     lab: object  # flannel.lab.cluster.Lab (the lab is imported only by the lab tests)
     spec: LabSpec
-    #: Checks of a finding the lab holds whatever the situation (see ``mtu_fits``).
-    standing: tuple[str, ...] = ()
+    #: Findings (their text) the lab holds whatever the situation (see ``mtu_fits``).
+    standing: frozenset[str] = frozenset()
 
     @property
     def endpoint(self) -> str:
@@ -161,14 +161,20 @@ class Matrix:
         doc: dict[str, object] = json.loads(proc.stdout)
         return doc
 
-    def verdict(self, doc: dict[str, object], peer: int, family: int) -> str:
-        """check's verdict for the pair n1 -> ``peer`` in ``family`` ("no row" if none)."""
+    def row(self, doc: dict[str, object], peer: int, family: int) -> dict[str, object]:
+        """check's row for the pair n1 -> ``peer`` in ``family`` ({} if none)."""
         want = self.address(peer)
         rows = doc.get("peers")
         for row in rows if isinstance(rows, list) else []:
-            if row.get("node_ip") == want and row.get("family", 4) == family:
-                return str(row["verdict"])
-        return "no row" if "error" not in doc else "error"
+            if (row.get("node_ip") or row.get("public_ip")) == want \
+                    and row.get("family", 4) == family:
+                return dict(row)
+        return {}
+
+    def verdict(self, doc: dict[str, object], peer: int, family: int) -> str:
+        """check's verdict for the pair ("no row" if none, "error" if check refused)."""
+        row = self.row(doc, peer, family)
+        return str(row["verdict"]) if row else "no row" if "error" not in doc else "error"
 
     def mtu_fits(self) -> bool:
         """Whether a don't-fragment echo of the pods' MTU crosses the overlay from n1 to
@@ -276,6 +282,24 @@ def _mtu(value: str) -> Callable[[Matrix, Cell], None]:
     def run(m: Matrix, c: Cell) -> None:
         m.ul("link", "set", f"n{c.peer}", "mtu", value)
     return run
+
+
+#: The device that carries pods' packets, per backend, and the MTU the cell gives it.
+DEVICE = {"udp": "flannel0", "wireguard": "flannel-wg", "ipsec": "ipsec0", "vxlan": "flannel.1"}
+NARROW = 1300
+_saved_mtu: dict[str, str] = {}
+
+
+def _narrow_device(m: Matrix, _c: Cell) -> None:
+    device = DEVICE[m.spec.backend]
+    link = json.loads(m.run_in(1, "ip", "-j", "link", "show", device).stdout)[0]
+    _saved_mtu[m.ns(1)] = str(link["mtu"])
+    m.run_in(1, "ip", "link", "set", device, "mtu", str(NARROW))
+
+
+def _widen_device(m: Matrix, _c: Cell) -> None:
+    # flanneld puts its own devices' MTU back; charon's ipsec0 is put back here.
+    m.run_in(1, "ip", "link", "set", DEVICE[m.spec.backend], "mtu", _saved_mtu.pop(m.ns(1)))
 
 
 def _peer_subnet(m: Matrix, peer: int, v6: bool = False) -> str:
@@ -414,6 +438,8 @@ SITUATIONS: dict[str, Situation] = {
                                  _nft_undo("peer", "ip6")),
     "underlay-mtu": Situation("the underlay to the peer carries 1400 bytes, not 1500",
                               _mtu("1400"), _mtu("1500")),
+    "device-mtu": Situation(f"n1's device carrying pods' packets set to MTU {NARROW} "
+                            "(flanneld frozen)", _narrow_device, _widen_device, frozen=True),
     "route-deleted": Situation("n1's route to the peer deleted (flanneld frozen)", _route_del,
                                _nothing, frozen=True),
     "neighbour-deleted": Situation("n1's neighbour entry of the peer's VTEP deleted",
@@ -485,6 +511,7 @@ def _cells() -> list[Cell]:
             "timeout")
         add(lab, "underlay-mtu", 1, "path-mtu", ("{peer}", "does not carry 1500-byte"), "ok")
         add(lab, "route-deleted", 1, "routes", ("no route to",), "not-programmed")
+        add(lab, "device-mtu", 1, "mtu", ("pods get MTU", f"carries {NARROW}"), "ok")
         if lab == "vxlan":
             add(lab, "neighbour-deleted", 1, "neighbours", ("{subnet0}", "is missing"),
                 "not-programmed")
@@ -514,6 +541,7 @@ def _cells() -> list[Cell]:
         "timeout")
     add("ipsec", "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
     add("ipsec", "ike-sa-deleted", 1, "engine", ("IKE SA", "{peer}"), "not-programmed")
+    add("ipsec", "device-mtu", 1, "mtu", ("pods get MTU", f"ipsec0 carries {NARROW}"), "ok")
     add("ipsec", "peer-stopped", 1, "flanneld", ("is not running",), "ok", node=2)
     add("ipsec", "lease-revoked", 1, "flanneld", ("is not running",), "error")
     # host-gw: plain routing, no carrier of its own.
@@ -594,9 +622,9 @@ def table() -> str:
 
 MISFIT = ("\\* While the pods' MTU does not fit what carries them there (charon's "
           "kernel-libipsec TUN `ipsec0` carries 1400 bytes; the extension example's vxlan "
-          "carries 1450), doctor names that first (`mtu`, `path-mtu`) and exits 1, and the "
-          "finding shown is the first after it; once the pods' MTU fits, the row holds as it "
-          "is.")
+          "carries 1450), doctor says so (`mtu`, `path-mtu`) and exits 1, whatever else; the "
+          "finding shown is the first besides it. Once the pods' MTU fits, the row holds as "
+          "it is.")
 
 
 def fill(text: str, m: Matrix, cell: Cell) -> str:
