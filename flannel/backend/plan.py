@@ -96,8 +96,10 @@ class EngineEntry:
 @dataclass(frozen=True)
 class FamilyPlan:
     """One IP family of a peer lease. ``skipped``: why flanneld programs nothing for it
-    ("" when it does). ``answers_on``: the peer's address that answers echoes over the
-    overlay (None: none is known), reached from ``source_on``, ours of the same kind."""
+    ("" when it does). ``routes``, ``neighbours``, ``fdb``: what the kernel holds for it;
+    ``engine``: what the backend's other engines hold. ``carrier``: how its packets cross
+    the underlay. ``answers_on``: the peer's address that answers echoes over the overlay
+    (None: none is known), reached from ours of the same kind (``NodePlan.local``)."""
 
     version: int
     subnet: IPNetwork

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flannel.backend.plan import Description, EngineReading, FamilyPlan, NodeView, PeerPlan
+from flannel.backend.plan import (
+    Description,
+    EngineReading,
+    FamilyPlan,
+    IPAddress,
+    NodeView,
+    PeerPlan,
+)
 from flannel.kernel import links, rtnl
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
 from flannel.lease import Lease
@@ -47,10 +54,10 @@ def read_node(config: NetworkConfig, own: Lease | None) -> NodeView:
     except OSError:
         pass  # the kernel checks say the kernel is unreadable
 
-    def route_get(ip: object) -> Route | None:
+    def route_get(ip: IPAddress) -> Route | None:
         try:
             with rtnl.Rtnl() as sock:
-                return sock.route_get(ip)  # type: ignore[arg-type]
+                return sock.route_get(ip)
         except OSError:
             return None
 
