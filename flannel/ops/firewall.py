@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,7 +183,7 @@ class _Walk:
         return None
 
 
-def _nft_texts(listing: str) -> dict[tuple[str, str, str, int], str]:
+def nft_texts(listing: str) -> dict[tuple[str, str, str, int], str]:
     """(family, table, chain, handle) -> the rule as ``nft -a list ruleset`` prints it."""
     texts: dict[tuple[str, str, str, int], str] = {}
     family = table = chain = ""
@@ -206,10 +206,27 @@ def nft_drops(version: int, target: Target, skip_tables: frozenset[tuple[str, st
         doc = json.loads(run_tool("nft", "-j", "list", "ruleset"))
     except (ToolError, ValueError):
         return []
+
+    def texts() -> dict[tuple[str, str, str, int], str]:
+        try:
+            return nft_texts(run_tool("nft", "-a", "list", "ruleset"))
+        except ToolError:
+            return {}
+
+    return judge_nft(doc, version, target, skip_tables, texts)
+
+
+def judge_nft(doc: object, version: int, target: Target,
+              skip_tables: frozenset[tuple[str, str]],
+              texts: Callable[[], dict[tuple[str, str, str, int], str]]) -> list[Drop]:
+    """``nft -j list ruleset``'s document judged for ``target``; ``texts`` gives the rules
+    as ``nft -a list ruleset`` prints them (asked only when a rule is to be named)."""
     items = doc.get("nftables", []) if isinstance(doc, dict) else []
     chains: dict[tuple[str, str], dict[str, list[tuple[list[Any], int]]]] = {}
     bases = []
     for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
         chain, rule = item.get("chain"), item.get("rule")
         if isinstance(chain, dict):
             key = (str(chain.get("family")), str(chain.get("table")))
@@ -226,8 +243,6 @@ def nft_drops(version: int, target: Target, skip_tables: frozenset[tuple[str, st
             chains.setdefault(key, {}).setdefault(str(rule.get("chain")), []).append(
                 (exprs if isinstance(exprs, list) else [],
                  handle if isinstance(handle, int) else 0))
-    texts: dict[tuple[str, str, str, int], str] | None = None
-    drops = []
     for _prio, key, name, policy in sorted(bases):
         walk = _Walk(chains.get(key, {}), target)
         decided = walk.run(name)
@@ -237,19 +252,13 @@ def nft_drops(version: int, target: Target, skip_tables: frozenset[tuple[str, st
             continue  # accepted here: the next base chain of the hook judges it again
         if decided is None and (policy != "drop" or walk.maybe_accepted):
             continue
-        if texts is None:
-            try:
-                texts = _nft_texts(run_tool("nft", "-a", "list", "ruleset"))
-            except ToolError:
-                texts = {}
-        rule = "policy drop (no rule accepts it)" if decided is None else \
-            texts.get((*key, decided[1], decided[2]), f"rule handle {decided[2]}")
-        chain = name if decided is None else decided[1]
-        drops.append(Drop("nftables", f"{key[0]} {key[1]}", chain,
-                          rule if decided is None else f"{rule} (handle {decided[2]})",
-                          target))
-        break  # a drop is final
-    return drops
+        if decided is None:
+            return [Drop("nftables", f"{key[0]} {key[1]}", name,
+                         "policy drop (no rule accepts it)", target)]
+        rule = texts().get((*key, decided[1], decided[2]), "a rule")
+        return [Drop("nftables", f"{key[0]} {key[1]}", decided[1],
+                     f"{rule} (handle {decided[2]})", target)]
+    return []
 
 
 # -- iptables ---------------------------------------------------------------------------------
