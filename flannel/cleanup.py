@@ -3,23 +3,14 @@
 Owns the inventory of what is ours and how each object is recognised, so that nothing else
 is ever removed:
 - devices by name *and* kind, as every registered backend declares them in its footprint
-  (``Footprint.links``: ``flannel.<VNI>``/``flannel-v6.<VNI>`` vxlan, ``flannel.ipip`` ipip,
-  ``flannel-wg``/``flannel-wg-v6`` wireguard, ``flannel<N>`` tun for udp);
-- a declared device served from userspace (``Link.userspace``: wireguard-go's tun for
-  ``flannel-wg``/``flannel-wg-v6``) by a wireguard-go in this network namespace (stopped,
-  which removes its device and its socket ``/run/wireguard/<name>.sock``), or left without
-  one (device and stale socket removed); the private key flanneld created
-  (``/run/flannel/wgkey``, only when it holds a key) and wireguard-go's logs
-  ``/run/flannel/<name>.log``;
-- the ipsec backend's charon, when flanneld started it in this network namespace (its marker
-  ``/run/flannel/ipsec/charon.pid`` names it and the process runs with flanneld's
-  ``strongswan.conf``: stopped, which takes its SAs, TUN device and routes with it; another
-  charon is never stopped), flanneld's files for it (``/run/flannel/ipsec``), and the XFRM
-  policies of Go's shape (ESP tunnel template, reqid 11) the backend installs where the kernel
-  carries ESP;
+  (``Footprint.links``; a device a userspace program serves, ``Link.userspace``, is its
+  backend's to remove with that program);
+- what each registered backend says it leaves besides (``Backend.leftovers``: a program it
+  started, its sockets and files, policies of its engine), looked up for every backend
+  whatever ran here;
 - routes carrying our protocol (151) in the main table, blackholes included, and the other
-  routes through our devices (the udp and wireguard network routes), kernel ones aside;
-- permanent neighbour and FDB entries on the devices declared to hold them (vxlan's);
+  routes through our devices (a network route through a device), kernel ones aside;
+- permanent neighbour and FDB entries on the devices declared to hold them;
 - the ``FLANNEL-POSTRTG``/``FLANNEL-FWD`` chains and the rules jumping to them, in every
   installed iptables backend (legacy, nft) and family; the nft tables ``flannel-ipv4`` and
   ``flannel-ipv6``;
@@ -31,15 +22,13 @@ is ever removed:
   node), the files under ``/run`` and the default CNI directories are the host's, not this
   node's: only the directories and files given by flags are looked at (``in_named_netns``).
 Refuses while a flanneld runs in the same network namespace (it would recreate everything).
-Not on the node, so not here: the aws-vpc/tencent-vpc/ali-vpc/gce routes in the cloud's route
-tables and whatever the extension backend's own commands created (docs/install.md,
-"Uninstall").
+Not on the node, so not here: routes in a cloud's route tables and whatever a backend's
+user-given commands created (docs/install.md, "Uninstall"). No backend is named here.
 Must not touch: anything that fails those checks; files are never followed through symlinks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import os
@@ -51,22 +40,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flannel import boundedjson, procstop
-from flannel.backend import footprints
-from flannel.backend.footprint import Link
+from flannel import boundedjson
+from flannel.backend import backend_class, footprints, supported
+from flannel.backend.footprint import Link, Place
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
-from flannel.ipsec import charon, xfrm
-from flannel.ipsec.config import REQID
 from flannel.kernel import links, rtnl
 from flannel.monitor.localsock import connect, socket_path
-from flannel.procscan import processes_here, running_flanneld
+from flannel.procscan import running_flanneld
 from flannel.rules import iptables, nftables
 from flannel.rules.mode import installed
-from flannel.wireguard.keys import KeyFileError, parse_key
-from flannel.wireguard.uapi import UapiControl, is_stale_socket
 
 MAX_SCAN_BYTES = 64 * 1024  # files larger than this are not ours
-STOP_TIMEOUT = 5.0  # for a wireguard-go or charon to exit on SIGTERM before it gets SIGKILL
 MAX_NAMED_NETNS = 100_000  # entries of /run/netns looked at
 
 
@@ -105,11 +89,6 @@ def _declared(name: str, declared: list[Link]) -> Link | None:
     return next((link for link in declared if link.matches(name)), None)
 
 
-def userspace_devices(declared: list[Link]) -> list[str]:
-    """The device names a userspace program (wireguard-go) may serve."""
-    return [name for link in declared if link.userspace for name in link.names]
-
-
 _PROTOCOLS = {rtnl.RTPROT_BOOT: "boot", rtnl.RTPROT_STATIC: "static"}
 
 
@@ -125,19 +104,22 @@ def _route_text(route: rtnl.Route, names: dict[int, str], proto: int) -> str:
     return text + (" onlink" if route.onlink else "") + f" proto {said}"
 
 
-def kernel_items(inventory: Inventory, run_dir: Path | None = Path("/run")) -> None:
-    """Our devices with their routes, neighbours and FDB entries; wireguard-go (whose
-    sockets are under ``run_dir``/wireguard; None: not this node's /run)."""
+def kernel_items(inventory: Inventory) -> dict[str, tuple[int, str]]:
+    """Our devices with their routes, neighbours and FDB entries (a device a userspace
+    program serves is its backend's leftover, its routes ours); every link here, name ->
+    (index, kind)."""
     declared = own_links()
     sock = rtnl.Rtnl()
     inventory.closers.append(sock.close)
     names: dict[int, str] = {}
+    present: dict[str, tuple[int, str]] = {}
     devices: list[tuple[int, str, str]] = []
     entries: set[int] = set()  # devices holding our permanent neighbour and FDB entries
-    userspace: dict[str, int] = {}  # devices served by a userspace program (wireguard-go)
+    userspace: dict[str, int] = {}  # devices served by a userspace program
     for details in links.dump_links(sock):
         index, name, kind = details.link.index, details.link.name or "", details.kind
         names[index] = name
+        present[name] = (index, kind)
         want = _declared(name, declared)
         if want is None:
             continue
@@ -186,137 +168,15 @@ def kernel_items(inventory: Inventory, run_dir: Path | None = Path("/run")) -> N
 
     for index, name, kind in devices:
         inventory.items.append(Item(f"device {name} ({kind})", delete_link(index)))
-
-    def delete_tun(name: str) -> Callable[[], None]:
-        def run() -> None:  # by name: when its wireguard-go stopped, it went with it
-            found = links.get_link(sock, name)
-            if found is not None and found.kind == "tun":
-                links.delete_link(sock, found.link.index, "delete the device")
-        return run
-
-    for name in userspace_devices(declared):
-        wireguard_go_items(inventory, name, name in userspace,
-                           run_dir / "wireguard" if run_dir is not None else None,
-                           delete_tun(name))
+    return present
 
 
-# -- userspace WireGuard ---------------------------------------------------------------------
-
-def _same_netns(pid: int) -> bool:
-    try:
-        theirs = os.stat(f"/proc/{pid}/ns/net")
-        own = os.stat("/proc/self/ns/net")
-    except OSError:
-        return False
-    return (theirs.st_dev, theirs.st_ino) == (own.st_dev, own.st_ino)
-
-
-def _wireguard_go_argv(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return [arg for arg in handle.read(4096).split(b"\0") if arg]
-    except OSError:
-        return []
-
-
-def _stop_wireguard_go(pid: int, socket_path: Path | None, then: Callable[[], None]) -> None:
-    """SIGTERM (wireguard-go then removes its device and socket), SIGKILL after
-    STOP_TIMEOUT; then whatever it left: ``then`` (its device) and a stale socket."""
-    stopped = procstop.stop(pid, STOP_TIMEOUT)
-    then()
-    if socket_path is not None and is_stale_socket(socket_path):
-        with contextlib.suppress(FileNotFoundError):
-            socket_path.unlink()
-    if not stopped:
-        raise OSError(f"wireguard-go {pid} did not stop")
-
-
-def _serves(name: str) -> Callable[[bytes], bool]:
-    def matches(cmdline: bytes) -> bool:
-        argv = [arg for arg in cmdline.split(b"\0") if arg]
-        return bool(argv) and os.path.basename(argv[0]) == b"wireguard-go" \
-            and name.encode() in argv
-    return matches
-
-
-def wireguard_go_items(inventory: Inventory, name: str, has_device: bool,
-                       socket_dir: Path | None, delete_device: Callable[[], None]) -> None:
-    """The wireguard-go serving ``name`` in this network namespace, its tun device (when
-    ``has_device``) and its socket in ``socket_dir`` (None: its socket is out of sight, so
-    the process is found by its command line)."""
-    if socket_dir is None:
-        pids = processes_here(_serves(name)) if has_device else []
-        if pids:
-            inventory.items.append(Item(
-                f"wireguard-go process {pids[0]} serving {name} (its device goes with it)",
-                functools.partial(_stop_wireguard_go, pids[0], None, delete_device)))
-        elif has_device:
-            inventory.items.append(Item(f"device {name} (tun: its wireguard-go is gone)",
-                                        delete_device))
-        return
-    socket_path = socket_dir / f"{name}.sock"
-    control = UapiControl(socket_path, timeout=1.0)
-    pid = control.peer_pid() if control.answers() else None
-    argv = _wireguard_go_argv(pid) if pid else []
-    serves_us = bool(argv) and os.path.basename(argv[0]) == b"wireguard-go" \
-        and name.encode() in argv and _same_netns(pid or 0)
-
-    if pid and serves_us:
-        inventory.items.append(Item(
-            f"wireguard-go process {pid} serving {name} (socket {socket_path}; its device "
-            "goes with it)", functools.partial(_stop_wireguard_go, pid, socket_path,
-                                               delete_device)))
-        return
-    if pid:
-        inventory.kept.append(f"socket {socket_path}: served by process {pid}, not a "
-                              f"wireguard-go for {name} in this network namespace")
-    if has_device:
-        inventory.items.append(Item(f"device {name} (tun: its wireguard-go is gone)",
-                                    delete_device))
-    if is_stale_socket(socket_path):
-        inventory.items.append(Item(f"stale socket {socket_path} (its wireguard-go is gone)",
-                                    _remove_file(socket_path)))
-
-
-# -- the ipsec backend's charon and XFRM policies -------------------------------------------
-
-def ipsec_items(inventory: Inventory, run_dir: Path | None) -> None:
-    """Our charon and its directory under ``run_dir``/flannel/ipsec (None: not this node's
-    /run), and XFRM policies of Go's shape."""
-    state = run_dir / "flannel" / "ipsec" if run_dir is not None else None
-    pid = charon.our_pid(state) if state is not None else None
-    if pid is not None and _same_netns(pid):
-        inventory.items.append(Item(f"charon process {pid} (started by flanneld's ipsec "
-                                    "backend; its SAs, TUN device and routes go with it)",
-                                    functools.partial(_stop_charon, pid)))
-    elif pid is not None:
-        inventory.kept.append(f"charon process {pid}: flanneld's, but in another network "
-                              "namespace")
-    if state is not None and state.is_dir() and not state.is_symlink():
-        if all(entry.is_file() and not entry.is_symlink() for entry in _entries(state)):
-            inventory.items.append(Item(f"directory {state}",
-                                        functools.partial(shutil.rmtree, state)))
-        else:
-            inventory.kept.append(f"{state}: holds something other than flanneld's files")
-    try:
-        policies = xfrm.our_policies(None)
-    except xfrm.XfrmError:
-        return  # no iproute2 or no XFRM in this kernel: nothing of ours there
-    for argv in policies:
-        inventory.items.append(Item(f"XFRM policy {' '.join(argv[2:])} (ESP tunnel, reqid "
-                                    f"{REQID})", functools.partial(_delete_policy, argv)))
-
-
-def _stop_charon(pid: int) -> None:
-    if not charon.stop(pid, STOP_TIMEOUT):
-        raise OSError(f"charon {pid} did not stop")
-
-
-def _delete_policy(argv: list[str]) -> None:
-    try:
-        xfrm.run(argv, None)
-    except xfrm.XfrmError as err:
-        raise OSError(str(err)) from None
+def backend_items(inventory: Inventory, place: Place) -> None:
+    """What every registered backend says it leaves here besides (whatever ran)."""
+    for backend_type in supported():
+        found = backend_class(backend_type).leftovers(place)
+        inventory.items += [Item(what, remove) for what, remove in found.items]
+        inventory.kept += found.kept
 
 
 def rule_items(inventory: Inventory) -> None:
@@ -390,18 +250,9 @@ def _holds_plugin(directory: Path) -> bool:
     return False
 
 
-def is_wireguard_key(text: str) -> bool:
-    try:
-        parse_key(text, "the file")
-    except KeyFileError:
-        return False
-    return True
-
-
 def file_items(inventory: Inventory, subnet_file: Path | None, bin_dirs: list[Path],
-               conf_dirs: list[Path], wireguard_key: Path | None,
-               run_dir: Path | None = Path("/run")) -> None:
-    """Our files; a path given as None (``run_dir``: wireguard-go's logs) is not looked at."""
+               conf_dirs: list[Path]) -> None:
+    """Our files; a path given as None is not looked at."""
     def consider(path: Path, ours: Callable[[str], bool], why_not: str) -> None:
         if not path.exists() and not path.is_symlink():
             return
@@ -414,19 +265,6 @@ def file_items(inventory: Inventory, subnet_file: Path | None, bin_dirs: list[Pa
     if subnet_file is not None:
         consider(subnet_file, is_subnet_env, "not a subnet.env written by flanneld")
         socket_item(inventory, socket_path(subnet_file))
-    if wireguard_key is not None:
-        consider(wireguard_key, is_wireguard_key, "does not hold a WireGuard key")
-    logs = [run_dir / "flannel" / f"{name}.log" for name in userspace_devices(own_links())] \
-        if run_dir is not None else []
-    for log in logs:  # wireguard-go's output (flannel/wireguard/device.py)
-        try:
-            regular = stat.S_ISREG(log.lstat().st_mode)
-        except OSError:
-            continue
-        if regular:
-            inventory.items.append(Item(f"file {log}", _remove_file(log)))
-        else:
-            inventory.kept.append(f"{log}: not a regular file")
     for bin_dir in bin_dirs:
         consider(bin_dir / "flannel", is_our_launcher,
                  "not the launcher install-cni writes (an upstream flannel CNI binary?)")
@@ -469,18 +307,17 @@ def _entries(directory: Path) -> Iterator[Path]:
 # -- the command -----------------------------------------------------------------------------
 
 def inventory(subnet_file: Path | None, bin_dirs: list[Path], conf_dirs: list[Path],
-              run_dir: Path = Path("/run"), wireguard_key: Path | None = None,
+              run_dir: Path = Path("/run"), key_file: Path | None = None,
               run_files: bool = True) -> Inventory:
-    """Everything of ours on this node; ``run_dir`` is the node's /run (wireguard-go's
-    sockets, its logs and the default key file are under it). Without ``run_files``, the
-    files under ``run_dir`` are not this node's: only the files named (``subnet_file``,
-    ``wireguard_key``, when not None) are looked at."""
+    """Everything of ours on this node; ``run_dir`` is the node's /run (the backends'
+    sockets, logs and default key file are under it). Without ``run_files``, the files under
+    ``run_dir`` are not this node's: only the files named (``subnet_file``, ``key_file``,
+    when not None) are looked at."""
     found = Inventory()
-    kernel_items(found, run_dir if run_files else None)
-    ipsec_items(found, run_dir if run_files else None)
+    present = kernel_items(found)
+    backend_items(found, Place(run_dir if run_files else None, key_file, present))
     rule_items(found)
-    key = wireguard_key or (run_dir / "flannel" / "wgkey" if run_files else None)
-    file_items(found, subnet_file, bin_dirs, conf_dirs, key, run_dir if run_files else None)
+    file_items(found, subnet_file, bin_dirs, conf_dirs)
     return found
 
 

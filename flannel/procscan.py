@@ -43,3 +43,13 @@ def processes_here(matches: Callable[[bytes], bool], proc: Path = Path("/proc"))
         if (netns.st_dev, netns.st_ino) == (own.st_dev, own.st_ino):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def same_netns(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether process ``pid`` runs in this process's network namespace."""
+    try:
+        theirs = os.stat(proc / str(pid) / "ns" / "net")
+        own = os.stat(proc / "self" / "ns" / "net")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (own.st_dev, own.st_ino)

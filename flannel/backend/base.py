@@ -24,10 +24,15 @@ backend's ``pass_errors``; the data plane retries those, and anything else ends 
 
 All of these run in the data plane's worker thread; a backend owns no task, thread, socket
 lifetime or readiness code. ``close()`` (the daemon, at shutdown, after the data plane has
-stopped) closes every applier, which stops any process an engine runs. A backend also
-declares its ``footprint`` (``flannel/backend/footprint.py``) for the operator tools, and
-decodes its options with ``<X>Config.from_backend(backend)``, which raises
-``BackendConfigError``. Must not touch: the store, subnet.env, readiness.
+stopped) closes every applier, which stops any process an engine runs. A backend decodes its
+options with ``<X>Config.from_backend(backend)``, which raises ``BackendConfigError``.
+
+For the operator tools a backend declares its ``footprint`` (``flannel/backend/footprint.py``:
+the devices ``flannelctl cleanup`` may remove) and answers, without touching anything, what
+it does with each peer on a node (``describe``, ``flannel/backend/plan.py``: whether it uses a
+lease, the kernel entries each gets, from the functions ``desired_state`` calls, its engines'
+entries, how its traffic crosses the underlay), and reads what its engines hold
+(``read_engine``). Must not touch: the store, subnet.env, readiness.
 """
 
 from __future__ import annotations
@@ -37,23 +42,40 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
 from typing import ClassVar
 
 from flannel.backend.admission import PeerAdmission
-from flannel.backend.footprint import Footprint
+from flannel.backend.footprint import Footprint, Leftovers, Place
+from flannel.backend.plan import (
+    PLAIN,
+    Description,
+    EngineReading,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    PeerPlan,
+    family_subnet,
+    gateway_address,
+    local_addresses,
+    versions,
+)
+from flannel.backend.plan import (
+    RouteLookup as RouteLookup,
+)
 from flannel.backenderrors import BackendConfigError as BackendConfigError
 from flannel.backenderrors import BackendError as BackendError
 from flannel.config import NetworkConfig, warn_unknown_keys
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState
-from flannel.kernel.rtnl import NetlinkError, Route
+from flannel.kernel.rtnl import NetlinkError
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
 
-#: ``route_get(ip)``: the route the kernel would use for ``ip`` (None when unreachable).
-RouteLookup = Callable[[IPv4Address | IPv6Address], Route | None]
+#: Plans one remote lease's IP families (the lease is one the backend wants).
+PeerPlanner = Callable[[Lease], tuple[FamilyPlan, ...]]
 
 
 @dataclass(frozen=True)
@@ -249,18 +271,87 @@ class Backend(ABC):
     def wants(self, lease: Lease) -> bool:
         """Whether a remote lease belongs to this backend (upstream filters on BackendType,
         silently; here a lease of another backend is named in the log once)."""
-        if lease.attrs.backend_type == self.backend_type:
+        why = self.refuses(lease, self.config)
+        if not why:
             return True
-        self.ignore(lease)
+        if lease.key not in self._ignored:
+            self._ignored.add(lease.key)
+            log.warning("ignoring lease %s (public IP %s): %s", lease.key,
+                        lease.attrs.public_ip, why)
         return False
 
-    def ignore(self, lease: Lease) -> None:
-        """Log, once per lease, that a lease of another backend cannot be a peer."""
-        if lease.key in self._ignored:
-            return
-        self._ignored.add(lease.key)
+    @classmethod
+    def refuses(cls, lease: Lease, config: NetworkConfig) -> str:
+        """Why this backend cannot use a remote lease ("" when it can): one of another
+        backend, or a reservation no node has taken yet, whose node runs no backend."""
+        if lease.attrs.backend_type == cls.backend_type:
+            return ""
+        if unclaimed(lease):
+            return (f"a reservation for {lease.attrs.public_ip} that no node has taken yet: "
+                    f"its node runs no {config.backend_type} backend yet")
         theirs = lease.attrs.backend_type or "udp or alloc (no BackendType)"
-        log.warning("ignoring lease %s (public IP %s): its node runs the %s backend, which "
-                    "this node's %s backend cannot reach; every node of a network must run "
-                    "the same backend", lease.key, lease.attrs.public_ip, theirs,
-                    self.config.backend_type)
+        return (f"its node runs the {theirs} backend, which this node's "
+                f"{config.backend_type} backend cannot reach; every node of a network must "
+                "run the same backend")
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def describe(cls, node: NodeView, leases: Sequence[Lease]) -> Description:
+        """What flanneld does with each of ``leases`` (remote ones the lease watcher passed)
+        on ``node``, and the node's side: ``flannel/backend/plan.py``. Touches nothing;
+        BackendConfigError when the options are unusable."""
+        planner = cls.peer_planner(node)
+        plans = []
+        for lease in leases:
+            why = cls.refuses(lease, node.config)
+            plans.append(PeerPlan(lease, skipped=why, reserved=unclaimed(lease)) if why
+                         else PeerPlan(lease, planner(lease)))
+        return Description(cls.node_plan(node), tuple(plans))
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        """The node's side: by default no device of ours (the underlay carries pods'
+        packets) and peers answering on their ``cni0`` gateway."""
+        return NodePlan(data_path=cls.footprint.has_data_path,
+                        unjudged=cls.footprint.unjudged,
+                        local=local_addresses(node, on_base=False))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        """Plans a wanted lease's families (options decoded once, here). By default no
+        kernel entry: the traffic is routed by the underlay, the peer answers on its
+        ``cni0`` gateway."""
+
+        def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(lease, version)
+                if subnet is not None:
+                    out.append(FamilyPlan(version, subnet, public, carrier=PLAIN,
+                                          answers_on=gateway_address(subnet)))
+            return tuple(out)
+
+        return plan
+
+    @classmethod
+    def read_engine(cls, node: NodeView, root: Path | None) -> EngineReading:
+        """What this backend's engines hold on the node now (WireGuard peers, IKE SAs), read
+        through the files flanneld sees under ``root`` (its ``/proc/<pid>/root``; None: no
+        flanneld runs here, only what needs none is read), and problems of the engines
+        themselves; nothing for a backend whose peers are all in netlink state. Read
+        only."""
+        return EngineReading()
+
+    @classmethod
+    def leftovers(cls, place: Place) -> Leftovers:
+        """What ``flannelctl cleanup`` removes of this backend besides the devices its
+        footprint declares (with their routes and entries) and the traffic rules: processes
+        it started, their sockets and files. Looks only; the items remove when called."""
+        return Leftovers()
+
+
+def unclaimed(lease: Lease) -> bool:
+    """A reservation (no TTL) whose node has not written its backend's data yet."""
+    return lease.is_reservation and not lease.attrs.backend_type \
+        and lease.attrs.backend_data is None and lease.attrs.backend_v6_data is None

@@ -30,8 +30,10 @@ from flannel.backend.base import (
     BackendConfigError,
     BackendError,
     LocalNetwork,
+    PeerPlanner,
 )
 from flannel.backend.footprint import ELSEWHERE, Footprint
+from flannel.backend.plan import Carrier, FamilyPlan, NodeView, gateway_address
 from flannel.cloud.base import CloudError, RouteChange
 from flannel.lease import Lease
 
@@ -127,6 +129,19 @@ class CloudRouteBackend(Backend):
 
     def appliers(self) -> Sequence[Applier]:
         return () if self._applier is None else (self._applier,)
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        # The VPC's router forwards pods' packets as they are: no encapsulation to probe.
+        carrier = Carrier("the VPC's route table")
+
+        def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
+            if lease.subnet is None:
+                return ()
+            return (FamilyPlan(4, lease.subnet, lease.attrs.public_ip, carrier=carrier,
+                               answers_on=gateway_address(lease.subnet)),)
+
+        return plan
 
     @staticmethod
     def _address(address: IPv4Address | None, what: str) -> IPv4Address:

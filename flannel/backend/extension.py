@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from flannel.backend.base import (
     Applier,
@@ -32,8 +33,18 @@ from flannel.backend.base import (
     BackendOptions,
     EngineSample,
     LocalNetwork,
+    PeerPlanner,
 )
 from flannel.backend.footprint import BY_USER, Footprint
+from flannel.backend.plan import (
+    Carrier,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    family_subnet,
+    gateway_address,
+    versions,
+)
 from flannel.config import NetworkConfig
 from flannel.extension.peers import (
     CommandFailed,
@@ -167,3 +178,27 @@ class ExtensionBackend(Backend):
 
     def appliers(self) -> Sequence[ExtensionCommands]:
         return (self.engine,)
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        """As every backend without a device of its own, the underlay carrying what the
+        commands' data path adds (``EncapOverhead``)."""
+        plan = super().node_plan(node)
+        return replace(plan, overhead=ExtensionConfig.from_backend(node.config.backend)
+                       .encap_overhead)
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        carrier = Carrier("the extension's data path", unprobed="the extension's own commands "
+                          "(SubnetAddCommand) choose what carries it")
+
+        def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(lease, version)
+                if subnet is not None:
+                    out.append(FamilyPlan(version, subnet, public, carrier=carrier,
+                                          answers_on=gateway_address(subnet)))
+            return tuple(out)
+
+        return plan

@@ -31,9 +31,19 @@ from flannel.backend.base import (
     Encapsulation,
     EngineSample,
     LocalNetwork,
+    PeerPlanner,
     RouteLookup,
 )
 from flannel.backend.footprint import COVERING, Footprint, Link
+from flannel.backend.plan import (
+    Carrier,
+    DevicePlan,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    base_address,
+    local_addresses,
+)
 from flannel.backend.routed import RoutedBackend
 from flannel.backendoptions import decode_options
 from flannel.backoff import Backoff
@@ -77,10 +87,16 @@ class UdpConfig:
         return cls(port)
 
 
+def network_route(network: IPv4Network | None, index: int) -> frozenset[Route]:
+    """The one route every peer's traffic takes: the whole Network into the TUN (the
+    forwarder, not the kernel, knows the peers)."""
+    return frozenset({Route(str(network), None, index)}) if network else frozenset()
+
+
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
     # The forwarder, not the kernel, knows the peers: the Network route into the TUN is all.
-    footprint = Footprint(COVERING, device=TUN_NAME, answers_on_base=True,
+    footprint = Footprint(COVERING, device=TUN_NAME,
                           links=(Link(r"flannel\d+", "tun"),), encap_port=DEFAULT_PORT)
     pass_errors = (TunError,)
     option_names = ("Port",)
@@ -161,7 +177,7 @@ class UdpBackend(RoutedBackend):
         index, subnet = self.tun_index, self.lease.subnet
         network = self.config.network
         return DesiredState(
-            frozenset({Route(str(network), None, index)}) if network else frozenset(),
+            network_route(network, index),
             devices=frozenset({index}),
             # Carrier: the TUN loses it when the forwarder exits, which starts a pass that
             # restarts the forwarder (the applier).
@@ -176,13 +192,37 @@ class UdpBackend(RoutedBackend):
     def encapsulation(self) -> Encapsulation:
         return Encapsulation(udp={4: (self.port,)})
 
-    def wants(self, lease: Lease) -> bool:
-        # Go's udp takes every lease; a lease with a BackendType is a node that runs no
-        # udp forwarder, so packets sent there would be lost.
+    @classmethod
+    def refuses(cls, lease: Lease, config: NetworkConfig) -> str:
+        # Go's udp takes every lease, reservations included (a node that takes one keeps
+        # it as it is); a lease with a BackendType is a node that runs no udp forwarder, so
+        # packets sent there would be lost.
         if not lease.attrs.backend_type:
-            return True
-        self.ignore(lease)
-        return False
+            return ""
+        return super().refuses(lease, config)
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        return NodePlan(devices=(DevicePlan(TUN_NAME, 4, ENCAP_OVERHEAD),),
+                        local=local_addresses(node, on_base=True),
+                        injectable=(UdpConfig.from_backend(node.config.backend).port,))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        port = UdpConfig.from_backend(node.config.backend).port
+        # The forwarder answers no stray datagram: silence is an open port or a dropped one.
+        forwarder = Carrier("the udp forwarder", udp_ports=(port,), refuses=True)
+        routes = network_route(node.config.network, node.device(TUN_NAME))
+
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            if peer.subnet is None:
+                return ()
+            return (FamilyPlan(4, peer.subnet, peer.attrs.public_ip, routes=routes,
+                               carrier=forwarder, answers_on=base_address(peer.subnet)),)
+
+        return plan
 
 
 _COUNTER_HELP = {
@@ -282,3 +322,4 @@ class _ForwarderApplier(Applier):
             self._closed = True
             if self.backend.forwarder is not None:
                 self.backend.forwarder.stop()
+

@@ -19,7 +19,7 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from ipaddress import IPv4Address, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from flannel.backend.base import (
@@ -28,9 +28,24 @@ from flannel.backend.base import (
     BackendOptions,
     Encapsulation,
     LocalNetwork,
+    PeerPlanner,
     RouteLookup,
 )
 from flannel.backend.footprint import PER_PEER, Footprint, Link
+from flannel.backend.plan import (
+    PLAIN,
+    Carrier,
+    DevicePlan,
+    FamilyPlan,
+    IPAddress,
+    IPNetwork,
+    NodePlan,
+    NodeView,
+    base_address,
+    family_subnet,
+    local_addresses,
+    versions,
+)
 from flannel.backend.routed import RoutedBackend
 from flannel.backendoptions import decode_options
 from flannel.config import NetworkConfig
@@ -93,6 +108,46 @@ class VxlanConfig:
         return cfg
 
 
+def device_name(vni: int, version: int) -> str:
+    """``flannel.<VNI>`` (IPv4) or ``flannel-v6.<VNI>``."""
+    return f"flannel{'' if version == 4 else '-v6'}.{vni}"
+
+
+def peer_mac(peer: Lease, version: int) -> tuple[str | None, str]:
+    """(the VtepMAC a peer's lease publishes for one IP family, lower-case; "") or (None, what
+    is wrong with it: none, or one the kernel refuses an FDB entry for, zero or multicast)."""
+    try:
+        raw = peer.attrs.backend_v6_data if version == 6 else peer.attrs.backend_data
+        if raw is not None and (found := _GO_BACKEND_DATA.match(raw)) is not None:
+            mac = found[1]
+        else:
+            data = peer.attrs.backend_json(v6=version == 6)
+            mac = data["VtepMAC"] if isinstance(data, dict) else None
+        octets = mac_bytes(mac) if isinstance(mac, str) else b""
+    except (ValueError, KeyError):
+        octets = b""
+    fix = "the node that owns it rewrites it on restart, or delete the lease"
+    if len(octets) != 6:
+        return None, (f"its IPv{version} backend data has no valid VtepMAC (a vxlan lease "
+                      f'needs {{"VtepMAC":"<6-byte MAC>"}}); {fix}')
+    assert isinstance(mac, str)
+    if not any(octets):
+        return None, f"its IPv{version} VtepMAC {mac} is zero, which no VTEP has; {fix}"
+    if octets[0] & 1:
+        return None, (f"its IPv{version} VtepMAC {mac} is a multicast or broadcast MAC, "
+                      f"not one VTEP's; {fix}")
+    return mac.lower(), ""
+
+
+def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -> Route | None:
+    """DirectRouting's route to a peer on-link on the underlay (the kernel reaches its
+    public address without a gateway): via that address; None when it is not on-link."""
+    direct = route_get(public)
+    if direct is not None and direct.gateway is None:
+        return Route(str(subnet), str(public), direct.oif)
+    return None
+
+
 class _Peer:
     """A peer's lease and its neighbour, FDB entry and onlink route on one device (None
     without a usable VtepMAC): one small record per peer, whose entries the desired state's
@@ -108,6 +163,18 @@ class _Peer:
         self.route = route
 
 
+def vtep_record(peer: Lease, version: int, index: int, mac: str | None) -> _Peer:
+    """A peer's neighbour, FDB entry and onlink route on device ``index`` for one IP family
+    (none without a public address or ``mac``)."""
+    subnet, public = family_subnet(peer, version)
+    if subnet is None or public is None or mac is None:
+        return _Peer(peer)
+    # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
+    base = ip_text(subnet.network_address.packed)
+    return _Peer(peer, Neighbour(index, base, mac), FdbEntry(index, mac, ip_text(public.packed)),
+                 Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
+
+
 @dataclass
 class _Family:
     """One vxlan device (one per IP family) and what it was last found as."""
@@ -119,7 +186,7 @@ class _Family:
 
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
-    footprint = Footprint(PER_PEER, device="flannel.{vni}", answers_on_base=True,
+    footprint = Footprint(PER_PEER, device="flannel.{vni}",
                           links=(Link(r"flannel(-v6)?\.\d+", "vxlan", entries=True),),
                           encap_port=device.DEFAULT_VXLAN_PORT, vtep=True, dual_stack=True)
     pass_errors = (device.DeviceError,)
@@ -151,9 +218,8 @@ class VxlanBackend(RoutedBackend):
 
     def _spec(self, version: int, local: IPv4Address | IPv6Address, mac: str
               ) -> device.VxlanSpec:
-        suffix = "" if version == 4 else "-v6"
         return device.VxlanSpec(
-            name=f"flannel{suffix}.{self.vxlan.vni}", vni=self.vxlan.vni, port=self.vxlan.port,
+            name=device_name(self.vxlan.vni, version), vni=self.vxlan.vni, port=self.vxlan.port,
             local=local, underlay_index=self.ext.index, learning=self.vxlan.learning,
             gbp=self.vxlan.gbp, mtu=self.device_mtu(version), mac=mac)
 
@@ -203,31 +269,6 @@ class VxlanBackend(RoutedBackend):
                 device.ensure_address(dev.index, subnet.network_address, network,
                                       self.options.host)
 
-    def _mac(self, lease: Lease, version: int) -> tuple[str | None, str]:
-        """(the lease's VTEP MAC of one family, lower-case; "") or (None, what is wrong with
-        it: the kernel refuses an FDB entry for a multicast or zero MAC)."""
-        try:
-            raw = lease.attrs.backend_v6_data if version == 6 else lease.attrs.backend_data
-            if raw is not None and (found := _GO_BACKEND_DATA.match(raw)) is not None:
-                mac = found[1]
-            else:
-                data = lease.attrs.backend_json(v6=version == 6)
-                mac = data["VtepMAC"] if isinstance(data, dict) else None
-            octets = mac_bytes(mac) if isinstance(mac, str) else b""
-        except (ValueError, KeyError):
-            octets = b""
-        fix = "the node that owns it rewrites it on restart, or delete the lease"
-        if len(octets) != 6:
-            return None, (f"its IPv{version} backend data has no valid VtepMAC (a vxlan lease "
-                          f'needs {{"VtepMAC":"<6-byte MAC>"}}); {fix}')
-        assert isinstance(mac, str)
-        if not any(octets):
-            return None, f"its IPv{version} VtepMAC {mac} is zero, which no VTEP has; {fix}"
-        if octets[0] & 1:
-            return None, (f"its IPv{version} VtepMAC {mac} is a multicast or broadcast MAC, "
-                          f"not one VTEP's; {fix}")
-        return mac.lower(), ""
-
     def _peer_families(self, lease: Lease) -> list[int]:
         """The families of our devices the lease has a subnet and a public address of."""
         return [version for version in self.families
@@ -237,7 +278,7 @@ class VxlanBackend(RoutedBackend):
 
     def lease_problem(self, lease: Lease) -> str | None:
         for version in self._peer_families(lease):
-            mac, why = self._mac(lease, version)
+            mac, why = peer_mac(lease, version)
             if mac is None:
                 return why
         return None
@@ -246,20 +287,15 @@ class VxlanBackend(RoutedBackend):
         """Its VTEP MAC on each of our devices: another node's FDB entry for it would send
         that node's traffic elsewhere."""
         return tuple(f"IPv{version} VtepMAC {mac}" for version in self._peer_families(lease)
-                     if (mac := self._mac(lease, version)[0]) is not None)
+                     if (mac := peer_mac(lease, version)[0]) is not None)
 
     def _peer_record(self, peer: Lease, version: int, index: int) -> _Peer:
         """One peer's record on one device: its neighbour, FDB entry and onlink route."""
-        subnet = peer.subnet if version == 4 else peer.ipv6_subnet
-        public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
-        mac = self._mac(peer, version)[0]
+        subnet, public = family_subnet(peer, version)
+        mac = peer_mac(peer, version)[0]
         if subnet is None or public is None or mac is None:  # not admitted (lease_problem)
             return _Peer(peer)
-        # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
-        base = ip_text(subnet.network_address.packed)
-        return _Peer(peer, Neighbour(index, base, mac),
-                     FdbEntry(index, mac, ip_text(public.packed)),
-                     Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
+        return vtep_record(peer, version, index, mac)
 
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         frame = (tuple((v, f.index, f.spec) for v, f in self.families.items()), self.lease,
@@ -290,9 +326,9 @@ class VxlanBackend(RoutedBackend):
                 if subnet is None or public is None:
                     continue
                 if self.vxlan.direct_routing:
-                    direct = route_get(ip_address(public))
-                    if direct is not None and direct.gateway is None:
-                        routes.add(Route(str(subnet), str(public), direct.oif))
+                    direct = direct_route(subnet, public, route_get)
+                    if direct is not None:
+                        routes.add(direct)
                         continue
                 record = before.get(peer.key)
                 if record is None or record.lease is not peer:
@@ -323,3 +359,49 @@ class VxlanBackend(RoutedBackend):
                 base = subnet.network_address
                 out.add((family.index, f"{base}/{base.max_prefixlen}"))
         return frozenset(out)
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        cfg = VxlanConfig.from_backend(node.config.backend)
+        own = node.own
+        devices = tuple(DevicePlan(device_name(cfg.vni, v), v, ENCAP_OVERHEAD[v], entries=True,
+                                   mac=(peer_mac(own, v)[0] or "") if own else "",
+                                   udp_offload=True)
+                        for v in versions(node.config))
+        return NodePlan(devices=devices, local=local_addresses(node, on_base=True),
+                        injectable=(cfg.port or device.DEFAULT_VXLAN_PORT,))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        cfg = VxlanConfig.from_backend(node.config.backend)
+        vxlan = Carrier("VXLAN", udp_ports=(cfg.port or device.DEFAULT_VXLAN_PORT,),
+                        refuses=True)
+
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(peer, version)
+                if subnet is None or public is None:
+                    continue
+                base = base_address(subnet)
+                direct = direct_route(subnet, public, node.route_get) \
+                    if cfg.direct_routing else None
+                if direct is not None:
+                    out.append(FamilyPlan(version, subnet, public, routes=frozenset({direct}),
+                                          carrier=PLAIN, answers_on=base))
+                    continue
+                index = node.device(device_name(cfg.vni, version))
+                mac, why = peer_mac(peer, version)
+                record = vtep_record(peer, version, index, mac)
+                if record.route is None or record.neighbour is None or record.fdb is None:
+                    out.append(FamilyPlan(version, subnet, public, skipped=why))
+                    continue
+                out.append(FamilyPlan(version, subnet, public, routes=frozenset({record.route}),
+                                      neighbours=frozenset({record.neighbour}),
+                                      fdb=frozenset({record.fdb}), carrier=vxlan,
+                                      answers_on=base))
+            return tuple(out)
+
+        return plan

@@ -160,13 +160,14 @@ def check_node(node: LabNode, endpoint: str, args: CheckOptions,
 
 
 def pairs_of(outcomes: list[NodeOutcome]) -> list[Pair]:
-    """Every (from, to) pair of nodes, plus leases of no lab node that a node saw."""
+    """Every (from, to) pair of nodes, one per IP family checked, plus leases of no lab node
+    that a node saw."""
     by_address = {o.node.address: o.node for o in outcomes}
     pairs = []
     for outcome in outcomes:
         seen = set()
         for peer in outcome.peers():
-            dest = by_address.get(str(peer.get("public_ip")))
+            dest = by_address.get(str(peer.get("node_ip") or peer.get("public_ip")))
             if dest is not None:
                 seen.add(dest.index)
             pairs.append(Pair(outcome.node, dest, str(peer.get("verdict")), peer,
@@ -191,13 +192,15 @@ def next_step(pair: Pair) -> tuple[str, LabNode | None]:
     here = pair.source.label
     there = pair.dest.label if pair.dest else f"the node {pair.peer.get('public_ip')}"
     if pair.verdict in ("timeout", "lossy"):
-        return (f"run flannelctl doctor on {here} (it probes {there} on the underlay and on "
-                f"its encapsulation port, telling a node that is down from a blocked port), "
-                f"then on {there}", pair.source)
+        # The node's own advice: what doctor probes for that peer, from its backend.
+        advice = pair.peer.get("next")
+        return (f"on {here}: {advice}" if isinstance(advice, str) and advice else
+                f"run flannelctl doctor on {here}, then on {there}"), pair.source
     if pair.verdict == "no-lease":
         return f"run flannelctl doctor on {there}", pair.dest
-    if pair.verdict == "bad-lease":
-        return flannelctl("leases", "show", str(pair.peer.get("subnet"))), None
+    if pair.verdict == "skipped":
+        return str(pair.peer.get("next") or flannelctl("leases", "show",
+                                                        str(pair.peer.get("subnet")))), None
     return f"run flannelctl doctor on {here}", pair.source
 
 
@@ -217,7 +220,11 @@ def render(name: str, endpoint: str, outcomes: list[NodeOutcome], pairs: list[Pa
              f"{len(failing)} failing" + (f", {len(broken)} nodes not checked" if broken
                                           else "")]
     lines += [f"note: {note}" for note in dict.fromkeys(o.note for o in outcomes if o.note)]
-    cells = {(p.source.index, p.dest.index): p for p in pairs if p.dest is not None}
+    cells: dict[tuple[int, int], Pair] = {}
+    for pair in pairs:  # a failing family shows over an answering one
+        key = (pair.source.index, pair.dest.index) if pair.dest is not None else None
+        if key is not None and (key not in cells or pair.fails):
+            cells[key] = pair
     header = ["from \\ to"] + [f"{o.node.label} {o.subnet}" for o in outcomes]
     rows = [header]
     for outcome in outcomes:
@@ -240,7 +247,8 @@ def render(name: str, endpoint: str, outcomes: list[NodeOutcome], pairs: list[Pa
         lines.append("failing pairs:")
     for pair in failing:
         dest = pair.dest.label if pair.dest else f"{pair.peer.get('subnet')} (no lab node)"
-        lines.append(f"  {pair.source.label} -> {dest}: {pair.verdict}: {pair.detail}")
+        over = " over IPv6" if pair.peer.get("family") == 6 else ""
+        lines.append(f"  {pair.source.label} -> {dest}{over}: {pair.verdict}: {pair.detail}")
         step, node = next_step(pair)
         lines.append(f"    next: {step}")
         if node is not None:
@@ -256,6 +264,7 @@ def as_json(name: str, outcomes: list[NodeOutcome], pairs: list[Pair], ok: bool
                        "note": o.note or None, "error": o.error or None}
                       for o in outcomes],
             "pairs": [{"from": p.source.label, "to": p.dest.label if p.dest else None,
+                       "family": p.peer.get("family", 4) if p.peer else 4,
                        "verdict": p.verdict, "detail": p.detail,
                        "next": next_step(p)[0] if p.fails else "",
                        "peer": p.peer or None} for p in pairs]}

@@ -84,7 +84,8 @@ def duration_text(seconds: float) -> str:
 
 
 def vtep_mac(lease: Lease) -> str | None:
-    """The VTEP MAC a vxlan lease publishes, lower-case; None otherwise or if malformed."""
+    """The ``VtepMAC`` a lease's backend data publishes, lower-case; None otherwise or if
+    malformed."""
     try:
         data = lease.attrs.backend_json()
     except ValueError:

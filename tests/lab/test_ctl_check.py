@@ -88,8 +88,9 @@ def test_every_pair_answers_then_a_dropped_vxlan_port_names_the_pairs_it_cuts(la
         assert failing[0] == (f"  n1 -> n3: timeout: no answer from {subnet(lab3, 3)[:-3]} "
                               "to 2 echoes within 1s")
         assert failing[1] == (
-            "    next: run flannelctl doctor on n1 (it probes n3 on the underlay and on its "
-            "encapsulation port, telling a node that is down from a blocked port), then on n3")
+            "    next: on n1: run flannelctl doctor on this node: it probes this node's own "
+            "firewall, 192.168.111.13 on the underlay and VXLAN on UDP 8472, telling a node "
+            "that is down from a blocked port; then on the node 192.168.111.13")
         assert failing[2] == (
             f"    n1: ip netns exec {lab3.node_ns(1)} {FLANNELCTL} doctor "
             f"--etcd-endpoints={lab3.state.etcd_endpoint} "
@@ -125,11 +126,14 @@ def test_an_entry_flanneld_has_not_programmed_is_not_a_timeout(lab3):
         assert all(line.split()[2:] == ["vxlan", "-", "-", "-", "-", "NOT-PROGRAMMED"]
                    for line in lines[2:4])
         assert lines[4] == "2 of 2 peers do not answer:"
-        assert f"  {subnet(lab3, 2)} (192.168.111.12): not-programmed: this node has no route " \
-               f"to {subnet(lab3, 2)}: flanneld here has not programmed that lease" in lines
-        assert f"  {subnet(lab3, 3)} (192.168.111.13): not-programmed: this node has no " \
-               f"neighbour entry for the VTEP {vtep3}: flanneld here has not programmed that " \
-               "lease" in lines
+        lacks = "not-programmed: this node lacks what flanneld makes for it"
+        assert f"  {subnet(lab3, 2)} (192.168.111.12): {lacks}: no route to " \
+               f"{subnet(lab3, 2)} (node 192.168.111.12)" in lines
+        mac = next(line.split()[0] for line in in_ns(node1.netns, "bridge", "fdb", "show",
+                                                       "dev", "flannel.1").stdout.splitlines()
+                   if "dst 192.168.111.13 " in line)
+        assert f"  {subnet(lab3, 3)} (192.168.111.13): {lacks}: the neighbour entry " \
+               f"{vtep3} -> {mac} for node 192.168.111.13 is missing on flannel.1" in lines
         assert lines.count("    next: run flannelctl doctor on this node (is flanneld running, "
                            "and what does its log say about that peer?)") == 2
     finally:

@@ -1,5 +1,6 @@
 """Checks of the lease set: store reachable, a config enabling IPv6 for a backend that declares
-none, duplicates, subnets outside the Network, clock."""
+none, duplicates, clock. (Leases flanneld skips, outside the Network among them, are the
+``skipped`` check's: ``kernel.py``.)"""
 
 from __future__ import annotations
 
@@ -24,12 +25,20 @@ def check_store(ctx: Context) -> list[Finding]:
         found.append(Finding("config", "error", f"no usable network config: {ctx.store_error}",
                              "write the config (etcdctl put <prefix>/config '{\"Network\": "
                              "...}') or fix net-conf.json"))
-    elif ctx.config.enable_ipv6 and ctx.footprint is not None \
-            and not ctx.footprint.dual_stack:
+    elif ctx.config.enable_ipv6 and ctx.backend_class is not None \
+            and not ctx.backend_class.footprint.dual_stack:
+        from flannel.backend import footprints
+
+        carry = ", ".join(name for name, footprint in footprints().items()
+                          if footprint.dual_stack and footprint.has_data_path)
         found.append(Finding("config", "error", f"the network config enables IPv6, which the "
                              f"{ctx.backend} backend does not carry: flanneld refuses to start",
                              "remove EnableIPv6 and IPv6Network, or choose a backend with IPv6 "
-                             "support (vxlan, wireguard, host-gw)"))
+                             f"support ({carry})"))
+    elif ctx.description is None and ctx.description_error:
+        found.append(Finding("config", "error", f"the network config's Backend is unusable: "
+                             f"{ctx.description_error}: flanneld refuses to start",
+                             "fix the Backend options in the network config"))
     for row in ctx.rows or []:
         if row.lease is None:
             found.append(Finding("lease", "warning", f"lease {row.node or row.key}: "
@@ -62,26 +71,8 @@ def check_duplicates(ctx: Context) -> list[Finding]:
             found.append(Finding(
                 "duplicates", "error", f"VTEP MAC {mac} is published by several leases "
                 f"({owners}): their traffic collides",
-                "cloned machines? delete flannel.1 on one of them and restart its flanneld "
-                "so it gets a new MAC"))
-    return found
-
-
-def check_outside(ctx: Context) -> list[Finding]:
-    cfg = ctx.config
-    if cfg is None:
-        return []
-    found = []
-    for lease in ctx.leases:
-        outside4 = lease.subnet is not None and cfg.network is not None and \
-            not lease.subnet.subnet_of(cfg.network)
-        outside6 = lease.ipv6_subnet is not None and cfg.ipv6_network is not None and \
-            not lease.ipv6_subnet.subnet_of(cfg.ipv6_network)
-        if outside4 or outside6:
-            found.append(Finding(
-                "outside", "warning", f"lease {lease.key} of {lease.attrs.public_ip} is "
-                f"outside the Network {cfg.network}: left from an older config",
-                f"{flannelctl('leases', 'release', lease.key)} once that node runs the new config"))
+                "cloned machines? delete the device that has that MAC on one of them and "
+                "restart its flanneld so it gets a new MAC"))
     return found
 
 
@@ -94,5 +85,4 @@ def check_clock(ctx: Context) -> list[Finding]:
                     "node and the store")]
 
 
-CHECKS = [("store", check_store), ("duplicates", check_duplicates),
-          ("outside", check_outside), ("clock", check_clock)]
+CHECKS = [("store", check_store), ("duplicates", check_duplicates), ("clock", check_clock)]

@@ -80,7 +80,10 @@ def check_sysctls(ctx: Context) -> list[Finding]:
         found.append(Finding("sysctl", "warning",
                              f"net.bridge.bridge-nf-call-iptables is {bridge_nf}",
                              "sysctl -w net.bridge.bridge-nf-call-iptables=1"))
-    devices = [link["ifname"] for link in ctx.kernel.vxlan_links()]
+    description = ctx.description
+    devices = dict.fromkeys(device.name for device in description.node.devices
+                            if ctx.kernel.link(device.name) is not None) \
+        if description is not None else {}
     for device in devices:
         if _effective_rp_filter(ctx, device) == 1:
             found.append(Finding(
@@ -210,12 +213,16 @@ def _encap_filter_installed() -> bool:
 
 
 def check_encap_filter(ctx: Context) -> list[Finding]:
-    """Recommend ``--encap-peers-only`` where vxlan/udp packets are taken from anyone."""
-    if ctx.config is None or not ctx.flanneld_pids:
+    """Recommend ``--encap-peers-only`` where the backend takes encapsulated packets, which
+    anyone could send, from anyone."""
+    description = ctx.description
+    if ctx.config is None or not ctx.flanneld_pids or description is None:
         return []
-    backend, port = ctx.config.backend_type, ctx.encap_port  # 0: no port anyone can inject to
-    if not port or _encap_filter_installed():
+    backend = ctx.config.backend_type
+    ports = description.node.injectable
+    if not ports or _encap_filter_installed():
         return []
+    port = ports[0]
     return [Finding(
         "encap-filter", "info",
         f"{backend} packets (UDP {port}) are accepted from any host: one that reaches this "
