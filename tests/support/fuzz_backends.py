@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from flannel.backend.base import BackendConfigError
 from flannel.backend.ipip import IpipConfig
 from flannel.backend.udp import UdpConfig
-from flannel.backend.vxlan import VxlanBackend, VxlanConfig
+from flannel.backend.vxlan import VxlanConfig, peer_mac
 from flannel.backend.wireguard import WireguardBackend
 from flannel.cloud.alivpc import AliVpcConfig
 from flannel.cloud.awsvpc import AwsVpcConfig
@@ -186,8 +186,6 @@ def _lease_with(raw: Any, via_etcd: bool, backend_type: str) -> Lease | None:
 
 
 _EXT = ExternalInterface("eth0", 2, 1500, _ADDRESS, None, _ADDRESS, None)
-_VXLAN = VxlanBackend(_EXT, parse_config(b'{"Network":"10.244.0.0/16",'
-                                         b'"Backend":{"Type":"vxlan"}}'))
 _WG = WireguardConfig.from_backend({})
 _WG_BACKEND = WireguardBackend(_EXT, parse_config(b'{"Network":"10.244.0.0/16",'
                                                   b'"Backend":{"Type":"wireguard"}}'))
@@ -200,7 +198,7 @@ def run_peer_data(data: tuple[Any, bool]) -> None:
         if lease is None:
             return
         if kind == "vxlan":
-            mac, why = _VXLAN._mac(lease, 4)
+            mac, why = peer_mac(lease, 4)
             assert (mac is None) == bool(why)
             assert mac is None or (len(mac_bytes(mac)) == 6 and mac == mac.lower()
                                    and any(mac_bytes(mac)) and not mac_bytes(mac)[0] & 1)
