@@ -1,11 +1,12 @@
-"""Bounded JSON decoding for everything flanneld reads from the store or a file.
+"""Bounded JSON decoding for everything flanneld reads from the store, a server or a file.
 
 ``json.loads`` recurses once per nesting level: about 1000 levels raise RecursionError and
 deeper input can exhaust the C stack. Every decoder of untrusted JSON calls ``loads`` here,
-which checks the size, pre-scans the nesting depth (strings and escapes respected) and only
-then hands the text to ``json``. NaN, Infinity and numbers beyond float range are refused,
-as Go's decoder refuses them. Owns: the limits and their messages. Must not touch: files,
-the store, the kernel.
+which checks the size, pre-scans the nesting depth (strings and escapes respected) and, when
+asked, the number of elements (a few MiB of ``{}`` would decode into millions of objects, tens
+of times their size in memory), and only then hands the text to ``json``. NaN, Infinity and
+numbers beyond float range are refused, as Go's decoder refuses them. Owns: the limits and
+their messages. Must not touch: files, the store, the kernel.
 """
 
 from __future__ import annotations
@@ -64,6 +65,17 @@ def _brackets(text: str) -> bytes:
     return _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
 
 
+def _openers_and_commas(text: str) -> int:
+    return text.count(",") + text.count("[") + text.count("{")
+
+
+def element_count(text: str) -> int:
+    """At least as many as the values inside the arrays and objects of ``text`` (each is
+    the first of its container, after a bracket, or follows a comma), strings ignored."""
+    raw = _STRINGS.sub(b"", text.encode("utf-8", "surrogatepass"))
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+
+
 def nesting_depth(text: str) -> int:
     """How deep arrays/objects nest, brackets inside strings ignored.
 
@@ -89,14 +101,15 @@ def nests_deeper_than(text: str, max_depth: int) -> bool:
 
 
 def loads(raw: bytes | str, *, what: str, max_bytes: int,
-          max_depth: int | None = MAX_DEPTH) -> Any:
+          max_depth: int | None = MAX_DEPTH, max_elements: int | None = None) -> Any:
     """Decode JSON within limits; JSONLimitError names ``what`` and the limit it broke.
 
     Bytes are UTF-8; invalid sequences become U+FFFD as Go's decoder does inside strings.
     ``max_depth=None`` skips the pre-scan (it costs more than decoding a large document):
     nesting is then bounded only by the decoder's recursion guard, whose RecursionError is
     refused like any other limit. Only for callers that keep nothing nested of the result
-    (the Kubernetes client's node views).
+    (the Kubernetes client's node views). ``max_elements``: at most this many values inside
+    arrays and objects (counted before decoding; strings are bounded by ``max_bytes``).
     """
     size = _size(raw, max_bytes)
     if size > max_bytes:
@@ -106,6 +119,11 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int,
     if max_depth is not None and text.count("[") + text.count("{") > max_depth and \
             nests_deeper_than(text, max_depth):
         raise JSONLimitError(f"{what} nests JSON deeper than the limit of {max_depth} levels")
+    # Counting in strings too overcounts: exact only when the quick count is over.
+    if max_elements is not None and _openers_and_commas(text) > max_elements and \
+            element_count(text) > max_elements:
+        raise JSONLimitError(f"{what} holds more than the limit of {max_elements} JSON "
+                             "elements")
     try:
         return _DECODER.decode(text)
     except RecursionError:

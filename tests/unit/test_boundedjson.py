@@ -63,3 +63,19 @@ def test_without_the_prescan_the_recursion_guard_still_refuses_deep_input():
                                  "limit")
     assert loads("[" * 100 + "]" * 100, what="x", max_bytes=1000, max_depth=None) == \
         loads("[" * 100 + "]" * 100, what="x", max_bytes=1000, max_depth=200)
+
+
+def test_elements_beyond_the_limit_are_refused_before_decoding():
+    amplified = "[" + "{}," * 99_999 + "{}]"
+    with pytest.raises(JSONLimitError) as caught:
+        loads(amplified, what="a page", max_bytes=10 ** 6, max_elements=50_000)
+    assert str(caught.value) == "a page holds more than the limit of 50000 JSON elements"
+    assert len(loads(amplified, what="a page", max_bytes=10 ** 6)) == 100_000
+
+
+def test_commas_and_brackets_inside_strings_are_not_elements():
+    text = '{"a": "' + ",[{" * 1000 + '", "b": [1, 2, 3]}'
+    assert boundedjson.element_count(text) == 5  # two members, three items
+    assert loads(text, what="x", max_bytes=10 ** 5, max_elements=5)["b"] == [1, 2, 3]
+    with pytest.raises(JSONLimitError, match="more than the limit of 4 JSON elements"):
+        loads(text, what="x", max_bytes=10 ** 5, max_elements=4)
