@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
@@ -91,8 +90,8 @@ class AwsVpcRoutes(RouteEngineBase):
 
     def __init__(self, config: AwsVpcConfig, metadata: MetadataClient, *,
                  endpoint_url: str | None = None, backoff: ThrottleRetry | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        super().__init__(backoff, sleep)
+                 sleep: Callable[[float], None] | None = None) -> None:
+        super().__init__(backoff, sleep, metadata.stopper)
         self.config = config
         self.metadata = metadata
         self.endpoint_url = endpoint_url

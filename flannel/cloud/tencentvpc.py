@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
@@ -88,8 +87,8 @@ class TencentVpcRoutes(RouteEngineBase):
 
     def __init__(self, config: TencentVpcConfig, metadata: MetadataClient, *,
                  backoff: ThrottleRetry | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        super().__init__(backoff, sleep)
+                 sleep: Callable[[float], None] | None = None) -> None:
+        super().__init__(backoff, sleep, metadata.stopper)
         self.config = config
         self.metadata = metadata
         self._client: Any = None
