@@ -29,7 +29,8 @@ MAX_CONFIG_BYTES = 1024 * 1024
 # multi-byte sequence can be mistaken for them.
 _STRINGS = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
-_INNERMOST = re.compile(rb"[\[{][\]}]")
+# Openers as "(", closers as ")": an innermost pair, whatever its kinds, is then "()".
+_PAIRS = bytes.maketrans(b"[{]}", b"(())")
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
@@ -60,20 +61,39 @@ def _size(raw: bytes | str, max_bytes: int) -> int:
     return len(raw.encode("utf-8", "surrogatepass"))
 
 
-def _brackets(text: str) -> bytes:
+def _structure(text: str) -> bytes:
+    """``text`` in UTF-8 without its strings. Built a piece at a time (``re.sub`` would hold
+    an object per string at once: tens of MiB for an answer of a million empty strings)."""
     raw = text.encode("utf-8", "surrogatepass")
-    return _STRINGS.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    if b'"' not in raw:
+        return raw
+    outside = bytearray()
+    at = 0
+    for match in _STRINGS.finditer(raw):
+        start, end = match.span()
+        outside += raw[at:start]
+        at = end
+    outside += raw[at:]
+    return bytes(outside)
+
+
+def _brackets(text: str, structure: bytes | None = None) -> bytes:
+    return (_structure(text) if structure is None else structure).translate(None,
+                                                                            _NOT_BRACKETS)
 
 
 def _openers_and_commas(text: str) -> int:
     return text.count(",") + text.count("[") + text.count("{")
 
 
+def _elements(structure: bytes) -> int:
+    return structure.count(b",") + structure.count(b"[") + structure.count(b"{")
+
+
 def element_count(text: str) -> int:
     """At least as many as the values inside the arrays and objects of ``text`` (each is
     the first of its container, after a bracket, or follows a comma), strings ignored."""
-    raw = _STRINGS.sub(b"", text.encode("utf-8", "surrogatepass"))
-    return raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+    return _elements(_structure(text))
 
 
 def nesting_depth(text: str) -> int:
@@ -85,18 +105,21 @@ def nesting_depth(text: str) -> int:
     return max(accumulate(map(_STEP.__getitem__, _brackets(text))), default=0)
 
 
-def nests_deeper_than(text: str, max_depth: int) -> bool:
+def nests_deeper_than(text: str, max_depth: int, structure: bytes | None = None) -> bool:
     """``nesting_depth(text) > max_depth``, fast for the usual shallow document: removing
     the innermost pairs ``max_depth`` times empties any balanced one that is within the
-    limit; anything left over is measured exactly."""
-    brackets = _brackets(text)
-    reduced = brackets
+    limit; anything left over is measured exactly. ``structure``: ``text`` without its
+    strings, when already made."""
+    brackets = _brackets(text, structure)
+    reduced = brackets.translate(_PAIRS)
     for _ in range(max_depth):
-        reduced, removed = _INNERMOST.subn(b"", reduced)
-        if not reduced:
+        # One pass of bytes.replace: the pairs it leaves behind wait for the next round.
+        inner = reduced.replace(b"()", b"")
+        if not inner:
             return False
-        if not removed:
+        if len(inner) == len(reduced):
             break
+        reduced = inner
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > max_depth
 
 
@@ -116,14 +139,17 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int,
         raise JSONLimitError(f"{what} is larger than the limit of {max_bytes} bytes")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     # Fewer openers than the limit cannot nest deeper: skip the scan (the common case).
+    # Counting in strings too overcounts: exact only when the quick count is over. First:
+    # an answer of too many elements is refused without a look at its nesting.
+    structure = None
+    if max_elements is not None and _openers_and_commas(text) > max_elements:
+        structure = _structure(text)
+        if _elements(structure) > max_elements:
+            raise JSONLimitError(f"{what} holds more than the limit of {max_elements} JSON "
+                                 "elements")
     if max_depth is not None and text.count("[") + text.count("{") > max_depth and \
-            nests_deeper_than(text, max_depth):
+            nests_deeper_than(text, max_depth, structure):
         raise JSONLimitError(f"{what} nests JSON deeper than the limit of {max_depth} levels")
-    # Counting in strings too overcounts: exact only when the quick count is over.
-    if max_elements is not None and _openers_and_commas(text) > max_elements and \
-            element_count(text) > max_elements:
-        raise JSONLimitError(f"{what} holds more than the limit of {max_elements} JSON "
-                             "elements")
     try:
         return _DECODER.decode(text)
     except RecursionError:
