@@ -8,8 +8,9 @@ body of endless or enormous size, announced or chunked), ``amplifying`` (valid J
 millions of tiny elements), ``deep`` (nesting), ``drip`` (one byte every so often, never
 done in time), ``reset`` (a connection reset mid-body), ``redirect`` (to another host).
 Each gives up quietly when the client goes away, and ends within its own bounds, so a
-double's threads never outlive a test by much.
-Must not touch: anything but the connection it is given.
+double's threads never outlive a test by much. ``Witness`` is that other host: it records
+every request that reaches it (a credential a client carried there is a leak).
+Must not touch: anything but the connections it is given and the server it starts.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import cycle
+
+from flannel.kernel.host import LOCAL, Host
+from flannel.lab.served import endpoint, serve, shut
 
 Behaviour = Callable[[BaseHTTPRequestHandler], None]
 
@@ -169,3 +173,36 @@ class Queued:
         if queued:
             return queued.pop(0)
         return self._always.get(key)
+
+
+class Witness:
+    """A server a redirect points to: every request it gets is recorded (method, path,
+    headers with lower-case names) and answered 200 with an empty JSON object."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{endpoint(self._server)}"
+
+    def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> Witness:
+        witness = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _record(self) -> None:
+                witness.requests.append((self.command, self.path, {
+                    name.lower(): value for name, value in self.headers.items()}))
+                verbatim(200, "{}")(self)
+
+            do_GET = do_POST = do_PUT = do_DELETE = _record
+
+        self._server = serve(Handler, address, host)
+        return self
+
+    def stop(self) -> None:
+        shut(self._server)
