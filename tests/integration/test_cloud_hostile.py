@@ -93,7 +93,7 @@ def with_orphan(compute) -> str:  # noqa: F811
     ("routes.insert", {"name": "operation-1", "status": 3},
      "Compute Engine routes.insert's operation: status is a number, not a string"),
 ])
-def test_an_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, action, answer,
+def test_an_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, action, answer,  # noqa: F811
                                                                   message):
     node = prepared(compute)
     orphan = with_orphan(compute) if action == "routes.list" else ""
@@ -109,13 +109,13 @@ def test_an_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, actio
     ("instances.get", {"selfLink": "projects/p/zones/z/instances/i", "canIpForward": "yes"},
      "Compute Engine instances.get's answer: canIpForward is a string, not a boolean"),
 ])
-def test_a_start_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, action,
+def test_a_start_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, action,  # noqa: F811
                                                                        answer, message):
     compute.garble(action, 200, json.dumps(answer))
     assert refused(engine(compute).prepare)[0] == message
 
 
-def test_a_token_answer_of_the_wrong_shape_is_refused_naming_the_field(compute):
+def test_a_token_answer_of_the_wrong_shape_is_refused_naming_the_field(compute):  # noqa: F811
     compute.metadata(NODES[0]).answer_with(
         "instance/service-accounts/default/token",
         hostile.verbatim(200, '{"access_token": "t", "expires_in": "soon"}',
@@ -138,7 +138,7 @@ def test_a_token_answer_of_the_wrong_shape_is_refused_naming_the_field(compute):
     pytest.param(hostile.deep(40_000), "Compute Engine routes.list's answer nests JSON deeper "
                  "than the limit of 32 levels", id="deep"),
 ])
-def test_a_huge_amplifying_or_deep_answer_is_refused_within_bounds(compute, behaviour,
+def test_a_huge_amplifying_or_deep_answer_is_refused_within_bounds(compute, behaviour,  # noqa: F811
                                                                    message):
     node = prepared(compute)
     orphan = with_orphan(compute)
@@ -151,7 +151,7 @@ def test_a_huge_amplifying_or_deep_answer_is_refused_within_bounds(compute, beha
     assert orphan in compute.routes
 
 
-def test_endless_pagination_ends_at_the_page_bound(compute):
+def test_endless_pagination_ends_at_the_page_bound(compute):  # noqa: F811
     node = prepared(compute)
     orphan = with_orphan(compute)
     tokens = itertools.count()
@@ -173,7 +173,7 @@ def test_endless_pagination_ends_at_the_page_bound(compute):
     assert orphan in compute.routes
 
 
-def test_a_page_token_that_cycles_ends_the_listing(compute):
+def test_a_page_token_that_cycles_ends_the_listing(compute):  # noqa: F811
     node = prepared(compute)
     orphan = with_orphan(compute)
     tokens = itertools.cycle(["a", "b", "c"])
@@ -189,7 +189,7 @@ def test_a_page_token_that_cycles_ends_the_listing(compute):
 # -- Compute Engine: time, resets, storms ------------------------------------------------------
 
 
-def test_a_dripping_answer_is_cut_at_the_whole_answer_deadline(compute, monkeypatch):
+def test_a_dripping_answer_is_cut_at_the_whole_answer_deadline(compute, monkeypatch):  # noqa: F811
     monkeypatch.setattr("flannel.cloud.gce.API_TIMEOUT", 1.0)
     node = prepared(compute)
     compute.answer_with("routes.list", hostile.drip(b'{"items": []}' + b" " * 100, 0.2))
@@ -198,14 +198,14 @@ def test_a_dripping_answer_is_cut_at_the_whole_answer_deadline(compute, monkeypa
     assert elapsed >= 1.0
 
 
-def test_a_reset_mid_body_fails_the_call(compute):
+def test_a_reset_mid_body_fails_the_call(compute):  # noqa: F811
     node = prepared(compute)
     compute.answer_with("routes.list", hostile.reset(10_000, b'{"items": ['))
     text, _, _ = refused(lambda: node.reconcile(lease(SUBNETS[0]), []))
     assert text.startswith("Compute Engine routes.list: no usable answer from http://"), text
 
 
-def test_storms_of_401_429_and_503_are_bounded(compute):
+def test_storms_of_401_429_and_503_are_bounded(compute):  # noqa: F811
     node = prepared(compute)
     orphan = with_orphan(compute)
     tokens_before = len(compute.metadata(NODES[0]).requests)
@@ -231,7 +231,7 @@ def test_storms_of_401_429_and_503_are_bounded(compute):
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
-def test_compute_engine_redirects_are_not_followed(compute, witness, status):
+def test_compute_engine_redirects_are_not_followed(compute, witness, status):  # noqa: F811
     node = prepared(compute)
     compute.answer_with("routes.list", hostile.redirect(status, f"{witness.url}/steal"))
     text, _, _ = refused(lambda: node.reconcile(lease(SUBNETS[0]), []))
@@ -240,7 +240,7 @@ def test_compute_engine_redirects_are_not_followed(compute, witness, status):
     assert witness.requests == []
 
 
-def test_the_token_endpoint_is_not_redirected(compute, witness, tmp_path):
+def test_the_token_endpoint_is_not_redirected(compute, witness, tmp_path):  # noqa: F811
     from tests.integration.test_cloud_gce import _key_file
 
     path, _ = _key_file(tmp_path, compute)
@@ -266,7 +266,7 @@ def test_the_token_endpoint_is_not_redirected(compute, witness, tmp_path):
     assert witness.requests == []
 
 
-def test_gce_metadata_redirects_are_not_followed(compute, witness):
+def test_gce_metadata_redirects_are_not_followed(compute, witness):  # noqa: F811
     compute.metadata(NODES[0]).answer_with(
         "instance/service-accounts/default/token",
         hostile.redirect(302, f"{witness.url}/token"))
@@ -300,21 +300,21 @@ def test_metadata_answers_are_bounded_in_size_and_time():
     try:
         client = MetadataClient(service.url, token=False, timeout=0.5)
         service.answer_with("/latest/meta-data/instance-id", hostile.huge(10 * 1024 * MiB))
-        text, _, peak = refused(lambda: client.get("instance-id"))
+        text, _, _ = refused(lambda: client.get("instance-id"))
         assert "sent an answer of 10737418240 bytes, over the limit of 65536" in text
         service.answer_with("/latest/meta-data/instance-id",
                             hostile.huge(10 * 1024 * MiB, announced=False))
         assert "sent an answer over the limit of 65536 bytes" in refused(
             lambda: client.get("instance-id"))[0]
         service.answer_with("/latest/meta-data/instance-id", hostile.drip(b"i-0" * 50, 0.1))
-        text, elapsed, _ = refused(lambda: client.get("instance-id"), within=2)
+        text, _, _ = refused(lambda: client.get("instance-id"), within=2)
         assert text.startswith(f"the instance metadata service at {service.url} did not "
                                "answer (no whole answer within 0.5s)"), text
     finally:
         service.stop()
 
 
-def test_gce_metadata_dripping_is_cut(compute):
+def test_gce_metadata_dripping_is_cut(compute):  # noqa: F811
     metadata = GceMetadata(f"http://{compute.metadata(NODES[0]).host}", timeout=0.5)
     compute.metadata(NODES[0]).answer_with(
         "project/project-id", hostile.drip(b"flannel-test", 0.2,
@@ -327,7 +327,7 @@ def test_gce_metadata_dripping_is_cut(compute):
 # -- stopping ----------------------------------------------------------------------------------
 
 
-def test_a_stop_cuts_a_dripping_call_and_an_operation_waited_on_at_once(compute):
+def test_a_stop_cuts_a_dripping_call_and_an_operation_waited_on_at_once(compute):  # noqa: F811
     import threading
 
     node = engine(compute, operation_polls=1000)
@@ -367,7 +367,7 @@ def test_a_stop_cuts_a_dripping_call_and_an_operation_waited_on_at_once(compute)
     assert len(compute.actions) == calls
 
 
-def test_a_stop_cuts_the_metadata_token_read(compute):
+def test_a_stop_cuts_the_metadata_token_read(compute):  # noqa: F811
     import threading
 
     stopper = Stopper()
