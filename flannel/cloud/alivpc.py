@@ -59,8 +59,8 @@ NEXT_HOP_TYPE = "Instance"
 API_TIMEOUT = 10.0
 
 
-#: Entries one route table may list: 20,000 nodes and a quarter more.
-MAX_ENTRIES = 25_000
+#: Entries one route table may list (a thousand is Alibaba Cloud's largest quota).
+MAX_ENTRIES = 10_000
 #: What the entries flanneld creates are described as (their name is the mark).
 DESCRIPTION = "pod subnet of a flannel node"
 
@@ -112,7 +112,7 @@ def entries_of(answer: View) -> list[Entry] | None:
     entries = []
     for item in table.get("RouteEntrys").get("RouteEntry").array(MAX_ENTRIES):
         item.obj(required=True)
-        entries.append(Entry(*(item.get(name).text(200) for name in (
+        entries.append(Entry(*(item.get(name).text(128) for name in (
             "DestinationCidrBlock", "Type", "Status", "NextHopType", "InstanceId",
             "RouteEntryName", "RouteEntryId"))))
     return entries
@@ -193,13 +193,16 @@ class AliVpcRoutes(RouteEngineBase):
     def _prepared(self) -> bool:
         return bool(self.table)
 
-    def _entries(self) -> list[Entry]:
+    def _entries(self) -> list[tuple[Entry, IPv4Network]]:
+        """The entries that may be flannel's (``Custom``, to an instance, inside the
+        Network), each with its destination; the rest of the answer is dropped at once."""
         entries = entries_of(self._call("DescribeRouteTables", {"RouteTableId": self.table,
                                                                 "VRouterId": self.vrouter}))
         if entries is None:
             raise CloudError(f"route table {self.table} no longer exists; restart flanneld "
                              "to pick the vRouter's first route table again")
-        return entries
+        return [(entry, destination) for entry in entries
+                if (destination := self._inside_network(entry)) is not None]
 
     def _inside_network(self, entry: Entry) -> IPv4Network | None:
         if (entry.type != ENTRY_TYPE or entry.next_hop_type != NEXT_HOP_TYPE
@@ -220,10 +223,7 @@ class AliVpcRoutes(RouteEngineBase):
         ours: Entry | None = None
         if collect:
             self._orphans.begin()
-        for entry in self._entries():
-            destination = self._inside_network(entry)
-            if destination is None:
-                continue
+        for entry, destination in self._entries():
             if entry.name != entry_name(destination):
                 if destination == own and entry.instance == instance:
                     ours = entry  # made before the mark: adopted below

@@ -35,11 +35,11 @@ from flannel.cloud.base import ApiError, CloudError, Stopper, Throttled
 from flannel.cloud.typed import View
 from flannel.httpclient import Connection, ProtocolError
 
-#: Bytes one answer may have: a route table of 200 custom entries is well under 200 KiB.
-MAX_ANSWER = 4 * 1024 * 1024
-#: JSON elements one answer may decode into: 25,000 route entries (20,000 nodes and a
-#: quarter more) of about 15 each.
-MAX_ELEMENTS = 400_000
+#: Bytes one answer may have: a route table holds at most a thousand custom entries (the
+#: largest quota Alibaba Cloud grants), about 250 KiB; 8,000 fit.
+MAX_ANSWER = 2 * 1024 * 1024
+#: JSON elements one answer may decode into: 8,000 entries of about 12 each, and twice that.
+MAX_ELEMENTS = 200_000
 #: Codes that mean "slow down" (or "busy with another change to this router: try again"),
 #: retried with backoff by the engine.
 THROTTLING = frozenset({"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavailable",

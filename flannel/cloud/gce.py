@@ -95,7 +95,7 @@ MAX_ANSWER = 2 * 1024 * 1024
 MAX_ELEMENTS = 50_000
 _MAX_ERROR = 64 * 1024
 _MAX_TOKEN = 1024
-_LINK = 1024  # characters of a resource link
+_LINK = 512  # characters of a resource link (a real one has about 200)
 _OPERATION = re.compile(r"[A-Za-z0-9_-]{1,128}", re.ASCII)
 _THROTTLED = ("rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED")
 
@@ -118,9 +118,9 @@ class Route(NamedTuple):
 
     name: str
     dest: str
-    network: str
-    next_hop: str  # the next hop instance's link, "" for any other kind of next hop
-    description: str
+    network: str  # the network's link from projects/ on
+    next_hop: str  # the next hop instance's link from projects/ on, "" for another kind
+    marked: bool  # it carries flannel's description
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def routes_page(answer: object, source: str) -> tuple[list[Route], str]:
         routes.append(Route(name, item.get("destRange").text(64),
                             _resource(item.get("network").text(_LINK)),
                             _resource(item.get("nextHopInstance").text(_LINK)),
-                            item.get("description").text(2048)))
+                            item.get("description").text(2048) == DESCRIPTION))
     return routes, page.get("nextPageToken").text(_MAX_TOKEN)
 
 
@@ -402,7 +402,9 @@ class GceRoutes(RouteEngineBase):
     def _prepared(self) -> bool:
         return bool(self.instance_link)
 
-    def _list_routes(self) -> list[Route]:
+    def _list_routes(self, names: set[str]) -> list[Route]:
+        """The routes of our network with an instance as next hop, and any route named in
+        ``names`` (our subnet's, whose names must be free for our insert)."""
         routes: list[Route] = []
         # RE2 regular expressions, each matching a whole field; a network's link may carry
         # any host in front of its path.
@@ -412,11 +414,16 @@ class GceRoutes(RouteEngineBase):
         what = f"Compute Engine routes.list in project {self.project}"
         deadline = time.monotonic() + LIST_TIMEOUT
         seen: set[str] = set()
+        ours = _resource(self.network_link)
         for _ in range(MAX_PAGES):
             page, token = routes_page(
                 self._call("routes.list", "GET", f"projects/{self.project}/global/routes",
                            query), "Compute Engine routes.list's answer")
-            routes += page
+            # Only what may be flannel's is kept, sharing one network string: a server
+            # answering page after page holds no more than a few bytes a route here.
+            routes += [route._replace(network=ours) if route.network == ours else route
+                       for route in page
+                       if (route.network == ours and route.next_hop) or route.name in names]
             if len(routes) > MAX_ROUTES:
                 raise CloudError(f"{what}: more than {MAX_ROUTES} routes named "
                                  f"{ROUTE_PREFIX}*; refusing the listing")
@@ -453,7 +460,7 @@ class GceRoutes(RouteEngineBase):
         taken: set[str] = set()
         if collect:
             self._orphans.begin()
-        for route in self._list_routes():
+        for route in self._list_routes({route_name(own), route_name(own) + SECOND_NAME}):
             taken.add(route.name)
             subnet = self._flannel_shaped(route)
             if subnet is None:
@@ -464,7 +471,7 @@ class GceRoutes(RouteEngineBase):
                         "instance); delete it so that flannel can route its subnet")
                 continue
             target = route.next_hop.rsplit("/", 1)[-1]
-            if route.description != DESCRIPTION:
+            if not route.marked:
                 if subnet == own and route.next_hop == me:
                     adopted = route
                 elif subnet == own and route.name == route_name(own):

@@ -262,11 +262,13 @@ def test_a_deeply_nested_api_answer_is_refused_by_name(compute, status, message)
 
 
 def test_a_deeply_nested_token_answer_is_refused_by_name(compute):
-    compute.metadata(NODES[0]).paths["instance/service-accounts/default/token"] = DEEP
-    with pytest.raises(CloudError, match=r"^the answer of the metadata server's instance/"
-                                         r"service-accounts/default/token nests JSON deeper "
-                                         r"than the limit of 32 levels$"):
-        engine(compute).prepare()
+    path = "instance/service-accounts/default/token"
+    for deep, message in ((DEEP, "holds more than the limit of 100 JSON elements"),
+                          ("[" * 50 + "]" * 50, "nests JSON deeper than the limit of 32 levels")):
+        compute.metadata(NODES[0]).paths[path] = deep
+        with pytest.raises(CloudError) as raised:
+            engine(compute).prepare()
+        assert str(raised.value) == f"the answer of the metadata server's {path} {message}"
 
 
 def test_missing_permission_names_the_role(compute):

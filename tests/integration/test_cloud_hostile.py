@@ -442,11 +442,11 @@ def test_alibaba_answers_are_bounded_in_size_elements_and_time(cloud):  # noqa: 
     node = ali_engine(cloud, 0, timeout=1.0)
     node.prepare()
     for behaviour, message in (
-            (hostile.huge(10 * 1024 * MiB), "larger than the limit of 4194304 bytes"),
+            (hostile.huge(10 * 1024 * MiB), "larger than the limit of 2097152 bytes"),
             (hostile.huge(10 * 1024 * MiB, announced=False),
-             "larger than the limit of 4194304 bytes"),
-            (hostile.amplifying(1_300_000, "RouteTables"),
-             "holds more than the limit of 400000 JSON elements"),
+             "larger than the limit of 2097152 bytes"),
+            (hostile.amplifying(600_000, "RouteTables"),
+             "holds more than the limit of 200000 JSON elements"),
             (hostile.deep(100_000), "nests JSON deeper than the limit of 32 levels"),
             (hostile.drip(b"{}" * 50, 0.2), "no answer from"),
             (hostile.reset(10_000, b"{"), "could not talk to")):
