@@ -40,7 +40,13 @@ from flannel.backend.base import (
 from flannel.backend.footprint import ELSEWHERE, Footprint
 from flannel.config import NetworkConfig
 from flannel.ipsec import xfrm
-from flannel.ipsec.charon import Charon, CharonError, CharonSpec
+from flannel.ipsec.charon import (
+    Charon,
+    CharonError,
+    CharonSpec,
+    connection_names,
+    sa_states,
+)
 from flannel.ipsec.config import (
     OPTION_NAMES,
     IpsecConfig,
@@ -198,14 +204,13 @@ class ConnectionApplier(Applier):
                                                         desired_local(backend)))
                     self._generation = generation
                 ours = _prefix(backend)
-                present = {name for conn in vici.list_conns() for name in conn
-                           if name.startswith(ours)}
+                present = connection_names(vici, ours)
                 for name in sorted(present - set(desired)):
                     vici.unload_conn({"name": name})
                     self._loaded.pop(name, None)
                     log.info("unloaded connection %s (its peer is gone)", name)
                     changes += 1
-                sas = list(vici.list_sas())
+                sas = sa_states(vici)
                 # SAs of vanished peers (a connection unloaded keeps its SAs, which would
                 # carry traffic to whoever holds that address now).
                 stale = {name for sa in sas for name in sa
@@ -233,7 +238,7 @@ class ConnectionApplier(Applier):
                     # charon acts on a connection as it loads it (starts a new one, replaces
                     # the SAs of a changed one): the first dump may be out of date. Without a
                     # load it is not: terminating stale SAs touches no desired connection.
-                    sas = list(vici.list_sas())
+                    sas = sa_states(vici)
                 up = established(sas, desired)
                 self._established = len(up)
                 # charon initiates a connection it just loaded (start_action) by itself.
