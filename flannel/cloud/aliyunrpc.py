@@ -76,6 +76,28 @@ class AliyunApiError(ApiError):
         super().__init__(service, action, code, message, hint)
 
 
+def answer_of(service: str, action: str, status: int, body: bytes) -> View:
+    """An answer's body, decoded: the object, for typed reads. Throttled, AliyunApiError
+    (the API refused: ``Code`` and ``Message``, or the status) or CloudError (not a JSON
+    object within the bounds)."""
+    what = f"{service} {action}"
+    try:
+        answer = boundedjson.loads(body, what=f"the answer to {what}", max_bytes=MAX_ANSWER,
+                                   max_elements=MAX_ELEMENTS)
+    except ValueError as error:
+        if status == 503:
+            raise Throttled("ServiceUnavailable") from None
+        raise CloudError(f"{what}: HTTP {status}, not a JSON answer ({error})") from None
+    view = View(answer, f"the answer to {what}").obj(required=True)
+    code = view.get("Code").text(100)
+    if status != 200 or code:
+        code = code or f"HTTP {status}"
+        if code in THROTTLING:
+            raise Throttled(code)
+        raise AliyunApiError(service, action, code, view.get("Message").text(2048))
+    return view
+
+
 @dataclass(frozen=True)
 class AliyunRpc:
     """One API (``endpoint``, ``version``) in one region, with one access key."""
@@ -115,21 +137,7 @@ class AliyunRpc:
                              "s; check the node's route to the API endpoint (Endpoint)") from None
         except (OSError, ProtocolError) as error:
             raise CloudError(f"{what}: could not talk to {self.endpoint}: {error}") from None
-        try:
-            answer = boundedjson.loads(body, what=f"the answer to {what}", max_bytes=MAX_ANSWER,
-                                       max_elements=MAX_ELEMENTS)
-        except ValueError as error:
-            if status == 503:
-                raise Throttled("ServiceUnavailable") from None
-            raise CloudError(f"{what}: HTTP {status}, not a JSON answer ({error})") from None
-        view = View(answer, f"the answer to {what}").obj(required=True)
-        code = view.get("Code").text(100)
-        if status != 200 or code:
-            code = code or f"HTTP {status}"
-            if code in THROTTLING:
-                raise Throttled(code)
-            raise AliyunApiError(self.service, action, code, view.get("Message").text(2048))
-        return view
+        return answer_of(self.service, action, status, body)
 
     @cached_property
     def _tls(self) -> ssl.SSLContext:

@@ -161,7 +161,10 @@ def operation(answer: object, source: str) -> Operation:
 
 def self_link(answer: object, source: str) -> str:
     """A networks.get or instances.get answer's selfLink."""
-    return View(answer, source).obj(required=True).get("selfLink").text(_LINK, required=True)
+    link = View(answer, source).obj(required=True).get("selfLink").text(_LINK, required=True)
+    if not link:
+        raise CloudError(f"{source}: selfLink is empty")
+    return link
 
 
 def error_detail(answer: object) -> tuple[str, str]:

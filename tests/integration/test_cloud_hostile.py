@@ -106,6 +106,7 @@ def test_an_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, actio
 @pytest.mark.parametrize(("action", "answer", "message"), [
     ("networks.get", {"selfLink": 5},
      "Compute Engine networks.get's answer: selfLink is a number, not a string"),
+    ("networks.get", {"selfLink": ""}, "Compute Engine networks.get's answer: selfLink is empty"),
     ("instances.get", {"selfLink": "projects/p/zones/z/instances/i", "canIpForward": "yes"},
      "Compute Engine instances.get's answer: canIpForward is a string, not a boolean"),
 ])
