@@ -13,7 +13,10 @@ anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
 a client on this host: one that connects from a loopback address or from the very address
 it connected to; any other gets 403.
 
-Nothing a client does takes it down: at most ``max_connections`` are open at once (a quarter
+Nothing a client does takes it down. A TCP connection reaches flanneld only once its client
+sends something: the kernel holds the others (``TCP_DEFER_ACCEPT``) for ``HEAD_TIMEOUT``, and
+one handed over still silent then is closed at once, unseen (a client that opens connections
+and sends nothing costs nothing). At most ``max_connections`` are open at once (a quarter
 of the process's file limit, at most 128), and a connection over that closes the oldest one
 still waiting for its request (a flood of idle connections never locks out a probe, which
 sends its request at once), or the new one if none waits; at most ``EVICTIONS_PER_SECOND``
