@@ -5,7 +5,7 @@ through the peer filter, node annotations, previous subnet.env),
 ``tests.support.fuzz_backends`` (every backend's options, the BackendData decoders applied
 to peers' leases), ``tests.support.fuzz_udp`` (the udp forwarder's receive path, raw
 datagrams), ``tests.support.fuzz_http`` (the API clients' HTTP/1.1 response reader, over
-loopback), ``tests.support.fuzz_answers`` (what the cloud APIs, metadata services, charon's
+loopback), ``tests.support.fuzz_cloud`` (what the cloud APIs, metadata services, charon's
 VICI and WireGuard answer) and ``tests.support.fuzz_cni`` (the CNI plugin) under hypothesis.
 A crash is counted by class (exception type and where it was raised) instead of stopping the
 run. Baseline, measured in the same run: the time hypothesis spends generating the inputs;
@@ -29,8 +29,8 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 
 from tests.support import (
-    fuzz_answers,
     fuzz_backends,
+    fuzz_cloud,
     fuzz_cni,
     fuzz_http,
     fuzz_store,
@@ -71,7 +71,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # refusals log warnings by design
     every = (fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS + fuzz_http.TARGETS
-             + fuzz_answers.TARGETS + fuzz_cni.TARGETS)
+             + fuzz_cloud.TARGETS + fuzz_cni.TARGETS)
     targets = [t for t in every if args.only in t.name]
     load = os.getloadavg()[0]
     print(f"fuzz: {args.examples} examples per target, {len(targets)} targets, "

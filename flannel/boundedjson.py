@@ -1,10 +1,11 @@
-"""Bounded JSON decoding for everything flanneld reads from the store, a server or a file.
+"""Bounded JSON decoding for everything flanneld reads from the store or a file.
 
 ``json.loads`` recurses once per nesting level: about 1000 levels raise RecursionError and
 deeper input can exhaust the C stack. Every decoder of untrusted JSON calls ``loads`` here,
-which checks the size, pre-scans the nesting depth (strings and escapes respected) and, when
-asked, the number of elements (a few MiB of ``{}`` would decode into millions of objects, tens
-of times their size in memory), and only then hands the text to ``json``. NaN, Infinity and
+which checks the size, pre-scans the nesting depth (strings and escapes respected) and only
+then hands the text to ``json``. A caller may also bound the elements a document decodes to
+(``max_elements``): an answer of many tiny elements (``[[],[],...]``) costs some twenty
+times its size once decoded, so its bytes alone do not bound its memory. NaN, Infinity and
 numbers beyond float range are refused, as Go's decoder refuses them. Owns: the limits and
 their messages. Must not touch: files, the store, the kernel.
 """
@@ -61,39 +62,20 @@ def _size(raw: bytes | str, max_bytes: int) -> int:
     return len(raw.encode("utf-8", "surrogatepass"))
 
 
-def _structure(text: str) -> bytes:
-    """``text`` in UTF-8 without its strings. Built a piece at a time (``re.sub`` would hold
-    an object per string at once: tens of MiB for an answer of a million empty strings)."""
+def _brackets(text: str) -> bytes:
+    """The brackets of ``text`` outside its strings. Built a piece at a time: ``re.sub``
+    would hold an object per string at once (tens of MiB for a megabyte of ``""``)."""
     raw = text.encode("utf-8", "surrogatepass")
     if b'"' not in raw:
-        return raw
-    outside = bytearray()
+        return raw.translate(None, _NOT_BRACKETS)
+    brackets = bytearray()
     at = 0
     for match in _STRINGS.finditer(raw):
         start, end = match.span()
-        outside += raw[at:start]
+        brackets += raw[at:start].translate(None, _NOT_BRACKETS)
         at = end
-    outside += raw[at:]
-    return bytes(outside)
-
-
-def _brackets(text: str, structure: bytes | None = None) -> bytes:
-    return (_structure(text) if structure is None else structure).translate(None,
-                                                                            _NOT_BRACKETS)
-
-
-def _openers_and_commas(text: str) -> int:
-    return text.count(",") + text.count("[") + text.count("{")
-
-
-def _elements(structure: bytes) -> int:
-    return structure.count(b",") + structure.count(b"[") + structure.count(b"{")
-
-
-def element_count(text: str) -> int:
-    """At least as many as the values inside the arrays and objects of ``text`` (each is
-    the first of its container, after a bracket, or follows a comma), strings ignored."""
-    return _elements(_structure(text))
+    brackets += raw[at:].translate(None, _NOT_BRACKETS)
+    return bytes(brackets)
 
 
 def nesting_depth(text: str) -> int:
@@ -105,15 +87,15 @@ def nesting_depth(text: str) -> int:
     return max(accumulate(map(_STEP.__getitem__, _brackets(text))), default=0)
 
 
-def nests_deeper_than(text: str, max_depth: int, structure: bytes | None = None) -> bool:
+def nests_deeper_than(text: str, max_depth: int) -> bool:
     """``nesting_depth(text) > max_depth``, fast for the usual shallow document: removing
     the innermost pairs ``max_depth`` times empties any balanced one that is within the
-    limit; anything left over is measured exactly. ``structure``: ``text`` without its
-    strings, when already made."""
-    brackets = _brackets(text, structure)
+    limit; anything left over is measured exactly."""
+    brackets = _brackets(text)
     reduced = brackets.translate(_PAIRS)
     for _ in range(max_depth):
-        # One pass of bytes.replace: the pairs it leaves behind wait for the next round.
+        # One pass of bytes.replace, no object per pair (re.subn held one for each: 50 MiB
+        # for a megabyte of {}); the pairs it leaves behind wait for the next round.
         inner = reduced.replace(b"()", b"")
         if not inner:
             return False
@@ -121,6 +103,15 @@ def nests_deeper_than(text: str, max_depth: int, structure: bytes | None = None)
             break
         reduced = inner
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > max_depth
+
+
+def element_bound(raw: bytes | str) -> int:
+    """At least the number of values and object members ``raw`` decodes to, counted without
+    decoding: every one but the first of a container follows a comma, and every container
+    opens with a bracket. Separators inside strings count too, so it never undercounts."""
+    if isinstance(raw, str):
+        return raw.count(",") + raw.count("[") + raw.count("{") + 1
+    return raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
 
 
 def loads(raw: bytes | str, *, what: str, max_bytes: int,
@@ -131,24 +122,18 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int,
     ``max_depth=None`` skips the pre-scan (it costs more than decoding a large document):
     nesting is then bounded only by the decoder's recursion guard, whose RecursionError is
     refused like any other limit. Only for callers that keep nothing nested of the result
-    (the Kubernetes client's node views). ``max_elements``: at most this many values inside
-    arrays and objects (counted before decoding; strings are bounded by ``max_bytes``).
+    (the Kubernetes client's node views). ``max_elements`` bounds ``element_bound(raw)``.
     """
     size = _size(raw, max_bytes)
     if size > max_bytes:
         raise JSONLimitError(f"{what} is larger than the limit of {max_bytes} bytes")
+    if max_elements is not None and element_bound(raw) > max_elements:
+        raise JSONLimitError(f"{what} has more JSON elements than the limit of "
+                             f"{max_elements}")
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     # Fewer openers than the limit cannot nest deeper: skip the scan (the common case).
-    # Counting in strings too overcounts: exact only when the quick count is over. First:
-    # an answer of too many elements is refused without a look at its nesting.
-    structure = None
-    if max_elements is not None and _openers_and_commas(text) > max_elements:
-        structure = _structure(text)
-        if _elements(structure) > max_elements:
-            raise JSONLimitError(f"{what} holds more than the limit of {max_elements} JSON "
-                                 "elements")
     if max_depth is not None and text.count("[") + text.count("{") > max_depth and \
-            nests_deeper_than(text, max_depth, structure):
+            nests_deeper_than(text, max_depth):
         raise JSONLimitError(f"{what} nests JSON deeper than the limit of {max_depth} levels")
     try:
         return _DECODER.decode(text)

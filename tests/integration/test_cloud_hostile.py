@@ -134,8 +134,8 @@ def test_a_token_answer_of_the_wrong_shape_is_refused_naming_the_field(compute):
                  f"limit of {MAX_ANSWER}", id="announced"),
     pytest.param(hostile.huge(100 * 1024 * MiB, announced=False),
                  f"an answer over the limit of {MAX_ANSWER} bytes", id="chunked"),
-    pytest.param(hostile.amplifying(600_000), "Compute Engine routes.list's answer holds more "
-                 f"than the limit of {MAX_ELEMENTS} JSON elements", id="amplifying"),
+    pytest.param(hostile.amplifying(600_000), "Compute Engine routes.list's answer has more "
+                 f"JSON elements than the limit of {MAX_ELEMENTS}", id="amplifying"),
     pytest.param(hostile.deep(40_000), "Compute Engine routes.list's answer nests JSON deeper "
                  "than the limit of 32 levels", id="deep"),
 ])
@@ -447,7 +447,7 @@ def test_alibaba_answers_are_bounded_in_size_elements_and_time(cloud):  # noqa: 
             (hostile.huge(10 * 1024 * MiB, announced=False),
              "larger than the limit of 2097152 bytes"),
             (hostile.amplifying(600_000, "RouteTables"),
-             "holds more than the limit of 200000 JSON elements"),
+             "has more JSON elements than the limit of 200000"),
             (hostile.deep(100_000), "nests JSON deeper than the limit of 32 levels"),
             (hostile.drip(b"{}" * 50, 0.2), "no answer from"),
             (hostile.reset(10_000, b"{"), "could not talk to")):

@@ -2,16 +2,16 @@
 backend's datagrams, the API servers' HTTP responses and what the cloud APIs, metadata
 services, charon and WireGuard answer survives hostile input (targets in
 tests/support/fuzz_store.py, fuzz_backends.py, fuzz_udp.py, fuzz_http.py and
-fuzz_answers.py; bench/fuzz.py runs many more)."""
+fuzz_cloud.py; bench/fuzz.py runs many more)."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.support import fuzz_answers, fuzz_backends, fuzz_http, fuzz_store, fuzz_udp
+from tests.support import fuzz_backends, fuzz_cloud, fuzz_http, fuzz_store, fuzz_udp
 from tests.support.fuzzing import examples
 
 TARGETS = (fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS + fuzz_http.TARGETS
-           + fuzz_answers.TARGETS)
+           + fuzz_cloud.TARGETS)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])
