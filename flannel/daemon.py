@@ -193,6 +193,7 @@ class Daemon:
         self.readiness = Readiness(COMPONENTS)
         self._phase = "waiting for the network config"
         self._started = False
+        self._backend: Backend | None = None  # interrupted by the first signal
         self.readiness.report("startup", False, self._phase)
         #: What /status and /metrics read; filled in as the parts are created.
         self.state = NodeState(self.readiness, options=settings.options)
@@ -217,6 +218,8 @@ class Daemon:
                      "send it again to exit immediately", signal.Signals(signum).name)
             self._remove_signals()
             self.stop.set()
+            if self._backend is not None:  # a cloud call under way must not hold the exit
+                self._backend.interrupt()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
@@ -289,6 +292,7 @@ class Daemon:
         try:
             backend = self._make_backend(ext, config, BackendOptions(
                 encap_peers_only=self.settings.rules.encap_peers_only))
+            self._backend = backend
             closing.push_async_callback(asyncio.to_thread, backend.close)
             self.phase(f"setting up the {config.backend_type} backend")
             local = await backend.prepare()
@@ -303,6 +307,8 @@ class Daemon:
                 return None
             await backend.activate(lease)
         except (BackendError, NetlinkError) as err:
+            if self.stop.is_set():  # the signal cut the backend's start short
+                return None
             # EPERM first: a device helper's own advice would send the operator astray.
             refusal = privilege_refusal(err)
             raise StartupError(str(refusal or err)) from None

@@ -246,6 +246,8 @@ class Dataplane:
                     # all free now, but kept by the C allocator.
                     heap.release_free_memory()
         finally:
+            # A pass blocked on a cloud API must not hold the exit: cut it short.
+            self.backend.interrupt()
             if watcher is not None:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)

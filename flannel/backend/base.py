@@ -151,8 +151,10 @@ class Applier:
     ``samples()``: the engine's own figures (a forwarder's packets and drops, the age of the
     oldest handshake), read on the event loop at every scrape, so it returns what ``apply``
     last saw and never blocks. ``refused_peers()``: peer leases the engine skips because
-    they are bad (lease key -> why), for /status. ``close()``: stop what the engine runs
-    (a process) when flanneld stops; it blocks, and runs after the data plane stopped.
+    they are bad (lease key -> why), for /status. ``interrupt()``: flanneld is stopping,
+    end a blocking ``apply`` at once (any thread, never blocks). ``close()``: stop what the
+    engine runs (a process) when flanneld stops; it blocks, and runs after the data plane
+    stopped.
     """
 
     name: str = "engine"
@@ -165,6 +167,9 @@ class Applier:
 
     def refused_peers(self) -> dict[str, str]:
         return {}
+
+    def interrupt(self) -> None:
+        """Nothing to cut short by default."""
 
     def close(self) -> None:
         """Nothing runs by default."""
@@ -260,6 +265,14 @@ class Backend(ABC):
         not authenticated, what only peers may send to (``--encap-peers-only``). None by
         default."""
         return Encapsulation()
+
+    def interrupt(self) -> None:
+        """flanneld is stopping: blocking work under way in a pass or at start (a cloud
+        call, an operation waited on) ends at once, and later work is refused. Called on
+        the event loop as the first signal arrives, before anything waits for that work;
+        never blocks. Interrupts every applier."""
+        for applier in self.appliers():
+            applier.interrupt()
 
     def close(self) -> None:
         """Stop what the backend runs besides kernel state (a forwarder process) when

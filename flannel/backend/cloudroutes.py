@@ -8,8 +8,9 @@ and routes our subnet; the applier then makes the table match the live leases on
 (lease changes, the periodic ``--reconcile-interval`` resync, retries after a failure), so a
 route deleted or redirected in the console is repaired and routes of vanished leases are
 collected. Every engine call blocks on HTTP and runs in the data plane's worker thread; the
-engines bound each request (``API_TIMEOUT``). Throttling is waited out (bounded retries) only
-at start; in a pass it fails the pass, which the data plane retries with its backoff.
+engines bound each request (``API_TIMEOUT``), and ``interrupt()`` cuts the call or wait under
+way when flanneld stops. Throttling is waited out (bounded retries) only at start; in a pass
+it fails the pass, which the data plane retries with its backoff.
 Must not touch: the store, the kernel; which routes are ours (the engines decide).
 """
 
@@ -47,6 +48,8 @@ class RouteEngine(Protocol):
 
     def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
                   collect: bool = True, wait_throttled: bool = True) -> list[RouteChange]: ...
+
+    def interrupt(self) -> None: ...
 
 
 class CloudRoutes(Applier):
@@ -129,6 +132,12 @@ class CloudRouteBackend(Backend):
 
     def appliers(self) -> Sequence[Applier]:
         return () if self._applier is None else (self._applier,)
+
+    def interrupt(self) -> None:
+        # The engine, not only the applier: its start (metadata, the first route) runs in
+        # activate(), before the applier exists.
+        if self._engine is not None:
+            self._engine.interrupt()
 
     @classmethod
     def peer_planner(cls, node: NodeView) -> PeerPlanner:

@@ -65,7 +65,15 @@ from flannel.backend.plan import (
 from flannel.config import NetworkConfig
 from flannel.ipsec import charon as charon_process
 from flannel.ipsec import xfrm
-from flannel.ipsec.charon import VICI_SOCKET, Charon, CharonError, CharonSpec, find_charon
+from flannel.ipsec.charon import (
+    VICI_SOCKET,
+    Charon,
+    CharonError,
+    CharonSpec,
+    connection_names,
+    find_charon,
+    sa_states,
+)
 from flannel.ipsec.config import (
     IPSEC_OVERHEAD,
     OPTION_NAMES,
@@ -288,7 +296,7 @@ class IpsecBackend(Backend):
         charon = Charon(CharonSpec(libipsec=False, socket_path=root / "run" / VICI_SOCKET.name))
         try:
             with charon.session() as vici:
-                sas = list(vici.list_sas())
+                sas = sa_states(vici)
         except CharonError as err:
             return EngineReading(unread=str(err), problems=((
                 "error", str(err), "flanneld starts charon and restarts it when it dies: read "
@@ -296,13 +304,11 @@ class IpsecBackend(Backend):
         entries = {}
         for sa in sas:
             for name, ike in sa.items():
-                children = (ike.get("child-sas") or {}).values()
-                child = "INSTALLED" if any(c.get("state") == b"INSTALLED" for c in children) \
+                child = "INSTALLED" if any(c["state"] == b"INSTALLED"
+                                           for c in ike["child-sas"].values()) \
                     else "none installed"
-                state = ike.get("state")
                 entry = EngineEntry(IKE_SA, "charon", str(name), (
-                    ("state", state.decode(errors="replace") if isinstance(state, bytes)
-                     else str(state)), ("CHILD_SA", child)))
+                    ("state", ike["state"].decode(errors="replace")), ("CHILD_SA", child)))
                 entries[entry.identity] = entry
         return EngineReading(entries)
 
@@ -364,14 +370,13 @@ class ConnectionApplier(Applier):
                                                         desired_local(backend)))
                     self._generation = generation
                 ours = _prefix(backend)
-                present = {name for conn in vici.list_conns() for name in conn
-                           if name.startswith(ours)}
+                present = connection_names(vici, ours)
                 for name in sorted(present - set(desired)):
                     vici.unload_conn({"name": name})
                     self._loaded.pop(name, None)
                     log.info("unloaded connection %s (its peer is gone)", name)
                     changes += 1
-                sas = list(vici.list_sas())
+                sas = sa_states(vici)
                 # SAs of vanished peers (a connection unloaded keeps its SAs, which would
                 # carry traffic to whoever holds that address now).
                 stale = {name for sa in sas for name in sa
@@ -399,7 +404,7 @@ class ConnectionApplier(Applier):
                     # charon acts on a connection as it loads it (starts a new one, replaces
                     # the SAs of a changed one): the first dump may be out of date. Without a
                     # load it is not: terminating stale SAs touches no desired connection.
-                    sas = list(vici.list_sas())
+                    sas = sa_states(vici)
                 up = established(sas, desired)
                 self._established = len(up)
                 # charon initiates a connection it just loaded (start_action) by itself.

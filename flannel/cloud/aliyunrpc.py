@@ -9,8 +9,10 @@ with the secret and ``&``, over ``GET&%2F&`` and the percent-encoded canonical q
 parameters sorted by name, RFC 3986 encoded), in base64. An answer is JSON; an error carries
 ``Code`` and ``Message`` (HTTP 4xx/5xx). Throttling codes raise ``Throttled`` for the
 engine's retry policy. Each call has one deadline (``timeout``) for connecting, sending and
-reading, and reads at most ``MAX_ANSWER`` bytes. The secret is held out of ``repr`` and
-never logged; no proxy from the environment is used.
+reading, and reads at most ``MAX_ANSWER`` bytes, decoded into at most ``MAX_ELEMENTS``
+JSON elements. A redirect is an error like any other status (the HTTP layer follows none).
+``stopper`` (the engine's) cancels a call in flight when flanneld stops. The secret is held
+out of ``repr`` and never logged; no proxy from the environment is used.
 Must not touch: which actions are called (the engine decides), the store, the kernel.
 """
 
@@ -26,15 +28,18 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
 from urllib.parse import quote, urlsplit
 
 from flannel import boundedjson
-from flannel.cloud.base import ApiError, CloudError, Throttled
+from flannel.cloud.base import ApiError, CloudError, Stopper, Throttled
+from flannel.cloud.typed import View
 from flannel.httpclient import Connection, ProtocolError
 
-#: Bytes one answer may have: a route table of 200 custom entries is well under 200 KiB.
-MAX_ANSWER = 4 * 1024 * 1024
+#: Bytes one answer may have: a route table holds at most a thousand custom entries (the
+#: largest quota Alibaba Cloud grants), about 250 KiB; 8,000 fit.
+MAX_ANSWER = 2 * 1024 * 1024
+#: JSON elements one answer may decode into: 8,000 entries of about 12 each, and twice that.
+MAX_ELEMENTS = 200_000
 #: Codes that mean "slow down" (or "busy with another change to this router: try again"),
 #: retried with backoff by the engine.
 THROTTLING = frozenset({"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavailable",
@@ -71,6 +76,28 @@ class AliyunApiError(ApiError):
         super().__init__(service, action, code, message, hint)
 
 
+def answer_of(service: str, action: str, status: int, body: bytes) -> View:
+    """An answer's body, decoded: the object, for typed reads. Throttled, AliyunApiError
+    (the API refused: ``Code`` and ``Message``, or the status) or CloudError (not a JSON
+    object within the bounds)."""
+    what = f"{service} {action}"
+    try:
+        answer = boundedjson.loads(body, what=f"the answer to {what}", max_bytes=MAX_ANSWER,
+                                   max_elements=MAX_ELEMENTS)
+    except ValueError as error:
+        if status == 503:
+            raise Throttled("ServiceUnavailable") from None
+        raise CloudError(f"{what}: HTTP {status}, not a JSON answer ({error})") from None
+    view = View(answer, f"the answer to {what}").obj(required=True)
+    code = view.get("Code").text(100)
+    if status != 200 or code:
+        code = code or f"HTTP {status}"
+        if code in THROTTLING:
+            raise Throttled(code)
+        raise AliyunApiError(service, action, code, view.get("Message").text(2048))
+    return view
+
+
 @dataclass(frozen=True)
 class AliyunRpc:
     """One API (``endpoint``, ``version``) in one region, with one access key."""
@@ -82,6 +109,7 @@ class AliyunRpc:
     access_key_id: str
     access_key_secret: str = field(repr=False)
     timeout: float = 10.0
+    stopper: Stopper = field(default_factory=Stopper, repr=False, compare=False)
 
     def _query(self, action: str, params: Mapping[str, str]) -> str:
         signed = {"Action": action, "Version": self.version, "RegionId": self.region,
@@ -93,37 +121,39 @@ class AliyunRpc:
         return (canonical_query(signed) + "&Signature="
                 + percent(signature("GET", signed, self.access_key_secret)))
 
-    def call(self, action: str, params: Mapping[str, str]) -> dict[str, Any]:
-        """One call, blocking (for a worker thread): the decoded answer. Raises ``Throttled``,
-        ``AliyunApiError`` (the API refused) or ``CloudError`` (no usable answer)."""
+    def call(self, action: str, params: Mapping[str, str]) -> View:
+        """One call, blocking (for a worker thread): the decoded answer, an object, for
+        typed reads. Raises ``Throttled``, ``AliyunApiError`` (the API refused) or
+        ``CloudError`` (no usable answer; ``Stopped`` when flanneld stops)."""
         what = f"{self.service} {action}"
         try:
-            status, body = asyncio.run(self._exchange(self._query(action, params)))
+            status, body = asyncio.run(self._cut_when_stopped(self._query(action, params),
+                                                              what))
+        except asyncio.CancelledError:
+            self.stopper.check(what)
+            raise
         except TimeoutError:
             raise CloudError(f"{what}: no answer from {self.endpoint} within {self.timeout:g} "
                              "s; check the node's route to the API endpoint (Endpoint)") from None
         except (OSError, ProtocolError) as error:
             raise CloudError(f"{what}: could not talk to {self.endpoint}: {error}") from None
-        try:
-            answer = boundedjson.loads(body, what=f"the answer to {what}", max_bytes=MAX_ANSWER)
-        except ValueError as error:
-            if status == 503:
-                raise Throttled("ServiceUnavailable") from None
-            raise CloudError(f"{what}: HTTP {status}, not a JSON answer ({error})") from None
-        if not isinstance(answer, dict):
-            raise CloudError(f"{what}: the answer is not a JSON object")
-        if status != 200 or answer.get("Code"):
-            code = str(answer.get("Code") or f"HTTP {status}")[:100]
-            if code in THROTTLING:
-                raise Throttled(code)
-            raise AliyunApiError(self.service, action, code, str(answer.get("Message", "")))
-        return answer
+        return answer_of(self.service, action, status, body)
 
     @cached_property
     def _tls(self) -> ssl.SSLContext:
         # Once per client, not per call: building one loads the system's CA certificates
         # (~50 ms of CPU). Verification is the default's: certificate and host name.
         return ssl.create_default_context()
+
+    async def _cut_when_stopped(self, query: str, what: str) -> tuple[int, bytes]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        def cut() -> None:
+            loop.call_soon_threadsafe(task.cancel)
+
+        with self.stopper.cutting(cut, what):
+            return await self._exchange(query)
 
     async def _exchange(self, query: str) -> tuple[int, bytes]:
         parts = urlsplit(self.endpoint)

@@ -1,40 +1,43 @@
 """A double of Alibaba Cloud's VPC API (RPC style, version 2016-04-28), for the actions the
-ali-vpc engine calls; served to the lab's nodes (``flannel-lab up --backend ali-vpc``) and
-used by the tests. There is no emulator of Alibaba Cloud to run here.
+ali-vpc engine calls; served to the lab's nodes (``flannel-lab up --backend ali-vpc``) and used
+by the tests. There is no emulator of Alibaba Cloud to run here.
 
-Modelled from Alibaba Cloud's public API reference (help.aliyun.com / alibabacloud.com,
-"VPC API 2016-04-28": the request structure, signature method and common error codes, and
-the pages of DescribeVpcs, DescribeVRouters, DescribeRouteTables, CreateRouteEntry and
-DeleteRouteEntry). The protocol: ``GET /?<query>`` or ``POST /`` with a form body, the
-common parameters (``Action``, ``Version``, ``Format``, ``AccessKeyId``, ``SignatureMethod``
+Modelled from Alibaba Cloud's public API reference (help.aliyun.com / alibabacloud.com, "VPC
+API 2016-04-28": the request structure, signature method and common error codes, and the pages
+of DescribeVpcs, DescribeVRouters, DescribeRouteTables, CreateRouteEntry, DeleteRouteEntry and
+ModifyRouteEntry). The protocol: ``GET /?<query>`` or ``POST /`` with a form body, the common
+parameters (``Action``, ``Version``, ``Format``, ``AccessKeyId``, ``SignatureMethod``
 HMAC-SHA1, ``SignatureVersion`` 1.0, ``SignatureNonce``, ``Timestamp``) and ``Signature``,
 which it verifies: an unknown key ``InvalidAccessKeyId.NotFound`` (404), a wrong signature
 ``SignatureDoesNotMatch`` (400), a nonce used twice ``SignatureNonceUsed``, a timestamp more
-than 15 minutes off ``InvalidTimeStamp.Expired``. Answers are JSON with ``RequestId``;
-errors carry ``Code``, ``Message``, ``HostId`` and ``Recommend`` with the documented HTTP
-status (``InvalidAction.NotFound`` 404, ``InvalidVersion``, ``MissingParameter``,
+than 15 minutes off ``InvalidTimeStamp.Expired``. Answers are JSON with ``RequestId``; errors
+carry ``Code``, ``Message``, ``HostId`` and ``Recommend`` with the documented HTTP status
+(``InvalidAction.NotFound`` 404, ``InvalidVersion``, ``MissingParameter``,
 ``Throttling``/``Throttling.User`` 400, ``ServiceUnavailable`` 503).
 
 State: VPCs (``VpcId`` -> ``VRouterId``), vRouters (-> ``RouteTableIds``), route tables with
 entries (``RouteTableId``, ``DestinationCidrBlock``, ``Type`` Custom/System, ``Status``,
-``InstanceId``, ``NextHopType``, ``NextHops``), listed inside ``RouteEntrys.RouteEntry`` as
-the API spells it. A created entry is ``Pending`` until the next DescribeRouteTables, then
-``Available`` (the API creates entries in the background). ``CreateRouteEntry`` refuses a
-destination already in the table (``InvalidCIDRBlock.Duplicate``), an unknown instance
-(``InvalidInstanceId.NotFound``) and, past ``entry_limit`` custom entries, ``QuotaExceeded``;
-``DeleteRouteEntry`` by destination and next hop (``InvalidRouteEntry.NotFound``).
-``fail(action, code, times)`` queues errors; ``delay`` holds every answer back (timeouts).
-Not modelled: other actions, pagination beyond one page, ECMP next hops, RAM policies,
-STS tokens, route entries of other next hop types than those tests add.
+``InstanceId``, ``NextHopType``, ``NextHops``, ``RouteEntryId``, ``RouteEntryName``), listed
+inside ``RouteEntrys.RouteEntry`` as the API spells it. A created entry is ``Pending`` until
+the next DescribeRouteTables, then ``Available`` (the API creates entries in the background).
+``CreateRouteEntry`` refuses a destination already in the table
+(``InvalidCIDRBlock.Duplicate``), an unknown instance (``InvalidInstanceId.NotFound``) and,
+past ``entry_limit`` custom entries, ``QuotaExceeded``; ``DeleteRouteEntry`` by destination and
+next hop (``InvalidRouteEntry.NotFound``); ``ModifyRouteEntry`` renames an entry by
+``RouteEntryId`` (``InvalidRouteEntryId.NotFound``; a name over 128 characters or starting with
+``http://`` is ``IllegalParam.Name``). ``fail(action, code, times)`` queues errors;
+``answer_with(action, behaviour, times)`` a broken or hostile answer (``flannel.lab.hostile``);
+``delay`` holds every answer back (timeouts). Not modelled: other actions, pagination beyond
+one page, ECMP next hops, RAM policies, STS tokens, route entries of other next hop types than
+those tests add.
 
 ``FakeAliyunMetadata`` models the ECS instance metadata service (100.100.100.200), from the
-same reference's "instance metadata" pages: ``GET /latest/meta-data/<path>`` answers the
-asking instance's value (instances told apart by their source address, as the real service
-does), 404 for an unknown path; hardened mode: ``PUT /latest/api/token`` with
-``X-aliyun-ecs-metadata-token-ttl-seconds`` (1..21600, else 400) issues a token that GETs
-carry in ``X-aliyun-ecs-metadata-token`` (an unknown one: 401). ``enforced``: a GET without
-a token is refused (403), as on an instance whose metadata access is set to hardened mode
-only.
+same reference's "instance metadata" pages: ``GET /latest/meta-data/<path>`` answers the asking
+instance's value (instances told apart by their source address, as the real service does), 404
+for an unknown path; hardened mode: ``PUT /latest/api/token`` with
+``X-aliyun-ecs-metadata-token-ttl-seconds`` (1..21600, else 400) issues a token that GETs carry
+in ``X-aliyun-ecs-metadata-token`` (an unknown one: 401). ``enforced``: a GET without a token
+is refused (403), as on an instance whose metadata access is set to hardened mode only.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.lab.hostile import Behaviour, Queued
 from flannel.lab.imds import TokenMetadata
 from flannel.lab.served import endpoint, serve, shut
 
@@ -59,7 +63,8 @@ VERSION = "2016-04-28"
 #: HTTP status of each error code the double sends (400 unless named here).
 _STATUS = {"InvalidAccessKeyId.NotFound": 404, "InvalidAction.NotFound": 404,
            "ServiceUnavailable": 503, "Forbidden.RAM": 403, "InvalidRouteEntry.NotFound": 404,
-           "InvalidInstanceId.NotFound": 404, "InvalidVpcId.NotFound": 404}
+           "InvalidInstanceId.NotFound": 404, "InvalidVpcId.NotFound": 404,
+           "InvalidRouteEntryId.NotFound": 404}
 _MESSAGES = {
     "Throttling": "Request was denied due to request throttling.",
     "Throttling.User": "Request was denied due to user flow control.",
@@ -95,6 +100,7 @@ class FakeAliyunVpc:
         self.actions: list[str] = []
         self._nonces: set[str] = set()
         self._faults: dict[str, list[str]] = {}
+        self._behaviours = Queued()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -117,10 +123,11 @@ class FakeAliyunVpc:
             return ids
 
     def add_entry(self, table: str, destination: str, instance_id: str,
-                  entry_type: str = "Custom", next_hop_type: str = "Instance") -> None:
+                  entry_type: str = "Custom", next_hop_type: str = "Instance",
+                  name: str = "") -> None:
         with self._lock:
             self.tables[table].append(self._entry(table, destination, entry_type, instance_id,
-                                                  next_hop_type))
+                                                  next_hop_type, name=name))
 
     def entries(self, table: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -136,12 +143,24 @@ class FakeAliyunVpc:
         with self._lock:
             self._faults.setdefault(action, []).extend([code] * times)
 
+    def answer_with(self, action: str, behaviour: Behaviour, times: int | None = 1) -> None:
+        """Answer the next ``times`` calls of ``action`` (every one: None) with
+        ``behaviour`` (``flannel.lab.hostile``: a broken or hostile server) instead."""
+        with self._lock:
+            self._behaviours.add(action, behaviour, times)
+
+    def calm(self) -> None:
+        with self._lock:
+            self._behaviours.clear()
+
     @staticmethod
     def _entry(table: str, destination: str, entry_type: str, instance_id: str,
-               next_hop_type: str, status: str = "Available") -> dict[str, Any]:
+               next_hop_type: str, status: str = "Available", name: str = "",
+               ) -> dict[str, Any]:
         return {"RouteTableId": table, "DestinationCidrBlock": destination, "Type": entry_type,
                 "Status": status, "InstanceId": instance_id, "NextHopType": next_hop_type,
-                "RouteEntryId": f"rte-{uuid.uuid4().hex[:12]}", "NextHops": {"NextHop": []}}
+                "RouteEntryId": f"rte-{uuid.uuid4().hex[:12]}", "RouteEntryName": name,
+                "NextHops": {"NextHop": []}}
 
     # --- the protocol -------------------------------------------------------------------
 
@@ -184,7 +203,8 @@ class FakeAliyunVpc:
                    "DescribeVRouters": self._describe_vrouters,
                    "DescribeRouteTables": self._describe_tables,
                    "CreateRouteEntry": self._create,
-                   "DeleteRouteEntry": self._delete}.get(action)
+                   "DeleteRouteEntry": self._delete,
+                   "ModifyRouteEntry": self._modify}.get(action)
         if handler is None:
             raise ApiError("InvalidAction.NotFound", "Specified api is not found, please check "
                                                      "your url and method.")
@@ -260,10 +280,30 @@ class FakeAliyunVpc:
         custom = sum(1 for e in entries if e["Type"] == "Custom")
         if self.entry_limit is not None and custom >= self.entry_limit:
             raise ApiError("QuotaExceeded")
+        name = params.get("RouteEntryName", "")
+        self._check_name(name)
         entry = self._entry(params["RouteTableId"], destination, "Custom", params["NextHopId"],
-                            params["NextHopType"], status="Pending")
+                            params["NextHopType"], status="Pending", name=name)
         entries.append(entry)
         return {"RouteEntryId": entry["RouteEntryId"]}
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if len(name) > 128 or name.startswith(("http://", "https://")):
+            raise ApiError("IllegalParam.Name", "The specified name is invalid.")
+
+    def _modify(self, params: dict[str, str]) -> dict[str, Any]:
+        self._required(params, "RouteEntryId")
+        name = params.get("RouteEntryName", "")
+        self._check_name(name)
+        for entries in self.tables.values():
+            for entry in entries:
+                if entry["RouteEntryId"] == params["RouteEntryId"]:
+                    if "RouteEntryName" in params:
+                        entry["RouteEntryName"] = name
+                    return {}
+        raise ApiError("InvalidRouteEntryId.NotFound", "The specified route entry does not "
+                                                       "exist.")
 
     def _delete(self, params: dict[str, str]) -> dict[str, Any]:
         entries = self._table(params)
@@ -287,6 +327,11 @@ class FakeAliyunVpc:
             def _serve(self, method: str, query: str) -> None:
                 if double.delay:
                     time.sleep(double.delay)
+                with double._lock:
+                    behaviour = double._behaviours.take(
+                        dict(parse_qsl(query)).get("Action", ""))
+                if behaviour is not None:
+                    return behaviour(self)
                 request_id = str(uuid.uuid4()).upper()
                 status = 200
                 try:

@@ -1,34 +1,36 @@
-"""A test double of Google Compute Engine for the gce backend: the Compute Engine API (v1)
-calls it makes, the metadata server of each instance, and the OAuth 2.0 token endpoint. There
-is no emulator of Compute Engine to run here; the lab serves this double to its nodes and the
-tests use it (``tests/support/gceapi.py``).
+"""A test double of Google Compute Engine for the gce backend: the Compute Engine API (v1) calls
+it makes, the metadata server of each instance, and the OAuth 2.0 token endpoint. There is no
+emulator of Compute Engine to run here; the lab serves this double to its nodes and the tests
+use it (``tests/support/gceapi.py``).
 
 Modelled from the public Compute Engine API reference (cloud.google.com/compute/docs/reference
 /rest/v1): ``routes.list`` (``GET /compute/v1/projects/{p}/global/routes`` with ``filter`` in
-the ``field eq "RE2 regex"`` form, parenthesised terms ANDed, Python's ``re`` standing in
-for RE2; ``maxResults`` and ``pageToken``), ``routes.insert`` (``POST``, the body's
-``name``, ``network``, ``destRange``, ``nextHopInstance``, ``priority``, ``tags``; 409
-``alreadyExists``), ``routes.delete``
-(404 ``notFound``), ``networks.get``, ``instances.get`` (``selfLink``, ``canIpForward``) and
-``globalOperations.get``; writes answer a ``compute#operation`` that is ``RUNNING`` for
-``pending_polls`` reads, then ``DONE``, with an ``error.errors[]`` of ``{code, message}`` when
-it failed. Errors are ``{"error": {"code", "message", "errors": [{"message", "domain",
-"reason"}]}}``: 401 without a valid bearer token, 403 ``quotaExceeded`` ("Quota 'ROUTES'
-exceeded") past ``route_limit`` (in the operation instead with ``limit_in_operation``), and
-whatever ``fail(action, status, reason, times)`` queues (429/403 ``rateLimitExceeded``);
-``op_fail(code, message, times)`` makes the next inserts' operations fail; ``garble(action,
-status, body, times)`` answers ``body`` verbatim instead (a broken or hostile answer);
-``delay`` holds every API answer back (a timeout). The metadata server (from the metadata
-server documentation: ``/computeMetadata/v1/...`` only with ``Metadata-Flavor: Google``,
-answered with that header, 403 otherwise) serves ``project/project-id``, ``instance/zone``
-(``projects/<number>/zones/<zone>``), ``instance/name``, ``instance/hostname``,
-``instance/network-interfaces/0/network`` and ``instance/service-accounts/default/token``
-(``{access_token, expires_in, token_type}``); ``paths`` overrides any of them. The token
-endpoint (``POST /token``, from Google's OAuth 2.0 for service accounts documentation)
-takes ``grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer`` and an RS256 ``assertion``
-whose signature it verifies with the registered key's public half (google-auth).
-Not modelled: IAM permissions, route conflicts other than a name, routes appearing only
-when their operation ends, zonal operations, the list's ``orderBy``, other filter operators.
+the ``field eq "RE2 regex"`` form, parenthesised terms ANDed, Python's ``re`` standing in for
+RE2; ``maxResults`` and ``pageToken``), ``routes.insert`` (``POST``, the body's ``name``,
+``network``, ``destRange``, ``nextHopInstance``, ``priority``, ``tags``, ``description``; 409
+``alreadyExists``), ``routes.delete`` (404 ``notFound``), ``networks.get``, ``instances.get``
+(``selfLink``, ``canIpForward``) and ``globalOperations.get``; writes answer a
+``compute#operation`` that is ``RUNNING`` for ``pending_polls`` reads, then ``DONE``, with an
+``error.errors[]`` of ``{code, message}`` when it failed. Errors are ``{"error": {"code",
+"message", "errors": [{"message", "domain", "reason"}]}}``: 401 without a valid bearer token,
+403 ``quotaExceeded`` ("Quota 'ROUTES' exceeded") past ``route_limit`` (in the operation
+instead with ``limit_in_operation``), and whatever ``fail(action, status, reason, times)``
+queues (429/403 ``rateLimitExceeded``); ``op_fail(code, message, times)`` makes the next
+inserts' operations fail; ``garble(action, status, body, times)`` answers ``body`` verbatim
+instead, and ``answer_with(action, behaviour, times)`` with any answer of
+``flannel.lab.hostile`` (a broken or hostile server: huge, dripping, reset, redirected...; the
+metadata server's paths too); ``delay`` holds every API answer back (a timeout). The metadata
+server (from the metadata server documentation: ``/computeMetadata/v1/...`` only with
+``Metadata-Flavor: Google``, answered with that header, 403 otherwise) serves
+``project/project-id``, ``instance/zone`` (``projects/<number>/zones/<zone>``),
+``instance/name``, ``instance/hostname``, ``instance/network-interfaces/0/network`` and
+``instance/service-accounts/default/token`` (``{access_token, expires_in, token_type}``);
+``paths`` overrides any of them. The token endpoint (``POST /token``, from Google's OAuth 2.0
+for service accounts documentation) takes
+``grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer`` and an RS256 ``assertion`` whose
+signature it verifies with the registered key's public half (google-auth). Not modelled: IAM
+permissions, route conflicts other than a name, routes appearing only when their operation
+ends, zonal operations, the list's ``orderBy``, other filter operators.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.lab import hostile
+from flannel.lab.hostile import Behaviour, Queued
 from flannel.lab.served import endpoint, serve, shut
 
 PROJECT_NUMBER = "123456789012"
@@ -62,12 +66,12 @@ class ApiError(Exception):
             {"message": self.message, "domain": domain, "reason": self.reason}]}}
 
 
-class _Verbatim(Exception):
-    """An answer queued by ``garble``: sent as it is."""
+class _Behave(Exception):
+    """An answer queued by ``answer_with``: the behaviour writes it (outside the lock)."""
 
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(status)
-        self.status, self.body = status, body
+    def __init__(self, behaviour: Behaviour) -> None:
+        super().__init__("behaviour")
+        self.behaviour = behaviour
 
 
 class _Json(BaseHTTPRequestHandler):
@@ -102,7 +106,7 @@ class FakeCompute:
         self.actions: list[str] = []
         self._faults: dict[str, list[tuple[int, str]]] = {}
         self._op_faults: list[tuple[str, str]] = []
-        self._garbled: dict[str, list[tuple[int, str]]] = {}
+        self._behaviours = Queued()
         self._ids = itertools.count(1000)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -164,8 +168,17 @@ class FakeCompute:
             self._op_faults.extend([(code, message)] * times)
 
     def garble(self, action: str, status: int, body: str, times: int = 1) -> None:
+        self.answer_with(action, hostile.verbatim(status, body), times)
+
+    def answer_with(self, action: str, behaviour: Behaviour, times: int | None = 1) -> None:
+        """Answer the next ``times`` calls of ``action`` (every one: None) with
+        ``behaviour`` (``flannel.lab.hostile``) instead; ``calm()`` undoes it."""
         with self._lock:
-            self._garbled.setdefault(action, []).extend([(status, body)] * times)
+            self._behaviours.add(action, behaviour, times)
+
+    def calm(self) -> None:
+        with self._lock:
+            self._behaviours.clear()
 
     # --- the API -----------------------------------------------------------------------
 
@@ -252,9 +265,9 @@ class FakeCompute:
         if action is None:
             raise ApiError(404, "notFound", f"The resource '{path}' was not found")
         self.actions.append(action)
-        garbled = self._garbled.get(action)
-        if garbled:
-            raise _Verbatim(*garbled.pop(0))
+        behaviour = self._behaviours.take(action)
+        if behaviour is not None:
+            raise _Behave(behaviour)
         queued = self._faults.get(action)
         if queued:
             status, reason = queued.pop(0)
@@ -319,8 +332,8 @@ class FakeCompute:
                             return self.answer(200, double._exchange(form))
                     with double._lock:
                         answer = double._handle(method, parts.path, query, self.headers, body)
-                except _Verbatim as verbatim:
-                    return self.answer(verbatim.status, verbatim.body)
+                except _Behave as queued:
+                    return queued.behaviour(self)
                 except ApiError as error:
                     if parts.path == "/token":
                         return self.answer(error.status, {"error": error.reason,
@@ -364,12 +377,17 @@ class FakeGceMetadata:
         self.paths = dict(paths)
         self.flavor = True  # False: answers lack Metadata-Flavor (not the metadata server)
         self.requests: list[str] = []
+        self._behaviours = Queued()
         self._server: ThreadingHTTPServer | None = None
 
     @property
     def host(self) -> str:
         """What ``GCE_METADATA_HOST`` is set to: host:port."""
         return endpoint(self._server)
+
+    def answer_with(self, path: str, behaviour: Behaviour, times: int | None = 1) -> None:
+        """Answer the next ``times`` GETs of ``path`` (every one: None) with ``behaviour``."""
+        self._behaviours.add(path, behaviour, times)
 
     def start(self, address: str = "127.0.0.1", host: Host = LOCAL) -> FakeGceMetadata:
         double = self
@@ -381,6 +399,9 @@ class FakeGceMetadata:
                 if self.headers.get("Metadata-Flavor") != "Google":
                     return self.answer(403, "Missing Metadata-Flavor:Google header.", headers)
                 path = self.path.removeprefix("/computeMetadata/v1/")
+                behaviour = double._behaviours.take(path)
+                if behaviour is not None:
+                    return behaviour(self)
                 if self.path.startswith("/computeMetadata/v1/") and path in double.paths:
                     return self.answer(200, double.paths[path],
                                        {**headers, "Content-Type": "application/text"})

@@ -8,8 +8,10 @@ token that GETs carry in ``X-aws-ec2-metadata-token``. Modes: ``"optional"`` (IM
 v1 still allowed: a GET without a token is served, one with an unknown token gets 401, as
 AWS does), ``"required"`` (a GET without a valid token gets 401), ``"v1-only"`` (the token
 PUT gets 403, as when IMDSv2 is unavailable). ``expire_tokens()`` invalidates every token
-issued so far. Not modelled: token TTL expiry by time, hop limits, the dynamic/ and
-user-data/ trees. Requests are recorded in ``requests`` (method, path, had a token).
+issued so far; ``answer_with(path, behaviour)`` answers a path with a broken or hostile
+answer (``flannel.lab.hostile``). Not modelled: token TTL expiry by time, hop limits, the
+dynamic/ and user-data/ trees. Requests are recorded in ``requests`` (method, path, had a
+token).
 ``TokenMetadata`` is the frame it shares with Alibaba Cloud's metadata double
 (``flannel.lab.aliyunapi``): the same paths and token dance, other headers and refusals.
 """
@@ -17,10 +19,12 @@ user-data/ trees. Requests are recorded in ``requests`` (method, path, had a tok
 from __future__ import annotations
 
 import secrets
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
 
 from flannel.kernel.host import LOCAL, Host
+from flannel.lab.hostile import Behaviour, Queued
 from flannel.lab.served import endpoint, serve, shut
 
 
@@ -35,7 +39,19 @@ class TokenMetadata:
     def __init__(self) -> None:
         self.tokens: set[str] = set()
         self.requests: list[tuple[str, str, bool]] = []
+        self._behaviours = Queued()
+        self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+
+    def answer_with(self, path: str, behaviour: Behaviour, times: int | None = 1) -> None:
+        """Answer the next ``times`` requests of ``path`` (``/latest/...``; every one: None)
+        with ``behaviour`` (``flannel.lab.hostile``) instead."""
+        with self._lock:
+            self._behaviours.add(path, behaviour, times)
+
+    def _behaviour(self, path: str) -> Behaviour | None:
+        with self._lock:
+            return self._behaviours.take(path)
 
     @property
     def url(self) -> str:
@@ -74,6 +90,9 @@ class TokenMetadata:
 
             def do_PUT(self) -> None:
                 double.requests.append(("PUT", self.path, False))
+                behaviour = double._behaviour(self.path)
+                if behaviour is not None:
+                    return behaviour(self)
                 if self.path != "/latest/api/token":
                     return self._answer(404)
                 refused = double._put_refused()
@@ -89,6 +108,9 @@ class TokenMetadata:
             def do_GET(self) -> None:
                 token = self.headers.get(double.token_header)
                 double.requests.append(("GET", self.path, token is not None))
+                behaviour = double._behaviour(self.path)
+                if behaviour is not None:
+                    return behaviour(self)
                 refused = double._get_refused(token)
                 if refused is not None:
                     return self._answer(refused)

@@ -90,3 +90,17 @@ def test_many_tiny_elements_are_refused_before_decoding():
                                  "50000")
     assert loads(b"[" + b"[]," * 100 + b"[]]", what="x", max_bytes=10 ** 6,
                  max_elements=50_000, max_depth=None) == [[]] * 101
+
+
+def test_the_depth_pre_scan_builds_no_object_per_string_or_pair():
+    """A megabyte of ``{}`` or of ``""`` cost the pre-scan an object per match (50 MiB)."""
+    import tracemalloc
+
+    for text in ("[" + "{}," * 400_000 + "{}]", "[" + '"",' * 400_000 + '""]'):
+        tracemalloc.start()
+        try:
+            assert not boundedjson.nests_deeper_than(text, 32)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 * len(text), peak
