@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from flannel.backend.plan import NodeView
 from flannel.config import NetworkConfig
-from flannel.kernel.rtnl import Route
+from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
 from flannel.lease import Lease, LeaseAttrs
 from flannel.ops.checks import Context
 from flannel.ops.checks.cluster import check_clock, check_duplicates
@@ -71,14 +72,42 @@ def test_clock_skew_beyond_five_seconds():
     assert finding.what == "this node's clock is 42s behind the store's"
 
 
-def test_duplicate_public_ip_and_vtep_mac():
+def test_duplicate_public_ip():
+    # One node's two leases share its identity: only the address is a duplicate.
     rows = [vxlan_lease("10.244.1.0/24", "192.168.1.1", "0e:00:00:00:00:01"),
             vxlan_lease("10.244.2.0/24", "192.168.1.1", "0E:00:00:00:00:01")]
     found = check_duplicates(context(rows=rows))
     assert [f.what.split(":")[0] for f in found] == [
-        "public IP 192.168.1.1 holds several leases (10.244.1.0/24, 10.244.2.0/24)",
-        "VTEP MAC 0e"]
-    assert found[1].what.startswith("VTEP MAC 0e:00:00:00:00:01 is published by several")
+        "public IP 192.168.1.1 holds several leases (10.244.1.0/24, 10.244.2.0/24)"]
+    cfg = NetworkConfig(network=IPv4Network("10.244.0.0/16"), backend_type="vxlan")
+    assert check_skipped(context(rows=rows, config=cfg)) == []
+
+
+def test_a_lease_claiming_another_node_s_identity_is_said_once_as_the_cause():
+    """As flanneld judges it: the newer lease claiming the older's VTEP MAC from another
+    address is refused (an error naming both, the identity and the fix), the older one is
+    judged as usual, and the thief's entries are expected nowhere."""
+    mac = "0e:00:00:00:00:02"
+    own, victim, thief = (
+        replace(row, lease=replace(row.lease, created=created))
+        for row, created in ((vxlan_lease("10.244.1.0/24", "192.168.1.1", "0e:00:00:00:00:01"),
+                              1),
+                             (vxlan_lease("10.244.2.0/24", "192.168.1.2", mac), 2),
+                             (vxlan_lease("10.244.3.0/24", "192.168.1.66", mac.upper()), 3)))
+    cfg = NetworkConfig(network=IPv4Network("10.244.0.0/16"), backend_type="vxlan")
+    route = Route("10.244.2.0/24", "10.244.2.0", 7, onlink=True)
+    held = KernelEntries({route.dst: (route, 151)},
+                         {(7, "10.244.2.0"): Neighbour(7, "10.244.2.0", mac)},
+                         frozenset({FdbEntry(7, mac, "192.168.1.2")}), {7: "flannel.1"})
+    ctx = context({"flannel.1": 7}, held, rows=[thief, own, victim], config=cfg,
+                  env={"FLANNEL_SUBNET": "10.244.1.1/24"})
+    found = rank([*check_duplicates(ctx), *check_skipped(ctx), *check_entries(ctx)])
+    assert [(f.check, f.severity) for f in found] == [("identity", "error")]
+    assert found[0].what == (
+        f"lease 10.244.3.0-24 of 192.168.1.66: skipped by flanneld: its IPv4 VtepMAC {mac} "
+        "belongs to the older lease 10.244.2.0-24 (public IP 192.168.1.2): a lease may not "
+        "take another node's identity; delete it, or restart the node that wrote it")
+    assert "flannelctl leases release 10.244.3.0-24 --yes" in found[0].fix
 
 
 def test_lease_outside_the_network_is_skipped_as_flanneld_skips_it():

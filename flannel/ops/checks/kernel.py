@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flannel.backend.admission import IDENTITY_TAKEN
 from flannel.backend.plan import DevicePlan
 from flannel.ops.checks import Context
 from flannel.ops.checks.offload import check_checksum
@@ -216,14 +217,24 @@ def check_engine(ctx: Context) -> list[Finding]:
 
 def check_skipped(ctx: Context) -> list[Finding]:
     """Leases flanneld does not use, with its reason: a reservation no node has taken is
-    a note, anything else a node the others cannot reach."""
+    a note; a lease claiming an identity this node's or an older lease's is an error (a
+    node, or whoever wrote it, tries to draw another node's traffic; said once, as the
+    cause, rather than as the other lease's entries it would spoil); anything else a node
+    the others cannot reach."""
     found = []
     for plan in ctx.plans:
         lease = plan.lease
         where = f"lease {lease.key} of {lease.attrs.public_ip or 'no public IP'}"
         fix = (f"{flannelctl('leases', 'show', lease.key)} shows it; "
                f"{flannelctl('leases', 'release', lease.key)} if no node needs it")
-        if plan.skipped:
+        if plan.refused == IDENTITY_TAKEN:
+            found.append(Finding(
+                "identity", "error", f"{where}: skipped by flanneld: {plan.skipped}",
+                f"if no node of yours runs at {lease.attrs.public_ip or 'that address'}, "
+                f"{flannelctl('leases', 'release', lease.key, '--yes')} and find who can "
+                "write leases (only flanneld should); if one does (a copy of another "
+                "machine), give it an identity of its own and restart its flanneld"))
+        elif plan.skipped:
             found.append(Finding("skipped", "info" if plan.reserved else "warning",
                                  f"{where}: skipped by flanneld: {plan.skipped}",
                                  "" if plan.reserved else fix))
