@@ -24,6 +24,7 @@ from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.monitor.health import HealthServer, same_host
 from flannel.monitor.nodestate import NodeState, status_document
+from flannel.ops.status import render
 from flannel.readiness import Readiness
 from flannel.subnet.watch import Changes, Snapshot
 from tests.support.waiting import async_wait_until
@@ -398,6 +399,12 @@ async def test_peers_refused_are_counted_by_reason_and_listed_in_status():
         assert peers["refused_kinds"] == {"10.244.3.0-24": "kernel_refused"}
         assert peers["refused_reasons"]["10.244.3.0-24"].startswith(
             "Network is unreachable (replace route 10.244.3.0/24 via 192.168.1.3)")
+        # flannelctl status says what each refusal is.
+        table = render(status_document(state), "the socket")
+        assert ("2 programmed, 0 skipped as invalid, 1 parked (the kernel refused their "
+                "entries; retried)") in table, table
+        assert re.search(r"^  parked +10\.244\.3\.0-24: Network is unreachable", table,
+                         re.MULTILINE), table
 
 
 async def test_a_failing_event_watch_is_counted():
