@@ -248,9 +248,9 @@ def check_pod_encap(ctx: Context) -> list[Finding]:
     what = " and ".join(f"{c.name} ({c.ports_text})" for c in open_)
     return [Finding(
         "pod-encap", "info",
-        f"pods on this node may send {what} to other nodes: leaving masqueraded from this "
-        "node's address, a peer's, it puts packets with any source into their pods, "
-        "whatever --encap-peers-only filters there",
+        f"pods on this node may send {what} to other nodes, which take it for this node's "
+        "(masqueraded, it leaves from a peer's address): a pod can put packets with any "
+        "source into their pods, whatever --encap-peers-only filters there",
         "unless a pod here must send it, run flanneld with --drop-pod-encap=true (the "
         "default; FLANNELD_DROP_POD_ENCAP=true)")]
 
