@@ -377,7 +377,7 @@ def test_pods_that_may_send_unauthenticated_encapsulation_are_noted():
                                                     if drop else {}}))
 
     [note] = found("vxlan", drop=False)
-    assert (note.severity, note.what.split(":")[0]) == (
+    assert (note.severity, note.what.split(",")[0]) == (
         "info", "pods on this node may send VXLAN (UDP 8472) to other nodes")
     assert "--drop-pod-encap=true" in note.fix
     assert found("vxlan", drop=True) == []
