@@ -407,6 +407,25 @@ async def test_peers_refused_are_counted_by_reason_and_listed_in_status():
                          re.MULTILINE), table
 
 
+def test_status_footprint_names_the_port_any_host_may_inject_on_from_the_config():
+    from flannel.backend.udp import UdpBackend
+    from flannel.backend.vxlan import VxlanBackend
+    from flannel.backend.wireguard import WireguardBackend
+    from flannel.config import parse_config
+    from flannel.monitor.nodestate import footprint_document
+
+    ext = ExternalInterface("eth0", 2, 1500, IPv4Address("192.0.2.1"), None,
+                            IPv4Address("192.0.2.1"), None)
+
+    def port(cls: type, backend: str) -> object:
+        config = parse_config(f'{{"Network":"10.5.0.0/16","Backend":{backend}}}')
+        return footprint_document(cls(ext, config))["encap_port"]
+
+    assert port(VxlanBackend, '{"Type":"vxlan","Port":4789}') == 4789
+    assert port(UdpBackend, '{"Type":"udp"}') == 8285
+    assert port(WireguardBackend, '{"Type":"wireguard"}') is None  # authenticated
+
+
 async def test_a_failing_event_watch_is_counted():
     from flannel.dataplane import COMPONENT, Dataplane
     from tests.support.fakenetlink import FakeKernel
