@@ -269,8 +269,8 @@ def check_parked(ctx: Context) -> list[Finding]:
                                  f"kernel refused its entries: {why}", fix))
         elif kind == ENGINE and plan.used:
             found.append(Finding("parked", "warning", f"{where}: refused by the backend's "
-                                 f"engine: {why}", "fix it on the node that wrote it (its "
-                                 "log says more); flanneld tries it again"))
+                                 f"engine: {why}", "fix what the reason names (flanneld's log "
+                                 "says more); flanneld tries it again"))
     if view.unlisted:
         found.append(Finding("parked", "info", f"not checked: {view.unlisted} more peer(s) "
                              "flanneld refuses, because its /status lists only the first"))
