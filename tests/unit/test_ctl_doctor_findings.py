@@ -344,6 +344,13 @@ def test_a_peer_flanneld_parked_is_named_with_its_reason_not_as_a_missing_route(
     assert [(str(row.subnet), row.verdict, row.detail) for row in decided] == [
         ("10.244.200.0/24", "parked", "parked by flanneld, the kernel refused its entries: "
          f"{PARKED_WHY}")]
+    # An engine's refusal is named with its reason.
+    engine = _parked_context({"peers": {"refused": 1, "refused_reasons": {
+        "10.244.2.0-24": "IKE authentication fails: another PSK"},
+        "refused_kinds": {"10.244.2.0-24": "engine"}}})
+    assert [(f.severity, f.what) for f in check_parked(engine)] == [
+        ("warning", "lease 10.244.2.0-24 of 192.168.1.2: refused by the backend's engine: IKE "
+         "authentication fails: another PSK")]
     # Without flanneld's word, the missing route is all there is to say.
     unread = _parked_context({})
     unread.__dict__["view"] = replace(unread.view, unread="flanneld's /status could not be "
