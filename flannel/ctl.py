@@ -191,7 +191,7 @@ def ops_options(args: argparse.Namespace, environ: dict[str, str] | None = None
     if command == "check":
         return options.CheckOptions(
             located.store, args.json, args.count, args.interval, args.timeout,
-            args.parallel, args.deadline, source=located.source())
+            args.parallel, args.deadline, source=located.source(), found=located.found)
     cni = (tuple(args.cni_bin_dir or options.DEFAULT_CNI_BIN_DIRS),
            tuple(args.cni_conf_dir or options.DEFAULT_CNI_CONF_DIRS))
     if command == "bundle":

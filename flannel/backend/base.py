@@ -14,10 +14,15 @@ other engine must hold:
 - ``failure_hint(error)``: advice for an operator when the kernel refused a change.
 
 Which peers those are is ``admit(peers)``'s (``flannel/backend/admission.py``), from what the
-backend declares of a lease: ``lease_problem`` (data it cannot use, refused as the kernel
-would refuse it), ``identities`` (what must be one node's only: a VTEP MAC, a public key),
-and, when the kernel refused a change, ``entry_peers`` (whose entry it was: that peer is
-parked and retried, the others are programmed).
+backend declares of a lease under the network config alone: ``lease_problem`` (data it
+cannot use, refused as the kernel would refuse it), ``identities`` (what must be one node's
+only: a VTEP MAC, a public key), and, when the kernel refused a change, ``entry_peers``
+(whose entry it was: that peer is parked and retried, the others are programmed).
+
+What carries its traffic between nodes a backend declares once, from the network config
+(``carriers``: UDP ports, IP protocols, the underlay's IP versions, authenticated or not,
+how to probe it): the traffic rules read it (``encapsulation()``: what pods may not send
+to, what ``--encap-peers-only`` filters), and so do the operator tools.
 
 The first three fail with OSError (netlink errors included), ``BackendError`` or one of the
 backend's ``pass_errors``; the data plane retries those, and anything else ends flanneld.
@@ -30,17 +35,19 @@ options with ``<X>Config.from_backend(backend)``, which raises ``BackendConfigEr
 For the operator tools a backend declares its ``footprint`` (``flannel/backend/footprint.py``:
 the devices ``flannelctl cleanup`` may remove) and answers, without touching anything, what
 it does with each peer on a node (``describe``, ``flannel/backend/plan.py``: whether it uses a
-lease, the kernel entries each gets, from the functions ``desired_state`` calls, its engines'
-entries, how its traffic crosses the underlay), and reads what its engines hold
-(``read_engine``). Must not touch: the store, subnet.env, readiness.
+lease, judged by the same admission as flanneld's, the kernel entries each gets, from the
+functions ``desired_state`` calls, its engines' entries, which of its carriers carries it),
+and reads what its engines hold (``read_engine``). Must not touch: the store, subnet.env,
+readiness.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv6Address
 from pathlib import Path
 from typing import ClassVar
@@ -49,6 +56,7 @@ from flannel.backend.admission import PeerAdmission
 from flannel.backend.footprint import Footprint, Leftovers, Place
 from flannel.backend.plan import (
     PLAIN,
+    Carrier,
     Description,
     EngineReading,
     FamilyPlan,
@@ -104,14 +112,29 @@ class LocalNetwork:
 
 @dataclass(frozen=True)
 class Encapsulation:
-    """How peers' encapsulated traffic reaches this node, by IP version of the underlay: the
-    UDP ports it arrives on and the IP protocols it travels in (ESP 50, IP-in-IP 4).
-    ``authenticated``: the receiver checks every packet against the sending peer's key
-    (WireGuard, IPsec), so a forged one is refused whoever sends it."""
+    """The traffic rules' view of a backend's carriers (``Backend.carriers``): by IP version
+    of the underlay, every UDP port peers' encapsulated traffic arrives on and every IP
+    protocol it travels in (ESP 50, IP-in-IP 4). ``authenticated``: every carrier checks
+    each packet against the sending peer's key (WireGuard, IPsec), so a forged one is
+    refused whoever sends it."""
 
     udp: dict[int, tuple[int, ...]] = field(default_factory=dict)
     protocols: dict[int, tuple[int, ...]] = field(default_factory=dict)
     authenticated: bool = False
+
+    @classmethod
+    def of(cls, carriers: Sequence[Carrier]) -> Encapsulation:
+        """Every port and protocol of ``carriers``, by IP version of the underlay."""
+        udp: dict[int, set[int]] = {}
+        protocols: dict[int, set[int]] = {}
+        carrying = [c for c in carriers if c.udp_ports or c.ip_protocols]
+        for carrier in carrying:
+            for version in carrier.versions:
+                udp.setdefault(version, set()).update(carrier.udp_ports)
+                protocols.setdefault(version, set()).update(carrier.ip_protocols)
+        return cls({v: tuple(sorted(ports)) for v, ports in sorted(udp.items()) if ports},
+                   {v: tuple(sorted(ps)) for v, ps in sorted(protocols.items()) if ps},
+                   authenticated=bool(carrying) and all(c.authenticated for c in carrying))
 
 
 @dataclass(frozen=True)
@@ -210,7 +233,7 @@ class Backend(ABC):
         self.lease: Lease | None = None
         self._ignored: set[str] = set()  # keys of leases of other backends, logged once
         #: Which peers are programmed, and why the others are not.
-        self.admission = PeerAdmission(self.lease_problem, self.identities)
+        self.admission = self.admission_for(config)
 
     @abstractmethod
     async def prepare(self) -> LocalNetwork:
@@ -221,17 +244,27 @@ class Backend(ABC):
         self.lease = lease
         self.admission.own(lease)
 
-    def lease_problem(self, lease: Lease) -> str | None:
+    @classmethod
+    def lease_problem(cls, lease: Lease, config: NetworkConfig) -> str | None:
         """Why this backend cannot use a peer lease's data ("its IPv4 VtepMAC ... is a
         multicast MAC"; the message names what the lease needs), None when it can. Refused
-        here rather than by the kernel, which would fail the whole pass. None by default."""
+        here rather than by the kernel, which would fail the whole pass. From the network
+        config alone (no prepared backend needed). None by default."""
         return None
 
-    def identities(self, lease: Lease) -> tuple[str, ...]:
+    @classmethod
+    def identities(cls, lease: Lease, config: NetworkConfig) -> tuple[str, ...]:
         """What a lease claims that must be one node's only ("IPv4 VtepMAC 0e:..",
         "PublicKey ..."): a newer lease claiming one of them from another address is
-        refused. None by default."""
+        refused. From the network config alone. None by default."""
         return ()
+
+    @classmethod
+    def admission_for(cls, config: NetworkConfig) -> PeerAdmission:
+        """A fresh ``PeerAdmission`` judging peer leases as this backend does under
+        ``config`` (flanneld's, and the operator tools' in ``describe``)."""
+        return PeerAdmission(functools.partial(cls.lease_problem, config=config),
+                             functools.partial(cls.identities, config=config))
 
     def entry_peers(self, entry: object, peers: Sequence[Lease]) -> list[Lease]:
         """The peers among ``peers`` a kernel entry of desired state was made for (none:
@@ -259,12 +292,22 @@ class Backend(ABC):
         """Advice for an operator when the kernel refused one of our changes ("" if none)."""
         return ""
 
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        """What carries this backend's traffic between nodes under ``config``, declared once:
+        each carrier's UDP ports and IP protocols, the underlay's IP versions it arrives
+        over, whether it authenticates, how a peer's can be probed (``Carrier``). The
+        traffic rules read every port and protocol of them (``encapsulation``), the
+        operator tools what carries each peer (``peer_planner`` picks among them) and what
+        any host may inject (``NodePlan.injectable``). BackendConfigError when the options
+        are unusable. None by default: the underlay carries pods' packets as they are."""
+        return ()
+
     def encapsulation(self) -> Encapsulation:
-        """Every port and protocol peers send our encapsulated traffic to (after
-        ``prepare``): what pods may not send to (``--drop-pod-encap``), and, where it is
-        not authenticated, what only peers may send to (``--encap-peers-only``). None by
-        default."""
-        return Encapsulation()
+        """Every port and protocol peers send our encapsulated traffic to: what pods may not
+        send to (``--drop-pod-encap``), and, where it is not authenticated, what only peers
+        may send to (``--encap-peers-only``). Read from ``carriers``."""
+        return Encapsulation.of(type(self).carriers(self.config))
 
     def interrupt(self) -> None:
         """flanneld is stopping: blocking work under way in a pass or at start (a cloud
@@ -312,15 +355,30 @@ class Backend(ABC):
     @classmethod
     def describe(cls, node: NodeView, leases: Sequence[Lease]) -> Description:
         """What flanneld does with each of ``leases`` (remote ones the lease watcher passed)
-        on ``node``, and the node's side: ``flannel/backend/plan.py``. Touches nothing;
-        BackendConfigError when the options are unusable."""
+        on ``node``, and the node's side: ``flannel/backend/plan.py``. The leases it wants
+        go through a fresh admission of its own, with our lease, as in flanneld: a lease
+        refused for its data or an identity it may not claim is skipped with the same why.
+        Touches nothing; BackendConfigError when the options are unusable."""
+        config = node.config
         planner = cls.peer_planner(node)
+        admission = cls.admission_for(config)
+        if node.own is not None:
+            admission.own(node.own)
+        refuses = {lease.key: why for lease in leases if (why := cls.refuses(lease, config))}
+        admission.admit([lease for lease in leases if lease.key not in refuses])
+        refused = admission.refused
         plans = []
         for lease in leases:
-            why = cls.refuses(lease, node.config)
-            plans.append(PeerPlan(lease, skipped=why, reserved=unclaimed(lease)) if why
-                         else PeerPlan(lease, planner(lease)))
-        return Description(cls.node_plan(node), tuple(plans))
+            if lease.key in refuses:
+                plans.append(PeerPlan(lease, skipped=refuses[lease.key],
+                                      reserved=unclaimed(lease)))
+            elif lease.key in refused:
+                kind, why = refused[lease.key]
+                plans.append(PeerPlan(lease, skipped=why, refused=kind))
+            else:
+                plans.append(PeerPlan(lease, planner(lease)))
+        return Description(replace(cls.node_plan(node), carriers=cls.carriers(config)),
+                           tuple(plans))
 
     @classmethod
     def node_plan(cls, node: NodeView) -> NodePlan:

@@ -36,6 +36,7 @@ from flannel.backend.base import (
 from flannel.backend.footprint import ELSEWHERE, Footprint
 from flannel.backend.plan import Carrier, FamilyPlan, NodeView, gateway_address
 from flannel.cloud.base import CloudError, RouteChange
+from flannel.config import NetworkConfig
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -140,9 +141,13 @@ class CloudRouteBackend(Backend):
             self._engine.interrupt()
 
     @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # The VPC's router forwards pods' packets as they are: no encapsulation.
+        return (Carrier("the VPC's route table", versions=(4,)),)
+
+    @classmethod
     def peer_planner(cls, node: NodeView) -> PeerPlanner:
-        # The VPC's router forwards pods' packets as they are: no encapsulation to probe.
-        carrier = Carrier("the VPC's route table")
+        carrier, = cls.carriers(node.config)
 
         def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
             if lease.subnet is None:

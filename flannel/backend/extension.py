@@ -188,9 +188,14 @@ class ExtensionBackend(Backend):
                        .encap_overhead)
 
     @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # Whatever the commands build: no port or protocol flanneld knows of.
+        return (Carrier("the extension's data path", unprobed="the extension's own commands "
+                        "(SubnetAddCommand) choose what carries it", versions=versions(config)),)
+
+    @classmethod
     def peer_planner(cls, node: NodeView) -> PeerPlanner:
-        carrier = Carrier("the extension's data path", unprobed="the extension's own commands "
-                          "(SubnetAddCommand) choose what carries it")
+        carrier, = cls.carriers(node.config)
 
         def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
             out = []

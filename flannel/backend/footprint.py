@@ -48,18 +48,16 @@ class Footprint:
     """``routes``: one of the constants above. ``device``: the IPv4 device flanneld makes
     (``{vni}`` stands for the VXLAN VNI; "" for none). ``unjudged``:
     why the node's kernel cannot tell whether a peer is programmed ("" when it can).
-    ``links``: every device the backend makes, in any family. ``encap_port``: the UDP port
-    peers send encapsulated packets to unless the ``Port`` option says another (0: none that
-    an underlay host could inject into: no UDP, or authenticated as WireGuard's).
-    ``vtep``: each peer is reached through ``device`` by a permanent neighbour and FDB entry
-    made from the ``VtepMAC`` of its lease (the device's MAC is the one our lease publishes).
+    ``links``: every device the backend makes, in any family (what carries its traffic
+    between nodes is ``Backend.carriers``, from the network config). ``vtep``: each peer
+    is reached through ``device`` by a permanent neighbour and FDB entry made from the
+    ``VtepMAC`` of its lease (the device's MAC is the one our lease publishes).
     ``dual_stack``: the backend carries IPv6 networks too."""
 
     routes: str
     device: str = ""
     unjudged: str = ""
     links: tuple[Link, ...] = ()
-    encap_port: int = 0
     vtep: bool = False
     dual_stack: bool = False
 

@@ -21,7 +21,6 @@ from ipaddress import IPv4Address
 from flannel.backend.base import (
     BackendError,
     BackendOptions,
-    Encapsulation,
     LocalNetwork,
     PeerPlanner,
     RouteLookup,
@@ -62,9 +61,10 @@ class IpipConfig:
         return cls(fields["DirectRouting"])
 
 
-#: IP-in-IP: IP protocol 4, no port; a host without a tunnel for it answers "protocol
+#: IP-in-IP: IP protocol 4 over IPv4, no port; the device takes it from any remote and
+#: delivers the inner packet. A host without a tunnel for it answers "protocol
 #: unreachable", which a probe would need a raw socket of protocol 4 to provoke.
-IPIP = Carrier("IP-in-IP", ip_protocols=(4,),
+IPIP = Carrier("IP-in-IP", ip_protocols=(socket.IPPROTO_IPIP,), versions=(4,),
                unprobed="IP-in-IP (IP protocol 4) has no port to send a probe to")
 
 
@@ -120,9 +120,10 @@ class IpipBackend(RoutedBackend):
         self.spec = spec
         return LocalNetwork("ipip", mtu)
 
-    def encapsulation(self) -> Encapsulation:
-        # The device takes IP-in-IP from any remote and delivers the inner packet.
-        return Encapsulation(protocols={4: (socket.IPPROTO_IPIP,)})
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # DirectRouting's peers on the segment take the underlay's plain routing.
+        return (IPIP,)
 
     def ensure_local(self) -> None:
         assert self.lease is not None and self.spec is not None

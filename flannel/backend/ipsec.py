@@ -35,6 +35,7 @@ import re
 import shutil
 import socket
 from collections.abc import Sequence
+from dataclasses import replace
 from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,6 @@ from flannel.backend.base import (
     Backend,
     BackendError,
     BackendOptions,
-    Encapsulation,
     EngineSample,
     LocalNetwork,
     PeerPlanner,
@@ -98,8 +98,12 @@ log = logging.getLogger(__name__)
 
 #: Seconds between checks of charon and its connections.
 RECHECK = 5.0
-#: charon's ports (strongSwan's defaults, Go flannel's): IKE, and NAT-T/ESP in UDP.
-IKE_PORTS = (500, 4500)
+#: What carries the peers: IKE on charon's ports (strongSwan's defaults, Go flannel's: 500,
+#: and 4500 once NAT-T or UDPEncap moves it there), ESP in UDP on 4500 or bare ESP; IPv4
+#: only. charon answers no stray datagram on its ports.
+CARRIER = Carrier("IPsec (IKE and ESP)", udp_ports=(500, 4500),
+                  ip_protocols=(socket.IPPROTO_ESP,), refuses=True, versions=(4,),
+                  authenticated=True)
 STOP_TIMEOUT = 5.0  # for charon to exit on SIGTERM before it gets SIGKILL
 # charon's log, with connection names: "<name|unique id> received AUTHENTICATION_FAILED ..."
 # (we are the initiator) or "... MAC mismatched" / "verification of AUTH payload ... failed"
@@ -191,11 +195,9 @@ class IpsecBackend(Backend):
     def appliers(self) -> Sequence[ConnectionApplier]:
         return (self._applier,)
 
-    def encapsulation(self) -> Encapsulation:
-        # IKE (500, and 4500 once NAT-T or UDPEncap moves it there), ESP in UDP on 4500,
-        # bare ESP; IPv4 only.
-        return Encapsulation(udp={4: IKE_PORTS}, protocols={4: (socket.IPPROTO_ESP,)},
-                             authenticated=True)
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        return (CARRIER,)
 
     def ensure_local(self) -> None:
         """With kernel-libipsec: our subnet's base address on charon's TUN (when charon has
@@ -257,9 +259,8 @@ class IpsecBackend(Backend):
     def peer_planner(cls, node: NodeView) -> PeerPlanner:
         libipsec = TUN_DEVICE in node.devices
         encap = IpsecConfig.from_backend(node.config.backend).udp_encap or libipsec
-        # charon answers no stray datagram on its ports; ESP has no port to probe.
-        carrier = Carrier("IPsec (IKE and ESP)", udp_ports=(500, 4500),
-                          ip_protocols=() if encap else (50,), refuses=True)
+        # With UDP encapsulation ESP travels in UDP 4500: no bare ESP to look for.
+        carrier = replace(CARRIER, ip_protocols=()) if encap else CARRIER
         own, local_ip = node.own, node.public_ip
 
         def plan(peer: Lease) -> tuple[FamilyPlan, ...]:

@@ -2,20 +2,22 @@
 
 A backend's ``describe(node, leases)`` (``flannel/backend/base.py``) answers, for this
 node's network config and lease (a ``NodeView``) and a set of remote leases, with one
-``Description``: per lease a ``PeerPlan`` (whether flanneld uses it, and if not why; per
-IP family the routes, neighbours and FDB entries the kernel holds for it, computed by the
-same functions its ``desired_state`` calls, the entries of its other engines, how its
-traffic crosses the underlay and the address that answers on the overlay), and a
-``NodePlan`` (the devices that carry pods' packets, what each adds on the underlay, what
-this node's kernel cannot show). ``flannelctl doctor`` and ``check`` judge a node from it
-alone: they never name a backend.
+``Description``: per lease a ``PeerPlan`` (whether flanneld uses it, and if not why, by the
+same admission as flanneld's; per IP family the routes, neighbours and FDB entries the
+kernel holds for it, computed by the same functions its ``desired_state`` calls, the
+entries of its other engines, which of its ``Carrier``s carries it across the underlay and
+the address that answers on the overlay), and a ``NodePlan`` (the devices that carry pods'
+packets, what each adds on the underlay, what this node's kernel cannot show, the carriers
+peers reach it by). A backend declares its carriers once (``Backend.carriers``), and the
+traffic rules read the same declaration. ``flannelctl doctor`` and ``check`` judge a node
+from it alone: they never name a backend.
 
 A declaration only: nothing here touches the kernel, the store or an engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
@@ -50,18 +52,25 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Carrier:
-    """How a peer's packets cross the underlay. ``name``: what carries them ("VXLAN",
-    "WireGuard", "plain routing"...). ``udp_ports``: the UDP ports the peer receives them on;
-    ``ip_protocols``: IP protocol numbers besides UDP (4 IP-in-IP, 50 ESP). ``refuses``:
-    nothing else answers a stray datagram on ``udp_ports``, so an ICMP port-unreachable says
-    nothing listens there and silence from a host that answers ping says something drops it
-    (else doctor says why it cannot tell, in ``unprobed``)."""
+    """What carries a backend's traffic between nodes, as the backend declares it once from
+    the network config (``Backend.carriers``). ``name``: what carries it ("VXLAN",
+    "WireGuard", "plain routing"...). ``udp_ports``: the UDP ports a node receives it on;
+    ``ip_protocols``: IP protocol numbers besides UDP (4 IP-in-IP, 50 ESP); ``versions``: the
+    IP versions of the underlay it arrives over. ``authenticated``: the receiver checks every
+    packet against the sending peer's key (WireGuard, IPsec), so a forged one is refused
+    whoever sends it. The traffic rules read every port and protocol of every carrier
+    (``Encapsulation``); the operator tools what carries each peer and how to probe it:
+    ``refuses``, nothing else answers a stray datagram on ``udp_ports``, so an ICMP
+    port-unreachable says nothing listens there and silence from a host that answers ping
+    says something drops it (else doctor says why it cannot tell, in ``unprobed``)."""
 
     name: str
     udp_ports: tuple[int, ...] = ()
     ip_protocols: tuple[int, ...] = ()
     refuses: bool = False
     unprobed: str = ""
+    versions: tuple[int, ...] = ()
+    authenticated: bool = False
 
     @property
     def ports_text(self) -> str:
@@ -71,6 +80,14 @@ class Carrier:
             parts.append("UDP " + ", ".join(str(p) for p in self.udp_ports))
         parts += [f"IP protocol {proto}" for proto in self.ip_protocols]
         return " and ".join(parts)
+
+
+def injectable(carriers: Sequence[Carrier]) -> tuple[int, ...]:
+    """The UDP ports on which any host of the underlay can put packets into the pods'
+    network: those of the carriers that do not authenticate (what ``--encap-peers-only``
+    filters)."""
+    return tuple(sorted({port for carrier in carriers if not carrier.authenticated
+                         for port in carrier.udp_ports}))
 
 
 #: The underlay carries pods' packets as they are (host-gw, DirectRouting, a VPC's router).
@@ -117,12 +134,15 @@ class FamilyPlan:
 class PeerPlan:
     """What flanneld does with one remote lease. ``skipped``: why it does not use it at all
     ("" when it does); ``reserved``: the lease is a reservation no node has taken yet (no
-    node, nothing wrong)."""
+    node, nothing wrong); ``refused``: the kind of the backend's refusal, as flanneld's
+    admission names it (``invalid_data``, ``identity_taken``: ``backend/admission.py``; ""
+    when the lease is used, or is not the backend's at all)."""
 
     lease: Lease
     families: tuple[FamilyPlan, ...] = ()
     skipped: str = ""
     reserved: bool = False
+    refused: str = ""
 
     @property
     def used(self) -> bool:
@@ -158,15 +178,19 @@ class NodePlan:
     ``devices``: what carries pods' packets (none: the underlay itself, ``overhead`` bytes
     added). ``unjudged``: what this node's kernel cannot show ("" when it can). ``local``:
     our address of the kind peers answer on, per IP version, as the echoes' source.
-    ``injectable``: the UDP ports on which any host of the underlay can put packets into the
-    pods' network (unauthenticated encapsulation: what ``--encap-peers-only`` filters)."""
+    ``carriers``: what carries peers' traffic to this node (``Backend.carriers``)."""
 
     data_path: bool = True
     devices: tuple[DevicePlan, ...] = ()
     overhead: int = 0
     unjudged: str = ""
     local: Mapping[int, IPAddress] = field(default_factory=dict)
-    injectable: tuple[int, ...] = ()
+    carriers: tuple[Carrier, ...] = ()
+
+    @property
+    def injectable(self) -> tuple[int, ...]:
+        """The UDP ports any host of the underlay can inject into the pods' network on."""
+        return injectable(self.carriers)
 
 
 @dataclass(frozen=True)

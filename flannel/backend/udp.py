@@ -28,7 +28,6 @@ from flannel.backend.base import (
     BackendConfigError,
     BackendError,
     BackendOptions,
-    Encapsulation,
     EngineSample,
     LocalNetwork,
     PeerPlanner,
@@ -96,8 +95,7 @@ def network_route(network: IPv4Network | None, index: int) -> frozenset[Route]:
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
     # The forwarder, not the kernel, knows the peers: the Network route into the TUN is all.
-    footprint = Footprint(COVERING, device=TUN_NAME,
-                          links=(Link(r"flannel\d+", "tun"),), encap_port=DEFAULT_PORT)
+    footprint = Footprint(COVERING, device=TUN_NAME, links=(Link(r"flannel\d+", "tun"),))
     pass_errors = (TunError,)
     option_names = ("Port",)
 
@@ -189,8 +187,11 @@ class UdpBackend(RoutedBackend):
     def appliers(self) -> Sequence[Applier]:
         return (self._applier,)
 
-    def encapsulation(self) -> Encapsulation:
-        return Encapsulation(udp={4: (self.port,)})
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # The forwarder answers no stray datagram: silence is an open port or a dropped one.
+        port = UdpConfig.from_backend(config.backend).port
+        return (Carrier("the udp forwarder", udp_ports=(port,), refuses=True, versions=(4,)),)
 
     @classmethod
     def refuses(cls, lease: Lease, config: NetworkConfig) -> str:
@@ -206,14 +207,11 @@ class UdpBackend(RoutedBackend):
     @classmethod
     def node_plan(cls, node: NodeView) -> NodePlan:
         return NodePlan(devices=(DevicePlan(TUN_NAME, 4, ENCAP_OVERHEAD),),
-                        local=local_addresses(node, on_base=True),
-                        injectable=(UdpConfig.from_backend(node.config.backend).port,))
+                        local=local_addresses(node, on_base=True))
 
     @classmethod
     def peer_planner(cls, node: NodeView) -> PeerPlanner:
-        port = UdpConfig.from_backend(node.config.backend).port
-        # The forwarder answers no stray datagram: silence is an open port or a dropped one.
-        forwarder = Carrier("the udp forwarder", udp_ports=(port,), refuses=True)
+        forwarder, = cls.carriers(node.config)
         routes = network_route(node.config.network, node.device(TUN_NAME))
 
         def plan(peer: Lease) -> tuple[FamilyPlan, ...]:

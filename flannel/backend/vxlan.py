@@ -26,7 +26,6 @@ from flannel.backend.base import (
     BackendConfigError,
     BackendError,
     BackendOptions,
-    Encapsulation,
     LocalNetwork,
     PeerPlanner,
     RouteLookup,
@@ -139,6 +138,13 @@ def peer_mac(peer: Lease, version: int) -> tuple[str | None, str]:
     return mac.lower(), ""
 
 
+def _peer_families(lease: Lease, config: NetworkConfig) -> list[int]:
+    """The families of our devices (one per IP version the network carries) the lease has a
+    subnet and a public address of."""
+    return [version for version in versions(config)
+            if None not in family_subnet(lease, version)]
+
+
 def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -> Route | None:
     """DirectRouting's route to a peer on-link on the underlay (the kernel reaches its
     public address without a gateway): via that address; None when it is not on-link."""
@@ -188,7 +194,7 @@ class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
     footprint = Footprint(PER_PEER, device="flannel.{vni}",
                           links=(Link(r"flannel(-v6)?\.\d+", "vxlan", entries=True),),
-                          encap_port=device.DEFAULT_VXLAN_PORT, vtep=True, dual_stack=True)
+                          vtep=True, dual_stack=True)
     pass_errors = (device.DeviceError,)
     option_names = tuple(OPTIONS)
 
@@ -254,9 +260,11 @@ class VxlanBackend(RoutedBackend):
         mtu = min(self.device_mtu(version) for version in self.families)
         return LocalNetwork("vxlan", mtu, data.get(4), data.get(6))
 
-    def encapsulation(self) -> Encapsulation:
-        port = self.vxlan.port or device.DEFAULT_VXLAN_PORT
-        return Encapsulation(udp={version: (port,) for version in self.families})
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # Each device's socket takes the datagrams of its own family.
+        port = VxlanConfig.from_backend(config.backend).port or device.DEFAULT_VXLAN_PORT
+        return (Carrier("VXLAN", udp_ports=(port,), refuses=True, versions=versions(config)),)
 
     def ensure_local(self) -> None:
         assert self.lease is not None
@@ -269,24 +277,19 @@ class VxlanBackend(RoutedBackend):
                 device.ensure_address(dev.index, subnet.network_address, network,
                                       self.options.host)
 
-    def _peer_families(self, lease: Lease) -> list[int]:
-        """The families of our devices the lease has a subnet and a public address of."""
-        return [version for version in self.families
-                if (lease.subnet if version == 4 else lease.ipv6_subnet) is not None
-                and (lease.attrs.public_ip if version == 4 else lease.attrs.public_ipv6)
-                is not None]
-
-    def lease_problem(self, lease: Lease) -> str | None:
-        for version in self._peer_families(lease):
+    @classmethod
+    def lease_problem(cls, lease: Lease, config: NetworkConfig) -> str | None:
+        for version in _peer_families(lease, config):
             mac, why = peer_mac(lease, version)
             if mac is None:
                 return why
         return None
 
-    def identities(self, lease: Lease) -> tuple[str, ...]:
+    @classmethod
+    def identities(cls, lease: Lease, config: NetworkConfig) -> tuple[str, ...]:
         """Its VTEP MAC on each of our devices: another node's FDB entry for it would send
         that node's traffic elsewhere."""
-        return tuple(f"IPv{version} VtepMAC {mac}" for version in self._peer_families(lease)
+        return tuple(f"IPv{version} VtepMAC {mac}" for version in _peer_families(lease, config)
                      if (mac := peer_mac(lease, version)[0]) is not None)
 
     def _peer_record(self, peer: Lease, version: int, index: int) -> _Peer:
@@ -370,14 +373,12 @@ class VxlanBackend(RoutedBackend):
                                    mac=(peer_mac(own, v)[0] or "") if own else "",
                                    udp_offload=True)
                         for v in versions(node.config))
-        return NodePlan(devices=devices, local=local_addresses(node, on_base=True),
-                        injectable=(cfg.port or device.DEFAULT_VXLAN_PORT,))
+        return NodePlan(devices=devices, local=local_addresses(node, on_base=True))
 
     @classmethod
     def peer_planner(cls, node: NodeView) -> PeerPlanner:
         cfg = VxlanConfig.from_backend(node.config.backend)
-        vxlan = Carrier("VXLAN", udp_ports=(cfg.port or device.DEFAULT_VXLAN_PORT,),
-                        refuses=True)
+        vxlan, = cls.carriers(node.config)
 
         def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
             out = []
@@ -393,11 +394,9 @@ class VxlanBackend(RoutedBackend):
                                           carrier=PLAIN, answers_on=base))
                     continue
                 index = node.device(device_name(cfg.vni, version))
-                mac, why = peer_mac(peer, version)
-                record = vtep_record(peer, version, index, mac)
+                record = vtep_record(peer, version, index, peer_mac(peer, version)[0])
                 if record.route is None or record.neighbour is None or record.fdb is None:
-                    out.append(FamilyPlan(version, subnet, public, skipped=why))
-                    continue
+                    continue  # as desired_state: no usable VtepMAC (admission refuses it)
                 out.append(FamilyPlan(version, subnet, public, routes=frozenset({record.route}),
                                       neighbours=frozenset({record.neighbour}),
                                       fdb=frozenset({record.fdb}), carrier=vxlan,

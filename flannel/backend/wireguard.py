@@ -46,7 +46,6 @@ from flannel.backend.base import (
     Backend,
     BackendError,
     BackendOptions,
-    Encapsulation,
     EngineSample,
     LocalNetwork,
     PeerPlanner,
@@ -109,6 +108,13 @@ def peer_entry(device: str, peer: Peer) -> EngineEntry:
     return EngineEntry(PEER, device, peer.public_key,
                        (("endpoint", peer.endpoint or "none"),
                         ("allowed ips", ", ".join(sorted(peer.allowed_ips)))))
+
+
+def carrier(layout: DeviceLayout, config: NetworkConfig) -> Carrier:
+    """What one device carries: WireGuard on its listen port, whose socket takes datagrams
+    over either IP version of the underlay."""
+    return Carrier("WireGuard", udp_ports=(layout.listen_port,), refuses=True,
+                   versions=versions(config), authenticated=True)
 
 
 def _port(peer: Peer) -> int:
@@ -200,12 +206,14 @@ class WireguardBackend(Backend):
                                       routes=tuple(routes))
         await asyncio.to_thread(self._ensure_devices)
 
-    def lease_problem(self, lease: Lease) -> str | None:
-        return None if self._keys(lease) else NO_KEY
+    @classmethod
+    def lease_problem(cls, lease: Lease, config: NetworkConfig) -> str | None:
+        return None if cls._keys(lease) else NO_KEY
 
-    def identities(self, lease: Lease) -> tuple[str, ...]:
+    @classmethod
+    def identities(cls, lease: Lease, config: NetworkConfig) -> tuple[str, ...]:
         """Its public key: a peer of ours with it gets that node's subnets and endpoint."""
-        return tuple(f"PublicKey {key}" for key in self._keys(lease))
+        return tuple(f"PublicKey {key}" for key in cls._keys(lease))
 
     @staticmethod
     def _keys(lease: Lease) -> list[str]:
@@ -215,13 +223,11 @@ class WireguardBackend(Backend):
                 if (data := decode_lease_data(raw)) is not None}
         return sorted(keys)
 
-    def encapsulation(self) -> Encapsulation:
-        # Each device's socket takes datagrams over either family of the underlay.
-        ports = tuple(sorted({dev.layout.listen_port for dev in self.devices
-                              if dev.layout.listen_port}))
-        versions = [v for v, on in ((4, self.config.enable_ipv4),
-                                    (6, self.config.enable_ipv6)) if on]
-        return Encapsulation(udp={v: ports for v in versions}, authenticated=True)
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        wg = WireguardConfig.from_backend(config.backend)
+        return tuple(carrier(layout, config)
+                     for layout in wg.devices(config.enable_ipv4, config.enable_ipv6))
 
     def ensure_local(self) -> None:
         self._ensure_devices()
@@ -282,17 +288,14 @@ class WireguardBackend(Backend):
                   if (network := config.network if version == 4 else config.ipv6_network)}
 
         def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
-            if not cls._keys(lease):
-                return tuple(FamilyPlan(v, subnet, public, skipped=NO_KEY)
-                             for v in versions(config)
-                             for subnet, public in [family_subnet(lease, v)] if subnet)
             out = []
             for layout in layouts:
                 # The applier's own computation, for this one lease.
                 peers = desired_peers(wg, layout, [lease], local)
                 entries = tuple(peer_entry(layout.name, peer) for peer in peers)
+                # The port the peer's lease publishes, where it listens.
                 port = next((_port(peer) for peer in peers), 0) or layout.listen_port
-                carrier = Carrier("WireGuard", udp_ports=(port,), refuses=True)
+                carried = replace(carrier(layout, config), udp_ports=(port,))
                 for version in layout.families:
                     subnet, public = family_subnet(lease, version)
                     if subnet is None:
@@ -302,7 +305,7 @@ class WireguardBackend(Backend):
                         continue
                     out.append(FamilyPlan(version, subnet, public,
                                           routes=routes.get(version, frozenset()),
-                                          engine=entries, carrier=carrier,
+                                          engine=entries, carrier=carried,
                                           answers_on=base_address(subnet)))
             return tuple(sorted(out, key=lambda family: family.version))
 

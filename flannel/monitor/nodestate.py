@@ -26,7 +26,6 @@ from flannel.version import __version__
 
 if TYPE_CHECKING:
     from flannel.backend.base import Backend, EngineSample
-    from flannel.backend.footprint import Footprint
     from flannel.config import NetworkConfig
     from flannel.dataplane import Dataplane
     from flannel.monitor.health import HealthStats
@@ -154,7 +153,7 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
                           "ipv6_network": _text(state.config.ipv6_network),
                           "backend": state.config.backend_type}
     if state.backend is not None:
-        doc["footprint"] = footprint_document(state.backend.footprint)
+        doc["footprint"] = footprint_document(state.backend)
     dataplane = state.dataplane
     if dataplane is not None:
         status = dataplane.status
@@ -204,11 +203,17 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
     return doc
 
 
-def footprint_document(footprint: Footprint) -> dict[str, Any]:
-    """What the backend declares it leaves on the node (``flannel/backend/footprint.py``)."""
+def footprint_document(backend: Backend) -> dict[str, Any]:
+    """What the backend declares it leaves on the node (``flannel/backend/footprint.py``),
+    and the UDP port any host may inject into the pods on (its first unauthenticated
+    carrier's, ``Backend.carriers``; null for none)."""
+    from flannel.backend.plan import injectable
+
+    footprint = backend.footprint
+    ports = injectable(type(backend).carriers(backend.config))
     return {"routes": footprint.routes, "device": footprint.device,
             "links": [{"pattern": link.pattern, "kind": link.kind} for link in footprint.links],
-            "encap_port": footprint.encap_port or None, "vtep": footprint.vtep,
+            "encap_port": ports[0] if ports else None, "vtep": footprint.vtep,
             "dual_stack": footprint.dual_stack}
 
 

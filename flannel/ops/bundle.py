@@ -190,7 +190,8 @@ def collect(args: BundleOptions) -> tuple[dict[str, str], list[str]]:
         from flannel.ops.options import DoctorOptions
 
         ctx = gather(DoctorOptions(args.store, cni_bin_dirs=args.cni_bin_dirs,
-                                   cni_conf_dirs=args.cni_conf_dirs, probe_timeout=0.5))
+                                   cni_conf_dirs=args.cni_conf_dirs, probe_timeout=0.5,
+                                   found=args.found))
         ctx.probe = False  # a bundle describes this node; probes belong to doctor
         findings = diagnose(ctx)
         files["doctor.json"] = json.dumps([f.as_json() for f in findings], indent=2)

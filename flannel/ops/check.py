@@ -12,8 +12,10 @@ overlay too; a dual-stack network is probed in both families, one row each.
 Verdicts: ``ok`` (every echo answered), ``lossy`` (some), ``timeout`` (none, and nothing said
 why), ``unreachable`` (an ICMP error came back, or the echo could not be sent),
 ``not-programmed`` (this node's kernel or engine lacks an entry flanneld makes for the lease:
-no echo is sent, it could only time out), ``skipped`` (flanneld does not use the lease, and
-says why: another backend's, outside the Network, bad backend data), ``not-probed`` (the
+no echo is sent, it could only time out), ``parked`` (flanneld left the peer out because the
+kernel refused its entries, as its /status says, and tries it again), ``skipped`` (flanneld
+does not use the lease, and says why: another backend's, outside the Network, bad backend
+data, an identity another lease holds), ``not-probed`` (the
 deadline came first), ``no-data-path`` (the backend only reserves subnets and carries no
 traffic: nothing to probe). A reservation no node has taken yet is no row. Exit status 0
 only when every peer answers (``ok`` or ``lossy``) or no data path is expected.
@@ -124,10 +126,19 @@ def plan(ctx: Context, description: Description, kernel: KernelEntries,
     what flanneld does with each lease. A reservation no node has taken yet is no peer."""
     probe: list[PeerResult] = []
     decided: list[PeerResult] = []
+    parked = ctx.parked
     for peer in description.peers:
         lease = peer.lease
         node_ip = str(lease.attrs.public_ip or "")
         if peer.reserved:
+            continue
+        if peer.used and lease.key in parked:
+            decided += [PeerResult(
+                family.subnet, str(family.public or ""), lease.attrs.backend_type,
+                verdict="parked", family=family.version, node_ip=node_ip,
+                detail=f"parked by flanneld, the kernel refused its entries: {parked[lease.key]}",
+                next_step=flannelctl("leases", "show", lease.key))
+                for family in peer.families]
             continue
         if peer.skipped:
             subnet = lease.subnet or lease.ipv6_subnet
@@ -257,12 +268,16 @@ def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
                          "released or revoked): no peer routes traffic back to it; restart "
                          "flanneld, and run flannelctl doctor")
     ctx.flanneld_pids = running_flanneld()
+    ctx.flanneld = args.found
     to_probe, decided = plan(ctx, description, read_entries(), ctx.engine)
     node = description.node
-    note = ""
+    notes = []
     if node.unjudged:
-        note = node.unjudged + (": the echoes alone decide" if node.data_path
-                                else ": nothing is probed")
+        notes.append(node.unjudged + (": the echoes alone decide" if node.data_path
+                                      else ": nothing is probed"))
+    if ctx.view.unread and any(row.verdict == "not-programmed" for row in decided):
+        notes.append(f"a peer flanneld parked shows as not-programmed: {ctx.view.unread}")
+    note = "; ".join(notes)
 
     async def probe_peers() -> str:
         pingers: dict[int, Pinger] = {}

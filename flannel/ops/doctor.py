@@ -1,7 +1,8 @@
 """``flannelctl doctor``: is this node healthy, and if not, why and how to fix it.
 
 Owns gathering what the checks look at (subnet.env, the store's config and leases, the
-kernel of this network namespace, the store's clock), running every check, and printing
+kernel of this network namespace, the store's clock, the running flanneld's /status, asked
+when a check needs it), running every check, and printing
 the ranked findings as text or JSON. Exit status 0 only when nothing is wrong.
 Must not change anything unless a ``--fix-*`` flag asks for it.
 """
@@ -107,6 +108,7 @@ def gather(opts: DoctorOptions) -> Context:
                   probe_timeout=opts.probe_timeout, fix_checksum=opts.fix_checksum_offload)
     ctx.kube_mode = opts.store.kube
     ctx.flanneld_pids = running_flanneld()
+    ctx.flanneld = opts.found
     read_subnet_env(ctx)
     asyncio.run(read_store(ctx, opts.store))
     ctx.kernel = read_kernel()

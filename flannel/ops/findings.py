@@ -15,10 +15,10 @@ NOT_CHECKED = "not checked: "
 
 #: Check names, causes first; a finding's rank within its severity.
 CAUSE_ORDER = (
-    "flanneld", "store", "config", "subnet-env", "lease", "duplicates", "skipped", "sysctl",
-    "forward", "cni", "backend", "device", "vtep-mac", "mtu", "routes", "neighbours", "fdb",
-    "engine", "clock", "checksum", "firewall", "underlay", "encap", "overlay", "path-mtu",
-    "probes", "encap-filter",
+    "flanneld", "store", "config", "subnet-env", "lease", "duplicates", "identity", "skipped",
+    "parked", "sysctl", "forward", "cni", "backend", "device", "vtep-mac", "mtu", "routes",
+    "neighbours", "fdb", "engine", "clock", "checksum", "firewall", "underlay", "encap",
+    "overlay", "path-mtu", "probes", "encap-filter", "pod-encap",
 )
 
 

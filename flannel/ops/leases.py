@@ -94,7 +94,9 @@ def vtep_mac(lease: Lease) -> str | None:
     return mac.lower() if isinstance(mac, str) and len(mac) <= 64 else None
 
 
-def decode_row(key: str, value: bytes, etcd_lease_id: int) -> LeaseRow:
+def decode_row(key: str, value: bytes, etcd_lease_id: int, created: int = 0) -> LeaseRow:
+    """One key under ``subnets/``; ``created``: its create revision, the order of the
+    leases' ages that flanneld reads too (``Lease.age``)."""
     subnets = parse_subnet_key(key)
     if subnets is None:
         return LeaseRow(key, None, problem=f"{key!r} is not a subnet key")
@@ -103,7 +105,8 @@ def decode_row(key: str, value: bytes, etcd_lease_id: int) -> LeaseRow:
     except LeaseDecodeError as err:
         return LeaseRow(key, None, problem=str(err))
     subnet = None if subnets[0] == NO_IPV4 else subnets[0]
-    return LeaseRow(key, Lease(subnet, subnets[1], attrs, etcd_lease_id=etcd_lease_id))
+    return LeaseRow(key, Lease(subnet, subnets[1], attrs, etcd_lease_id=etcd_lease_id,
+                               created=created))
 
 
 async def etcd_rows(manager: Any) -> list[LeaseRow]:
@@ -112,8 +115,8 @@ async def etcd_rows(manager: Any) -> list[LeaseRow]:
 
     kvs, _ = await manager.client.get_prefix(manager.subnets_prefix)
     start = len(manager.subnets_prefix)
-    rows = [decode_row(kv.key[start:].decode(errors="replace"), kv.value, kv.lease)
-            for kv in kvs[:100_000]]
+    rows = [decode_row(kv.key[start:].decode(errors="replace"), kv.value, kv.lease,
+                       kv.create_revision) for kv in kvs[:100_000]]
 
     async def ttl(row: LeaseRow) -> LeaseRow:
         if row.lease is None or row.lease.is_reservation:

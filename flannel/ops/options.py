@@ -68,6 +68,8 @@ class CheckOptions:
     lab_root: Path = Path("/run/flannel-lab")
     #: Which store, from whose settings ("" with ``lab``).
     source: str = ""
+    #: The flanneld running here: the peers it parked are asked on its socket.
+    found: Flanneld | None = None
 
 
 @dataclass(frozen=True)

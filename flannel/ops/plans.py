@@ -3,10 +3,11 @@ this node's kernel and engines hold of it.
 
 Owns building the backend's ``NodeView`` from this network namespace (devices, the external
 interface, route lookups: read over netlink, never changed), the description of every lease
-the store holds (the lease watcher's own checks first, then the backend's, so a lease is
-judged as flanneld judges it: ``flannel/backend/plan.py``), reading this namespace's routes,
-neighbours and FDB entries, and saying, per peer, which of the entries its plan lists are
-missing or differ. ``doctor`` and ``check`` share it; neither knows any backend.
+the store holds (the lease watcher's own checks first, then the backend's with its
+admission, so a lease is judged as flanneld judges it: ``flannel/backend/plan.py``), reading
+this namespace's routes, neighbours and FDB entries, and saying, per peer, which of the
+entries its plan lists are missing or differ. ``doctor`` and ``check`` share it; neither
+knows any backend.
 Must not touch: anything (it reads).
 """
 

@@ -188,6 +188,33 @@ def _counts(values: Any) -> str:
     return ", ".join(f"{k} {v}" for k, v in values.items())
 
 
+#: Each kind of refusal /status lists: (its label, what the count says of those peers).
+REFUSALS = {
+    "invalid_data": ("bad data", "refused for their data"),
+    "identity_taken": ("identity", "refused for an identity another lease holds"),
+    "kernel_refused": ("parked", "parked (the kernel refused their entries; retried)"),
+    "engine": ("engine", "refused by the backend's engine"),
+}
+
+
+def _refusal_counts(total: Any, refused: dict[Any, Any], kinds: dict[Any, Any]) -> str:
+    """", 1 refused for their data, 2 parked (...)": the listed refusals by kind, then any
+    more it counts."""
+    if not total:
+        return ""
+    counted: dict[str, int] = {}
+    for key in refused:
+        kind = str(kinds.get(key))
+        counted[kind] = counted.get(kind, 0) + 1
+    parts = [f"{n} {REFUSALS.get(kind, ('', 'refused'))[1]}"
+             for kind, n in sorted(counted.items(), key=lambda kn: list(REFUSALS).index(kn[0])
+                                   if kn[0] in REFUSALS else len(REFUSALS))]
+    more = total - len(refused) if isinstance(total, int) else 0
+    if more > 0:
+        parts.append(f"{more} more refused")
+    return "".join(f", {part}" for part in parts)
+
+
 def _lease_line(lease: Any) -> str:
     if not isinstance(lease, dict):
         return "none yet"
@@ -250,17 +277,20 @@ def render(doc: dict[str, Any], base: str) -> str:
             f"{_get(d, 'name')} mtu {_get(d, 'mtu')} mac {_get(d, 'mac')}" for d in devices)))
     peers = doc.get("peers")
     if isinstance(peers, dict):
+        refused = peers.get("refused_reasons")
+        refused = refused if isinstance(refused, dict) else {}
+        kinds = peers.get("refused_kinds")
+        kinds = kinds if isinstance(kinds, dict) else {}
         rows.append(("peers", f"{peers.get('known')} known, {peers.get('for_backend')} for "
                               f"this backend, {peers.get('programmed')} programmed, "
                               f"{peers.get('skipped')} skipped as invalid"
-                              + (f", {peers.get('refused')} refused by the backend's commands"
-                                 if peers.get("refused") else "")))
+                              + _refusal_counts(peers.get("refused"), refused, kinds)))
         reasons = peers.get("skipped_reasons")
         for key, why in (reasons.items() if isinstance(reasons, dict) else ()):
             rows.append(("  skipped", f"{key}: {why}"))
-        refused = peers.get("refused_reasons")
-        for key, why in (refused.items() if isinstance(refused, dict) else ()):
-            rows.append(("  refused", f"{key}: {why}"))
+        for key, why in refused.items():
+            label = REFUSALS.get(str(kinds.get(key)), ("refused", ""))[0]
+            rows.append((f"  {label}", f"{key}: {why}"))
     dataplane = doc.get("dataplane")
     if isinstance(dataplane, dict):
         rows.append(("data plane", f"{'in sync' if dataplane.get('in_sync') else 'NOT in sync'}"

@@ -191,3 +191,25 @@ def test_a_drop_removed_by_hand_is_put_back_by_the_check(net, nft):
     assert delivered(net, net.remote, REMOTE)
     assert traffic.ensure() is True
     assert not delivered(net, net.remote, REMOTE)
+
+
+@pytest.mark.parametrize("nft", [False, True], ids=["iptables", "nftables"])
+def test_doctor_never_takes_the_drop_for_a_firewall_dropping_the_carrier(net, nft):
+    """doctor's reading of this node's own input rules (``flannel/ops/firewall.py``) sees
+    flanneld's drop for what it is, a drop of what pods send, never of a peer's carrier; a
+    drop of the carrier made by hand beside it is named."""
+    from flannel.ops.firewall import Target, own_drops
+
+    manager(net, nft, drop=True)
+    carrier = [Target(socket.IPPROTO_UDP, PORT), Target(socket.IPPROTO_ESP)]
+    with Host(net.node).entered():
+        assert own_drops(4, carrier) == [] and own_drops(6, carrier) == []
+    by_hand = (["nft", "add table inet t; add chain inet t input { type filter hook input "
+                "priority 0; }; add rule inet t input udp dport 8472 drop"] if nft else
+               ["iptables-legacy", "-A", "INPUT", "-p", "udp", "--dport", str(PORT), "-j",
+                "DROP"])
+    subprocess.run(["ip", "netns", "exec", net.node, *by_hand], check=True, timeout=10)
+    with Host(net.node).entered():
+        assert [(d.tool, d.chain, d.target) for d in own_drops(4, carrier)] == [
+            ("nftables" if nft else "iptables-legacy", "input" if nft else "INPUT",
+             carrier[0])]

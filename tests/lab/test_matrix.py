@@ -5,7 +5,8 @@ One lab per backend and family, built once (the cells of a lab share it, on one 
 each situation made, the tools run (doctor on the cell's node, check on n1, at once), the
 situation undone and the pair n1 <-> peer seen working again before the next cell. Each
 cell asserts doctor's exit status, its first finding (the cause, on the right node, naming
-the port, chain, rule or node) and check's verdict for the pair.
+the port, chain, rule or node) and check's verdict for the pair, and for the row of the
+lease a situation writes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tests.support.matrix import (
     fill,
     network_config,
     skip_reason,
+    verdict_of,
 )
 
 pytestmark = [pytest.mark.matrix, pytest.mark.netns, pytest.mark.etcd]
@@ -100,6 +102,8 @@ def test_cell(matrix_lab: Matrix, cell: Cell) -> None:
     if m.standing and cell.situation == "healthy":
         assert standing, shown
     assert (code, verdict) == (rc, cell.verdict), f"doctor:\n{shown}\ncheck: {report}"
+    if cell.lease:
+        assert verdict_of(report, situation.lease) == cell.lease, report
     if verdict == "timeout":
         # check's advice names the probes doctor makes for this backend, and no other.
         advice = str(m.row(report, cell.peer, cell.family)["next"])

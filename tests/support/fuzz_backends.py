@@ -30,7 +30,6 @@ from flannel.cloud.gce import GceConfig
 from flannel.cloud.tencentvpc import TencentVpcConfig
 from flannel.config import ConfigError, parse_config
 from flannel.extension.peers import ExtensionConfig, peer_stdin
-from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import mac_bytes
 from flannel.lease import Lease, LeaseAttrs, LeaseDecodeError
 from flannel.wireguard.config import DeviceLayout, WireguardConfig, decode_lease_data
@@ -185,10 +184,8 @@ def _lease_with(raw: Any, via_etcd: bool, backend_type: str) -> Lease | None:
     return Lease(IPv4Network("10.244.7.0/24"), None, attrs)
 
 
-_EXT = ExternalInterface("eth0", 2, 1500, _ADDRESS, None, _ADDRESS, None)
 _WG = WireguardConfig.from_backend({})
-_WG_BACKEND = WireguardBackend(_EXT, parse_config(b'{"Network":"10.244.0.0/16",'
-                                                  b'"Backend":{"Type":"wireguard"}}'))
+_WG_NETWORK = parse_config(b'{"Network":"10.244.0.0/16","Backend":{"Type":"wireguard"}}')
 
 
 def run_peer_data(data: tuple[Any, bool]) -> None:
@@ -210,9 +207,9 @@ def run_peer_data(data: tuple[Any, bool]) -> None:
             peers = desired_peers(_WG, DeviceLayout("flannel-wg", 51820, (4,)), [lease],
                                   LocalEndpoints(_ADDRESS))
             assert len(peers) == (parsed is not None)
-            assert (_WG_BACKEND.lease_problem(lease) is not None) == (
+            assert (WireguardBackend.lease_problem(lease, _WG_NETWORK) is not None) == (
                 parsed is None and decode_lease_data(lease.attrs.backend_v6_data) is None)
-            assert len(_WG_BACKEND.identities(lease)) <= 2
+            assert len(WireguardBackend.identities(lease, _WG_NETWORK)) <= 2
         else:
             stdin = peer_stdin(lease)
             assert stdin is None or (isinstance(stdin, str) and stdin.endswith("\n"))

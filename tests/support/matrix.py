@@ -3,10 +3,11 @@ them and undone, and the cells that say what each tool must answer.
 
 A lab per backend and IP family (``LABS``). A situation (``SITUATIONS``) is made on purpose
 in a lab and undone after (a firewall rule, a cut link, an entry deleted behind a frozen
-flanneld, a stopped flanneld...). A cell (``CELLS``) is one situation in one lab: doctor's
-exit status and first finding on the node it runs on (the check, and words the finding must
-hold: the port, chain, rule or node that is the cause), and ``flannelctl check``'s verdict
-for the pair n1 -> peer. ``table()`` makes the table docs/operations.md shows, from the
+flanneld, a stopped flanneld, a lease flanneld refuses or parks...). A cell (``CELLS``) is
+one situation in one lab: doctor's exit status and first finding on the node it runs on (the
+check, and words the finding must hold: the port, chain, rule or node that is the cause),
+``flannelctl check``'s verdict for the pair n1 -> peer and, for a situation that writes a
+lease, for that lease's row. ``table()`` makes the table docs/operations.md shows, from the
 cells; a fast-lane test keeps the two equal.
 Test code: it never runs outside the test suite.
 """
@@ -23,6 +24,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 FLANNELCTL = str(BIN / "flannelctl")
@@ -163,18 +165,17 @@ class Matrix:
 
     def row(self, doc: dict[str, object], peer: int, family: int) -> dict[str, object]:
         """check's row for the pair n1 -> ``peer`` in ``family`` ({} if none)."""
-        want = self.address(peer)
-        rows = doc.get("peers")
-        for row in rows if isinstance(rows, list) else []:
-            if (row.get("node_ip") or row.get("public_ip")) == want \
-                    and row.get("family", 4) == family:
-                return dict(row)
-        return {}
+        return row_of(doc, self.address(peer), family)
 
     def verdict(self, doc: dict[str, object], peer: int, family: int) -> str:
         """check's verdict for the pair ("no row" if none, "error" if check refused)."""
-        row = self.row(doc, peer, family)
-        return str(row["verdict"]) if row else "no row" if "error" not in doc else "error"
+        return verdict_of(doc, self.address(peer), family)
+
+    def refused(self, index: int) -> dict[str, str]:
+        """Lease key -> kind of what node ``index``'s flanneld refuses now (its /status)."""
+        proc = self.run_in(index, FLANNELCTL, "status", "--json", check=False)
+        peers = json.loads(proc.stdout).get("peers") or {} if proc.stdout else {}
+        return dict(peers.get("refused_kinds") or {})
 
     def mtu_fits(self) -> bool:
         """Whether a don't-fragment echo of the pods' MTU crosses the overlay from n1 to
@@ -199,18 +200,39 @@ class Matrix:
                        timeout, interval=0.2, what=f"n{a} reaching n{b} again")
 
 
+def row_of(doc: dict[str, object], address: str, family: int = 4) -> dict[str, object]:
+    """check's row for the lease of ``address`` in ``family`` ({} if none)."""
+    rows = doc.get("peers")
+    for row in rows if isinstance(rows, list) else []:
+        if (row.get("node_ip") or row.get("public_ip")) == address \
+                and row.get("family", 4) == family:
+            return dict(row)
+    return {}
+
+
+def verdict_of(doc: dict[str, object], address: str, family: int = 4) -> str:
+    """check's verdict for the lease of ``address`` ("no row" if none, "error" if check
+    refused)."""
+    row = row_of(doc, address, family)
+    return str(row["verdict"]) if row else "no row" if "error" not in doc else "error"
+
+
 # -- situations -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Situation:
     """Something made wrong (or right) on purpose; ``apply`` and ``undo`` take the lab and
     the cell. ``frozen``: n1's flanneld is paused (SIGSTOP) meanwhile, so what is deleted
-    behind its back stays for doctor to see."""
+    behind its back stays for doctor to see. ``lease``: the public IP of the lease it
+    writes ("" for none)."""
 
     title: str
     apply: Callable[[Matrix, Cell], None]
     undo: Callable[[Matrix, Cell], None]
     frozen: bool = False
+    #: The public IP of the lease the situation writes ("" for none): check's row for it is
+    #: asserted too (``Cell.lease``).
+    lease: str = ""
 
 
 def _nothing(_m: Matrix, _c: Cell) -> None:
@@ -383,6 +405,64 @@ def _vpc_route_del(m: Matrix, c: Cell) -> None:
         what="the VPC router following the deletion")
 
 
+#: A lease the situations write, from an address of the underlay no node holds.
+LEASE_SUBNET, LEASE_KEY = "10.244.251.0/24", "10.244.251.0-24"
+THIEF = "192.168.111.66"
+OFF_SEGMENT = "192.168.200.5"
+
+
+def _put_lease(m: Matrix, public_ip: str, data: object) -> None:
+    value = {"PublicIP": public_ip, "PublicIPv6": None, "BackendType": m.spec.backend}
+    if data is not None:
+        value["BackendData"] = data
+    m.lab.etcdctl("put", f"{ETCD_PREFIX}/subnets/{LEASE_KEY}",  # type: ignore[attr-defined]
+                  json.dumps(value, separators=(",", ":")))
+
+
+def _delete_lease(m: Matrix, _c: Cell) -> None:
+    m.lab.etcdctl("del", f"{ETCD_PREFIX}/subnets/{LEASE_KEY}")  # type: ignore[attr-defined]
+
+
+def _refused_on(m: Matrix, nodes: tuple[int, ...], kind: str) -> None:
+    """Wait until flanneld on each of ``nodes`` refuses the lease, as ``kind``."""
+    from tests.support.waiting import wait_until
+
+    for index in nodes:
+        wait_until(lambda i=index: m.refused(i).get(LEASE_KEY) == kind, 20, interval=0.2,
+                   what=f"n{index}'s flanneld refusing {LEASE_KEY} ({kind})")
+
+
+def _hijack(m: Matrix, _c: Cell) -> None:
+    """A lease with n1's backend data (its VTEP MAC, its WireGuard key) from another
+    address."""
+    own = json.loads(m.lab.leases()[m.lab.lease_key(1)])  # type: ignore[attr-defined]
+    _put_lease(m, THIEF, own["BackendData"])
+    _refused_on(m, (1, 2), "identity_taken")
+
+
+def _zero_mac(m: Matrix, _c: Cell) -> None:
+    _put_lease(m, THIEF, {"VNI": 1, "VtepMAC": "00:00:00:00:00:00"})
+    _refused_on(m, (1,), "invalid_data")
+
+
+def _off_segment(m: Matrix, _c: Cell) -> None:
+    _put_lease(m, OFF_SEGMENT, None)
+    _refused_on(m, (1,), "kernel_refused")
+
+
+def _restart_n1(*extra: str) -> Callable[[Matrix, Cell], None]:
+    """n1's flanneld started again with its lab flags and ``extra`` ones."""
+    def run(m: Matrix, _c: Cell) -> None:
+        m.lab.stop_flanneld(1)  # type: ignore[attr-defined]
+        m.lab.start_flanneld(1, "--ip-masq", *extra)  # type: ignore[attr-defined]
+        m.lab.wait_subnet_env(1)  # type: ignore[attr-defined]
+        from tests.support.waiting import wait_until
+
+        wait_until(lambda: m.run_in(1, FLANNELCTL, "status", check=False).returncode == 0,
+                   30, interval=0.2, what="n1's flanneld ready again")
+    return run
+
+
 def _thaw_peer(m: Matrix, c: Cell) -> None:
     m.thaw(c.peer)
 
@@ -456,6 +536,15 @@ SITUATIONS: dict[str, Situation] = {
                               _stop_peer, _start_peer),
     "lease-revoked": Situation("n1's lease deleted from the store (flanneld exits)", _revoke,
                                _restart_own),
+    "identity-hijack": Situation(f"a lease claiming n1's identity (VTEP MAC, WireGuard key) "
+                                 f"from {THIEF}", _hijack, _delete_lease, lease=THIEF),
+    "zero-mac": Situation(f"a lease with a zero VtepMAC (from {THIEF})", _zero_mac,
+                          _delete_lease, lease=THIEF),
+    "off-segment": Situation(f"a lease whose PublicIP {OFF_SEGMENT} is off the segment "
+                             "(the kernel refuses its route: parked)", _off_segment,
+                             _delete_lease, lease=OFF_SEGMENT),
+    "pod-encap-off": Situation("n1's flanneld run with --drop-pod-encap=false",
+                               _restart_n1("--drop-pod-encap=false"), _restart_n1()),
 }
 
 
@@ -464,7 +553,8 @@ class Cell:
     """One situation in one lab and what the tools must answer: doctor on ``node`` exits
     ``rc`` and its first finding is of check ``first`` ("" when nothing is wrong: no error,
     no warning) holding every text of ``says`` ({peer}, {peer6}, {subnet} are filled in);
-    ``check`` on n1 gives the pair n1 -> ``peer`` the verdict ``verdict`` in ``family``."""
+    ``check`` on n1 gives the pair n1 -> ``peer`` the verdict ``verdict`` in ``family``, and
+    the row of the lease the situation writes the verdict ``lease``."""
 
     lab: str
     situation: str
@@ -475,17 +565,19 @@ class Cell:
     node: int = 1
     peer: int = 2
     family: int = 4
+    lease: str = ""
 
     @property
     def id(self) -> str:
-        return f"{self.lab}:{self.situation}" + (f":n{self.peer}" if self.peer != 2 else "")
+        return (f"{self.lab}:{self.situation}" + (f":n{self.peer}" if self.peer != 2 else "")
+                + (f":on-n{self.node}" if self.node != 1 else ""))
 
 
 def _cells() -> list[Cell]:
     cells = []
 
     def add(lab: str, situation: str, rc: int = 0, first: str = "",
-            says: tuple[str, ...] = (), verdict: str = "ok", **kw: int) -> None:
+            says: tuple[str, ...] = (), verdict: str = "ok", **kw: Any) -> None:
         cells.append(Cell(lab, situation, rc, first, says, verdict, **kw))
 
     firewall_own = ("this node's own firewall drops UDP",)
@@ -528,6 +620,20 @@ def _cells() -> list[Cell]:
             add(lab, "peer-stopped", 1, "encap", ("{peer}", "nothing listens on UDP 8285"),
                 "timeout")
         add(lab, "lease-revoked", 1, "flanneld", ("is not running",), "error")
+        if lab != "udp":  # udp leases publish no identity
+            # Refused on every node with flanneld's words; the victim's pair is unharmed.
+            identity = "VtepMAC" if lab == "vxlan" else "PublicKey"
+            add(lab, "identity-hijack", 1, "identity", (THIEF, identity, "is this node's own"),
+                "ok", lease="skipped")
+            add(lab, "identity-hijack", 1, "identity",
+                (THIEF, identity, "belongs to the older lease", "(public IP {n1})"), "ok",
+                node=2, lease="skipped")
+        if lab == "vxlan":
+            add(lab, "zero-mac", 1, "skipped", (THIEF, "VtepMAC 00:00:00:00:00:00 is zero"),
+                "ok", lease="skipped")
+            # Off by choice: a note, not a fault; on (every other cell), flanneld's own drop
+            # is no firewall dropping the carrier.
+            add(lab, "pod-encap-off", 0, "", ("pods on this node may send VXLAN (UDP 8472)",))
     # ipsec: charon keeps its SAs and runs on when flanneld stops.
     add("ipsec", "healthy")
     add("ipsec", "reservation", 0, "", ("reservation",))
@@ -552,6 +658,9 @@ def _cells() -> list[Cell]:
     add("host-gw", "route-deleted", 1, "routes", ("no route to {subnet}",), "not-programmed")
     add("host-gw", "peer-stopped", 1, "flanneld", ("is not running",), "ok", node=2)
     add("host-gw", "lease-revoked", 1, "flanneld", ("is not running",), "error")
+    # flanneld parks it (its /status says why): named so, not as a missing route.
+    add("host-gw", "off-segment", 1, "parked", (OFF_SEGMENT, "parked by flanneld",
+                                                "Network is unreachable"), "ok", lease="parked")
     # DirectRouting: n2 shares n1's segment (a direct route only), n3 is reached by VXLAN.
     add("vxlan-dr", "healthy")
     add("vxlan-dr", "healthy", peer=3)
@@ -603,9 +712,12 @@ def table() -> str:
     for cell in CELLS:
         situation = SITUATIONS[cell.situation].title
         peer = f" (n1 -> n{cell.peer})" if cell.peer != 2 else ""
+        verdict = cell.verdict.upper() if cell.verdict not in ("ok", "no-data-path") \
+            else cell.verdict
+        if cell.lease:
+            verdict += f"; the lease: {cell.lease.upper()}"
         key = (situation + peer, "n1" if cell.node == 1 else f"n{cell.node}", cell.rc,
-               cell.first or "-", cell.verdict.upper() if cell.verdict not in (
-                   "ok", "no-data-path") else cell.verdict, cell.family)
+               cell.first or "-", verdict, cell.family)
         mark = "*" if LABS[cell.lab].mtu_may_misfit else ""
         misfit |= bool(mark)
         groups.setdefault(key, []).append(LABS[cell.lab].name + mark)
@@ -630,7 +742,7 @@ MISFIT = ("\\* While the pods' MTU does not fit what carries them there (charon'
 def fill(text: str, m: Matrix, cell: Cell) -> str:
     """A ``says`` text with the cell's peer filled in."""
     return (text.replace("{peer6}", m.address(cell.peer, v6=True))
-            .replace("{peer}", m.address(cell.peer))
+            .replace("{peer}", m.address(cell.peer)).replace("{n1}", m.address(1))
             .replace("{subnet0}", _peer_subnet(m, cell.peer).split("/")[0])
             .replace("{subnet}", _peer_subnet(m, cell.peer, cell.family == 6)))
 

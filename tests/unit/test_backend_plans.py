@@ -1,12 +1,14 @@
 """What a backend tells the operator tools it does with each peer (``Backend.describe``) is
 what it programs: for the same peers and devices, the kernel entries of every peer it uses
-are exactly its ``desired_state``, and the engine entries exactly what its applier puts in
-the engine; the leases it does not use are named with flanneld's reason. No kernel
-involved."""
+are exactly its ``desired_state`` of the peers it admits, and the engine entries exactly
+what its applier puts in the engine; the leases it does not use are named with flanneld's
+reason (its admission's, for data it cannot use and identities a lease may not claim); what
+carries a peer is what the traffic rules drop and filter. No kernel involved."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
@@ -16,7 +18,7 @@ from flannel.backend.extension import ExtensionBackend
 from flannel.backend.hostgw import HostGwBackend
 from flannel.backend.ipip import IpipBackend
 from flannel.backend.ipsec import IKE_SA, IpsecBackend
-from flannel.backend.plan import Description, NodeView
+from flannel.backend.plan import Description, NodeView, versions
 from flannel.backend.udp import UdpBackend
 from flannel.backend.vxlan import VxlanBackend, _Family
 from flannel.backend.wireguard import WireguardBackend, peer_entry
@@ -78,8 +80,10 @@ def skipped(description: Description) -> dict[str, str]:
 
 def programmed(backend: Backend, peers: list[Lease], route_get=lambda _ip: None
                ) -> dict[str, frozenset]:
-    """What the data plane reconciles: desired_state of the peers the backend wants."""
-    state = backend.desired_state([p for p in peers if backend.wants(p)], route_get)
+    """What the data plane reconciles: desired_state of the peers the backend wants and
+    admits."""
+    state = backend.desired_state(backend.admit([p for p in peers if backend.wants(p)]),
+                                  route_get)
     assert state is not None
     return {"routes": state.routes, "neighbours": state.neighbours, "fdb": state.fdb}
 
@@ -107,7 +111,7 @@ def test_vxlan_plans_are_its_desired_state(direct_routing, dual):
     description = VxlanBackend.describe(node, peers)
     assert used(description) == programmed(backend, peers, route_get)
     assert skipped(description) == {
-        "10.244.4.0-24/v4": "its IPv4 backend data has no valid VtepMAC (a vxlan lease needs "
+        "10.244.4.0-24": "its IPv4 backend data has no valid VtepMAC (a vxlan lease needs "
                             "{\"VtepMAC\":\"<6-byte MAC>\"}); the node that owns it rewrites it "
                             "on restart, or delete the lease",
         "10.244.40.0-24": "its node runs the host-gw backend, which this node's vxlan backend "
@@ -186,13 +190,13 @@ def test_wireguard_plans_are_what_its_applier_puts_on_the_devices(mode):
         NodeView(cfg, OWN, {"flannel-wg": 5, "flannel-wg-v6": 6},
                  public_ip=EXT.ext_addr, public_ipv6=EXT.ext_v6_addr), peers)
     local = LocalEndpoints(EXT.ext_addr, EXT.ext_v6_addr)
+    admitted = backend.admit([p for p in peers if backend.wants(p)])
     applied = {peer_entry(layout.name, peer)
                for layout in backend.wg.devices(True, True)
-               for peer in desired_peers(backend.wg, layout,
-                                         [p for p in peers if backend.wants(p)], local)}
+               for peer in desired_peers(backend.wg, layout, admitted, local)}
     planned = {entry for p in description.peers for f in p.families for entry in f.engine}
     assert planned == applied and len(applied) == (3 if mode is None else 2)
-    assert sorted(skipped(description)) == ["10.244.4.0-24/v4", "10.244.40.0-24",
+    assert sorted(skipped(description)) == ["10.244.4.0-24", "10.244.40.0-24",
                                             "10.244.41.0-24"]
     family = description.peers[0].family(6)
     # The port the peer's lease publishes.
@@ -222,3 +226,68 @@ def test_the_extension_says_its_carrier_cannot_be_probed():
     carrier = description.peers[0].families[0].carrier
     assert carrier.unprobed.startswith("the extension's own commands")
     assert description.node.unjudged
+
+
+def test_describe_admits_the_leases_as_flanneld_does():
+    """The same admission as flanneld's, with our lease: a lease claiming our VTEP MAC or an
+    older lease's from another address, or with a MAC the kernel refuses, is skipped with
+    flanneld's why and kind; the lease it claimed against is planned as usual."""
+    cfg = config({"Type": "vxlan"})
+    own = replace(lease(1, "vxlan", vtep(1)), created=1)
+    victim = replace(lease(2, "vxlan", vtep(2)), created=5)
+    thieves = [replace(lease(66, "vxlan", vtep(2)), created=9),
+               replace(lease(67, "vxlan", vtep(1)), created=2)]
+    zero = lease(68, "vxlan", '{"VNI":1,"VtepMAC":"00:00:00:00:00:00"}')
+    peers = [*thieves, victim, zero]
+    backend = VxlanBackend(EXT, cfg)
+    backend.admission.own(own)
+    admitted = backend.admit(peers)
+    description = VxlanBackend.describe(NodeView(cfg, own, {"flannel.1": 7}, 2), peers)
+    assert [p.lease for p in description.peers if p.used] == list(admitted) == [victim]
+    assert {p.lease.key: (p.refused, p.skipped) for p in description.peers if p.skipped} == {
+        key: refusal for key, refusal in backend.admission.refused.items()}
+    refused = {p.lease.key: p for p in description.peers}
+    assert refused[thieves[0].key].skipped.startswith(
+        f"its IPv4 VtepMAC 0e:00:00:00:00:02 belongs to the older lease {victim.key} (public "
+        "IP 192.168.1.2)")
+    assert refused[thieves[1].key].skipped.startswith(
+        "its IPv4 VtepMAC 0e:00:00:00:00:01 is this node's own")
+    assert refused[zero.key].refused == "invalid_data"
+    family = refused[victim.key].family(4)
+    assert family is not None and family.fdb  # the victim keeps its entries
+
+
+def _dual(backend: dict[str, object]) -> NetworkConfig:
+    return config(backend, dual=backend["Type"] in ("vxlan", "wireguard"))
+
+
+@pytest.mark.parametrize(("options", "injectable"), [
+    ({"Type": "vxlan", "Port": 4789}, (4789,)), ({"Type": "udp", "Port": 9000}, (9000,)),
+    ({"Type": "wireguard", "ListenPort": 5000}, ()), ({"Type": "ipsec", "PSK": "x" * 96}, ()),
+    ({"Type": "ipip"}, ())])
+def test_what_carries_each_peer_is_what_the_rules_drop_from_pods(options, injectable):
+    """One declaration (``carriers``): the port or protocol doctor probes for each peer is
+    one the traffic rules drop from pods in that family of the underlay, and what any host
+    may inject is what ``--encap-peers-only`` filters."""
+    from flannel.backend import backend_class
+
+    cfg = _dual(options)
+    cls = backend_class(str(options["Type"]))
+    data = {"vxlan": vtep(2), "wireguard": json.dumps({"PublicKey": KEY, "Port": 5000})}
+    peer = lease(2, cls.backend_type, data.get(str(options["Type"])),
+                 v6=cfg.enable_ipv6)
+    description = cls.describe(NodeView(cfg, OWN, {"flannel.1": 7, "flannel0": 8,
+                                                   "flannel-wg": 9, "flannel-wg-v6": 10,
+                                                   "flannel.ipip": 11}, 2,
+                                        public_ip=EXT.ext_addr, public_ipv6=EXT.ext_v6_addr),
+                               [peer])
+    encapsulation = cls(EXT, cfg).encapsulation()
+    families = description.peers[0].families
+    assert families and {f.version for f in families} == set(versions(cfg))
+    for family in families:
+        assert set(family.carrier.udp_ports) <= set(encapsulation.udp.get(family.version, ()))
+        assert set(family.carrier.ip_protocols) <= set(
+            encapsulation.protocols.get(family.version, ()))
+        assert family.carrier.udp_ports or family.carrier.ip_protocols
+    assert description.node.injectable == injectable
+    assert encapsulation.authenticated == (not injectable and bool(encapsulation.udp))

@@ -405,17 +405,19 @@ def test_plan_decides_what_needs_no_echo():
             backend_data=data), etcd_lease_id=etcd_lease)
         return LeaseRow(made.key, made)
 
-    mac = DATA["vxlan"]
+    def mac(last: int) -> str:
+        return f'{{"VNI":1,"VtepMAC":"f6:be:b0:e3:fd:{last:02x}"}}'
+
     config = parse_config('{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}')
     ctx = Context(Path("subnet.env"), Path("/proc/sys"), [], [], 1.0, False,
                   env={"FLANNEL_SUBNET": "10.244.1.1/24"}, config=config,
-                  rows=[lease("10.244.1.0/24", "192.168.111.11", "vxlan", mac),  # this node
-                        lease("10.244.2.0/24", "192.168.111.12", "vxlan", mac),
-                        lease("10.244.3.0/24", "192.168.111.13", "vxlan", mac),
+                  rows=[lease("10.244.1.0/24", "192.168.111.11", "vxlan", mac(1)),  # this node
+                        lease("10.244.2.0/24", "192.168.111.12", "vxlan", mac(0x1c)),
+                        lease("10.244.3.0/24", "192.168.111.13", "vxlan", mac(3)),
                         lease("10.244.4.0/24", "192.168.111.14", "host-gw"),
                         lease("10.244.5.0/24", "192.168.111.15", "vxlan"),  # no VTEP MAC
                         lease("10.244.6.0/24", "192.168.111.16", "", etcd_lease=0),
-                        lease("10.99.7.0/24", "192.168.111.17", "vxlan", mac)])
+                        lease("10.99.7.0/24", "192.168.111.17", "vxlan", mac(7))])
     node = NodeView(config, ctx.own_lease, {"flannel.1": 7}, 2, IPv4Address("192.168.111.11"))
     description = describe_leases(VxlanBackend, node, ctx.leases)
     route = Route("10.244.2.0/24", "10.244.2.0", 7, onlink=True)

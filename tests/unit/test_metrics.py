@@ -24,6 +24,7 @@ from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.monitor.health import HealthServer, same_host
 from flannel.monitor.nodestate import NodeState, status_document
+from flannel.ops.status import render
 from flannel.readiness import Readiness
 from flannel.subnet.watch import Changes, Snapshot
 from tests.support.waiting import async_wait_until
@@ -398,6 +399,31 @@ async def test_peers_refused_are_counted_by_reason_and_listed_in_status():
         assert peers["refused_kinds"] == {"10.244.3.0-24": "kernel_refused"}
         assert peers["refused_reasons"]["10.244.3.0-24"].startswith(
             "Network is unreachable (replace route 10.244.3.0/24 via 192.168.1.3)")
+        # flannelctl status says what each refusal is.
+        table = render(status_document(state), "the socket")
+        assert ("2 programmed, 0 skipped as invalid, 1 parked (the kernel refused their "
+                "entries; retried)") in table, table
+        assert re.search(r"^  parked +10\.244\.3\.0-24: Network is unreachable", table,
+                         re.MULTILINE), table
+
+
+def test_status_footprint_names_the_port_any_host_may_inject_on_from_the_config():
+    from flannel.backend.udp import UdpBackend
+    from flannel.backend.vxlan import VxlanBackend
+    from flannel.backend.wireguard import WireguardBackend
+    from flannel.config import parse_config
+    from flannel.monitor.nodestate import footprint_document
+
+    ext = ExternalInterface("eth0", 2, 1500, IPv4Address("192.0.2.1"), None,
+                            IPv4Address("192.0.2.1"), None)
+
+    def port(cls: type, backend: str) -> object:
+        config = parse_config(f'{{"Network":"10.5.0.0/16","Backend":{backend}}}')
+        return footprint_document(cls(ext, config))["encap_port"]
+
+    assert port(VxlanBackend, '{"Type":"vxlan","Port":4789}') == 4789
+    assert port(UdpBackend, '{"Type":"udp"}') == 8285
+    assert port(WireguardBackend, '{"Type":"wireguard"}') is None  # authenticated
 
 
 async def test_a_failing_event_watch_is_counted():

@@ -186,7 +186,7 @@ def test_another_spelling_of_a_wireguard_key_is_the_same_key():
 
     victim, thief = wg(2, KEY[2], created=1), wg(66, spelled, created=2)
     assert backend.admit((victim, thief)) == (victim,)
-    assert backend.identities(thief) == (f"PublicKey {KEY[2]}",)
+    assert backend.identities(thief, backend.config) == (f"PublicKey {KEY[2]}",)
 
 
 def test_a_peer_parked_by_the_kernel_then_refused_for_its_data_shows_that_reason():

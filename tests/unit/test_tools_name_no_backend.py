@@ -21,9 +21,9 @@ WORDS = sorted({*supported(), "hostgw", "awsvpc", "alivpc", "tencentvpc", "wireg
                 "charon", "swanctl", "strongswan", "vici"} - {"udp"})
 PHRASES = ("udp backend", "udp forwarder", "flannel0", "flannel.1", "flannel-wg",
            "flannel.ipip", "ipsec0", "kernel-libipsec")
-#: Modules only a backend may import: its own (all of flannel/backend/ but the contract and
-#: the registry), and the engines they run.
-SHARED = {"__init__", "base", "plan", "footprint"}
+#: Modules only a backend may import: its own (all of flannel/backend/ but the contract, its
+#: peer admission and the registry), and the engines they run.
+SHARED = {"__init__", "base", "plan", "footprint", "admission"}
 BACKEND_MODULES = {f"flannel.backend.{p.stem}" for p in (FLANNEL / "backend").glob("*.py")
                    if p.stem not in SHARED}
 ENGINES = re.compile(r"flannel\.(udp|wireguard|ipsec|extension|cloud)(\.|$)")

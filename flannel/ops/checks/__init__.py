@@ -1,8 +1,10 @@
 """Doctor checks: each a small function from the gathered ``Context`` to findings.
 
 Owns the list of checks and the context they share (subnet.env, network config, leases,
-this node's lease, the kernel view, and what this node's backend does with each lease: its
-description, ``flannel/ops/plans.py``). Checks only read; a fix runs only when a flag asks.
+this node's lease, the kernel view, what this node's backend does with each lease: its
+description, ``flannel/ops/plans.py``, and what only the running flanneld knows: the peers
+it parked, ``flannel/ops/flanneldview.py``). Checks only read; a fix runs only when a flag
+asks.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from flannel.ops.leases import LeaseRow
 if TYPE_CHECKING:
     from flannel.backend.base import Backend
     from flannel.backend.plan import Description, EngineReading, NodeView, PeerPlan
+    from flannel.ops.discover import Flanneld
+    from flannel.ops.flanneldview import FlanneldView
     from flannel.ops.plans import KernelEntries
 
 
@@ -45,6 +49,8 @@ class Context:
     clock_skew: float | None = None
     kernel: KernelView = field(default_factory=KernelView)
     flanneld_pids: list[int] = field(default_factory=list)
+    #: The flanneld of this network namespace, as found (None: none, or not told apart).
+    flanneld: Flanneld | None = None
 
     @property
     def leases(self) -> list[Lease]:
@@ -120,8 +126,24 @@ class Context:
 
     @property
     def peers(self) -> list[PeerPlan]:
-        """The leases flanneld uses as peers."""
-        return [plan for plan in self.plans if plan.used]
+        """The leases flanneld uses as peers and programs: not those it parked (the kernel
+        refused their entries: it left them out, and the ``parked`` check says why)."""
+        parked = self.parked
+        return [plan for plan in self.plans if plan.used and plan.lease.key not in parked]
+
+    @functools.cached_property
+    def view(self) -> FlanneldView:
+        """What the running flanneld says of itself (its /status), read once."""
+        from flannel.ops.flanneldview import read_view
+
+        return read_view(self.flanneld)
+
+    @property
+    def parked(self) -> dict[str, str]:
+        """Lease key -> why, of the peers flanneld parked (none when it cannot be asked)."""
+        from flannel.backend.admission import KERNEL_REFUSED
+
+        return self.view.of_kind(KERNEL_REFUSED) if self.flanneld is not None else {}
 
     @functools.cached_property
     def entries(self) -> KernelEntries:

@@ -1,6 +1,7 @@
 """Checks of the lease set: store reachable, a config enabling IPv6 for a backend that declares
-none, duplicates, clock. (Leases flanneld skips, outside the Network among them, are the
-``skipped`` check's: ``kernel.py``.)"""
+none, public IPs several leases share, clock. (Leases flanneld skips, outside the Network
+among them, and those claiming an identity another lease holds are the ``skipped`` check's:
+``kernel.py``.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections import defaultdict
 from flannel.ops.checks import Context
 from flannel.ops.commands import flannelctl
 from flannel.ops.findings import Finding
-from flannel.ops.leases import vtep_mac
 
 #: Clock skew beyond which lease expiry times are misleading.
 MAX_SKEW = 5.0
@@ -49,13 +49,12 @@ def check_store(ctx: Context) -> list[Finding]:
 
 
 def check_duplicates(ctx: Context) -> list[Finding]:
-    by_ip, by_mac = defaultdict(list), defaultdict(list)
+    """Public IPs several leases share. (An identity several leases claim is refused by
+    flanneld's admission, and said by the ``skipped`` check with flanneld's words.)"""
+    by_ip = defaultdict(list)
     for lease in ctx.leases:
         if lease.attrs.public_ip is not None:
             by_ip[lease.attrs.public_ip].append(lease)
-        mac = vtep_mac(lease)
-        if mac:
-            by_mac[mac].append(lease)
     found = []
     for ip, leases in sorted(by_ip.items()):
         if len(leases) > 1:
@@ -65,14 +64,6 @@ def check_duplicates(ctx: Context) -> list[Finding]:
                 "peers send traffic for all of them to one node",
                 "give each node its own --public-ip; release the stale lease with "
                 "flannelctl leases release <subnet>"))
-    for mac, leases in sorted(by_mac.items()):
-        if len(leases) > 1:
-            owners = ", ".join(f"{lease.subnet} ({lease.attrs.public_ip})" for lease in leases)
-            found.append(Finding(
-                "duplicates", "error", f"VTEP MAC {mac} is published by several leases "
-                f"({owners}): their traffic collides",
-                "cloned machines? delete the device that has that MAC on one of them and "
-                "restart its flanneld so it gets a new MAC"))
     return found
 
 

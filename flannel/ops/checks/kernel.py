@@ -1,13 +1,15 @@
 """Checks of this node's kernel and engines against what its backend says it does with each
 lease (``flannel/ops/plans.py``): the devices that carry pods' packets (there, up, their MAC
 and MTU), each peer's routes, neighbours and FDB entries, its entries in the backend's
-engines, and the entries no lease explains."""
+engines, the entries no lease explains, and the peers flanneld skips or parks."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from flannel.backend.admission import IDENTITY_TAKEN, KERNEL_REFUSED
 from flannel.backend.plan import DevicePlan
+from flannel.monitor.nodestate import ENGINE
 from flannel.ops.checks import Context
 from flannel.ops.checks.offload import check_checksum
 from flannel.ops.commands import flannelctl
@@ -216,14 +218,24 @@ def check_engine(ctx: Context) -> list[Finding]:
 
 def check_skipped(ctx: Context) -> list[Finding]:
     """Leases flanneld does not use, with its reason: a reservation no node has taken is
-    a note, anything else a node the others cannot reach."""
+    a note; a lease claiming an identity this node's or an older lease's is an error (a
+    node, or whoever wrote it, tries to draw another node's traffic; said once, as the
+    cause, rather than as the other lease's entries it would spoil); anything else a node
+    the others cannot reach."""
     found = []
     for plan in ctx.plans:
         lease = plan.lease
         where = f"lease {lease.key} of {lease.attrs.public_ip or 'no public IP'}"
         fix = (f"{flannelctl('leases', 'show', lease.key)} shows it; "
                f"{flannelctl('leases', 'release', lease.key)} if no node needs it")
-        if plan.skipped:
+        if plan.refused == IDENTITY_TAKEN:
+            found.append(Finding(
+                "identity", "error", f"{where}: skipped by flanneld: {plan.skipped}",
+                f"if no node of yours runs at {lease.attrs.public_ip or 'that address'}, "
+                f"{flannelctl('leases', 'release', lease.key, '--yes')} and find who can "
+                "write leases (only flanneld should); if one does (a copy of another "
+                "machine), give it an identity of its own and restart its flanneld"))
+        elif plan.skipped:
             found.append(Finding("skipped", "info" if plan.reserved else "warning",
                                  f"{where}: skipped by flanneld: {plan.skipped}",
                                  "" if plan.reserved else fix))
@@ -233,6 +245,38 @@ def check_skipped(ctx: Context) -> list[Finding]:
     return found
 
 
+def check_parked(ctx: Context) -> list[Finding]:
+    """What only the running flanneld knows of its peers (its /status): those it parked,
+    because the kernel refused their entries (left out, retried with backoff: their entries
+    are not judged, nor are they probed), and those an engine of the backend refuses. When
+    it cannot be asked, a note says so."""
+    if not ctx.flanneld_pids or ctx.description is None:
+        return []
+    view = ctx.view
+    if view.unread:
+        return [Finding("parked", "info", "not checked: which peers flanneld parked (the "
+                        f"kernel refused their entries), because {view.unread}")]
+    found = []
+    for plan in ctx.plans:
+        lease = plan.lease
+        kind, why = view.refused.get(lease.key, ("", ""))
+        where = f"lease {lease.key} of {lease.attrs.public_ip or 'no public IP'}"
+        fix = ("flanneld tries it again with backoff, at once when its lease changes: fix "
+               "the node that wrote it, or "
+               f"{flannelctl('leases', 'release', lease.key)} if no node needs it")
+        if kind == KERNEL_REFUSED and plan.used:
+            found.append(Finding("parked", "warning", f"{where}: parked by flanneld, the "
+                                 f"kernel refused its entries: {why}", fix))
+        elif kind == ENGINE and plan.used:
+            found.append(Finding("parked", "warning", f"{where}: refused by the backend's "
+                                 f"engine: {why}", "fix what the reason names (flanneld's log "
+                                 "says more); flanneld tries it again"))
+    if view.unlisted:
+        found.append(Finding("parked", "info", f"not checked: {view.unlisted} more peer(s) "
+                             "flanneld refuses, because its /status lists only the first"))
+    return found
+
+
 CHECKS = [("device", check_device), ("vtep-mac", check_device_mac), ("mtu", check_mtu),
           ("routes", check_entries), ("engine", check_engine), ("skipped", check_skipped),
-          ("checksum", check_checksum)]
+          ("parked", check_parked), ("checksum", check_checksum)]

@@ -1,4 +1,5 @@
-"""Checks of this node: flanneld running, subnet.env, sysctls, FORWARD policy, CNI files."""
+"""Checks of this node: flanneld running, subnet.env, sysctls, FORWARD policy, CNI files, who
+may send encapsulation (the filter of peers, the drop of what pods send)."""
 
 from __future__ import annotations
 
@@ -234,6 +235,26 @@ def check_encap_filter(ctx: Context) -> list[Finding]:
         "traffic\")")]
 
 
+def check_pod_encap(ctx: Context) -> list[Finding]:
+    """Note that this node's pods may send encapsulation no receiver authenticates to other
+    nodes (flanneld runs with ``--drop-pod-encap=false``, as its /status shows)."""
+    description = ctx.description
+    if description is None or not ctx.flanneld_pids or ctx.view.pod_encap_drop is not False:
+        return []
+    open_ = [c for c in description.node.carriers
+             if not c.authenticated and (c.udp_ports or c.ip_protocols)]
+    if not open_:
+        return []
+    what = " and ".join(f"{c.name} ({c.ports_text})" for c in open_)
+    return [Finding(
+        "pod-encap", "info",
+        f"pods on this node may send {what} to other nodes, which take it for this node's "
+        "(masqueraded, it leaves from a peer's address): a pod can put packets with any "
+        "source into their pods, whatever --encap-peers-only filters there",
+        "unless a pod here must send it, run flanneld with --drop-pod-encap=true (the "
+        "default; FLANNELD_DROP_POD_ENCAP=true)")]
+
+
 CHECKS = [("flanneld", check_flanneld), ("subnet-env", check_subnet_env),
           ("sysctl", check_sysctls), ("forward", check_forward), ("cni", check_cni),
-          ("encap-filter", check_encap_filter)]
+          ("encap-filter", check_encap_filter), ("pod-encap", check_pod_encap)]
