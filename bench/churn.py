@@ -35,8 +35,8 @@ from pathlib import Path
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
-from flannel.lab.cli import build
-from flannel.lab.cluster import ETCD_PREFIX, UNDERLAYS, Lab, ip
+from flannel_lab.cli import build
+from flannel_lab.cluster import ETCD_PREFIX, UNDERLAYS, Lab, ip
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_PEERS = 20

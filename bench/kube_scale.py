@@ -399,7 +399,7 @@ def run_mode(mode: str, nodes: int, updates: int, rounds: int) -> list[dict]:
         if mode == "kube":
             source = Proc("--serve-kube", str(nodes))
         else:
-            from flannel.lab.etcd import EtcdServer
+            from flannel_lab.etcd import EtcdServer
             etcd = EtcdServer(Path(tmp))
             etcd.start()
             source = Proc("--serve-etcd", etcd.endpoint, str(nodes))

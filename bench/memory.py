@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 
 ROOT = Path(__file__).resolve().parents[1]
 FLANNELD = str(Path(sys.executable).parent / "flanneld")

@@ -32,7 +32,6 @@ from flannel.daemon import COMPONENTS
 from flannel.dataplane import Dataplane
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Route
-from flannel.lab.etcd import free_port
 from flannel.lease import Lease, LeaseAttrs
 from flannel.monitor.health import HealthServer
 from flannel.monitor.nodestate import NodeState
@@ -41,6 +40,7 @@ from flannel.rules.manager import RulesStatus
 from flannel.skips import SkippedRecords
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import LeaseWatcher, Snapshot
+from flannel_lab.etcd import free_port
 
 CONFIG = parse_config('{"Network": "10.0.0.0/8", "Backend": {"Type": "host-gw"}}')
 EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.0.2.1"), None,

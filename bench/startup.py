@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from bench.memory import FLANNELD, NETWORK, PREFIX
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 
 ROOT = Path(__file__).resolve().parents[1]
 EMPTY_PREFIX = "/bench/empty"

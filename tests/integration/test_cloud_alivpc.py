@@ -1,5 +1,5 @@
 """The ali-vpc route engine, through its signed RPC client over the project's HTTP layer,
-against the Alibaba Cloud VPC API double (flannel/lab/aliyunapi.py: signatures verified,
+against the Alibaba Cloud VPC API double (lab/flannel_lab/aliyunapi.py: signatures verified,
 documented shapes and error codes) and a fake metadata service."""
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import os
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer, free_port
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.etcd.client import (
     EtcdAuthFailed,
@@ -19,6 +18,7 @@ from flannel.subnet.etcd.client import (
     EtcdUnavailable,
     parse_endpoints,
 )
+from flannel_lab.etcd import EtcdServer, free_port
 from tests.support.fifos import outcome_of_reading
 from tests.support.tls import make_tls_files
 from tests.support.waiting import async_wait_until

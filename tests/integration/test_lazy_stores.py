@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from flannel import backend
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 from tests.support import netns
 from tests.support.flanneld import FLANNELD, Flanneld
 from tests.support.traffic import http_get

@@ -18,7 +18,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flannel.lab.cluster import ip
+from flannel_lab.cluster import ip
 
 #: The route protocol marking the routes the lab's VPC router installed.
 PROTOCOL = "152"

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import cycle
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.served import endpoint, serve, shut
+from flannel_lab.served import endpoint, serve, shut
 
 Behaviour = Callable[[BaseHTTPRequestHandler], None]
 

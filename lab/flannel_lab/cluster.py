@@ -37,8 +37,8 @@ from flannel import stopping
 from flannel.fileutil import write_atomic
 from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
-from flannel.lab.etcd import EtcdServer
 from flannel.ops import commands
+from flannel_lab.etcd import EtcdServer
 
 DEFAULT_ROOT = Path("/run/flannel-lab")
 STATE_FILE = "state.json"
@@ -327,11 +327,11 @@ class Lab:
         return {lines[i].rsplit("/", 1)[1]: lines[i + 1] for i in range(0, len(lines) - 1, 2)}
 
     def start_aws_cloud(self, network: str, timeout: float = 90.0) -> str:
-        """Start the lab's AWS (``flannel.lab.awscloud``: moto, a metadata service per node,
+        """Start the lab's AWS (``flannel_lab.awscloud``: moto, a metadata service per node,
         the underlay namespace as VPC router) for the nodes added so far, point their
         flanneld at it, and return its route table's ID."""
-        cloud = self._start_cloud("flannel.lab.awscloud", "AWS", network, timeout)
-        from flannel.lab.awscloud import LAB_KEY_ID, LAB_SECRET
+        cloud = self._start_cloud("flannel_lab.awscloud", "AWS", network, timeout)
+        from flannel_lab.awscloud import LAB_KEY_ID, LAB_SECRET
 
         for node in self.state.nodes:
             node.env = {"AWS_ACCESS_KEY_ID": LAB_KEY_ID, "AWS_SECRET_ACCESS_KEY": LAB_SECRET,
@@ -344,21 +344,21 @@ class Lab:
         return str(cloud["route_table"])
 
     def start_ali_cloud(self, network: str, timeout: float = 60.0) -> dict[str, str]:
-        """Start the lab's Alibaba Cloud (``flannel.lab.alicloud``: the VPC API double, the
+        """Start the lab's Alibaba Cloud (``flannel_lab.alicloud``: the VPC API double, the
         metadata service, the underlay namespace as VPC router) for the nodes added so far,
         give their flanneld its access key, and return what the network config needs
         (``Endpoint``, ``MetadataURL``)."""
-        cloud = self._start_cloud("flannel.lab.alicloud", "Alibaba Cloud", network, timeout)
+        cloud = self._start_cloud("flannel_lab.alicloud", "Alibaba Cloud", network, timeout)
         for node in self.state.nodes:
             node.env = {"ACCESS_KEY_ID": cloud["key_id"], "ACCESS_KEY_SECRET": cloud["secret"]}
         self.state.save()
         return {"Endpoint": cloud["endpoint"], "MetadataURL": cloud["metadata"]}
 
     def start_gce_cloud(self, network: str, timeout: float = 60.0) -> str:
-        """Start the lab's Compute Engine (``flannel.lab.gcecloud``: the API double, a
+        """Start the lab's Compute Engine (``flannel_lab.gcecloud``: the API double, a
         metadata server per node, the underlay namespace as VPC router) for the nodes added
         so far, point their flanneld at their metadata server, and return the API's URL."""
-        cloud = self._start_cloud("flannel.lab.gcecloud", "Compute Engine", network, timeout)
+        cloud = self._start_cloud("flannel_lab.gcecloud", "Compute Engine", network, timeout)
         for node in self.state.nodes:
             node.env = {"GCE_METADATA_HOST": cloud["metadata"][str(node.index)]}
         self.state.save()

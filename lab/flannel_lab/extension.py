@@ -12,7 +12,7 @@ import json
 import shutil
 from pathlib import Path
 
-from flannel.lab.cluster import Lab, LabError
+from flannel_lab.cluster import Lab, LabError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "extension-vxlan"
 SCRIPTS = ("pre-startup", "post-startup", "subnet-add", "subnet-remove")

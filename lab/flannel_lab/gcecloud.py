@@ -1,7 +1,7 @@
-"""The lab's Compute Engine: the gce double (``flannel.lab.gceapi``), a metadata server per
+"""The lab's Compute Engine: the gce double (``flannel_lab.gceapi``), a metadata server per
 node, and the VPC router, in one process that the lab runs inside its underlay namespace.
 
-``python -m flannel.lab.gcecloud --address A --node 1=192.168.111.11 ... --network N
+``python -m flannel_lab.gcecloud --address A --node 1=192.168.111.11 ... --network N
 --router-netns UL --out FILE`` builds a project with one VPC network and one instance per node
 at the node's address (IP forwarding on, as flannel needs); writes what the nodes' flanneld
 need (the Compute API's URL, each node's metadata server as host:port) to FILE; then, until
@@ -16,8 +16,8 @@ import json
 import sys
 
 from flannel.fileutil import write_atomic
-from flannel.lab import labcloud, vpcrouter
-from flannel.lab.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
+from flannel_lab import labcloud, vpcrouter
+from flannel_lab.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 
 PROJECT = "flannel-lab"
 ZONE = "europe-west1-b"
@@ -25,7 +25,7 @@ VPC = "flannel-lab-net"
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = labcloud.parse_args("python -m flannel.lab.gcecloud", argv)
+    args = labcloud.parse_args("python -m flannel_lab.gcecloud", argv)
     stopping = labcloud.stop_on_sigterm()
     compute = FakeCompute(PROJECT).start(args.address)
     served: dict[int, FakeGceMetadata] = {}

@@ -28,8 +28,8 @@ from flannel.boundedjson import MAX_CONFIG_BYTES
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.fileutil import write_atomic
 from flannel.flags import UsageError, parse_namespace
-from flannel.lab import extension, tour
-from flannel.lab.cluster import (
+from flannel_lab import extension, tour
+from flannel_lab.cluster import (
     DEFAULT_ROOT,
     FlanneldExited,
     Lab,
@@ -38,7 +38,7 @@ from flannel.lab.cluster import (
     in_ns,
     ip,
 )
-from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
+from flannel_lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
 
 MAX_NODES = 200  # node addresses are <underlay>.(10 + index)
 MAX_PODS_PER_NODE = 100
@@ -122,10 +122,10 @@ def check_backend(decoded: NetworkConfig, probe_netns: str) -> str:
     would not: the backend's options (decoded by its own parser, warnings for unknown keys
     included), a family the backend does not carry (its declared footprint), a device its
     footprint declares that this kernel cannot make (asked in ``probe_netns``, created and
-    removed here: ``flannel.lab.kernelprobe``). Imported here: the backends cost 'down',
+    removed here: ``flannel_lab.kernelprobe``). Imported here: the backends cost 'down',
     'ping' and 'status' nothing."""
     from flannel.backend import BackendError, backend_class, supported
-    from flannel.lab.kernelprobe import missing_link_kind
+    from flannel_lab.kernelprobe import missing_link_kind
 
     try:
         backend = backend_class(decoded.backend_type)
@@ -355,7 +355,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for node in lab.state.nodes:
         print_node_state(lab, node.index, gone[node.index])
     if lab.state.backend in ("aws-vpc", "ali-vpc", "gce"):
-        from flannel.lab import vpcrouter
+        from flannel_lab import vpcrouter
 
         print(f"\n--- VPC router ({lab.underlay_ns}), following the route table:")
         for destination, via in sorted(vpcrouter.installed(lab.underlay_ns).items()):
@@ -481,7 +481,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``demo`` and ``tour`` (flannel/lab/tour.py): the lab is removed at the end unless
+    """``demo`` and ``tour`` (lab/flannel_lab/tour.py): the lab is removed at the end unless
     ``--keep``."""
     lab = Lab(args.name, args.root, progress=say)
     if lab.exists:

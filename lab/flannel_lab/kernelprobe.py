@@ -20,7 +20,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from flannel.lab.cluster import LabError
+from flannel_lab.cluster import LabError
 
 MAX_MODULES_DEP = 8 << 20
 

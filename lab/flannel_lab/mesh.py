@@ -23,7 +23,7 @@ from pathlib import Path
 
 from flannel.kernel import nsexec, rtnl
 from flannel.kernel.host import Host
-from flannel.lab.cluster import IP, Lab, LabError
+from flannel_lab.cluster import IP, Lab, LabError
 
 MAIN_TABLE = 254
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flannel.lab.cluster import ETCD_PREFIX, Lab, LabError, Pod, in_ns, ip
 from flannel.lease import LeaseAttrs, LeaseDecodeError, parse_subnet_key
 from flannel.ops import commands
+from flannel_lab.cluster import ETCD_PREFIX, Lab, LabError, Pod, in_ns, ip
 
 DEMO_CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 20, "SubnetMin": "10.10.0.0",
                "SubnetMax": "10.99.0.0", "Backend": {"Type": "vxlan", "VNI": 100, "Port": 8472}}

@@ -1,10 +1,10 @@
 """The lab's Alibaba Cloud: the VPC API double, the metadata service, and the VPC router, in
 one process that the lab runs inside its underlay namespace.
 
-``python -m flannel.lab.alicloud --address A --node 1=192.168.111.11 ... --network N
+``python -m flannel_lab.alicloud --address A --node 1=192.168.111.11 ... --network N
 --router-netns UL --out FILE`` builds a VPC with its vRouter and route table and one ECS
 instance per node; serves the API double and one metadata service
-(``flannel.lab.aliyunapi``, in enforced hardened mode) that answers each node as the
+(``flannel_lab.aliyunapi``, in enforced hardened mode) that answers each node as the
 instance at its address (as 100.100.100.200 answers each instance); writes what the nodes'
 flanneld need (the API URL, the metadata URL, the route table, the lab's access key) to
 FILE; then, until SIGTERM, makes the router namespace's routes follow the route table
@@ -18,8 +18,8 @@ import json
 import sys
 
 from flannel.fileutil import write_atomic
-from flannel.lab import labcloud, vpcrouter
-from flannel.lab.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
+from flannel_lab import labcloud, vpcrouter
+from flannel_lab.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
 
 REGION = "cn-hangzhou"
 VPC = "vpc-bp1flannellab000001"
@@ -33,7 +33,7 @@ def instance_id(index: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = labcloud.parse_args("python -m flannel.lab.alicloud", argv)
+    args = labcloud.parse_args("python -m flannel_lab.alicloud", argv)
     stopping = labcloud.stop_on_sigterm()
     api = FakeAliyunVpc({LAB_KEY_ID: LAB_SECRET}, region=REGION).start(args.address)
     table = api.add_vpc(VPC)[0]

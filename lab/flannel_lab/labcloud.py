@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from flannel.lab import vpcrouter
-from flannel.lab.cluster import LabError
+from flannel_lab import vpcrouter
+from flannel_lab.cluster import LabError
 
 #: Seconds between two reads of the cloud's route table.
 POLL = 0.2

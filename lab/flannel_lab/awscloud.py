@@ -1,7 +1,7 @@
 """The lab's AWS: moto's EC2 server, a fake instance metadata service per node, and the VPC
 router, in one process that the lab runs inside its underlay namespace.
 
-``python -m flannel.lab.awscloud --address A --node 1=192.168.111.11 ... --network N
+``python -m flannel_lab.awscloud --address A --node 1=192.168.111.11 ... --network N
 --router-netns UL --out FILE`` builds a VPC holding a subnet per node /24, one route table
 associated with them, and one instance per node at the node's address; writes what the nodes'
 flanneld need (the EC2 URL, the route table, each node's metadata URL) to FILE; then, until
@@ -19,8 +19,8 @@ import sys
 from typing import Any
 
 from flannel.fileutil import write_atomic
-from flannel.lab import labcloud, vpcrouter
-from flannel.lab.imds import FakeMetadata, aws_paths
+from flannel_lab import labcloud, vpcrouter
+from flannel_lab.imds import FakeMetadata, aws_paths
 
 REGION = "eu-west-1"
 VPC_CIDR = "192.168.0.0/16"
@@ -52,7 +52,7 @@ def build_vpc(ec2: Any, nodes: dict[int, str], serve_at: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = labcloud.parse_args("python -m flannel.lab.awscloud", argv)
+    args = labcloud.parse_args("python -m flannel_lab.awscloud", argv)
     os.environ["MOTO_EC2_LOAD_DEFAULT_AMIS"] = "false"  # seconds per region, unused here
     try:
         import boto3

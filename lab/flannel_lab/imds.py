@@ -9,11 +9,11 @@ v1 still allowed: a GET without a token is served, one with an unknown token get
 AWS does), ``"required"`` (a GET without a valid token gets 401), ``"v1-only"`` (the token
 PUT gets 403, as when IMDSv2 is unavailable). ``expire_tokens()`` invalidates every token
 issued so far; ``answer_with(path, behaviour)`` answers a path with a broken or hostile
-answer (``flannel.lab.hostile``). Not modelled: token TTL expiry by time, hop limits, the
+answer (``flannel_lab.hostile``). Not modelled: token TTL expiry by time, hop limits, the
 dynamic/ and user-data/ trees. Requests are recorded in ``requests`` (method, path, had a
 token).
 ``TokenMetadata`` is the frame it shares with Alibaba Cloud's metadata double
-(``flannel.lab.aliyunapi``): the same paths and token dance, other headers and refusals.
+(``flannel_lab.aliyunapi``): the same paths and token dance, other headers and refusals.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Self
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.hostile import Behaviour, Queued
-from flannel.lab.served import endpoint, serve, shut
+from flannel_lab.hostile import Behaviour, Queued
+from flannel_lab.served import endpoint, serve, shut
 
 
 class TokenMetadata:
@@ -45,7 +45,7 @@ class TokenMetadata:
 
     def answer_with(self, path: str, behaviour: Behaviour, times: int | None = 1) -> None:
         """Answer the next ``times`` requests of ``path`` (``/latest/...``; every one: None)
-        with ``behaviour`` (``flannel.lab.hostile``) instead."""
+        with ``behaviour`` (``flannel_lab.hostile``) instead."""
         with self._lock:
             self._behaviours.add(path, behaviour, times)
 

@@ -18,7 +18,7 @@ instead with ``limit_in_operation``), and whatever ``fail(action, status, reason
 queues (429/403 ``rateLimitExceeded``); ``op_fail(code, message, times)`` makes the next
 inserts' operations fail; ``garble(action, status, body, times)`` answers ``body`` verbatim
 instead, and ``answer_with(action, behaviour, times)`` with any answer of
-``flannel.lab.hostile`` (a broken or hostile server: huge, dripping, reset, redirected...; the
+``flannel_lab.hostile`` (a broken or hostile server: huge, dripping, reset, redirected...; the
 metadata server's paths too); ``delay`` holds every API answer back (a timeout). The metadata
 server (from the metadata server documentation: ``/computeMetadata/v1/...`` only with
 ``Metadata-Flavor: Google``, answered with that header, 403 otherwise) serves
@@ -46,9 +46,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab import hostile
-from flannel.lab.hostile import Behaviour, Queued
-from flannel.lab.served import endpoint, serve, shut
+from flannel_lab import hostile
+from flannel_lab.hostile import Behaviour, Queued
+from flannel_lab.served import endpoint, serve, shut
 
 PROJECT_NUMBER = "123456789012"
 _LINK = "https://www.googleapis.com/compute/v1/"
@@ -172,7 +172,7 @@ class FakeCompute:
 
     def answer_with(self, action: str, behaviour: Behaviour, times: int | None = 1) -> None:
         """Answer the next ``times`` calls of ``action`` (every one: None) with
-        ``behaviour`` (``flannel.lab.hostile``) instead; ``calm()`` undoes it."""
+        ``behaviour`` (``flannel_lab.hostile``) instead; ``calm()`` undoes it."""
         with self._lock:
             self._behaviours.add(action, behaviour, times)
 

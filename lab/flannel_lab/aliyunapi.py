@@ -26,7 +26,7 @@ past ``entry_limit`` custom entries, ``QuotaExceeded``; ``DeleteRouteEntry`` by 
 next hop (``InvalidRouteEntry.NotFound``); ``ModifyRouteEntry`` renames an entry by
 ``RouteEntryId`` (``InvalidRouteEntryId.NotFound``; a name over 128 characters or starting with
 ``http://`` is ``IllegalParam.Name``). ``fail(action, code, times)`` queues errors;
-``answer_with(action, behaviour, times)`` a broken or hostile answer (``flannel.lab.hostile``);
+``answer_with(action, behaviour, times)`` a broken or hostile answer (``flannel_lab.hostile``);
 ``delay`` holds every answer back (timeouts). Not modelled: other actions, pagination beyond
 one page, ECMP next hops, RAM policies, STS tokens, route entries of other next hop types than
 those tests add.
@@ -55,9 +55,9 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlsplit
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.hostile import Behaviour, Queued
-from flannel.lab.imds import TokenMetadata
-from flannel.lab.served import endpoint, serve, shut
+from flannel_lab.hostile import Behaviour, Queued
+from flannel_lab.imds import TokenMetadata
+from flannel_lab.served import endpoint, serve, shut
 
 VERSION = "2016-04-28"
 #: HTTP status of each error code the double sends (400 unless named here).
@@ -145,7 +145,7 @@ class FakeAliyunVpc:
 
     def answer_with(self, action: str, behaviour: Behaviour, times: int | None = 1) -> None:
         """Answer the next ``times`` calls of ``action`` (every one: None) with
-        ``behaviour`` (``flannel.lab.hostile``: a broken or hostile server) instead."""
+        ``behaviour`` (``flannel_lab.hostile``: a broken or hostile server) instead."""
         with self._lock:
             self._behaviours.add(action, behaviour, times)
 
