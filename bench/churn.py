@@ -60,7 +60,7 @@ def ours(sock: rtnl.Rtnl) -> dict[str, rtnl.Route]:
 
 async def drive(mode: str, endpoint: str, node_ns: str, first: int, count: int,
                 repairs: int) -> dict[str, list[float]]:
-    from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+    from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
     prefix = f"{ETCD_PREFIX}/subnets/"

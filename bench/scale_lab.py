@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 
 from bench.converge import percentile
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 from flannel_lab.cli import decode_config
 from flannel_lab.cluster import ETCD_PREFIX, Lab
 from flannel_lab.mesh import (

@@ -146,7 +146,7 @@ def bare() -> dict:
 
 
 async def put_leases(endpoint: str, peers: int) -> None:
-    from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+    from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
     config = json.dumps(NETWORK).encode()

@@ -15,7 +15,7 @@ entries with an instance as next hop strictly inside the Network - and throttled
 calls refused because another change to the router is under way) are retried with
 backoff. An entry still ``Pending`` counts as present: the router finishes it.
 
-The API is spoken by ``flannel.cloud.aliyunrpc`` (signed RPC calls, no SDK); its answers
+The API is spoken by ``flannel.clients.aliyunrpc`` (signed RPC calls, no SDK); its answers
 are read by type (``flannel.cloud.typed``: a field of the wrong type is refused by its
 path). Every method blocks and is meant for a worker thread; calls are serialised;
 ``interrupt()`` cuts them when flanneld stops. The secret is held out of ``repr`` and never
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 from typing import Any, NamedTuple
 
-from flannel.cloud.aliyunrpc import AliyunApiError, AliyunRpc
+from flannel.clients.aliyunrpc import AliyunApiError, AliyunRpc
 from flannel.cloud.base import (
     CloudError,
     RouteChange,

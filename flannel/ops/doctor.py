@@ -46,7 +46,7 @@ def read_subnet_env(ctx: Context) -> None:
 
 def _etcd_clock_skew(etcd: EtcdSettings, timeout: float) -> float | None:
     """This node's clock minus the first answering etcd endpoint's (from its HTTP Date)."""
-    from flannel.subnet.etcd.client import parse_endpoints
+    from flannel.clients.etcd import parse_endpoints
 
     context = None
     for endpoint in parse_endpoints(etcd.endpoints):

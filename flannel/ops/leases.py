@@ -108,7 +108,7 @@ def decode_row(key: str, value: bytes, etcd_lease_id: int) -> LeaseRow:
 
 async def etcd_rows(manager: Any) -> list[LeaseRow]:
     """Every key under ``subnets/`` with its TTL left (queried in parallel)."""
-    from flannel.subnet.etcd.client import EtcdError
+    from flannel.clients.etcd import EtcdError
 
     kvs, _ = await manager.client.get_prefix(manager.subnets_prefix)
     start = len(manager.subnets_prefix)

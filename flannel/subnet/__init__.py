@@ -30,7 +30,7 @@ def open_store(store: StoreSettings) -> SubnetManager:
             return make_kube_manager(store)
         except KubeError as err:
             raise StoreOpenError(str(err)) from None
-    from flannel.subnet.etcd.client import EtcdOptionError
+    from flannel.clients.etcd import EtcdOptionError
     from flannel.subnet.etcd.manager import make_etcd_manager
 
     try:

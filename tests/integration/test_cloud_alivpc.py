@@ -10,8 +10,8 @@ from ipaddress import IPv4Network
 
 import pytest
 
+from flannel.clients.aliyunrpc import signature
 from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes, entry_name
-from flannel.cloud.aliyunrpc import signature
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
 from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from flannel.cloud.aliyunrpc import MAX_ANSWER
+from flannel.clients.aliyunrpc import MAX_ANSWER
 from flannel.kernel.host import Host
 from flannel_lab import hostile
 from flannel_lab.etcd import EtcdServer

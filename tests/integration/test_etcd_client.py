@@ -8,8 +8,7 @@ import os
 
 import pytest
 
-from flannel.subnet.errors import StoreError, StoreUnavailable
-from flannel.subnet.etcd.client import (
+from flannel.clients.etcd import (
     EtcdAuthFailed,
     EtcdClient,
     EtcdError,
@@ -18,6 +17,7 @@ from flannel.subnet.etcd.client import (
     EtcdUnavailable,
     parse_endpoints,
 )
+from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel_lab.etcd import EtcdServer, free_port
 from tests.support.fifos import outcome_of_reading
 from tests.support.tls import make_tls_files
@@ -174,7 +174,7 @@ async def test_password_auth_and_reauthentication_after_token_expiry(tmp_path, c
                                         username="root", password="s3cret"))
         try:
             await client.put(b"/auth/key", b"v1")
-            caplog.set_level(logging.INFO, logger="flannel.subnet.etcd.client")
+            caplog.set_level(logging.INFO, logger="flannel.clients.etcd")
             # Simple tokens expire --auth-token-ttl after their last use; the next request
             # then fails with an invalid token and must re-authenticate transparently.
             await asyncio.sleep(3)

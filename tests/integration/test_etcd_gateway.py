@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from flannel.subnet.etcd import client as etcdclient
-from flannel.subnet.etcd.client import (
+from flannel.clients import etcd as etcdclient
+from flannel.clients.etcd import (
     EtcdClient,
     EtcdError,
     EtcdOptions,

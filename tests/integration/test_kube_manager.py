@@ -1,5 +1,5 @@
 """The kube subnet manager against the API-server test double (tests/support/kubeapi.py),
-through the real API client (flannel.subnet.kube.client) over HTTP."""
+through the real API client (flannel.clients.kube.client) over HTTP."""
 
 from __future__ import annotations
 

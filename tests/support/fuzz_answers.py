@@ -21,17 +21,17 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from flannel.httpclient import Budget, Head
-from flannel.subnet.errors import StoreError, StoreUnavailable
-from flannel.subnet.etcd import client as etcdclient
-from flannel.subnet.etcd.client import (
+from flannel.clients import etcd as etcdclient
+from flannel.clients.etcd import (
     EtcdClient,
     EtcdOptions,
     parse_endpoints,
 )
+from flannel.clients.http import Budget, Head
+from flannel.clients.kube.client import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.clients.kube.config import client_config
+from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.kube.annotations import Annotations
-from flannel.subnet.kube.client import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kube.config import client_config
 from flannel.subnet.kube.manager import KubeSubnetManager, node_name_from_env
 from tests.support.fuzz_store import json_values, odd_strings
 from tests.support.fuzzing import FuzzTarget

@@ -28,6 +28,19 @@ from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
 
 from flannel.backoff import Backoff
+from flannel.clients.etcd import (
+    PAGE,
+    Code,
+    EtcdClient,
+    EtcdCompacted,
+    EtcdError,
+    EtcdOptions,
+    EtcdTooLarge,
+    KeyValue,
+    WatchBatch,
+    WatchEvent,
+    parse_endpoints,
+)
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
     NO_IPV4,
@@ -44,19 +57,6 @@ from flannel.skips import SkippedRecords
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcd.candidates import free_subnet, node_seed
-from flannel.subnet.etcd.client import (
-    PAGE,
-    Code,
-    EtcdClient,
-    EtcdCompacted,
-    EtcdError,
-    EtcdOptions,
-    EtcdTooLarge,
-    KeyValue,
-    WatchBatch,
-    WatchEvent,
-    parse_endpoints,
-)
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 

@@ -32,6 +32,8 @@ from typing import Any, NoReturn
 
 from flannel import boundedjson
 from flannel.backoff import Backoff
+from flannel.clients.kube.client import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.clients.kube.config import KubeConfigError, client_config, ignored_proxy
 from flannel.config import ConfigError, NetworkConfig, parse_config
 from flannel.fileutil import read_head
 from flannel.lease import Event, EventType, Lease, LeaseAttrs, SharedStrings
@@ -47,8 +49,6 @@ from flannel.subnet.kube.annotations import (
     pod_cidrs,
     published,
 )
-from flannel.subnet.kube.client import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kube.config import KubeConfigError, client_config, ignored_proxy
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 

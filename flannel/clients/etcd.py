@@ -2,7 +2,7 @@
 
 Every etcd since 3.4 serves its v3 API as JSON on the client port (``POST /v3/kv/range``
 and so on: keys and values in base64, 64-bit integers as strings, a watch as a stream of
-JSON lines), so plain HTTP/1.1 (flannel/httpclient.py) reaches all of it without gRPC.
+JSON lines), so plain HTTP/1.1 (flannel/clients/http.py) reaches all of it without gRPC.
 Owns the connections (TCP or unix socket; plain or TLS with client certificates, chosen per
 endpoint as Go's etcd client chooses), failover across several endpoints, password
 authentication (the token goes in the ``Authorization`` header) and re-authentication when
@@ -36,8 +36,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from flannel import boundedjson
+from flannel.clients.http import BodyTooLarge, Budget, Connection, ProtocolError
 from flannel.fileutil import read_head, unsafe_path
-from flannel.httpclient import BodyTooLarge, Budget, Connection, ProtocolError
 from flannel.subnet.errors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)

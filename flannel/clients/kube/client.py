@@ -1,4 +1,4 @@
-"""The few Kubernetes API calls flanneld makes, over flannel.httpclient, as plain JSON
+"""The few Kubernetes API calls flanneld makes, over flannel.clients.http, as plain JSON
 documents.
 
 Owns: GET of a node and of a pod, the paginated LIST of nodes (``limit``/``continue``,
@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from flannel import boundedjson
-from flannel.httpclient import BodyTooLarge, Budget, Connection, Head, ProtocolError
-from flannel.subnet.kube.auth import CredentialError
-from flannel.subnet.kube.config import ClusterConfig
+from flannel.clients.http import BodyTooLarge, Budget, Connection, Head, ProtocolError
+from flannel.clients.kube.auth import CredentialError
+from flannel.clients.kube.config import ClusterConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Alibaba Cloud's RPC-style API, spoken with the standard library and the project's HTTP
-layer (``flannel.httpclient``) instead of the official SDK (whose core needs the compiled
+layer (``flannel.clients.http``) instead of the official SDK (whose core needs the compiled
 ``cryptography``; docs/cloud.md has the measurement).
 
 A call is ``GET /?<query>`` carrying the action, the API version, the common parameters
@@ -31,9 +31,9 @@ from functools import cached_property
 from urllib.parse import quote, urlsplit
 
 from flannel import boundedjson
+from flannel.clients.http import Connection, ProtocolError
 from flannel.cloud.base import ApiError, CloudError, Stopper, Throttled
 from flannel.cloud.typed import View
-from flannel.httpclient import Connection, ProtocolError
 
 #: Bytes one answer may have: a route table holds at most a thousand custom entries (the
 #: largest quota Alibaba Cloud grants), about 250 KiB; 8,000 fit.

@@ -10,7 +10,7 @@ deadline, not waited for read after read. Redirects are never followed: a 3xx is
 like any other, so no credential a request carries ever reaches another host. Proxies from
 the environment (``HTTPS_PROXY``, ``NO_PROXY``) are used only when asked (the Compute API,
 as Google's libraries do); link-local metadata services are always reached directly.
-urllib is kept (not ``flannel.httpclient``) for that proxy support: CONNECT tunnels are
+urllib is kept (not ``flannel.clients.http``) for that proxy support: CONNECT tunnels are
 urllib's. A deadline or a stop shuts the exchange's socket down from a timer thread (or
 the stopping thread), which ends the read blocked on it at once.
 

@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from flannel.fileutil import read_head
-from flannel.subnet.kube.auth import (
+from flannel.clients.kube.auth import (
     BasicAuth,
     Credentials,
     ExecPlugin,
@@ -33,6 +32,7 @@ from flannel.subnet.kube.auth import (
     TokenFile,
     load_key_pair,
 )
+from flannel.fileutil import read_head
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: Kubeconfig files with embedded certificates are a few tens of KiB.
