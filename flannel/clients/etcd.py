@@ -11,10 +11,11 @@ the token expires, the budget of every answer (bytes, JSON elements, time: one p
 pages (``get_prefix``: ``limit`` and a continuation from the last key, at one revision; a
 value too large for any page is skipped and reported), watch streams that report compaction
 and whose revisions only go forward, the classification of every etcd status into retryable
-(``StoreUnavailable``) or fatal (``StoreError``, saying what to fix), no redirect ever
+(``EtcdUnavailable``) or fatal (``EtcdError``, saying what to fix), no redirect ever
 followed (the credentials stay with their endpoint), and the cluster ID and highest
-revision seen, so that a wiped or restored store is noticed.
-Must not touch: flannel semantics (keys, lease JSON) and the kernel.
+revision seen, so that a wiped or restored store is noticed. Its errors are its own: the
+etcd store (``flannel/subnet/etcd/kv.py``) translates them into the store's.
+Must not touch: flannel semantics (keys, lease JSON), the stores, the kernel.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 from pathlib import Path
@@ -38,7 +39,6 @@ from urllib.parse import urlsplit
 from flannel import boundedjson
 from flannel.clients.http import BodyTooLarge, Budget, Connection, ProtocolError
 from flannel.fileutil import read_head, unsafe_path
-from flannel.subnet.errors import StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class Code(IntEnum):
     UNAUTHENTICATED = 16
 
 
-class EtcdError(StoreError):
+class EtcdError(Exception):
     """An etcd request failed for a reason retrying the same request will not fix."""
 
     def __init__(self, message: str, code: Code | None = None) -> None:
@@ -74,7 +74,7 @@ class EtcdError(StoreError):
         self.code = code
 
 
-class EtcdUnavailable(StoreUnavailable):
+class EtcdUnavailable(Exception):
     """No endpoint answered (down, unreachable, paused, no leader), or etcd asked to retry."""
 
 
@@ -86,7 +86,7 @@ class EtcdTooLarge(EtcdUnavailable):
     """An answer (or a watch message) was larger than its budget: it was not decoded."""
 
 
-class EtcdCompacted(StoreUnavailable):
+class EtcdCompacted(Exception):
     """A watch asked for a revision that etcd has compacted away."""
 
     def __init__(self, compact_revision: int) -> None:
@@ -1020,7 +1020,7 @@ class EtcdClient:
                         {"revision": str(revision), "physical": True})
 
     async def watch(self, key: bytes, start_revision: int, *,
-                    prefix: bool = True) -> AsyncIterator[WatchBatch]:
+                    prefix: bool = True) -> AsyncGenerator[WatchBatch, None]:
         """Stream the changes of ``key`` (or every key under it) from ``start_revision``.
 
         The first batch (no events, ``created``) confirms the stream. Each message is

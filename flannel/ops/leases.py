@@ -108,7 +108,7 @@ def decode_row(key: str, value: bytes, etcd_lease_id: int) -> LeaseRow:
 
 async def etcd_rows(manager: Any) -> list[LeaseRow]:
     """Every key under ``subnets/`` with its TTL left (queried in parallel)."""
-    from flannel.clients.etcd import EtcdError
+    from flannel.subnet.etcd.kv import Refused
 
     kvs, _ = await manager.client.get_prefix(manager.subnets_prefix)
     start = len(manager.subnets_prefix)
@@ -120,7 +120,7 @@ async def etcd_rows(manager: Any) -> list[LeaseRow]:
             return row
         try:
             left = await manager.client.time_to_live(row.lease.etcd_lease_id)
-        except EtcdError:  # shown as "unknown": the listing still stands
+        except Refused:  # shown as "unknown": the listing still stands
             return row
         return LeaseRow(row.key, row.lease, left if left >= 0 else None, row.problem)
 

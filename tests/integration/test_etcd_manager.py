@@ -556,8 +556,8 @@ def count_listings(client: EtcdClient, monkeypatch, then=None) -> list[bytes]:
     listed: list[bytes] = []
     real = client.get_prefix
 
-    async def get_prefix(key: bytes):
-        answer = await real(key)
+    async def get_prefix(key: bytes, **options):
+        answer = await real(key, **options)
         listed.append(key)
         if then is not None:
             await then()

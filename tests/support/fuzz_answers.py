@@ -24,7 +24,10 @@ from hypothesis import strategies as st
 from flannel.clients import etcd as etcdclient
 from flannel.clients.etcd import (
     EtcdClient,
+    EtcdCompacted,
+    EtcdError,
     EtcdOptions,
+    EtcdUnavailable,
     parse_endpoints,
 )
 from flannel.clients.http import Budget, Head
@@ -149,7 +152,7 @@ def _etcd_call(value: tuple[str, int, bytes, bool]) -> None:
 
     try:
         asyncio.run(call())
-    except (StoreUnavailable, StoreError):
+    except (EtcdUnavailable, EtcdError, EtcdCompacted):
         return
 
 
@@ -171,7 +174,7 @@ def _etcd_watch(value: tuple[bytes, int]) -> None:
     client = EtcdClient(EtcdOptions(parse_endpoints("http://127.0.0.1:1")))
     try:
         batch = client._watch_batch(line, client.endpoint, last)
-    except (StoreUnavailable, etcdclient._Refused):
+    except (EtcdUnavailable, EtcdCompacted, etcdclient._Refused):
         return
     if batch is not None:
         if batch.revision < last:

@@ -32,10 +32,7 @@ from flannel.clients.etcd import (
     PAGE,
     Code,
     EtcdClient,
-    EtcdCompacted,
-    EtcdError,
     EtcdOptions,
-    EtcdTooLarge,
     KeyValue,
     WatchBatch,
     WatchEvent,
@@ -57,6 +54,7 @@ from flannel.skips import SkippedRecords
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcd.candidates import free_subnet, node_seed
+from flannel.subnet.etcd.kv import AnswerTooLarge, Compacted, EtcdKV, Refused
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 
@@ -148,7 +146,7 @@ class EtcdSubnetManager:
                  clock: Callable[[], float] = time.time,
                  check_interval: float = CHECK_INTERVAL,
                  reset_grace: float = RESET_GRACE) -> None:
-        self.client = client
+        self.client = EtcdKV(client)
         self.prefix = prefix
         self.lease_ttl = lease_ttl
         self.renew_margin = renew_margin
@@ -277,7 +275,7 @@ class EtcdSubnetManager:
             raise StoreError(refused)
         try:
             return await self.client.grant(ttl)
-        except EtcdError as err:
+        except Refused as err:
             if err.code == Code.OUT_OF_RANGE:
                 raise StoreError(refused) from None
             raise
@@ -531,9 +529,9 @@ class EtcdSubnetManager:
                         update = Changes(events)
                         self._remember(update)
                         yield update
-            except (EtcdCompacted, EtcdTooLarge) as err:
+            except (Compacted, AnswerTooLarge) as err:
                 self._healthy(opened, backoff)
-                if isinstance(err, EtcdCompacted):
+                if isinstance(err, Compacted):
                     self.status.compactions += 1
                     log.warning("watch resumed from a compacted revision (%d < %d); relisting "
                                 "in %.1fs", revision + 1, err.compact_revision, backoff.delay)
