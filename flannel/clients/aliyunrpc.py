@@ -6,14 +6,17 @@ A call is ``GET /?<query>`` carrying the action, the API version, the common par
 (``Format=JSON``, ``AccessKeyId``, ``SignatureMethod=HMAC-SHA1``, ``SignatureVersion=1.0``, a
 fresh ``SignatureNonce``, an ISO 8601 UTC ``Timestamp``) and ``Signature``: HMAC-SHA1, keyed
 with the secret and ``&``, over ``GET&%2F&`` and the percent-encoded canonical query (the
-parameters sorted by name, RFC 3986 encoded), in base64. An answer is JSON; an error carries
-``Code`` and ``Message`` (HTTP 4xx/5xx). Throttling codes raise ``Throttled`` for the
-engine's retry policy. Each call has one deadline (``timeout``) for connecting, sending and
-reading, and reads at most ``MAX_ANSWER`` bytes, decoded into at most ``MAX_ELEMENTS``
-JSON elements. A redirect is an error like any other status (the HTTP layer follows none).
-``stopper`` (the engine's) cancels a call in flight when flanneld stops. The secret is held
-out of ``repr`` and never logged; no proxy from the environment is used.
-Must not touch: which actions are called (the engine decides), the store, the kernel.
+parameters sorted by name, RFC 3986 encoded), in base64. ``call`` returns the answer's
+status and body whatever they are (an error carries ``Code`` and ``Message``, HTTP 4xx/5xx):
+reading them, throttling included, is the engine's (``flannel.cloud.alivpc``). Each call has
+one deadline (``timeout``) for connecting, sending and reading, and reads at most
+``MAX_ANSWER`` bytes; a call that gets no such answer raises ``AliyunUnreachable``. A
+redirect is an answer like any other status (the HTTP layer follows none). ``stopper`` (the
+caller's ``Cutter``) cancels a call in flight when flanneld stops; what it raises then is
+the caller's. The secret is held out of ``repr`` and never logged; no proxy from the
+environment is used.
+Must not touch: which actions are called and what the answers mean (the engine decides), the
+stores, the engines, the kernel.
 """
 
 from __future__ import annotations
@@ -30,20 +33,20 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from urllib.parse import quote, urlsplit
 
-from flannel import boundedjson
+from flannel.clients.cut import Cutter
 from flannel.clients.http import Connection, ProtocolError
-from flannel.cloud.base import ApiError, CloudError, Stopper, Throttled
-from flannel.cloud.typed import View
 
 #: Bytes one answer may have: a route table holds at most a thousand custom entries (the
 #: largest quota Alibaba Cloud grants), about 250 KiB; 8,000 fit.
 MAX_ANSWER = 2 * 1024 * 1024
-#: JSON elements one answer may decode into: 8,000 entries of about 12 each, and twice that.
-MAX_ELEMENTS = 200_000
-#: Codes that mean "slow down" (or "busy with another change to this router: try again"),
-#: retried with backoff by the engine.
-THROTTLING = frozenset({"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavailable",
-                        "TaskConflict", "OperationConflict"})
+
+
+class AliyunUnreachable(Exception):
+    """No answer within the call's deadline and bounds: the cause in words."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def percent(text: str) -> str:
@@ -62,42 +65,6 @@ def signature(method: str, params: Mapping[str, str], secret: str) -> str:
     return base64.b64encode(digest).decode()
 
 
-class AliyunApiError(ApiError):
-    def __init__(self, service: str, action: str, code: str, message: str) -> None:
-        hint = ""
-        if code in ("SignatureDoesNotMatch", "IncompleteSignature") or code.startswith(
-                "InvalidAccessKeyId"):
-            hint = " (check AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)"
-        elif code == "NoPermission" or code.startswith("Forbidden"):
-            hint = f" (the key's RAM policy needs the action vpc:{action})"
-        elif code == "InvalidCIDRBlock.Duplicate":
-            hint = (" (an entry for this destination is there, or still being deleted: the "
-                    "next pass looks again)")
-        super().__init__(service, action, code, message, hint)
-
-
-def answer_of(service: str, action: str, status: int, body: bytes) -> View:
-    """An answer's body, decoded: the object, for typed reads. Throttled, AliyunApiError
-    (the API refused: ``Code`` and ``Message``, or the status) or CloudError (not a JSON
-    object within the bounds)."""
-    what = f"{service} {action}"
-    try:
-        answer = boundedjson.loads(body, what=f"the answer to {what}", max_bytes=MAX_ANSWER,
-                                   max_elements=MAX_ELEMENTS)
-    except ValueError as error:
-        if status == 503:
-            raise Throttled("ServiceUnavailable") from None
-        raise CloudError(f"{what}: HTTP {status}, not a JSON answer ({error})") from None
-    view = View(answer, f"the answer to {what}").obj(required=True)
-    code = view.get("Code").text(100)
-    if status != 200 or code:
-        code = code or f"HTTP {status}"
-        if code in THROTTLING:
-            raise Throttled(code)
-        raise AliyunApiError(service, action, code, view.get("Message").text(2048))
-    return view
-
-
 @dataclass(frozen=True)
 class AliyunRpc:
     """One API (``endpoint``, ``version``) in one region, with one access key."""
@@ -108,8 +75,8 @@ class AliyunRpc:
     region: str
     access_key_id: str
     access_key_secret: str = field(repr=False)
-    timeout: float = 10.0
-    stopper: Stopper = field(default_factory=Stopper, repr=False, compare=False)
+    timeout: float
+    stopper: Cutter = field(repr=False, compare=False)
 
     def _query(self, action: str, params: Mapping[str, str]) -> str:
         signed = {"Action": action, "Version": self.version, "RegionId": self.region,
@@ -121,23 +88,21 @@ class AliyunRpc:
         return (canonical_query(signed) + "&Signature="
                 + percent(signature("GET", signed, self.access_key_secret)))
 
-    def call(self, action: str, params: Mapping[str, str]) -> View:
-        """One call, blocking (for a worker thread): the decoded answer, an object, for
-        typed reads. Raises ``Throttled``, ``AliyunApiError`` (the API refused) or
-        ``CloudError`` (no usable answer; ``Stopped`` when flanneld stops)."""
+    def call(self, action: str, params: Mapping[str, str]) -> tuple[int, bytes]:
+        """One call, blocking (for a worker thread): the answer's status and body (at most
+        ``MAX_ANSWER`` bytes). Raises ``AliyunUnreachable`` when no such answer came, and
+        what ``stopper`` raises when it cut the call."""
         what = f"{self.service} {action}"
         try:
-            status, body = asyncio.run(self._cut_when_stopped(self._query(action, params),
-                                                              what))
+            return asyncio.run(self._cut_when_stopped(self._query(action, params), what))
         except asyncio.CancelledError:
             self.stopper.check(what)
             raise
         except TimeoutError:
-            raise CloudError(f"{what}: no answer from {self.endpoint} within {self.timeout:g} "
-                             "s; check the node's route to the API endpoint (Endpoint)") from None
+            raise AliyunUnreachable(f"no answer from {self.endpoint} within {self.timeout:g} s",
+                                    timed_out=True) from None
         except (OSError, ProtocolError) as error:
-            raise CloudError(f"{what}: could not talk to {self.endpoint}: {error}") from None
-        return answer_of(self.service, action, status, body)
+            raise AliyunUnreachable(f"could not talk to {self.endpoint}: {error}") from None
 
     @cached_property
     def _tls(self) -> ssl.SSLContext:

@@ -1,6 +1,6 @@
 """Bounded HTTP exchanges for the cloud clients that speak through the standard library
 (the Compute Engine API and its token endpoint, the instance metadata services), cut by the
-engine's ``Stopper`` (``flannel.cloud.base``) when flanneld stops.
+caller's ``Cutter`` (``flannel.clients.cut``; the engines' ``Stopper``) when flanneld stops.
 
 ``fetch`` sends one request and returns its whole answer, whatever its status, within a
 budget: the body at most ``max_bytes`` (a Content-Length over it is refused before a byte
@@ -14,8 +14,9 @@ urllib is kept (not ``flannel.clients.http``) for that proxy support: CONNECT tu
 urllib's. A deadline or a stop shuts the exchange's socket down from a timer thread (or
 the stopping thread), which ends the read blocked on it at once.
 
+Its errors are its own (``FetchFailed``, ``TooLarge``); the engines translate them.
 Must not touch: what is asked or what the answers mean (the callers decode them), the
-store, the kernel.
+stores, the engines, the kernel.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from flannel.cloud.base import Stopper
+from flannel.clients.cut import Cutter
 
 _CHUNK = 64 * 1024
 
@@ -148,9 +149,10 @@ def opener(*, proxies: bool) -> urllib.request.OpenerDirector:
 
 
 def fetch(director: urllib.request.OpenerDirector, request: urllib.request.Request, *,
-          timeout: float, max_bytes: int, stopper: Stopper, what: str) -> Reply:
+          timeout: float, max_bytes: int, stopper: Cutter, what: str) -> Reply:
     """Send ``request``; its answer read whole within ``timeout`` seconds and ``max_bytes``.
-    Raises FetchFailed (TooLarge) with the cause, or Stopped."""
+    Raises FetchFailed (TooLarge) with the cause, or what ``stopper`` raises when it cut
+    the exchange."""
     watch = _Watch()
     request.flannel_watch = watch  # type: ignore[attr-defined]
     timer = threading.Timer(timeout, watch.cut, (f"no whole answer within {timeout:g}s",))

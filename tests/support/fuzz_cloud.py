@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from flannel import boundedjson
 from flannel.boundedjson import JSONLimitError
-from flannel.clients.aliyunrpc import answer_of
 from flannel.cloud import alivpc, gce, gceauth, metadata
+from flannel.cloud.alivpc import answer_of
 from flannel.cloud.base import CloudError, Throttled
 from flannel.ipsec.charon import CharonError, connection_names, sa_states
 from flannel.wireguard import genl, uapi
