@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from flannel import boundedjson
 from flannel.clients.http import BodyTooLarge, Budget, Connection, ProtocolError
-from flannel.fileutil import read_head, unsafe_path
+from flannel.files.fileutil import read_head, unsafe_path
+from flannel.untrusted import boundedjson
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import h11
 
-from flannel import boundedjson
+from flannel.untrusted import boundedjson
 
 #: Status line plus headers, interim answers included. API servers send well under 1 KiB;
 #: proxies add a little. Also the bound of one chunk-size line.

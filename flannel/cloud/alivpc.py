@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 from typing import Any, NamedTuple
 
-from flannel import boundedjson
 from flannel.clients.aliyunrpc import MAX_ANSWER, AliyunRpc, AliyunUnreachable
 from flannel.cloud.base import (
     ApiError,
@@ -52,6 +51,7 @@ from flannel.cloud.metadata import (
 )
 from flannel.cloud.options import KEY_OPTIONS, access_key, endpoint_url, string_members
 from flannel.cloud.typed import View
+from flannel.untrusted import boundedjson
 
 log = logging.getLogger(__name__)
 

@@ -40,9 +40,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network
 from typing import Any, NamedTuple
 
-from flannel import boundedjson
-from flannel.backenderrors import BackendConfigError
-from flannel.boundedjson import JSONLimitError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.clients.fetch import FetchFailed, fetch, opener
 from flannel.cloud.base import (
     NO_WAIT,
@@ -68,6 +66,8 @@ from flannel.cloud.gceauth import (
 )
 from flannel.cloud.options import endpoint_url, string_members
 from flannel.cloud.typed import View
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flannel import boundedjson
-from flannel.boundedjson import JSONLimitError
 from flannel.clients.fetch import FetchFailed, TooLarge, fetch, opener
 from flannel.cloud.base import CloudError, Stopper
 from flannel.cloud.metadata import checked
 from flannel.cloud.typed import View
-from flannel.fileutil import read_head
+from flannel.files.fileutil import read_head
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError
 
 log = logging.getLogger(__name__)
 

@@ -100,7 +100,7 @@ async def read_store(ctx: Context, store: StoreOptions) -> None:
 
 
 def gather(opts: DoctorOptions) -> Context:
-    from flannel.procscan import running_flanneld
+    from flannel.process.procscan import running_flanneld
 
     ctx = Context(subnet_file=Path(opts.store.subnet_file), sysctl_root=Path("/proc/sys"),
                   cni_bin_dirs=list(opts.cni_bin_dirs), cni_conf_dirs=list(opts.cni_conf_dirs),

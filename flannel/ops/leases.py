@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from flannel.lease import NO_IPV4, Lease, LeaseAttrs, LeaseDecodeError, parse_subnet_key
 from flannel.ops.parsers import RELEASE_EFFECT
-from flannel.stopping import output_closed
+from flannel.process.stopping import output_closed
 
 if TYPE_CHECKING:
     from flannel.ops.options import LeasesOptions

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from flannel.fileutil import write_atomic
+from flannel.files.fileutil import write_atomic
 from flannel_lab import labcloud, vpcrouter
 from flannel_lab.imds import FakeMetadata, aws_paths
 

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from flannel import stopping
-from flannel.boundedjson import MAX_CONFIG_BYTES
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
-from flannel.fileutil import write_atomic
+from flannel.files.fileutil import write_atomic
 from flannel.flags import UsageError, parse_namespace
+from flannel.process import stopping
+from flannel.untrusted.boundedjson import MAX_CONFIG_BYTES
 from flannel_lab import extension, tour
 from flannel_lab.cluster import (
     DEFAULT_ROOT,

@@ -33,11 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flannel import stopping
-from flannel.fileutil import write_atomic
+from flannel.files.fileutil import write_atomic
 from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
 from flannel.ops import commands
+from flannel.process import stopping
 from flannel_lab.etcd import EtcdServer
 
 DEFAULT_ROOT = Path("/run/flannel-lab")

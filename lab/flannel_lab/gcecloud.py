@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import sys
 
-from flannel.fileutil import write_atomic
+from flannel.files.fileutil import write_atomic
 from flannel_lab import labcloud, vpcrouter
 from flannel_lab.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 

@@ -32,10 +32,10 @@ from flannel.daemon import Daemon
 from flannel.flags import parse_args
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
+from flannel.reporting.skips import SkippedRecords
 from flannel.rules.manager import RulesStatus
 from flannel.rules.spec import PeerAddresses
 from flannel.settings import InterfaceSettings, RulesSettings, Settings
-from flannel.skips import SkippedRecords
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.manager import StoreStatus

@@ -193,8 +193,8 @@ async def test_a_line_must_arrive_within_its_budget_from_its_first_byte():
 
 
 def test_a_budget_refuses_more_elements_than_it_allows_before_decoding():
-    from flannel.boundedjson import JSONLimitError
     from flannel.clients.http import Budget
+    from flannel.untrusted.boundedjson import JSONLimitError
 
     budget = Budget(max_bytes=1 << 20, max_elements=1000, seconds=5)
     assert budget.decode(b'{"kvs": [' + b"{}," * 400 + b"{}]}", "a page")["kvs"][0] == {}

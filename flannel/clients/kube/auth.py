@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from flannel import boundedjson
-from flannel.fileutil import read_head
+from flannel.files.fileutil import read_head
+from flannel.untrusted import boundedjson
 
 #: A bound service-account token rotates hourly; client-go re-reads the file every minute.
 TOKEN_REREAD_SECONDS = 60.0

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from flannel import boundedjson
 from flannel.clients.http import BodyTooLarge, Budget, Connection, Head, ProtocolError
 from flannel.clients.kube.auth import CredentialError
 from flannel.clients.kube.config import ClusterConfig
+from flannel.untrusted import boundedjson
 
 log = logging.getLogger(__name__)
 

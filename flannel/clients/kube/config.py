@@ -32,7 +32,7 @@ from flannel.clients.kube.auth import (
     TokenFile,
     load_key_pair,
 )
-from flannel.fileutil import read_head
+from flannel.files.fileutil import read_head
 
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: Kubeconfig files with embedded certificates are a few tens of KiB.

@@ -27,7 +27,6 @@ from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
 
-from flannel.backoff import Backoff
 from flannel.clients.etcd import (
     PAGE,
     Code,
@@ -49,14 +48,15 @@ from flannel.lease import (
     parse_subnet_key,
 )
 from flannel.log import V1, V4
+from flannel.reporting.skips import SkippedRecords
 from flannel.settings import EtcdSettings
-from flannel.skips import SkippedRecords
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcd.candidates import free_subnet, node_seed
 from flannel.subnet.etcd.kv import AnswerTooLarge, Compacted, EtcdKV, Refused
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+from flannel.timing.backoff import Backoff
 
 #: The subnets a key names: IPv4 (None for an IPv6-only lease) and IPv6 (None if absent).
 Subnets = tuple[IPv4Network | None, IPv6Network | None]

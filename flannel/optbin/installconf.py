@@ -15,7 +15,7 @@ import os
 import stat
 import sys
 
-from flannel.fileutil import write_atomic
+from flannel.files.fileutil import write_atomic
 
 MAX_CONF = 1024 * 1024  # a conflist is a few hundred bytes
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
-from flannel.backoff import Backoff
+from flannel.timing.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from flannel import heap
 from flannel.backend.base import Backend, BackendError
-from flannel.backoff import Backoff
-from flannel.clock import SYSTEM, Clock
-from flannel.histogram import Durations
+from flannel.dataplane import heap
 from flannel.kernel import events, rtnl
 from flannel.kernel.privilege import privilege_refusal
 from flannel.kernel.reconcile import (
@@ -56,7 +53,10 @@ from flannel.kernel.reconcile import (
 )
 from flannel.lease import Lease
 from flannel.log import V1
-from flannel.readiness import Readiness
+from flannel.reporting.histogram import Durations
+from flannel.reporting.readiness import Readiness
+from flannel.timing.backoff import Backoff
+from flannel.timing.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flannel import gojson
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
+from flannel.untrusted import gojson
 
 
 def decode_options(backend: Mapping[str, Any], spec: Mapping[str, tuple[type, Any]],

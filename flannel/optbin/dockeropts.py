@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-from flannel.fileutil import write_atomic
+from flannel.files.fileutil import write_atomic
 from flannel.subnet.envfile import parse_dotenv
 
 USAGE = ("Usage: mk-docker-opts [-f FLANNEL-ENV-FILE] [-d DOCKER-ENV-FILE] [-i] [-c] [-m] "

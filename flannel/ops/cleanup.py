@@ -40,15 +40,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flannel import boundedjson
 from flannel.backend import backend_class, footprints, supported
 from flannel.backend.footprint import Link, Place
 from flannel.cni.install import CONFLIST_NAME, LAUNCHER_MARK
 from flannel.kernel import links, rtnl
 from flannel.monitor.localsock import connect, socket_path
-from flannel.procscan import running_flanneld
+from flannel.process.procscan import running_flanneld
 from flannel.rules import iptables, nftables
 from flannel.rules.mode import installed
+from flannel.untrusted import boundedjson
 
 MAX_SCAN_BYTES = 64 * 1024  # files larger than this are not ours
 MAX_NAMED_NETNS = 100_000  # entries of /run/netns looked at
