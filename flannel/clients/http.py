@@ -1,5 +1,5 @@
-"""HTTP/1.1 client connections over asyncio for the stores' API clients: h11 frames the
-messages, every read is bounded.
+"""HTTP/1.1 client connections over asyncio for the API clients (etcd, Kubernetes, Alibaba
+Cloud): h11 frames the messages, every read is bounded.
 
 Owns: opening a connection (TCP with keepalive, or a unix socket; a TLS context; a
 deadline), writing a request with a whole body or a streamed (chunked) one, reading the
