@@ -25,6 +25,8 @@ DOC = ROOT / "docs" / "architecture.md"
 #: Device names spelt like modules.
 DEVICES = {"flannel.ipip"}
 CODE_ROOTS = ("flannel/", "lab/", "tests/", "bench/", "deploy/")
+#: A dotted name under the runtime or the lab package (a ``.py`` file name is a path).
+_DOTTED = re.compile(r"flannel(_lab)?(\.[A-Za-z_]\w*)+")
 
 
 def _code_files() -> list[str]:
@@ -42,8 +44,7 @@ def _tokens(text: str) -> set[str]:
             token = token.strip(".'\"")
             if "<" in token or "*" in token or token.startswith("/"):
                 continue
-            if re.fullmatch(r"[\w./-]+(\.py|/)", token) or re.fullmatch(
-                    r"flannel(_lab)?(\.[A-Za-z_]\w*)+", token):
+            if re.fullmatch(r"[\w./-]+(\.py|/)", token) or _DOTTED.fullmatch(token):
                 found.add(token)
     return found
 
@@ -87,7 +88,7 @@ def test_every_module_path_the_architecture_cites_exists():
     tokens = _tokens(DOC.read_text())
     assert len(tokens) > 150, "the citations were not found: has the document's form changed?"
     missing = sorted(token for token in tokens if token not in DEVICES and not (
-        _dotted_exists(token) if token.startswith("flannel") and "/" not in token
+        _dotted_exists(token) if _DOTTED.fullmatch(token) and not token.endswith(".py")
         else _path_exists(token, names)))
     assert missing == [], f"docs/architecture.md cites what does not exist: {missing}"
 
@@ -102,3 +103,5 @@ def test_the_check_finds_a_stale_citation():
     assert not _dotted_exists("flannel.clients.etcd.StoreError")
     assert _path_exists("subnet/etcd/kv.py", names) and _path_exists("kube/", names)
     assert _dotted_exists("flannel.clients.etcd")
+    # A file whose name starts like the package is a path, not a dotted name.
+    assert _path_exists("flanneldview.py", names) and not _path_exists("flanneldgone.py", names)
