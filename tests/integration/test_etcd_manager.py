@@ -6,7 +6,6 @@ in-memory etcd and a real one: tests/unit/test_etcd_behaviour.py."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from ipaddress import IPv4Address
 
 import pytest
@@ -23,27 +22,14 @@ from tests.support.etcdstores import (
     acquire,
     attrs,
     count_listings,
+    partitionable,
     put_lease,
     setup,
 )
-from tests.support.proxy import CuttableProxy
 from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.etcd
 
-@contextlib.asynccontextmanager
-async def partitionable(etcd):
-    """A manager's client behind a cuttable proxy, and a direct client for the test."""
-    proxy = CuttableProxy(etcd.client_port)
-    await proxy.start()
-    direct = EtcdClient(EtcdOptions(parse_endpoints(etcd.endpoint)))
-    via_proxy = EtcdClient(EtcdOptions(parse_endpoints(proxy.endpoint), timeout=2))
-    try:
-        yield proxy, direct, via_proxy
-    finally:
-        await proxy.cut()
-        await direct.close()
-        await via_proxy.close()
 
 
 async def test_watch_resumes_from_last_revision_after_a_partition(etcd, prefix):

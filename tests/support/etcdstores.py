@@ -27,6 +27,7 @@ from flannel.subnet.watch import LeaseWatcher, Snapshot
 from flannel.timing.clock import SYSTEM
 from tests.support.fakeetcd import FakeEtcd, FakeKV
 from tests.support.looptime import LoopClock
+from tests.support.proxy import CuttableProxy
 from tests.support.waiting import async_wait_until
 
 CONFIG = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.25.0" }'
@@ -102,6 +103,21 @@ def count_listings(kv: Any, monkeypatch: pytest.MonkeyPatch, then: Any = None) -
         return answer
     monkeypatch.setattr(kv, "get_prefix", get_prefix)
     return listed
+
+
+@contextlib.asynccontextmanager
+async def partitionable(etcd: Any) -> AsyncIterator[tuple[CuttableProxy, EtcdClient, EtcdClient]]:
+    """A manager's client behind a cuttable proxy, and a direct client for the test."""
+    proxy = CuttableProxy(etcd.client_port)
+    await proxy.start()
+    direct = EtcdClient(EtcdOptions(parse_endpoints(etcd.endpoint)))
+    via_proxy = EtcdClient(EtcdOptions(parse_endpoints(proxy.endpoint), timeout=2))
+    try:
+        yield proxy, direct, via_proxy
+    finally:
+        await proxy.cut()
+        await direct.close()
+        await via_proxy.close()
 
 
 class Renewals:
