@@ -33,13 +33,20 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The real clock."""
+    """The real clock: the running event loop's time (on asyncio's own loops, which read
+    ``time.monotonic``, the same reading; a virtual-time loop's in tests), or
+    ``time.monotonic`` in a thread without a loop."""
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:  # a worker thread: no loop runs here
+            return time.monotonic()
 
     def time(self) -> float:
-        return time.time()
+        """The wall clock, moved as far as the loop's time is from ``time.monotonic``
+        (nowhere on asyncio's own loops)."""
+        return time.time() + self.monotonic() - time.monotonic()
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

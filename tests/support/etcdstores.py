@@ -6,7 +6,8 @@ with ``tests/support/fakeetcd.py``, ``[etcd]`` on real time against the session'
 ``kv`` fixture is the client the test writes with: the fake's ``FakeKV`` or the real
 ``EtcdClient`` (both answer ``get``, ``put``, ``delete``, ``get_prefix``, ``grant``,
 ``time_to_live``, ``leases`` and ``compact``); ``manager(kv, prefix)`` is an
-``EtcdSubnetManager`` on the same store, on the clock of the variant.
+``EtcdSubnetManager`` on the same store. Both run on the default clock, which reads the
+running loop's time (virtual for ``[fake]``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from flannel.subnet.etcd.manager import EtcdSubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 from flannel.timing.clock import SYSTEM
 from tests.support.fakeetcd import FakeEtcd, FakeKV
-from tests.support.looptime import LoopClock
 from tests.support.proxy import CuttableProxy
 from tests.support.waiting import async_wait_until
 
@@ -39,7 +39,7 @@ async def kv(request: pytest.FixtureRequest, store_kind: str) -> AsyncIterator[A
     """A client of the variant's store: ``FakeKV`` of a fresh ``FakeEtcd``, or an
     ``EtcdClient`` of the session's etcd."""
     if store_kind == "fake":
-        async with FakeEtcd(LoopClock()) as etcd:
+        async with FakeEtcd(SYSTEM) as etcd:
             yield etcd.client()
         return
     server = request.getfixturevalue("etcd")
@@ -61,8 +61,7 @@ def as_kv(kv: Any) -> KV:
 
 def manager(kv: Any, prefix: str, **options: Any) -> EtcdSubnetManager:
     """A manager on ``kv``'s store, on virtual time with the fake, real time with etcd."""
-    clock = LoopClock() if isinstance(kv, FakeKV) else SYSTEM
-    return EtcdSubnetManager(as_kv(kv), prefix, clock=clock, **options)
+    return EtcdSubnetManager(as_kv(kv), prefix, **options)
 
 
 async def setup(kv: Any, prefix: str, config: str = CONFIG, **options: Any

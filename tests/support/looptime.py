@@ -4,12 +4,16 @@ real time, and what happens at a delay (and not before it) is exact.
 
 ``VirtualTimeLoop`` is asyncio's selector loop with ``time()`` read from a counter. Before
 each wait it polls its sockets without blocking; when nothing is ready and a timer is
-pending, time moves to that timer at once. So it suits code that waits only on the loop
-(timers, events, queues, in-memory doubles): a thread or a real server still at work when
-the loop goes idle does not hold time back. ``LoopClock`` is ``flannel.timing.clock.Clock``
-on the running loop's time, the clock to hand to what a test runs on it.
+pending, time moves to that timer at once, unless a worker thread runs for the loop
+(``asyncio.to_thread``): then it waits for real. So it suits code that waits on the loop and
+its threads (timers, events, queues, in-memory doubles, a double serving on the same loop):
+a subprocess or a server in another thread or process still at work when the loop goes idle
+does not hold time back. ``flannel.timing.clock.SYSTEM`` reads the running loop's time, so
+what runs on this loop waits and measures on virtual time with the default clock.
 
-The pytest plugin: a test marked ``virtual_time`` runs on a ``VirtualTimeLoop``; a test
+The pytest plugin: a test marked ``virtual_time`` runs on a ``VirtualTimeLoop`` (one marked
+``virtual_time(False)`` in a module that is, on asyncio's own loop: it measures work against
+real time); a test
 marked ``stores`` runs twice, once on it with the in-memory etcd (``[fake]``) and once on
 asyncio's own loop against a real etcd (``[etcd]``, marked ``etcd``); the ``store_kind``
 fixture says which. Every other asynchronous test runs on asyncio's own loop, as before.
@@ -19,12 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import pytest
-
-from tests.support.clock import EPOCH
 
 #: Where virtual time starts (seconds; any value would do, 0 would hide bugs of "unset").
 START = 1000.0
@@ -32,7 +35,8 @@ START = 1000.0
 
 class _Selector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
     """Polls without blocking; when nothing is ready, moves the loop's time to its next timer
-    instead of sleeping until it."""
+    instead of sleeping until it. While a worker thread runs for the loop, it waits for real
+    (and time moves as much): the thread's answer may be what the loop waits for."""
 
     loop: VirtualTimeLoop
 
@@ -40,8 +44,11 @@ class _Selector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
         ready = super().select(0)
         if ready or timeout == 0:
             return ready
-        if timeout is None:  # no timer at all: only I/O (or a thread) can wake the loop
-            return super().select(None)
+        if self.loop.threads or timeout is None:
+            started = time.monotonic()
+            ready = super().select(timeout)
+            self.loop.now += time.monotonic() - started
+            return ready
         self.loop.now += timeout
         return []
 
@@ -51,34 +58,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         selector = _Selector()
         super().__init__(selector)
         self.now = START
+        self.threads = 0  # calls running in the executor for this loop
         selector.loop = self
 
     def time(self) -> float:
         return self.now
 
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
+        future = super().run_in_executor(executor, func, *args)
+        self.threads += 1
 
-class LoopClock:
-    """``Clock`` on the running event loop's time (virtual on a ``VirtualTimeLoop``)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.loop = loop or asyncio.get_running_loop()
-
-    def monotonic(self) -> float:
-        return self.loop.time()
-
-    def time(self) -> float:
-        return EPOCH + self.loop.time()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-    async def wait(self, event: asyncio.Event, seconds: float) -> bool:
-        try:
-            async with asyncio.timeout(seconds):
-                await event.wait()
-        except TimeoutError:
-            return False
-        return True
+        def done(_: object) -> None:
+            self.threads -= 1
+        future.add_done_callback(done)
+        return future
 
 
 _REAL = {"asyncio": asyncio.new_event_loop}
@@ -90,7 +83,8 @@ def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item
                                   ) -> Mapping[str, Any]:
     if item.get_closest_marker("stores"):
         return _STORES
-    if item.get_closest_marker("virtual_time"):
+    marker = item.get_closest_marker("virtual_time")
+    if marker is not None and marker.args[:1] != (False,):
         return _VIRTUAL
     return _REAL
 

@@ -18,6 +18,7 @@ from flannel.daemon import acquire_lease
 from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.errors import StoreUnavailable
 from flannel.subnet.etcd.manager import LeaseTaken, PreviousSubnets
+from flannel.timing.clock import SYSTEM
 from tests.support.etcdstores import (
     CONFIG,
     Collector,
@@ -30,7 +31,6 @@ from tests.support.etcdstores import (
     setup,
 )
 from tests.support.fakeetcd import FakeEtcd, FakeKV
-from tests.support.looptime import LoopClock
 from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.virtual_time
@@ -40,7 +40,7 @@ PREFIX = "/coreos.com/network"
 
 @pytest.fixture
 async def etcd() -> AsyncIterator[FakeEtcd]:
-    async with FakeEtcd(LoopClock()) as store:
+    async with FakeEtcd(SYSTEM) as store:
         yield store
 
 
@@ -387,7 +387,7 @@ async def test_a_wipe_that_keeps_the_revision_shows_in_our_record(etcd):
     kv, other = etcd.client(), etcd.client()
     sm = await setup(kv, PREFIX, check_interval=5)
     own = await acquire(sm, attrs())
-    empty = FakeEtcd(LoopClock()).snapshot()
+    empty = FakeEtcd(SYSTEM).snapshot()
     collector = Collector(sm, own)
     try:
         await collector.first_snapshot()
