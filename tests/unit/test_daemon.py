@@ -53,6 +53,8 @@ OWN_LEASE = Lease(OWN, None, LeaseAttrs(public_ip=IPv4Address("192.0.2.1"),
 EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.0.2.1"), None,
                         IPv4Address("192.0.2.1"), None)
 
+pytestmark = pytest.mark.virtual_time
+
 
 class MemoryStore:
     """A subnet manager holding its leases in memory, for the daemon's tests.
@@ -298,7 +300,6 @@ async def test_without_encap_peers_only_the_rules_get_no_peers(tmp_path):
         assert node.backend is not None and not node.backend.options.encap_peers_only
 
 
-@pytest.mark.virtual_time
 async def test_readiness_transitions_reach_readyz_and_the_log(tmp_path, log):
     # A pass every second picks up the recorder's new state (nothing else triggers one).
     async with running(tmp_path, "--reconcile-interval=1") as node:
@@ -388,7 +389,6 @@ async def test_a_forever_task_that_returns_exits_one_naming_it(tmp_path, log):
                               "flanneld stops")
 
 
-@pytest.mark.virtual_time
 async def test_an_unavailable_store_is_retried_with_backoff_then_recovers(tmp_path, log):
     store = MemoryStore(unavailable=2)
     async with running(tmp_path, store=store) as node:
