@@ -27,6 +27,7 @@ from tests.support.etcdstores import (
     attrs,
     count_listings,
     manager,
+    other_client,
     put_lease,
     raw_value,
     setup,
@@ -62,7 +63,7 @@ async def test_first_acquisition_writes_go_compatible_key_and_value(kv, prefix):
     sm = await setup(kv, prefix)
     for third in (1, 2, 4, 5, 31):
         await kv.put(f"{prefix}/subnets/10.3.{third}.0-24".encode(),
-                         b'{"PublicIP":"9.9.9.%d","PublicIPv6":null}' % third)
+                     b'{"PublicIP":"9.9.9.%d","PublicIPv6":null}' % third)
     lease = await acquire(sm, attrs())
     assert lease.subnet.prefixlen == 24
     assert IPv4Address("10.3.1.0") <= lease.subnet.network_address <= IPv4Address("10.3.25.0")
@@ -88,10 +89,10 @@ async def test_reuse_by_public_ip_finds_an_escaped_ip_and_ignores_the_ip_elsewhe
     sm = await setup(kv, prefix)
     # Another node whose backend data happens to hold our address: not ours.
     await kv.put(f"{prefix}/subnets/10.3.40.0-24".encode(),
-                     b'{"PublicIP":"5.6.7.8","BackendData":{"Note":"1.2.3.4"}}')
+                 b'{"PublicIP":"5.6.7.8","BackendData":{"Note":"1.2.3.4"}}')
     # Ours, written with JSON escapes (as any JSON encoder may): still ours.
     await kv.put(f"{prefix}/subnets/10.3.21.0-24".encode(),
-                     b'{"PublicIP":"\\u0031.2.3.4","PublicIPv6":null}')
+                 b'{"PublicIP":"\\u0031.2.3.4","PublicIPv6":null}')
     lease = await acquire(sm, attrs())
     assert lease.key == "10.3.21.0-24"  # inside SubnetMin..SubnetMax: reusable
 
@@ -110,7 +111,7 @@ async def test_previous_subnet_outside_the_network_is_not_reused(kv, prefix):
 async def test_previous_subnet_taken_by_another_node_is_not_reused(kv, prefix):
     sm = await setup(kv, prefix, previous=PreviousSubnets(IPv4Network("10.3.6.0/24")))
     await kv.put(f"{prefix}/subnets/10.3.6.0-24".encode(),
-                     b'{"PublicIP":"5.5.5.5","PublicIPv6":null}')
+                 b'{"PublicIP":"5.5.5.5","PublicIPv6":null}')
     assert (await acquire(sm, attrs())).subnet != IPv4Network("10.3.6.0/24")
 
 
@@ -138,7 +139,7 @@ async def test_reservation_of_another_node_is_never_allocated(kv, prefix):
     config = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.2.0" }'
     sm = await setup(kv, prefix, config)
     await kv.put(f"{prefix}/subnets/10.3.1.0-24".encode(),
-                     b'{"PublicIP":"7.7.7.7","PublicIPv6":null}')
+                 b'{"PublicIP":"7.7.7.7","PublicIPv6":null}')
     assert (await acquire(sm, attrs())).subnet == IPv4Network("10.3.2.0/24")
 
 
@@ -157,7 +158,7 @@ async def test_acquisitions_leave_no_unbound_etcd_lease(kv, prefix):
     config = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.2.0" }'
     sm = await setup(kv, prefix, config)
     await kv.put(f"{prefix}/subnets/10.3.2.0-24".encode(),
-                     b'{"PublicIP":"5.5.5.5","PublicIPv6":null}')
+                 b'{"PublicIP":"5.5.5.5","PublicIPv6":null}')
     before = await kv.leases()
     lease = await acquire(sm, attrs("1.1.1.1"))
     assert await kv.leases() - before == {lease.etcd_lease_id}
@@ -218,9 +219,9 @@ async def test_foreign_entries_are_skipped_not_fatal(kv, prefix):
     sm = await setup(kv, prefix, config)
     await kv.put(f"{prefix}/subnets/10.3.9.0-24".encode(), b"this is not json")
     await kv.put(f"{prefix}/subnets/not-a-subnet".encode(),
-                     b'{"PublicIP":"9.9.9.9","PublicIPv6":null}')
+                 b'{"PublicIP":"9.9.9.9","PublicIPv6":null}')
     await kv.put(f"{prefix}/subnets/10.3.8.0-24".encode(),
-                     b'{"PublicIP":"8.8.8.8","PublicIPv6":null}')
+                 b'{"PublicIP":"8.8.8.8","PublicIPv6":null}')
     leases, _ = await sm.list_leases()
     assert [x.key for x in leases] == ["10.3.8.0-24"]
     # A key with an unreadable value still holds its subnet: the only free one is 10.3.10.0.
@@ -230,7 +231,7 @@ async def test_foreign_entries_are_skipped_not_fatal(kv, prefix):
     try:
         await kv.put(f"{prefix}/subnets/10.3.200.0-24".encode(), b"[garbage")
         await kv.put(f"{prefix}/subnets/10.3.201.0-24".encode(),
-                         b'{"PublicIP":"6.6.6.6","PublicIPv6":null}')
+                     b'{"PublicIP":"6.6.6.6","PublicIPv6":null}')
         await collector.wait_for((EventType.ADDED, "10.3.201.0-24"))
         assert (EventType.ADDED, "10.3.200.0-24") not in collector.events
     finally:
@@ -381,7 +382,7 @@ async def test_remote_lease_expirations_are_not_looked_up(kv, prefix):
     sm = await setup(kv, prefix)
     lease_id, _ = await kv.grant(600)
     await kv.put(f"{prefix}/subnets/10.3.202.0-24".encode(),
-                     b'{"PublicIP":"192.0.2.9","PublicIPv6":null}', lease=lease_id)
+                 b'{"PublicIP":"192.0.2.9","PublicIPv6":null}', lease=lease_id)
     (lease,), _ = await sm.list_leases()
     assert (lease.etcd_lease_id, lease.expiration) == (lease_id, None)
 
@@ -535,3 +536,22 @@ async def test_the_watch_replays_from_a_revision_and_refuses_a_compacted_one(kv,
         await asyncio.wait_for(anext(stream), 10)
     assert compacted.value.compact_revision == third
     await stream.aclose()
+
+
+async def test_two_managers_wanting_the_same_subnet_at_once_get_one_each(kv, prefix):
+    """Both would take their previous subnet: one creation wins it, the other node takes
+    the only other free subnet."""
+    config = '{ "Network": "10.3.0.0/16", "SubnetMin": "10.3.1.0", "SubnetMax": "10.3.2.0" }'
+    previous = PreviousSubnets(IPv4Network("10.3.1.0/24"))
+    other = other_client(kv)
+    try:
+        first = await setup(kv, prefix, config, previous=previous)
+        second = manager(other, prefix, previous=previous)
+        leases = await asyncio.gather(acquire(first, attrs("1.1.1.1")),
+                                      acquire(second, attrs("1.1.1.2")))
+        assert sorted(str(lease.subnet) for lease in leases) == ["10.3.1.0/24", "10.3.2.0/24"]
+        stored, _ = await first.list_leases()
+        assert {x.key: str(x.attrs.public_ip) for x in stored} == {
+            lease.key: ip for lease, ip in zip(leases, ("1.1.1.1", "1.1.1.2"), strict=True)}
+    finally:
+        await other.close()
