@@ -31,6 +31,7 @@ from pathlib import Path
 from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.daemon import acquire_lease as daemon_acquire
 from flannel.lease import LeaseAttrs
+from flannel.subnet.etcd.kv import EtcdKV
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 from flannel_lab.etcd import EtcdServer
 
@@ -79,7 +80,7 @@ async def acquisitions(clients: list[EtcdClient], network: str) -> Outcome:
     prefix = f"/bench-{uuid.uuid4().hex[:8]}/network"
     config = json.dumps({"Network": network, "SubnetLen": 24}).encode()
     await clients[0].put(f"{prefix}/config".encode(), config)
-    managers = [EtcdSubnetManager(c, prefix) for c in clients]
+    managers = [EtcdSubnetManager(EtcdKV(c), prefix) for c in clients]
     config = await managers[0].get_network_config()  # the daemon reads it once, before
     first_ip = int(IPv4Address("172.16.0.1"))  # consecutive public IPs, as in a rack
     start, cpu = time.perf_counter(), time.process_time()

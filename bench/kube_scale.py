@@ -194,8 +194,9 @@ class Driver:
                                    str(conf))
             await sm.get_network_config()
         else:
+            from flannel.subnet.etcd.kv import EtcdKV
             from flannel.subnet.etcd.manager import EtcdSubnetManager
-            sm = EtcdSubnetManager(client)
+            sm = EtcdSubnetManager(EtcdKV(client))
             watch = client.watch
 
             async def watch_and_note(*args: Any, **kwargs: Any):

@@ -18,7 +18,7 @@ from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel_lab.etcd import EtcdServer
 from tests.support import fuzzing, netns
 
-pytest_plugins = ["tests.support.fastlane"]
+pytest_plugins = ["tests.support.fastlane", "tests.support.looptime", "tests.support.etcdstores"]
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd-server")

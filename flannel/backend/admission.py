@@ -26,12 +26,12 @@ Must not touch: the store, the kernel.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flannel.lease import Lease
 from flannel.reporting.skips import ParkedPeers, SkippedRecords
+from flannel.timing.clock import SYSTEM
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class PeerAdmission:
 
     def __init__(self, problem: Callable[[Lease], str | None],
                  identities: Callable[[Lease], tuple[str, ...]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = SYSTEM.monotonic) -> None:
         self._problem = problem
         self._identities = identities
         self._clock = clock

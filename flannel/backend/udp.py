@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
@@ -52,6 +51,7 @@ from flannel.kernel.reconcile import DesiredState, LinkState
 from flannel.kernel.rtnl import Route
 from flannel.lease import Lease
 from flannel.timing.backoff import Backoff
+from flannel.timing.clock import SYSTEM
 from flannel.udp.device import TunSpec, ensure_tun, tun_index
 from flannel.udp.forwarder import ForwarderConfig, ForwarderError, UdpForwarder
 from flannel.udp.tunfd import TunError
@@ -247,7 +247,7 @@ class _ForwarderApplier(Applier):
     name = "udp forwarder"
 
     def __init__(self, backend: UdpBackend,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = SYSTEM.monotonic) -> None:
         self.backend = backend
         self._clock = clock
         self._restart_delay = 0.0  # 0 until a death; then the wait before the next start

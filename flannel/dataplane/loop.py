@@ -251,9 +251,9 @@ class Dataplane:
             if watcher is not None:
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
-            closing = worker.submit(self._close_netlink)
+            closing = loop.run_in_executor(worker, self._close_netlink)
             worker.shutdown(wait=False)
-            await asyncio.wrap_future(closing)
+            await closing
 
     @property
     def desired(self) -> DesiredState | None:

@@ -30,7 +30,6 @@ Must not touch: the kernel (the user's commands do), the store.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
@@ -41,6 +40,7 @@ from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_comman
 from flannel.kernel.host import LOCAL, Host
 from flannel.lease import Lease, go_string
 from flannel.reporting.skips import ParkedPeers
+from flannel.timing.clock import SYSTEM
 from flannel.untrusted import boundedjson
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ class ExtensionPeers:
     a peer the command fails for is retried with backoff."""
 
     def __init__(self, cfg: ExtensionConfig, host: Host = LOCAL,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = SYSTEM.monotonic) -> None:
         self.cfg = cfg
         self.host = host
         self.clock = clock

@@ -17,11 +17,11 @@ caller knows what to say).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
 from flannel.timing.backoff import Backoff
+from flannel.timing.clock import SYSTEM
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class ParkedPeers:
     take ``reasons()``, a copy made by the owner's thread only when it changes."""
 
     def __init__(self, backoff: tuple[float, float] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = SYSTEM.monotonic) -> None:
         self._backoff = backoff or PARKED_BACKOFF
         self.clock = clock
         self._parked: dict[str, Parked] = {}

@@ -29,6 +29,7 @@ from flannel.rules import iptables, nftables
 from flannel.rules.iptables import LEGACY, NFT, PLAIN, RulesError
 from flannel.rules.mode import choose_variant
 from flannel.rules.spec import FamilyRules, PeerAddresses
+from flannel.timing.clock import SYSTEM, Clock
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,9 @@ def check_br_netfilter(versions: list[int], proc: Path = Path("/proc")) -> None:
 class TrafficManager:
     def __init__(self, families: list[FamilyRules], nftables_mode: bool,
                  resync: float = 5.0, host: Host = LOCAL,
-                 iptables_mode: str = "auto") -> None:
+                 iptables_mode: str = "auto", clock: Clock = SYSTEM) -> None:
         self.families = [f for f in families if f.any_rules]
+        self.clock = clock
         self.nftables_mode = nftables_mode
         self.resync = resync
         self.host = host
@@ -107,7 +109,7 @@ class TrafficManager:
         self._peers: PeerAddresses | None = None  # wanted (None: not known yet)
         self._written: PeerAddresses | None = None  # in the kernel, as last written
         self._peers_changed = asyncio.Event()
-        self._next_check = 0.0  # loop time of the next full check
+        self._next_check = 0.0  # the clock's reading at the next full check
         # The drop counters, kept monotonic across their restarts in the kernel.
         self._not_peer = _Monotonic(self.status.not_peer_dropped)
         self._pod_encap = _Monotonic(self.status.pod_encap_dropped)
@@ -257,7 +259,7 @@ class TrafficManager:
 
     async def start(self) -> None:
         """Clean the other mode, then one attempt at installing the rules."""
-        self._next_check = asyncio.get_running_loop().time() + self.resync
+        self._next_check = self.clock.monotonic() + self.resync
         await self._attempt()
         if self._waiting_for_peers() and self.status.installed:
             self.status.installed = False
@@ -267,10 +269,8 @@ class TrafficManager:
     async def next(self) -> None:
         """Wait for a new peer set (written at once, as a difference) or for the next
         periodic check (every ``resync`` seconds), and run it."""
-        try:
-            async with asyncio.timeout_at(self._next_check):
-                await self._peers_changed.wait()
-        except TimeoutError:
+        if not await self.clock.wait(self._peers_changed,
+                                     max(0.0, self._next_check - self.clock.monotonic())):
             await self.start()
             return
         self._peers_changed.clear()

@@ -13,8 +13,9 @@ Must not touch: the store itself, the kernel.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
+
+from flannel.timing.clock import SYSTEM
 
 
 class StoreUnavailable(Exception):
@@ -43,7 +44,7 @@ class RetryLog:
 
     def __init__(self, logger: logging.Logger, what: str, *, first_summary: float = 5.0,
                  longest_summary: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = SYSTEM.monotonic) -> None:
         self.logger = logger
         self.what = what
         self.first_summary = first_summary

@@ -8,13 +8,16 @@ how failures are logged (see ``flannel.subnet.errors.RetryLog``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+from flannel.timing.clock import SYSTEM, Clock
 
 
 class Backoff:
-    def __init__(self, first: float, longest: float, factor: float = 2.0) -> None:
+    def __init__(self, first: float, longest: float, factor: float = 2.0, *,
+                 clock: Clock = SYSTEM) -> None:
         if not 0 < first <= longest or factor < 1:
             raise ValueError(f"bad backoff: first={first}, longest={longest}, factor={factor}")
+        self.clock = clock
         self.first = first
         self.longest = longest
         self.factor = factor
@@ -38,7 +41,6 @@ class Backoff:
         """Sleep the current delay (then grow it), or until ``stop`` is set."""
         seconds = self.grow()
         if stop is None:
-            await asyncio.sleep(seconds)
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
+            await self.clock.sleep(seconds)
+        else:
+            await self.clock.wait(stop, seconds)

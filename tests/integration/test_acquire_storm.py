@@ -8,6 +8,7 @@ import logging
 from ipaddress import IPv4Address
 
 from flannel.lease import LeaseAttrs
+from flannel.subnet.etcd.kv import EtcdKV
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 
 NODES = 200
@@ -15,7 +16,7 @@ NODES = 200
 
 async def test_simultaneous_nodes_get_distinct_subnets_and_rarely_race(client, prefix, caplog):
     await client.put(f"{prefix}/config".encode(), b'{"Network": "10.0.0.0/8"}')
-    managers = [EtcdSubnetManager(client, prefix) for _ in range(NODES)]
+    managers = [EtcdSubnetManager(EtcdKV(client), prefix) for _ in range(NODES)]
     config = await managers[0].get_network_config()
     first_ip = int(IPv4Address("172.16.0.1"))  # consecutive public IPs, as in a rack
     with caplog.at_level(logging.INFO, logger="flannel.subnet.etcd.manager"):

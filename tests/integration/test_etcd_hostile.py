@@ -25,9 +25,9 @@ from flannel.clients.etcd import (
     parse_endpoints,
 )
 from flannel.lease import EventType, LeaseAttrs
+from flannel.subnet.etcd.kv import EtcdKV
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 from flannel.subnet.watch import Snapshot
-from tests.integration.test_etcd_manager import CONFIG, Collector, acquire, attrs, put_lease
 from tests.support.etcdgateway import (
     EtcdGateway,
     Request,
@@ -39,6 +39,7 @@ from tests.support.etcdgateway import (
     redirect,
     stream_head,
 )
+from tests.support.etcdstores import CONFIG, Collector, acquire, attrs, put_lease
 from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.etcd
@@ -397,7 +398,7 @@ class Follower(Collector):
 async def start_manager(gateway: EtcdGateway, client: EtcdClient, prefix: str,
                         **options: object) -> tuple[EtcdSubnetManager, Collector]:
     await client.put(f"{prefix}/config".encode(), CONFIG.encode())
-    sm = EtcdSubnetManager(client_of(gateway), prefix, **options)
+    sm = EtcdSubnetManager(EtcdKV(client_of(gateway)), prefix, **options)
     collector = Follower(sm, await acquire(sm, attrs()))
     await async_wait_until(lambda: _true(collector.updates), 10, what="the first snapshot")
     return sm, collector
@@ -542,7 +543,7 @@ async def test_oversize_values_are_skipped_and_counted_and_the_node_leases(clien
         await client.put(f"{prefix}/subnets/10.3.{200 + i}.0-24".encode(), junk)
     await put_lease(client, prefix, 230, "2.3.0.1")
     await client.put(f"{prefix}/config".encode(), CONFIG.encode())
-    sm = EtcdSubnetManager(client, prefix)
+    sm = EtcdSubnetManager(EtcdKV(client), prefix)
     lease = await acquire(sm, LeaseAttrs(public_ip=IPv4Address("1.2.3.4")))
     leases, _ = await sm.list_leases()
     assert sorted(x.key for x in leases) == sorted([lease.key, "10.3.230.0-24"])
@@ -573,7 +574,7 @@ async def test_a_value_too_large_for_any_page_is_skipped_by_name(client, gateway
         yield answer(found, status)
 
     gateway.rules["/v3/kv/range"] = huge_value_first
-    sm = EtcdSubnetManager(client_of(gateway), prefix)
+    sm = EtcdSubnetManager(EtcdKV(client_of(gateway)), prefix)
     try:
         lease = await acquire(sm, LeaseAttrs(public_ip=IPv4Address("1.2.3.4")))
         leases, _ = await sm.list_leases()

@@ -13,9 +13,10 @@ import pytest
 from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.daemon import acquire_lease
 from flannel.lease import EventType, LeaseAttrs
-from flannel.subnet.errors import StoreError, StoreUnavailable
+from flannel.subnet.errors import StoreUnavailable
+from flannel.subnet.etcd.kv import EtcdKV
 from flannel.subnet.etcd.manager import EtcdSubnetManager, LeaseTaken, PreviousSubnets
-from tests.integration.test_etcd_manager import (
+from tests.support.etcdstores import (
     CONFIG,
     Collector,
     Renewals,
@@ -76,16 +77,6 @@ async def test_acquisition_while_etcd_is_paused_is_retried_until_it_answers(
         assert messages[0].startswith("Couldn't acquire a lease: no etcd endpoint answered")
         assert messages[-1].startswith("Couldn't acquire a lease: succeeded after")
         assert "Traceback" not in caplog.text
-
-
-async def test_a_ttl_etcd_refuses_names_the_flag(client, prefix):
-    sm = await setup(client, prefix, lease_ttl=10**10)
-    with pytest.raises(StoreError) as failure:
-        await acquire(sm, attrs())
-    assert str(failure.value) == (
-        "etcd refuses a subnet lease TTL of 10000000000 s: set --subnet-lease-ttl between 1s "
-        "and 9000000000s (the default is 24h)")
-    assert (await sm.list_leases())[0] == []
 
 
 async def own_value(client: EtcdClient, sm: EtcdSubnetManager, key: str):
@@ -207,7 +198,7 @@ async def test_our_subnet_taken_after_a_reset_is_fatal(private_etcd, prefix):
             await proxy.cut()  # our node does not see the reset until another took the subnet
             await asyncio.to_thread(private_etcd.wipe)
             await other.put(f"{prefix}/config".encode(), CONFIG.encode())
-            thief = EtcdSubnetManager(other, prefix, previous=PreviousSubnets(own.subnet))
+            thief = EtcdSubnetManager(EtcdKV(other), prefix, previous=PreviousSubnets(own.subnet))
             assert (await acquire(thief, attrs("5.5.5.5"))).subnet == own.subnet
             await proxy.restore()
             await asyncio.wait_for(task, 20)
@@ -221,22 +212,3 @@ async def test_our_subnet_taken_after_a_reset_is_fatal(private_etcd, prefix):
             f"and this node's subnet {own.key} is now held by {own.key} of the node at 5.5.5.5; "
             "this node must not keep using it: restart flanneld to acquire a new subnet")
 
-
-async def test_our_key_deleted_on_purpose_is_not_recreated(client, prefix):
-    """Upstream behaviour: deleting a node's key stops it; the periodic check leaves it."""
-    sm = await setup(client, prefix, check_interval=0.2)
-    own = await acquire(sm, attrs())
-    collector = Collector(sm, own)
-    try:
-        async def listed() -> bool:
-            return bool(collector.updates)
-        await async_wait_until(listed, what="the first snapshot")
-        await client.delete(sm.lease_key(own.key))
-
-        async def flagged() -> bool:
-            return collector.own_removed
-        await async_wait_until(flagged, what="own lease removal")
-        await asyncio.sleep(1.0)  # five checks' worth of time in which nothing may re-create it
-        assert await own_value(client, sm, own.key) is None
-    finally:
-        await collector.stop()

@@ -31,6 +31,8 @@ from tests.support.waiting import async_wait_until
 
 NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
 
+pytestmark = pytest.mark.virtual_time
+
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> PKI:
@@ -171,6 +173,7 @@ print(json.dumps({{"apiVersion": info["apiVersion"], "kind": "ExecCredential",
 
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
+@pytest.mark.virtual_time(False)  # the exec plugin runs as a process, in real time
 async def test_kubeconfig_with_an_exec_plugin_cached_until_it_expires(api, pki, tmp_path,
                                                                        version):
     api.authorization = "Bearer from-plugin"
@@ -497,6 +500,7 @@ sys.stdout.write(credential[half:] + "\\n")
 
 
 @pytest.mark.parametrize("stderr_bytes", [0, 100 * 1024])
+@pytest.mark.virtual_time(False)  # the exec plugin runs as a process, in real time
 async def test_exec_plugin_answer_in_parts_and_a_noisy_stderr(api, pki, tmp_path, stderr_bytes):
     """A plugin's answer is read to its end, however many writes it takes, and its stderr is
     drained as it runs: 100 KiB of it (more than a pipe holds) does not block the plugin."""
@@ -653,6 +657,7 @@ print(json.dumps({{"apiVersion": "client.authentication.k8s.io/v1", "kind": "Exe
 """
 
 
+@pytest.mark.virtual_time(False)  # the exec plugin runs as a process, in real time
 async def test_a_rotated_exec_plugin_certificate_reaches_a_new_connection(api, pki, tmp_path):
     """After a 401 the plugin's renewed client certificate is used at once: idle
     connections, whose handshake carried the old one, are not reused."""

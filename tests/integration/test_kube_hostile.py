@@ -31,6 +31,8 @@ from tests.unit.test_daemon import Node as DaemonNode
 NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
+pytestmark = pytest.mark.virtual_time
+
 
 @contextlib.asynccontextmanager
 async def raw_server(handler: Handler) -> AsyncIterator[str]:
@@ -232,6 +234,7 @@ async def test_a_list_body_that_never_ends_costs_a_few_bounds_not_nine():
             await client.close()
 
 
+@pytest.mark.virtual_time(False)  # a page that never ends costs CPU, not loop time
 async def test_a_list_is_bounded_in_time_per_page_and_as_a_whole():
     """A page body trickling a byte at a time ends at the page's deadline; pages that keep
     coming with a continue token forever end at the listing's deadline (and what they gave

@@ -45,6 +45,8 @@ ALLOC = {"Network": "10.244.0.0/16", "Backend": {"Type": "alloc"}}
 PUBLISHED = {P + "backend-type": "host-gw", P + "kube-subnet-manager": "true",
              P + "backend-data": "null", P + "public-ip": "192.0.2.1"}
 
+pytestmark = pytest.mark.virtual_time
+
 
 @pytest.fixture
 async def api():

@@ -24,6 +24,8 @@ NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
 VXLAN = LeaseAttrs(public_ip=IPv4Address("10.0.0.1"), backend_type="vxlan",
                    backend_data='{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}')
 
+pytestmark = pytest.mark.virtual_time
+
 
 @pytest.fixture
 async def api():

@@ -14,6 +14,9 @@ import asyncio
 import heapq
 import itertools
 
+#: The wall clock's reading at the fake clock's 0 (an arbitrary fixed date).
+EPOCH = 1_700_000_000.0
+
 
 class FakeClock:
     def __init__(self, start: float = 1000.0) -> None:
@@ -23,6 +26,9 @@ class FakeClock:
 
     def monotonic(self) -> float:
         return self.now
+
+    def time(self) -> float:
+        return EPOCH + self.now
 
     async def sleep(self, seconds: float) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

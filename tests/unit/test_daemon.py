@@ -53,6 +53,8 @@ OWN_LEASE = Lease(OWN, None, LeaseAttrs(public_ip=IPv4Address("192.0.2.1"),
 EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.0.2.1"), None,
                         IPv4Address("192.0.2.1"), None)
 
+pytestmark = pytest.mark.virtual_time
+
 
 class MemoryStore:
     """A subnet manager holding its leases in memory, for the daemon's tests.

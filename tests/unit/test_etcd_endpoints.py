@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.subnet.etcd.kv import EtcdKV
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 
 
@@ -46,7 +47,7 @@ def test_which_endpoints_use_tls(text, plain, with_cert):
 ])
 def test_prefix_makes_the_keys_go_makes(prefix, config, subnets):
     client = EtcdClient(EtcdOptions(parse_endpoints("http://127.0.0.1:2379")))
-    sm = EtcdSubnetManager(client, prefix)
+    sm = EtcdSubnetManager(EtcdKV(client), prefix)
     assert sm.config_key == config
     assert sm.subnets_prefix == subnets
     assert sm.lease_key("10.5.34.0-24") == subnets + b"10.5.34.0-24"

@@ -14,6 +14,8 @@ from flannel.clients.http import MAX_HEAD_BYTES, BodyTooLarge, Connection, Proto
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
+pytestmark = pytest.mark.virtual_time
+
 
 @contextlib.asynccontextmanager
 async def connected(answer: Handler) -> AsyncIterator[Connection]:

@@ -17,11 +17,11 @@ import os
 import secrets
 import ssl
 import tempfile
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from flannel.files.fileutil import read_head
+from flannel.timing.clock import SYSTEM
 from flannel.untrusted import boundedjson
 
 #: A bound service-account token rotates hourly; client-go re-reads the file every minute.
@@ -87,7 +87,7 @@ class TokenFile(Credentials):
         return f"the token file {self.path}"
 
     async def headers(self) -> dict[str, str]:
-        if time.monotonic() - self._read_at >= self.reread:
+        if SYSTEM.monotonic() - self._read_at >= self.reread:
             try:
                 raw, _ = await asyncio.to_thread(read_head, self.path, MAX_TOKEN_BYTES + 1)
             except OSError as err:
@@ -96,7 +96,7 @@ class TokenFile(Credentials):
             token = raw.decode("utf-8", "replace").strip()
             if not token or len(raw) > MAX_TOKEN_BYTES or not token.isprintable():
                 raise CredentialError(f"the token file {self.path} holds no usable token")
-            self._token, self._read_at = token, time.monotonic()
+            self._token, self._read_at = token, SYSTEM.monotonic()
         return {"Authorization": f"Bearer {self._token}"}
 
     def invalidate(self) -> None:
@@ -125,7 +125,7 @@ class ExecPlugin(Credentials):
 
     async def headers(self) -> dict[str, str]:
         async with self._lock:
-            if not self._cached or (self._expires and time.monotonic() >= self._expires):
+            if not self._cached or (self._expires and SYSTEM.monotonic() >= self._expires):
                 await self._run()
         return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
@@ -192,7 +192,7 @@ class ExecPlugin(Credentials):
         if stamp is not None:
             try:
                 expires = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-                self._expires = time.monotonic() + (expires.timestamp() - time.time())
+                self._expires = SYSTEM.monotonic() + (expires.timestamp() - SYSTEM.time())
             except ValueError:
                 raise CredentialError(f"{what}: expirationTimestamp {str(stamp)[:40]!r} is "
                                       "not an RFC 3339 time") from None

@@ -1,7 +1,16 @@
-"""The etcd client as the etcd store uses it: the calls the subnet manager and the operator
-commands make, each failure translated into the store's contract (``flannel.subnet.errors``).
+"""The etcd store's seam: ``KV``, the key-value calls the subnet manager and the operator
+commands make (as Go flannel's ``Registry`` is the etcd manager's), and ``EtcdKV``, the real
+one, which makes them with the etcd client and translates each failure into the store's
+contract (``flannel.subnet.errors``).
 
-Owns the translation, so that the client (``flannel.clients.etcd``) knows no store:
+``KV`` is etcd v3's model, no more than the manager uses: a listing at one revision, a
+create-if-absent transaction that lists the prefix when it fails, puts bound to a lease,
+leases granted with a TTL, revoked and asked for their time left, and a watch from a
+revision that reports its creation, progress notifications and compaction. The fast lane's
+in-memory etcd (``tests/support/fakeetcd.py``) implements it too, and the behavioural tests
+run against both (``tests/unit/test_etcd_behaviour.py``).
+
+``EtcdKV`` owns the translation, so that the client (``flannel.clients.etcd``) knows no store:
 ``EtcdUnavailable`` (no endpoint answered, etcd asked to retry, the credentials not
 accepted yet) becomes ``StoreUnavailable``; an answer over its budget ``AnswerTooLarge`` and
 a compacted revision ``Compacted``, both ``StoreUnavailable`` that the lease watch answers by
@@ -13,7 +22,8 @@ Must not touch: what is read or written (the manager decides), the kernel.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Protocol
 
 from flannel.clients.etcd import (
     Code,
@@ -64,8 +74,63 @@ def translated() -> Iterator[None]:
         raise Refused(str(err), err.code) from None
 
 
+class KV(Protocol):
+    """The calls the etcd store makes. Each raises ``StoreUnavailable`` when retrying later
+    may help (``Compacted``, ``AnswerTooLarge`` included) and ``StoreError`` (``Refused``)
+    when it will not."""
+
+    @property
+    def revision(self) -> int:
+        """The highest revision seen in an answer or a watch event."""
+
+    def take_reset(self) -> str | None:
+        """What showed that the store was wiped or restored since the last call (its cluster
+        ID changed, or a linearizable answer went below the highest revision seen)."""
+
+    async def get(self, key: bytes) -> tuple[KeyValue | None, int]:
+        """The record under ``key`` and the store's revision."""
+
+    async def get_prefix(self, prefix: bytes, *, keys_only: bool = False
+                         ) -> tuple[list[KeyValue], int]:
+        """Every record under ``prefix`` in key order, all at one revision, and that
+        revision (values left empty with ``keys_only``)."""
+
+    async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
+        """Write ``key`` (bound to etcd lease ``lease`` unless 0); the revision of the write.
+        Refused (NOT_FOUND) when the lease does not exist."""
+
+    async def delete(self, key: bytes) -> int:
+        """Delete ``key``; how many records were deleted (0 or 1)."""
+
+    async def create(self, key: bytes, value: bytes, lease: int = 0, *,
+                     else_list: bytes | None = None) -> tuple[bool, list[KeyValue], int]:
+        """Put ``key`` only if it does not exist (one transaction comparing its version
+        with 0): whether it was created, with ``else_list`` when it was not every key under
+        that prefix (names only) at the transaction's revision, and that revision."""
+
+    async def grant(self, ttl: int) -> tuple[int, int]:
+        """A new etcd lease: its ID and the TTL granted. Refused (OUT_OF_RANGE) for a TTL
+        over etcd's maximum."""
+
+    async def revoke(self, lease_id: int) -> None:
+        """Revoke a lease, deleting every key bound to it; one that is gone is fine."""
+
+    async def time_to_live(self, lease_id: int) -> int:
+        """Seconds left on a lease; -1 when it does not exist."""
+
+    def watch(self, key: bytes, start_revision: int) -> AsyncIterator[WatchBatch]:
+        """The changes under the prefix ``key`` from ``start_revision`` on: first a batch
+        ``created`` (no events), then batches of events in revision order and ``progress``
+        batches (no events, how far the stream has read). Raises ``Compacted`` when
+        ``start_revision`` is compacted away, ``StoreUnavailable`` when the stream breaks;
+        it never ends otherwise."""
+
+    async def close(self) -> None:
+        """Release the connections."""
+
+
 class EtcdKV:
-    """``EtcdClient``'s calls the store makes, raising the store's errors."""
+    """``KV`` over the etcd client: its calls, raising the store's errors."""
 
     def __init__(self, client: EtcdClient) -> None:
         self.etcd = client

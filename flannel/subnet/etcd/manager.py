@@ -16,13 +16,12 @@ Must not touch: the kernel, files (subnet.env is the daemon's business).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import posixpath
 import re
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
@@ -53,10 +52,11 @@ from flannel.settings import EtcdSettings
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcd.candidates import free_subnet, node_seed
-from flannel.subnet.etcd.kv import AnswerTooLarge, Compacted, EtcdKV, Refused
+from flannel.subnet.etcd.kv import KV, AnswerTooLarge, Compacted, EtcdKV, Refused
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 from flannel.timing.backoff import Backoff
+from flannel.timing.clock import SYSTEM, Clock
 
 #: The subnets a key names: IPv4 (None for an IPv6-only lease) and IPv6 (None if absent).
 Subnets = tuple[IPv4Network | None, IPv6Network | None]
@@ -133,26 +133,28 @@ def subnet_fits(cfg: NetworkConfig, subnet: IPv4Network | None,
 
 
 class EtcdSubnetManager:
-    """Leases in etcd v3, wire-compatible with Go flannel."""
+    """Leases in etcd v3, wire-compatible with Go flannel, read and written through ``kv``
+    (``EtcdKV`` over the etcd client, or the fast lane's in-memory etcd). Every delay it
+    measures or waits out is on ``clock``."""
 
     name = "etcd"
     revocable = True  # our key deleted: the lease was revoked (flanneld stops, as Go)
 
-    def __init__(self, client: EtcdClient, prefix: str = DEFAULT_PREFIX, *,
+    def __init__(self, kv: KV, prefix: str = DEFAULT_PREFIX, *,
                  lease_ttl: int = DEFAULT_LEASE_TTL,
                  renew_margin: float = 3600.0,
                  renew_retry: float = 60.0,
                  previous: PreviousSubnets | None = None,
-                 clock: Callable[[], float] = time.time,
+                 clock: Clock = SYSTEM,
                  check_interval: float = CHECK_INTERVAL,
                  reset_grace: float = RESET_GRACE) -> None:
-        self.client = EtcdKV(client)
+        self.client = kv
         self.prefix = prefix
         self.lease_ttl = lease_ttl
         self.renew_margin = renew_margin
         self.renew_retry = renew_retry
         self.previous = previous or PreviousSubnets()
-        self._clock = clock
+        self.clock = clock
         self.undecodable = SkippedRecords("lease")
         self.check_interval = check_interval
         self.reset_grace = reset_grace
@@ -264,7 +266,7 @@ class EtcdSubnetManager:
         except BaseException:
             await self._revoke_quietly(lease_id)
             raise
-        return replace(lease, expiration=self._clock() + ttl, etcd_lease_id=lease_id)
+        return replace(lease, expiration=self.clock.time() + ttl, etcd_lease_id=lease_id)
 
     async def _grant(self) -> tuple[int, int]:
         """A fresh etcd lease of ``lease_ttl``; a TTL etcd refuses names the flag to fix."""
@@ -329,7 +331,7 @@ class EtcdSubnetManager:
                 if acquired:
                     log.info("Allocated lease (%s) to current node (%s)", lease.key,
                              attrs.public_ip)
-                    lease = replace(lease, expiration=self._clock() + ttl)
+                    lease = replace(lease, expiration=self.clock.time() + ttl)
                     if written_at == listed_at + 1:
                         # Nothing was written between the listing and our creation.
                         record = KeyValue(key, value, lease_id, written_at, written_at)
@@ -478,27 +480,26 @@ class EtcdSubnetManager:
         self._remember(snapshot)
         yield snapshot
         self._settled()
-        backoff = Backoff(0.1, max_backoff)
+        backoff = Backoff(0.1, max_backoff, clock=self.clock)
         prune_at: float | None = None
         while True:
             queue: asyncio.Queue[WatchBatch | Exception] = asyncio.Queue(maxsize=16)
-            pump = asyncio.create_task(self._pump(revision + 1, queue), name="etcd watch")
-            opened = time.monotonic()
+            arrived = asyncio.Event()
+            pump = asyncio.create_task(self._pump(revision + 1, queue, arrived),
+                                       name="etcd watch")
+            opened = self.clock.monotonic()
             try:
                 while True:
                     timeout = self.check_interval
                     if prune_at is not None:
-                        timeout = max(0.0, min(timeout, prune_at - time.monotonic()))
-                    try:
-                        # Not wait_for: on 3.11 it swallows a cancellation that arrives as
-                        # an item does, and flanneld would then never finish stopping.
-                        async with asyncio.timeout(timeout):
-                            item = await queue.get()
-                    except TimeoutError:
-                        item = None
+                        timeout = max(0.0, min(timeout, prune_at - self.clock.monotonic()))
+                    if queue.empty():
+                        arrived.clear()
+                        await self.clock.wait(arrived, timeout)
+                    item = None if queue.empty() else queue.get_nowait()
                     if isinstance(item, Exception):
                         raise item
-                    if prune_at is not None and time.monotonic() >= prune_at:
+                    if prune_at is not None and self.clock.monotonic() >= prune_at:
                         # The grace after a reset is over: forget nodes that did not return.
                         prune_at = None
                         snapshot, revision = await self._resync(max_backoff)
@@ -515,7 +516,7 @@ class EtcdSubnetManager:
                         reason = await self._check()
                         if reason is not None:
                             snapshot, revision = await self._resync(max_backoff, reason)
-                            prune_at = time.monotonic() + self.reset_grace
+                            prune_at = self.clock.monotonic() + self.reset_grace
                             self._remember(snapshot)
                             yield snapshot
                             self._settled()
@@ -555,12 +556,11 @@ class EtcdSubnetManager:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
 
-    @staticmethod
-    def _healthy(opened: float, backoff: Backoff) -> None:
+    def _healthy(self, opened: float, backoff: Backoff) -> None:
         """A stream that lived WATCH_HEALTHY seconds ended: the next waits the first delay.
         Not on its confirmation: one that breaks right after it would be reopened ten times
         a second."""
-        if time.monotonic() - opened >= WATCH_HEALTHY:
+        if self.clock.monotonic() - opened >= WATCH_HEALTHY:
             backoff.reset()
 
     async def _progress(self, revision: int, reported: int) -> int:
@@ -600,19 +600,22 @@ class EtcdSubnetManager:
         """The consumer has applied the snapshot that ends a recovery: ready again."""
         self.status.set(True)
 
-    async def _pump(self, start_revision: int,
-                    queue: asyncio.Queue[WatchBatch | Exception]) -> None:
-        """Feed one watch stream into ``queue``, ending with the error that broke it."""
+    async def _pump(self, start_revision: int, queue: asyncio.Queue[WatchBatch | Exception],
+                    arrived: asyncio.Event) -> None:
+        """Feed one watch stream into ``queue`` (setting ``arrived`` after each item),
+        ending with the error that broke it."""
         log.log(V4, "watching %s from revision %d", self.subnets_prefix.decode(errors="replace"),
                 start_revision)
         try:
             async for batch in self.client.watch(self.subnets_prefix, start_revision):
                 await queue.put(batch)
+                arrived.set()
             await queue.put(StoreUnavailable("the watch stream ended"))
         except Exception as err:
             # Store errors end this stream; anything else is a bug, which the consumer raises:
             # a pump that died quietly would leave the watch stalled with no error anywhere.
             await queue.put(err)
+        arrived.set()
 
     async def _check(self) -> str | None:
         """Why the store looks wiped or restored, if it does: a linearizable read of our key
@@ -657,7 +660,7 @@ class EtcdSubnetManager:
         """List every lease (retrying while etcd is unavailable); if the store was reset,
         recover first. Raises StoreError when retrying cannot help."""
         retries = RetryLog(log, "listing the leases in etcd")
-        backoff = Backoff(0.1, max_backoff)
+        backoff = Backoff(0.1, max_backoff, clock=self.clock)
         while True:
             try:
                 leases, revision = await self.list_leases()
@@ -729,7 +732,7 @@ class EtcdSubnetManager:
             await self._revoke_quietly(lease_id)
             kv, _ = await self.client.get(key)
             raise self._taken_error(own, self._decode(kv) if kv else None, reason)
-        return replace(own, expiration=self._clock() + ttl, etcd_lease_id=lease_id)
+        return replace(own, expiration=self.clock.time() + ttl, etcd_lease_id=lease_id)
 
     def _taken_error(self, own: Lease, holder: Lease | None, reason: str) -> LeaseTaken:
         who = (f"{holder.key} of the node at {holder.attrs.public_ip or holder.attrs.public_ipv6}"
@@ -758,9 +761,8 @@ class EtcdSubnetManager:
             if current.expiration is None:  # a reservation: nothing to renew
                 await self._own_replaced.wait()
                 continue
-            delay = max(0.0, current.expiration - self.renew_margin - self._clock())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._own_replaced.wait(), delay)
+            delay = max(0.0, current.expiration - self.renew_margin - self.clock.time())
+            if await self.clock.wait(self._own_replaced, delay):
                 continue  # re-created after a reset: wait for its own expiry
             if self._own_deleted:
                 raise OwnLeaseRevoked(f"this node's lease {current.key} was deleted from etcd")
@@ -773,7 +775,7 @@ class EtcdSubnetManager:
                 self.status.renewal_failures += 1
                 log.error("Error renewing lease (trying again in %s): %s",
                           _seconds_text(self.renew_retry), err)
-                await asyncio.sleep(self.renew_retry)
+                await self.clock.sleep(self.renew_retry)
                 continue
             self.status.renewals += 1
             log.info("Lease renewed, new expiration: %s",
@@ -800,7 +802,7 @@ def make_etcd_manager(settings: EtcdSettings) -> EtcdSubnetManager:
                     "or a unix:// socket only this host can reach")
     previous = read_env(settings.previous_subnet_file)
     return EtcdSubnetManager(
-        client, settings.prefix, lease_ttl=settings.lease_ttl,
+        EtcdKV(client), settings.prefix, lease_ttl=settings.lease_ttl,
         renew_margin=settings.renew_margin,
         previous=PreviousSubnets(single_cidr(previous, "FLANNEL_SUBNET", 4),
                                  single_cidr(previous, "FLANNEL_IPV6_SUBNET", 6)))

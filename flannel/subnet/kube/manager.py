@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
@@ -49,6 +48,7 @@ from flannel.subnet.kube.annotations import (
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 from flannel.timing.backoff import Backoff
+from flannel.timing.clock import SYSTEM, Clock
 from flannel.untrusted import boundedjson
 from flannel.untrusted.netutil import within
 
@@ -250,8 +250,10 @@ class KubeSubnetManager:
                  continue_when_cache_not_ready: bool = False,
                  keep_backoff: tuple[float, float] = KEEP_BACKOFF,
                  recheck: float = RECHECK, pod_cidr_wait: float = POD_CIDR_WAIT,
-                 retry_interval: float = 3.0, watch_healthy: float = WATCH_HEALTHY) -> None:
+                 retry_interval: float = 3.0, watch_healthy: float = WATCH_HEALTHY,
+                 clock: Clock = SYSTEM) -> None:
         self.client = client
+        self.clock = clock
         # Not ready only while the start waits for our Node (a relist needs no recovery).
         self.status = StoreStatus()
         self.node_name = node_name
@@ -375,12 +377,12 @@ class KubeSubnetManager:
                         retries.succeeded()
                         return node
                     if deadline is None:
-                        deadline = time.monotonic() + self.pod_cidr_wait
-                    elif time.monotonic() > deadline:
+                        deadline = self.clock.monotonic() + self.pod_cidr_wait
+                    elif self.clock.monotonic() > deadline:
                         return node
                 self.status.set(False, f"waiting for node {self.node_name}: {cause}")
                 retries.failed(cause, self.retry_interval)
-                await asyncio.sleep(self.retry_interval)
+                await self.clock.sleep(self.retry_interval)
         finally:
             self.status.set(True)
 
@@ -428,7 +430,7 @@ class KubeSubnetManager:
         dual = attrs.backend_type in ("vxlan", "host-gw", "wireguard")
         self.lease = Lease(v4 if cfg.enable_ipv4 else None,
                            v6 if cfg.enable_ipv6 and dual else None, attrs,
-                           expiration=time.time() + 24 * 3600)
+                           expiration=self.clock.time() + 24 * 3600)
         return self.lease
 
     # -- keeping this node's record -----------------------------------------------------
@@ -446,7 +448,7 @@ class KubeSubnetManager:
         without end: a write that fails is in ``status.writes`` (the annotations' failure
         makes the node not ready), never fatal."""
         assert self._published is not None, "keep_lease before acquire_lease"
-        backoff = Backoff(*self.keep_backoff)
+        backoff = Backoff(*self.keep_backoff, clock=self.clock)
         reads = RetryLog(log, f"could not read node {self.node_name}")
         logs = {"annotations": RetryLog(log, "could not publish the lease annotations on "
                                              f"node {self.node_name}"),
@@ -461,7 +463,7 @@ class KubeSubnetManager:
             except (KubeError, KubeUnavailable) as err:
                 # Nothing is known about the node: what was written stays as it was.
                 reads.failed(err, backoff.delay)
-                await asyncio.sleep(backoff.grow())
+                await self.clock.sleep(backoff.grow())
                 continue
             reads.succeeded()
             if node is None:
@@ -487,7 +489,7 @@ class KubeSubnetManager:
                 backoff.reset()
                 await self._own_change(self.recheck)
             else:
-                await asyncio.sleep(backoff.grow())
+                await self.clock.sleep(backoff.grow())
 
     async def _own_node(self) -> dict[str, Any] | None:
         """This node as the watch cache holds it (once synced), else as the API server
@@ -501,8 +503,7 @@ class KubeSubnetManager:
             return None
 
     async def _own_change(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._own_changed.wait(), timeout)
+        await self.clock.wait(self._own_changed, timeout)
 
     def _check_pod_cidrs(self, node: dict[str, Any], lease: Lease) -> None:
         """A Node registered anew may get other pod CIDRs: say so (the subnet flanneld took
@@ -613,7 +614,7 @@ class KubeSubnetManager:
         Every reopening backs off, unless the watch before it lived ``watch_healthy``
         seconds: a server that ends every watch at once is not asked again and again.
         Any other error is a bug: it ends the task, and ``watch_leases`` raises it."""
-        backoff = Backoff(*WATCH_BACKOFF)
+        backoff = Backoff(*WATCH_BACKOFF, clock=self.clock)
         need_list = True
         relisted = False  # relisted after a 410 with no event since
         while True:
@@ -670,12 +671,12 @@ class KubeSubnetManager:
                      backoff: Backoff) -> AsyncIterator[tuple[str, Any]]:
         """``events``; once they end (or fail) after ``watch_healthy`` seconds, the watch
         was healthy and ``backoff`` starts over."""
-        opened = time.monotonic()
+        opened = self.clock.monotonic()
         try:
             async for event in events:
                 yield event
         finally:
-            if time.monotonic() - opened >= self.watch_healthy:
+            if self.clock.monotonic() - opened >= self.watch_healthy:
                 backoff.reset()
 
     def _lease_of(self, node: NodeView, config: NetworkConfig) -> Lease | None:
