@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from flannel import log as flannel_log
-from flannel.backend import Backend, BackendError, backend_class
+from flannel.backend import Backend, BackendConfigError, BackendError, backend_class
 from flannel.backend.base import BackendOptions, Encapsulation
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
 from flannel.dataplane.loop import Dataplane
@@ -169,6 +169,14 @@ async def wait_for_config(sm: SubnetManager, stop: asyncio.Event) -> NetworkConf
         raise StartupError(f"invalid network config: {err.describe()}") from None
 
 
+def refuse_unsupported_families(config: NetworkConfig, backend: Backend) -> None:
+    """The store leases a subnet of every family the config enables: IPv6 only to a backend
+    whose footprint carries it (most refuse it in ``prepare`` already, in their words)."""
+    if config.enable_ipv6 and not backend.footprint.dual_stack:
+        raise BackendConfigError(f"the {config.backend_type} backend carries IPv4 only: set "
+                                 "EnableIPv6 to false in the network config")
+
+
 async def acquire_lease(sm: SubnetManager, config: NetworkConfig, attrs: LeaseAttrs,
                         stop: asyncio.Event) -> Lease | None:
     """Our lease, retrying with backoff while the store is unavailable; None when stopped."""
@@ -296,6 +304,7 @@ class Daemon:
             closing.push_async_callback(asyncio.to_thread, backend.close)
             self.phase(f"setting up the {config.backend_type} backend")
             local = await backend.prepare()
+            refuse_unsupported_families(config, backend)
             attrs = LeaseAttrs(public_ip=local.public_ip or ext.ext_addr,
                                public_ipv6=local.public_ipv6 or ext.ext_v6_addr,
                                backend_type=local.backend_type,

@@ -1,6 +1,7 @@
-"""Alibaba Cloud's RPC-style API, spoken with the standard library and the project's HTTP
-layer (``flannel.clients.http``) instead of the official SDK (whose core needs the compiled
-``cryptography``; docs/cloud.md has the measurement).
+"""Alibaba Cloud's RPC-style API, spoken with the standard library and the cloud clients'
+bounded exchange (``flannel.clients.fetch``) instead of the official SDK (whose core needs
+the compiled ``cryptography``; docs/cloud.md has the measurement). Blocking, like every
+cloud client: the engines call it from a worker thread.
 
 A call is ``GET /?<query>`` carrying the action, the API version, the common parameters
 (``Format=JSON``, ``AccessKeyId``, ``SignatureMethod=HMAC-SHA1``, ``SignatureVersion=1.0``, a
@@ -11,8 +12,8 @@ status and body whatever they are (an error carries ``Code`` and ``Message``, HT
 reading them, throttling included, is the engine's (``flannel.cloud.alivpc``). Each call has
 one deadline (``timeout``) for connecting, sending and reading, and reads at most
 ``MAX_ANSWER`` bytes; a call that gets no such answer raises ``AliyunUnreachable``. A
-redirect is an answer like any other status (the HTTP layer follows none). ``stopper`` (the
-caller's ``Cutter``) cancels a call in flight when flanneld stops; what it raises then is
+redirect is an answer like any other status (``fetch`` follows none). ``stopper`` (the
+caller's ``Cutter``) cuts a call in flight when flanneld stops; what it raises then is
 the caller's. The secret is held out of ``repr`` and never logged; no proxy from the
 environment is used.
 Must not touch: which actions are called and what the answers mean (the engine decides), the
@@ -21,20 +22,19 @@ stores, the engines, the kernel.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import hmac
-import ssl
 import time
+import urllib.request
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from flannel.clients.cut import Cutter
-from flannel.clients.http import Connection, ProtocolError
+from flannel.clients.fetch import FetchFailed, fetch, opener
 
 #: Bytes one answer may have: a route table holds at most a thousand custom entries (the
 #: largest quota Alibaba Cloud grants), about 250 KiB; 8,000 fit.
@@ -92,47 +92,21 @@ class AliyunRpc:
         """One call, blocking (for a worker thread): the answer's status and body (at most
         ``MAX_ANSWER`` bytes). Raises ``AliyunUnreachable`` when no such answer came, and
         what ``stopper`` raises when it cut the call."""
-        what = f"{self.service} {action}"
+        request = urllib.request.Request(  # noqa: S310 - the opener speaks http(s) only
+            f"{self.endpoint}/?{self._query(action, params)}",
+            headers={"Accept": "application/json", "User-Agent": "pyflannel"})
         try:
-            return asyncio.run(self._cut_when_stopped(self._query(action, params), what))
-        except asyncio.CancelledError:
-            self.stopper.check(what)
-            raise
-        except TimeoutError:
-            raise AliyunUnreachable(f"no answer from {self.endpoint} within {self.timeout:g} s",
-                                    timed_out=True) from None
-        except (OSError, ProtocolError) as error:
+            reply = fetch(self._director, request, timeout=self.timeout, max_bytes=MAX_ANSWER,
+                          stopper=self.stopper, what=f"{self.service} {action}")
+        except FetchFailed as error:
+            if error.timed_out:
+                raise AliyunUnreachable(f"no answer from {self.endpoint} within "
+                                        f"{self.timeout:g} s", timed_out=True) from None
             raise AliyunUnreachable(f"could not talk to {self.endpoint}: {error}") from None
+        return reply.status, reply.body
 
     @cached_property
-    def _tls(self) -> ssl.SSLContext:
-        # Once per client, not per call: building one loads the system's CA certificates
-        # (~50 ms of CPU). Verification is the default's: certificate and host name.
-        return ssl.create_default_context()
-
-    async def _cut_when_stopped(self, query: str, what: str) -> tuple[int, bytes]:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        assert task is not None
-        def cut() -> None:
-            loop.call_soon_threadsafe(task.cancel)
-
-        with self.stopper.cutting(cut, what):
-            return await self._exchange(query)
-
-    async def _exchange(self, query: str) -> tuple[int, bytes]:
-        parts = urlsplit(self.endpoint)
-        secure = parts.scheme == "https"
-        host = parts.hostname or ""
-        port = parts.port or (443 if secure else 80)
-        context = self._tls if secure else None
-        deadline = asyncio.get_running_loop().time() + self.timeout
-        connection = await Connection.open(host, port, context, host, deadline)
-        try:
-            connection.deadline = deadline
-            await connection.send("GET", f"/?{query}", parts.netloc,
-                                  {"Accept": "application/json", "User-Agent": "pyflannel"})
-            head = await connection.read_head()
-            return head.status, await connection.read_body(head, MAX_ANSWER)
-        finally:
-            connection.close()
+    def _director(self) -> urllib.request.OpenerDirector:
+        # Once per client, not per call: its TLS context loads the system's CA certificates
+        # (~50 ms of CPU). Never through a proxy from the environment.
+        return opener(proxies=False)

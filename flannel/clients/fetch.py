@@ -37,7 +37,12 @@ _CHUNK = 64 * 1024
 
 
 class FetchFailed(Exception):
-    """No usable answer: the cause in words (the caller says what was asked of whom)."""
+    """No usable answer: the cause in words (the caller says what was asked of whom);
+    ``timed_out``: the deadline passed (connecting or reading) before a whole answer came."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class TooLarge(FetchFailed):
@@ -155,7 +160,13 @@ def fetch(director: urllib.request.OpenerDirector, request: urllib.request.Reque
     the exchange."""
     watch = _Watch()
     request.flannel_watch = watch  # type: ignore[attr-defined]
-    timer = threading.Timer(timeout, watch.cut, (f"no whole answer within {timeout:g}s",))
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        watch.cut(f"no whole answer within {timeout:g}s")
+
+    timer = threading.Timer(timeout, expire)
     timer.daemon = True
     try:
         with stopper.cutting(lambda: watch.cut("flanneld is stopping"), what):
@@ -167,6 +178,8 @@ def fetch(director: urllib.request.OpenerDirector, request: urllib.request.Reque
                 raise
             except (OSError, http.client.HTTPException, ValueError) as error:
                 cause = watch.cut_why or _cause(error)
+                if isinstance(error, TimeoutError):
+                    expired.set()
             else:
                 # An answer the cut ended is not whole, however it looks (close-delimited).
                 if not watch.cut_why:
@@ -176,7 +189,7 @@ def fetch(director: urllib.request.OpenerDirector, request: urllib.request.Reque
         timer.cancel()
         watch.close()
     stopper.check(what)
-    raise FetchFailed(cause)
+    raise FetchFailed(cause, timed_out=expired.is_set())
 
 
 def _exchange(director: urllib.request.OpenerDirector, request: urllib.request.Request,

@@ -10,7 +10,7 @@ Owns what goes into the CNI bin directory for the Python plugin:
   answers CNI error JSON itself when the Python is too old or the library is missing or broken.
 A ``flannel`` that is not such a launcher (upstream's static plugin) is never replaced
 unless asked to (``force``). Before anything is written the interpreter is probed (version,
-``_json``, ``_socket``); the new launcher must answer a VERSION call under a temporary name
+``json``, ``_socket``); the new launcher must answer a VERSION call under a temporary name
 before it replaces the old one.
 A library directory is removed once neither the launcher nor its predecessor names it, so a
 call in flight during an upgrade finishes with the files it started with. Installs into one
@@ -53,7 +53,8 @@ LIBRARY_DIR = ".flannel-cni"
 PLUGIN_MODULES = ("__init__.py", "version.py", "cni/__init__.py", "cni/plugin.py",
                   "cni/lite.py")
 MIN_PYTHON = (3, 9)
-REQUIRED_MODULES = ("_json", "_socket")
+# json: _json's C scanner or, without it, json's own (flannel/cni/lite.py).
+REQUIRED_MODULES = ("json", "_socket")
 DIR_MODE, FILE_MODE, LAUNCHER_MODE = 0o755, 0o644, 0o755
 CHECK_TIMEOUT = 10.0
 LOCK_TIMEOUT = 30.0

@@ -5,6 +5,10 @@ Importing ``json`` pulls in ``re``, ``enum`` and ``functools`` (~11 ms per pod A
 ``_socket``'s inet_pton/inet_ntop, whose IPv6 text is RFC 5952 like Go's) and a small
 encoder producing what Go's ``json.Marshal`` of a decoded map produces: sorted keys, compact,
 numbers as Go prints a float64 (``1400.0`` -> ``1400``), integers kept exact.
+``_json`` is CPython's private module: where it is absent (a minimal Python), lacks
+``make_scanner`` or ``encode_basestring_ascii``, or its scanner does not decode as this module
+expects, the pure-Python scanner and encoder of ``json`` stand in (``NATIVE_SCANNER`` says
+which runs), with the same bounds and refusals.
 Decoding is bounded (nesting depth, digits of a number) and refuses what Go's decoder refuses
 (NaN, Infinity, numbers beyond float64), always with ValueError.
 Runs on Python 3.9 and later (the plugin may be launched by an older system Python).
@@ -13,9 +17,9 @@ Must not touch: anything outside parsing and formatting.
 
 from __future__ import annotations
 
-import _json
 import _socket
 import sys
+from collections.abc import Callable
 
 AF_INET, AF_INET6 = _socket.AF_INET, _socket.AF_INET6
 MAX_DEPTH = 64  # CNI configs nest about 5 deep; _json's scanner recurses per level
@@ -52,8 +56,60 @@ class _ScanContext:
     memo: dict[str, str] = {}
 
 
-# typeshed types the context as a make_scanner; the C scanner reads only the attributes above.
-_scan = _json.make_scanner(_ScanContext())  # type: ignore[arg-type]
+_Scanner = Callable[[str, int], "tuple[object, int]"]
+#: A document the scanner must decode exactly so before it is trusted.
+_PROBE_TEXT = '{"a":[1,-2.5,"\\u00e9",true,null]}'
+_PROBE_VALUE = {"a": [1, -2.5, "\u00e9", True, None]}
+
+
+def _native_scanner() -> _Scanner | None:
+    """``_json``'s C scanner, or None when it is missing or not the one this module knows."""
+    try:
+        from _json import make_scanner
+
+        # typeshed types the context as a JSONDecoder; the C scanner reads only the
+        # attributes _ScanContext has.
+        scan: _Scanner = make_scanner(_ScanContext())  # type: ignore[arg-type]
+        value, end = scan(_PROBE_TEXT, 0)
+    except (ImportError, AttributeError, TypeError, ValueError, StopIteration):
+        return None
+    finally:
+        _ScanContext.memo.clear()
+    return scan if (value, end) == (_PROBE_VALUE, len(_PROBE_TEXT)) else None
+
+
+def _python_scanner() -> _Scanner:
+    """``json``'s pure-Python scanner, with this module's number and constant rules."""
+    from json import scanner
+    from json.decoder import JSONDecoder
+
+    decoder = JSONDecoder(parse_float=_parse_float, parse_int=_parse_int,
+                          parse_constant=_refuse_constant, strict=True)
+    # Public in json.scanner, missing from typeshed; it clears the decoder's memo after
+    # every call.
+    scan: _Scanner = scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
+    return scan
+
+
+def _native_encoder() -> Callable[[str], str] | None:
+    try:
+        from _json import encode_basestring_ascii
+    except ImportError:
+        return None
+    return encode_basestring_ascii if encode_basestring_ascii('\u00e9"\n') == \
+        '"\\u00e9\\"\\n"' else None
+
+
+def _python_encoder() -> Callable[[str], str]:
+    from json.encoder import py_encode_basestring_ascii
+
+    return py_encode_basestring_ascii
+
+
+_native = _native_scanner()
+NATIVE_SCANNER = _native is not None
+_scan: _Scanner = _native if _native is not None else _python_scanner()
+_encode_string: Callable[[str], str] = _native_encoder() or _python_encoder()
 _WHITESPACE = " \t\n\r"
 
 
@@ -151,14 +207,14 @@ def dumps(value: object) -> str:
     if value is False:
         return "false"
     if isinstance(value, str):
-        return _json.encode_basestring_ascii(value)
+        return _encode_string(value)
     if isinstance(value, int):
         return int.__repr__(value)
     if isinstance(value, float):
         return format_float(value)
     if isinstance(value, dict):
         items = sorted(value.items())
-        return "{" + ",".join(f"{_json.encode_basestring_ascii(str(k))}:{dumps(v)}"
+        return "{" + ",".join(f"{_encode_string(str(k))}:{dumps(v)}"
                               for k, v in items) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(dumps(v) for v in value) + "]"

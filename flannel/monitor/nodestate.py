@@ -4,7 +4,8 @@ Owns ``NodeState``, the references the daemon fills in as it starts (store, conf
 backend, data plane, rules, lease watcher), and ``status_document``: this node's lease,
 backend and what it declares it leaves on the node (its footprint), devices, peers known vs
 programmed, readiness and why, the writes of this node's record the store retries, rules and
-last errors, as the JSON ``flannelctl status`` reads.
+last errors, as the JSON ``flannelctl status`` reads, of the shape
+``flannel/monitor/statusdoc.py`` declares.
 Everything is read from the live objects when asked: nothing here is updated by the
 components. The document holds no credentials, keys or backend data (the VTEP MAC of a
 device is the one the lease publishes anyway); flanneld's options are listed as its start-up
@@ -18,8 +19,20 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from flannel.monitor.statusdoc import (
+    STATUS_FORMAT,
+    Device,
+    Footprint,
+    LeaseInfo,
+    Network,
+    Peers,
+    Rules,
+    StatusDocument,
+    Store,
+)
+from flannel.monitor.statusdoc import Dataplane as DataplaneDoc
 from flannel.reporting.readiness import Readiness
 from flannel.settings import OptionSource
 from flannel.version import __version__
@@ -28,13 +41,12 @@ if TYPE_CHECKING:
     from flannel.backend.base import Backend, EngineSample
     from flannel.config import NetworkConfig
     from flannel.dataplane.loop import Dataplane
+    from flannel.lease import Lease
     from flannel.monitor.health import HealthStats
     from flannel.rules.manager import RulesStatus
     from flannel.subnet.manager import SubnetManager
     from flannel.subnet.watch import LeaseWatcher
 
-#: Bumped when a field of the status document changes meaning or goes away.
-STATUS_FORMAT = 1
 #: Skipped peer leases listed with their reason (all are counted; the log names each).
 SKIPPED_SHOWN = 50
 #: The kind of a refusal an engine reports (``Applier.refused_peers``).
@@ -106,11 +118,12 @@ def _text(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def status_document(state: NodeState, now: float | None = None) -> dict[str, Any]:
+def status_document(state: NodeState, now: float | None = None) -> StatusDocument:
     """This node's status as ``/status`` serves it (see docs/operations.md)."""
     now = time.time() if now is None else now
     ready, why = state.readiness.current()
-    doc: dict[str, Any] = {
+    sm = state.store
+    doc: StatusDocument = {
         "format": STATUS_FORMAT,
         "version": __version__,
         "uptime_seconds": round(now - state.started, 3),
@@ -122,88 +135,99 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
                      "health": state.health_address,
                      "options": [{"name": o.name, "value": o.shown, "source": o.source}
                                  for o in state.options if not o.secret]},
-        "lease": None, "network": None, "store": None, "devices": [], "peers": None,
-        "dataplane": None, "rules": None, "engines": {}, "footprint": None,
+        "lease": _lease(sm.lease, now) if sm is not None and sm.lease is not None else None,
+        "network": _network(state.config) if state.config is not None else None,
+        "store": _store(sm) if sm is not None else None,
+        "devices": _devices(state.dataplane),
+        "peers": _peers(state),
+        "dataplane": _dataplane(state.dataplane) if state.dataplane is not None else None,
+        "rules": _rules(state.rules) if state.rules is not None else None,
+        "engines": {name: {s.name: s.value for s in samples}
+                    for name, samples in state.engines()},
+        "footprint": footprint_document(state.backend) if state.backend is not None else None,
+        "last_errors": [],
     }
-    sm = state.store
-    if sm is not None:
-        store = sm.status
-        doc["store"] = {
-            "kind": sm.name, "ready": store.ready, "reason": store.reason,
+    doc["last_errors"] = last_errors(doc)
+    return doc
+
+
+def _store(sm: SubnetManager) -> Store:
+    store = sm.status
+    return {"kind": sm.name, "ready": store.ready, "reason": store.reason,
             "watching": store.watching, "reconnects": store.reconnects,
             "compactions": store.compactions, "relists": store.relists,
             "renewals": store.renewals, "renewal_failures": store.renewal_failures,
-            "writes": {write: {"ok": write not in store.writes.failing,
-                               "failures": failures,
+            "writes": {write: {"ok": write not in store.writes.failing, "failures": failures,
                                "error": store.writes.failing.get(write)}
                        for write, failures in sorted(store.writes.failures.items())}}
-        lease = sm.lease
-        if lease is not None:
-            expiry = lease.expiration
-            doc["lease"] = {
-                "subnet": _text(lease.subnet), "ipv6_subnet": _text(lease.ipv6_subnet),
-                "public_ip": _text(lease.attrs.public_ip),
-                "public_ipv6": _text(lease.attrs.public_ipv6),
-                "backend_type": lease.attrs.backend_type,
-                "reservation": expiry is None,
-                "expires_at": None if expiry is None else _iso(expiry),
-                "expires_in_seconds": None if expiry is None else round(expiry - now, 3)}
-    if state.config is not None:
-        doc["network"] = {"network": _text(state.config.network),
-                          "ipv6_network": _text(state.config.ipv6_network),
-                          "backend": state.config.backend_type}
-    if state.backend is not None:
-        doc["footprint"] = footprint_document(state.backend)
-    dataplane = state.dataplane
-    if dataplane is not None:
-        status = dataplane.status
-        desired = dataplane.desired
-        if desired is not None:
-            doc["devices"] = [{"name": link.name, "mtu": link.mtu, "mac": link.mac}
-                              for link in sorted(desired.links, key=lambda x: x.name)]
-        doc["dataplane"] = {
-            "in_sync": status.in_sync, "passes": status.passes,
+
+
+def _lease(lease: Lease, now: float) -> LeaseInfo:
+    expiry = lease.expiration
+    return {"subnet": _text(lease.subnet), "ipv6_subnet": _text(lease.ipv6_subnet),
+            "public_ip": _text(lease.attrs.public_ip),
+            "public_ipv6": _text(lease.attrs.public_ipv6),
+            "backend_type": lease.attrs.backend_type,
+            "reservation": expiry is None,
+            "expires_at": None if expiry is None else _iso(expiry),
+            "expires_in_seconds": None if expiry is None else round(expiry - now, 3)}
+
+
+def _network(config: NetworkConfig) -> Network:
+    return {"network": _text(config.network), "ipv6_network": _text(config.ipv6_network),
+            "backend": config.backend_type}
+
+
+def _devices(dataplane: Dataplane | None) -> list[Device]:
+    desired = dataplane.desired if dataplane is not None else None
+    if desired is None:
+        return []
+    return [{"name": link.name, "mtu": link.mtu, "mac": link.mac}
+            for link in sorted(desired.links, key=lambda x: x.name)]
+
+
+def _dataplane(dataplane: Dataplane) -> DataplaneDoc:
+    status, desired = dataplane.status, dataplane.desired
+    return {"in_sync": status.in_sync, "passes": status.passes,
             "failed_passes": status.failed_passes, "last_error": status.last_error,
             "routes_wanted": len(desired.routes) if desired is not None else None,
             "applied": dict(sorted(status.applied.items())),
             "repaired": dict(sorted(status.repaired.items())),
             "netlink_errors": status.netlink_errors,
             "event_overruns": status.event_overruns}
-    peers = state.peers
-    refused = state.refused()
-    doc["peers"] = {
-        "known": peers.count if peers is not None else 0,
-        "for_backend": dataplane.status.wanted_peers if dataplane is not None else 0,
-        "programmed": state.programmed(),
-        "skipped": state.skipped_now(),
-        "skipped_reasons": dict(sorted(peers.skipped.current.items())[:SKIPPED_SHOWN])
-        if peers is not None else {}}
-    doc["peers"]["refused"] = len(refused)
-    doc["peers"]["refused_reasons"] = {
-        key: why for key, (_kind, why) in sorted(refused.items())[:SKIPPED_SHOWN]}
-    doc["peers"]["refused_kinds"] = {
-        key: kind for key, (kind, _why) in sorted(refused.items())[:SKIPPED_SHOWN]}
-    rules = state.rules
-    if rules is not None:
-        doc["rules"] = {"mode": rules.mode, "installed": rules.installed,
-                        "reason": rules.reason, "checks": rules.checks,
-                        "repairs": rules.repairs, "failures": rules.failures}
-        if rules.filtered:  # --encap-peers-only
-            doc["rules"]["encap_filter"] = {
-                f"ipv{v}": {"peers": rules.peers.get(v, 0),
-                            "dropped_packets": rules.not_peer_dropped.get(v, (0, 0))[0]}
-                for v in rules.filtered}
-        if rules.pod_encap:  # --drop-pod-encap
-            doc["rules"]["pod_encap_drop"] = {
-                f"ipv{v}": {"dropped_packets": rules.pod_encap_dropped.get(v, (0, 0))[0]}
-                for v in rules.pod_encap}
-    doc["engines"] = {name: {s.name: s.value for s in samples}
-                      for name, samples in state.engines()}
-    doc["last_errors"] = last_errors(doc)
+
+
+def _peers(state: NodeState) -> Peers:
+    peers, dataplane = state.peers, state.dataplane
+    refused = sorted(state.refused().items())
+    return {"known": peers.count if peers is not None else 0,
+            "for_backend": dataplane.status.wanted_peers if dataplane is not None else 0,
+            "programmed": state.programmed(),
+            "skipped": state.skipped_now(),
+            "skipped_reasons": dict(sorted(peers.skipped.current.items())[:SKIPPED_SHOWN])
+            if peers is not None else {},
+            "refused": len(refused),
+            "refused_reasons": {key: why for key, (_kind, why) in refused[:SKIPPED_SHOWN]},
+            "refused_kinds": {key: kind for key, (kind, _why) in refused[:SKIPPED_SHOWN]}}
+
+
+def _rules(rules: RulesStatus) -> Rules:
+    doc: Rules = {"mode": rules.mode, "installed": rules.installed, "reason": rules.reason,
+                  "checks": rules.checks, "repairs": rules.repairs,
+                  "failures": rules.failures}
+    if rules.filtered:  # --encap-peers-only
+        doc["encap_filter"] = {
+            f"ipv{v}": {"peers": rules.peers.get(v, 0),
+                        "dropped_packets": rules.not_peer_dropped.get(v, (0, 0))[0]}
+            for v in rules.filtered}
+    if rules.pod_encap:  # --drop-pod-encap
+        doc["pod_encap_drop"] = {
+            f"ipv{v}": {"dropped_packets": rules.pod_encap_dropped.get(v, (0, 0))[0]}
+            for v in rules.pod_encap}
     return doc
 
 
-def footprint_document(backend: Backend) -> dict[str, Any]:
+def footprint_document(backend: Backend) -> Footprint:
     """What the backend declares it leaves on the node (``flannel/backend/footprint.py``),
     and the UDP port any host may inject into the pods on (its first unauthenticated
     carrier's, ``Backend.carriers``; null for none)."""
@@ -217,7 +241,7 @@ def footprint_document(backend: Backend) -> dict[str, Any]:
             "dual_stack": footprint.dual_stack}
 
 
-def last_errors(doc: dict[str, Any]) -> list[str]:
+def last_errors(doc: StatusDocument) -> list[str]:
     """What is failing now, most basic first: store, rules, data plane."""
     errors = []
     store, rules, dataplane = doc["store"], doc["rules"], doc["dataplane"]

@@ -134,6 +134,22 @@ def _from_socket(found: Flanneld, files: dict[str, str], notes: list[str]) -> No
         files[f"{path}.txt"] = body[:MAX_HTTP_BYTES].decode(errors="replace")
         if reply.status != 200:
             notes.append(f"{path}: flanneld answered HTTP {reply.status} {reply.reason}")
+        elif path == "status":
+            notes += status_notes(body)
+
+
+def status_notes(body: bytes) -> list[str]:
+    """What in a /status answer is not of its schema (``flannel/monitor/statusdoc.py``),
+    for the bundle's notes: the answer itself is kept as it came."""
+    from flannel.monitor.statusdoc import NotAStatus, read_status
+    from flannel.untrusted import boundedjson
+
+    try:
+        read = read_status(boundedjson.loads(body[:MAX_HTTP_BYTES], what="flanneld's /status",
+                                             max_bytes=MAX_HTTP_BYTES))
+    except (boundedjson.JSONLimitError, NotAStatus) as err:
+        return [f"status: not flanneld's status document ({err})"]
+    return [f"status: not of flanneld's status shape: {problem}" for problem in read.problems]
 
 
 def collect(args: BundleOptions) -> tuple[dict[str, str], list[str]]:

@@ -4,6 +4,9 @@ Owns gathering what the checks look at (subnet.env, the store's config and lease
 kernel of this network namespace, the store's clock, the running flanneld's /status, asked
 when a check needs it), running every check, and printing
 the ranked findings as text or JSON. Exit status 0 only when nothing is wrong.
+A check that fails with a declared error (``CHECK_ERRORS``: about this node) becomes a
+warning; any other exception is a bug in doctor, not a fault of the node: doctor says so in
+one line, prints the traceback on stderr and exits 1.
 Must not change anything unless a ``--fix-*`` flag asks for it.
 """
 
@@ -13,14 +16,17 @@ import asyncio
 import email.utils
 import json
 import ssl
+import sys
 import time
+import traceback
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flannel.backendconf.errors import BackendError
 from flannel.ops.checks import Context, all_checks
 from flannel.ops.findings import Finding, exit_code, rank, render
-from flannel.ops.kernelview import read_kernel
+from flannel.ops.kernelview import ToolError, read_kernel
 
 if TYPE_CHECKING:
     from flannel.ops.options import DoctorOptions
@@ -28,6 +34,10 @@ if TYPE_CHECKING:
     from flannel.settings import EtcdSettings
 
 STORE_TIMEOUT = 10.0
+
+#: What a check may fail with that is about this node: a file or socket it cannot read, a
+#: tool that fails, a backend refusing the node's options.
+CHECK_ERRORS = (OSError, ToolError, BackendError)
 
 
 def read_subnet_env(ctx: Context) -> None:
@@ -120,8 +130,11 @@ def diagnose(ctx: Context) -> list[Finding]:
     for name, check in all_checks():
         try:
             findings.extend(check(ctx))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        except CHECK_ERRORS as err:
             findings.append(Finding(name, "warning", f"the {name} check could not run: {err}"))
+        except Exception as err:
+            err.add_note(f"in doctor's {name} check")
+            raise
     return rank(findings)
 
 
@@ -138,7 +151,14 @@ def cmd_doctor(opts: DoctorOptions) -> int:
     unread = [Finding("store", "warning", f"flanneld's settings are unknown: {opts.note}",
                       "run flannelctl doctor as root, or give flanneld's store flags")
               ] if opts.note and not opts.given else []
-    findings = rank([*diagnose(gather(opts)), *unread])
+    try:
+        findings = rank([*diagnose(gather(opts)), *unread])
+    except Exception as err:  # a bug: said as one, never as a finding about the node
+        print(f"flannelctl doctor: stopped on a bug in flannelctl, not a fault of this node: "
+              f"{type(err).__name__}: {err} (please report it with the traceback below)",
+              file=sys.stderr)
+        traceback.print_exception(err, file=sys.stderr)
+        return 1
     if opts.json:
         doc: dict[str, Any] = {"healthy": exit_code(findings) == 0, "store": source,
                                "findings": [f.as_json() for f in findings]}

@@ -4,8 +4,8 @@ and whether its rules drop the encapsulation pods send.
 
 Owns asking the flanneld of this network namespace once, over its local socket (found as
 every ``flannelctl`` verb finds it: ``flannel/ops/locate.py``, ``discover.py``; fetched by
-``flannel/ops/status.py``), and reading the answer as untrusted input: only the fields it
-uses, of the types they must have, bounded. When it cannot be read, ``unread`` says why,
+``flannel/ops/status.py``, read as ``flannel/monitor/statusdoc.py`` declares), and keeping
+the fields it uses, bounded. When it cannot be read, ``unread`` says why,
 for a "not checked: ... because ..." of the tools. ``doctor`` and ``check`` share it.
 Must not touch: anything (one GET of /status).
 """
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from flannel.monitor.statusdoc import Read
     from flannel.ops.discover import Flanneld
 
 #: Seconds flanneld has to answer.
@@ -57,20 +58,13 @@ def read_view(found: Flanneld | None, timeout: float = TIMEOUT) -> FlanneldView:
     return view_of(doc)
 
 
-def view_of(doc: Mapping[str, Any]) -> FlanneldView:
-    """The parts of a ``/status`` document the tools use; what is not of its shape is left
-    out, never trusted."""
-    peers = doc.get("peers")
-    peers = peers if isinstance(peers, dict) else {}
-    reasons, kinds = peers.get("refused_reasons"), peers.get("refused_kinds")
-    refused: dict[str, tuple[str, str]] = {}
-    if isinstance(reasons, dict) and isinstance(kinds, dict):
-        for key, why in list(reasons.items())[:MAX_REFUSED]:
-            kind = kinds.get(key)
-            if isinstance(key, str) and isinstance(why, str) and isinstance(kind, str):
-                refused[key] = (kind, why[:MAX_REASON])
-    count = peers.get("refused")
-    unlisted = max(0, count - len(refused)) if isinstance(count, int) else 0
-    rules = doc.get("rules")
+def view_of(read: Read) -> FlanneldView:
+    """The parts of a ``/status`` document the tools use (read as its schema declares: what
+    is not of its shape is left out, never trusted)."""
+    peers, rules = read.doc["peers"], read.doc["rules"]
+    refused = {key: (kind, peers["refused_reasons"][key][:MAX_REASON])
+               for key, kind in list(peers["refused_kinds"].items())[:MAX_REFUSED]
+               if key in peers["refused_reasons"]}
+    unlisted = max(0, peers["refused"] - len(refused))
     return FlanneldView(refused, unlisted,
-                        "pod_encap_drop" in rules if isinstance(rules, dict) else None)
+                        "pod_encap_drop" in rules if rules is not None else None)

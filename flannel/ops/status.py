@@ -3,8 +3,9 @@
 Owns finding where to ask (``--health-url``: plain HTTP to the health server; ``--socket``,
 or the socket next to ``--subnet-file``; with neither, the local socket of the flanneld of
 this network namespace, found by ``flannel.ops.discover``, else the default
-``/run/flannel/flanneld.sock``), fetching ``/status`` (one bounded request), checking the
-answer's shape, and showing it: a human table by default, the document itself with
+``/run/flannel/flanneld.sock``), fetching ``/status`` (one bounded request), reading the
+answer as its schema declares (``flannel/monitor/statusdoc.py``: fields of the wrong type
+named and left out), and showing it: a human table by default, the document itself with
 ``--json``. Exit codes: 0 ready, 1 running but not ready, 2 a bad flag, 3 flanneld did not
 answer (not running, a stale socket, no right to use it) or answered something that is not
 its status.
@@ -19,11 +20,21 @@ import json
 import os
 import sys
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flannel.monitor.localsock import connect, socket_path
+from flannel.monitor.statusdoc import (
+    MAX_ITEMS,
+    LeaseInfo,
+    NotAStatus,
+    Peers,
+    Read,
+    StatusDocument,
+    read_status,
+)
 from flannel.untrusted import boundedjson
 
 if TYPE_CHECKING:
@@ -135,8 +146,9 @@ def fetch(where: Where, path: str, timeout: float, limit: int = MAX_STATUS_BYTES
     return reply, body
 
 
-def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
-    """flanneld's status document from its health server or local socket."""
+def fetch_status(where: Where | str, timeout: float) -> Read:
+    """flanneld's status document from its health server or local socket, read as its
+    schema declares (``flannel/monitor/statusdoc.py``)."""
     where = Where(url=where) if isinstance(where, str) else where
     base = str(where)
     reply, body = fetch(where, "/status", timeout)
@@ -154,22 +166,17 @@ def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
         raise StatusUnavailable(f"the /status answer of {base} exceeds "
                                 f"{MAX_STATUS_BYTES >> 20} MiB")
     try:
-        doc = boundedjson.loads(body, what="flanneld's /status", max_bytes=MAX_STATUS_BYTES)
+        return read_status(boundedjson.loads(body, what="flanneld's /status",
+                                             max_bytes=MAX_STATUS_BYTES))
     except boundedjson.JSONLimitError as err:
         raise StatusUnavailable(f"the /status answer of {base} is not usable: {err}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("ready"), bool):
-        raise StatusUnavailable(f"the /status answer of {base} is not flanneld's status")
-    return doc
+    except NotAStatus:
+        raise StatusUnavailable(f"the /status answer of {base} is not flanneld's "
+                                "status") from None
 
 
-def _get(doc: Any, *path: str) -> Any:
-    for key in path:
-        doc = doc.get(key) if isinstance(doc, dict) else None
-    return doc
-
-
-def _duration(seconds: Any) -> str:
-    if not isinstance(seconds, int | float):
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
         return "?"
     if seconds < 0:
         return f"{_duration(-seconds)} ago"
@@ -182,8 +189,8 @@ def _duration(seconds: Any) -> str:
     return "".join(p for p in parts if p)
 
 
-def _counts(values: Any) -> str:
-    if not isinstance(values, dict) or not values:
+def _counts(values: Mapping[str, float]) -> str:
+    if not values:
         return "none"
     return ", ".join(f"{k} {v}" for k, v in values.items())
 
@@ -197,38 +204,39 @@ REFUSALS = {
 }
 
 
-def _refusal_counts(total: Any, refused: dict[Any, Any], kinds: dict[Any, Any]) -> str:
+def _refusal_counts(peers: Peers) -> str:
     """", 1 refused for their data, 2 parked (...)": the listed refusals by kind, then any
     more it counts."""
+    total, refused, kinds = peers["refused"], peers["refused_reasons"], peers["refused_kinds"]
     if not total:
         return ""
     counted: dict[str, int] = {}
     for key in refused:
-        kind = str(kinds.get(key))
+        kind = kinds.get(key, "")
         counted[kind] = counted.get(kind, 0) + 1
     parts = [f"{n} {REFUSALS.get(kind, ('', 'refused'))[1]}"
              for kind, n in sorted(counted.items(), key=lambda kn: list(REFUSALS).index(kn[0])
                                    if kn[0] in REFUSALS else len(REFUSALS))]
-    more = total - len(refused) if isinstance(total, int) else 0
+    more = total - len(refused)
     if more > 0:
         parts.append(f"{more} more refused")
     return "".join(f", {part}" for part in parts)
 
 
-def _lease_line(lease: Any) -> str:
-    if not isinstance(lease, dict):
+def _lease_line(lease: LeaseInfo | None) -> str:
+    if lease is None:
         return "none yet"
-    subnets = " + ".join(str(s) for s in (lease.get("subnet"), lease.get("ipv6_subnet")) if s)
-    public = " / ".join(str(a) for a in (lease.get("public_ip"), lease.get("public_ipv6")) if a)
-    if lease.get("reservation"):
+    subnets = " + ".join(s for s in (lease["subnet"], lease["ipv6_subnet"]) if s)
+    public = " / ".join(a for a in (lease["public_ip"], lease["public_ipv6"]) if a)
+    if lease["reservation"]:
         expiry = "a reservation (never expires)"
     else:
-        expiry = (f"expires in {_duration(lease.get('expires_in_seconds'))} "
-                  f"({lease.get('expires_at')})")
+        expiry = (f"expires in {_duration(lease['expires_in_seconds'])} "
+                  f"({lease['expires_at']})")
     return f"{subnets} (public IP {public or '?'}), {expiry}"
 
 
-def _store_place(kind: str, options: dict[Any, Any]) -> str:
+def _store_place(kind: str, options: dict[str, str]) -> str:
     """Where the store is, from flanneld's options (credentials are masked there)."""
     if kind == "etcd":
         return f"{options.get('etcd-endpoints')}, prefix {options.get('etcd-prefix')}"
@@ -236,100 +244,105 @@ def _store_place(kind: str, options: dict[Any, Any]) -> str:
     return f"{api}, annotations {options.get('kube-annotation-prefix')}"
 
 
-def render(doc: dict[str, Any], base: str) -> str:
-    """The human table."""
-    rows: list[tuple[str, str]] = []
-    ready = doc.get("ready")
-    rows.append(("ready", "yes" if ready else f"NO: {doc.get('reason') or '?'}"))
-    rows.append(("lease", _lease_line(doc.get("lease"))))
-    network = doc.get("network")
-    if isinstance(network, dict):
-        nets = ", ".join(str(n) for n in (network.get("network"), network.get("ipv6_network"))
-                         if n)
-        rows.append(("network", f"{nets}, backend {network.get('backend')}"))
-    flanneld = doc.get("flanneld")
-    if isinstance(flanneld, dict):
-        rows.append(("serving", ", ".join(
-            f"{what} {where}" for what, where in (("socket", flanneld.get("socket")),
-                                                 ("health", flanneld.get("health"))) if where)
-            or "no socket, no health port"))
-    options = {_get(o, "name"): _get(o, "value")
-               for o in (_get(flanneld, "options") or []) if isinstance(o, dict)}
-    store = doc.get("store")
-    if isinstance(store, dict) and options:
-        rows.append(("store at", _store_place(str(store.get("kind")), options)))
-    if isinstance(store, dict):
-        rows.append(("store", f"{store.get('kind')}: "
-                              f"{'watching' if store.get('watching') else 'NOT watching'}, "
-                              f"{store.get('relists')} listing(s), "
-                              f"{store.get('reconnects')} reconnect(s), "
-                              f"{store.get('compactions')} compaction(s); renewals "
-                              f"{store.get('renewals')} ok, {store.get('renewal_failures')} "
-                              "failed"))
-        writes = store.get("writes")
-        if isinstance(writes, dict) and writes:
-            rows.append(("  writes", "; ".join(
-                f"{name} {'ok' if _get(w, 'ok') else 'FAILING'}, {_get(w, 'failures')} failed"
-                for name, w in sorted(writes.items()))))
-    devices = doc.get("devices")
-    if isinstance(devices, list) and devices:
-        rows.append(("devices", "; ".join(
-            f"{_get(d, 'name')} mtu {_get(d, 'mtu')} mac {_get(d, 'mac')}" for d in devices)))
-    peers = doc.get("peers")
-    if isinstance(peers, dict):
-        refused = peers.get("refused_reasons")
-        refused = refused if isinstance(refused, dict) else {}
-        kinds = peers.get("refused_kinds")
-        kinds = kinds if isinstance(kinds, dict) else {}
-        rows.append(("peers", f"{peers.get('known')} known, {peers.get('for_backend')} for "
-                              f"this backend, {peers.get('programmed')} programmed, "
-                              f"{peers.get('skipped')} skipped as invalid"
-                              + _refusal_counts(peers.get("refused"), refused, kinds)))
-        reasons = peers.get("skipped_reasons")
-        for key, why in (reasons.items() if isinstance(reasons, dict) else ()):
-            rows.append(("  skipped", f"{key}: {why}"))
-        for key, why in refused.items():
-            label = REFUSALS.get(str(kinds.get(key)), ("refused", ""))[0]
-            rows.append((f"  {label}", f"{key}: {why}"))
-    dataplane = doc.get("dataplane")
-    if isinstance(dataplane, dict):
-        rows.append(("data plane", f"{'in sync' if dataplane.get('in_sync') else 'NOT in sync'}"
-                                   f"; {dataplane.get('passes')} pass(es), "
-                                   f"{dataplane.get('failed_passes')} failed"))
-        rows.append(("  changes", _counts(dataplane.get("applied"))))
-        rows.append(("  repaired", _counts(dataplane.get("repaired"))))
-    rules = doc.get("rules")
-    if isinstance(rules, dict):
-        state = "installed" if rules.get("installed") else f"NOT installed: {rules.get('reason')}"
-        rows.append(("rules", f"{rules.get('mode') or '?'}: {state} ({rules.get('checks')} "
-                              f"check(s), {rules.get('repairs')} repair(s), "
-                              f"{rules.get('failures')} failure(s))"))
-        encap = rules.get("encap_filter")
-        if isinstance(encap, dict):
+Rows = list[tuple[str, str]]
+
+
+def _node_rows(doc: StatusDocument) -> Rows:
+    rows = [("ready", "yes" if doc["ready"] else f"NO: {doc['reason'] or '?'}"),
+            ("lease", _lease_line(doc["lease"]))]
+    network = doc["network"]
+    if network is not None:
+        nets = ", ".join(n for n in (network["network"], network["ipv6_network"]) if n)
+        rows.append(("network", f"{nets}, backend {network['backend']}"))
+    flanneld = doc["flanneld"]
+    rows.append(("serving", ", ".join(
+        f"{what} {where}" for what, where in (("socket", flanneld["socket"]),
+                                             ("health", flanneld["health"])) if where)
+        or "no socket, no health port"))
+    return rows
+
+
+def _store_rows(doc: StatusDocument) -> Rows:
+    store = doc["store"]
+    if store is None:
+        return []
+    options = {o["name"]: o["value"] for o in doc["flanneld"]["options"]}
+    rows = [("store at", _store_place(store["kind"], options))] if options else []
+    rows.append(("store", f"{store['kind']}: "
+                          f"{'watching' if store['watching'] else 'NOT watching'}, "
+                          f"{store['relists']} listing(s), {store['reconnects']} reconnect(s), "
+                          f"{store['compactions']} compaction(s); renewals "
+                          f"{store['renewals']} ok, {store['renewal_failures']} failed"))
+    if store["writes"]:
+        rows.append(("  writes", "; ".join(
+            f"{name} {'ok' if w['ok'] else 'FAILING'}, {w['failures']} failed"
+            for name, w in sorted(store["writes"].items()))))
+    return rows
+
+
+def _peer_rows(doc: StatusDocument) -> Rows:
+    rows: Rows = []
+    if doc["devices"]:
+        rows.append(("devices", "; ".join(f"{d['name']} mtu {d['mtu']} mac {d['mac']}"
+                                          for d in doc["devices"])))
+    peers = doc["peers"]
+    rows.append(("peers", f"{peers['known']} known, {peers['for_backend']} for this backend, "
+                          f"{peers['programmed']} programmed, {peers['skipped']} skipped as "
+                          f"invalid{_refusal_counts(peers)}"))
+    rows += [("  skipped", f"{key}: {why}") for key, why in peers["skipped_reasons"].items()]
+    rows += [(f"  {REFUSALS.get(peers['refused_kinds'].get(key, ''), ('refused', ''))[0]}",
+              f"{key}: {why}") for key, why in peers["refused_reasons"].items()]
+    return rows
+
+
+def _machinery_rows(doc: StatusDocument) -> Rows:
+    rows: Rows = []
+    dataplane = doc["dataplane"]
+    if dataplane is not None:
+        rows += [("data plane", f"{'in sync' if dataplane['in_sync'] else 'NOT in sync'}; "
+                                f"{dataplane['passes']} pass(es), "
+                                f"{dataplane['failed_passes']} failed"),
+                 ("  changes", _counts(dataplane["applied"])),
+                 ("  repaired", _counts(dataplane["repaired"]))]
+    rules = doc["rules"]
+    if rules is not None:
+        state = "installed" if rules["installed"] else f"NOT installed: {rules['reason']}"
+        rows.append(("rules", f"{rules['mode'] or '?'}: {state} ({rules['checks']} check(s), "
+                              f"{rules['repairs']} repair(s), {rules['failures']} failure(s))"))
+        if "encap_filter" in rules:
             rows.append(("encap filter", ", ".join(
-                f"{family}: {v.get('peers')} peer(s), {v.get('dropped_packets')} dropped"
-                for family, v in sorted(encap.items()) if isinstance(v, dict))))
-    engines = doc.get("engines")
-    for name, samples in (engines.items() if isinstance(engines, dict) else ()):
-        rows.append(("engine", f"{name}: {_counts(samples)}"))
+                f"{family}: {v['peers']} peer(s), {v['dropped_packets']} dropped"
+                for family, v in sorted(rules["encap_filter"].items()))))
+    rows += [("engine", f"{name}: {_counts(samples)}")
+             for name, samples in doc["engines"].items()]
+    return rows
+
+
+def _trailer(read: Read) -> list[str]:
+    doc = read.doc
+    lines = ["", f"{'COMPONENT':<12} {'READY':<5}  REASON"] if doc["readiness"] else []
+    lines += [f"{c['component']:<12} {'yes' if c['ready'] else 'NO':<5}  {c['reason']}".rstrip()
+              for c in doc["readiness"]]
+    lines += ["", "last errors:" if doc["last_errors"] else "last errors: none"]
+    lines += [f"  {error}" for error in doc["last_errors"]]
+    if read.newer:
+        lines.append(f"note: a newer flanneld (status format {doc['format']}): what it added "
+                     "is not shown")
+    if read.problems or read.cut:
+        lines.append("ignored, not of flanneld's status shape: " + "; ".join(
+            [*read.problems, *(f"{where}: cut at {MAX_ITEMS} items" for where in read.cut)]))
+    return lines
+
+
+def render(read: Read, base: str) -> str:
+    """The human table."""
+    doc = read.doc
+    rows = [*_node_rows(doc), *_store_rows(doc), *_peer_rows(doc), *_machinery_rows(doc)]
     width = max(len(label) for label, _ in rows)
-    lines = [f"flanneld {doc.get('version')} at {base}, up {_duration(doc.get('uptime_seconds'))}"]
+    lines = [f"flanneld {doc['version'] or '?'} at {base}, up "
+             f"{_duration(doc['uptime_seconds'])}"]
     lines += [f"{label:<{width}}  {value}" for label, value in rows]
-    components = doc.get("readiness")
-    if isinstance(components, list):
-        lines += ["", f"{'COMPONENT':<12} {'READY':<5}  REASON"]
-        for item in components:
-            lines.append(f"{_get(item, 'component')!s:<12} "
-                         f"{'yes' if _get(item, 'ready') else 'NO':<5}  "
-                         f"{_get(item, 'reason') or ''}".rstrip())
-    errors = doc.get("last_errors")
-    lines.append("")
-    if isinstance(errors, list) and errors:
-        lines.append("last errors:")
-        lines += [f"  {error}" for error in errors]
-    else:
-        lines.append("last errors: none")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_trailer(read)]) + "\n"
 
 
 def locate(args: StatusOptions, environ: dict[str, str] | None = None) -> Where:
@@ -371,12 +384,12 @@ def cmd_status(args: StatusOptions) -> int:
             return 2
     try:
         where = locate(args)
-        doc = fetch_status(where, args.timeout)
+        read = fetch_status(where, args.timeout)
     except (StatusUnavailable, NotFound) as err:
         print(f"flannelctl status: {err}", file=sys.stderr)
         return EXIT_UNREACHABLE
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(read.doc, indent=2))
     else:
-        sys.stdout.write(render(doc, str(where)))
-    return 0 if doc["ready"] else EXIT_NOT_READY
+        sys.stdout.write(render(read, str(where)))
+    return 0 if read.doc["ready"] else EXIT_NOT_READY

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.files.fileutil import write_atomic
@@ -71,14 +71,14 @@ def network_config(args: argparse.Namespace, lab: Lab) -> str:
     """The config JSON to put in etcd: ``--config``'s, or built from the options."""
     if args.config:
         return read_config_option(args.config)
-    backend: dict = {"Type": args.backend}
+    backend: dict[str, Any] = {"Type": args.backend}
     if args.backend == "extension":
         backend = extension.backend_section(lab)
     if args.backend == "ipsec":
         backend["PSK"] = secrets.token_hex(48)  # 96 characters, Go's minimum
     if args.direct_routing:
         backend["DirectRouting"] = True
-    config: dict = {"Network": "10.244.0.0/16", "Backend": backend}
+    config: dict[str, Any] = {"Network": "10.244.0.0/16", "Backend": backend}
     if args.ipv6:
         config.update(EnableIPv6=True, IPv6Network="fd00:10:244::/56")
     return json.dumps(config)
@@ -109,7 +109,7 @@ def flanneld_args(args: argparse.Namespace) -> list[str]:
     return extra
 
 
-def decode_config(config: dict | str) -> tuple[str, NetworkConfig]:
+def decode_config(config: dict[str, Any] | str) -> tuple[str, NetworkConfig]:
     """The JSON text and what flanneld will make of it (ConfigError as flanneld says it)."""
     text = config if isinstance(config, str) else json.dumps(config)
     decoded = parse_config(text)
@@ -168,7 +168,7 @@ def wait_for_mesh(lab: Lab, nodes: list[int], ipv6: bool, timeout: float = 30.0)
     return time.monotonic() - start
 
 
-def build(lab: Lab, nodes: int, config: dict | str, *, second_underlay_from: int = 0,
+def build(lab: Lab, nodes: int, config: dict[str, Any] | str, *, second_underlay_from: int = 0,
           flanneld_args: tuple[str, ...] = ()) -> list[int]:
     text = config if isinstance(config, str) else json.dumps(config)
     try:

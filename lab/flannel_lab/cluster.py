@@ -93,7 +93,7 @@ def exit_reason(log: str) -> str:
 
 
 def run(cmd: list[str], *, check: bool = True, timeout: float = 30.0
-        ) -> subprocess.CompletedProcess:
+        ) -> subprocess.CompletedProcess[str]:
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                                 check=False)
@@ -104,12 +104,12 @@ def run(cmd: list[str], *, check: bool = True, timeout: float = 30.0
     return result
 
 
-def ip(netns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+def ip(netns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run(["ip", "-n", netns, *args], check=check)
 
 
 def in_ns(netns: str, *cmd: str, check: bool = True, timeout: float = 30.0
-          ) -> subprocess.CompletedProcess:
+          ) -> subprocess.CompletedProcess[str]:
     return run(["ip", "netns", "exec", netns, *cmd], check=check, timeout=timeout)
 
 
@@ -312,7 +312,7 @@ class Lab:
             sysctl(ns, "net.ipv6.conf.all.forwarding", "1")
         return node
 
-    def put_config(self, config: dict | str) -> None:
+    def put_config(self, config: dict[str, Any] | str) -> None:
         text = config if isinstance(config, str) else json.dumps(config)
         self.etcdctl("put", f"{ETCD_PREFIX}/config", text)
 
@@ -320,7 +320,8 @@ class Lab:
         cmd = ["etcdctl", "--endpoints", self.state.etcd_endpoint, "--command-timeout", "5s",
                "--dial-timeout", "2s", *args]
         env_cmd = ["env", "ETCDCTL_API=3", *cmd]
-        return in_ns(self.underlay_ns, *env_cmd).stdout
+        output: str = in_ns(self.underlay_ns, *env_cmd).stdout
+        return output
 
     def leases(self) -> dict[str, str]:
         lines = self.etcdctl("get", "--prefix", f"{ETCD_PREFIX}/subnets/").splitlines()
@@ -516,7 +517,7 @@ class Lab:
     def cni_bin(self) -> Path:
         return self.directory / "cni-bin"
 
-    def netconf(self, index: int) -> dict:
+    def netconf(self, index: int) -> dict[str, Any]:
         """The conflist's flannel entry (upstream's cbr0), with per-node state paths."""
         node_dir = self.directory / f"n{index}"
         return {"cniVersion": "1.0.0", "name": "cbr0", "type": "flannel",
@@ -524,7 +525,7 @@ class Lab:
                 "ipam": {"dataDir": str(node_dir / "ipam")},
                 "delegate": {"hairpinMode": True, "isDefaultGateway": True}}
 
-    def cni(self, command: str, pod: Pod) -> dict:
+    def cni(self, command: str, pod: Pod) -> dict[str, Any]:
         from flannel.cni.install import install_plugin
 
         plugin = self.cni_bin / "flannel"

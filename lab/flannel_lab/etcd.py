@@ -26,7 +26,8 @@ ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class EtcdServer:
         self.client_cert_auth = client_cert_auth
         self.client_port = free_port()
         self.peer_port = free_port()
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "etcd.log"
 
     @property
@@ -149,7 +150,7 @@ class EtcdServer:
         self.start()
 
     def ctl(self, *args: str, check: bool = True, user: str | None = None
-            ) -> subprocess.CompletedProcess:
+            ) -> subprocess.CompletedProcess[str]:
         """Run etcdctl (v3 API) against this server."""
         cmd = [*self._prefix(), ETCDCTL, "--endpoints", self.endpoint,
                "--command-timeout", "5s", "--dial-timeout", "2s"]

@@ -124,7 +124,8 @@ class FakeCompute:
         self.networks[name] = {"kind": "compute#network", "id": str(next(self._ids)),
                                "name": name, "selfLink": self.link(f"global/networks/{name}"),
                                "autoCreateSubnetworks": True}
-        return self.networks[name]["selfLink"]
+        link: str = self.networks[name]["selfLink"]
+        return link
 
     def add_instance(self, zone: str, name: str, can_ip_forward: bool = True,
                      address: str = "", network: str = "") -> str:
@@ -134,7 +135,8 @@ class FakeCompute:
             "canIpForward": can_ip_forward,
             "networkInterfaces": [{"name": "nic0", "network": network, "networkIP": address}],
             "selfLink": self.link(f"zones/{zone}/instances/{name}")}
-        return self.instances[f"{zone}/{name}"]["selfLink"]
+        link: str = self.instances[f"{zone}/{name}"]["selfLink"]
+        return link
 
     def add_route(self, name: str, dest: str, network: str, **next_hop: str) -> None:
         """A route made outside flannel (``nextHopInstance=...``, ``nextHopGateway=...``)."""

@@ -137,7 +137,7 @@ class PingRun:
 
     src: int
     dst: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen[str]
 
     def stop(self, timeout: float = 10.0) -> tuple[int, int]:
         """End the run now (ping prints its summary on SIGINT): (sent, received)."""

@@ -200,12 +200,22 @@ def test_launcher_under_a_python_too_old_or_without_json(tmp_path):
     assert error_call(plugin, old, "-IS")["msg"] == (
         f"the flannel CNI plugin needs Python 3.9 or later, {old} (Python 3.6.15) is too old: "
         "install a newer Python and re-run flannelctl install-cni --python PATH")
-    minimal = without_json(python_or_skip("host"), tmp_path / "python-minimal")
+    minimal = without_json(python_or_skip("host"), tmp_path / "python-minimal", package=True)
     message = error_call(plugin, minimal, "-IS")["msg"]
     assert message.startswith(f"flannel CNI plugin library at {library} failed to load with "
                               f"{minimal} (Python ")
-    assert message.endswith("ModuleNotFoundError: No module named '_json'; re-run flannelctl "
+    assert message.endswith("ModuleNotFoundError: No module named 'json'; re-run flannelctl "
                             "install-cni")
+
+
+def test_launcher_under_a_python_without_the_private_json_module(tmp_path):
+    plugin = install(tmp_path / "bin", python_or_skip("host"))
+    python = without_json(python_or_skip("host"), tmp_path / "python-no-_json")
+    proc = subprocess.run([python, "-IS", str(plugin)], input=b'{"cniVersion":"1.0.0"}',
+                          env={"CNI_COMMAND": "VERSION"}, capture_output=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["supportedVersions"][-1] == "1.1.0"
 
 
 def upgraded_copy(directory: Path) -> Path:

@@ -118,6 +118,25 @@ async def test_host_gw_dual_stack_and_overwrites(api, tmp_path):
         await sm.close()
 
 
+@pytest.mark.parametrize("backend", ["extension", "alloc"])
+async def test_every_dual_stack_backend_leases_both_families(api, tmp_path, backend):
+    # Go leases IPv4 only to every backend but vxlan, host-gw and wireguard; the extension
+    # and alloc backends carry IPv6 too (their footprint says so), and get its subnet.
+    api.put_node("node1", ["10.244.5.0/24", "fd00:10:244:5::/64"])
+    sm = manager(api, tmp_path, {"Network": "10.244.0.0/16", "EnableIPv6": True,
+                                 "IPv6Network": "fd00:10:244::/56",
+                                 "Backend": {"Type": backend}})
+    try:
+        config = await sm.get_network_config()
+        attrs = LeaseAttrs(public_ip=IPv4Address("10.0.0.1"),
+                           public_ipv6=IPv6Address("fd00::1"), backend_type=backend)
+        lease = await sm.acquire_lease(config, attrs)
+        assert (str(lease.subnet), str(lease.ipv6_subnet)) == ("10.244.5.0/24",
+                                                               "fd00:10:244:5::/64")
+    finally:
+        await sm.close()
+
+
 async def test_missing_pod_cidr_and_mismatched_network_say_what_to_fix(api, tmp_path):
     api.put_node("node1", [])
     # A node that never gets a pod CIDR is refused once the wait for one ends.

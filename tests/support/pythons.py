@@ -1,9 +1,11 @@
 """Interpreters a host may offer the CNI plugin: pyenv's builds of given versions, the
-distribution's ``/usr/bin/python3``, and a copy of an interpreter without ``_json`` (what a
-Debian host with python3-minimal but not libpython3.x-stdlib has).
+distribution's ``/usr/bin/python3``, and a copy of an interpreter without ``_json``, with or
+without the ``json`` package too (what a Debian host with python3-minimal but not
+libpython3.x-stdlib has).
 
 The copy is a real interpreter: its executable copied, its standard library symlinked to the
-original's, every extension module but ``_json`` present.
+original's, every extension module but ``_json`` present (and every package but ``json``,
+when asked).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 import pytest
 
 HOST_PYTHON = "/usr/bin/python3"
+#: pyenv's builds of every Python the CNI plugin supports (3.9 and later).
+CNI_PYTHONS = ("3.9.18", "3.10.13", "3.11.7", "3.12.1", "3.13.0")
 
 
 def pyenv_python(version: str) -> str | None:
@@ -61,8 +65,9 @@ print(json.dumps({"prefix": sys.prefix, "stdlib": os.path.dirname(os.__file__),
 """
 
 
-def without_json(base: str, directory: Path) -> str:
-    """An interpreter like ``base`` that lacks ``_json``, built under ``directory``."""
+def without_json(base: str, directory: Path, *, package: bool = False) -> str:
+    """An interpreter like ``base`` that lacks ``_json`` (and the ``json`` package when
+    ``package``), built under ``directory``."""
     proc = subprocess.run([base, "-I", "-S", "-c", _DESCRIBE], capture_output=True, text=True,
                           timeout=30, check=True)
     facts = json.loads(proc.stdout)
@@ -75,7 +80,8 @@ def without_json(base: str, directory: Path) -> str:
     new_stdlib.mkdir(parents=True)
     new_dynload.mkdir(parents=True, exist_ok=True)
     for entry in stdlib.iterdir():
-        if (new_stdlib / entry.name).exists() or entry == dynload:
+        if (new_stdlib / entry.name).exists() or entry == dynload \
+                or (package and entry.name == "json"):
             continue
         (new_stdlib / entry.name).symlink_to(entry)
     for entry in dynload.iterdir():

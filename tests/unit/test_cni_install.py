@@ -21,7 +21,7 @@ from flannel.version import __version__
 from tests.support.pythons import HOST_PYTHON, python_or_skip, without_json
 
 FIX = ("the flannel CNI plugin runs with this interpreter on the host: pass --python with a "
-       "CPython >= 3.9 that has _json and _socket, or use upstream's static flannel plugin and "
+       "CPython >= 3.9 that has json and _socket, or use upstream's static flannel plugin and "
        "--plugin none")
 
 
@@ -57,14 +57,21 @@ def test_refuses_a_python_too_old(tmp_path, version):
         f"flannelctl install-cni: --python {python} is Python {version}, too old: {FIX}\n"
 
 
+def test_installs_for_a_python_without_the_private_json_module(tmp_path):
+    python = without_json(python_or_skip("host"), tmp_path / "python-no-_json")
+    proc = install(tmp_path, "--python", python)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "bin" / "flannel").read_text().startswith(f"#!{python} -IS\n")
+
+
 def test_refuses_a_python_without_json(tmp_path):
-    python = without_json(python_or_skip("host"), tmp_path / "python-minimal")
+    python = without_json(python_or_skip("host"), tmp_path / "python-minimal", package=True)
     version = subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
                              capture_output=True, text=True, timeout=30,
                              check=True).stdout.strip()
     minor = ".".join(version.split(".")[:2])
     assert refused(tmp_path, python) == (
-        f"flannelctl install-cni: --python {python} (Python {version}) lacks _json: {FIX} "
+        f"flannelctl install-cni: --python {python} (Python {version}) lacks json: {FIX} "
         f"(Debian, Ubuntu: install libpython{minor}-stdlib)\n")
 
 

@@ -10,6 +10,7 @@ from flannel.backend.plan import NodeView
 from flannel.config import NetworkConfig
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
 from flannel.lease import Lease, LeaseAttrs
+from flannel.monitor.statusdoc import read_status
 from flannel.ops.checks import Context
 from flannel.ops.checks.cluster import check_clock, check_duplicates
 from flannel.ops.checks.kernel import check_entries, check_skipped
@@ -310,7 +311,7 @@ def _flanneld_says(ctx: Context, status: dict) -> Context:
     from flannel.ops.flanneldview import view_of
 
     ctx.flanneld_pids, ctx.flanneld = [1], Flanneld(1, {}, "", Path("/"), Path("/"))
-    ctx.__dict__["view"] = view_of(status)
+    ctx.__dict__["view"] = view_of(read_status({"ready": True, **status}))
     return ctx
 
 
@@ -365,12 +366,14 @@ def test_a_peer_flanneld_parked_is_named_with_its_reason_not_as_a_missing_route(
 def test_a_status_answer_is_read_as_untrusted_input():
     from flannel.ops.flanneldview import view_of
 
-    view = view_of({"peers": {"refused": 9, "refused_reasons": {"a": "why", "b": 3, "c": "x"},
-                              "refused_kinds": {"a": "kernel_refused", "b": "engine"}},
-                    "rules": None})
+    view = view_of(read_status({
+        "ready": True, "rules": None,
+        "peers": {"refused": 9, "refused_reasons": {"a": "why", "b": 3, "c": "x"},
+                  "refused_kinds": {"a": "kernel_refused", "b": "engine"}}}))
     assert (dict(view.refused), view.unlisted, view.pod_encap_drop) == (
         {"a": ("kernel_refused", "why")}, 8, None)
-    assert view_of({"peers": [], "rules": {"pod_encap_drop": {}}}).pod_encap_drop is True
+    assert view_of(read_status({"ready": True, "peers": [],
+                                "rules": {"pod_encap_drop": {}}})).pod_encap_drop is True
 
 
 def test_pods_that_may_send_unauthenticated_encapsulation_are_noted():

@@ -54,7 +54,8 @@ KNOWN_DIFFERENCES = frozenset({
     "bug-exits-with-traceback", "cloud-throttling-fails-the-pass",
     # kube
     "kube-watch-resumes", "kube-no-http-proxy", "kube-record-republished",
-    "kube-writes-retried", "kube-readiness-lease-published", "kube-start-waits-for-node",
+    "kube-dual-stack-from-footprint", "kube-writes-retried", "kube-readiness-lease-published",
+    "kube-start-waits-for-node",
     "kube-pod-cidr-change-reported", "kube-node-name-checked", "kube-watch-reopen-backoff",
     "kube-list-resumes", "kubeconfig-duplicate-key", "kube-http-1-0-keep-alive",
     "kube-no-redirects",

@@ -23,6 +23,7 @@ from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.monitor.health import HealthServer, same_host
 from flannel.monitor.nodestate import NodeState, status_document
+from flannel.monitor.statusdoc import read_status
 from flannel.ops.status import render
 from flannel.reporting.histogram import Durations
 from flannel.reporting.readiness import Readiness
@@ -190,6 +191,10 @@ async def test_status_document_says_what_the_daemon_holds(tmp_path):
     assert doc["rules"]["installed"] is True
     assert doc["last_errors"] == []
     assert "password" not in body.lower() and "key" not in json.dumps(doc["lease"]).lower()
+    # What flanneld writes is what its readers expect, field for field.
+    read = read_status(doc)
+    assert (read.problems, read.missing, read.cut, read.newer) == ([], [], [], False)
+    assert read.doc == doc
 
 
 def run_status(port: int, *extra: str) -> subprocess.CompletedProcess:
@@ -400,7 +405,8 @@ async def test_peers_refused_are_counted_by_reason_and_listed_in_status():
         assert peers["refused_reasons"]["10.244.3.0-24"].startswith(
             "Network is unreachable (replace route 10.244.3.0/24 via 192.168.1.3)")
         # flannelctl status says what each refusal is.
-        table = render(status_document(state), "the socket")
+        table = render(read_status(json.loads(json.dumps(status_document(state)))),
+                       "the socket")
         assert ("2 programmed, 0 skipped as invalid, 1 parked (the kernel refused their "
                 "entries; retried)") in table, table
         assert re.search(r"^  parked +10\.244\.3\.0-24: Network is unreachable", table,

@@ -427,9 +427,10 @@ class KubeSubnetManager:
             log.info("published %d annotation(s) on node %s", written, self.node_name)
         self.status.writes.succeeded("annotations")
         self._published = (cfg, attrs)
-        dual = attrs.backend_type in ("vxlan", "host-gw", "wireguard")
+        # The families the config enables: the daemon asks for a lease only with a backend
+        # whose footprint carries them (Footprint.dual_stack).
         self.lease = Lease(v4 if cfg.enable_ipv4 else None,
-                           v6 if cfg.enable_ipv6 and dual else None, attrs,
+                           v6 if cfg.enable_ipv6 else None, attrs,
                            expiration=self.clock.time() + 24 * 3600)
         return self.lease
 
