@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from flannel.backend.plan import Carrier, Description
 from flannel.ops.checks import Context
 from flannel.ops.commands import flannelctl
-from flannel.ops.icmp import IcmpError, Pinger, Probe
 from flannel.ops.plans import KernelEntries, engine_gaps, kernel_gaps
+from flannel.probing.icmp import IcmpError, Pinger, Probe
 
 if TYPE_CHECKING:
     from flannel.backend.plan import EngineReading
