@@ -1,7 +1,7 @@
 """``flannelctl``: operator commands around flanneld.
 
 Owns the command line of the operator tool: ``install-cni``, ``cleanup`` (whose inventory
-of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command), and the
+of flannel's objects lives in ``flannel/ops/cleanup.py``, imported only for that command), and the
 wiring of ``leases``, ``doctor``, ``check``, ``bundle`` and ``status`` (in ``flannel/ops/``):
 their typed options (``flannel.ops.options``) are built here once, store flags resolved.
 Must not touch: kernel state outside ``cleanup``.
@@ -14,11 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-from flannel import stopping
 from flannel.cni.install import LIBRARY_DIR, InstallError, install_conflist, install_plugin
 from flannel.flags import UsageError
 from flannel.ops import options, parsers
 from flannel.ops.storeflags import quiet_store_logs
+from flannel.process import stopping
 
 OpsOptions = (options.LeasesOptions | options.DoctorOptions | options.CheckOptions
               | options.BundleOptions | options.StatusOptions)
@@ -46,7 +46,7 @@ def cmd_install_cni(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from flannel import cleanup
+    from flannel.ops import cleanup
 
     refusal = cleanup.check_not_running(args.force)
     if refusal:

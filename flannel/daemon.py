@@ -32,10 +32,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, backend_class
 from flannel.backend.base import BackendOptions, Encapsulation
-from flannel.backoff import Backoff
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
-from flannel.dataplane import Dataplane
-from flannel.fdlimit import raise_open_files_limit
+from flannel.dataplane.loop import Dataplane
 from flannel.kernel.iface import ExternalInterface, InterfaceError, PublicIPs, select_interface
 from flannel.kernel.privilege import PrivilegeError, privilege_refusal
 from flannel.kernel.rtnl import NetlinkError
@@ -45,7 +43,8 @@ from flannel.monitor.health import HealthServer
 from flannel.monitor.localsock import LocalSocket, SocketError, listen, socket_path
 from flannel.monitor.nodestate import NodeState
 from flannel.monitor.sdnotify import notify
-from flannel.readiness import Readiness
+from flannel.process.fdlimit import raise_open_files_limit
+from flannel.reporting.readiness import Readiness
 from flannel.rules.build import traffic_rules
 from flannel.rules.iptables import RulesError
 from flannel.settings import InterfaceSettings, RulesSettings, Settings, options_line
@@ -54,6 +53,7 @@ from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.manager import SubnetManager
 from flannel.subnet.watch import LeaseUpdate, LeaseWatcher, Snapshot
+from flannel.timing.backoff import Backoff
 
 if TYPE_CHECKING:
     from flannel.rules.manager import RulesStatus

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
-from flannel import boundedjson, gojson
-from flannel.netutil import parse_ip
+from flannel.untrusted import boundedjson, gojson
+from flannel.untrusted.netutil import parse_ip
 
 
 class LeaseDecodeError(ValueError):

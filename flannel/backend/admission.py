@@ -13,8 +13,8 @@ programmed and readiness is not held back:
   another node's traffic. Leases from one public address (a node registered again under a
   new subnet) share their identities;
 - **the kernel** (or an engine) refused what was programmed for it: the peer is parked with
-  the refusal as its reason (``flannel.skips.ParkedPeers``), left out of desired state, and
-  tried again with its own backoff, at once when its lease changes.
+  the refusal as its reason (``flannel.reporting.skips.ParkedPeers``), left out of desired
+  state, and tried again with its own backoff, at once when its lease changes.
 
 Desired state is built from the admitted leases only, so a refused lease adds nothing to
 the kernel and its removal takes nothing away from the lease it tried to take over.
@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flannel.lease import Lease
-from flannel.skips import ParkedPeers, SkippedRecords
+from flannel.reporting.skips import ParkedPeers, SkippedRecords
 
 log = logging.getLogger(__name__)
 

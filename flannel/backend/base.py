@@ -1,6 +1,6 @@
 """The backend contract: what the data plane asks of every backend.
 
-A backend describes; the data plane (``flannel.dataplane``) acts. A backend prepares the
+A backend describes; the data plane (``flannel.dataplane.loop``) acts. A backend prepares the
 local side (devices, keys) and says what to publish in our lease (``prepare``, ``activate``,
 run once by the daemon), then, for any set of remote leases, says what the kernel and any
 other engine must hold:
@@ -71,8 +71,8 @@ from flannel.backend.plan import (
 from flannel.backend.plan import (
     RouteLookup as RouteLookup,
 )
-from flannel.backenderrors import BackendConfigError as BackendConfigError
-from flannel.backenderrors import BackendError as BackendError
+from flannel.backendconf.errors import BackendConfigError as BackendConfigError
+from flannel.backendconf.errors import BackendError as BackendError
 from flannel.config import NetworkConfig, warn_unknown_keys
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.iface import ExternalInterface

@@ -37,7 +37,7 @@ from flannel.backend.plan import (
     local_addresses,
 )
 from flannel.backend.routed import RoutedBackend
-from flannel.backendoptions import decode_options
+from flannel.backendconf.options import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device, ipipdev
 from flannel.kernel.iface import ExternalInterface

@@ -92,7 +92,7 @@ from flannel.kernel.device import ensure_address
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Rtnl
 from flannel.lease import Lease
-from flannel.procscan import same_netns
+from flannel.process.procscan import same_netns
 
 log = logging.getLogger(__name__)
 

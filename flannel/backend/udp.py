@@ -44,14 +44,14 @@ from flannel.backend.plan import (
     local_addresses,
 )
 from flannel.backend.routed import RoutedBackend
-from flannel.backendoptions import decode_options
-from flannel.backoff import Backoff
+from flannel.backendconf.options import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device as kernel_device
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState, LinkState
 from flannel.kernel.rtnl import Route
 from flannel.lease import Lease
+from flannel.timing.backoff import Backoff
 from flannel.udp.device import TunSpec, ensure_tun, tun_index
 from flannel.udp.forwarder import ForwarderConfig, ForwarderError, UdpForwarder
 from flannel.udp.tunfd import TunError

@@ -46,7 +46,7 @@ from flannel.backend.plan import (
     versions,
 )
 from flannel.backend.routed import RoutedBackend
-from flannel.backendoptions import decode_options
+from flannel.backendconf.options import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device
 from flannel.kernel.iface import ExternalInterface

@@ -39,7 +39,6 @@ from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from pathlib import Path
 
-from flannel import procstop
 from flannel.backend.base import (
     Applier,
     ApplyResult,
@@ -69,7 +68,8 @@ from flannel.kernel import links
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Route, Rtnl
 from flannel.lease import Lease
-from flannel.procscan import processes_here, same_netns
+from flannel.process import procstop
+from flannel.process.procscan import processes_here, same_netns
 from flannel.wireguard.config import (
     DEVICE,
     DEVICE_V6,

@@ -15,12 +15,13 @@ entries with an instance as next hop strictly inside the Network - and throttled
 calls refused because another change to the router is under way) are retried with
 backoff. An entry still ``Pending`` counts as present: the router finishes it.
 
-The API is spoken by ``flannel.cloud.aliyunrpc`` (signed RPC calls, no SDK); its answers
-are read by type (``flannel.cloud.typed``: a field of the wrong type is refused by its
-path). Every method blocks and is meant for a worker thread; calls are serialised;
-``interrupt()`` cuts them when flanneld stops. The secret is held out of ``repr`` and never
-logged. Must not touch: the store, the kernel, entries without the mark, entries outside
-the Network or of other types.
+The API is spoken by ``flannel.clients.aliyunrpc`` (signed RPC calls, no SDK); its answers
+are decoded here within bounds, an error's ``Code`` read (throttling retried, the rest
+refusals naming the fix), and read by type (``flannel.cloud.typed``: a field of the wrong
+type is refused by its path). Every method blocks and is meant for a worker thread; calls
+are serialised; ``interrupt()`` cuts them when flanneld stops. The secret is held out of
+``repr`` and never logged. Must not touch: the store, the kernel, entries without the mark,
+entries outside the Network or of other types.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 from typing import Any, NamedTuple
 
-from flannel.cloud.aliyunrpc import AliyunApiError, AliyunRpc
+from flannel.clients.aliyunrpc import MAX_ANSWER, AliyunRpc, AliyunUnreachable
 from flannel.cloud.base import (
+    ApiError,
     CloudError,
     RouteChange,
     RouteEngineBase,
+    Throttled,
     ThrottleRetry,
     route_in_network,
 )
@@ -48,6 +51,7 @@ from flannel.cloud.metadata import (
 )
 from flannel.cloud.options import KEY_OPTIONS, access_key, endpoint_url, string_members
 from flannel.cloud.typed import View
+from flannel.untrusted import boundedjson
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,12 @@ ENTRY_TYPE = "Custom"
 NEXT_HOP_TYPE = "Instance"
 #: Seconds one API request may take: a pass never waits longer on one call (and its retries).
 API_TIMEOUT = 10.0
+#: JSON elements one answer may decode into: 8,000 entries of about 12 each, and twice that.
+MAX_ELEMENTS = 200_000
+#: Codes that mean "slow down" (or "busy with another change to this router: try again"),
+#: retried with backoff.
+THROTTLING = frozenset({"Throttling", "Throttling.User", "Throttling.Api", "ServiceUnavailable",
+                        "TaskConflict", "OperationConflict"})
 
 
 #: Entries one route table may list (a thousand is Alibaba Cloud's largest quota).
@@ -68,6 +78,42 @@ DESCRIPTION = "pod subnet of a flannel node"
 def entry_name(subnet: IPv4Network) -> str:
     """The name, and mark, of the entry flanneld makes for ``subnet``."""
     return "flannel-" + str(subnet).replace(".", "-").replace("/", "-")
+
+
+class AliyunApiError(ApiError):
+    def __init__(self, service: str, action: str, code: str, message: str) -> None:
+        hint = ""
+        if code in ("SignatureDoesNotMatch", "IncompleteSignature") or code.startswith(
+                "InvalidAccessKeyId"):
+            hint = " (check AccessKeyID/AccessKeySecret or ACCESS_KEY_ID/ACCESS_KEY_SECRET)"
+        elif code == "NoPermission" or code.startswith("Forbidden"):
+            hint = f" (the key's RAM policy needs the action vpc:{action})"
+        elif code == "InvalidCIDRBlock.Duplicate":
+            hint = (" (an entry for this destination is there, or still being deleted: the "
+                    "next pass looks again)")
+        super().__init__(service, action, code, message, hint)
+
+
+def answer_of(service: str, action: str, status: int, body: bytes) -> View:
+    """An answer's body, decoded: the object, for typed reads. Throttled, AliyunApiError
+    (the API refused: ``Code`` and ``Message``, or the status) or CloudError (not a JSON
+    object within the bounds)."""
+    what = f"{service} {action}"
+    try:
+        answer = boundedjson.loads(body, what=f"the answer to {what}", max_bytes=MAX_ANSWER,
+                                   max_elements=MAX_ELEMENTS)
+    except ValueError as error:
+        if status == 503:
+            raise Throttled("ServiceUnavailable") from None
+        raise CloudError(f"{what}: HTTP {status}, not a JSON answer ({error})") from None
+    view = View(answer, f"the answer to {what}").obj(required=True)
+    code = view.get("Code").text(100)
+    if status != 200 or code:
+        code = code or f"HTTP {status}"
+        if code in THROTTLING:
+            raise Throttled(code)
+        raise AliyunApiError(service, action, code, view.get("Message").text(2048))
+    return view
 
 
 class Entry(NamedTuple):
@@ -160,7 +206,17 @@ class AliVpcRoutes(RouteEngineBase):
     def _call(self, action: str, params: dict[str, str]) -> View:
         rpc = self._rpc
         assert rpc is not None, "_call() before prepare()"
-        return self._retried(f"{SERVICE} {action}", lambda: rpc.call(action, params))
+
+        def once() -> View:
+            try:
+                status, body = rpc.call(action, params)
+            except AliyunUnreachable as error:
+                hint = ("; check the node's route to the API endpoint (Endpoint)"
+                        if error.timed_out else "")
+                raise CloudError(f"{SERVICE} {action}: {error}{hint}") from None
+            return answer_of(SERVICE, action, status, body)
+
+        return self._retried(f"{SERVICE} {action}", once)
 
     def prepare(self) -> None:
         """Region, instance and VPC from the metadata service; the VPC's vRouter and its

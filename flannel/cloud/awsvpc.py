@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from flannel import gojson
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.cloud.base import (
     ApiError,
     CloudError,
@@ -41,6 +40,7 @@ from flannel.cloud.base import (
     route_in_network,
 )
 from flannel.cloud.metadata import AwsIdentity, MetadataClient, aws_identity
+from flannel.untrusted import gojson
 
 log = logging.getLogger(__name__)
 

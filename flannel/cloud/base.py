@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Network
 from typing import TypeVar
 
-from flannel.backoff import Backoff
 from flannel.lease import Lease
+from flannel.timing.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

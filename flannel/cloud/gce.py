@@ -17,7 +17,7 @@ destination, in our network, whose next hop is an instance, for a subnet strictl
 the Network. ``Project`` and ``Network`` override where the routes go (a Shared VPC's host
 project and network); ``Endpoint`` the API's URL (a Private Service Connect endpoint).
 
-Every answer is bounded (``flannel.cloud.fetch``: bytes, and a deadline for the whole
+Every answer is bounded (``flannel.clients.fetch``: bytes, and a deadline for the whole
 answer; ``boundedjson``: elements) and decoded by type (``flannel.cloud.typed``); a listing
 is bounded in pages, routes and time, and a page token seen before ends it. Redirects are
 never followed: the token goes to the endpoint's host only. Every method blocks and is
@@ -40,20 +40,19 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network
 from typing import Any, NamedTuple
 
-from flannel import boundedjson
-from flannel.backenderrors import BackendConfigError
-from flannel.boundedjson import JSONLimitError
+from flannel.backendconf.errors import BackendConfigError
+from flannel.clients.fetch import FetchFailed, fetch, opener
 from flannel.cloud.base import (
     NO_WAIT,
     ApiError,
     CloudError,
     RouteChange,
     RouteEngineBase,
+    Stopper,
     Throttled,
     ThrottleRetry,
     route_in_network,
 )
-from flannel.cloud.fetch import FetchFailed, Stopper, fetch, opener
 from flannel.cloud.gceauth import (
     KEY_FILE_VARIABLE,
     NAME,
@@ -67,6 +66,8 @@ from flannel.cloud.gceauth import (
 )
 from flannel.cloud.options import endpoint_url, string_members
 from flannel.cloud.typed import View
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError
 
 log = logging.getLogger(__name__)
 

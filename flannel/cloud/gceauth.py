@@ -5,7 +5,7 @@ service-account key file, an access token signed for with that key.
 The metadata server is ``http://169.254.169.254`` (or ``GCE_METADATA_HOST``, host[:port], the
 variable Google's own libraries read); every request carries ``Metadata-Flavor: Google`` and
 an answer without that header is refused (it is not the metadata server). Values read here are
-untrusted: bounded in size and time (``flannel.cloud.fetch``; redirects never followed), and
+untrusted: bounded in size and time (``flannel.clients.fetch``; redirects never followed), and
 checked against the shapes Compute Engine documents.
 A key file's token is fetched with a JWT (RS256, signed through google-auth, the ``gce``
 extra, imported only then) posted to the key's ``token_uri``. Tokens and keys are held out
@@ -25,13 +25,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flannel import boundedjson
-from flannel.boundedjson import JSONLimitError
+from flannel.clients.fetch import FetchFailed, TooLarge, fetch, opener
 from flannel.cloud.base import CloudError, Stopper
-from flannel.cloud.fetch import FetchFailed, TooLarge, fetch, opener
 from flannel.cloud.metadata import checked
 from flannel.cloud.typed import View
-from flannel.fileutil import read_head
+from flannel.files.fileutil import read_head
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ Tencent Cloud's and Alibaba Cloud's metadata services, and the node identity eac
 needs from them.
 
 Values read here are untrusted: every answer is bounded in size and time
-(``flannel.cloud.fetch``; a redirect is refused, so the session token never reaches another
+(``flannel.clients.fetch``; a redirect is refused, so the session token never reaches another
 host), and every value checked against the shape the cloud documents before use.
 Must not touch: cloud APIs, credentials.
 """
@@ -16,8 +16,8 @@ import urllib.request
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
+from flannel.clients.fetch import FetchFailed, TooLarge, fetch, opener
 from flannel.cloud.base import CloudError, Stopped, Stopper
-from flannel.cloud.fetch import FetchFailed, TooLarge, fetch, opener
 
 log = logging.getLogger(__name__)
 

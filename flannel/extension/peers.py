@@ -12,7 +12,7 @@ command when it goes. Nothing here is fatal. A subnet command that ran and faile
 lease (its exit status, a signal, its timeout) makes that lease a bad peer: what it is given
 comes from the peer, so one node's bad data must not hold back every other node. A bad
 peer is logged once with the command's output, counted, skipped, and parked
-(``flannel.skips.ParkedPeers``: tried again after 5 s doubling to 5 min; at once when its
+(``flannel.reporting.skips.ParkedPeers``: tried again after 5 s doubling to 5 min; at once when its
 lease changes). A command that cannot run at all (not found, not executable, empty) fails
 for every peer alike: that is this node's own failure, owed and reported on every pass.
 
@@ -35,13 +35,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 
-from flannel import boundedjson
-from flannel.backenderrors import BackendConfigError
-from flannel.backendoptions import decode_options
+from flannel.backendconf.errors import BackendConfigError
+from flannel.backendconf.options import decode_options
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
 from flannel.kernel.host import LOCAL, Host
 from flannel.lease import Lease, go_string
-from flannel.skips import ParkedPeers
+from flannel.reporting.skips import ParkedPeers
+from flannel.untrusted import boundedjson
 
 log = logging.getLogger(__name__)
 

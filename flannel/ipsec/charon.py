@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from flannel import procstop
-from flannel.backoff import Backoff
-from flannel.fileutil import log_tail, open_log, read_head, write_atomic
+from flannel.files.fileutil import log_tail, open_log, read_head, write_atomic
+from flannel.process import procstop
+from flannel.timing.backoff import Backoff
 
 log = logging.getLogger(__name__)
 

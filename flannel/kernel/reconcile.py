@@ -4,7 +4,7 @@ Owns the diff between what a backend wants (derived from the current lease set) 
 kernel has (read back in a full pass; in an incremental pass, what the previous pass made it
 hold), the batched apply of that diff (one synchronous pass), and the ownership rules
 that say which kernel entries are ours and which kernel events are drift. When passes run,
-in which thread and with which socket is the data plane's (``flannel.dataplane``).
+in which thread and with which socket is the data plane's (``flannel.dataplane.loop``).
 
 Ours are: routes with ``RTPROT_FLANNEL``; every permanent neighbour and ``self`` FDB entry on
 a device we own; and, adopted from a previous flannel (Go flannel installs its routes with
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
 from flannel.log import V4
-from flannel.netutil import within
+from flannel.untrusted.netutil import within
 
 log = logging.getLogger(__name__)
 

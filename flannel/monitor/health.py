@@ -4,7 +4,7 @@ peer's latest probe result, JSON for ``flannelctl doctor`` and ``check``).
 
 Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port`` and on flanneld's local
 socket (``flannel.monitor.localsock``: mode 0600, so every client there is local). ``/readyz``
-answers 200 only when every readiness component has reported ready (``flannel.readiness``:
+answers 200 only when every readiness component has reported ready (``flannel.reporting.readiness``:
 startup, subnet.env, store, rules, data plane); otherwise 503 with the reason in the body.
 The default address 0.0.0.0 serves that text on every address of the host, so the body says
 what is wrong but never where: paths (files, store keys) are cut to their last part; the

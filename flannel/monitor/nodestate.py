@@ -22,14 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from flannel.settings import OptionSource
 from flannel.version import __version__
 
 if TYPE_CHECKING:
     from flannel.backend.base import Backend, EngineSample
     from flannel.config import NetworkConfig
-    from flannel.dataplane import Dataplane
+    from flannel.dataplane.loop import Dataplane
     from flannel.monitor.health import HealthStats
     from flannel.probing.prober import ProbeStatus
     from flannel.rules.manager import RulesStatus

@@ -83,7 +83,7 @@ def _tail(path: Path, limit: int = MAX_LOG_BYTES) -> str:
 
 
 def _flanneld_cmdlines() -> str:
-    from flannel.procscan import running_flanneld
+    from flannel.process.procscan import running_flanneld
 
     lines = []
     for pid in running_flanneld():

@@ -239,7 +239,7 @@ async def probe_all(rows: list[PeerResult], pingers: dict[int, Pinger],
 def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
     from flannel.ops.doctor import read_store, read_subnet_env
     from flannel.ops.plans import read_entries
-    from flannel.procscan import running_flanneld
+    from flannel.process.procscan import running_flanneld
 
     ctx = Context(subnet_file=Path(store.subnet_file), sysctl_root=Path("/proc/sys"),
                   cni_bin_dirs=[], cni_conf_dirs=[], probe_timeout=args.timeout,

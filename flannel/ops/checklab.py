@@ -1,7 +1,7 @@
 """``flannelctl check --lab NAME``: the connectivity matrix of a whole ``flannel-lab`` lab.
 
 Owns reading the lab's node list from the state file the lab records
-(``<root>/<name>/state.json``, written by ``flannel/lab/cluster.py``; read here as untrusted
+(``<root>/<name>/state.json``, written by ``lab/flannel_lab/cluster.py``; read here as untrusted
 input, without importing the lab), running ``flannelctl check --json`` inside every node's
 namespace at once (bounded in number and time), and the node-by-node matrix with every
 failing pair named and what to run next.

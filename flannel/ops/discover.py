@@ -20,7 +20,7 @@ from pathlib import Path
 
 from flannel.flags import UsageError, parse_namespace
 from flannel.monitor.localsock import socket_path
-from flannel.procscan import running_flanneld
+from flannel.process.procscan import running_flanneld
 
 MAX_CMDLINE = 1 << 16
 MAX_ENVIRON = 1 << 20

@@ -47,7 +47,7 @@ def read_subnet_env(ctx: Context) -> None:
 
 def _etcd_clock_skew(etcd: EtcdSettings, timeout: float) -> float | None:
     """This node's clock minus the first answering etcd endpoint's (from its HTTP Date)."""
-    from flannel.subnet.etcd.client import parse_endpoints
+    from flannel.clients.etcd import parse_endpoints
 
     context = None
     for endpoint in parse_endpoints(etcd.endpoints):
@@ -101,7 +101,7 @@ async def read_store(ctx: Context, store: StoreOptions) -> None:
 
 
 def gather(opts: DoctorOptions) -> Context:
-    from flannel.procscan import running_flanneld
+    from flannel.process.procscan import running_flanneld
 
     ctx = Context(subnet_file=Path(opts.store.subnet_file), sysctl_root=Path("/proc/sys"),
                   cni_bin_dirs=list(opts.cni_bin_dirs), cni_conf_dirs=list(opts.cni_conf_dirs),

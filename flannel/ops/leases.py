@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from flannel.lease import NO_IPV4, Lease, LeaseAttrs, LeaseDecodeError, parse_subnet_key
 from flannel.ops.parsers import RELEASE_EFFECT
-from flannel.stopping import output_closed
+from flannel.process.stopping import output_closed
 
 if TYPE_CHECKING:
     from flannel.ops.options import LeasesOptions
@@ -111,7 +111,7 @@ def decode_row(key: str, value: bytes, etcd_lease_id: int, created: int = 0) -> 
 
 async def etcd_rows(manager: Any) -> list[LeaseRow]:
     """Every key under ``subnets/`` with its TTL left (queried in parallel)."""
-    from flannel.subnet.etcd.client import EtcdError
+    from flannel.subnet.etcd.kv import Refused
 
     kvs, _ = await manager.client.get_prefix(manager.subnets_prefix)
     start = len(manager.subnets_prefix)
@@ -123,7 +123,7 @@ async def etcd_rows(manager: Any) -> list[LeaseRow]:
             return row
         try:
             left = await manager.client.time_to_live(row.lease.etcd_lease_id)
-        except EtcdError:  # shown as "unknown": the listing still stands
+        except Refused:  # shown as "unknown": the listing still stands
             return row
         return LeaseRow(row.key, row.lease, left if left >= 0 else None, row.problem)
 

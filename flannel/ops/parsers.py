@@ -14,8 +14,8 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
-from flannel.netutil import unusable_address
 from flannel.ops.storeflags import add_store_flags
+from flannel.untrusted.netutil import unusable_address
 
 #: What deleting a lease does to the flanneld holding it (etcd mode), as it does it: said
 #: by ``leases release`` before it asks, and in its help.

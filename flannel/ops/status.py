@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flannel import boundedjson
 from flannel.monitor.localsock import connect, socket_path
+from flannel.untrusted import boundedjson
 
 if TYPE_CHECKING:
     from flannel.ops.discover import Flanneld

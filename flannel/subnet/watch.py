@@ -5,7 +5,7 @@ cached attributes, and a snapshot (after a relist) is diffed against the cache s
 real changes come out. Owns also the peer filter: a lease whose subnet lies outside the
 Network, has the wrong length, overlaps ours, or whose public address is unusable (not
 unicast, inside the Network, or this node's own) never reaches a backend; it is counted
-and logged once per key and reason (see ``flannel.skips``).
+and logged once per key and reason (see ``flannel.reporting.skips``).
 Must not touch: the store, the kernel.
 """
 
@@ -17,8 +17,8 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from flannel.config import NetworkConfig
 from flannel.lease import Event, EventType, Lease
-from flannel.netutil import unusable_address
-from flannel.skips import SkippedRecords
+from flannel.reporting.skips import SkippedRecords
+from flannel.untrusted.netutil import unusable_address
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from flannel import boundedjson, gojson
-from flannel.backenderrors import BackendConfigError
-from flannel.backendoptions import decode_options
+from flannel.backendconf.errors import BackendConfigError
+from flannel.backendconf.options import decode_options
+from flannel.untrusted import boundedjson, gojson
 from flannel.wireguard.keys import KeyFileError, Secret, parse_key
 
 MODES = ("separate", "auto", "ipv4", "ipv6")

@@ -1,5 +1,5 @@
 """The ali-vpc route engine, through its signed RPC client over the project's HTTP layer,
-against the Alibaba Cloud VPC API double (flannel/lab/aliyunapi.py: signatures verified,
+against the Alibaba Cloud VPC API double (lab/flannel_lab/aliyunapi.py: signatures verified,
 documented shapes and error codes) and a fake metadata service."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from ipaddress import IPv4Network
 
 import pytest
 
+from flannel.clients.aliyunrpc import signature
 from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes, entry_name
-from flannel.cloud.aliyunrpc import signature
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
 from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc

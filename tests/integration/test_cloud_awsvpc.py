@@ -12,7 +12,7 @@ import botocore.loaders
 import botocore.session
 import pytest
 
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.cloud.awsvpc import MARK, AwsVpcConfig, AwsVpcRoutes
 from flannel.cloud.base import CloudError, RouteChange, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient

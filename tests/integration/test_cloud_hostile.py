@@ -1,5 +1,5 @@
 """The cloud clients against servers that answer as a broken or compromised one would
-(flannel/lab/hostile.py, through the API doubles): huge bodies, amplifying JSON, deep
+(lab/flannel_lab/hostile.py, through the API doubles): huge bodies, amplifying JSON, deep
 nesting, wrong types, endless and cycling pagination, redirects to another host, slow drip,
 resets mid-body, 401/429/503 storms. Each is refused by name within its bound of time and
 memory, no credential reaches the other host, and no route flanneld did not make, nor any
@@ -19,8 +19,8 @@ from flannel.cloud.base import CloudError, Stopper
 from flannel.cloud.gce import DESCRIPTION, MAX_ANSWER, MAX_ELEMENTS, MAX_PAGES, GceRoutes
 from flannel.cloud.gceauth import GceMetadata, metadata_tokens
 from flannel.cloud.metadata import ALIYUN_TOKENS, AWS_TOKENS, MetadataClient
-from flannel.lab import hostile
-from flannel.lab.hostile import Witness
+from flannel_lab import hostile
+from flannel_lab.hostile import Witness
 from tests.integration.test_cloud_alivpc import cloud  # noqa: F401
 from tests.integration.test_cloud_alivpc import engine as ali_engine
 from tests.integration.test_cloud_gce import NODES, ZONE, compute, engine  # noqa: F401

@@ -1,5 +1,5 @@
 """flanneld as a process, with the gce or ali-vpc backend, against cloud doubles that stop
-answering as they should (flannel/lab/hostile.py): whatever the server does (an operation
+answering as they should (lab/flannel_lab/hostile.py): whatever the server does (an operation
 never DONE, an answer dripping a byte a second, a metadata server dripping at start-up),
 SIGTERM ends flanneld within 5 s, exit 0; and a listing of endless pages of megabytes keeps
 its peak memory under twice its steady memory while /readyz says why it is not ready.
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from flannel.cloud.aliyunrpc import MAX_ANSWER
+from flannel.clients.aliyunrpc import MAX_ANSWER
 from flannel.kernel.host import Host
-from flannel.lab import hostile
-from flannel.lab.etcd import EtcdServer
+from flannel_lab import hostile
+from flannel_lab.etcd import EtcdServer
 from tests.integration.test_flanneld import PREFIX, flanneld, node  # noqa: F401
 from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
 from tests.support.flanneld import Flanneld

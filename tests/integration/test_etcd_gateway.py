@@ -9,15 +9,15 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer
-from flannel.subnet.etcd import client as etcdclient
-from flannel.subnet.etcd.client import (
+from flannel.clients import etcd as etcdclient
+from flannel.clients.etcd import (
     EtcdClient,
     EtcdError,
     EtcdOptions,
     EtcdUnavailable,
     parse_endpoints,
 )
+from flannel_lab.etcd import EtcdServer
 from tests.support.proxy import CuttableProxy
 from tests.support.tls import make_client_without_cn, make_tls_files
 

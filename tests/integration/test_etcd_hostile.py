@@ -14,9 +14,8 @@ from ipaddress import IPv4Address
 
 import pytest
 
-from flannel.lease import EventType, LeaseAttrs
-from flannel.subnet.etcd import client as etcdclient
-from flannel.subnet.etcd.client import (
+from flannel.clients import etcd as etcdclient
+from flannel.clients.etcd import (
     PAGE,
     WATCH_MESSAGE,
     EtcdClient,
@@ -25,6 +24,7 @@ from flannel.subnet.etcd.client import (
     EtcdUnavailable,
     parse_endpoints,
 )
+from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 from flannel.subnet.watch import Snapshot
 from tests.integration.test_etcd_manager import CONFIG, Collector, acquire, attrs, put_lease

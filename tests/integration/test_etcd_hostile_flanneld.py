@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.kernel.host import Host
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 from tests.support import netns
 from tests.support.etcdgateway import (
     EtcdGateway,

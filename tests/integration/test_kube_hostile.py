@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from flannel.clients.kube.client import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.clients.kube.config import client_config
 from flannel.subnet.kube.annotations import Annotations
-from flannel.subnet.kube.client import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kube.config import client_config
 from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, KubeUnavailable, kube_client
 from flannel.subnet.watch import LeaseWatcher
 from tests.integration.test_kube_manager import VXLAN, manager, remote

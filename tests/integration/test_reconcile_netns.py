@@ -19,13 +19,13 @@ from flannel.backend.hostgw import HostGwBackend
 from flannel.backend.routed import RoutedBackend
 from flannel.backend.vxlan import VxlanBackend
 from flannel.config import check_network_config, parse_config
-from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.dataplane.loop import COMPONENT, NOT_PROGRAMMED, Dataplane
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
 from flannel.kernel.iface import IfaceOptions, read_snapshot, select_external_interface
 from flannel.kernel.reconcile import reconcile
 from flannel.lease import Lease, LeaseAttrs
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from tests.support import netns
 from tests.support.waiting import async_wait_until
 

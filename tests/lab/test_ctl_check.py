@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import in_ns, ip
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import in_ns, ip
 
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}

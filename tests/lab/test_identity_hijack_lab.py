@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from flannel.kernel.host import Host
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import ETCD_PREFIX, Lab, ip
-from flannel.lab.mesh import start_pings
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import ETCD_PREFIX, Lab, ip
+from flannel_lab.mesh import start_pings
 from tests.lab.test_wireguard_lab import wg
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until

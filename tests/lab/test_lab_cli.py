@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import build
-from flannel.lab.cluster import Lab
+from flannel_lab.cli import build
+from flannel_lab.cluster import Lab
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 

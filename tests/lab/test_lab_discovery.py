@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import main as lab_main
-from flannel.lab.cluster import Lab
 from flannel.monitor.localsock import connect
+from flannel_lab.cli import main as lab_main
+from flannel_lab.cluster import Lab
 
 FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from flannel.lab.cli import main as lab_main
+from flannel_lab.cli import main as lab_main
 from tests.support import netns
 from tests.support.ipip import missing_ipip
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cluster import Lab
+from flannel_lab.cluster import Lab
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

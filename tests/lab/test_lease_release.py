@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.mesh import peer_routes
 from flannel.ops.parsers import RELEASE_EFFECT
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.mesh import peer_routes
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import Lab
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import Lab
 from tests.support import netns
 from tests.support.matrix import (
     CELLS,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flannel.ipsec import charon
-from flannel.lab.cluster import Lab, in_ns
+from flannel_lab.cluster import Lab, in_ns
 from tests.support.matrix import LabSpec, Matrix
 from tests.support.waiting import wait_until
 

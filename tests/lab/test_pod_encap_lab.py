@@ -17,8 +17,8 @@ import pytest
 
 from flannel.ipsec import charon
 from flannel.kernel.host import Host
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import Lab, Pod, in_ns
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import Lab, Pod, in_ns
 from tests.lab.test_encap_filter_lab import (
     inner_udp,
     metric,

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flannel.httpclient import Connection
+from flannel.clients.http import Connection
 
 Rule = Callable[["Request", "Upstream"], AsyncIterator[bytes]]
 _RELAYED = ("authorization", "content-type", "grpc-metadata-hasleader")

@@ -21,17 +21,20 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from flannel.httpclient import Budget, Head
-from flannel.subnet.errors import StoreError, StoreUnavailable
-from flannel.subnet.etcd import client as etcdclient
-from flannel.subnet.etcd.client import (
+from flannel.clients import etcd as etcdclient
+from flannel.clients.etcd import (
     EtcdClient,
+    EtcdCompacted,
+    EtcdError,
     EtcdOptions,
+    EtcdUnavailable,
     parse_endpoints,
 )
+from flannel.clients.http import Budget, Head
+from flannel.clients.kube.client import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.clients.kube.config import client_config
+from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.kube.annotations import Annotations
-from flannel.subnet.kube.client import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kube.config import client_config
 from flannel.subnet.kube.manager import KubeSubnetManager, node_name_from_env
 from tests.support.fuzz_store import json_values, odd_strings
 from tests.support.fuzzing import FuzzTarget
@@ -149,7 +152,7 @@ def _etcd_call(value: tuple[str, int, bytes, bool]) -> None:
 
     try:
         asyncio.run(call())
-    except (StoreUnavailable, StoreError):
+    except (EtcdUnavailable, EtcdError, EtcdCompacted):
         return
 
 
@@ -171,7 +174,7 @@ def _etcd_watch(value: tuple[bytes, int]) -> None:
     client = EtcdClient(EtcdOptions(parse_endpoints("http://127.0.0.1:1")))
     try:
         batch = client._watch_batch(line, client.endpoint, last)
-    except (StoreUnavailable, etcdclient._Refused):
+    except (EtcdUnavailable, EtcdCompacted, etcdclient._Refused):
         return
     if batch is not None:
         if batch.revision < last:

@@ -22,12 +22,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from flannel import boundedjson
-from flannel.boundedjson import JSONLimitError
 from flannel.cloud import alivpc, gce, gceauth, metadata
-from flannel.cloud.aliyunrpc import answer_of
+from flannel.cloud.alivpc import answer_of
 from flannel.cloud.base import CloudError, Throttled
 from flannel.ipsec.charon import CharonError, connection_names, sa_states
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError
 from flannel.wireguard import genl, uapi
 from flannel.wireguard.uapi import ControlError
 from tests.support.fuzz_store import deep, deep_unclosed, huge_numbers, json_values, odd_strings

@@ -1,5 +1,5 @@
 """Whether this kernel can create ipip devices, asked as ``flannel-lab up`` asks before it
-builds an ipip lab (flannel/lab/kernelprobe.py: the module loaded or loadable, else a device
+builds an ipip lab (lab/flannel_lab/kernelprobe.py: the module loaded or loadable, else a device
 tried in a throw-away network namespace). Tests and labs that need ipip skip with the reason
 when it cannot."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 
-from flannel.lab.kernelprobe import missing_link_kind
+from flannel_lab.kernelprobe import missing_link_kind
 from tests.support import netns
 
 

@@ -104,7 +104,7 @@ def _importable(module: str) -> bool:
 class Matrix:
     """A running lab of ``spec``: its nodes' pids, endpoint and helpers."""
 
-    lab: object  # flannel.lab.cluster.Lab (the lab is imported only by the lab tests)
+    lab: object  # flannel_lab.cluster.Lab (the lab is imported only by the lab tests)
     spec: LabSpec
     #: Findings (their text) the lab holds whatever the situation (see ``mtu_fits``).
     standing: frozenset[str] = frozenset()
@@ -387,7 +387,7 @@ def _vpc_route_del(m: Matrix, c: Cell) -> None:
     import boto3
 
     from flannel.kernel.host import Host
-    from flannel.lab.awscloud import LAB_KEY_ID, LAB_SECRET, REGION
+    from flannel_lab.awscloud import LAB_KEY_ID, LAB_SECRET, REGION
 
     cloud = json.loads((Path(m.lab.directory) / "cloud.json").read_text())  # type: ignore
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=cloud["ec2_url"],
@@ -397,7 +397,7 @@ def _vpc_route_del(m: Matrix, c: Cell) -> None:
         # The lab's cloud serves in the underlay namespace only.
         ec2.delete_route(RouteTableId=cloud["route_table"],
                          DestinationCidrBlock=_peer_subnet(m, c.peer))
-    from flannel.lab import vpcrouter
+    from flannel_lab import vpcrouter
     from tests.support.waiting import wait_until
 
     wait_until(lambda: _peer_subnet(m, c.peer) not in vpcrouter.installed(
@@ -749,7 +749,7 @@ def fill(text: str, m: Matrix, cell: Cell) -> str:
 
 def network_config(spec: LabSpec, lab: object) -> str:
     """The config ``flannel-lab up`` would write for the lab's options."""
-    from flannel.lab.cli import network_config as lab_config
+    from flannel_lab.cli import network_config as lab_config
 
     options = types.SimpleNamespace(config=None, backend=spec.backend,
                                     direct_routing=spec.direct_routing, ipv6=spec.ipv6)

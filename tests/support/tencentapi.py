@@ -33,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.served import endpoint, serve, shut
+from flannel_lab.served import endpoint, serve, shut
 
 VERSION = "2017-03-12"
 

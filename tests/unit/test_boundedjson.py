@@ -2,8 +2,8 @@
 
 import pytest
 
-from flannel import boundedjson
-from flannel.boundedjson import JSONLimitError, loads, nesting_depth
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError, loads, nesting_depth
 
 
 def test_depth_beyond_the_limit_is_refused_before_json_recurses():

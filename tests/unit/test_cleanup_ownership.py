@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from flannel.cleanup import (
+from flannel.cni.install import DEFAULT_CONFLIST, launcher_text
+from flannel.ops.cleanup import (
     Inventory,
     file_items,
     is_flannel_conflist,
     is_our_launcher,
     is_subnet_env,
 )
-from flannel.cni.install import DEFAULT_CONFLIST, launcher_text
-from flannel.procscan import is_flanneld
+from flannel.process.procscan import is_flanneld
 
 
 @pytest.mark.parametrize(("text", "ours"), [

@@ -31,16 +31,16 @@ from flannel.config import NetworkConfig, parse_config
 from flannel.daemon import Daemon
 from flannel.flags import parse_args
 from flannel.kernel.iface import ExternalInterface
-from flannel.lab.etcd import free_port
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
+from flannel.reporting.skips import SkippedRecords
 from flannel.rules.manager import RulesStatus
 from flannel.rules.spec import PeerAddresses
 from flannel.settings import InterfaceSettings, RulesSettings, Settings
-from flannel.skips import SkippedRecords
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+from flannel_lab.etcd import free_port
 from tests.support.waiting import async_wait_until
 
 CONFIG = '{"Network": "10.5.0.0/16", "Backend": {"Type": "host-gw"}}'

@@ -22,13 +22,13 @@ from flannel.backend.alloc import AllocBackend
 from flannel.backend.base import Applier, ApplyResult, Backend, RouteLookup
 from flannel.backend.hostgw import HostGwBackend
 from flannel.config import check_network_config, parse_config
-from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.dataplane.loop import COMPONENT, NOT_PROGRAMMED, Dataplane
 from flannel.kernel import device, rtnl
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import Route
 from flannel.lease import Lease, LeaseAttrs
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from tests.support.clock import FakeClock
 from tests.support.fakenetlink import FakeKernel
 from tests.support.waiting import async_wait_until
@@ -153,7 +153,7 @@ async def test_peer_sets_handed_over_during_a_pass_coalesce_into_one_pass():
 
 async def test_a_refused_change_is_not_ready_with_advice_retried_with_backoff_and_recovers(
         caplog):
-    caplog.set_level(logging.INFO, "flannel.dataplane")
+    caplog.set_level(logging.INFO, "flannel.dataplane.loop")
     kernel = FakeKernel()
     # Every peer's route: this node's problem (its underlay), not one peer's.
     kernel.refusals["replace route"] = errno.ENETUNREACH
@@ -275,7 +275,7 @@ async def test_a_parked_peer_whose_lease_changes_is_tried_at_once_and_forgotten_
 
 
 async def test_drift_is_not_ready_until_repaired_and_counted_by_kind(caplog):
-    caplog.set_level(logging.INFO, "flannel.dataplane")
+    caplog.set_level(logging.INFO, "flannel.dataplane.loop")
     kernel = FakeKernel()
     async with running(hostgw(), kernel) as dataplane:
         dataplane.set_peers([peer(2), peer(3)])
@@ -470,7 +470,7 @@ class BuggyHostGw(HostGwBackend):
 
 
 async def test_a_bug_in_a_backend_ends_the_data_plane_instead_of_being_retried(caplog):
-    caplog.set_level(logging.INFO, "flannel.dataplane")
+    caplog.set_level(logging.INFO, "flannel.dataplane.loop")
     backend = BuggyHostGw()
     backend.fault = TypeError("unsupported operand type(s) for +: 'int' and 'str'")
     dataplane = Dataplane(backend, Readiness([COMPONENT]), netlink=FakeKernel().open,
@@ -513,7 +513,7 @@ async def test_a_bug_in_an_applier_ends_the_data_plane():
 
 
 def test_the_real_clock_waits_for_the_event_or_the_time():
-    from flannel.clock import SYSTEM
+    from flannel.timing.clock import SYSTEM
 
     async def both() -> tuple[bool, bool, float]:
         event = asyncio.Event()

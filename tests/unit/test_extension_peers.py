@@ -8,7 +8,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.extension.peers import (
     CommandFailed,
     ExtensionConfig,

@@ -23,7 +23,7 @@ from flannel.backend.wireguard import WireguardBackend
 from flannel.config import parse_config
 from flannel.monitor.metrics import Exposition
 from flannel.monitor.nodestate import NodeState
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from flannel.subnet.watch import Snapshot
 from flannel.udp.forwarder import ForwarderStatus
 from flannel.udp.worker import COUNTERS

@@ -1,4 +1,4 @@
-"""flannel.httpclient's reading of responses against a tiny server that writes raw bytes:
+"""flannel.clients.http's reading of responses against a tiny server that writes raw bytes:
 when a connection may carry another request, which answers are refused, and a request body
 streamed while the response is read."""
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from flannel.httpclient import MAX_HEAD_BYTES, BodyTooLarge, Connection, ProtocolError
+from flannel.clients.http import MAX_HEAD_BYTES, BodyTooLarge, Connection, ProtocolError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -163,7 +163,7 @@ async def test_a_line_must_arrive_within_its_budget_from_its_first_byte():
     """A stream's message that drips (here a byte every 0.1 s) is cut once its budget's
     seconds have passed since its first byte, however often bytes come; messages that
     arrive in time are read, and the quiet between messages does not count."""
-    from flannel.httpclient import Budget
+    from flannel.clients.http import Budget
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while await reader.readline() not in (b"\r\n", b""):
@@ -193,8 +193,8 @@ async def test_a_line_must_arrive_within_its_budget_from_its_first_byte():
 
 
 def test_a_budget_refuses_more_elements_than_it_allows_before_decoding():
-    from flannel.boundedjson import JSONLimitError
-    from flannel.httpclient import Budget
+    from flannel.clients.http import Budget
+    from flannel.untrusted.boundedjson import JSONLimitError
 
     budget = Budget(max_bytes=1 << 20, max_elements=1000, seconds=5)
     assert budget.decode(b'{"kvs": [' + b"{}," * 400 + b"{}]}", "a page")["kvs"][0] == {}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from flannel.backend import backend_class, supported
-from flannel.lab.cli import main as lab_main
-from flannel.lab.cluster import exit_reason
+from flannel_lab.cli import main as lab_main
+from flannel_lab.cluster import exit_reason
 
 IPV4_ONLY = sorted(name for name in supported() if not backend_class(name).footprint.dual_stack)
 CARRIERS = "extension, host-gw, vxlan, wireguard"

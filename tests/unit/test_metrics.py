@@ -19,13 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flannel.backend.base import Applier, ApplyResult, BackendOptions, EngineSample
 from flannel.config import NetworkConfig
-from flannel.histogram import Durations
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.monitor.health import HealthServer, same_host
 from flannel.monitor.nodestate import NodeState, status_document
 from flannel.ops.status import render
-from flannel.readiness import Readiness
+from flannel.reporting.histogram import Durations
+from flannel.reporting.readiness import Readiness
 from flannel.subnet.watch import Changes, Snapshot
 from tests.support.waiting import async_wait_until
 from tests.unit.test_daemon import OWN_LEASE, PEER, Node, RecordingBackend
@@ -427,7 +427,7 @@ def test_status_footprint_names_the_port_any_host_may_inject_on_from_the_config(
 
 
 async def test_a_failing_event_watch_is_counted():
-    from flannel.dataplane import COMPONENT, Dataplane
+    from flannel.dataplane.loop import COMPONENT, Dataplane
     from tests.support.fakenetlink import FakeKernel
     from tests.unit.test_dataplane import hostgw, peer, programmed, until
 

@@ -1,4 +1,4 @@
-"""How the operator tools end when stopped from outside (flannel/stopping.py): a real signal
+"""How the operator tools end when stopped from outside (flannel/process/stopping.py): a real signal
 sent to a real process, a real pipe whose reader is gone. Each ends with one line on stderr
 and the status a shell reports for that signal, never a traceback; what a command adds to
 the stop (what it undid) is on that line; a block that records what it starts lets a
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from flannel import stopping
+from flannel.process import stopping
 
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 
 # A tool that says it is ready, then waits; a stop must unwind it through its ``finally``.
 WAITER = """
 import sys, time
-from flannel import stopping
+from flannel.process import stopping
 
 def command():
     try:
@@ -79,7 +79,7 @@ def closed_pipe() -> int:
 def test_a_closed_output_is_told_from_an_open_one():
     write = closed_pipe()
     try:
-        code = subprocess.run([sys.executable, "-c", "from flannel import stopping; "
+        code = subprocess.run([sys.executable, "-c", "from flannel.process import stopping; "
                                "print(stopping.output_closed(), file=__import__('sys').stderr)"],
                               stdout=write, stderr=subprocess.PIPE, text=True, timeout=30,
                               check=False)
@@ -89,7 +89,7 @@ def test_a_closed_output_is_told_from_an_open_one():
     assert stopping.output_closed(ValueError()) is False
     read, write = os.pipe()
     try:
-        opened = subprocess.run([sys.executable, "-c", "from flannel import stopping; "
+        opened = subprocess.run([sys.executable, "-c", "from flannel.process import stopping; "
                                  "print(stopping.output_closed(), file=__import__('sys')."
                                  "stderr)"], stdout=write, stderr=subprocess.PIPE, text=True,
                                 timeout=30, check=False)
@@ -113,7 +113,7 @@ def test_flannelctl_whose_output_is_closed_ends_in_one_line(tmp_path):
 
 
 def test_another_broken_pipe_is_not_taken_for_a_closed_output():
-    script = ("import os, sys\nfrom flannel import stopping\n"
+    script = ("import os, sys\nfrom flannel.process import stopping\n"
               "def command():\n"
               "    read, write = os.pipe()\n"
               "    os.close(read)\n"

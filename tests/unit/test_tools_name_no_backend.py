@@ -1,6 +1,6 @@
 """The operator tools judge and clean a node from what the backends describe
-(``flannel/backend/plan.py``, ``footprint.py``): ``flannel/ops/`` and ``flannel/cleanup.py``
-name no backend, no backend's device, program or engine, and import none of their modules.
+(``flannel/backend/plan.py``, ``footprint.py``): ``flannel/ops/``, ``cleanup.py`` included,
+names no backend, no backend's device, program or engine, and import none of their modules.
 Only the backend modules and the registry may."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from flannel.backend import supported
 
 FLANNEL = Path(__file__).resolve().parents[2] / "flannel"
-TOOLS = sorted([*(FLANNEL / "ops").rglob("*.py"), FLANNEL / "cleanup.py"])
+TOOLS = sorted((FLANNEL / "ops").rglob("*.py"))
 #: "udp" is a protocol too (the tools speak of UDP ports): its backend is caught by its
 #: engine's package, its device and its phrases instead.
 WORDS = sorted({*supported(), "hostgw", "awsvpc", "alivpc", "tencentvpc", "wireguard-go",

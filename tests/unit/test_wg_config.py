@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.wireguard.config import (
     DeviceLayout,
     LeaseData,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flannel import boundedjson
 from flannel.ops.checks import Context
 from flannel.ops.commands import flannelctl
 from flannel.ops.findings import Finding
 from flannel.ops.kernelview import ToolError, read_sysctl, run_tool
+from flannel.untrusted import boundedjson
 
 CNI_PLUGINS = ("bridge", "host-local", "portmap", "flannel")
 

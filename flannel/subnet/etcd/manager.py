@@ -27,7 +27,16 @@ from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
 
-from flannel.backoff import Backoff
+from flannel.clients.etcd import (
+    PAGE,
+    Code,
+    EtcdClient,
+    EtcdOptions,
+    KeyValue,
+    WatchBatch,
+    WatchEvent,
+    parse_endpoints,
+)
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
     NO_IPV4,
@@ -39,26 +48,15 @@ from flannel.lease import (
     parse_subnet_key,
 )
 from flannel.log import V1, V4
+from flannel.reporting.skips import SkippedRecords
 from flannel.settings import EtcdSettings
-from flannel.skips import SkippedRecords
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcd.candidates import free_subnet, node_seed
-from flannel.subnet.etcd.client import (
-    PAGE,
-    Code,
-    EtcdClient,
-    EtcdCompacted,
-    EtcdError,
-    EtcdOptions,
-    EtcdTooLarge,
-    KeyValue,
-    WatchBatch,
-    WatchEvent,
-    parse_endpoints,
-)
+from flannel.subnet.etcd.kv import AnswerTooLarge, Compacted, EtcdKV, Refused
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+from flannel.timing.backoff import Backoff
 
 #: The subnets a key names: IPv4 (None for an IPv6-only lease) and IPv6 (None if absent).
 Subnets = tuple[IPv4Network | None, IPv6Network | None]
@@ -148,7 +146,7 @@ class EtcdSubnetManager:
                  clock: Callable[[], float] = time.time,
                  check_interval: float = CHECK_INTERVAL,
                  reset_grace: float = RESET_GRACE) -> None:
-        self.client = client
+        self.client = EtcdKV(client)
         self.prefix = prefix
         self.lease_ttl = lease_ttl
         self.renew_margin = renew_margin
@@ -277,7 +275,7 @@ class EtcdSubnetManager:
             raise StoreError(refused)
         try:
             return await self.client.grant(ttl)
-        except EtcdError as err:
+        except Refused as err:
             if err.code == Code.OUT_OF_RANGE:
                 raise StoreError(refused) from None
             raise
@@ -531,9 +529,9 @@ class EtcdSubnetManager:
                         update = Changes(events)
                         self._remember(update)
                         yield update
-            except (EtcdCompacted, EtcdTooLarge) as err:
+            except (Compacted, AnswerTooLarge) as err:
                 self._healthy(opened, backoff)
-                if isinstance(err, EtcdCompacted):
+                if isinstance(err, Compacted):
                     self.status.compactions += 1
                     log.warning("watch resumed from a compacted revision (%d < %d); relisting "
                                 "in %.1fs", revision + 1, err.compact_revision, backoff.delay)

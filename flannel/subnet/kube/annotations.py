@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
-from flannel import boundedjson
 from flannel.lease import Lease, LeaseAttrs
-from flannel.netutil import parse_ip, quoted
+from flannel.untrusted import boundedjson
+from flannel.untrusted.netutil import parse_ip, quoted
 
 _PREFIX = re.compile(r"(?:[a-z0-9_-]+\.)+[a-z0-9_-]+/(?:[a-z0-9_-]+-)?$")
 

@@ -30,14 +30,13 @@ from datetime import UTC, datetime
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, NoReturn
 
-from flannel import boundedjson
-from flannel.backoff import Backoff
+from flannel.clients.kube.client import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.clients.kube.config import KubeConfigError, client_config, ignored_proxy
 from flannel.config import ConfigError, NetworkConfig, parse_config
-from flannel.fileutil import read_head
+from flannel.files.fileutil import read_head
 from flannel.lease import Event, EventType, Lease, LeaseAttrs, SharedStrings
-from flannel.netutil import within
+from flannel.reporting.skips import SkippedRecords
 from flannel.settings import KubeSettings
-from flannel.skips import SkippedRecords
 from flannel.subnet.errors import RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.kube.annotations import (
     AnnotationError,
@@ -47,10 +46,11 @@ from flannel.subnet.kube.annotations import (
     pod_cidrs,
     published,
 )
-from flannel.subnet.kube.client import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kube.config import KubeConfigError, client_config, ignored_proxy
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+from flannel.timing.backoff import Backoff
+from flannel.untrusted import boundedjson
+from flannel.untrusted.netutil import within
 
 log = logging.getLogger(__name__)
 
