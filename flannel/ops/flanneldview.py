@@ -116,8 +116,8 @@ class FlanneldProbes:
 def read_probes(found: Flanneld | None, timeout: float = TIMEOUT) -> FlanneldProbes:
     """What the flanneld ``found`` running here says its probes found (None: none runs
     here)."""
-    from flannel import boundedjson
     from flannel.ops.status import MAX_STATUS_BYTES, StatusUnavailable, fetch, where_of
+    from flannel.untrusted import boundedjson
 
     if found is None:
         return FlanneldProbes(unread="no flanneld runs in this network namespace")

@@ -32,19 +32,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from flannel.backend.plan import IPAddress, NodeView, family_subnet, versions
-from flannel.clock import SYSTEM, Clock
-from flannel.histogram import Durations
 from flannel.kernel import rtnl
 from flannel.lease import Lease
 from flannel.log import V1
 from flannel.probing.icmp import IcmpError, Pinger
 from flannel.probing.schedule import NONE, REACHED, Schedule
 from flannel.probing.sequence import CAUSES, OK, Outcome, Path, probe_path
+from flannel.reporting.histogram import Durations
+from flannel.timing.clock import SYSTEM, Clock
 
 if TYPE_CHECKING:
     from flannel.backend.base import Backend
     from flannel.kernel.host import Host
-    from flannel.readiness import Readiness
+    from flannel.reporting.readiness import Readiness
     from flannel.settings import ProbeSettings
 
 log = logging.getLogger(__name__)
@@ -129,7 +129,7 @@ class ProbeStatus:
         slots, now = schedule.slots, schedule.clock.monotonic()
         out = []
         for index in range(len(slots)):
-            code, began = slots.results[index], slots.probed[index]
+            code, began = slots.results[index], slots.resulted[index]
             result = "none" if code == NONE else "reached" if code == REACHED \
                 else CAUSE_OF[code]
             rtt = slots.rtts[index]
@@ -218,7 +218,8 @@ class PeerProber:
                     continue
                 while len(tasks) >= MAX_IN_FLIGHT:
                     await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                task = asyncio.ensure_future(self._one(pinger, lease, version, index, path))
+                task = asyncio.ensure_future(self._one(pinger, lease, version, index, path,
+                                                       slots.probed[index]))
                 tasks.add(task)
                 task.add_done_callback(self._ended)
                 task.add_done_callback(tasks.discard)
@@ -333,17 +334,20 @@ class PeerProber:
     # -- one probe -----------------------------------------------------------------------
 
     async def _one(self, pinger: Pinger, lease: Lease, version: int, index: int,
-                   path: Path) -> None:
+                   path: Path, began: float) -> None:
         try:
             outcome = await self._probe(pinger, path)
         except OSError as err:  # the socket itself failed: counted, the result kept
             self.status.errors["send"] += 1
             log.log(V1, "probe of %s (IPv%d) failed: %s", lease.key, version, err)
             return
-        self._record(lease, version, index, path, outcome)
+        self._record(lease, version, index, path, outcome, began)
 
     def _record(self, lease: Lease, version: int, index: int, path: Path,
-                outcome: Outcome) -> None:
+                outcome: Outcome, began: float) -> None:
+        """Keep what the probe that began at ``began`` found, unless a probe of that peer
+        that began later has concluded already (a slow failing probe overtaken by a quick
+        answer must not undo it)."""
         status = self.status
         key = (lease.key, version)
         slots = self.schedule.slots
@@ -352,6 +356,8 @@ class PeerProber:
             if found is None:
                 return  # no longer a peer
             index = found
+        if began < slots.resulted[index]:
+            return
         if outcome.inconclusive:
             status.probes["inconclusive"] += 1
             status.errors["flood" if "flood" in outcome.inconclusive else "send"] += 1
@@ -359,6 +365,7 @@ class PeerProber:
                     outcome.inconclusive)
             return
         previous = status.failing.get(key)
+        slots.resulted[index] = began
         slots.rtts[index] = outcome.rtt or 0.0
         if outcome.cause == OK:
             status.probes["reached"] += 1

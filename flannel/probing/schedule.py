@@ -1,12 +1,12 @@
 """When each peer is probed: every peer once per period, spread evenly, at most a global rate.
 
 Owns the peers probed (each peer and IP family a slot), their order, the latest result of
-each (kept in arrays: about 30 bytes a peer, so 5000 peers cost ~150 KB), and the pace: the
+each (kept in arrays: about 40 bytes a peer, so 5000 peers cost ~200 KB), and the pace: the
 period is ``--peer-probe-interval``, stretched on a big cluster to ``peers / rate`` so that
 no more than ``--peer-probe-rate`` probes a second leave however many peers there are; one
 slot is due every ``period / peers`` seconds, round robin. A peer new to the set is due
 first; a peer set that changes keeps every other peer's turn and result. Time is read from
-an injected ``Clock`` (``flannel/clock.py``), so tests drive it.
+an injected ``Clock`` (``flannel/timing/clock.py``), so tests drive it.
 Must not touch: the network (it says when; the prober probes).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
-from flannel.clock import SYSTEM, Clock
 from flannel.lease import Lease
+from flannel.timing.clock import SYSTEM, Clock
 
 #: What a slot's latest result is: none yet, reached, or the index of a cause + 2.
 NONE, REACHED = 0, 1
@@ -25,15 +25,18 @@ NONE, REACHED = 0, 1
 class Slots:
     """The peer families probed, in the order they are probed, with each one's latest
     result: ``leases`` and ``versions`` say which; ``probed`` when its latest probe began
-    (the clock's reading; 0: never), ``results`` what it gave (``NONE``, ``REACHED``, or a
-    cause's code), ``rtts`` its round trip over the overlay (seconds; 0: none)."""
+    (the clock's reading; 0: never), ``results`` what the latest probe to conclude gave
+    (``NONE``, ``REACHED``, or a cause's code) and ``resulted`` when that probe began (a
+    probe that began earlier and ends later is stale), ``rtts`` its round trip over the
+    overlay (seconds; 0: none)."""
 
-    __slots__ = ("leases", "probed", "results", "rtts", "versions")
+    __slots__ = ("leases", "probed", "resulted", "results", "rtts", "versions")
 
     def __init__(self) -> None:
         self.leases: list[Lease] = []
         self.versions = array("b")
         self.probed = array("d")
+        self.resulted = array("d")
         self.results = array("b")
         self.rtts = array("f")
 
@@ -58,6 +61,7 @@ class Slots:
         versions = array("b", [v for _, v in fresh] + [self.versions[i] for i in turn])
         zeros = [0] * len(fresh)
         self.probed = array("d", zeros + [self.probed[i] for i in turn])
+        self.resulted = array("d", zeros + [self.resulted[i] for i in turn])
         self.results = array("b", zeros + [self.results[i] for i in turn])
         self.rtts = array("f", zeros + [self.rtts[i] for i in turn])
         self.leases, self.versions = leases, versions
@@ -130,9 +134,9 @@ class Schedule:
         return [(start + step) % total for step in range(min(count, total))]
 
     def oldest(self) -> float | None:
-        """Seconds since the least recent latest probe began; None while a slot was never
-        probed (or there is none)."""
+        """Seconds since the probe of the least recent result began; None while a slot has
+        no result yet (or there is none)."""
         if not self.slots:
             return None
-        earliest = min(self.slots.probed)
+        earliest = min(self.slots.resulted)
         return None if earliest == 0 else self.clock.monotonic() - earliest

@@ -3,8 +3,8 @@
 Owns the list of checks and the context they share (subnet.env, network config, leases,
 this node's lease, the kernel view, what this node's backend does with each lease: its
 description, ``flannel/ops/plans.py``, and what only the running flanneld knows: the peers
-it parked and what its own probes found, ``flannel/ops/flanneldview.py``). Checks only read; a fix runs only when a flag
-asks.
+it parked and what its own probes found, ``flannel/ops/flanneldview.py``). Checks only
+read; a fix runs only when a flag asks.
 """
 
 from __future__ import annotations
