@@ -17,12 +17,12 @@ from flannel.backend.plan import PLAIN, Carrier, NodeView, PeerPlan
 from flannel.backend.vxlan import VxlanBackend
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
 from flannel.lease import Lease, LeaseAttrs
-from flannel.probing import icmp
 from flannel.ops.check import NodeCheck, PeerResult, judge, render
 from flannel.ops.checklab import LabNode, NodeOutcome, pairs_of
 from flannel.ops.checklab import render as render_lab
 from flannel.ops.parsers import add_check
 from flannel.ops.plans import KernelEntries, kernel_gaps
+from flannel.probing import icmp
 
 
 def ipv4(src: str, dst: str, payload: bytes, proto: int = socket.IPPROTO_ICMP,
@@ -92,7 +92,7 @@ def test_unreachable_names_the_router_and_the_echo_it_quotes():
     bytes([0x4F]) + ipv4("10.0.0.1", "10.0.0.2", b"\0" * 8)[1:],  # IHL beyond the packet
     ipv4("10.0.0.1", "10.0.0.2", b"\0\0\0"),  # ICMP shorter than its header
     ipv4("10.0.0.1", "10.0.0.2", icmp.echo_request(1, 1, PAYLOAD), proto=socket.IPPROTO_UDP),
-    ipv4("10.0.0.2", "10.0.0.1", icmp.echo_request(1, 1, PAYLOAD)),  # our own request looped back
+    ipv4("10.0.0.2", "10.0.0.1", icmp.echo_request(1, 1, PAYLOAD)),  # our own, looped back
     ipv4("10.0.0.2", "10.0.0.1", b"\x00\x00\x00\x00\x00\x01\x00\x01"),  # bad checksum
 ], ids=["empty", "short", "not-v4", "ihl", "short-icmp", "udp", "request", "checksum"])
 def test_what_is_not_an_answer_is_ignored(packet):
@@ -111,8 +111,9 @@ def test_errors_about_other_traffic_are_ignored():
     reply = ipv4("10.244.1.0", "10.244.3.0", icmp_message(0, 0, b"\0\1\0\1", b""))
     about_reply = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0", reply)
     assert icmp.parse(ipv4("10.244.3.0", "10.244.1.0", about_reply)) is None
+    echo = icmp.echo_request(1, 1, PAYLOAD)
     truncated = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0",
-                             ipv4("10.244.1.0", "10.244.3.0", icmp.echo_request(1, 1, PAYLOAD))[:24])
+                             ipv4("10.244.1.0", "10.244.3.0", echo)[:24])
     assert icmp.parse(ipv4("10.244.3.0", "10.244.1.0", truncated)) is None
 
 
