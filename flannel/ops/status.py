@@ -309,6 +309,8 @@ def render(doc: dict[str, Any], base: str) -> str:
             rows.append(("encap filter", ", ".join(
                 f"{family}: {v.get('peers')} peer(s), {v.get('dropped_packets')} dropped"
                 for family, v in sorted(encap.items()) if isinstance(v, dict))))
+    if "probes" in doc:  # a flanneld without probes says nothing of them
+        rows += _probe_rows(doc["probes"])
     engines = doc.get("engines")
     for name, samples in (engines.items() if isinstance(engines, dict) else ()):
         rows.append(("engine", f"{name}: {_counts(samples)}"))
@@ -330,6 +332,31 @@ def render(doc: dict[str, Any], base: str) -> str:
     else:
         lines.append("last errors: none")
     return "\n".join(lines) + "\n"
+
+
+def _probe_rows(probes: Any) -> list[tuple[str, str]]:
+    """The probes of the peers: their pace, what is not probed, each unreachable peer."""
+    if not isinstance(probes, dict):
+        return [("probes", "off (--peer-probe-interval=0)")] if probes is None else []
+    unreachable = probes.get("unreachable")
+    oldest = probes.get("oldest_result_seconds")
+    rows = [("probes", f"{probes.get('peers')} peer(s) every "
+                       f"{_duration(probes.get('period_seconds'))}, "
+                       f"{unreachable} unreachable; oldest result "
+                       + (_duration(oldest) if oldest is not None else "none yet")
+                       + f"; errors: {_counts(probes.get('errors'))}")]
+    unprobed = probes.get("unprobed")
+    for family, why in (unprobed.items() if isinstance(unprobed, dict) else ()):
+        rows.append(("  not probed", f"{family}: {why}"))
+    listed = probes.get("listed")
+    for item in listed if isinstance(listed, list) else ():
+        family = " (IPv6)" if _get(item, "family") == 6 else ""
+        rows.append((f"  {_get(item, 'label')}",
+                     f"{_get(item, 'lease')}{family} since {_get(item, 'since')} "
+                     f"({_duration(_get(item, 'for_seconds'))}): {_get(item, 'detail')}"))
+    if isinstance(listed, list) and isinstance(unreachable, int) and unreachable > len(listed):
+        rows.append(("  ...", f"{unreachable - len(listed)} more (the log names each)"))
+    return rows
 
 
 def locate(args: StatusOptions, environ: dict[str, str] | None = None) -> Where:
