@@ -256,11 +256,9 @@ class NodeCollector(Collector):
         yield _gauge("flannel_peer_probe_period_seconds", "Seconds between two probes of one "
                      "peer: --peer-probe-interval, stretched so that at most "
                      "--peer-probe-rate probes leave a second.", probes.period)
-        oldest = probes.oldest()
-        if oldest is not None:
-            yield _gauge("flannel_peer_probe_oldest_result_seconds", "Age of the oldest "
-                         "latest result among the peers probed (absent while a peer has "
-                         "none yet).", oldest)
+        yield _gauge("flannel_peer_probe_oldest_result_seconds", "Age of the oldest latest "
+                     "result among the peers probed, or of a peer's joining when it has none "
+                     "yet (0 with no peer).", probes.oldest())
         yield _by("flannel_peer_probe_unprobed", "1 for an IP family whose peers are not "
                   "probed (this node lacks the address its echoes leave from, or an ICMP "
                   "socket; /status says why).", "family",

@@ -109,9 +109,10 @@ class ProbeStatus:
     def period(self) -> float:
         return self.schedule.period if self.schedule is not None else float(self.interval)
 
-    def oldest(self) -> float | None:
-        """Seconds since the least recent latest result (None: a peer has none yet)."""
-        return self.schedule.oldest() if self.schedule is not None else None
+    def oldest(self) -> float:
+        """Seconds since the least recent latest result, or since a peer without one
+        joined (0: no peer)."""
+        return self.schedule.oldest() if self.schedule is not None else 0.0
 
     def by_cause(self) -> dict[str, int]:
         """Peers unreachable now by cause (every cause, zeros included)."""

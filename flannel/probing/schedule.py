@@ -27,7 +27,8 @@ class Slots:
     result: ``leases`` and ``versions`` say which; ``probed`` when its latest probe began
     (the clock's reading; 0: never), ``results`` what the latest probe to conclude gave
     (``NONE``, ``REACHED``, or a cause's code) and ``resulted`` when that probe began (a
-    probe that began earlier and ends later is stale), ``rtts`` its round trip over the
+    probe that began earlier and ends later is stale; before the first result, when the
+    slot joined), ``rtts`` its round trip over the
     overlay (seconds; 0: none)."""
 
     __slots__ = ("leases", "probed", "resulted", "results", "rtts", "versions")
@@ -46,9 +47,10 @@ class Slots:
     def key(self, index: int) -> tuple[str, int]:
         return self.leases[index].key, self.versions[index]
 
-    def replace(self, entries: Sequence[tuple[Lease, int]], first: int) -> None:
-        """Hold ``entries`` (lease, IP version): those new to the set first, then the others
-        in their current turn from slot ``first`` on; their results kept."""
+    def replace(self, entries: Sequence[tuple[Lease, int]], first: int, now: float) -> None:
+        """Hold ``entries`` (lease, IP version): those new to the set first (``resulted``
+        set to ``now``, when they joined), then the others in their current turn from slot
+        ``first`` on; their results kept."""
         old = {self.key(i): i for i in range(len(self.leases))}
         kept = {(lease.key, version) for lease, version in entries if (lease.key, version)
                 in old}
@@ -61,7 +63,7 @@ class Slots:
         versions = array("b", [v for _, v in fresh] + [self.versions[i] for i in turn])
         zeros = [0] * len(fresh)
         self.probed = array("d", zeros + [self.probed[i] for i in turn])
-        self.resulted = array("d", zeros + [self.resulted[i] for i in turn])
+        self.resulted = array("d", [now] * len(fresh) + [self.resulted[i] for i in turn])
         self.results = array("b", zeros + [self.results[i] for i in turn])
         self.rtts = array("f", zeros + [self.rtts[i] for i in turn])
         self.leases, self.versions = leases, versions
@@ -103,7 +105,8 @@ class Schedule:
         """Probe ``entries`` (lease, IP version) from now on; whether the set changed."""
         if self.slots.same(entries):
             return False
-        self.slots.replace(entries, self._cursor if self._cursor < len(self.slots) else 0)
+        self.slots.replace(entries, self._cursor if self._cursor < len(self.slots) else 0,
+                           self.clock.monotonic())
         self._cursor = 0
         return True
 
@@ -133,10 +136,9 @@ class Schedule:
         start = self._cursor if self._cursor < total else 0
         return [(start + step) % total for step in range(min(count, total))]
 
-    def oldest(self) -> float | None:
-        """Seconds since the probe of the least recent result began; None while a slot has
-        no result yet (or there is none)."""
+    def oldest(self) -> float:
+        """Seconds since the probe of the least recent result began, or since a slot with
+        no result yet joined: how stale the oldest thing known is (0 with no slot)."""
         if not self.slots:
-            return None
-        earliest = min(self.slots.resulted)
-        return None if earliest == 0 else self.clock.monotonic() - earliest
+            return 0.0
+        return self.clock.monotonic() - min(self.slots.resulted)

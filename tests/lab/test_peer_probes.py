@@ -132,6 +132,28 @@ def expect(m: Matrix, cause: str, lease: str, timeout: float) -> dict[int, dict[
     return seen
 
 
+def tools_read_flanneld(m: Matrix, peer: str) -> None:
+    """doctor and check on n1 take flanneld's fresh result for the blocked peer (no
+    ``--max-age``: its probe period) and say so; with ``--max-age=0`` they probe."""
+    where = (f"--etcd-endpoints={m.endpoint}",
+             f"--subnet-file={m.node(1).subnet_file}")  # type: ignore[attr-defined]
+    doc = json.loads(m.run_in(1, FLANNELCTL, "check", "--json", *where, check=False).stdout)
+    row = m.row(doc, PEER, 4)
+    assert row["verdict"] == "unreachable", row
+    assert "flanneld's own probe" in str(row["detail"]) and "UDP 8472" in str(row["detail"])
+    own = m.row(json.loads(m.run_in(1, FLANNELCTL, "check", "--json", "--max-age=0", *where,
+                                    "--timeout=0.5", check=False).stdout), PEER, 4)
+    assert own["verdict"] == "timeout", own
+    proc = m.run_in(1, FLANNELCTL, "doctor", "--json", *where, "--probe-timeout=0.5",
+                    check=False)
+    findings = json.loads(proc.stdout)["findings"]
+    encap = [f for f in findings if f["check"] == "encap"]
+    assert encap and peer in encap[0]["what"] and "flanneld's own probe" in encap[0]["what"], \
+        findings
+    assert any(f["check"] == "probes" and "judged from flanneld's own probes" in f["what"]
+               for f in findings), findings
+
+
 @pytest.mark.parametrize("key", BACKENDS)
 def test_every_situation_is_reported_with_its_cause_and_cleared(key: str, tmp_path: Path):
     reason = skip_reason(key)
@@ -141,7 +163,7 @@ def test_every_situation_is_reported_with_its_cause_and_cleared(key: str, tmp_pa
     lab = Lab(f"{netns.RUN_PREFIX}P{next(_numbers)}", root=tmp_path)
     try:
         nodes = build(lab, 3, network_config(spec, lab),
-                      flanneld_args=("--ip-masq", f"--peer-probe-interval={INTERVAL}"))
+                      flanneld_args=("--ip-masq", f"--peer-probe-interval={INTERVAL}", "-v=1"))
         wait_for_mesh(lab, nodes, spec.ipv6, timeout=60)
         m = Matrix(lab, spec)
         lease = str(lab.lease_key(PEER))
@@ -166,10 +188,11 @@ def test_every_situation_is_reported_with_its_cause_and_cleared(key: str, tmp_pa
                         # /status gives whole seconds: the report is within 2 intervals.
                         assert since - applied <= 2 * INTERVAL + 1, (index, item)
                         assert str(m.address(PEER)) in str(item["detail"]), item
-                        if cause == "encap_blocked":
-                            ports = PORTS[(spec.backend, 4)]
-                            assert f"UDP {ports[0]}" in str(item["detail"]) or \
-                                f"UDP {', '.join(map(str, ports))}" in str(item["detail"]), item
+                        if cause == "encap_blocked":  # the carrier's port is named
+                            port = PORTS[(spec.backend, 4)][0]
+                            assert f"UDP {port}" in str(item["detail"]), item
+                    if key == "vxlan" and case.situation == "peer-port-nft":
+                        tools_read_flanneld(m, str(m.address(PEER)))
             finally:
                 undoing = time.time()
                 situation.undo(m, cell)

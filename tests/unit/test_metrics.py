@@ -466,8 +466,6 @@ async def test_every_family_is_documented(tmp_path):
     families = {"flannel_engine_<name>" if name.startswith("flannel_engine_") else name
                 for name in families}
     # What this node cannot show: a reservation has no expiry; the per-peer probe series
-    # need --peer-probe-metrics-per-peer; the oldest probe result is absent until every
-    # peer has one.
+    # need --peer-probe-metrics-per-peer.
     assert families | {"flannel_lease_remaining_seconds", "flannel_peer_probe_reachable",
-                       "flannel_peer_probe_last_rtt_seconds",
-                       "flannel_peer_probe_oldest_result_seconds"} == documented
+                       "flannel_peer_probe_last_rtt_seconds"} == documented

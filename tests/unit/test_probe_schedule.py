@@ -124,14 +124,16 @@ async def test_new_peers_come_first_and_the_others_keep_their_turn_and_result():
     assert not schedule.set_peers(now[::-1])  # the same leases: no change
 
 
-async def test_the_oldest_result_is_unknown_until_every_peer_has_one():
+async def test_the_oldest_result_counts_from_joining_until_a_peer_has_one():
     clock = FakeClock()
     schedule = Schedule(2, 20, clock)
+    assert schedule.oldest() == 0
     schedule.set_peers(leases(2))
-    assert schedule.oldest() is None
+    await clock.advance(3)
+    assert schedule.oldest() == pytest.approx(3)  # neither probed since they joined
     first = await schedule.next()
     schedule.slots.resulted[first] = clock.monotonic()
-    assert schedule.oldest() is None
+    assert schedule.oldest() == pytest.approx(3)
     await clock.advance(1)
     second = await schedule.next()
     schedule.slots.resulted[second] = clock.monotonic()
