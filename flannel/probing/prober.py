@@ -37,7 +37,7 @@ from flannel.lease import Lease
 from flannel.log import V1
 from flannel.probing.icmp import IcmpError, Pinger
 from flannel.probing.schedule import NONE, REACHED, Schedule
-from flannel.probing.sequence import CAUSES, OK, Outcome, Path, probe_path
+from flannel.probing.sequence import CAUSES, FLOODED, OK, Outcome, Path, probe_path
 from flannel.reporting.histogram import Durations
 from flannel.timing.clock import SYSTEM, Clock
 
@@ -361,7 +361,7 @@ class PeerProber:
             return
         if outcome.inconclusive:
             status.probes["inconclusive"] += 1
-            status.errors["flood" if "flood" in outcome.inconclusive else "send"] += 1
+            status.errors["flood" if outcome.inconclusive == FLOODED else "send"] += 1
             log.log(V1, "probe of %s (IPv%d) concluded nothing: %s", lease.key, version,
                     outcome.inconclusive)
             return

@@ -1,23 +1,26 @@
 """The probe sequence for one peer and IP family, and what its answers tell: the peer
 reached, or why not (the cause).
 
-Shared by flanneld (``flannel/probing/prober.py``, continuously) and ``flannelctl doctor``
-(``flannel/ops/checks/probes.py``, once). What is probed comes from the backend's
+Run by flanneld (``flannel/probing/prober.py``, continuously); ``flannelctl doctor`` and
+``check`` read its results where they are fresh. What is probed comes from the backend's
 description of the peer (``flannel/backend/plan.py``): the address that answers over the
 overlay, the public address on the underlay, the carrier; and the pods' MTU.
 
 1. One don't-fragment echo of the pods' MTU to the peer's overlay address, from ours (a
    small one when the MTU is not known). Answered: the path carries what pods send, both
    ways; done, with its round trip. This is all a healthy peer costs.
-2. Unanswered: at once, a second echo of the pods' MTU and ``tries`` small ones over the
-   overlay, ``tries`` echoes to the peer's public address on the underlay, and, where the
-   carrier can be probed (``Carrier.refuses``: nothing but it receives on its UDP ports and
-   it answers no stray datagram), ``tries`` datagrams to each of its UDP ports. Then:
-   - a full-size echo answered: reached (the first was lost);
-   - small ones answered, full-size ones not: ``mtu_too_small``; where this node's
-     underlay MTU is known, a don't-fragment echo of it to the peer's public address says
-     whether the underlay itself is narrower somewhere (a node or a link) or the carrier
-     does not carry the pods' MTU;
+2. Unanswered: at once, ``tries`` small echoes over the overlay, ``tries`` echoes to the
+   peer's public address on the underlay (and, where this node's underlay MTU is known, a
+   don't-fragment one of that MTU), and, where the carrier can be probed
+   (``Carrier.refuses``: nothing but it receives on its UDP ports and it answers no stray
+   datagram), ``tries`` datagrams to each of its UDP ports. Then:
+   - small ones answered: one more echo of the pods' MTU, alone (a carrier that batches
+     the packets to one peer, as the udp backend's forwarder does with UDP segmentation
+     offload, could carry a full-size one beside the small ones where a link would not),
+     waiting a little more than the small ones took. Answered: reached (the first was
+     lost); not: ``mtu_too_small``, and the underlay's full-size echo says whether the
+     underlay itself is narrower somewhere (a node or a link) or the carrier does not carry
+     the pods' MTU;
    - nothing over the overlay nor on the underlay: ``peer_down`` (down, unreachable, or it
      drops ICMP);
    - the underlay answers, a UDP port of the carrier answers port unreachable (from the
@@ -58,6 +61,11 @@ CAUSES = {PEER_DOWN: "peer down", ENCAP_BLOCKED: "encapsulation blocked",
 SPACING = 0.25
 TIMEOUT = 1.0
 TRIES = 2
+#: What the lone full-size echo after answered small ones waits, besides 4 of their round
+#: trips: a full-size packet takes no longer than a small one but for its serialization.
+RETRY = 0.25
+#: Why a flood makes a probe conclude nothing.
+FLOODED = "a flood of ICMP answers was arriving"
 
 
 @dataclass(frozen=True)
@@ -124,28 +132,32 @@ async def probe_path(pinger: Pinger, path: Path, *, tries: int = TRIES,
     if first.rtt is not None:
         return Outcome(OK, first.rtt)
     if first.flooded:
-        return Outcome(OK, inconclusive="a flood of ICMP answers was arriving")
+        return Outcome(OK, inconclusive=FLOODED)
     if first.send_error:
         return _unsent(path, first, size)
     carrier = path.carrier
     echo = pinger.echo
-    full: Awaitable[Echo | None] = echo(path.overlay, size=size, timeout=timeout) \
-        if path.mtu else _nothing()
     small = echo(path.overlay, tries=tries, spacing=spacing, timeout=timeout)
     under = echo(path.public, tries=tries, spacing=spacing, timeout=timeout, overlay=False)
+    wide: Awaitable[Echo | None] = echo(
+        path.public, size=_size(path, path.underlay_mtu), tries=tries, spacing=spacing,
+        timeout=timeout, overlay=False) if path.mtu and path.underlay_mtu else _nothing()
     ports = [pinger.datagrams(path.public, port, tries=tries, spacing=spacing, timeout=timeout)
              for port in (carrier.udp_ports if probeable(carrier) else ())]
-    second, overlay, underlay, datagrams = await asyncio.gather(full, small, under,
-                                                               asyncio.gather(*ports))
-    if second is not None and second.rtt is not None:
-        return Outcome(OK, second.rtt)
-    if overlay.flooded or underlay.flooded or any(d.flooded for d in datagrams) or \
-            (second is not None and second.flooded):
-        return Outcome(OK, inconclusive="a flood of ICMP answers was arriving")
+    overlay, underlay, underlay_wide, datagrams = await asyncio.gather(
+        small, under, wide, asyncio.gather(*ports))
+    if overlay.flooded or underlay.flooded or any(d.flooded for d in datagrams):
+        return Outcome(OK, inconclusive=FLOODED)
     if overlay.rtt is not None:
         if not path.mtu:
             return Outcome(OK, overlay.rtt)
-        return await _narrow(pinger, path, overlay.rtt, tries, timeout, spacing)
+        again = await echo(path.overlay, size=size,
+                           timeout=min(timeout, RETRY + 4 * overlay.rtt))
+        if again.rtt is not None:
+            return Outcome(OK, again.rtt)
+        if again.flooded:
+            return Outcome(OK, inconclusive=FLOODED)
+        return _narrow(path, overlay.rtt, underlay_wide)
     if overlay.send_error:
         return _unsent(path, overlay, SMALL)
     if underlay.rtt is None:
@@ -171,16 +183,14 @@ def _unsent(path: Path, echo: Echo, size: int) -> Outcome:
                    f"{echo.send_error}")
 
 
-async def _narrow(pinger: Pinger, path: Path, rtt: float, tries: int, timeout: float,
-                  spacing: float) -> Outcome:
-    """Small echoes cross the overlay, those of the pods' MTU do not: where is it narrow?"""
+def _narrow(path: Path, rtt: float, wide: Echo | None) -> Outcome:
+    """Small echoes cross the overlay, those of the pods' MTU do not: where is it narrow?
+    ``wide``: what the echo of this node's underlay MTU to the peer gave (None: none)."""
     head = (f"packets of {path.mtu} bytes (the pods' MTU) do not reach {path.node} over the "
             "overlay while small ones do")
-    if not path.underlay_mtu:
+    if wide is None:
         return Outcome(MTU_TOO_SMALL, rtt, head)
-    under = await pinger.echo(path.public, size=_size(path, path.underlay_mtu), tries=tries,
-                              spacing=spacing, timeout=timeout, overlay=False)
-    if under.rtt is None:
+    if wide.rtt is None:
         return Outcome(MTU_TOO_SMALL, rtt, f"{head}; the underlay path to {path.public} does "
                        f"not carry {path.underlay_mtu}-byte packets either: that node, or a "
                        "link between, has a smaller MTU", underlay_carries=False)
