@@ -240,13 +240,16 @@ def probes_section(probes: ProbeStatus, now: float) -> dict[str, Any]:
 
 
 def probes_document(state: NodeState) -> dict[str, Any]:
-    """Every probed peer's latest result, for the operator tools (``/probes``): the period
-    (each result is renewed that often), and per peer and IP family its result ("none"
+    """Every probed peer's latest result, for the operator tools (``/probes``): the period,
+    how old a result grows before the next one replaces it (the period and the longest a
+    probe takes: ``fresh_seconds``), and per peer and IP family its result ("none"
     before its first probe, "reached", or a cause), how old it is, its round trip, and for
     an unreachable one what was seen."""
+    from flannel.probing.sequence import LONGEST
+
     probes = state.probes
     if probes is None:
-        return {"period_seconds": None, "peers": []}
+        return {"period_seconds": None, "fresh_seconds": None, "peers": []}
     rows = []
     for key, version, result, age, rtt in probes.results():
         row: dict[str, Any] = {"lease": key, "family": version, "result": result,
@@ -256,7 +259,9 @@ def probes_document(state: NodeState) -> dict[str, Any]:
         if failing is not None and failing.cause == result:
             row["detail"] = failing.detail
         rows.append(row)
-    return {"period_seconds": round(probes.period, 3), "peers": rows}
+    # A result is renewed once a period, by a probe that may take up to LONGEST.
+    return {"period_seconds": round(probes.period, 3),
+            "fresh_seconds": round(probes.period + LONGEST, 3), "peers": rows}
 
 
 def footprint_document(backend: Backend) -> dict[str, Any]:

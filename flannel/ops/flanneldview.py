@@ -9,8 +9,9 @@ Owns asking the flanneld of this network namespace, over its local socket (found
 uses, of the types they must have, bounded. When one cannot be read, ``unread`` says why,
 for a "not checked: ... because ..." of the tools. ``doctor`` and ``check`` share it.
 A probe result is fresh (``FlanneldProbes.fresh``) when it is at most the tool's
-``--max-age`` old, by default flanneld's probe period: flanneld probes that peer again
-before its result grows older, so it is what flanneld knows of it now.
+``--max-age`` old, by default flanneld's probe period and the longest one probe takes (its
+``fresh_seconds``): flanneld has a newer result of that peer before its result grows older,
+so it is what flanneld knows of it now.
 Must not touch: anything (one GET of /status, one of /probes).
 """
 
@@ -98,15 +99,17 @@ class ProbeResult:
 @dataclass(frozen=True)
 class FlanneldProbes:
     """(lease key, IP version) -> flanneld's latest probe of it; ``period``: how often it
-    probes each peer (None: it does not probe); ``unread``: why nothing could be read."""
+    probes each peer (None: it does not probe); ``fresh_for``: how old a result grows before
+    a newer one replaces it; ``unread``: why nothing could be read."""
 
     results: Mapping[tuple[str, int], ProbeResult] = field(default_factory=dict)
     period: float | None = None
     unread: str = ""
+    fresh_for: float | None = None
 
     def fresh(self, key: str, version: int, max_age: float | None) -> ProbeResult | None:
         """flanneld's result for that peer when it is fresh (see the module docstring)."""
-        limit = self.period if max_age is None else max_age
+        limit = (self.fresh_for or self.period) if max_age is None else max_age
         result = self.results.get((key, version))
         if result is None or limit is None or result.age > limit:
             return None
@@ -144,6 +147,9 @@ def probes_of(doc: object) -> FlanneldProbes:
             or not 0 < period <= MAX_PERIOD:
         return FlanneldProbes(unread="flanneld does not probe its peers "
                               "(--peer-probe-interval=0)")
+    fresh = doc.get("fresh_seconds")
+    fresh_for = float(fresh) if isinstance(fresh, int | float) and not isinstance(fresh, bool) \
+        and period <= fresh <= 2 * MAX_PERIOD else None
     rows = doc.get("peers")
     results: dict[tuple[str, int], ProbeResult] = {}
     for row in rows[:MAX_RESULTS] if isinstance(rows, list) else ():
@@ -159,4 +165,4 @@ def probes_of(doc: object) -> FlanneldProbes:
             and rtt > 0 else None
         results[(key[:MAX_REASON], int(family))] = ProbeResult(
             result[:64], float(age), seconds, detail[:MAX_REASON])
-    return FlanneldProbes(results, float(period))
+    return FlanneldProbes(results, float(period), fresh_for=fresh_for)

@@ -53,7 +53,7 @@ class DoctorOptions:
     #: The store flags given on the command line or in ``FLANNELD_*``.
     given: tuple[str, ...] = ()
     #: The oldest result of flanneld's own probes used instead of probing (None: its
-    #: period; 0: always probe).
+    #: period and the longest a probe takes; 0: always probe).
     max_age: float | None = None
 
 
@@ -74,7 +74,7 @@ class CheckOptions:
     #: The flanneld running here: the peers it parked are asked on its socket.
     found: Flanneld | None = None
     #: The oldest result of flanneld's own probes used instead of probing (None: its
-    #: period; 0: always probe).
+    #: period and the longest a probe takes; 0: always probe).
     max_age: float | None = None
 
 

@@ -114,8 +114,8 @@ def add_doctor(sub: Any) -> None:
                        metavar="SECONDS",
                        help="use the running flanneld's own probe of a peer (its /probes) "
                             "when it is at most this old, instead of probing again; default: "
-                            "flanneld's probe period (it probes each peer again before its "
-                            "result grows older), 0: always probe from here")
+                            "flanneld's probe period and the longest a probe takes (a newer "
+                            "result replaces it by then), 0: always probe from here")
     doctor.add_argument("--fix-checksum-offload", action="store_true",
                         help="turn tx-checksum-ip-generic off on the device the kernel "
                              "encapsulates in UDP when the conditions of the checksum bug are "
@@ -185,8 +185,8 @@ def add_check(sub: Any) -> None:
                        metavar="SECONDS",
                        help="use the running flanneld's own probe of a peer (its /probes) "
                             "when it is at most this old, instead of probing again; default: "
-                            "flanneld's probe period (it probes each peer again before its "
-                            "result grows older), 0: always probe from here")
+                            "flanneld's probe period and the longest a probe takes (a newer "
+                            "result replaces it by then), 0: always probe from here")
     check.add_argument("--lab", default="", metavar="NAME",
                        help="check every node of this flannel-lab lab against every other")
     check.add_argument("--lab-root", type=Path, default=Path("/run/flannel-lab"),

@@ -64,6 +64,8 @@ TRIES = 2
 #: What the lone full-size echo after answered small ones waits, besides 4 of their round
 #: trips: a full-size packet takes no longer than a small one but for its serialization.
 RETRY = 0.25
+#: The longest one probe takes: its first echo, the second round, the lone retry.
+LONGEST = 3 * TIMEOUT + (TRIES - 1) * SPACING
 #: Why a flood makes a probe conclude nothing.
 FLOODED = "a flood of ICMP answers was arriving"
 

@@ -52,7 +52,7 @@ class Context:
     #: The flanneld of this network namespace, as found (None: none, or not told apart).
     flanneld: Flanneld | None = None
     #: The oldest of flanneld's own probe results used instead of probing (None: its
-    #: period; 0: always probe).
+    #: period and the longest a probe takes; 0: always probe).
     max_age: float | None = None
 
     @property

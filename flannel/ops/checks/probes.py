@@ -26,7 +26,8 @@ backend's description (``flannel/ops/plans.py``). How a failing peer is told apa
    when small packets arrive and full-size ones do not, probe the underlay at its own MTU to
    say where the packets are lost (finding ``path-mtu``).
 Where the running flanneld probed that peer family itself lately (its ``/probes``, fresh:
-at most ``--max-age`` old, by default its probe period; ``flannel/ops/flanneldview.py``),
+at most ``--max-age`` old, by default its probe period and the longest a probe takes;
+``flannel/ops/flanneldview.py``),
 its result stands instead of steps 1 to 4: reached, or its cause as the same finding, the
 result's age said; a note counts the peers so judged.
 What cannot be probed is said as a note ("not checked: ... because ..."), never passed
@@ -290,10 +291,10 @@ def check_peers(ctx: Context) -> list[Finding]:
     probed = ctx.probed
     used = [pf for pf in work if probed.fresh(pf[0].lease.key, pf[1].version, ctx.max_age)]
     if used:
-        limit = f"{ctx.max_age:g}" if ctx.max_age is not None else f"{probed.period or 0:g}"
+        limit = ctx.max_age if ctx.max_age is not None else probed.fresh_for or probed.period
         found.append(Finding("probes", "info", f"{len(used)} peer famil"
                              f"{'y' if len(used) == 1 else 'ies'} judged from flanneld's own "
-                             f"probes, at most {limit}s old (--max-age=0 probes from here)"))
+                             f"probes, at most {limit or 0:g}s old (--max-age=0 probes from here)"))
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(work))) as pool:
         results = list(pool.map(lambda pf: probe_family(
             ctx, pf[0], pf[1], sources[pf[1].version],
