@@ -347,13 +347,14 @@ def _probe_rows(probes: Any) -> list[tuple[str, str]]:
                        + f"; errors: {_counts(probes.get('errors'))}")]
     unprobed = probes.get("unprobed")
     for family, why in (unprobed.items() if isinstance(unprobed, dict) else ()):
-        rows.append(("  not probed", f"{family}: {why}"))
+        rows.append(("  unprobed", f"{family}: {why}"))
     listed = probes.get("listed")
     for item in listed if isinstance(listed, list) else ():
         family = " (IPv6)" if _get(item, "family") == 6 else ""
-        rows.append((f"  {_get(item, 'label')}",
-                     f"{_get(item, 'lease')}{family} since {_get(item, 'since')} "
-                     f"({_duration(_get(item, 'for_seconds'))}): {_get(item, 'detail')}"))
+        rows.append(("  failing", f"{_get(item, 'label')}: {_get(item, 'lease')}{family} "
+                                  f"since {_get(item, 'since')} "
+                                  f"({_duration(_get(item, 'for_seconds'))}): "
+                                  f"{_get(item, 'detail')}"))
     if isinstance(listed, list) and isinstance(unreachable, int) and unreachable > len(listed):
         rows.append(("  ...", f"{unreachable - len(listed)} more (the log names each)"))
     return rows
