@@ -26,8 +26,8 @@ from ipaddress import IPv4Network
 
 from flannel.kernel.host import Host
 from flannel.ops.check import PeerResult, probe_all
-from flannel.ops.icmp import Pinger
 from flannel.ops.options import CheckOptions
+from flannel.probing.icmp import Pinger
 from tests.support import netns
 
 COUNT, INTERVAL, TIMEOUT = 3, 0.2, 1.0

@@ -191,7 +191,8 @@ def ops_options(args: argparse.Namespace, environ: dict[str, str] | None = None
     if command == "check":
         return options.CheckOptions(
             located.store, args.json, args.count, args.interval, args.timeout,
-            args.parallel, args.deadline, source=located.source(), found=located.found)
+            args.parallel, args.deadline, source=located.source(), found=located.found,
+            max_age=args.max_age)
     cni = (tuple(args.cni_bin_dir or options.DEFAULT_CNI_BIN_DIRS),
            tuple(args.cni_conf_dir or options.DEFAULT_CNI_CONF_DIRS))
     if command == "bundle":
@@ -201,7 +202,7 @@ def ops_options(args: argparse.Namespace, environ: dict[str, str] | None = None
                                      note=located.note if located.guessed else "")
     return options.DoctorOptions(located.store, args.json, *cni, args.probe_timeout,
                                  args.fix_checksum_offload, located.found, located.note,
-                                 located.given)
+                                 located.given, args.max_age)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -198,7 +198,11 @@ class Daemon:
         self._dataplane_class = dataplane
         self._make_rules = rules
         self.stop = asyncio.Event()
-        self.readiness = Readiness(COMPONENTS)
+        probes = settings.probes
+        # Readiness waits for the peers only when asked: by default a node is ready once
+        # its own data plane is programmed, whatever its peers.
+        self.readiness = Readiness((*COMPONENTS, "peers") if probes.enabled and probes.readiness
+                                   else COMPONENTS)
         self._phase = "waiting for the network config"
         self._started = False
         self._backend: Backend | None = None  # interrupted by the first signal
@@ -389,6 +393,13 @@ class Daemon:
                 Supervised("lease", sm.keep_lease(lease)),
                 Supervised("readiness", self._watch_readiness()),
             ]
+            if self.settings.probes.enabled:
+                from flannel.probing.prober import PeerProber
+
+                prober = PeerProber(backend, self.settings.probes, mtu,
+                                    lambda: dataplane.programmed, self.readiness)
+                self.state.probes = prober.status
+                tasks.append(Supervised("peer probes", prober.run()))
             if rules.blackhole_route:
                 from flannel.kernel.blackhole import keep_blackholes
 

@@ -30,6 +30,7 @@ from flannel.settings import (
     KubeSettings,
     LogSettings,
     OptionSource,
+    ProbeSettings,
     RulesSettings,
     Settings,
     StoreSettings,
@@ -159,6 +160,18 @@ FLAGS: tuple[Flag, ...] = (
          "(0 to disable)"),
     Flag("reconcile-interval", "int", 30, "period of the full kernel state resync, in seconds "
          "from 1 to 86400 (netlink events trigger repairs sooner; pyflannel extension)"),
+    Flag("peer-probe-interval", "int", 30, "seconds between two probes of each peer over the "
+         "overlay, from 0 (no probes) to 3600; stretched so that no more than "
+         "--peer-probe-rate probes leave a second (unreachable peers and why in /status, "
+         "/metrics and the log; pyflannel extension)"),
+    Flag("peer-probe-rate", "int", 20, "probes a second at most, to all peers together, from "
+         "1 to 1000 (pyflannel extension)"),
+    Flag("peer-probe-metrics-per-peer", "bool", False, "a /metrics series per peer (its "
+         "reachability and round trip), for small clusters: at most the first 256 peers "
+         "(pyflannel extension)"),
+    Flag("peer-probe-readiness", "bool", False, "not ready while a peer is unreachable over "
+         "the overlay (by default readiness says only whether this node's own data plane is "
+         "programmed; pyflannel extension)"),
     Flag("iptables-resync", "int", 5, "resync period for iptables rules, in seconds from 1 "
          "to 86400"),
     Flag("iptables-mode", "str", "auto", "iptables backend for the rules: auto (the one "
@@ -200,6 +213,8 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "healthz-port": (0, 65535, "a port from {} to {} (0 turns the health server off)"),
     "reconcile-interval": (1, 86400, "seconds from {} to {}"),
     "iptables-resync": (1, 86400, "seconds from {} to {}"),
+    "peer-probe-interval": (0, 3600, "seconds from {} (no probes) to {}"),
+    "peer-probe-rate": (1, 1000, "probes a second from {} to {}"),
     # klog's Level is an int32; below 0 logs as 0, above 10 as 10.
     "v": (-2**31, 2**31 - 1, "a log level from {} to {}"),
 }
@@ -432,6 +447,9 @@ def settings_from(args: argparse.Namespace) -> Settings:
             encap_peers_only=args.encap_peers_only, drop_pod_encap=args.drop_pod_encap),
         health=HealthSettings(ip=args.healthz_ip, port=args.healthz_port),
         dataplane=DataplaneSettings(reconcile_interval=args.reconcile_interval),
+        probes=ProbeSettings(interval=args.peer_probe_interval, rate=args.peer_probe_rate,
+                             per_peer_metrics=args.peer_probe_metrics_per_peer,
+                             readiness=args.peer_probe_readiness),
         files=FileSettings(subnet_file=args.subnet_file),
         log=LogSettings(v=args.v, vmodule=args.vmodule, backtrace_at=args.log_backtrace_at),
         version=args.version, options=effective_options(args),

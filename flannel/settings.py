@@ -2,8 +2,9 @@
 
 Owns the shape of the configuration once the command line and ``FLANNELD_*`` are parsed and
 checked (``flannel.flags`` builds it): which store and how to reach it, how the external
-interface is chosen, the traffic rules, the health server, the data plane, the files and the
-log level. Nothing here parses or validates; every value is already checked.
+interface is chosen, the traffic rules, the health server, the data plane, the probes of the
+peers, the files and the log level. Nothing here parses or validates; every value is already
+checked.
 Must not touch: the store, the kernel, the environment.
 """
 
@@ -85,6 +86,22 @@ class DataplaneSettings:
 
 
 @dataclass(frozen=True)
+class ProbeSettings:
+    """flanneld's probes of its peers (``flannel/probing/``): every ``interval`` seconds
+    each (0: off), at most ``rate`` probes a second in all (the interval stretches on a big
+    cluster), per-peer series in /metrics, readiness tied to them."""
+
+    interval: int = 30
+    rate: int = 20
+    per_peer_metrics: bool = False
+    readiness: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.interval > 0
+
+
+@dataclass(frozen=True)
 class FileSettings:
     subnet_file: str = "/run/flannel/subnet.env"
 
@@ -119,6 +136,7 @@ class Settings:
     rules: RulesSettings = RulesSettings()
     health: HealthSettings = HealthSettings()
     dataplane: DataplaneSettings = DataplaneSettings()
+    probes: ProbeSettings = ProbeSettings()
     files: FileSettings = FileSettings()
     log: LogSettings = LogSettings()
     version: bool = False  # print the version and exit

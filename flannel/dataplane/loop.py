@@ -167,6 +167,8 @@ class Dataplane:
         self._programmed: DesiredState | None = None
         # Written by the worker thread, read by the event handler on the loop.
         self._last: DesiredState | None = None
+        #: The peers the last successful pass programmed (those the backend admitted).
+        self.programmed: tuple[Lease, ...] = ()
 
     def set_peers(self, peers: Sequence[Lease]) -> None:
         """Hand over the latest full set of remote leases; programmed by the next pass."""
@@ -224,7 +226,7 @@ class Dataplane:
                 version, peers = self.status.wanted_version, self._peers
                 started = clock.monotonic()
                 try:
-                    uses_netlink, changes, programmed = await loop.run_in_executor(
+                    uses_netlink, changes, admitted = await loop.run_in_executor(
                         worker, self._pass, peers, check_local, full)
                 except PassError as err:
                     self.status.pass_durations.observe(clock.monotonic() - started)
@@ -239,7 +241,8 @@ class Dataplane:
                     watcher.cancel()  # nothing of ours in netlink: no drift to watch for
                     watcher = None
                 self.status.pass_durations.observe(clock.monotonic() - started)
-                self._succeeded(version, changes, programmed)
+                self.programmed = admitted
+                self._succeeded(version, changes, len(admitted))
                 if full or check_local or changes.total() >= BURST_CHANGES:
                     # The tables read back, the requests encoded, the desired state this
                     # pass replaced, and the store's decoding of a snapshot before it are
@@ -275,9 +278,9 @@ class Dataplane:
             sock.close()
 
     def _pass(self, peers: tuple[Lease, ...], check_local: bool, full: bool
-              ) -> tuple[bool, Counter[str], int]:
+              ) -> tuple[bool, Counter[str], tuple[Lease, ...]]:
         """One pass (full, or incremental when allowed; see the module docstring): whether
-        the backend has netlink state, the changes made by kind, and how many peers it
+        the backend has netlink state, the changes made by kind, and the peers it
         programmed (those the backend admits). Raises PassError if anything could not be
         programmed (all is still attempted); an error the backend does not declare (a bug)
         propagates."""
@@ -321,7 +324,7 @@ class Dataplane:
         if total:
             log.info("reconciled: %d change(s) in %.1f ms", total,
                      (self._clock.monotonic() - started) * 1000)
-        return desired is not None, changes, len(admitted)
+        return desired is not None, changes, admitted
 
     def _netlink_pass(self, peers: tuple[Lease, ...], admitted: tuple[Lease, ...],
                       check_local: bool, full: bool

@@ -1,5 +1,6 @@
 """The health endpoints: ``/healthz`` (alive), ``/readyz`` (network programmed),
-``/metrics`` (Prometheus) and ``/status`` (JSON for ``flannelctl status``).
+``/metrics`` (Prometheus), ``/status`` (JSON for ``flannelctl status``) and ``/probes`` (every
+peer's latest probe result, JSON for ``flannelctl doctor`` and ``check``).
 
 Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port`` and on flanneld's local
 socket (``flannel.monitor.localsock``: mode 0600, so every client there is local). ``/readyz``
@@ -11,7 +12,7 @@ log has them whole. ``/metrics`` (``flannel.monitor.metrics``, imported at the f
 anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
 (``flannel.monitor.nodestate``) tells more (whole reasons, addresses, devices), so it answers only
 a client on this host: one that connects from a loopback address or from the very address
-it connected to; any other gets 403.
+it connected to; any other gets 403. So does ``/probes``.
 
 Nothing a client does takes it down. A TCP connection reaches flanneld only once its client
 sends something: the kernel holds the others (``TCP_DEFER_ACCEPT``) for ``HEAD_TIMEOUT``, and
@@ -53,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from flannel.monitor.nodestate import status_document
+from flannel.monitor.nodestate import probes_document, status_document
 
 if TYPE_CHECKING:
     from flannel.monitor.metrics import Exposition
@@ -343,11 +344,13 @@ class HealthServer:
                              f"flanneld is not ready yet: {public_reason(why)}\n")
         if path == "/metrics" and self.state is not None:
             return self._metrics(self.state)
-        if path == "/status" and self.state is not None:
+        if path in ("/status", "/probes") and self.state is not None:
             if not local:
-                return _response(403, "Forbidden", "/status answers clients on this host "
-                                 "only: run flannelctl status on the node\n")
-            body = json.dumps(status_document(self.state), indent=1) + "\n"
+                tool = "status" if path == "/status" else "doctor or check"
+                return _response(403, "Forbidden", f"{path} answers clients on this host "
+                                 f"only: run flannelctl {tool} on the node\n")
+            document = status_document if path == "/status" else probes_document
+            body = json.dumps(document(self.state), indent=1) + "\n"
             return _response(200, "OK", body, "application/json")
         return _response(404, "Not Found", "try /healthz, /readyz, /metrics or /status\n"
                          if self.state is not None else "try /healthz or /readyz\n")

@@ -6,7 +6,8 @@ keep plain counters and never import prometheus_client; this module is imported 
 health server on the first scrape only, in a thread (not by the CNI plugin nor by
 ``flannelctl``).
 Names follow Prometheus conventions: ``flannel_`` prefix, base units, ``_total`` counters,
-labels of bounded cardinality (kinds, components, engines; never a peer).
+labels of bounded cardinality (kinds, components, engines, causes; a peer only with
+``--peer-probe-metrics-per-peer``, for at most ``PER_PEER`` of them).
 Must not touch: the components it reads (reads only, on the event loop's thread).
 """
 
@@ -35,10 +36,13 @@ from flannel.version import __version__
 
 if TYPE_CHECKING:
     from flannel.monitor.nodestate import NodeState
+    from flannel.probing.prober import ProbeStatus
 
 #: The classic text format: every Prometheus version reads it, and our names need no more.
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 _SAMPLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}$")
+#: Peers with series of their own at most (--peer-probe-metrics-per-peer).
+PER_PEER = 256
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -84,6 +88,7 @@ class NodeCollector(Collector):
         yield from self._peers()
         yield from self._dataplane()
         yield from self._rules()
+        yield from self._probes()
         yield from self._engines()
         yield from self._health()
 
@@ -218,6 +223,66 @@ class NodeCollector(Collector):
                       {f: counted[0] for f, counted in dropped.items()}, counter=True)
             yield _by("flannel_pod_encap_dropped_bytes", "Bytes of those packets.", "family",
                       {f: counted[1] for f, counted in dropped.items()}, counter=True)
+
+    def _probes(self) -> Iterator[Metric]:
+        probes = self.state.probes
+        if probes is None:
+            return
+        from flannel.probing.prober import ERROR_KINDS
+
+        yield _by("flannel_peers_unreachable", "Peers (each IP family) the probes find "
+                  "unreachable over the overlay now, by cause: peer_down (no answer on the "
+                  "underlay either), encap_blocked (the underlay answers, the carrier's "
+                  "ports do not), encap_refused (nothing listens on them), overlay_down (the "
+                  "underlay answers, the overlay does not, the carrier cannot be told "
+                  "apart), mtu_too_small (small packets cross, the pods' MTU does not).",
+                  "cause", probes.by_cause(), counter=False)
+        yield _by("flannel_peer_probes", "Probes of peers, by result: reached, unreachable, "
+                  "inconclusive (nothing concluded: see flannel_peer_probe_errors).", "result",
+                  {result: probes.probes.get(result, 0)
+                   for result in ("reached", "unreachable", "inconclusive")})
+        yield _by("flannel_peer_probe_errors", "Probes that concluded nothing, by kind: send "
+                  "(this node could not send the echo), flood (answers arrived faster than "
+                  "they are read), socket (no ICMP socket), plan (this node's routes could "
+                  "not be read).", "kind", {kind: probes.errors.get(kind, 0)
+                                            for kind in ERROR_KINDS})
+        rtt = probes.rtt
+        yield HistogramMetricFamily(
+            "flannel_peer_probe_rtt_seconds", "Round trips of the probes that reached a peer "
+            "over the overlay (an echo of the pods' MTU).",
+            buckets=[(_bound(bound), count) for bound, count in rtt.cumulative()],
+            sum_value=rtt.sum)
+        yield _gauge("flannel_peer_probe_peers", "Peers (each IP family) probed.", probes.peers)
+        yield _gauge("flannel_peer_probe_period_seconds", "Seconds between two probes of one "
+                     "peer: --peer-probe-interval, stretched so that at most "
+                     "--peer-probe-rate probes leave a second.", probes.period)
+        yield _gauge("flannel_peer_probe_oldest_result_seconds", "Age of the oldest latest "
+                     "result among the peers probed, or of a peer's joining when it has none "
+                     "yet (0 with no peer).", probes.oldest())
+        yield _by("flannel_peer_probe_unprobed", "1 for an IP family whose peers are not "
+                  "probed (this node lacks the address its echoes leave from, or an ICMP "
+                  "socket; /status says why).", "family",
+                  {f"ipv{version}": 1 for version in probes.unprobed}, counter=False)
+        if probes.per_peer:
+            yield from self._per_peer(probes)
+
+    @staticmethod
+    def _per_peer(probes: ProbeStatus) -> Iterator[Metric]:
+        reachable = GaugeMetricFamily(
+            "flannel_peer_probe_reachable", "1 when the latest probe reached the peer (its "
+            "lease, IP family) over the overlay, 0 when not (--peer-probe-metrics-per-peer: "
+            f"the first {PER_PEER} peers by lease).", labels=["peer", "family"])
+        rtt = GaugeMetricFamily(
+            "flannel_peer_probe_last_rtt_seconds", "The latest round trip to the peer over "
+            "the overlay (--peer-probe-metrics-per-peer).", labels=["peer", "family"])
+        rows = sorted(row for row in probes.results() if row[2] != "none")
+        for key, version, result, _age, seconds in rows[:PER_PEER]:
+            labels = [key, str(version)]
+            reachable.add_metric(labels, int(result == "reached"))
+            if seconds is not None:
+                rtt.add_metric(labels, seconds)
+        yield reachable
+        yield rtt
 
     def _health(self) -> Iterator[Metric]:
         health = self.state.health

@@ -3,9 +3,11 @@
 Owns ``NodeState``, the references the daemon fills in as it starts (store, config,
 backend, data plane, rules, lease watcher), and ``status_document``: this node's lease,
 backend and what it declares it leaves on the node (its footprint), devices, peers known vs
-programmed, readiness and why, the writes of this node's record the store retries, rules and
-last errors, as the JSON ``flannelctl status`` reads, of the shape
-``flannel/monitor/statusdoc.py`` declares.
+programmed, readiness and why, the writes of this node's record the store retries, rules,
+the peers the probes find unreachable and last errors, as the JSON ``flannelctl status``
+reads, of the shape ``flannel/monitor/statusdoc.py`` declares; and ``probes_document``:
+every probed peer's latest result, as ``/probes`` serves it to ``flannelctl doctor`` and
+``check``.
 Everything is read from the live objects when asked: nothing here is updated by the
 components. The document holds no credentials, keys or backend data (the VTEP MAC of a
 device is the one the lease publishes anyway); flanneld's options are listed as its start-up
@@ -19,7 +21,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flannel.monitor.statusdoc import (
     STATUS_FORMAT,
@@ -28,6 +30,7 @@ from flannel.monitor.statusdoc import (
     LeaseInfo,
     Network,
     Peers,
+    Probes,
     Rules,
     StatusDocument,
     Store,
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
     from flannel.dataplane.loop import Dataplane
     from flannel.lease import Lease
     from flannel.monitor.health import HealthStats
+    from flannel.probing.prober import ProbeStatus
     from flannel.rules.manager import RulesStatus
     from flannel.subnet.manager import SubnetManager
     from flannel.subnet.watch import LeaseWatcher
@@ -51,6 +55,8 @@ if TYPE_CHECKING:
 SKIPPED_SHOWN = 50
 #: The kind of a refusal an engine reports (``Applier.refused_peers``).
 ENGINE = "engine"
+#: Unreachable peers listed with their cause (all are counted; the log names each).
+UNREACHABLE_SHOWN = 100
 
 
 @dataclass
@@ -66,6 +72,8 @@ class NodeState:
     rules: RulesStatus | None = None
     peers: LeaseWatcher | None = None
     health: HealthStats | None = None
+    #: What the probes of the peers found (None: probing is off, or not started yet).
+    probes: ProbeStatus | None = None
     #: The effective options and their sources, secrets masked (``settings.options``).
     options: tuple[OptionSource, ...] = ()
     #: Where flannelctl reaches this flanneld: its local socket, its health server.
@@ -145,6 +153,7 @@ def status_document(state: NodeState, now: float | None = None) -> StatusDocumen
         "engines": {name: {s.name: s.value for s in samples}
                     for name, samples in state.engines()},
         "footprint": footprint_document(state.backend) if state.backend is not None else None,
+        "probes": probes_section(state.probes, now) if state.probes is not None else None,
         "last_errors": [],
     }
     doc["last_errors"] = last_errors(doc)
@@ -225,6 +234,58 @@ def _rules(rules: RulesStatus) -> Rules:
             f"ipv{v}": {"dropped_packets": rules.pod_encap_dropped.get(v, (0, 0))[0]}
             for v in rules.pod_encap}
     return doc
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
+
+
+def probes_section(probes: ProbeStatus, now: float) -> Probes:
+    """The probes of the peers: their pace, how far behind, what is not probed and why,
+    and the peers unreachable now (the first ``UNREACHABLE_SHOWN`` by lease)."""
+    from flannel.probing.sequence import CAUSES
+
+    assert probes.schedule is not None
+    ticks = probes.schedule.clock.monotonic()
+    failing = sorted(probes.failing.items())
+    return {
+        "interval_seconds": probes.interval, "rate_per_second": probes.rate,
+        "period_seconds": round(probes.period, 3), "peers": probes.peers,
+        "oldest_result_seconds": _rounded(probes.oldest()),
+        "unprobed": {f"ipv{version}": why for version, why in sorted(probes.unprobed.items())},
+        "unreachable": len(failing), "by_cause": probes.by_cause(),
+        "listed": [{"lease": key, "family": version, "public_ip": f.public, "target": f.target,
+                    "cause": f.cause, "label": CAUSES[f.cause], "detail": f.detail,
+                    "since": _iso(f.since), "for_seconds": round(now - f.since, 3),
+                    "checked_seconds_ago": round(ticks - f.checked, 3)}
+                   for (key, version), f in failing[:UNREACHABLE_SHOWN]],
+        "probes": dict(sorted(probes.probes.items())),
+        "errors": dict(sorted(probes.errors.items()))}
+
+
+def probes_document(state: NodeState) -> dict[str, Any]:
+    """Every probed peer's latest result, for the operator tools (``/probes``): the period,
+    how old a result grows before the next one replaces it (the period and the longest a
+    probe takes: ``fresh_seconds``), and per peer and IP family its result ("none"
+    before its first probe, "reached", or a cause), how old it is, its round trip, and for
+    an unreachable one what was seen."""
+    from flannel.probing.sequence import LONGEST
+
+    probes = state.probes
+    if probes is None:
+        return {"period_seconds": None, "fresh_seconds": None, "peers": []}
+    rows = []
+    for key, version, result, age, rtt in probes.results():
+        row: dict[str, Any] = {"lease": key, "family": version, "result": result,
+                               "age_seconds": _rounded(age),
+                               "rtt_ms": None if rtt is None else round(rtt * 1000, 3)}
+        failing = probes.failing.get((key, version))
+        if failing is not None and failing.cause == result:
+            row["detail"] = failing.detail
+        rows.append(row)
+    # A result is renewed once a period, by a probe that may take up to LONGEST.
+    return {"period_seconds": round(probes.period, 3),
+            "fresh_seconds": round(probes.period + LONGEST, 3), "peers": rows}
 
 
 def footprint_document(backend: Backend) -> Footprint:

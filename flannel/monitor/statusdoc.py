@@ -155,6 +155,33 @@ class Footprint(TypedDict):
     dual_stack: bool
 
 
+class ProbeFailing(TypedDict):
+    lease: str
+    family: int
+    public_ip: str
+    target: str
+    cause: str
+    label: str
+    detail: str
+    since: str
+    for_seconds: float
+    checked_seconds_ago: float
+
+
+class Probes(TypedDict):
+    interval_seconds: float
+    rate_per_second: float
+    period_seconds: float
+    peers: int
+    oldest_result_seconds: float | None
+    unprobed: dict[str, str]
+    unreachable: int
+    by_cause: dict[str, int]
+    listed: list[ProbeFailing]
+    probes: dict[str, int]
+    errors: dict[str, int]
+
+
 class StatusDocument(TypedDict):
     format: int
     version: str
@@ -172,6 +199,8 @@ class StatusDocument(TypedDict):
     rules: Rules | None
     engines: dict[str, dict[str, float]]
     footprint: Footprint | None
+    #: Absent from a flanneld that does not probe its peers at all; null with probes off.
+    probes: NotRequired[Probes | None]
     last_errors: list[str]
 
 

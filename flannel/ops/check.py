@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from flannel.backend.plan import Carrier, Description
 from flannel.ops.checks import Context
 from flannel.ops.commands import flannelctl
-from flannel.ops.icmp import IcmpError, Pinger, Probe
 from flannel.ops.plans import KernelEntries, engine_gaps, kernel_gaps
+from flannel.probing.icmp import IcmpError, Pinger, Probe
 
 if TYPE_CHECKING:
     from flannel.backend.plan import EngineReading
@@ -170,10 +170,36 @@ def plan(ctx: Context, description: Description, kernel: KernelEntries,
                 row.detail = "no address of this node to send echoes from in that family"
             else:
                 row.target = str(family.answers_on)
-                probe.append(row)
-                continue
+                if not _from_flanneld(ctx, row, lease.key):
+                    probe.append(row)
+                    continue
             decided.append(row)
     return probe, decided
+
+
+#: flanneld's causes of a peer that does not answer (``flannel/probing/sequence.py``); its
+#: ``mtu_too_small`` is left to check's own echoes, which are small and cross.
+UNANSWERED = ("peer_down", "encap_blocked", "encap_refused", "overlay_down")
+
+
+def _from_flanneld(ctx: Context, row: PeerResult, key: str) -> bool:
+    """Judge ``row`` from flanneld's own probe of it when that is fresh (see
+    ``flannel/ops/flanneldview.py``); whether it did."""
+    fresh = ctx.probed.fresh(key, row.family, ctx.max_age)
+    if fresh is None:
+        return False
+    said = f"flanneld's own probe, {fresh.age:.0f}s ago"
+    if fresh.result == "reached":
+        row.verdict, row.sent = "ok", 1
+        row.rtts = (fresh.rtt,) if fresh.rtt is not None else ()
+        row.detail = said
+        return True
+    if fresh.result in UNANSWERED:
+        row.verdict, row.sent = "unreachable", 1
+        row.detail = f"{fresh.detail or fresh.result} ({said})"
+        row.next_step = f"{DOCTOR_HERE} (--max-age=0 to probe from here)"
+        return True
+    return False
 
 
 def doctor_probes(carrier: Carrier | None, public: str) -> str:
@@ -269,6 +295,7 @@ def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
                          "flanneld, and run flannelctl doctor")
     ctx.flanneld_pids = running_flanneld()
     ctx.flanneld = args.found
+    ctx.max_age = args.max_age
     to_probe, decided = plan(ctx, description, read_entries(), ctx.engine)
     node = description.node
     notes = []

@@ -119,6 +119,7 @@ def gather(opts: DoctorOptions) -> Context:
     ctx.kube_mode = opts.store.kube
     ctx.flanneld_pids = running_flanneld()
     ctx.flanneld = opts.found
+    ctx.max_age = opts.max_age
     read_subnet_env(ctx)
     asyncio.run(read_store(ctx, opts.store))
     ctx.kernel = read_kernel()

@@ -52,6 +52,9 @@ class DoctorOptions:
     note: str = ""
     #: The store flags given on the command line or in ``FLANNELD_*``.
     given: tuple[str, ...] = ()
+    #: The oldest result of flanneld's own probes used instead of probing (None: its
+    #: period and the longest a probe takes; 0: always probe).
+    max_age: float | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class CheckOptions:
     source: str = ""
     #: The flanneld running here: the peers it parked are asked on its socket.
     found: Flanneld | None = None
+    #: The oldest result of flanneld's own probes used instead of probing (None: its
+    #: period and the longest a probe takes; 0: always probe).
+    max_age: float | None = None
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,12 @@ def add_doctor(sub: Any) -> None:
     doctor.add_argument("--probe-timeout", type=_bounded(float, 0.1, 30, "seconds"),
                         default=1.0, metavar="SECONDS",
                         help="how long each probe waits for an answer (default %(default)s)")
+    doctor.add_argument("--max-age", type=_bounded(float, 0, 86400, "seconds"), default=None,
+                       metavar="SECONDS",
+                       help="use the running flanneld's own probe of a peer (its /probes) "
+                            "when it is at most this old, instead of probing again; default: "
+                            "flanneld's probe period and the longest a probe takes (a newer "
+                            "result replaces it by then), 0: always probe from here")
     doctor.add_argument("--fix-checksum-offload", action="store_true",
                         help="turn tx-checksum-ip-generic off on the device the kernel "
                              "encapsulates in UDP when the conditions of the checksum bug are "
@@ -175,6 +181,12 @@ def add_check(sub: Any) -> None:
     check.add_argument("--deadline", type=_bounded(float, 1, 600, "seconds"), default=60.0,
                        help="seconds for all the probes; peers not probed by then are "
                             "reported as such (default %(default)s)")
+    check.add_argument("--max-age", type=_bounded(float, 0, 86400, "seconds"), default=None,
+                       metavar="SECONDS",
+                       help="use the running flanneld's own probe of a peer (its /probes) "
+                            "when it is at most this old, instead of probing again; default: "
+                            "flanneld's probe period and the longest a probe takes (a newer "
+                            "result replaces it by then), 0: always probe from here")
     check.add_argument("--lab", default="", metavar="NAME",
                        help="check every node of this flannel-lab lab against every other")
     check.add_argument("--lab-root", type=Path, default=Path("/run/flannel-lab"),

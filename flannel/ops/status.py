@@ -31,6 +31,7 @@ from flannel.monitor.statusdoc import (
     LeaseInfo,
     NotAStatus,
     Peers,
+    Probes,
     Read,
     StatusDocument,
     read_status,
@@ -313,6 +314,8 @@ def _machinery_rows(doc: StatusDocument) -> Rows:
             rows.append(("encap filter", ", ".join(
                 f"{family}: {v['peers']} peer(s), {v['dropped_packets']} dropped"
                 for family, v in sorted(rules["encap_filter"].items()))))
+    if "probes" in doc:  # a flanneld without probes says nothing of them
+        rows += _probe_rows(doc["probes"])
     rows += [("engine", f"{name}: {_counts(samples)}")
              for name, samples in doc["engines"].items()]
     return rows
@@ -343,6 +346,28 @@ def render(read: Read, base: str) -> str:
              f"{_duration(doc['uptime_seconds'])}"]
     lines += [f"{label:<{width}}  {value}" for label, value in rows]
     return "\n".join([*lines, *_trailer(read)]) + "\n"
+
+
+def _probe_rows(probes: Probes | None) -> list[tuple[str, str]]:
+    """The probes of the peers: their pace, what is not probed, each unreachable peer."""
+    if probes is None:
+        return [("probes", "off (--peer-probe-interval=0)")]
+    unreachable, listed = probes["unreachable"], probes["listed"]
+    oldest = probes["oldest_result_seconds"]
+    rows = [("probes", f"{probes['peers']} peer(s) every "
+                       f"{_duration(probes['period_seconds'])}, {unreachable} unreachable; "
+                       "oldest result "
+                       + (_duration(oldest) if oldest is not None else "none yet")
+                       + f"; errors: {_counts(probes['errors'])}")]
+    rows += [("  unprobed", f"{family}: {why}") for family, why in probes["unprobed"].items()]
+    for item in listed:
+        family = " (IPv6)" if item["family"] == 6 else ""
+        rows.append(("  failing", f"{item['label']}: {item['lease']}{family} "
+                                  f"since {item['since']} "
+                                  f"({_duration(item['for_seconds'])}): {item['detail']}"))
+    if unreachable > len(listed):
+        rows.append(("  ...", f"{unreachable - len(listed)} more (the log names each)"))
+    return rows
 
 
 def locate(args: StatusOptions, environ: dict[str, str] | None = None) -> Where:

@@ -13,7 +13,7 @@ import pytest
 
 from flannel.kernel.host import Host
 from flannel.ops.check import PeerResult, probe_all
-from flannel.ops.icmp import Pinger
+from flannel.probing.icmp import Pinger
 from tests.support import netns
 
 
@@ -116,7 +116,7 @@ def test_without_cap_net_raw_the_message_says_what_is_needed():
     import subprocess
     import sys
 
-    script = ("from flannel.ops.icmp import Pinger, IcmpError\n"
+    script = ("from flannel.probing.icmp import Pinger, IcmpError\n"
               "try:\n    Pinger([])\nexcept IcmpError as err:\n    print(err)\n")
     proc = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
                            sys.executable, "-c", script], capture_output=True, text=True,

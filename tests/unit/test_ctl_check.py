@@ -17,12 +17,12 @@ from flannel.backend.plan import PLAIN, Carrier, NodeView, PeerPlan
 from flannel.backend.vxlan import VxlanBackend
 from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
 from flannel.lease import Lease, LeaseAttrs
-from flannel.ops import icmp
 from flannel.ops.check import NodeCheck, PeerResult, judge, render
 from flannel.ops.checklab import LabNode, NodeOutcome, pairs_of
 from flannel.ops.checklab import render as render_lab
 from flannel.ops.parsers import add_check
 from flannel.ops.plans import KernelEntries, kernel_gaps
+from flannel.probing import icmp
 
 
 def ipv4(src: str, dst: str, payload: bytes, proto: int = socket.IPPROTO_ICMP,
@@ -32,6 +32,11 @@ def ipv4(src: str, dst: str, payload: bytes, proto: int = socket.IPPROTO_ICMP,
     header = struct.pack("!BBHHHBBH4s4s", 0x40 | ihl, 0, 20 + len(options) + len(payload), 7,
                          0, 64, proto, 0, IPv4Address(src).packed, IPv4Address(dst).packed)
     return header + options + payload
+
+
+#: An echo's payload: the probe's secret first, then zeros to ping's default size.
+SECRET = b"s3cr3t!!"
+PAYLOAD = icmp.payload(SECRET, icmp.SMALL)
 
 
 def icmp_message(kind: int, code: int, rest: bytes, body: bytes) -> bytes:
@@ -48,30 +53,30 @@ def test_checksum_matches_rfc1071_example():
 
 def test_echo_request_bytes():
     assert icmp.echo_request(0x1234, 1, b"") == bytes.fromhex("0800e5ca12340001")
-    packet = icmp.echo_request(0xABCD, 0x10002, icmp.PAYLOAD)  # the sequence wraps at 16 bits
+    packet = icmp.echo_request(0xABCD, 0x10002, PAYLOAD)  # the sequence wraps at 16 bits
     assert packet[:2] == b"\x08\x00"
     assert struct.unpack("!HH", packet[4:8]) == (0xABCD, 2)
-    assert len(packet) == 64 and packet[8:] == icmp.PAYLOAD
+    assert len(packet) == 64 and packet[8:] == PAYLOAD
     assert icmp.checksum(packet) == 0
 
 
 def test_echo_reply_is_parsed():
-    reply = icmp_message(icmp.ECHO_REPLY, 0, struct.pack("!HH", 0xABCD, 7), icmp.PAYLOAD)
+    reply = icmp_message(icmp.ECHO_REPLY, 0, struct.pack("!HH", 0xABCD, 7), PAYLOAD)
     answer = icmp.parse(ipv4("10.244.2.0", "10.244.1.0", reply))
     assert answer == icmp.Answer(0xABCD, 7, IPv4Address("10.244.2.0"),
-                                 IPv4Address("10.244.2.0"))
+                                 IPv4Address("10.244.2.0"), data=SECRET)
     # IP options move the ICMP header: the IHL says where it starts.
     with_options = ipv4("10.244.2.0", "10.244.1.0", reply, options=b"\x01\x01\x01\x00")
     assert icmp.parse(with_options) == answer
 
 
 def test_unreachable_names_the_router_and_the_echo_it_quotes():
-    echo = icmp.echo_request(0xABCD, 9)
-    quoted = ipv4("10.244.1.0", "10.244.3.0", echo)[:28]  # header + first 8 bytes, as sent
-    error = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0", quoted)
+    echo = icmp.echo_request(0xABCD, 9, PAYLOAD)
+    quoted = ipv4("10.244.1.0", "10.244.3.0", echo)[:36]  # headers + the secret, as Linux
+    error = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0", quoted)  # quotes it
     answer = icmp.parse(ipv4("192.168.111.1", "10.244.1.0", error))
     assert answer == icmp.Answer(0xABCD, 9, IPv4Address("10.244.3.0"),
-                                 IPv4Address("192.168.111.1"), "host unreachable")
+                                 IPv4Address("192.168.111.1"), "host unreachable", SECRET)
     prohibited = icmp_message(icmp.DEST_UNREACHABLE, 13, b"\0\0\0\0", quoted)
     assert icmp.parse(ipv4("10.0.0.1", "10.244.1.0", prohibited)).error == \
         "communication administratively prohibited"
@@ -86,8 +91,8 @@ def test_unreachable_names_the_router_and_the_echo_it_quotes():
     ipv4("10.0.0.1", "10.0.0.2", b"")[:20].replace(b"\x45", b"\x65", 1),  # IPv6 version
     bytes([0x4F]) + ipv4("10.0.0.1", "10.0.0.2", b"\0" * 8)[1:],  # IHL beyond the packet
     ipv4("10.0.0.1", "10.0.0.2", b"\0\0\0"),  # ICMP shorter than its header
-    ipv4("10.0.0.1", "10.0.0.2", icmp.echo_request(1, 1), proto=socket.IPPROTO_UDP),
-    ipv4("10.0.0.2", "10.0.0.1", icmp.echo_request(1, 1)),  # our own request looped back
+    ipv4("10.0.0.1", "10.0.0.2", icmp.echo_request(1, 1, PAYLOAD), proto=socket.IPPROTO_UDP),
+    ipv4("10.0.0.2", "10.0.0.1", icmp.echo_request(1, 1, PAYLOAD)),  # our own, looped back
     ipv4("10.0.0.2", "10.0.0.1", b"\x00\x00\x00\x00\x00\x01\x00\x01"),  # bad checksum
 ], ids=["empty", "short", "not-v4", "ihl", "short-icmp", "udp", "request", "checksum"])
 def test_what_is_not_an_answer_is_ignored(packet):
@@ -95,15 +100,20 @@ def test_what_is_not_an_answer_is_ignored(packet):
 
 
 def test_errors_about_other_traffic_are_ignored():
+    # An error about a UDP datagram is read for its ports (the pinger then takes it only
+    # for a datagram of its own port carrying a probe's secret).
     udp = ipv4("10.244.1.0", "10.244.3.0", b"\x12\x34\x21\x18\x00\x08\x00\x00",
                proto=socket.IPPROTO_UDP)
     about_udp = icmp_message(icmp.DEST_UNREACHABLE, 3, b"\0\0\0\0", udp)
-    assert icmp.parse(ipv4("10.244.3.0", "10.244.1.0", about_udp)) is None
+    answer = icmp.parse(ipv4("10.244.3.0", "10.244.1.0", about_udp))
+    assert answer is not None and (answer.sport, answer.dport) == (0x1234, 8472)
+    assert answer.unreachable_port and answer.data == b""
     reply = ipv4("10.244.1.0", "10.244.3.0", icmp_message(0, 0, b"\0\1\0\1", b""))
     about_reply = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0", reply)
     assert icmp.parse(ipv4("10.244.3.0", "10.244.1.0", about_reply)) is None
+    echo = icmp.echo_request(1, 1, PAYLOAD)
     truncated = icmp_message(icmp.DEST_UNREACHABLE, 1, b"\0\0\0\0",
-                             ipv4("10.244.1.0", "10.244.3.0", icmp.echo_request(1, 1))[:24])
+                             ipv4("10.244.1.0", "10.244.3.0", echo)[:24])
     assert icmp.parse(ipv4("10.244.3.0", "10.244.1.0", truncated)) is None
 
 

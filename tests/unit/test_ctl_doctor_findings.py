@@ -308,10 +308,11 @@ PARKED_WHY = ("Network is unreachable (replace route 10.244.200.0/24 via 192.168
 def _flanneld_says(ctx: Context, status: dict) -> Context:
     """``ctx`` with a flanneld running here whose /status is ``status``."""
     from flannel.ops.discover import Flanneld
-    from flannel.ops.flanneldview import view_of
+    from flannel.ops.flanneldview import probes_of, view_of
 
     ctx.flanneld_pids, ctx.flanneld = [1], Flanneld(1, {}, "", Path("/"), Path("/"))
     ctx.__dict__["view"] = view_of(read_status({"ready": True, **status}))
+    ctx.__dict__["probed"] = probes_of(status.get("probes", {}))  # its /probes, if given
     return ctx
 
 
@@ -393,3 +394,55 @@ def test_pods_that_may_send_unauthenticated_encapsulation_are_noted():
     assert found("vxlan", drop=True) == []
     # An authenticated carrier takes no forged packet; plain routing has none to forge.
     assert found("wireguard", drop=False) == found("host-gw", drop=False) == []
+
+
+def _probed(result: str, age: float, detail: str = "") -> dict:
+    """A /probes document: flanneld probed the peer 10.244.2.0-24 ``age`` seconds ago."""
+    return {"period_seconds": 30, "fresh_seconds": 33.25, "peers": [
+        {"lease": "10.244.2.0-24", "family": 4, "result": result, "age_seconds": age,
+         "rtt_ms": 0.4 if result == "reached" else None, "detail": detail}]}
+
+
+BLOCKED = ("node 192.168.1.2 answers ping but VXLAN traffic to UDP 8472 gets no answer: a "
+           "firewall drops it")
+
+
+def test_check_takes_flanneld_fresh_result_and_probes_a_stale_one():
+    from flannel.ops.check import plan
+
+    for document, max_age, verdict in (
+            (_probed("encap_blocked", 20, BLOCKED), None, "unreachable"),
+            (_probed("reached", 33, ""), None, "ok"),
+            (_probed("encap_blocked", 34, BLOCKED), None, None),  # older than fresh_seconds
+            (_probed("encap_blocked", 20, BLOCKED), 10.0, None),  # older than --max-age
+            (_probed("encap_blocked", 20, BLOCKED), 0.0, None),  # --max-age=0: always probe
+            (_probed("mtu_too_small", 5, "..."), None, None),  # left to check's own echoes
+            ({"period_seconds": None, "peers": []}, None, None)):  # flanneld does not probe
+        ctx = _parked_context({"probes": document})
+        ctx.max_age = max_age
+        assert ctx.description is not None
+        probe, decided = plan(ctx, ctx.description, ctx.entries, None)
+        rows = {str(row.subnet): row for row in probe + decided}
+        row = rows["10.244.2.0/24"]
+        if verdict is None:
+            assert row in probe, (document, max_age)
+            continue
+        assert row in decided and row.verdict == verdict, (document, max_age, row)
+        if verdict == "unreachable":
+            assert row.detail == f"{BLOCKED} (flanneld's own probe, 20s ago)"
+
+
+def test_doctor_names_flanneld_cause_as_its_own_finding():
+    from flannel.ops.checks.probes import from_flanneld
+
+    ctx = _parked_context({"probes": _probed("encap_blocked", 20, BLOCKED)})
+    [peer] = [p for p in ctx.peers if p.lease.key == "10.244.2.0-24"]
+    family = peer.families[0]
+    [finding] = from_flanneld(ctx, peer, family, False)
+    assert (finding.check, finding.severity) == ("encap", "error")
+    assert finding.what == f"{BLOCKED} (flanneld's own probe, 20s ago)"
+    assert from_flanneld(ctx, peer, family, True) == []  # this node's own rules: said once
+    reached = _parked_context({"probes": _probed("reached", 3)})
+    assert from_flanneld(reached, peer, family, False) == []
+    stale = _parked_context({"probes": _probed("peer_down", 60, "down")})
+    assert from_flanneld(stale, peer, family, False) is None  # doctor probes itself

@@ -47,6 +47,7 @@ KNOWN_DIFFERENCES = frozenset({
     # health, tools, memory
     "readyz-no-paths", "metrics-and-status", "flannelctl-cleanup", "lazy-store-clients",
     "health-server-bounded", "local-socket", "encap-peers-only", "pod-encap-dropped",
+    "peer-probes",
     # files, the image and its tools
     "key-and-tls-files-checked", "subnet-env-dir-warning", "image-paths-are-links",
     "install-conf-checked", "mk-docker-opts-as-data", "image-minimal",

@@ -121,7 +121,8 @@ def engine_samples() -> set[str]:
 
 
 async def served(tmp_path) -> set[str]:
-    node = CountingNode(tmp_path, store=ExpiringStore()).start()
+    node = CountingNode(tmp_path, "--peer-probe-metrics-per-peer",  # its families too
+                        store=ExpiringStore()).start()
     try:
         node.store.updates.put_nowait(Snapshot([PEER, OWN_LEASE]))
         await node.wait_readyz(200)

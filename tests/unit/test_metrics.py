@@ -471,5 +471,7 @@ async def test_every_family_is_documented(tmp_path):
                 for f in text_string_to_metric_families(body) if f.name.startswith("flannel_")}
     families = {"flannel_engine_<name>" if name.startswith("flannel_engine_") else name
                 for name in families}
-    # A reservation has no expiry: the one family this node cannot show.
-    assert families | {"flannel_lease_remaining_seconds"} == documented
+    # What this node cannot show: a reservation has no expiry; the per-peer probe series
+    # need --peer-probe-metrics-per-peer.
+    assert families | {"flannel_lease_remaining_seconds", "flannel_peer_probe_reachable",
+                       "flannel_peer_probe_last_rtt_seconds"} == documented

@@ -3,8 +3,8 @@
 Owns the list of checks and the context they share (subnet.env, network config, leases,
 this node's lease, the kernel view, what this node's backend does with each lease: its
 description, ``flannel/ops/plans.py``, and what only the running flanneld knows: the peers
-it parked, ``flannel/ops/flanneldview.py``). Checks only read; a fix runs only when a flag
-asks.
+it parked and what its own probes found, ``flannel/ops/flanneldview.py``). Checks only
+read; a fix runs only when a flag asks.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from flannel.backend.base import Backend
     from flannel.backend.plan import Description, EngineReading, NodeView, PeerPlan
     from flannel.ops.discover import Flanneld
-    from flannel.ops.flanneldview import FlanneldView
+    from flannel.ops.flanneldview import FlanneldProbes, FlanneldView
     from flannel.ops.plans import KernelEntries
 
 
@@ -51,6 +51,9 @@ class Context:
     flanneld_pids: list[int] = field(default_factory=list)
     #: The flanneld of this network namespace, as found (None: none, or not told apart).
     flanneld: Flanneld | None = None
+    #: The oldest of flanneld's own probe results used instead of probing (None: its
+    #: period and the longest a probe takes; 0: always probe).
+    max_age: float | None = None
 
     @property
     def leases(self) -> list[Lease]:
@@ -137,6 +140,16 @@ class Context:
         from flannel.ops.flanneldview import read_view
 
         return read_view(self.flanneld)
+
+    @functools.cached_property
+    def probed(self) -> FlanneldProbes:
+        """What the running flanneld's own probes found (its /probes), read once; nothing
+        when told to probe always (``max_age`` 0)."""
+        from flannel.ops.flanneldview import FlanneldProbes, read_probes
+
+        if self.max_age == 0:
+            return FlanneldProbes(unread="--max-age=0")
+        return read_probes(self.flanneld)
 
     @property
     def parked(self) -> dict[str, str]:

@@ -25,6 +25,11 @@ backend's description (``flannel/ops/plans.py``). How a failing peer is told apa
 4. Path MTU: ping the peer's overlay address with don't-fragment packets of the pods' MTU;
    when small packets arrive and full-size ones do not, probe the underlay at its own MTU to
    say where the packets are lost (finding ``path-mtu``).
+Where the running flanneld probed that peer family itself lately (its ``/probes``, fresh:
+at most ``--max-age`` old, by default its probe period and the longest a probe takes;
+``flannel/ops/flanneldview.py``),
+its result stands instead of steps 1 to 4: reached, or its cause as the same finding, the
+result's age said; a note counts the peers so judged.
 What cannot be probed is said as a note ("not checked: ... because ..."), never passed
 over in silence. Must not change anything.
 """
@@ -113,9 +118,45 @@ def _label(plan: PeerPlan, family: FamilyPlan) -> str:
     return f"node {family.public} ({family.subnet}){over}"
 
 
+#: flanneld's causes (``flannel/probing/sequence.py``) as doctor's checks, with the fix.
+FLANNELD_CAUSES = {
+    "peer_down": ("underlay", "check that the node is up and that this node reaches {public}"),
+    "encap_blocked": ("encap", "allow {ports} between all nodes (e.g. nft/iptables, firewalld, "
+                      "the security group); if it is open, run flannelctl doctor on that node"),
+    "encap_refused": ("encap", "is flanneld running there? run flannelctl doctor on that node"),
+    "overlay_down": ("overlay", "run flannelctl doctor on that node: its routes, its "
+                     "forwarding rules and, where the peer answers on its cni0 gateway, "
+                     "whether it runs a pod yet"),
+    "mtu_too_small": ("path-mtu", "give every node's underlay interface the same MTU, and pods "
+                      "an MTU the overlay carries (Backend.MTU where the backend has that "
+                      "option); restart flanneld on every node, then recreate the pods"),
+}
+
+
+def from_flanneld(ctx: Context, plan: PeerPlan, family: FamilyPlan, dropped_here: bool
+                  ) -> list[Finding] | None:
+    """What flanneld's own fresh probe of that peer family found, as findings; None when it
+    has no fresh result (doctor probes then)."""
+    fresh = ctx.probed.fresh(plan.lease.key, family.version, ctx.max_age)
+    if fresh is None or (fresh.result != "reached" and fresh.result not in FLANNELD_CAUSES):
+        return None
+    if fresh.result == "reached":
+        return []
+    if dropped_here and fresh.result == "encap_blocked":
+        return []  # this node's own rules drop it: the firewall finding says so, once
+    check, fix = FLANNELD_CAUSES[fresh.result]
+    return [Finding(check, "error", f"{fresh.detail or fresh.result} (flanneld's own probe, "
+                    f"{fresh.age:.0f}s ago)",
+                    fix.format(public=family.public, ports=family.carrier.ports_text))]
+
+
 def probe_family(ctx: Context, plan: PeerPlan, family: FamilyPlan, source: str,
                  dropped_here: bool) -> list[Finding]:
-    """Steps 1 to 4 for one peer family (see the module docstring)."""
+    """Steps 1 to 4 for one peer family (see the module docstring), or what flanneld's own
+    probe found when it is fresh."""
+    told = from_flanneld(ctx, plan, family, dropped_here)
+    if told is not None:
+        return told
     timeout = ctx.probe_timeout
     node = _label(plan, family)
     target = str(family.answers_on)
@@ -247,6 +288,13 @@ def check_peers(ctx: Context) -> list[Finding]:
     work = [(plan, family) for plan, family in work if family.version in sources]
     if not work:
         return found
+    probed = ctx.probed
+    used = [pf for pf in work if probed.fresh(pf[0].lease.key, pf[1].version, ctx.max_age)]
+    if used:
+        limit = ctx.max_age if ctx.max_age is not None else probed.fresh_for or probed.period
+        found.append(Finding("probes", "info", f"{len(used)} peer famil"
+                             f"{'y' if len(used) == 1 else 'ies'} judged from flanneld's own "
+                             f"probes, at most {limit or 0:g}s old (--max-age=0 probes from here)"))
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(work))) as pool:
         results = list(pool.map(lambda pf: probe_family(
             ctx, pf[0], pf[1], sources[pf[1].version],
