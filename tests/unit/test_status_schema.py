@@ -62,3 +62,24 @@ def test_containers_are_cut_at_their_bound():
 def test_what_is_not_a_status_is_refused(raw):
     with pytest.raises(NotAStatus):
         read_status(raw)
+
+
+def test_the_probes_section_reads_back_unchanged_and_shows_each_failing_peer():
+    from flannel.monitor.nodestate import probes_section
+    from flannel.probing.prober import Failing, ProbeStatus
+    from flannel.probing.schedule import Schedule
+    from flannel.probing.sequence import ENCAP_BLOCKED
+    from tests.support.clock import FakeClock
+
+    status = ProbeStatus(interval=30, rate=20, schedule=Schedule(30, 20, FakeClock()))
+    status.failing[("10.5.2.0-24", 4)] = Failing(
+        ENCAP_BLOCKED, "UDP 8472 unanswered", 1_700_000_000.0, 0.0, "192.0.2.2", "10.5.2.0")
+    section = probes_section(status, 1_700_000_060.0)
+    read = read_status({"ready": True, "format": STATUS_FORMAT, "probes": section})
+    assert read.problems == [] and read.doc["probes"] == section
+    table = render(read, "the socket")
+    assert re.search(r"\n  failing +encapsulation blocked: 10\.5\.2\.0-24 since \S+ "
+                     r"\(1m0?s?\): UDP 8472 unanswered", table), table
+    # A flanneld that does not probe says nothing of them; one with probes off says so.
+    assert "probes" not in render(read_status({"ready": True}), "s")
+    assert re.search(r"\nprobes +off", render(read_status({"ready": True, "probes": None}), "s"))
