@@ -17,7 +17,8 @@ import pytest
 
 from flannel_lab.etcd import EtcdServer
 from tests.support import netns
-from tests.support.flanneld import FLANNELD, Flanneld
+from tests.support.checkout import FLANNELD
+from tests.support.flanneld import Flanneld
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -153,7 +154,7 @@ def test_bad_config_exits_one_with_a_clear_message(node, tmp_path, config, needl
 
 
 def test_unknown_flag_exits_nonzero_naming_it():
-    result = subprocess.run([FLANNELD, "--etcd-endpointz=x"], capture_output=True, text=True,
+    result = subprocess.run([*FLANNELD, "--etcd-endpointz=x"], capture_output=True, text=True,
                             timeout=30, check=False)
     assert result.returncode == 2
     assert "--etcd-endpointz" in result.stderr

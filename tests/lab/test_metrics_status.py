@@ -12,20 +12,18 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import in_ns
+from tests.support.checkout import FLANNELCTL
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 HEALTH = "http://127.0.0.1:8081"
 # A 62 s lease with the shortest margin (1 min) is renewed every ~2 s; rules every second.
@@ -51,7 +49,7 @@ def wait_metric(lab, index: int, name: str, at_least: float, **labels: str) -> N
 
 
 def status(lab, index: int) -> dict:
-    result = subprocess.run(["ip", "netns", "exec", lab.node_ns(index), FLANNELCTL, "status",
+    result = subprocess.run(["ip", "netns", "exec", lab.node_ns(index), *FLANNELCTL, "status",
                              "--json", f"--health-url={HEALTH}"],
                             capture_output=True, text=True, timeout=30, check=False)
     assert result.stderr == "", result.stderr

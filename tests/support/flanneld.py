@@ -1,5 +1,5 @@
-"""Runs the installed ``flanneld`` console script as a real process, optionally in a netns
-and with a private ``/run`` (``run_dir``, as a lab node has)."""
+"""Runs this checkout's ``flanneld`` (tests/support/checkout.py) as a real process, optionally
+in a netns and with a private ``/run`` (``run_dir``, as a lab node has)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,16 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
+from tests.support.checkout import FLANNELD
 from tests.support.waiting import wait_until
-
-FLANNELD = str(Path(sys.executable).parent / "flanneld")
 
 
 class Flanneld:
-    """``command``: what runs instead of the console script (e.g. ``python -c`` with a fault
+    """``command``: what runs instead of flanneld (e.g. ``python -c`` with a fault
     injected before flanneld's ``main``), given the same arguments."""
 
     def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
@@ -28,7 +26,7 @@ class Flanneld:
                  command: list[str] | None = None) -> None:
         self.workdir = workdir
         self.run_dir = run_dir
-        self.command = command or [FLANNELD]
+        self.command = command or [*FLANNELD]
         self.env = env
         self.args = args
         self.netns = netns

@@ -27,10 +27,10 @@ from flannel.ops.status import render
 from flannel.reporting.histogram import Durations
 from flannel.reporting.readiness import Readiness
 from flannel.subnet.watch import Changes, Snapshot
+from tests.support.checkout import FLANNELCTL
 from tests.support.waiting import async_wait_until
 from tests.unit.test_daemon import OWN_LEASE, PEER, Node, RecordingBackend
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 PEER2 = Lease(IPv4Network("10.5.3.0/24"), None,
               LeaseAttrs(public_ip=IPv4Address("192.0.2.3"), backend_type="host-gw"))
 OUTSIDE = Lease(IPv4Network("10.9.3.0/24"), None,
@@ -193,7 +193,7 @@ async def test_status_document_says_what_the_daemon_holds(tmp_path):
 
 
 def run_status(port: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FLANNELCTL, "status", f"--health-url=http://127.0.0.1:{port}",
+    return subprocess.run([*FLANNELCTL, "status", f"--health-url=http://127.0.0.1:{port}",
                            "--timeout=5", *extra], capture_output=True, text=True, timeout=30,
                           check=False)
 
@@ -249,7 +249,7 @@ async def test_flannelctl_status_refuses_an_answer_that_is_not_a_status(tmp_path
 
 
 def test_flannelctl_status_rejects_a_url_that_is_not_http():
-    result = subprocess.run([FLANNELCTL, "status", "--health-url=https://node:8081"],
+    result = subprocess.run([*FLANNELCTL, "status", "--health-url=https://node:8081"],
                             capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2
     assert result.stderr == ("flannelctl status: --health-url 'https://node:8081': give "
