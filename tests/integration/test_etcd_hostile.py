@@ -27,7 +27,6 @@ from flannel.clients.etcd import (
 from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 from flannel.subnet.watch import Snapshot
-from tests.integration.test_etcd_manager import CONFIG, Collector, acquire, attrs, put_lease
 from tests.support.etcdgateway import (
     EtcdGateway,
     Request,
@@ -39,6 +38,7 @@ from tests.support.etcdgateway import (
     redirect,
     stream_head,
 )
+from tests.support.etcdstore import CONFIG, Collector, acquire, attrs, put_lease
 from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.etcd

@@ -15,7 +15,7 @@ from flannel.daemon import acquire_lease
 from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.etcd.manager import EtcdSubnetManager, LeaseTaken, PreviousSubnets
-from tests.integration.test_etcd_manager import (
+from tests.support.etcdstore import (
     CONFIG,
     Collector,
     Renewals,

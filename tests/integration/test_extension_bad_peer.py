@@ -9,9 +9,9 @@ import itertools
 import json
 import subprocess
 
-from tests.integration.test_flanneld import PREFIX, flanneld, node  # noqa: F401
 from tests.support import netns
 from tests.support.checkout import FLANNELCTL
+from tests.support.flanneld import PREFIX, flanneld
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -43,7 +43,7 @@ def status(ns: str) -> dict:
     return json.loads(body)
 
 
-def test_a_peer_the_add_command_refuses_leaves_the_node_ready(node, tmp_path, monkeypatch):  # noqa: F811
+def test_a_peer_the_add_command_refuses_leaves_the_node_ready(node, tmp_path, monkeypatch):
     ns, server = node
     script = tmp_path / "add-peer"
     script.write_text(ADD.replace("$SUBNET_FILE", "$(echo $SUBNET | tr / -)"))

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from flannel.lease import EventType
-from tests.integration.test_etcd_manager import (
+from tests.support.etcdstore import (
     Collector,
     acquire,
     attrs,

@@ -13,8 +13,8 @@ import pytest
 
 from flannel.lease import LeaseAttrs
 from flannel_lab.cluster import Lab, in_ns, ip
-from tests.lab.test_lab_cli import netns_names
 from tests.support.checkout import FLANNEL_LAB
+from tests.support.netns import netns_names
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 

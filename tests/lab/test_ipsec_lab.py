@@ -28,7 +28,7 @@ from flannel.kernel.host import Host
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import ETCD_PREFIX, Lab, in_ns
 from flannel_lab.mesh import start_pings
-from tests.lab.test_wireguard_lab import Capture, ip_packet
+from tests.support.capture import Capture, ip_packet
 from tests.support.checkout import FLANNELCTL
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until

@@ -17,23 +17,17 @@ from flannel.ops.commands import script
 from flannel_lab.cli import build
 from flannel_lab.cluster import Lab
 from tests.support.checkout import FLANNEL_LAB
+from tests.support.netns import netns_names
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 
-
 def lab_cli(lab: Lab, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
                            "--name", lab.name, *argv[1:]], capture_output=True, text=True,
                           timeout=120, check=False)
-
-
-def netns_names() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20,
-                         check=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
 def alive(pid: int) -> bool:
