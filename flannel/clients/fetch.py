@@ -155,7 +155,8 @@ def fetch(director: urllib.request.OpenerDirector, request: urllib.request.Reque
     the exchange."""
     watch = _Watch()
     request.flannel_watch = watch  # type: ignore[attr-defined]
-    timer = threading.Timer(timeout, watch.cut, (f"no whole answer within {timeout:g}s",))
+    late = f"no whole answer within {timeout:g}s"
+    timer = threading.Timer(timeout, watch.cut, (late,))
     timer.daemon = True
     try:
         with stopper.cutting(lambda: watch.cut("flanneld is stopping"), what):
@@ -166,7 +167,9 @@ def fetch(director: urllib.request.OpenerDirector, request: urllib.request.Reque
                 stopper.check(what)
                 raise
             except (OSError, http.client.HTTPException, ValueError) as error:
-                cause = watch.cut_why or _cause(error)
+                # The socket's own timeout (no byte for ``timeout`` s) can beat the timer
+                # thread on a busy machine: the same deadline, said the same way.
+                cause = watch.cut_why or (late if _timed_out(error) else _cause(error))
             else:
                 # An answer the cut ended is not whole, however it looks (close-delimited).
                 if not watch.cut_why:
@@ -194,6 +197,12 @@ def _exchange(director: urllib.request.OpenerDirector, request: urllib.request.R
                 raise TooLarge(f"an answer over the limit of {max_bytes} bytes")
             chunks.append(chunk)
         return Reply(response.status, headers, b"".join(chunks))
+
+
+def _timed_out(error: BaseException) -> bool:
+    if isinstance(error, urllib.error.URLError) and isinstance(error.reason, BaseException):
+        error = error.reason
+    return isinstance(error, TimeoutError)
 
 
 def _cause(error: BaseException) -> str:

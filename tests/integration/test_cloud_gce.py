@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import pytest
 
@@ -204,6 +205,26 @@ def test_an_api_that_does_not_answer_in_time_fails_the_call(compute, monkeypatch
     monkeypatch.setattr("flannel.cloud.gce.API_TIMEOUT", 0.3)
     node = engine(compute)
     node.prepare()
+    compute.delay = 1.0
+    with pytest.raises(CloudError, match=r"Compute Engine routes.list: no usable answer from "
+                                         r"http://127.0.0.1:\d+ \(no whole answer within "
+                                         r"0.3s\)"):
+        node.reconcile(lease(SUBNETS[0]), [])
+    compute.delay = 0
+
+
+class StarvedTimer(threading.Timer):
+    """A deadline timer whose thread never gets to run, as on a saturated machine."""
+
+    def start(self) -> None:
+        pass
+
+
+def test_the_deadline_is_named_the_same_when_the_socket_times_out_first(compute, monkeypatch):
+    monkeypatch.setattr("flannel.cloud.gce.API_TIMEOUT", 0.3)
+    node = engine(compute)
+    node.prepare()
+    monkeypatch.setattr("flannel.clients.fetch.threading.Timer", StarvedTimer)
     compute.delay = 1.0
     with pytest.raises(CloudError, match=r"Compute Engine routes.list: no usable answer from "
                                          r"http://127.0.0.1:\d+ \(no whole answer within "
