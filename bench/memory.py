@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 from flannel_lab.etcd import EtcdServer
+from tests.support.checkout import FLANNELD
 
 ROOT = Path(__file__).resolve().parents[1]
-FLANNELD = str(Path(sys.executable).parent / "flanneld")
 PREFIX = "/coreos.com/network"
 KUBE_PORT = 16443
 SETTLE = 3.0
@@ -91,7 +91,7 @@ def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
                    env: dict[str, str] | None = None) -> Reading:
     env_file = workdir / "subnet.env"
     log = (workdir / "flanneld.log").open("wb")
-    proc = subprocess.Popen(["ip", "netns", "exec", ns, FLANNELD, *flags, "--ip-masq",
+    proc = subprocess.Popen(["ip", "netns", "exec", ns, *FLANNELD, *flags, "--ip-masq",
                              f"--reconcile-interval={INTERVAL}",
                              f"--subnet-file={env_file}"], stdout=log,
                             stderr=subprocess.STDOUT,

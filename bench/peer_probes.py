@@ -32,8 +32,8 @@ from pathlib import Path
 
 from bench.memory import PREFIX, ROOT, SETTLE, rss_kib, wait_for
 from flannel_lab.etcd import EtcdServer
+from tests.support.checkout import FLANNELD
 
-FLANNELD = str(Path(sys.executable).parent / "flanneld")
 NETWORK = {"Network": "10.0.0.0/8", "SubnetLen": 24, "SubnetMin": "10.1.0.0",
            "SubnetMax": "10.1.0.0", "Backend": {"Type": "host-gw"}}
 PEERS_RANGE = "10.96.0.0/11"  # every synthetic peer's subnet (10.100.0.0 to 10.119.x)
@@ -113,7 +113,7 @@ def measure(ns: str, workdir: Path, endpoint: str, peers: int, window: float,
     flags = [f"--etcd-endpoints={endpoint}", f"--subnet-file={env_file}", "--iface=veth0"]
     if not probes:
         flags.append("--peer-probe-interval=0")
-    proc = subprocess.Popen(["ip", "netns", "exec", ns, FLANNELD, *flags], stdout=log,
+    proc = subprocess.Popen(["ip", "netns", "exec", ns, *FLANNELD, *flags], stdout=log,
                             stderr=subprocess.STDOUT)
     try:
         def programmed() -> bool:

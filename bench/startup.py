@@ -99,9 +99,9 @@ def drive(endpoint: str, prefix: str, peers: int, workdir: Path, profile: str,
     """In the namespace: start flanneld, time it to /readyz 200, check the kernel, stop it."""
     port = 17000 + os.getpid() % 1000
     env_file = workdir / "subnet.env"
-    cmd = [FLANNELD]
-    if profile:
-        cmd = [sys.executable, "-m", "cProfile", "-o", profile, FLANNELD]
+    cmd = [*FLANNELD]
+    if profile:  # cProfile runs the launcher in flanneld's stead
+        cmd = [sys.executable, "-m", "cProfile", "-o", profile, FLANNELD[-1]]
     cmd += [f"--etcd-endpoints={endpoint}", f"--etcd-prefix={prefix}", "--ip-masq",
             f"--subnet-file={env_file}", "--healthz-ip=127.0.0.1", f"--healthz-port={port}"]
     log_path = workdir / "flanneld.log"

@@ -6,6 +6,8 @@ each side; the machine's background load (1-min loadavg, idle % over 1 s) before
 Then the placement question: how late an asyncio control loop's 5 ms timer fires, and the
 TCP throughput, with the sending forwarder in a thread of the control-plane process vs in a
 process of its own, while the control loop does busy work (JSON decoding in slices).
+Last, how long ``set_peers`` takes to be acknowledged (the new table in use when it returns):
+emptied, restored, and 20000 peers more (the tests check that it holds; this, how fast).
 
     .venv/bin/python -m bench.udp --rounds 3 --seconds 10
 """
@@ -265,6 +267,7 @@ def main() -> None:
         udp, vx = results["udp forwarder"], results["kernel vxlan"]
         if not args.placement_only:
             report(results, udp, vx, args)
+            peer_swap(forwarders[0], PEERS[0], args.rounds)
         for forwarder in forwarders:
             forwarder.stop()
         forwarders.clear()
@@ -295,6 +298,22 @@ def report(results: dict[str, list[dict]], udp: list[dict], vx: list[dict],
     print(f"  ratio udp/vxlan: TCP {median_of(udp, 'gbps') / median_of(vx, 'gbps'):.3f}, "
           f"pps {median_of(udp, 'kpps') / median_of(vx, 'kpps'):.3f}, ping p50 "
           f"{median_of(udp, 'ping_p50') / median_of(vx, 'ping_p50'):.2f}")
+
+
+def peer_swap(forwarder: UdpForwarder, peers: dict[IPv4Network, IPv4Address],
+              rounds: int) -> None:
+    many = {IPv4Network((0x0A800000 + (i << 8), 24)): IPv4Address("172.31.0.9")
+            for i in range(20000)}
+    tables = {"emptied": {}, "restored": peers, "20000 more": {**many, **peers}}
+    took: dict[str, list[float]] = {name: [] for name in tables}
+    for _ in range(max(5, rounds)):
+        for name, table in tables.items():
+            started = time.perf_counter()
+            forwarder.set_peers(table)
+            took[name].append((time.perf_counter() - started) * 1000)
+    forwarder.set_peers(peers)
+    print("  set_peers until acknowledged, median: " + ", ".join(
+        f"{name} {statistics.median(ms):.1f} ms" for name, ms in took.items()))
 
 
 def compare_placement(udp_a: str, udp_b: str, configs: list[ForwarderConfig],

@@ -160,11 +160,12 @@ def fetch(director: urllib.request.OpenerDirector, request: urllib.request.Reque
     the exchange."""
     watch = _Watch()
     request.flannel_watch = watch  # type: ignore[attr-defined]
+    late = f"no whole answer within {timeout:g}s"
     expired = threading.Event()
 
     def expire() -> None:
         expired.set()
-        watch.cut(f"no whole answer within {timeout:g}s")
+        watch.cut(late)
 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
@@ -177,8 +178,10 @@ def fetch(director: urllib.request.OpenerDirector, request: urllib.request.Reque
                 stopper.check(what)
                 raise
             except (OSError, http.client.HTTPException, ValueError) as error:
-                cause = watch.cut_why or _cause(error)
-                if isinstance(error, TimeoutError):
+                # The socket's own timeout (no byte for ``timeout`` s) can beat the timer
+                # thread on a busy machine: the same deadline, said the same way.
+                cause = watch.cut_why or (late if _timed_out(error) else _cause(error))
+                if _timed_out(error):
                     expired.set()
             else:
                 # An answer the cut ended is not whole, however it looks (close-delimited).
@@ -207,6 +210,12 @@ def _exchange(director: urllib.request.OpenerDirector, request: urllib.request.R
                 raise TooLarge(f"an answer over the limit of {max_bytes} bytes")
             chunks.append(chunk)
         return Reply(response.status, headers, b"".join(chunks))
+
+
+def _timed_out(error: BaseException) -> bool:
+    if isinstance(error, urllib.error.URLError) and isinstance(error.reason, BaseException):
+        error = error.reason
+    return isinstance(error, TimeoutError)
 
 
 def _cause(error: BaseException) -> str:

@@ -2,7 +2,9 @@
 
 Owns the child process (``flannel/udp/worker.py``) and its control socket: ``start`` (or
 restart after a death, re-sending the last peer set), ``set_peers`` (atomic swap, answered
-once the worker uses it), ``status`` and ``stop``. The forwarder runs in a process of its
+once the worker uses it), ``status`` and ``stop``. Each request carries a sequence number
+that the worker's answer echoes: an answer that comes after its request timed out is
+discarded, never taken for the answer to the next request. The forwarder runs in a process of its
 own: a Python packet loop holds the GIL for most of its time, and sharing it with the asyncio
 control plane would delay one by the other (docs/benchmarks.md, "udp forwarder").
 Calls block for at most ``timeout`` seconds: from asyncio, call them through
@@ -21,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
@@ -30,6 +33,9 @@ from flannel.kernel.host import LOCAL, Host
 
 START_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 2.0
+# Building a peer table is linear in its size (~15 us a peer on an idle core): a set of
+# 20000 peers gets 20 s more, room for a worker starved of CPU on a loaded node.
+PER_PEER_TIMEOUT = 0.001
 SO_SNDBUFFORCE = 32
 CONTROL_BUFFER = 8 << 20
 
@@ -70,6 +76,7 @@ class UdpForwarder:
         self._control: socket.socket | None = None
         self._peers: list[tuple[str, str]] = []
         self._last_error = ""
+        self._seq = 0
 
     def start(self) -> None:
         """Start the worker (again, if it died); returns once it forwards."""
@@ -101,7 +108,7 @@ class UdpForwarder:
                 raise ForwarderError(f"udp forwarder did not start: {self._last_error}")
             self._last_error = ""
             if self._peers:
-                self._request({"op": "peers", "peers": self._peers})
+                self._request({"op": "peers", "peers": self._peers}, self._peers_timeout())
 
     def set_peers(self, peers: Mapping[IPv4Network, IPv4Address]) -> None:
         """Replace the whole peer table (subnet -> public IP); in use when this returns.
@@ -112,7 +119,7 @@ class UdpForwarder:
         with self._lock:
             self._peers = entries
             if self._alive():
-                self._request({"op": "peers", "peers": entries})
+                self._request({"op": "peers", "peers": entries}, self._peers_timeout())
 
     def status(self) -> ForwarderStatus:
         with self._lock:
@@ -178,31 +185,42 @@ class UdpForwarder:
             self._control.close()
             self._control = None
 
-    def _receive(self, timeout: float) -> dict[str, Any]:
+    def _peers_timeout(self) -> float:
+        return REQUEST_TIMEOUT + len(self._peers) * PER_PEER_TIMEOUT
+
+    def _receive(self, timeout: float, seq: int | None = None) -> dict[str, Any]:
+        """The next message, or with ``seq`` the answer to that request (older answers,
+        to requests that timed out, are dropped)."""
         control = self._control
         if control is None:
             raise ForwarderError("udp forwarder not started")
         poller = select.poll()  # select() fails on a descriptor numbered 1024 or more
         poller.register(control, select.POLLIN)
-        if not poller.poll(timeout * 1000):
-            raise ForwarderError(f"udp forwarder did not answer within {timeout:g} s")
-        try:
-            raw = control.recv(1 << 20)
-        except OSError:
-            raw = b""
-        if not raw:
-            raise ForwarderError("udp forwarder closed its control channel")
-        reply: dict[str, Any] = json.loads(raw)
-        return reply
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                raise ForwarderError(f"udp forwarder did not answer within {timeout:g} s")
+            try:
+                raw = control.recv(1 << 20)
+            except OSError:
+                raw = b""
+            if not raw:
+                raise ForwarderError("udp forwarder closed its control channel")
+            reply: dict[str, Any] = json.loads(raw)
+            if seq is None or reply.get("op") == "fatal" or reply.get("seq") == seq:
+                return reply
 
-    def _request(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _request(self, message: dict[str, Any], timeout: float = REQUEST_TIMEOUT
+                 ) -> dict[str, Any]:
         if self._control is None:
             raise ForwarderError("udp forwarder not started")
+        self._seq += 1
         try:
-            self._channel().send(json.dumps(message).encode())
+            self._channel().send(json.dumps({**message, "seq": self._seq}).encode())
         except OSError as err:
             raise ForwarderError(f"udp forwarder unreachable: {err.strerror}") from None
-        reply = self._receive(REQUEST_TIMEOUT)
+        reply = self._receive(timeout, self._seq)
         if reply.get("op") == "fatal":
             self._last_error = reply.get("error", "")
             raise ForwarderError(f"udp forwarder failed: {self._last_error}")

@@ -3,7 +3,8 @@
 Run as ``python -m flannel.udp.worker <config JSON> <control fd>`` by
 ``flannel/udp/forwarder.py``. Owns the TUN fd, the UDP socket, the peer table and the
 counters. Talks JSON over the SOCK_SEQPACKET control socket: ``ready``/``fatal`` once at
-start, then answers ``peers`` (atomic table swap), ``status`` and ``stop``; it exits when
+start, then answers ``peers`` (atomic table swap) and ``status``, each answer echoing the
+request's ``seq``, and obeys ``stop``; it exits when
 the control socket closes, so it never outlives its parent.
 Sending: burst reads from the TUN, TTL fix, consecutive same-peer same-size packets sent
 with one ``sendmsg`` and UDP_SEGMENT (still one IPv4 packet per datagram on the wire).
@@ -146,10 +147,10 @@ class Worker:
         if op == "peers":
             self.table = PeerTable({IPv4Network(subnet): IPv4Address(ip)
                                     for subnet, ip in message["peers"]}, self.port)
-            self._send({"op": "peers", "count": self.table.size})
+            self._send({"op": "peers", "seq": message.get("seq"), "count": self.table.size})
         elif op == "status":
             times = os.times()
-            self._send({"op": "status", "counters": self.counters,
+            self._send({"op": "status", "seq": message.get("seq"), "counters": self.counters,
                         "last_error": self.last_error, "tun_attached": self.tun >= 0,
                         "peers": self.table.size, "cpu_seconds": times.user + times.system})
         elif op == "stop":

@@ -8,7 +8,9 @@ the lab directory (etcd data, logs, subnet files, ``state.json``) under the lab 
 start time, so a reused pid is never signalled); ``down`` removes exactly those, what still
 runs inside the node namespaces (wireguard-go, which outlives flanneld by design), and the
 lab directory, never something that merely has a lab-like name. Each node's flanneld runs
-with a private ``/run`` (``<node dir>/run``, the lab directory kept visible), as on a host of
+the same flannel as the lab itself (``launchers/flanneld`` with PYTHONPATH naming the lab's
+own sources first: a test's checkout, not whatever the virtualenv's console script points
+at), with a private ``/run`` (``<node dir>/run``, the lab directory kept visible), as on a host of
 its own: its ``/run/flannel`` and ``/run/wireguard`` are the node's. Creating the lab directory is
 the claim on the name: a lab that exists is never built over.
 Must not touch: the root namespace's links, routes or firewall; namespaces, processes and
@@ -33,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import flannel
+import flannel_lab
 from flannel.files.fileutil import write_atomic
 from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
@@ -44,8 +48,19 @@ DEFAULT_ROOT = Path("/run/flannel-lab")
 STATE_FILE = "state.json"
 ETCD_PREFIX = "/coreos.com/network"
 UNDERLAYS = (("192.168.111", "fd00:111"), ("192.168.112", "fd00:112"))
-FLANNELD = str(Path(sys.executable).parent / "flanneld")
+FLANNELD = [sys.executable, str(Path(__file__).resolve().parent / "launchers" / "flanneld")]
+# Where the flannel and flannel_lab this process imported live: their processes import them
+# from there first.
+SOURCES = tuple(dict.fromkeys(str(Path(package.__path__[0]).resolve().parent)
+                              for package in (flannel, flannel_lab)))
 IP = shutil.which("ip") or "/usr/sbin/ip"  # absolute: flanneld may get a PATH of its own
+
+
+def same_code(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with PYTHONPATH naming this lab's sources first."""
+    rest = [path for path in env.get("PYTHONPATH", "").split(os.pathsep)
+            if path and path not in SOURCES]
+    return {**env, "PYTHONPATH": os.pathsep.join([*SOURCES, *rest])}
 
 
 class LabError(Exception):
@@ -377,7 +392,8 @@ class Lab:
                 *(f"--node={node.index}={node.address}" for node in self.state.nodes)]
         with stopping.held(), open(self.directory / "cloud.log", "ab") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env=same_code(dict(os.environ)))
             self.state.cloud_pid, self.state.cloud_started = proc.pid, _start_ticks(proc.pid)
             self.state.save()
         deadline = time.monotonic() + timeout
@@ -398,7 +414,7 @@ class Lab:
             node.extra_args = list(extra)
         if env:
             node.env = {**node.env, **env}
-        args = [FLANNELD, f"--etcd-endpoints={self.state.etcd_endpoint}",
+        args = [*FLANNELD, f"--etcd-endpoints={self.state.etcd_endpoint}",
                 f"--subnet-file={node.subnet_file}", "--iface=eth0", *node.extra_args]
         run_dir = self.node_run_dir(index)
         run_dir.mkdir(mode=0o755, exist_ok=True)
@@ -408,7 +424,7 @@ class Lab:
             proc = subprocess.Popen([IP, "netns", "exec", node.netns, *args], stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True,
-                                    env={**os.environ, **node.env})
+                                    env=same_code({**os.environ, **node.env}))
             node.pid, node.started = proc.pid, _start_ticks(proc.pid)
             self.state.save()
         self.first_flanneld_start = self.first_flanneld_start or time.monotonic()

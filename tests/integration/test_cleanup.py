@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from ipaddress import ip_network
 from pathlib import Path
 
@@ -19,12 +18,12 @@ from flannel.rules.nftables import NftablesRules
 from flannel.rules.spec import FamilyRules
 from flannel_lab.etcd import EtcdServer
 from tests.support import netns
+from tests.support.checkout import FLANNELCTL
 from tests.support.flanneld import Flanneld
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.netns
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 PREFIX = "/coreos.com/network"
 COUNTERS = re.compile(r" \[\d+:\d+\]$")  # packet counters move with the etcd traffic
 CONFIG = {"Network": "10.5.0.0/16", "EnableIPv6": True, "IPv6Network": "fd05::/48",
@@ -122,7 +121,7 @@ def test_cleanup_removes_ours_and_keeps_foreign_state(node, tmp_path):
     env_file, bin_dir, conf_dir = tmp_path / "run" / "subnet.env", tmp_path / "bin", \
         tmp_path / "net.d"
     foreign_bin = tmp_path / "other-bin"
-    run(ns, FLANNELCTL, "install-cni", f"--bin-dir={bin_dir}", f"--conf-dir={conf_dir}")
+    run(ns, *FLANNELCTL, "install-cni", f"--bin-dir={bin_dir}", f"--conf-dir={conf_dir}")
     run(ns, "iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")  # legacy host
     daemon = start_flanneld(tmp_path, ns, server, env_file)
     try:
@@ -145,7 +144,7 @@ def test_cleanup_removes_ours_and_keeps_foreign_state(node, tmp_path):
                "--cni-bin-dir", str(bin_dir),
                "--cni-bin-dir", str(foreign_bin), "--cni-conf-dir", str(conf_dir)]
 
-    dry = run(ns, FLANNELCTL, "cleanup", "--dry-run", *options)
+    dry = run(ns, *FLANNELCTL, "cleanup", "--dry-run", *options)
     now = state(ns, dirs)
     for key in before:
         assert now[key] == before[key], f"{key} changed:\n{before[key]}\n---\n{now[key]}"
@@ -175,7 +174,7 @@ def test_cleanup_removes_ours_and_keeps_foreign_state(node, tmp_path):
     assert f"kept (not flannel's): file {foreign_bin / 'flannel'}: not the launcher" \
         in dry.stdout
 
-    done = run(ns, FLANNELCTL, "cleanup", *options)
+    done = run(ns, *FLANNELCTL, "cleanup", *options)
     removed = [line.removeprefix("removed: ") for line in done.stdout.splitlines()
                if line.startswith("removed: ")]
     assert removed == listed
@@ -204,7 +203,7 @@ def test_cleanup_removes_ours_and_keeps_foreign_state(node, tmp_path):
     assert (foreign_bin / "flannel").read_bytes().startswith(b"\x7fELF")
     assert (bin_dir / "bridge").exists() and (conf_dir / "99-other.conflist").exists()
 
-    again = run(ns, FLANNELCTL, "cleanup", *options)
+    again = run(ns, *FLANNELCTL, "cleanup", *options)
     assert "nothing of flannel's found" in again.stdout
 
 
@@ -214,14 +213,14 @@ def test_cleanup_refuses_while_flanneld_runs_here(node, tmp_path):
     daemon = start_flanneld(tmp_path, ns, server, env_file)
     try:
         wait_until(env_file.exists, 20, what=f"subnet.env:\n{daemon.log}")
-        refused = run(ns, FLANNELCTL, "cleanup", "--run-dir", str(tmp_path / "noderun"),
+        refused = run(ns, *FLANNELCTL, "cleanup", "--run-dir", str(tmp_path / "noderun"),
                       "--subnet-file", str(env_file), check=False)
         assert refused.returncode == 1
         assert (f"flannelctl cleanup: flanneld is running in this network namespace (pid "
                 f"{daemon.proc.pid}); it would recreate what cleanup removes") in refused.stderr
         assert env_file.exists()
         assert "flannel.1" in run(ns, "ip", "link").stdout
-        forced = run(ns, FLANNELCTL, "cleanup", "--force", "--dry-run", "--run-dir",
+        forced = run(ns, *FLANNELCTL, "cleanup", "--force", "--dry-run", "--run-dir",
                      str(tmp_path / "noderun"), "--subnet-file", str(env_file))
         assert "would remove: device flannel.1 (vxlan)" in forced.stdout
     finally:
@@ -235,7 +234,7 @@ def test_a_flanneld_in_another_namespace_does_not_block(node, tmp_path):
     other = netns.create()
     try:
         wait_until(env_file.exists, 20, what=f"subnet.env:\n{daemon.log}")
-        result = run(other, FLANNELCTL, "cleanup", "--dry-run", "--run-dir",
+        result = run(other, *FLANNELCTL, "cleanup", "--dry-run", "--run-dir",
                      str(tmp_path / "none"), "--subnet-file",
                      str(tmp_path / "none.env"), "--cni-bin-dir", str(tmp_path / "none"),
                      "--cni-conf-dir", str(tmp_path / "none"))

@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -23,6 +22,7 @@ from flannel.udp.device import TunSpec, ensure_tun
 from flannel.wireguard.device import DeviceSpec, WireguardDevice
 from flannel.wireguard.keys import load_or_create_private_key
 from tests.support import netns
+from tests.support.checkout import FLANNELCTL
 from tests.support.waiting import wait_until
 
 pytestmark = [
@@ -30,7 +30,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("wireguard-go") is None, reason="needs wireguard-go"),
 ]
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 NETWORK = IPv4Network("10.5.0.0/16")
 
 
@@ -108,7 +107,7 @@ def test_cleanup_stops_our_wireguard_go_and_removes_the_udp_tun_keeping_foreign_
 
     before = state()
     assert "flannel-wg " in before[0] and "flannel0 " in before[0]
-    dry = run(ns, run_dir, FLANNELCTL, "cleanup", "--dry-run", *options)
+    dry = run(ns, run_dir, *FLANNELCTL, "cleanup", "--dry-run", *options)
     assert state() == before
     listed = [line.removeprefix("would remove: ") for line in dry.stdout.splitlines()
               if line.startswith("would remove: ")]
@@ -124,7 +123,7 @@ def test_cleanup_stops_our_wireguard_go_and_removes_the_udp_tun_keeping_foreign_
         "file /run/flannel/subnet.env",
     ], dry.stdout
 
-    done = run(ns, run_dir, FLANNELCTL, "cleanup", *options)
+    done = run(ns, run_dir, *FLANNELCTL, "cleanup", *options)
     assert [line.removeprefix("removed: ") for line in done.stdout.splitlines()] == listed
     wait_until(lambda: not alive(ours.pid or 0), 10, what="our wireguard-go to stop")
     links, routes, files = state()
@@ -135,7 +134,7 @@ def test_cleanup_stops_our_wireguard_go_and_removes_the_udp_tun_keeping_foreign_
     assert "10.77.0.0/16 dev tun-foreign proto static" in routes
     assert foreign.poll() is None
 
-    again = run(ns, run_dir, FLANNELCTL, "cleanup", *options)
+    again = run(ns, run_dir, *FLANNELCTL, "cleanup", *options)
     assert again.stdout.strip() == "nothing of flannel's found"
 
 
@@ -144,7 +143,7 @@ def test_a_wireguard_key_file_that_holds_no_key_is_kept(node, tmp_path):
     (run_dir / "flannel").mkdir()
     (run_dir / "flannel" / "wgkey").write_text("my notes\n")
     empty = tmp_path / "none"
-    result = run(ns, run_dir, FLANNELCTL, "cleanup", "--subnet-file", str(empty / "x"),
+    result = run(ns, run_dir, *FLANNELCTL, "cleanup", "--subnet-file", str(empty / "x"),
                  "--cni-bin-dir", str(empty), "--cni-conf-dir", str(empty))
     assert result.stdout.splitlines() == [
         "kept (not flannel's): file /run/flannel/wgkey: does not hold a WireGuard key",

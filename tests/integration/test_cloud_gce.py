@@ -4,9 +4,9 @@ metadata server per instance, the OAuth token endpoint verifying a signed JWT)."
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+import threading
 
 import pytest
 
@@ -14,7 +14,6 @@ from flannel.cloud.base import CloudError
 from flannel.cloud.gce import DESCRIPTION, GceConfig, GceRoutes
 from flannel.cloud.gceauth import GceMetadata
 from tests.support.cloudengines import (
-    FAST,
     NETWORK,
     SUBNETS,
     full_table_error,
@@ -22,36 +21,9 @@ from tests.support.cloudengines import (
     reconcile_all,
 )
 from tests.support.fifos import outcome_of_reading
-from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
+from tests.support.gce import NODES, VPC, ZONE, engine, service_account_key
 
 pytestmark = pytest.mark.cloud
-
-ZONE = "europe-west1-b"
-VPC = "flannel-net"
-NODES = ["node-1", "node-2", "node-3"]
-
-
-@pytest.fixture
-def compute(no_proxy):
-    api = FakeCompute("flannel-test").start()
-    api.network_link = api.add_network(VPC)
-    api.add_network("other-net")
-    served: list[FakeGceMetadata] = []
-    api.metadata = lambda instance: served[NODES.index(instance)]
-    for name in NODES:
-        api.add_instance(ZONE, name)
-        served.append(FakeGceMetadata(api, metadata_paths(api, ZONE, name, VPC)).start())
-    yield api
-    for server in (*served, api):
-        server.stop()
-
-
-def engine(api, instance: str = NODES[0], backend: dict | None = None,
-           environ: dict | None = None, **options) -> GceRoutes:
-    config = GceConfig.from_backend({"Endpoint": api.url, **(backend or {})}, NETWORK,
-                                    environ=environ or {})
-    metadata = GceMetadata(f"http://{api.metadata(instance).host}", timeout=2)
-    return GceRoutes(config, metadata, backoff=FAST, poll_interval=0.01, **options)
 
 
 def routes(api) -> dict[str, tuple[str, str]]:
@@ -241,6 +213,26 @@ def test_an_api_that_does_not_answer_in_time_fails_the_call(compute, monkeypatch
     compute.delay = 0
 
 
+class StarvedTimer(threading.Timer):
+    """A deadline timer whose thread never gets to run, as on a saturated machine."""
+
+    def start(self) -> None:
+        pass
+
+
+def test_the_deadline_is_named_the_same_when_the_socket_times_out_first(compute, monkeypatch):
+    monkeypatch.setattr("flannel.cloud.gce.API_TIMEOUT", 0.3)
+    node = engine(compute)
+    node.prepare()
+    monkeypatch.setattr("flannel.clients.fetch.threading.Timer", StarvedTimer)
+    compute.delay = 1.0
+    with pytest.raises(CloudError, match=r"Compute Engine routes.list: no usable answer from "
+                                         r"http://127.0.0.1:\d+ \(no whole answer within "
+                                         r"0.3s\)"):
+        node.reconcile(lease(SUBNETS[0]), [])
+    compute.delay = 0
+
+
 #: Deeper than the decoder's recursion limit: json.loads alone raises RecursionError.
 DEEP = "[" * 50_000
 
@@ -344,29 +336,9 @@ def test_no_metadata_server_says_so(compute):
         GceRoutes(config, metadata).prepare()
 
 
-def _key_file(tmp_path, compute) -> tuple[str, str]:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption()).decode()
-    public = key.public_key().public_bytes(serialization.Encoding.PEM,
-                                           serialization.PublicFormat.SubjectPublicKeyInfo)
-    email = "flannel@flannel-test.iam.gserviceaccount.com"
-    compute.keys["key-1"] = (email, public.decode())
-    path = tmp_path / "key.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as file:
-        json.dump({"type": "service_account", "project_id": "flannel-test",
-                   "private_key_id": "key-1", "private_key": private, "client_email": email,
-                   "token_uri": f"{compute.url}/token"}, file)
-    return str(path), private
-
-
 def test_a_service_account_key_file_signs_for_its_token(compute, tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
-    path, private = _key_file(tmp_path, compute)
+    path, private = service_account_key(tmp_path, compute)
     node = engine(compute, environ={"GOOGLE_APPLICATION_CREDENTIALS": path})
     node.prepare()
     assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
@@ -380,7 +352,7 @@ def test_a_service_account_key_file_signs_for_its_token(compute, tmp_path, caplo
 
 
 def test_a_key_the_token_endpoint_does_not_know_is_refused(compute, tmp_path):
-    path, _ = _key_file(tmp_path, compute)
+    path, _ = service_account_key(tmp_path, compute)
     compute.keys.clear()
     with pytest.raises(CloudError, match=r"the token endpoint http://127.0.0.1:\d+/token "
                                          r"refused the key of flannel@flannel-test.iam."

@@ -21,10 +21,9 @@ from flannel.cloud.gceauth import GceMetadata, metadata_tokens
 from flannel.cloud.metadata import ALIYUN_TOKENS, AWS_TOKENS, MetadataClient
 from flannel_lab import hostile
 from flannel_lab.hostile import Witness
-from tests.integration.test_cloud_alivpc import cloud  # noqa: F401
-from tests.integration.test_cloud_alivpc import engine as ali_engine
-from tests.integration.test_cloud_gce import NODES, ZONE, compute, engine  # noqa: F401
+from tests.support.alivpc import engine as ali_engine
 from tests.support.cloudengines import SUBNETS, lease
+from tests.support.gce import NODES, ZONE, engine
 from tests.support.imds import FakeMetadata
 
 pytestmark = pytest.mark.cloud
@@ -39,7 +38,7 @@ def witness() -> Iterator[Witness]:
     server.stop()
 
 
-def prepared(compute) -> GceRoutes:  # noqa: F811
+def prepared(compute) -> GceRoutes:
     node = engine(compute)
     node.prepare()
     return node
@@ -60,7 +59,7 @@ def refused(call: Callable[[], object], within: float = 10.0) -> tuple[str, floa
     return str(raised.value), elapsed, peak
 
 
-def with_orphan(compute) -> str:  # noqa: F811
+def with_orphan(compute) -> str:
     """A marked route of a vanished lease, which a successful second pass would delete."""
     gone = compute.instances[f"{ZONE}/node-3"]["selfLink"]
     compute.add_route("flannel-10-244-9-0-24", "10.244.9.0/24", compute.network_link,
@@ -93,7 +92,7 @@ def with_orphan(compute) -> str:  # noqa: F811
     ("routes.insert", {"name": "operation-1", "status": 3},
      "Compute Engine routes.insert's operation: status is a number, not a string"),
 ])
-def test_an_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, action, answer,  # noqa: F811
+def test_an_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, action, answer,
                                                                   message):
     node = prepared(compute)
     orphan = with_orphan(compute) if action == "routes.list" else ""
@@ -110,13 +109,13 @@ def test_an_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, actio
     ("instances.get", {"selfLink": "projects/p/zones/z/instances/i", "canIpForward": "yes"},
      "Compute Engine instances.get's answer: canIpForward is a string, not a boolean"),
 ])
-def test_a_start_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, action,  # noqa: F811
+def test_a_start_answer_of_the_wrong_shape_is_refused_naming_the_field(compute, action,
                                                                        answer, message):
     compute.garble(action, 200, json.dumps(answer))
     assert refused(engine(compute).prepare)[0] == message
 
 
-def test_a_token_answer_of_the_wrong_shape_is_refused_naming_the_field(compute):  # noqa: F811
+def test_a_token_answer_of_the_wrong_shape_is_refused_naming_the_field(compute):
     compute.metadata(NODES[0]).answer_with(
         "instance/service-accounts/default/token",
         hostile.verbatim(200, '{"access_token": "t", "expires_in": "soon"}',
@@ -139,7 +138,7 @@ def test_a_token_answer_of_the_wrong_shape_is_refused_naming_the_field(compute):
     pytest.param(hostile.deep(40_000), "Compute Engine routes.list's answer nests JSON deeper "
                  "than the limit of 32 levels", id="deep"),
 ])
-def test_a_huge_amplifying_or_deep_answer_is_refused_within_bounds(compute, behaviour,  # noqa: F811
+def test_a_huge_amplifying_or_deep_answer_is_refused_within_bounds(compute, behaviour,
                                                                    message):
     node = prepared(compute)
     orphan = with_orphan(compute)
@@ -152,7 +151,7 @@ def test_a_huge_amplifying_or_deep_answer_is_refused_within_bounds(compute, beha
     assert orphan in compute.routes
 
 
-def test_endless_pagination_ends_at_the_page_bound(compute):  # noqa: F811
+def test_endless_pagination_ends_at_the_page_bound(compute):
     node = prepared(compute)
     orphan = with_orphan(compute)
     tokens = itertools.count()
@@ -174,7 +173,7 @@ def test_endless_pagination_ends_at_the_page_bound(compute):  # noqa: F811
     assert orphan in compute.routes
 
 
-def test_a_page_token_that_cycles_ends_the_listing(compute):  # noqa: F811
+def test_a_page_token_that_cycles_ends_the_listing(compute):
     node = prepared(compute)
     orphan = with_orphan(compute)
     tokens = itertools.cycle(["a", "b", "c"])
@@ -190,7 +189,7 @@ def test_a_page_token_that_cycles_ends_the_listing(compute):  # noqa: F811
 # -- Compute Engine: time, resets, storms ------------------------------------------------------
 
 
-def test_a_dripping_answer_is_cut_at_the_whole_answer_deadline(compute, monkeypatch):  # noqa: F811
+def test_a_dripping_answer_is_cut_at_the_whole_answer_deadline(compute, monkeypatch):
     monkeypatch.setattr("flannel.cloud.gce.API_TIMEOUT", 1.0)
     node = prepared(compute)
     compute.answer_with("routes.list", hostile.drip(b'{"items": []}' + b" " * 100, 0.2))
@@ -199,14 +198,14 @@ def test_a_dripping_answer_is_cut_at_the_whole_answer_deadline(compute, monkeypa
     assert elapsed >= 1.0
 
 
-def test_a_reset_mid_body_fails_the_call(compute):  # noqa: F811
+def test_a_reset_mid_body_fails_the_call(compute):
     node = prepared(compute)
     compute.answer_with("routes.list", hostile.reset(10_000, b'{"items": ['))
     text, _, _ = refused(lambda: node.reconcile(lease(SUBNETS[0]), []))
     assert text.startswith("Compute Engine routes.list: no usable answer from http://"), text
 
 
-def test_storms_of_401_429_and_503_are_bounded(compute):  # noqa: F811
+def test_storms_of_401_429_and_503_are_bounded(compute):
     node = prepared(compute)
     orphan = with_orphan(compute)
     tokens_before = len(compute.metadata(NODES[0]).requests)
@@ -232,7 +231,7 @@ def test_storms_of_401_429_and_503_are_bounded(compute):  # noqa: F811
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
-def test_compute_engine_redirects_are_not_followed(compute, witness, status):  # noqa: F811
+def test_compute_engine_redirects_are_not_followed(compute, witness, status):
     node = prepared(compute)
     compute.answer_with("routes.list", hostile.redirect(status, f"{witness.url}/steal"))
     text, _, _ = refused(lambda: node.reconcile(lease(SUBNETS[0]), []))
@@ -241,10 +240,10 @@ def test_compute_engine_redirects_are_not_followed(compute, witness, status):  #
     assert witness.requests == []
 
 
-def test_the_token_endpoint_is_not_redirected(compute, witness, tmp_path):  # noqa: F811
-    from tests.integration.test_cloud_gce import _key_file
+def test_the_token_endpoint_is_not_redirected(compute, witness, tmp_path):
+    from tests.support.gce import service_account_key
 
-    path, _ = _key_file(tmp_path, compute)
+    path, _ = service_account_key(tmp_path, compute)
     compute.answer_with("routes.list", hostile.redirect(307, f"{witness.url}/token"))
     node = engine(compute, environ={"GOOGLE_APPLICATION_CREDENTIALS": path})
     # The token endpoint is the double's /token: redirect it (a POST carrying the assertion).
@@ -267,7 +266,7 @@ def test_the_token_endpoint_is_not_redirected(compute, witness, tmp_path):  # no
     assert witness.requests == []
 
 
-def test_gce_metadata_redirects_are_not_followed(compute, witness):  # noqa: F811
+def test_gce_metadata_redirects_are_not_followed(compute, witness):
     compute.metadata(NODES[0]).answer_with(
         "instance/service-accounts/default/token",
         hostile.redirect(302, f"{witness.url}/token"))
@@ -315,7 +314,7 @@ def test_metadata_answers_are_bounded_in_size_and_time():
         service.stop()
 
 
-def test_gce_metadata_dripping_is_cut(compute):  # noqa: F811
+def test_gce_metadata_dripping_is_cut(compute):
     metadata = GceMetadata(f"http://{compute.metadata(NODES[0]).host}", timeout=0.5)
     compute.metadata(NODES[0]).answer_with(
         "project/project-id", hostile.drip(b"flannel-test", 0.2,
@@ -328,7 +327,7 @@ def test_gce_metadata_dripping_is_cut(compute):  # noqa: F811
 # -- stopping ----------------------------------------------------------------------------------
 
 
-def test_a_stop_cuts_a_dripping_call_and_an_operation_waited_on_at_once(compute):  # noqa: F811
+def test_a_stop_cuts_a_dripping_call_and_an_operation_waited_on_at_once(compute):
     import threading
 
     node = engine(compute, operation_polls=1000)
@@ -368,7 +367,7 @@ def test_a_stop_cuts_a_dripping_call_and_an_operation_waited_on_at_once(compute)
     assert len(compute.actions) == calls
 
 
-def test_a_stop_cuts_the_metadata_token_read(compute):  # noqa: F811
+def test_a_stop_cuts_the_metadata_token_read(compute):
     import threading
 
     stopper = Stopper()
@@ -408,14 +407,14 @@ def test_a_stop_cuts_the_metadata_token_read(compute):  # noqa: F811
     ("DescribeVpcs", [1], "the answer to Alibaba Cloud VPC DescribeVpcs: the answer is an "
                           "array, not an object"),
 ])
-def test_alibaba_answers_of_the_wrong_shape_are_refused_naming_the_field(cloud, action,  # noqa: F811
+def test_alibaba_answers_of_the_wrong_shape_are_refused_naming_the_field(cloud, action,
                                                                          answer, message):
     api, _ = cloud
     api.answer_with(action, hostile.verbatim(200, json.dumps(answer)))
     assert refused(ali_engine(cloud, 0).prepare)[0] == message
 
 
-def test_alibaba_route_entries_of_the_wrong_shape_are_refused(cloud):  # noqa: F811
+def test_alibaba_route_entries_of_the_wrong_shape_are_refused(cloud):
     api, _ = cloud
     node = ali_engine(cloud, 0)
     node.prepare()
@@ -430,7 +429,7 @@ def test_alibaba_route_entries_of_the_wrong_shape_are_refused(cloud):  # noqa: F
             f"the answer to Alibaba Cloud VPC DescribeRouteTables: {message}")
 
 
-def test_alibaba_redirects_are_not_followed(cloud, witness):  # noqa: F811
+def test_alibaba_redirects_are_not_followed(cloud, witness):
     api, _ = cloud
     api.answer_with("DescribeVpcs", hostile.redirect(302, f"{witness.url}/?Action=x"))
     text, _, _ = refused(ali_engine(cloud, 0).prepare)
@@ -438,7 +437,7 @@ def test_alibaba_redirects_are_not_followed(cloud, witness):  # noqa: F811
     assert witness.requests == []
 
 
-def test_alibaba_answers_are_bounded_in_size_elements_and_time(cloud):  # noqa: F811
+def test_alibaba_answers_are_bounded_in_size_elements_and_time(cloud):
     api, _ = cloud
     node = ali_engine(cloud, 0, timeout=1.0)
     node.prepare()
@@ -457,7 +456,7 @@ def test_alibaba_answers_are_bounded_in_size_elements_and_time(cloud):  # noqa: 
         assert peak < 50, (text, peak)
 
 
-def test_alibaba_storms_are_bounded(cloud):  # noqa: F811
+def test_alibaba_storms_are_bounded(cloud):
     api, _ = cloud
     node = ali_engine(cloud, 0)
     node.prepare()
@@ -473,7 +472,7 @@ def test_alibaba_storms_are_bounded(cloud):  # noqa: F811
         "Alibaba Cloud VPC DescribeRouteTables failed: InvalidAccessKeyId.NotFound")
 
 
-def test_a_stop_cuts_an_alibaba_call_at_once(cloud):  # noqa: F811
+def test_a_stop_cuts_an_alibaba_call_at_once(cloud):
     import threading
 
     api, _ = cloud

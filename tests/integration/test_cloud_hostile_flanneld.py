@@ -22,9 +22,8 @@ from flannel.clients.aliyunrpc import MAX_ANSWER
 from flannel.kernel.host import Host
 from flannel_lab import hostile
 from flannel_lab.etcd import EtcdServer
-from tests.integration.test_flanneld import PREFIX, flanneld, node  # noqa: F401
 from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
-from tests.support.flanneld import Flanneld
+from tests.support.flanneld import PREFIX, Flanneld, flanneld
 from tests.support.gceapi import FakeCompute, FakeGceMetadata, metadata_paths
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
@@ -66,7 +65,7 @@ class Ali:
 
 
 @pytest.fixture
-def gce(node, no_proxy) -> Iterator[tuple[str, EtcdServer, Gce]]:  # noqa: F811
+def gce(node, no_proxy) -> Iterator[tuple[str, EtcdServer, Gce]]:
     ns, server = node
     compute = FakeCompute("flannel-test").start("127.0.0.1", Host(ns))
     network = compute.add_network("flannel-net")
@@ -81,7 +80,7 @@ def gce(node, no_proxy) -> Iterator[tuple[str, EtcdServer, Gce]]:  # noqa: F811
 
 
 @pytest.fixture
-def ali(node, no_proxy) -> Iterator[tuple[str, EtcdServer, Ali]]:  # noqa: F811
+def ali(node, no_proxy) -> Iterator[tuple[str, EtcdServer, Ali]]:
     ns, server = node
     api = FakeAliyunVpc({KEY_ID: SECRET}).start("127.0.0.1", Host(ns))
     api.add_vpc(VPC)

@@ -11,18 +11,17 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support import debian_hosts, netns
+from tests.support.checkout import FLANNELCTL
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.timeout(1800),
               pytest.mark.skipif(shutil.which("debootstrap") is None,
                                  reason="needs debootstrap (./install.sh installs it)")]
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 SUBNET_ENV = ("FLANNEL_NETWORK=10.77.0.0/16\nFLANNEL_SUBNET=10.77.5.1/24\nFLANNEL_MTU=1450\n"
               "FLANNEL_IPMASQ=true\n")
 NETCONF = {"cniVersion": "0.3.1", "name": "cbr0", "type": "flannel",
@@ -56,7 +55,7 @@ def test_plugin_runs_on_the_hosts_own_python(suite, tmp_path):
                              capture_output=True, text=True, timeout=60, check=True).stdout
     assert version.strip() == debian_hosts.SUITES[suite]
     bin_dir = root / "opt" / "cni" / "bin"
-    subprocess.run([FLANNELCTL, "install-cni", "--bin-dir", str(bin_dir), "--conf-dir",
+    subprocess.run([*FLANNELCTL, "install-cni", "--bin-dir", str(bin_dir), "--conf-dir",
                     str(root / "etc" / "cni" / "net.d"), "--python", "/usr/bin/python3"],
                    check=True, capture_output=True, timeout=120)
     (root / "run" / "flannel").mkdir(parents=True)

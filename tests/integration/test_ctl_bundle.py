@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
+from tests.support.checkout import FLANNELCTL
+
 LEASE = '{"PublicIP":"192.168.1.11","BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}}'  # noqa: E501
 
 
@@ -19,7 +19,7 @@ def bundle(etcd, prefix: str, tmp_path: Path, output: Path) -> subprocess.Comple
     (tmp_path / "subnet.env").write_text("FLANNEL_NETWORK=10.244.0.0/16\n"
                                          "FLANNEL_SUBNET=10.244.1.1/24\n")
     return subprocess.run(
-        [FLANNELCTL, "bundle", "-o", str(output), f"--etcd-endpoints={etcd.endpoint}",
+        [*FLANNELCTL, "bundle", "-o", str(output), f"--etcd-endpoints={etcd.endpoint}",
          f"--etcd-prefix={prefix}", f"--subnet-file={tmp_path / 'subnet.env'}",
          f"--log-file={log}"], capture_output=True, text=True, timeout=120, check=False)
 
@@ -60,7 +60,7 @@ def test_bundle_holds_the_node_and_the_store_without_secrets(etcd, prefix, tmp_p
 
 def test_unreachable_store_is_a_note_not_a_failure(tmp_path):
     output = tmp_path / "b.tar.gz"
-    proc = subprocess.run([FLANNELCTL, "bundle", "-o", str(output),
+    proc = subprocess.run([*FLANNELCTL, "bundle", "-o", str(output),
                            "--etcd-endpoints=http://127.0.0.1:9",
                            f"--subnet-file={tmp_path / 'none.env'}"],
                           capture_output=True, text=True, timeout=120, check=False)

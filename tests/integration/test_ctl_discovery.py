@@ -31,12 +31,12 @@ import pytest
 
 from flannel_lab.etcd import EtcdServer
 from tests.support import netns
+from tests.support.checkout import FLANNELCTL, FLANNELD
 from tests.support.flanneld import Flanneld
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 PREFIX = "/discovery/network"
 CONFIG = {"Network": "10.5.0.0/16", "Backend": {"Type": "alloc"}}
 NOBODY = 65534
@@ -71,7 +71,7 @@ def node(ns, tmp_path):
 
 
 def ctl(ns: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", ns, FLANNELCTL, *args], capture_output=True,
+    return subprocess.run(["ip", "netns", "exec", ns, *FLANNELCTL, *args], capture_output=True,
                           text=True, timeout=60, check=False)
 
 
@@ -309,7 +309,7 @@ def pod(ns, tmp_path):
                                      "--net-config-path=/run/kube-flannel/net-conf.json"],
                           netns=ns, env=env, run_dir=run_dir,
                           command=["unshare", "--pid", "--fork", "--mount-proc",
-                                   str(Path(sys.executable).parent / "flanneld")])
+                                   *FLANNELD])
         daemon.start()
         try:
             wait_until(lambda: (run_dir / "flannel" / "subnet.env").exists(), 30,
@@ -329,7 +329,7 @@ def exec_in(pid: int, env: dict[str, str], *args: str) -> subprocess.CompletedPr
     """``kubectl exec <pod> -- flannelctl ARGS``: in every namespace of the container,
     with its environment."""
     return subprocess.run(["nsenter", f"--target={pid}", "--mount", "--pid", "--net", "--",
-                           FLANNELCTL, *args], capture_output=True, text=True, timeout=60,
+                           *FLANNELCTL, *args], capture_output=True, text=True, timeout=60,
                           check=False, env={**os.environ, **env})
 
 

@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from flannel.ops.parsers import RELEASE_EFFECT
+from tests.support.checkout import FLANNELCTL
 from tests.support.kubeapi import FakeKubeAPI
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = '{"Network": "10.244.0.0/16", "SubnetLen": 24, "Backend": {"Type": "vxlan"}}'
 VXLAN_VALUE = ('{"PublicIP":"192.168.1.11","PublicIPv6":null,"BackendType":"vxlan",'
                '"BackendData":{"VNI":1,"VtepMAC":"0E:00:00:00:00:01"}}')
@@ -22,7 +20,7 @@ VXLAN_VALUE = ('{"PublicIP":"192.168.1.11","PublicIPv6":null,"BackendType":"vxla
 
 def ctl(etcd, prefix: str, *args: str, stdin: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [FLANNELCTL, "leases", *args, f"--etcd-endpoints={etcd.endpoint}",
+        [*FLANNELCTL, "leases", *args, f"--etcd-endpoints={etcd.endpoint}",
          f"--etcd-prefix={prefix}"], input=stdin, capture_output=True, text=True,
         timeout=60, check=False)
 
@@ -142,7 +140,7 @@ def test_release_asks_and_deletes(store, prefix):
 
 
 def test_unreachable_store_is_named(prefix):
-    proc = subprocess.run([FLANNELCTL, "leases", "list", "--etcd-endpoints=http://127.0.0.1:9",
+    proc = subprocess.run([*FLANNELCTL, "leases", "list", "--etcd-endpoints=http://127.0.0.1:9",
                            f"--etcd-prefix={prefix}"], capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 1
@@ -155,7 +153,7 @@ def test_flags_fall_back_to_flanneld_environment(store, prefix):
 
     env = {**os.environ, "FLANNELD_ETCD_ENDPOINTS": store.endpoint,
            "FLANNELD_ETCD_PREFIX": prefix}
-    proc = subprocess.run([FLANNELCTL, "leases", "list", "--json"], env=env,
+    proc = subprocess.run([*FLANNELCTL, "leases", "list", "--json"], env=env,
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert {row["key"] for row in json.loads(proc.stdout)} == {
@@ -175,7 +173,7 @@ async def test_list_in_kube_mode(tmp_path):
         conf = tmp_path / "net-conf.json"
         conf.write_text(CONFIG)
         proc = await asyncio.create_subprocess_exec(
-            FLANNELCTL, "leases", "list", "--kube-subnet-mgr", f"--kube-api-url={api.url}",
+            *FLANNELCTL, "leases", "list", "--kube-subnet-mgr", f"--kube-api-url={api.url}",
             f"--net-config-path={conf}", stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE)
         out, err = await asyncio.wait_for(proc.communicate(), 60)
@@ -191,7 +189,7 @@ async def test_list_in_kube_mode(tmp_path):
 
 
 def test_reserve_refused_in_kube_mode(tmp_path):
-    proc = subprocess.run([FLANNELCTL, "leases", "reserve", "10.244.3.0/24", "--public-ip",
+    proc = subprocess.run([*FLANNELCTL, "leases", "reserve", "10.244.3.0/24", "--public-ip",
                            "192.168.1.3", "--kube-subnet-mgr",
                            "--kube-api-url=http://127.0.0.1:9"],
                           capture_output=True, text=True, timeout=60, check=False)

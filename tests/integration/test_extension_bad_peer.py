@@ -8,16 +8,14 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-from tests.integration.test_flanneld import PREFIX, flanneld, node  # noqa: F401
 from tests.support import netns
+from tests.support.checkout import FLANNELCTL
+from tests.support.flanneld import PREFIX, flanneld
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
 PORT = 8081
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 GOOD, BAD = "10.5.7.0-24", "10.5.8.0-24"
 # Programs a route for a peer whose data is a MAC address; refuses anything else.
 ADD = """#!/bin/sh
@@ -45,7 +43,7 @@ def status(ns: str) -> dict:
     return json.loads(body)
 
 
-def test_a_peer_the_add_command_refuses_leaves_the_node_ready(node, tmp_path, monkeypatch):  # noqa: F811
+def test_a_peer_the_add_command_refuses_leaves_the_node_ready(node, tmp_path, monkeypatch):
     ns, server = node
     script = tmp_path / "add-peer"
     script.write_text(ADD.replace("$SUBNET_FILE", "$(echo $SUBNET | tr / -)"))
@@ -67,7 +65,7 @@ def test_a_peer_the_add_command_refuses_leaves_the_node_ready(node, tmp_path, mo
         assert peers["refused"] == 1
         assert peers["refused_reasons"] == {
             BAD: "subnet-add command failed (exit status 1): not a VTEP MAC: garbage"}
-        table = subprocess.run(["ip", "netns", "exec", ns, FLANNELCTL, "status",
+        table = subprocess.run(["ip", "netns", "exec", ns, *FLANNELCTL, "status",
                                 f"--health-url=http://127.0.0.1:{PORT}"], capture_output=True,
                                text=True, timeout=30, check=False).stdout
         assert ("2 known, 2 for this backend, 1 programmed, 0 skipped as invalid, 1 refused "

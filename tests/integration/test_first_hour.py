@@ -17,7 +17,8 @@ import pytest
 
 from flannel_lab.etcd import EtcdServer
 from tests.support import netns
-from tests.support.flanneld import FLANNELD, Flanneld
+from tests.support.checkout import FLANNEL_LAB, FLANNELD
+from tests.support.flanneld import Flanneld
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
@@ -51,7 +52,7 @@ def node(ns, tmp_path):
 def run_as_nobody(ns: str, server: EtcdServer, out: Path, *extra: str
                   ) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["ip", "netns", "exec", ns, *AS_NOBODY, FLANNELD,
+        return subprocess.run(["ip", "netns", "exec", ns, *AS_NOBODY, *FLANNELD,
                                f"--etcd-endpoints={server.endpoint}",
                                f"--subnet-file={out / 'subnet.env'}", *extra],
                               capture_output=True, text=True, timeout=40, check=False)
@@ -146,9 +147,8 @@ def test_sigterm_ends_flanneld_promptly(node, tmp_path):
 
 def test_flannel_lab_as_a_user_says_it_needs_root(tmp_path):
     out = writable_dir(tmp_path)
-    lab = str(Path(FLANNELD).parent / "flannel-lab")
     for command in ("up", "down"):
-        result = subprocess.run([*AS_NOBODY, lab, "--root", str(out), command, "--name",
+        result = subprocess.run([*AS_NOBODY, *FLANNEL_LAB, "--root", str(out), command, "--name",
                                  "fl-nobody"], capture_output=True, text=True, timeout=60,
                                 check=False)
         assert (result.returncode, result.stdout) == (1, "")

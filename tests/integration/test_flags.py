@@ -11,7 +11,8 @@ import pytest
 
 from flannel_lab.etcd import free_port
 from tests.support import netns
-from tests.support.flanneld import FLANNELD, Flanneld
+from tests.support.checkout import FLANNELD
+from tests.support.flanneld import Flanneld
 from tests.support.tls import make_tls_files
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
@@ -36,7 +37,7 @@ HINT = "Run 'flanneld --help' for the list of flags."
      "other nodes cannot reach; give this node's address on the network between the nodes"),
 ])
 def test_flanneld_refuses_the_value_and_exits_2(argv, env, first_line, tmp_path):
-    result = subprocess.run([FLANNELD, "--etcd-endpoints=http://127.0.0.1:1",
+    result = subprocess.run([*FLANNELD, "--etcd-endpoints=http://127.0.0.1:1",
                              f"--subnet-file={tmp_path / 'subnet.env'}", *argv],
                             capture_output=True, text=True, timeout=30, check=False,
                             env={**os.environ, **env})

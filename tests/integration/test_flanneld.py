@@ -16,34 +16,10 @@ from pathlib import Path
 import pytest
 
 from flannel_lab.etcd import EtcdServer
-from tests.support import netns
-from tests.support.flanneld import FLANNELD, Flanneld
+from tests.support.checkout import FLANNELD
+from tests.support.flanneld import CONFIG, PREFIX, Flanneld, flanneld
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
-
-PREFIX = "/coreos.com/network"
-CONFIG = {"Network": "10.5.0.0/16", "Backend": {"Type": "alloc"}}
-
-
-@pytest.fixture
-def node(ns, tmp_path):
-    """A host: veth0 with 10.99.0.2-4/24 and a default route, and a real etcd inside."""
-    netns.ip("link", "add", "veth0", "type", "veth", "peer", "name", "veth1", netns=ns)
-    for address in ("10.99.0.2/24", "10.99.0.3/24", "10.99.0.4/24"):
-        netns.ip("addr", "add", address, "dev", "veth0", netns=ns)
-    netns.ip("link", "set", "veth0", "up", netns=ns)
-    netns.ip("link", "set", "veth1", "up", netns=ns)
-    netns.ip("route", "add", "default", "via", "10.99.0.1", "dev", "veth0", netns=ns)
-    with EtcdServer(tmp_path / "etcd", netns=ns) as server:
-        yield ns, server
-
-
-def flanneld(tmp_path: Path, ns: str, server: EtcdServer, *extra: str, name: str = "flanneld",
-             subnet_file: Path | None = None, command: list[str] | None = None) -> Flanneld:
-    subnet_file = subnet_file or tmp_path / name / "subnet.env"
-    return Flanneld(tmp_path, [f"--etcd-endpoints={server.endpoint}",
-                               f"--subnet-file={subnet_file}", *extra], netns=ns, name=name,
-                    command=command)
 
 
 def leases(server: EtcdServer) -> dict[str, str]:
@@ -153,7 +129,7 @@ def test_bad_config_exits_one_with_a_clear_message(node, tmp_path, config, needl
 
 
 def test_unknown_flag_exits_nonzero_naming_it():
-    result = subprocess.run([FLANNELD, "--etcd-endpointz=x"], capture_output=True, text=True,
+    result = subprocess.run([*FLANNELD, "--etcd-endpointz=x"], capture_output=True, text=True,
                             timeout=30, check=False)
     assert result.returncode == 2
     assert "--etcd-endpointz" in result.stderr

@@ -17,7 +17,8 @@ from flannel.backend.routed import RoutedBackend
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
 from flannel.kernel.reconcile import read_actual, read_unless_converged, reconcile
-from tests.integration.test_reconcile_netns import (
+from tests.support import netns
+from tests.support.netns_dataplane import (
     OWN,
     make_backend,
     programmed_for,
@@ -25,7 +26,6 @@ from tests.integration.test_reconcile_netns import (
     underlay,
     vxlan_peer,
 )
-from tests.support import netns
 from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.netns

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_flanneld import CONFIG, PREFIX, flanneld, node  # noqa: F401
+from tests.support.flanneld import CONFIG, PREFIX, flanneld
 from tests.support.healthflood import HealthFlood
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
@@ -43,7 +43,7 @@ def calm_readyz(ns: str) -> float:
         return statistics.median(p["ms"] for p in quiet.ask("probe 10 /readyz 0.05")["probes"])
 
 
-def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_path):  # noqa: F811
+def test_idle_connections_leave_readyz_and_the_rules_resync_working(node, tmp_path):
     ns, server = node
     server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
     proc = flanneld(tmp_path, ns, server, "--ip-masq", "--iptables-mode=nft",
@@ -113,7 +113,7 @@ def cpu_seconds(pid: int) -> float:
                                                     (2000, b"GET /readyz HTTP/1.1\r\n")],
                          ids=["200-silent", "2000-silent", "2000-unfinished-requests"])
 def test_a_client_reopening_every_closed_connection_at_once_costs_little_cpu(
-        node, tmp_path, count, first_bytes):  # noqa: F811
+        node, tmp_path, count, first_bytes):
     """Each connection the server closes is opened again at once, as fast as the client
     can: flanneld's CPU over a window stays under a tenth of a core (it once spent 80 %
     accepting and closing), and /readyz is answered: at once while the client's

@@ -24,8 +24,8 @@ from flannel.lease import EventType
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.kube.annotations import Annotations
 from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, KubeUnavailable, kube_client
-from tests.integration.test_kube_manager import VXLAN, Follower, remote
 from tests.support.kubeapi import FakeKubeAPI
+from tests.support.kubestore import VXLAN, Follower, remote, write_kubeconfig
 from tests.support.tlscerts import PKI, make_pki
 from tests.support.waiting import async_wait_until
 
@@ -49,15 +49,6 @@ async def api():
 
 def b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
-
-
-def write_kubeconfig(path: Path, server: str, cluster: dict, user: dict) -> Path:
-    path.write_text(json.dumps({  # JSON is YAML
-        "apiVersion": "v1", "kind": "Config", "current-context": "ctx",
-        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
-        "clusters": [{"name": "c", "cluster": {"server": server, **cluster}}],
-        "users": [{"name": "u", "user": user}]}))
-    return path
 
 
 async def node_name_through(kubeconfig: Path) -> str:

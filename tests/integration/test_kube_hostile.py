@@ -22,11 +22,11 @@ from flannel.clients.kube.config import client_config
 from flannel.subnet.kube.annotations import Annotations
 from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, KubeUnavailable, kube_client
 from flannel.subnet.watch import LeaseWatcher
-from tests.integration.test_kube_manager import VXLAN, manager, remote
+from tests.support.daemonnode import CONFIG
+from tests.support.daemonnode import Node as DaemonNode
 from tests.support.kubeapi import FakeKubeAPI
+from tests.support.kubestore import VXLAN, manager, remote
 from tests.support.waiting import async_wait_until
-from tests.unit.test_daemon import CONFIG
-from tests.unit.test_daemon import Node as DaemonNode
 
 NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -626,7 +626,7 @@ async def test_a_redirect_never_takes_the_bearer_token_elsewhere(tmp_path, statu
     """A server (or a proxy in front of it) answering with a redirect to another host:
     following it would send the node's token there. Not followed: the other host never
     sees a connection, and the error names the redirect (retried, like an outage)."""
-    from tests.integration.test_kube_client import write_kubeconfig
+    from tests.support.kubestore import write_kubeconfig
 
     elsewhere: list[bytes] = []
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_kube_lifecycle import HOST_GW, api_in
 from tests.support import netns
 from tests.support.flanneld import Flanneld
 from tests.support.kubeapi import FakeKubeAPI
+from tests.support.kubestore import HOST_GW, api_in
 from tests.support.waiting import async_wait_until
 
 pytestmark = pytest.mark.netns

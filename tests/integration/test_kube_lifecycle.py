@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import re
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -23,23 +22,22 @@ from flannel.backend import backend_class
 from flannel.backend.base import BackendOptions
 from flannel.config import NetworkConfig
 from flannel.daemon import Daemon, PublicIPs
-from flannel.kernel.host import Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.settings import InterfaceSettings
 from flannel.subnet.kube.annotations import Annotations
 from flannel.subnet.kube.manager import KubeSubnetManager, kube_client
 from flannel_lab.etcd import free_port
 from tests.support import netns
+from tests.support.daemonnode import EXT, InstalledRules, RecordingBackend
 from tests.support.flanneld import Flanneld
 from tests.support.kubeapi import FakeKubeAPI
+from tests.support.kubestore import HOST_GW, api_in
 from tests.support.traffic import http_get
 from tests.support.waiting import async_wait_until, wait_until
-from tests.unit.test_daemon import EXT, InstalledRules, RecordingBackend
 
 ROOT = Path(__file__).resolve().parents[2]
 P = "flannel.alpha.coreos.com/"
 NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
-HOST_GW = {"Network": "10.244.0.0/16", "Backend": {"Type": "host-gw"}}
 ALLOC = {"Network": "10.244.0.0/16", "Backend": {"Type": "alloc"}}
 #: What node1's flanneld publishes with the host-gw backend and EXT as its interface.
 PUBLISHED = {P + "backend-type": "host-gw", P + "kube-subnet-manager": "true",
@@ -324,19 +322,6 @@ def test_alloc_flanneld_process_stays_up(ns, tmp_path, monkeypatch):
         daemon.stop()
         api.terminate()
         api.wait(timeout=10)
-
-
-@contextlib.asynccontextmanager
-async def api_in(ns: str):
-    """The API double on this event loop, listening on 127.0.0.1 inside ``ns``."""
-    with Host(ns).entered():  # the socket stays in the namespace; this loop serves it
-        sock = socket.create_server(("127.0.0.1", 0))
-    server = FakeKubeAPI()
-    await server.start(sock=sock)
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 async def test_flanneld_process_survives_its_node_losing_annotations_and_being_deleted(

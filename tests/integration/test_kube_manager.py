@@ -13,67 +13,13 @@ import pytest
 
 from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.kube import manager as kube
-from flannel.subnet.kube.annotations import Annotations
-from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, event_queue_depth, kube_client
+from flannel.subnet.kube.manager import KubeError, event_queue_depth
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 from tests.support.kubeapi import FakeKubeAPI
+from tests.support.kubestore import VXLAN, Follower, P, manager, remote
 from tests.support.waiting import async_wait_until
 
-P = "flannel.alpha.coreos.com/"
-NAMES = Annotations.for_prefix("flannel.alpha.coreos.com")
-VXLAN = LeaseAttrs(public_ip=IPv4Address("10.0.0.1"), backend_type="vxlan",
-                   backend_data='{"VNI":1,"VtepMAC":"0e:00:00:00:00:01"}')
-
 pytestmark = pytest.mark.virtual_time
-
-
-@pytest.fixture
-async def api():
-    server = FakeKubeAPI()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-def manager(api: FakeKubeAPI, tmp_path, config: dict | None = None, node: str = "node1",
-            **kwargs) -> KubeSubnetManager:
-    conf = tmp_path / "net-conf.json"
-    conf.write_text(json.dumps(config or {"Network": "10.244.0.0/16",
-                                          "Backend": {"Type": "vxlan"}}))
-    client = kube_client(api.url, "", {})
-    return KubeSubnetManager(client, node, NAMES, str(conf), keep_backoff=(0.05, 0.5),
-                             **kwargs)
-
-
-def remote(api: FakeKubeAPI, name: str, cidr: str, ip: str, mac: str = "0e:00:00:00:00:02"):
-    return api.put_node(name, [cidr], {
-        P + "kube-subnet-manager": "true", P + "backend-type": "vxlan",
-        P + "backend-data": json.dumps({"VNI": 1, "VtepMAC": mac}), P + "public-ip": ip})
-
-
-class Follower:
-    def __init__(self, sm: KubeSubnetManager, own, config, check=True) -> None:
-        self.watcher = LeaseWatcher(own, config if check else None)
-        self.config = config
-        self.events: list[tuple[EventType, str]] = []
-        self.updates: list = []
-        self.task = asyncio.create_task(self._run(sm))
-
-    async def _run(self, sm):
-        async for update in sm.watch_leases(self.config):
-            self.updates.append(update)
-            self.events += [(e.type, e.lease.key) for e in self.watcher.apply(update).events]
-
-    async def wait_for(self, count: int, timeout: float = 10.0):
-        async def enough():
-            return len(self.events) >= count
-        await async_wait_until(enough, timeout, what=f"{count} events, got {self.events}")
-        return self.events[:count]
-
-    async def stop(self):
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
 
 
 async def test_acquire_from_pod_cidr_publishes_annotations(api, tmp_path):

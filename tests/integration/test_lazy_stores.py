@@ -21,7 +21,8 @@ from pathlib import Path
 from flannel import backend
 from flannel_lab.etcd import EtcdServer
 from tests.support import netns
-from tests.support.flanneld import FLANNELD, Flanneld
+from tests.support.checkout import FLANNELCTL, FLANNELD
+from tests.support.flanneld import Flanneld
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -112,7 +113,7 @@ def test_every_backend_type_is_listed():
 
 
 def test_version_imports_no_store_client_backend_sdk_or_metrics():
-    result = subprocess.run([FLANNELD, "--version"], capture_output=True, text=True,
+    result = subprocess.run([*FLANNELD, "--version"], capture_output=True, text=True,
                             timeout=60, check=True, env={**os.environ, **IMPORT_TRACE})
     modules = imported(result.stderr)
     assert "flannel.cli" in modules  # the probe sees flanneld's own imports
@@ -144,7 +145,7 @@ def test_a_running_etcd_mode_flanneld_loads_its_backend_only_and_metrics_on_firs
             wait_until(lambda: http_get(ns, "http://127.0.0.1:18081/readyz")[0] == 200, 30,
                        what=f"flanneld ready:\n{daemon.log}")
             status = subprocess.run(
-                ["ip", "netns", "exec", ns, str(Path(FLANNELD).with_name("flannelctl")),
+                ["ip", "netns", "exec", ns, *FLANNELCTL,
                  "status", f"--subnet-file={env_file}"], capture_output=True, text=True,
                 timeout=60, env={**os.environ, **IMPORT_TRACE})
             assert status.returncode == 0, status.stderr[-3000:]

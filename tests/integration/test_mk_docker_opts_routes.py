@@ -3,16 +3,13 @@ upstream's script does: after writing its file, it exits 1 naming the route. Run
 network namespace of the test's own, with a real routing table."""
 
 import subprocess
-import sys
-from pathlib import Path
 
 from tests.support import netns
-
-MK_DOCKER_OPTS = str(Path(sys.executable).parent / "mk-docker-opts")
+from tests.support.checkout import MK_DOCKER_OPTS
 
 
 def run_in(ns: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", ns, MK_DOCKER_OPTS, *argv],
+    return subprocess.run(["ip", "netns", "exec", ns, *MK_DOCKER_OPTS, *argv],
                           capture_output=True, text=True, timeout=30, check=False,
                           env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
 

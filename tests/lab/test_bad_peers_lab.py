@@ -17,7 +17,7 @@ from flannel.ipsec import charon
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import ETCD_PREFIX, Lab, in_ns
 from flannel_lab.mesh import start_pings
-from tests.lab.test_identity_hijack_lab import free_key
+from tests.support.labnodes import free_key
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 

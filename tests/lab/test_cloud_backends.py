@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ipaddress
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,12 +22,12 @@ import pytest
 from flannel.kernel.host import Host
 from flannel_lab import vpcrouter
 from flannel_lab.cluster import UNDERLAYS, Lab
+from tests.support.checkout import FLANNEL_LAB
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 NETWORK = "10.244.0.0/16"
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 ROUTER = f"{UNDERLAYS[0][0]}.1"  # the underlay namespace's address on the nodes' bridge
 REGION = "eu-west-1"
 AWS_KEY_ID = "AKIAFLANNELLABKEY001"
@@ -429,7 +428,7 @@ def test_lab_up_with_a_cloud_backend_connects_pods_through_the_vpc_router(make_l
     lab = make_lab()
 
     def lab_cli(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
+        return subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
                                "--name", lab.name, *argv[1:]], capture_output=True, text=True,
                               timeout=300, check=False)
 

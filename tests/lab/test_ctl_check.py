@@ -8,15 +8,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from flannel.ops.commands import script
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import in_ns, ip
+from tests.support.checkout import FLANNELCTL
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 ALL_PAIRS = {(f"n{a}", f"n{b}") for a in (1, 2, 3) for b in (1, 2, 3) if a != b}
 
@@ -30,7 +30,7 @@ def lab3(make_lab):
 
 
 def check_lab(lab, *extra: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([FLANNELCTL, "check", "--lab", lab.name, "--lab-root",
+    proc = subprocess.run([*FLANNELCTL, "check", "--lab", lab.name, "--lab-root",
                            str(lab.directory.parent), "--count=2", "--timeout=1", *extra],
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.stderr == "", proc.stderr
@@ -92,7 +92,7 @@ def test_every_pair_answers_then_a_dropped_vxlan_port_names_the_pairs_it_cuts(la
             "firewall, 192.168.111.13 on the underlay and VXLAN on UDP 8472, telling a node "
             "that is down from a blocked port; then on the node 192.168.111.13")
         assert failing[2] == (
-            f"    n1: ip netns exec {lab3.node_ns(1)} {FLANNELCTL} doctor "
+            f"    n1: ip netns exec {lab3.node_ns(1)} {script('flannelctl')} doctor "
             f"--etcd-endpoints={lab3.state.etcd_endpoint} "
             f"--subnet-file={lab3.node(1).subnet_file}")
     finally:
@@ -114,7 +114,7 @@ def test_an_entry_flanneld_has_not_programmed_is_not_a_timeout(lab3):
                          ("n1", "n3"): "not-programmed", ("n2", "n1"): "timeout",
                          ("n3", "n1"): "timeout"}
         proc = subprocess.run(
-            ["ip", "netns", "exec", node1.netns, FLANNELCTL, "check",
+            ["ip", "netns", "exec", node1.netns, *FLANNELCTL, "check",
              f"--etcd-endpoints={lab3.state.etcd_endpoint}",
              f"--subnet-file={node1.subnet_file}", "--count=2"],
             capture_output=True, text=True, timeout=60, check=False)

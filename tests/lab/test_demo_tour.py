@@ -7,24 +7,23 @@ import ipaddress
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flannel.lease import LeaseAttrs
 from flannel_lab.cluster import Lab, in_ns, ip
-from tests.lab.test_lab_cli import netns_names
+from tests.support.checkout import FLANNEL_LAB
+from tests.support.netns import netns_names
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 DEVICE = "flannel.100"
 MAC = r"[0-9a-f]{2}(?::[0-9a-f]{2}){5}"
 
 
 def run(lab: Lab, command: str, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), command,
+    return subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), command,
                            "--name", lab.name, *argv], capture_output=True, text=True,
                           timeout=300, check=False)
 

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,8 @@ import pytest
 from flannel.cni.install import install_conflist, install_plugin
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import in_ns, ip, sysctl
+from tests.support.checkout import FLANNELCTL
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 
 
@@ -44,7 +43,7 @@ def doctor(lab, index: int, *extra: str) -> tuple[int, list[dict]]:
     node = lab.node(index)
     cni_bin, cni_conf = lab.cni_dirs
     proc = subprocess.run(
-        ["ip", "netns", "exec", node.netns, FLANNELCTL, "doctor", "--json",
+        ["ip", "netns", "exec", node.netns, *FLANNELCTL, "doctor", "--json",
          f"--etcd-endpoints={lab.state.etcd_endpoint}", f"--subnet-file={node.subnet_file}",
          f"--cni-bin-dir={cni_bin}", f"--cni-conf-dir={cni_conf}", *extra],
         capture_output=True, text=True, timeout=60, check=False)
@@ -233,7 +232,7 @@ def test_unreachable_store(lab2):
     node = lab2.node(1)
     cni_bin, cni_conf = lab2.cni_dirs
     proc = subprocess.run(
-        ["ip", "netns", "exec", node.netns, FLANNELCTL, "doctor",
+        ["ip", "netns", "exec", node.netns, *FLANNELCTL, "doctor",
          "--etcd-endpoints=http://127.0.0.1:9", f"--subnet-file={node.subnet_file}",
          f"--cni-bin-dir={cni_bin}", f"--cni-conf-dir={cni_conf}"],
         capture_output=True, text=True, timeout=60, check=False)

@@ -11,16 +11,15 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Callable, Iterator
-from ipaddress import IPv4Address
 
 import pytest
 
 from flannel.kernel.host import Host
-from flannel.udp.packet import checksum
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import UNDERLAYS, Lab, in_ns, ip
-from tests.lab.test_metrics_status import HEALTH, scrape
 from tests.support import netns
+from tests.support.encapframes import inner_udp, pod_socket, vxlan_frame
+from tests.support.labnodes import HEALTH, metric, vtep_mac
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -29,8 +28,6 @@ pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 NETWORK = "10.244.0.0/16"
 ARGS = ("--healthz-port=8081", "--iptables-resync=1")
 ROGUE = f"{UNDERLAYS[0][0]}.200"
-POD_PORT = 9999
-VNI = 1
 
 
 @pytest.fixture
@@ -58,37 +55,12 @@ def rogue_host() -> Iterator[Callable[[Lab], str]]:
             netns.delete(rogue)
 
 
-def inner_udp(src: str, dst: str, payload: bytes) -> bytes:
-    """An IPv4 UDP packet (UDP checksum 0: none, as IPv4 allows)."""
-    udp = (1234).to_bytes(2, "big") + POD_PORT.to_bytes(2, "big") + \
-        (8 + len(payload)).to_bytes(2, "big") + b"\0\0" + payload
-    header = bytearray(b"\x45\x00" + (20 + len(udp)).to_bytes(2, "big") + b"\0\0\0\0\x40\x11"
-                       b"\0\0" + IPv4Address(src).packed + IPv4Address(dst).packed)
-    header[10:12] = checksum(header).to_bytes(2, "big")
-    return bytes(header) + udp
-
-
-def vxlan_frame(dst_mac: str, packet: bytes) -> bytes:
-    header = b"\x08\0\0\0" + VNI.to_bytes(3, "big") + b"\0"
-    ethernet = bytes.fromhex(dst_mac.replace(":", "")) + bytes.fromhex("020000000099") + \
-        b"\x08\x00"
-    return header + ethernet + packet
-
-
 def send_from(rogue: str, target: str, port: int, data: bytes) -> None:
     with Host(rogue).entered():
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with sock:
         sock.bind((ROGUE, 0))
         sock.sendto(data, (target, port))
-
-
-def pod_socket(pod_netns: str) -> socket.socket:
-    with Host(pod_netns).entered():
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("0.0.0.0", POD_PORT))
-    sock.settimeout(0.2)
-    return sock
 
 
 def arrives(listener: socket.socket, send: Callable[[], None], payload: bytes,
@@ -105,18 +77,6 @@ def arrives(listener: socket.socket, send: Callable[[], None], payload: bytes,
         except TimeoutError:
             continue
     return False
-
-
-def metric(lab: Lab, index: int, name: str, **labels: str) -> float | None:
-    """A sample of node ``index``'s /metrics; None while it does not answer (starting)."""
-    if http_get(lab.node_ns(index), f"{HEALTH}/metrics")[0] != 200:
-        return None
-    return scrape(lab, index).get((name, tuple(sorted(labels.items()))))
-
-
-def vtep_mac(lab: Lab, index: int) -> str:
-    return json.loads(ip(lab.node_ns(index), "-j", "link", "show", "flannel.1").stdout)[0][
-        "address"]
 
 
 def peers_in_filter(lab: Lab, index: int) -> set[str]:

@@ -7,19 +7,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from flannel_lab import extension
 from flannel_lab.cli import build
 from flannel_lab.cluster import Lab, Pod, in_ns, ip
+from tests.support.checkout import FLANNEL_LAB
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 
 
 def config(lab: Lab) -> dict[str, object]:
@@ -89,7 +87,7 @@ def test_scripts_build_an_overlay_that_follows_nodes_joining_and_leaving(make_la
 
 def test_flannel_lab_up_with_the_extension_backend(make_lab):
     lab = make_lab()
-    result = subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), "up", "--name",
+    result = subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), "up", "--name",
                              lab.name, "--nodes", "2", "--backend", "extension",
                              "--pods-per-node", "1"], capture_output=True, text=True,
                             timeout=180, check=False)
@@ -99,7 +97,7 @@ def test_flannel_lab_up_with_the_extension_backend(make_lab):
     backend = json.loads(recorded.etcdctl("get", "--print-value-only",
                                           "/coreos.com/network/config"))["Backend"]
     assert backend == extension.backend_section(recorded)
-    pinged = subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), "ping",
+    pinged = subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), "ping",
                              "--name", lab.name], capture_output=True, text=True, timeout=120,
                             check=False)
     assert pinged.returncode == 0 and "FAIL" not in pinged.stdout, pinged.stdout

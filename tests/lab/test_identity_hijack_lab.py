@@ -21,7 +21,7 @@ from flannel.kernel.host import Host
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import ETCD_PREFIX, Lab, ip
 from flannel_lab.mesh import start_pings
-from tests.lab.test_wireguard_lab import wg
+from tests.support.labnodes import free_key, wg
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -54,12 +54,6 @@ def backend_data(lab: Lab, index: int) -> str:
     """What node ``index`` publishes as its BackendData (from its lease in etcd)."""
     value = json.loads(lab.leases()[lab.lease_key(index)])
     return json.dumps(value["BackendData"], separators=(",", ":"))
-
-
-def free_key(lab: Lab) -> str:
-    """A subnet key no lease holds (etcd mode picks the nodes' subnets by hashing)."""
-    taken = set(lab.leases())
-    return next(f"10.244.{n}.0-24" for n in range(200, 255) if f"10.244.{n}.0-24" not in taken)
 
 
 def fdb_dst(lab: Lab, index: int, mac: str) -> set[str]:

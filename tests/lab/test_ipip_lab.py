@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, ip
+from tests.support.checkout import FLANNEL_LAB
 from tests.support.ipip import missing_ipip
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +102,7 @@ def test_direct_routing_keeps_same_segment_peers_off_the_tunnel(make_lab):
 
 def test_flannel_lab_up_with_the_ipip_backend(make_lab):
     lab = make_lab()
-    result = subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), "up", "--name",
+    result = subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), "up", "--name",
                              lab.name, "--nodes", "3", "--backend", "ipip"],
                             capture_output=True, text=True, timeout=180, check=False)
     assert result.returncode == 0, result.stderr

@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from ipaddress import IPv4Network, ip_address
 from pathlib import Path
@@ -29,7 +28,8 @@ from flannel.kernel.host import Host
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import ETCD_PREFIX, Lab, in_ns
 from flannel_lab.mesh import start_pings
-from tests.lab.test_wireguard_lab import Capture, ip_packet
+from tests.support.capture import Capture, ip_packet
+from tests.support.checkout import FLANNELCTL
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -48,7 +48,6 @@ CONFIG = {"Network": str(NETWORK), "Backend": {"Type": "ipsec", "PSK": PSK_A}}
 HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=10280")
 PATTERN = "f1a77e1ddeadc0de"
 IKE_PORTS = {500, 4500}
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 
 
 def session(lab: Lab, index: int) -> Any:
@@ -278,7 +277,7 @@ def in_node(lab: Lab, index: int, *cmd: str) -> subprocess.CompletedProcess:
 
 def doctor_ipsec(lab: Lab, index: int) -> list[dict]:
     node = lab.node(index)
-    proc = in_node(lab, index, FLANNELCTL, "doctor", "--json",
+    proc = in_node(lab, index, *FLANNELCTL, "doctor", "--json",
                    f"--etcd-endpoints={lab.state.etcd_endpoint}",
                    f"--subnet-file={node.subnet_file}")
     return [f for f in json.loads(proc.stdout)["findings"] if f["check"] in ("backend", "engine")]
@@ -301,7 +300,7 @@ def test_doctor_names_a_peer_without_an_sa_and_cleanup_stops_our_charon(make_lab
     assert in_node(lab, 2, "ip", *foreign, "12", "mode", "tunnel").returncode == 0
     options = ("--run-dir", "/run", "--cni-bin-dir", "/nonexistent", "--cni-conf-dir",
                "/nonexistent")
-    dry = in_node(lab, 2, FLANNELCTL, "cleanup", "--dry-run", *options)
+    dry = in_node(lab, 2, *FLANNELCTL, "cleanup", "--dry-run", *options)
     listed = [line.removeprefix("would remove: ") for line in dry.stdout.splitlines()
               if line.startswith("would remove: ")]
     assert (f"charon process {pid} (started by flanneld's ipsec backend; its SAs, TUN device "
@@ -311,7 +310,7 @@ def test_doctor_names_a_peer_without_an_sa_and_cleanup_stops_our_charon(make_lab
             in listed)
     assert not [line for line in listed if "10.9.1.0" in line]
     assert charon.process_conf(pid) is not None  # a dry run changes nothing
-    done = in_node(lab, 2, FLANNELCTL, "cleanup", *options)
+    done = in_node(lab, 2, *FLANNELCTL, "cleanup", *options)
     assert done.returncode == 0, done.stdout + done.stderr
     assert charon.process_conf(pid) is None
     assert "ipsec0" not in in_node(lab, 2, "ip", "-br", "link").stdout

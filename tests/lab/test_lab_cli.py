@@ -8,32 +8,26 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from flannel.ops.commands import script
 from flannel_lab.cli import build
 from flannel_lab.cluster import Lab
+from tests.support.checkout import FLANNEL_LAB
+from tests.support.netns import netns_names
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
-
 
 def lab_cli(lab: Lab, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
+    return subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
                            "--name", lab.name, *argv[1:]], capture_output=True, text=True,
                           timeout=120, check=False)
-
-
-def netns_names() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20,
-                         check=True).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
 def alive(pid: int) -> bool:
@@ -61,9 +55,9 @@ def test_up_on_an_existing_lab_refuses_and_leaves_it_running(make_lab):
 
     again = lab_cli(lab, "up", "--nodes", "1")
     assert again.returncode == 1
+    lab_command = f"{script('flannel-lab')} --root {lab.directory.parent}"
     assert again.stderr == (f"flannel-lab: lab {lab.name} already exists ({lab.directory}); it "
-                            f"is left as it is: '{FLANNEL_LAB} --root {lab.directory.parent} "
-                            f"down --name {lab.name}' removes "
+                            f"is left as it is: '{lab_command} down --name {lab.name}' removes "
                             "it\n")
     after = recorded(lab)
     assert after.state == before
@@ -74,7 +68,7 @@ def test_up_on_an_existing_lab_refuses_and_leaves_it_running(make_lab):
     ping = lab_cli(lab, "ping")
     assert (ping.returncode, ping.stdout) == (0, (
         f"==> lab {lab.name} uses the alloc backend, which programs no data path: nothing to "
-        f"ping; '{FLANNEL_LAB} --root {lab.directory.parent} status --name {lab.name}' shows "
+        f"ping; '{lab_command} status --name {lab.name}' shows "
         "the leases\n"))
 
 
@@ -166,7 +160,7 @@ def test_bad_config_is_refused_before_anything_is_built(make_lab, tmp_path):
     assert (result.returncode, result.stderr) == (2, (
         f"flannel-lab: --config: cannot read {tmp_path / 'missing.json'}: No such file or "
         "directory; give the JSON text, or a path to a readable file holding it\n"))
-    help_text = " ".join(subprocess.run([FLANNEL_LAB, "up", "--help"], capture_output=True,
+    help_text = " ".join(subprocess.run([*FLANNEL_LAB, "up", "--help"], capture_output=True,
                                         text=True, timeout=60, check=True).stdout.split())
     assert "the JSON text, or a file holding it (a path, or @path)" in help_text
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -18,19 +17,17 @@ import pytest
 from flannel.monitor.localsock import connect
 from flannel_lab.cli import main as lab_main
 from flannel_lab.cluster import Lab
-
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
+from tests.support.checkout import FLANNEL_LAB, FLANNELCTL
 
 
 def lab_cli(lab: Lab, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
+    return subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), argv[0],
                            "--name", lab.name, *argv[1:]], capture_output=True, text=True,
                           timeout=180, check=False)
 
 
 def in_node(lab: Lab, index: int, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", lab.node_ns(index), FLANNELCTL, *argv],
+    return subprocess.run(["ip", "netns", "exec", lab.node_ns(index), *FLANNELCTL, *argv],
                           capture_output=True, text=True, timeout=60, check=False)
 
 

@@ -13,24 +13,22 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from flannel.ops.commands import script
 from flannel_lab.cluster import Lab
+from tests.support.checkout import FLANNEL_LAB, FLANNELCTL
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-BIN = Path(sys.executable).parent
-FLANNEL_LAB = str(BIN / "flannel-lab")
-FLANNELCTL = str(BIN / "flannelctl")
 
 
 def lab_argv(lab: Lab, verb: str, *argv: str) -> list[str]:
-    return [FLANNEL_LAB, "--root", str(lab.directory.parent), verb, "--name", lab.name, *argv]
+    return [*FLANNEL_LAB, "--root", str(lab.directory.parent), verb, "--name", lab.name, *argv]
 
 
 def lab_cli(lab: Lab, verb: str, *argv: str) -> subprocess.CompletedProcess:
@@ -113,7 +111,7 @@ def lab2(make_lab):
 
 
 def in_node(lab: Lab, index: int, *argv: str) -> list[str]:
-    return ["ip", "netns", "exec", lab.node_ns(index), FLANNELCTL, *argv]
+    return ["ip", "netns", "exec", lab.node_ns(index), *FLANNELCTL, *argv]
 
 
 def test_every_verb_whose_output_is_closed_ends_in_one_line(lab2, tmp_path):
@@ -165,7 +163,8 @@ def test_status_names_a_node_whose_flanneld_is_gone_and_restart_brings_it_back(l
     gone = lab.node(2).pid
     os.kill(gone, signal.SIGKILL)
     wait_until(lambda: not running(gone), 15, what="node 2's flanneld gone")
-    restart = f"{FLANNEL_LAB} --root {lab.directory.parent} restart --node 2 --name {lab.name}"
+    restart = (f"{script('flannel-lab')} --root {lab.directory.parent} restart --node 2 "
+               f"--name {lab.name}")
 
     status = lab_cli(lab, "status")
     assert status.returncode == 1

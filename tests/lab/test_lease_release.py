@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from flannel.ops.parsers import RELEASE_EFFECT
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.mesh import peer_routes
+from tests.support.checkout import FLANNEL_LAB, FLANNELCTL
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 REVOKED = "Lease has been revoked. Shutting down daemon."
 
 
@@ -38,7 +35,7 @@ def exit_status(pid: int, timeout: float) -> int:
 
 
 def in_node(lab, index: int, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", lab.node_ns(index), FLANNELCTL, *argv],
+    return subprocess.run(["ip", "netns", "exec", lab.node_ns(index), *FLANNELCTL, *argv],
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -71,7 +68,7 @@ def test_release_says_what_flanneld_then_does(make_lab, reserved):
     assert "takes the subnet its subnet.env names once more, as a new lease that expires " \
            "unless renewed (a reservation is not restored)" in RELEASE_EFFECT
 
-    restarted = subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), "restart",
+    restarted = subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), "restart",
                                 "--name", lab.name, "--node", "1"], capture_output=True,
                                text=True, timeout=120, check=False)
     assert restarted.returncode == 0, restarted

@@ -12,33 +12,23 @@ from __future__ import annotations
 import ipaddress
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import in_ns
+from tests.support.checkout import FLANNELCTL
+from tests.support.labnodes import HEALTH, scrape
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
-HEALTH = "http://127.0.0.1:8081"
 # A 62 s lease with the shortest margin (1 min) is renewed every ~2 s; rules every second.
 # The health server listens on every address (the default --healthz-ip), as deployed.
 ARGS = ("--reconcile-interval=300", "--healthz-port=8081", "--subnet-lease-ttl=62s",
         "--subnet-lease-renew-margin=1", "--iptables-resync=1")
-
-
-def scrape(lab, index: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    code, body = http_get(lab.node_ns(index), f"{HEALTH}/metrics")
-    assert code == 200, body
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(body) for s in family.samples}
 
 
 def metric(lab, index: int, name: str, **labels: str) -> float | None:
@@ -51,7 +41,7 @@ def wait_metric(lab, index: int, name: str, at_least: float, **labels: str) -> N
 
 
 def status(lab, index: int) -> dict:
-    result = subprocess.run(["ip", "netns", "exec", lab.node_ns(index), FLANNELCTL, "status",
+    result = subprocess.run(["ip", "netns", "exec", lab.node_ns(index), *FLANNELCTL, "status",
                              "--json", f"--health-url={HEALTH}"],
                             capture_output=True, text=True, timeout=30, check=False)
     assert result.stderr == "", result.stderr

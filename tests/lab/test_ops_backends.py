@@ -10,22 +10,19 @@ import json
 import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from flannel.ipsec import charon
+from flannel.ops.commands import script
 from flannel_lab.cluster import Lab, in_ns
+from tests.support.checkout import FLANNEL_LAB, FLANNELCTL
 from tests.support.matrix import LabSpec, Matrix
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-BIN = Path(sys.executable).parent
-FLANNELCTL = str(BIN / "flannelctl")
-FLANNEL_LAB = str(BIN / "flannel-lab")
 # A root shell's PATH: the virtualenv's bin directory is not on it.
 USER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "LANG": "C.UTF-8"}
@@ -38,14 +35,14 @@ def run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
 
 def up(make_lab: Callable[[], Lab], backend: str) -> Lab:
     lab = make_lab()
-    proc = run([FLANNEL_LAB, "--root", str(lab.directory.parent), "up", "--name", lab.name,
+    proc = run([*FLANNEL_LAB, "--root", str(lab.directory.parent), "up", "--name", lab.name,
                 "--backend", backend, "--nodes", "2"], timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return Lab(lab.name, root=lab.directory.parent)
 
 
 def check_lab(lab: Lab, *extra: str) -> subprocess.CompletedProcess:
-    proc = run([FLANNELCTL, "check", "--lab", lab.name, "--lab-root",
+    proc = run([*FLANNELCTL, "check", "--lab", lab.name, "--lab-root",
                 str(lab.directory.parent), "--count=3", "--timeout=1", *extra])
     assert proc.stderr == "", proc.stderr
     return proc
@@ -61,7 +58,7 @@ def matrix(lab: Lab) -> dict:
 def doctor_command(lab: Lab, index: int) -> list[str]:
     """The doctor command ``check --lab`` prints for a node."""
     node = lab.node(index)
-    return ["ip", "netns", "exec", node.netns, FLANNELCTL, "doctor",
+    return ["ip", "netns", "exec", node.netns, *FLANNELCTL, "doctor",
             f"--etcd-endpoints={lab.state.etcd_endpoint}", f"--subnet-file={node.subnet_file}"]
 
 
@@ -145,7 +142,7 @@ def test_a_healthy_lab_is_reported_healthy(make_lab, backend):
                                "the flannel plugin: containers on this node do not get their "
                                "network through CNI")
     assert lines[2] == (f"   fix: for CNI: install the containernetworking plugins and run "
-                        f"{FLANNELCTL} install-cni")
+                        f"{script('flannelctl')} install-cni")
     rest = lines[3:]
     if unchecked:  # what its kernel cannot show is said, not passed over
         assert rest[0].startswith("2. [info] routes: not checked: what carries each peer, "
@@ -176,7 +173,7 @@ def vxlan_checksum_still_warned_for_a_foreign_random_masquerade(lab: Lab) -> Non
     assert findings[0]["what"].startswith(
         "flannel.1 offloads the UDP checksum (tx-checksum-ip-generic on) while this node has "
         "masquerade rules with fully-random")
-    assert findings[0]["fix"].startswith(f"{FLANNELCTL} doctor --fix-checksum-offload")
+    assert findings[0]["fix"].startswith(f"{script('flannelctl')} doctor --fix-checksum-offload")
 
 
 def hostgw_leases_are_listed_by_address(lab: Lab) -> None:
@@ -185,7 +182,7 @@ def hostgw_leases_are_listed_by_address(lab: Lab) -> None:
     free = [ipaddress.ip_network(f"10.244.{n}.0/24") for n in (9, 100, 20)]
     assert not taken & set(free)
     endpoint = f"--etcd-endpoints={lab.state.etcd_endpoint}"
-    here = ["ip", "netns", "exec", lab.node_ns(1), FLANNELCTL, "leases"]  # etcd is the lab's
+    here = ["ip", "netns", "exec", lab.node_ns(1), *FLANNELCTL, "leases"]  # etcd is the lab's
     for net, public in zip(free, ("192.168.111.31", "192.168.111.32", "192.168.111.33"),
                            strict=True):
         proc = run([*here, "reserve", str(net), f"--public-ip={public}", endpoint])
@@ -224,7 +221,7 @@ def wireguard_printed_command_works_and_cleanup_keeps_to_the_node(lab: Lab) -> N
     # cleanup in the node lists only the node's own things: the host's /run and CNI
     # directories are not the node's, and its own files are found under its --run-dir.
     node = lab.node(1)
-    proc = run(["ip", "netns", "exec", node.netns, FLANNELCTL, "cleanup", "--dry-run",
+    proc = run(["ip", "netns", "exec", node.netns, *FLANNELCTL, "cleanup", "--dry-run",
                 "--force"])
     assert (proc.returncode, proc.stderr) == (0, "")
     lines = proc.stdout.splitlines()
@@ -237,7 +234,7 @@ def wireguard_printed_command_works_and_cleanup_keeps_to_the_node(lab: Lab) -> N
     pid = next(line for line in lines if "wireguard-go process" in line)
     assert pid.endswith("serving flannel-wg (its device goes with it)")
     run_dir = lab.node_run_dir(1)
-    proc = run(["ip", "netns", "exec", node.netns, FLANNELCTL, "cleanup", "--dry-run",
+    proc = run(["ip", "netns", "exec", node.netns, *FLANNELCTL, "cleanup", "--dry-run",
                 "--force", f"--run-dir={run_dir}", f"--subnet-file={node.subnet_file}"])
     files = [line.removeprefix("would remove: file ") for line in proc.stdout.splitlines()
              if line.startswith("would remove: file ")]
@@ -249,7 +246,7 @@ def alivpc_cleanup_takes_nothing_of_the_cloud(lab: Lab) -> None:
     """The backend's routes are in the VPC's table: on the node, cleanup finds no device and
     no route of it, only subnet.env and the --ip-masq chains every backend leaves."""
     node = lab.node(1)
-    proc = run(["ip", "netns", "exec", node.netns, FLANNELCTL, "cleanup", "--dry-run",
+    proc = run(["ip", "netns", "exec", node.netns, *FLANNELCTL, "cleanup", "--dry-run",
                 "--force", f"--run-dir={lab.node_run_dir(1)}",
                 f"--subnet-file={node.subnet_file}"])
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stdout

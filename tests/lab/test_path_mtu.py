@@ -24,19 +24,18 @@ import importlib.util
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flannel.ipsec import charon
 from flannel_lab.cluster import Lab, Pod, ip
+from tests.support.checkout import FLANNEL_LAB
 from tests.support.ipip import missing_ipip
 from tests.support.traffic import DfPing, df_ping
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 
 needs_wireguard = pytest.mark.skipif(
     shutil.which("wg") is None or (shutil.which("wireguard-go") is None
@@ -72,7 +71,7 @@ LABS = [
 def lab_up(lab: Lab, backend: str, options: tuple[str, ...]) -> Lab:
     """The lab ``flannel-lab up`` builds: two nodes, a pod on each; read back from its
     state (the make_lab fixture removes it)."""
-    up = subprocess.run([FLANNEL_LAB, "--root", str(lab.directory.parent), "up", "--name",
+    up = subprocess.run([*FLANNEL_LAB, "--root", str(lab.directory.parent), "up", "--name",
                          lab.name, "--backend", backend, "--nodes", "2", "--pods-per-node",
                          "1", *options], capture_output=True, text=True, timeout=170,
                         check=False)

@@ -19,14 +19,9 @@ from flannel.ipsec import charon
 from flannel.kernel.host import Host
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, Pod, in_ns
-from tests.lab.test_encap_filter_lab import (
-    inner_udp,
-    metric,
-    pod_socket,
-    vtep_mac,
-    vxlan_frame,
-)
-from tests.lab.test_wireguard_lab import Capture, ip_packet
+from tests.support.capture import Capture, ip_packet
+from tests.support.encapframes import inner_udp, pod_socket, vxlan_frame
+from tests.support.labnodes import metric, vtep_mac
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

@@ -30,6 +30,7 @@ import pytest
 from flannel.cni.install import install_conflist
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, in_ns, ip
+from tests.support.checkout import FLANNELCTL
 from tests.support.traffic import http_get
 from tests.support.udpstream import Flow, UdpMesh
 from tests.support.waiting import wait_until
@@ -37,7 +38,6 @@ from tests.support.waiting import wait_until
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
 ROOT = Path(__file__).resolve().parents[2]
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
 HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=8081")
 NODES = (1, 2, 3)
@@ -65,7 +65,7 @@ def kernel_state(lab: Lab, index: int) -> dict[str, list[str]]:
 
 def ctl(lab: Lab, index: int, *args: str, env: dict[str, str] | None = None
         ) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", lab.node_ns(index), FLANNELCTL, *args],
+    return subprocess.run(["ip", "netns", "exec", lab.node_ns(index), *FLANNELCTL, *args],
                           capture_output=True, text=True, timeout=60, check=False,
                           env=env)
 

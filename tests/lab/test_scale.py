@@ -7,15 +7,14 @@ from __future__ import annotations
 import ipaddress
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 from flannel.kernel import rtnl
 from flannel.kernel.host import Host
 from flannel_lab.cluster import Lab
 from flannel_lab.mesh import MAIN_TABLE, peer_routes, start_nodes, start_pings, wait_full_mesh
+from tests.support.checkout import FLANNEL_LAB
 
-FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 NODES, CHURN = 20, 3
 
 
@@ -36,7 +35,7 @@ def subnet(lab: Lab, index: int) -> str:
 def test_twenty_nodes_mesh_then_churn_loses_no_ping_between_the_others(make_lab):
     named = make_lab()  # the fixture removes what the flannel-lab process records
     name, root = named.name, named.directory.parent
-    up = subprocess.run([FLANNEL_LAB, "--root", str(root), "up", "--name", name, "--nodes",
+    up = subprocess.run([*FLANNEL_LAB, "--root", str(root), "up", "--name", name, "--nodes",
                          str(NODES)], capture_output=True, text=True, timeout=150, check=False)
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr
     assert f"==> flanneld started on {NODES}/{NODES} nodes" in up.stdout

@@ -12,20 +12,17 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from ipaddress import IPv4Network, IPv6Network, ip_address
 
 import pytest
 
-from flannel.kernel import nsexec
-from flannel.kernel.host import Host
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, in_ns
 from flannel_lab.mesh import start_pings, wireguard_peers
+from tests.support.capture import Capture, ip_packet
+from tests.support.labnodes import wg
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -45,14 +42,6 @@ HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=10280")
 # The payload of every ping of the matrix: it must never be seen on the underlay.
 PATTERN = "f1a77e1ddeadc0de"
 PORTS = {51820, 51821}
-ETH_P_ALL = 0x0003
-
-
-def wg(lab: Lab, index: int, *args: str) -> str:
-    """``wg`` in node ``index``'s view (its namespace and its /run)."""
-    cmd = nsexec.command(["wg", *args], Host(lab.node_ns(index)), lab.node_run_dir(index))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30,
-                          check=True).stdout
 
 
 def peers(lab: Lab, index: int, device: str = "flannel-wg") -> dict[str, dict[str, str]]:
@@ -81,56 +70,6 @@ def wireguard_go_pids(lab: Lab, index: int) -> set[int]:
         if (net.st_ino, net.st_dev) == (target.st_ino, target.st_dev) and comm == "wireguard-go":
             pids.add(int(entry))
     return pids
-
-
-class Capture:
-    """Every frame crossing the underlay namespace's interfaces (a raw AF_PACKET socket:
-    tcpdump is not installed here), read by a thread until ``stop``."""
-
-    def __init__(self, netns: str) -> None:
-        with Host(netns).entered():
-            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW,
-                                      socket.htons(ETH_P_ALL))
-        self.sock.settimeout(0.2)
-        self.frames: list[bytes] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
-
-    def _read(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.frames.append(self.sock.recv(65535))
-            except TimeoutError:
-                continue
-
-    def stop(self) -> list[bytes]:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
-        return self.frames
-
-
-def ip_packet(frame: bytes) -> tuple[str, str, int, int, int] | None:
-    """(source, destination, protocol, source port, destination port) of an IP frame."""
-    ethertype = int.from_bytes(frame[12:14], "big")
-    if ethertype == 0x0800:
-        header = frame[14:]
-        length = (header[0] & 0x0F) * 4
-        proto, src, dst = header[9], header[12:16], header[16:20]
-        l4 = header[length:]
-    elif ethertype == 0x86DD:
-        header = frame[14:]
-        proto, src, dst = header[6], header[8:24], header[24:40]
-        l4 = header[40:]
-    else:
-        return None
-    sport = dport = 0
-    if proto == 17 and len(l4) >= 4:
-        sport, dport = int.from_bytes(l4[0:2], "big"), int.from_bytes(l4[2:4], "big")
-    elif proto == 58 and l4:
-        sport = l4[0]  # the ICMPv6 type
-    return str(ip_address(src)), str(ip_address(dst)), proto, sport, dport
 
 
 def readyz(lab: Lab, index: int) -> tuple[int, str]:

@@ -1,5 +1,7 @@
-"""Runs the installed ``flanneld`` console script as a real process, optionally in a netns
-and with a private ``/run`` (``run_dir``, as a lab node has)."""
+"""Runs this checkout's ``flanneld`` (tests/support/checkout.py) as a real process, optionally
+in a netns and with a private ``/run`` (``run_dir``, as a lab node has); the ``node`` fixture
+(a host namespace with its own etcd, tests/integration/conftest.py) and ``flanneld(...)``, a
+daemon on it for the etcd store at ``PREFIX``."""
 
 from __future__ import annotations
 
@@ -7,18 +9,20 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
+from flannel_lab.etcd import EtcdServer
+from tests.support import netns
+from tests.support.checkout import FLANNELD
 from tests.support.waiting import wait_until
-
-FLANNELD = str(Path(sys.executable).parent / "flanneld")
 
 
 class Flanneld:
-    """``command``: what runs instead of the console script (e.g. ``python -c`` with a fault
+    """``command``: what runs instead of flanneld (e.g. ``python -c`` with a fault
     injected before flanneld's ``main``), given the same arguments."""
 
     def __init__(self, workdir: Path, args: list[str], netns: str | None = None,
@@ -28,7 +32,7 @@ class Flanneld:
                  command: list[str] | None = None) -> None:
         self.workdir = workdir
         self.run_dir = run_dir
-        self.command = command or [FLANNELD]
+        self.command = command or [*FLANNELD]
         self.env = env
         self.args = args
         self.netns = netns
@@ -86,3 +90,30 @@ class Flanneld:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+PREFIX = "/coreos.com/network"
+
+
+CONFIG = {"Network": "10.5.0.0/16", "Backend": {"Type": "alloc"}}
+
+
+@pytest.fixture
+def node(ns, tmp_path):
+    """A host: veth0 with 10.99.0.2-4/24 and a default route, and a real etcd inside."""
+    netns.ip("link", "add", "veth0", "type", "veth", "peer", "name", "veth1", netns=ns)
+    for address in ("10.99.0.2/24", "10.99.0.3/24", "10.99.0.4/24"):
+        netns.ip("addr", "add", address, "dev", "veth0", netns=ns)
+    netns.ip("link", "set", "veth0", "up", netns=ns)
+    netns.ip("link", "set", "veth1", "up", netns=ns)
+    netns.ip("route", "add", "default", "via", "10.99.0.1", "dev", "veth0", netns=ns)
+    with EtcdServer(tmp_path / "etcd", netns=ns) as server:
+        yield ns, server
+
+
+def flanneld(tmp_path: Path, ns: str, server: EtcdServer, *extra: str, name: str = "flanneld",
+             subnet_file: Path | None = None, command: list[str] | None = None) -> Flanneld:
+    subnet_file = subnet_file or tmp_path / name / "subnet.env"
+    return Flanneld(tmp_path, [f"--etcd-endpoints={server.endpoint}",
+                               f"--subnet-file={subnet_file}", *extra], netns=ns, name=name,
+                    command=command)

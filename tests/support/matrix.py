@@ -19,15 +19,14 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BIN = Path(sys.executable).parent
-FLANNELCTL = str(BIN / "flannelctl")
+from tests.support.checkout import FLANNELCTL
+
 ETCD_PREFIX = "/coreos.com/network"
 #: Seconds each doctor probe and each check echo waits: the lab answers in a millisecond.
 PROBE_TIMEOUT = 0.5
@@ -143,7 +142,7 @@ class Matrix:
 
     def doctor(self, index: int) -> tuple[int, list[dict[str, str]]]:
         node = self.node(index)
-        proc = self.run_in(index, FLANNELCTL, "doctor", "--json",
+        proc = self.run_in(index, *FLANNELCTL, "doctor", "--json",
                            f"--etcd-endpoints={self.endpoint}",
                            f"--subnet-file={node.subnet_file}",  # type: ignore[attr-defined]
                            f"--probe-timeout={PROBE_TIMEOUT}",
@@ -156,7 +155,7 @@ class Matrix:
 
     def check(self, index: int = 1) -> dict[str, object]:
         node = self.node(index)
-        proc = self.run_in(index, FLANNELCTL, "check", "--json",
+        proc = self.run_in(index, *FLANNELCTL, "check", "--json",
                            f"--etcd-endpoints={self.endpoint}",
                            f"--subnet-file={node.subnet_file}",  # type: ignore[attr-defined]
                            "--count=2", "--interval=0.1", f"--timeout={PROBE_TIMEOUT}",
@@ -175,7 +174,7 @@ class Matrix:
 
     def refused(self, index: int) -> dict[str, str]:
         """Lease key -> kind of what node ``index``'s flanneld refuses now (its /status)."""
-        proc = self.run_in(index, FLANNELCTL, "status", "--json", check=False)
+        proc = self.run_in(index, *FLANNELCTL, "status", "--json", check=False)
         peers = json.loads(proc.stdout).get("peers") or {} if proc.stdout else {}
         return dict(peers.get("refused_kinds") or {})
 
@@ -246,12 +245,12 @@ RESERVED_FOR = "192.168.111.99"
 
 
 def _reserve(m: Matrix, _c: Cell) -> None:
-    m.run_in(1, FLANNELCTL, "leases", "reserve", RESERVED, f"--public-ip={RESERVED_FOR}",
+    m.run_in(1, *FLANNELCTL, "leases", "reserve", RESERVED, f"--public-ip={RESERVED_FOR}",
              f"--etcd-endpoints={m.endpoint}")
 
 
 def _release(m: Matrix, _c: Cell) -> None:
-    m.run_in(1, FLANNELCTL, "leases", "release", RESERVED, "--yes",
+    m.run_in(1, *FLANNELCTL, "leases", "release", RESERVED, "--yes",
              f"--etcd-endpoints={m.endpoint}")
 
 
@@ -460,7 +459,7 @@ def _restart_n1(*extra: str) -> Callable[[Matrix, Cell], None]:
         m.lab.wait_subnet_env(1)  # type: ignore[attr-defined]
         from tests.support.waiting import wait_until
 
-        wait_until(lambda: m.run_in(1, FLANNELCTL, "status", check=False).returncode == 0,
+        wait_until(lambda: m.run_in(1, *FLANNELCTL, "status", check=False).returncode == 0,
                    30, interval=0.2, what="n1's flanneld ready again")
     return run
 

@@ -69,3 +69,10 @@ def sweep() -> None:
             delete(name)
         else:
             _created.remove(name)
+
+
+def netns_names() -> set[str]:
+    """The names of the network namespaces that exist now (anyone's)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=20,
+                         check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}

@@ -38,7 +38,7 @@ from flannel.kernel.rtnl import Route
 from flannel.lease import Lease, LeaseAttrs
 from flannel.subnet.watch import Snapshot
 from tests.support import netns
-from tests.unit.test_daemon import OWN, MemoryStore, Node
+from tests.support.daemonnode import OWN, MemoryStore, Node
 
 pytestmark = pytest.mark.netns
 

@@ -272,10 +272,10 @@ def test_encap_peers_only_is_off_by_default_and_set_by_flag_or_environment():
 
 def test_help_describes_flanneld_and_shows_each_default(tmp_path):
     import subprocess
-    import sys
-    from pathlib import Path
 
-    result = subprocess.run([str(Path(sys.executable).parent / "flanneld"), "--help"],
+    from tests.support.checkout import FLANNELD
+
+    result = subprocess.run([*FLANNELD, "--help"],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0
     text = " ".join(result.stdout.split())  # argparse wraps to the terminal's width

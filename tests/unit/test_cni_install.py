@@ -18,6 +18,7 @@ import flannel
 from flannel.cni.install import LIBRARY_DIR, launcher_library, launcher_text
 from flannel.ctl import main
 from flannel.version import __version__
+from tests.support.checkout import FLANNELCTL
 from tests.support.pythons import HOST_PYTHON, python_or_skip, without_json
 
 FIX = ("the flannel CNI plugin runs with this interpreter on the host: pass --python with a "
@@ -165,7 +166,7 @@ def test_the_default_never_replaces_a_plugin_it_did_not_install(tmp_path):
     static = b"\x7fELF\x02\x01\x01upstream static flannel plugin"
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "flannel").write_bytes(static)
-    command = [str(Path(sys.executable).parent / "flannelctl"), "install-cni", "--bin-dir",
+    command = [*FLANNELCTL, "install-cni", "--bin-dir",
                str(tmp_path / "bin"), "--conf-dir", str(tmp_path / "conf"),
                "--python", HOST_PYTHON]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import struct
-import sys
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from flannel.lease import Lease, LeaseAttrs
 from flannel.ops.check import NodeCheck, PeerResult, judge, render
 from flannel.ops.checklab import LabNode, NodeOutcome, pairs_of
 from flannel.ops.checklab import render as render_lab
+from flannel.ops.commands import script
 from flannel.ops.parsers import add_check
 from flannel.ops.plans import KernelEntries, kernel_gaps
 from flannel.probing import icmp
@@ -309,7 +309,7 @@ def test_lab_matrix_names_failing_pairs_and_where_to_look():
         ("n1", "n2", "ok"), ("n1", "n3", "timeout"), ("n2", "n1", "ok"),
         ("n2", "n3", "no-lease")]
     # Printed commands name the console script by its full path, so they work when pasted.
-    ctl = str(Path(sys.executable).parent / "flannelctl")
+    ctl = script("flannelctl")
     assert render_lab("lab", "http://192.168.111.1:2379", outcomes, pairs) == f"""\
 lab lab: 3 nodes, 4 pairs checked, 2 failing, 1 nodes not checked
 from \\ to          n1 10.244.1.0/24  n2 10.244.2.0/24  n3 ?
@@ -400,7 +400,6 @@ def test_no_subnet_env_is_said_plainly(tmp_path, capsys, flannel_log_level):
 
 
 def test_plan_decides_what_needs_no_echo():
-    from pathlib import Path
 
     from flannel.config import parse_config
     from flannel.ops.check import plan

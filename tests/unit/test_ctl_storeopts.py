@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +10,7 @@ from flannel.ctl import build_parser
 from flannel.flags import UsageError
 from flannel.ops.storeflags import resolve
 from flannel.settings import EtcdSettings
-
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
+from tests.support.checkout import FLANNELCTL
 
 
 def parsed(*argv: str, environ: dict[str, str] | None = None):
@@ -44,7 +41,7 @@ def test_bad_environment_value_is_named():
 
 
 def test_bad_value_exits_2_with_the_message():
-    proc = subprocess.run([FLANNELCTL, "doctor", "--kube-subnet-mgr=maybe"],
+    proc = subprocess.run([*FLANNELCTL, "doctor", "--kube-subnet-mgr=maybe"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert (proc.returncode, proc.stderr) == (
         2, "flannelctl doctor: --kube-subnet-mgr='maybe': 'maybe' is not a boolean (use true "
@@ -52,7 +49,7 @@ def test_bad_value_exits_2_with_the_message():
 
 
 def test_probe_timeout_is_bounded():
-    proc = subprocess.run([FLANNELCTL, "doctor", "--probe-timeout=1e9"],
+    proc = subprocess.run([*FLANNELCTL, "doctor", "--probe-timeout=1e9"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "'1e9': give seconds from 0.1 to 30" in proc.stderr

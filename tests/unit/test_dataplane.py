@@ -7,99 +7,41 @@ in a backend ending the data plane rather than being retried."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
 from flannel.backend.alloc import AllocBackend
-from flannel.backend.base import Applier, ApplyResult, Backend, RouteLookup
+from flannel.backend.base import Applier, ApplyResult, RouteLookup
 from flannel.backend.hostgw import HostGwBackend
-from flannel.config import check_network_config, parse_config
 from flannel.dataplane.loop import COMPONENT, NOT_PROGRAMMED, Dataplane
 from flannel.kernel import device, rtnl
-from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import Route
 from flannel.lease import Lease, LeaseAttrs
 from flannel.reporting.readiness import Readiness
 from tests.support.clock import FakeClock
+from tests.support.dataplanes import (
+    EXT,
+    OWN,
+    AllocWithEngine,
+    config,
+    hostgw,
+    parked,
+    peer,
+    programmed,
+    readiness,
+    retried,
+    route,
+    running,
+    until,
+)
 from tests.support.fakenetlink import FakeKernel
-from tests.support.waiting import async_wait_until
-
-EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.168.1.1"), None,
-                        IPv4Address("192.168.1.1"), None)
-OWN = Lease(IPv4Network("10.244.1.0/24"))
-
-
-def config(backend_type: str):
-    parsed = parse_config(json.dumps({"Network": "10.244.0.0/16",
-                                      "Backend": {"Type": backend_type}}))
-    check_network_config(parsed)
-    return parsed
-
-
-def hostgw() -> HostGwBackend:
-    backend = HostGwBackend(EXT, config("host-gw"))
-    backend.lease = OWN
-    return backend
-
-
-def peer(third: int, backend_type: str = "host-gw") -> Lease:
-    return Lease(IPv4Network(f"10.244.{third}.0/24"), attrs=LeaseAttrs(
-        public_ip=IPv4Address(f"192.168.1.{third}"), backend_type=backend_type))
-
-
-def route(third: int, gateway: str = "") -> Route:
-    return Route(f"10.244.{third}.0/24", gateway or f"192.168.1.{third}", EXT.index)
-
-
-@contextlib.asynccontextmanager
-async def running(backend: Backend, kernel: FakeKernel, interval: float = 300,
-                  clock: FakeClock | None = None) -> AsyncIterator[Dataplane]:
-    dataplane = Dataplane(backend, Readiness([COMPONENT]), interval=interval,
-                          netlink=kernel.open, watch=kernel.watch, retry=(0.05, 0.2),
-                          clock=clock or FakeClock())
-    task = asyncio.create_task(dataplane.run())
-    try:
-        yield dataplane
-    finally:
-        kernel.gate.set()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def until(condition: Callable[[], object], what: str, timeout: float = 5.0) -> None:
-    async def check() -> object:
-        return condition()
-    await async_wait_until(check, timeout, interval=0.005, what=what)
-
-
-def readiness(dataplane: Dataplane) -> tuple[bool, str]:
-    return dataplane.readiness.current()
-
-
-async def programmed(dataplane: Dataplane) -> None:
-    await until(lambda: readiness(dataplane)[0], f"ready, not {readiness(dataplane)}")
-
-
-async def parked(clock: FakeClock, delay: float) -> None:
-    """Until the data plane waits on the clock, for ``delay`` seconds and for nothing else:
-    no pass runs or is due before the clock reaches it."""
-    await until(lambda: clock.timers() == pytest.approx([delay]),
-                f"a wait of {delay} s, not {clock.timers()}")
-
-
-async def retried(clock: FakeClock) -> None:
-    """Move the clock to the end of the pending retry wait."""
-    await until(lambda: len(clock.timers()) == 1, "a retry wait")
-    await clock.advance(clock.timers()[0])
 
 
 async def test_nothing_is_touched_before_the_first_peer_set_and_ready_once_programmed():
@@ -402,17 +344,6 @@ class RecordingApplier(Applier):
         changes = len(wanted ^ self.subnets)
         self.subnets = wanted
         return ApplyResult(changes)
-
-
-class AllocWithEngine(AllocBackend):
-    """A backend with no netlink state and one applier: all a new backend has to write."""
-
-    def __init__(self, engine: Applier) -> None:
-        super().__init__(EXT, config("alloc"))
-        self.engine = engine
-
-    def appliers(self) -> Sequence[Applier]:
-        return (self.engine,)
 
 
 async def test_an_applier_is_handed_every_peer_set_and_its_failures_are_readiness():

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from flannel.optbin.dockeropts import main, render
-
-MK_DOCKER_OPTS = str(Path(sys.executable).parent / "mk-docker-opts")
+from tests.support.checkout import MK_DOCKER_OPTS
 
 SAMPLE = {"FLANNEL_NETWORK": "10.1.0.0/16", "FLANNEL_SUBNET": "10.1.74.1/24",
           "FLANNEL_MTU": "1472", "FLANNEL_IPMASQ": "false"}
@@ -55,7 +52,7 @@ def test_ipmasq_true_disables_docker_masquerade():
 
 
 def run_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([MK_DOCKER_OPTS, *argv], capture_output=True, text=True, timeout=30,
+    return subprocess.run([*MK_DOCKER_OPTS, *argv], capture_output=True, text=True, timeout=30,
                           check=False, env={"PATH": os.environ.get("PATH", ""), **(env or {})})
 
 

@@ -27,8 +27,7 @@ from flannel.reporting.readiness import Readiness
 from flannel.subnet.watch import Snapshot
 from flannel.udp.forwarder import ForwarderStatus
 from flannel.udp.worker import COUNTERS
-from tests.unit.test_daemon import EXT, OWN_LEASE, PEER, MemoryStore
-from tests.unit.test_metrics import CountingNode, get
+from tests.support.daemonnode import EXT, OWN_LEASE, PEER, CountingNode, MemoryStore, get
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "pyflannel-dashboard.json"

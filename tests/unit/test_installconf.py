@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-INSTALL_CONF = str(Path(sys.executable).parent / "install-conf")
+from tests.support.checkout import INSTALL_CONF
+
 CONFLIST = b'{\n  "name": "cbr0",\n  "cniVersion": "0.3.1",\n  "plugins": []\n}\n'
 
 
 def run(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([INSTALL_CONF, *argv], capture_output=True, text=True, timeout=30,
+    return subprocess.run([*INSTALL_CONF, *argv], capture_output=True, text=True, timeout=30,
                           check=False, env={"PATH": os.environ.get("PATH", "")})
 
 
@@ -72,7 +72,7 @@ def test_a_symlink_at_dest_is_replaced_not_followed(tmp_path):
 def test_anything_but_two_arguments_prints_usage(argv):
     result = run(*argv)
     assert (result.returncode, result.stdout) == (1, "")
-    assert result.stderr == f"usage: {INSTALL_CONF} <src> <dest>\n"
+    assert result.stderr == f"usage: {INSTALL_CONF[-1]} <src> <dest>\n"
 
 
 def test_a_missing_source_is_refused_and_dest_kept(tmp_path):

@@ -10,15 +10,12 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flannel.backend.base import Applier, ApplyResult, BackendOptions, EngineSample
-from flannel.config import NetworkConfig
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.monitor.health import HealthServer, same_host
@@ -28,65 +25,14 @@ from flannel.ops.status import render
 from flannel.reporting.histogram import Durations
 from flannel.reporting.readiness import Readiness
 from flannel.subnet.watch import Changes, Snapshot
+from tests.support.checkout import FLANNELCTL
+from tests.support.daemonnode import OWN_LEASE, PEER, CountingNode, get
 from tests.support.waiting import async_wait_until
-from tests.unit.test_daemon import OWN_LEASE, PEER, Node, RecordingBackend
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 PEER2 = Lease(IPv4Network("10.5.3.0/24"), None,
               LeaseAttrs(public_ip=IPv4Address("192.0.2.3"), backend_type="host-gw"))
 OUTSIDE = Lease(IPv4Network("10.9.3.0/24"), None,
                 LeaseAttrs(public_ip=IPv4Address("192.0.2.9"), backend_type="host-gw"))
-
-
-class CountingApplier(Applier):
-    """An engine that counts the peers it gains as changes, reports its own figures through
-    the ``samples`` hook, and fails while ``error`` is set."""
-
-    name = "counting"
-
-    def __init__(self) -> None:
-        self.known: set[str] = set()
-        self.error = ""
-
-    def apply(self, peers: Sequence[Lease]) -> ApplyResult:
-        keys = {p.key for p in peers}
-        added = len(keys - self.known)
-        self.known = keys
-        return ApplyResult(changes=added, error=self.error)
-
-    def samples(self) -> list[EngineSample]:
-        return [EngineSample("peers", "Peers the engine holds.", len(self.known)),
-                EngineSample("packets_total", "Packets forwarded.", 42, counter=True),
-                EngineSample("Bad Name!", "never exposed", 1)]
-
-
-class CountingBackend(RecordingBackend):
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)
-        self.counting = CountingApplier()
-
-    def appliers(self) -> Sequence[Applier]:
-        return (self.counting,)
-
-
-class CountingNode(Node):
-    def _backend(self, ext: ExternalInterface, config: NetworkConfig,
-                 options: BackendOptions) -> CountingBackend:
-        self.backend = CountingBackend(ext, config, options)
-        return self.backend
-
-
-async def get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        data = await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-    head, _, body = data.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
 
 
 async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -198,7 +144,7 @@ async def test_status_document_says_what_the_daemon_holds(tmp_path):
 
 
 def run_status(port: int, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([FLANNELCTL, "status", f"--health-url=http://127.0.0.1:{port}",
+    return subprocess.run([*FLANNELCTL, "status", f"--health-url=http://127.0.0.1:{port}",
                            "--timeout=5", *extra], capture_output=True, text=True, timeout=30,
                           check=False)
 
@@ -254,7 +200,7 @@ async def test_flannelctl_status_refuses_an_answer_that_is_not_a_status(tmp_path
 
 
 def test_flannelctl_status_rejects_a_url_that_is_not_http():
-    result = subprocess.run([FLANNELCTL, "status", "--health-url=https://node:8081"],
+    result = subprocess.run([*FLANNELCTL, "status", "--health-url=https://node:8081"],
                             capture_output=True, text=True, timeout=30, check=False)
     assert result.returncode == 2
     assert result.stderr == ("flannelctl status: --health-url 'https://node:8081': give "
@@ -330,8 +276,7 @@ async def test_netlink_families_move_with_refusals_drift_and_lost_events():
     from flannel.kernel import rtnl
     from flannel.kernel.rtnl import Route
     from tests.support.clock import FakeClock
-    from tests.support.fakenetlink import FakeKernel
-    from tests.unit.test_dataplane import (
+    from tests.support.dataplanes import (
         EXT,
         hostgw,
         peer,
@@ -341,6 +286,7 @@ async def test_netlink_families_move_with_refusals_drift_and_lost_events():
         running,
         until,
     )
+    from tests.support.fakenetlink import FakeKernel
 
     kernel = FakeKernel()
     kernel.refusals["replace route"] = 101  # ENETUNREACH for every peer: this node's problem
@@ -385,8 +331,8 @@ async def test_netlink_families_move_with_refusals_drift_and_lost_events():
 
 async def test_peers_refused_are_counted_by_reason_and_listed_in_status():
     from tests.support.clock import FakeClock
+    from tests.support.dataplanes import hostgw, peer, programmed, running
     from tests.support.fakenetlink import FakeKernel
-    from tests.unit.test_dataplane import hostgw, peer, programmed, running
 
     kernel = FakeKernel()
     kernel.refusals["replace route 10.244.3.0/24"] = 101  # ENETUNREACH: that peer only
@@ -434,8 +380,8 @@ def test_status_footprint_names_the_port_any_host_may_inject_on_from_the_config(
 
 async def test_a_failing_event_watch_is_counted():
     from flannel.dataplane.loop import COMPONENT, Dataplane
+    from tests.support.dataplanes import hostgw, peer, programmed, until
     from tests.support.fakenetlink import FakeKernel
-    from tests.unit.test_dataplane import hostgw, peer, programmed, until
 
     async def broken(_on_event: object, _on_overrun: object) -> None:
         raise OSError("netlink multicast groups unavailable")

@@ -10,13 +10,11 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from flannel.process import stopping
-
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
+from tests.support.checkout import FLANNELCTL
 
 # A tool that says it is ready, then waits; a stop must unwind it through its ``finally``.
 WAITER = """
@@ -102,7 +100,7 @@ def test_a_closed_output_is_told_from_an_open_one():
 def test_flannelctl_whose_output_is_closed_ends_in_one_line(tmp_path):
     write = closed_pipe()
     try:
-        proc = subprocess.run([FLANNELCTL, "install-cni", "--plugin", "none",
+        proc = subprocess.run([*FLANNELCTL, "install-cni", "--plugin", "none",
                                f"--bin-dir={tmp_path}", f"--conf-dir={tmp_path}"],
                               stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
                               check=False)

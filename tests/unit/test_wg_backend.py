@@ -22,8 +22,8 @@ from flannel.wireguard.handshakes import HandshakeWatch
 from flannel.wireguard.keys import KEY_FILE_ENV, generate_private_key
 from flannel.wireguard.uapi import Peer, PeerState
 from tests.support.clock import FakeClock
+from tests.support.dataplanes import AllocWithEngine, parked, peer, programmed, running, until
 from tests.support.fakenetlink import FakeKernel
-from tests.unit.test_dataplane import AllocWithEngine, parked, peer, programmed, running, until
 
 EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.168.1.1"), None,
                         IPv4Address("192.168.1.1"), None)
