@@ -22,6 +22,7 @@ from flannel import backend, ctl
 from flannel.flags import FLAGS, parse_namespace
 from flannel.optbin import dockeropts
 from tests.deploy.manifests import KUSTOMIZE, documents, pod_spec
+from tests.support.markdown import anchors
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "migrate.md"
@@ -78,12 +79,8 @@ def test_the_readme_links_the_guide():
 
 
 def test_every_link_within_the_guide_leads_to_a_heading():
-    def slug(heading: str) -> str:  # as GitHub makes anchors
-        return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
-
-    anchors = {slug(h) for h in re.findall(r"^#+ (.*)$", TEXT, re.M)}
     links = set(re.findall(r"\]\(#([^)]+)\)", TEXT))
-    assert links and links <= anchors, links - anchors
+    assert links and links <= anchors(TEXT), links - anchors(TEXT)
 
 
 def repo_paths() -> list[str]:
