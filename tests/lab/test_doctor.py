@@ -45,7 +45,8 @@ def doctor(lab, index: int, *extra: str) -> tuple[int, list[dict]]:
     proc = subprocess.run(
         ["ip", "netns", "exec", node.netns, *FLANNELCTL, "doctor", "--json",
          f"--etcd-endpoints={lab.state.etcd_endpoint}", f"--subnet-file={node.subnet_file}",
-         f"--cni-bin-dir={cni_bin}", f"--cni-conf-dir={cni_conf}", *extra],
+         f"--cni-bin-dir={cni_bin}", f"--cni-conf-dir={cni_conf}",
+         "--max-age=0", *extra],  # its own probes: faults are made just before
         capture_output=True, text=True, timeout=60, check=False)
     assert proc.stderr == "", proc.stderr
     doc = json.loads(proc.stdout)

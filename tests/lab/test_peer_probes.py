@@ -78,7 +78,7 @@ BACKENDS = ["vxlan", "host-gw", "udp", "wireguard", "ipsec", "extension", "aws-v
 
 def listed(m: Matrix, index: int) -> dict[str, dict[str, object]]:
     """Lease key -> what node ``index``'s flanneld lists unreachable (its /status)."""
-    proc = m.run_in(index, FLANNELCTL, "status", "--json", check=False)
+    proc = m.run_in(index, *FLANNELCTL, "status", "--json", check=False)
     if proc.returncode != 0 or not proc.stdout:
         return {}
     probes = json.loads(proc.stdout).get("probes") or {}
@@ -137,14 +137,14 @@ def tools_read_flanneld(m: Matrix, peer: str) -> None:
     ``--max-age``: its probe period) and say so; with ``--max-age=0`` they probe."""
     where = (f"--etcd-endpoints={m.endpoint}",
              f"--subnet-file={m.node(1).subnet_file}")  # type: ignore[attr-defined]
-    doc = json.loads(m.run_in(1, FLANNELCTL, "check", "--json", *where, check=False).stdout)
+    doc = json.loads(m.run_in(1, *FLANNELCTL, "check", "--json", *where, check=False).stdout)
     row = m.row(doc, PEER, 4)
     assert row["verdict"] == "unreachable", row
     assert "flanneld's own probe" in str(row["detail"]) and "UDP 8472" in str(row["detail"])
-    own = m.row(json.loads(m.run_in(1, FLANNELCTL, "check", "--json", "--max-age=0", *where,
+    own = m.row(json.loads(m.run_in(1, *FLANNELCTL, "check", "--json", "--max-age=0", *where,
                                     "--timeout=0.5", check=False).stdout), PEER, 4)
     assert own["verdict"] == "timeout", own
-    proc = m.run_in(1, FLANNELCTL, "doctor", "--json", *where, "--probe-timeout=0.5",
+    proc = m.run_in(1, *FLANNELCTL, "doctor", "--json", *where, "--probe-timeout=0.5",
                     check=False)
     findings = json.loads(proc.stdout)["findings"]
     encap = [f for f in findings if f["check"] == "encap"]

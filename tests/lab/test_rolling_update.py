@@ -91,7 +91,10 @@ class Rollout:
                                what=f"pod on node {src} to reach the pod on node {dst}")
         self.endpoints = {f"n{i}": (pods[i].netns, pods[i].address) for i in NODES}
         self.doctor_args = [*store_flags, f"--cni-bin-dir={lab.cni_bin}",
-                            "--cni-bin-dir=/usr/lib/cni", f"--cni-conf-dir={cni_conf}"]
+                            "--cni-bin-dir=/usr/lib/cni", f"--cni-conf-dir={cni_conf}",
+                            # Its own probes, the same on both sides of a handover (a Go
+                            # flanneld serves no probe results).
+                            "--max-age=0"]
         self.handover_seconds: dict[int, float] = {}
         self.findings: set[str] | None = None  # what doctor said on both sides of a handover
 
