@@ -262,8 +262,7 @@ def parse_config(raw: bytes | str) -> NetworkConfig:
     cfg.backend_type = parse_backend_type("Backend" in members, members.get("Backend"))
     if not cfg.backend_type:
         raise ConfigError("Backend.Type is missing",
-                          'name the backend, e.g. "Backend": {"Type": "vxlan"} '
-                          "(or host-gw, wireguard, ...)")
+                          'name the backend, e.g. "Backend": {"Type": "vxlan"}')
     if isinstance(members.get("Backend"), dict):
         cfg.backend = members["Backend"]
     return cfg

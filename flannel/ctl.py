@@ -141,9 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the subnet.env flanneld wrote (default "
                             "RUN_DIR/flannel/subnet.env)")
     clean.add_argument("--run-dir", type=Path, default=Path("/run"),
-                       help="the node's /run, where wireguard-go's sockets (wireguard/) and "
-                            "logs and the WireGuard key (flannel/) are; e.g. /host/run from a "
-                            "pod (default %(default)s)")
+                       help="the node's /run, where the backends' helper programs keep their "
+                            "sockets and logs and flanneld its files (flannel/); e.g. "
+                            "/host/run from a pod (default %(default)s)")
     clean.add_argument("--wireguard-key-file", type=Path, default=None,
                        help="the WireGuard private key flanneld created (its "
                             "WIREGUARD_KEY_FILE; default RUN_DIR/flannel/wgkey); removed only "

@@ -179,13 +179,14 @@ FLAGS: tuple[Flag, ...] = (
          "or nft (pyflannel extension)"),
     Flag("iptables-forward-rules", "bool", True, "add default accept rules to FORWARD chain "
          "in iptables"),
-    Flag("encap-peers-only", "bool", False, "accept vxlan and udp backend packets only from "
-         "the public IP of a lease (an input filter and the udp forwarder drop the rest); "
+    Flag("encap-peers-only", "bool", False, "accept the packets of the backend's unauthenticated "
+         "encapsulation (vxlan's, udp's) only from the public IP of a lease (an input filter "
+         "and the backend's own receiver drop the rest); "
          "every node must send from the public IP it publishes: no --public-ip or "
          "public-ip-overwrite naming another address, no NAT between nodes (pyflannel "
          "extension)"),
     Flag("drop-pod-encap", "bool", True, "drop packets that pods send to the backend's "
-         "encapsulation ports and protocols (vxlan, udp, WireGuard, IKE and ESP, IP-in-IP), "
+         "encapsulation ports and protocols (as its carriers declare them), "
          "on this node and on their way out of the pod network, before masquerade would "
          "make them look like a peer's (pyflannel extension)"),
     Flag("ip-blackhole-route", "bool", False, "keep a blackhole route for the local pod "
@@ -300,7 +301,7 @@ DESCRIPTION = """\
 flanneld runs on every host of a flannel network. It leases a subnet for the host's pods
 from etcd v3 (the default) or from the Kubernetes API (--kube-subnet-mgr), writes it to
 --subnet-file for the CNI plugin, and programs the kernel so that pods on every host reach
-each other with the backend the network config names (vxlan, host-gw, wireguard, ...).
+each other with the backend the network config names (Backend.Type, e.g. vxlan).
 It needs root, or CAP_NET_ADMIN and CAP_NET_RAW.
 
 Flags take Go's syntax: -iface=eth0, --iface eth0, --ip-masq, --ip-masq=false. A flag not
