@@ -25,7 +25,7 @@ from pathlib import Path
 from flannel.boundedjson import MAX_CONFIG_BYTES
 from flannel.config import ConfigError, NetworkConfig, check_network_config, parse_config
 from flannel.flags import UsageError, parse_namespace
-from flannel.lab import extension, tour
+from flannel.lab import extension, slowness, tour
 from flannel.lab.cluster import DEFAULT_ROOT, Lab, LabError, LabExists, in_ns, ip
 from flannel.lab.mesh import ring, start_nodes, wait_full_mesh, wg_show
 from flannel.ops import commands
@@ -129,14 +129,16 @@ def has_data_path(lab: Lab) -> bool:
 
 
 def wait_for_mesh(lab: Lab, nodes: list[int], ipv6: bool, timeout: float = 30.0) -> float:
-    """Seconds until every node pings every other node's pod address."""
+    """Seconds until every node pings every other node's pod address; LabError after
+    ``timeout`` (scaled by the lab's slowness factor)."""
     start = time.monotonic()
     pending = {(a, b) for a in nodes for b in nodes if a != b}
     while pending:
         pending = {(a, b) for a, b in pending
                    if not (lab.ping(a, b) and (not ipv6 or lab.ping(a, b, v6=True)))}
-        if pending and time.monotonic() - start > timeout:
-            raise LabError(f"no connectivity after {timeout:g}s between {sorted(pending)}")
+        if pending and time.monotonic() - start > slowness.scaled(timeout):
+            raise LabError(f"no connectivity after {slowness.within(timeout)} between "
+                           f"{sorted(pending)}")
     return time.monotonic() - start
 
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flannel.lab import slowness
+
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
 
@@ -101,7 +103,7 @@ class EtcdServer:
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=self.socket_dir)
         log.close()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + slowness.scaled(timeout)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
@@ -109,7 +111,8 @@ class EtcdServer:
                 return
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"etcd did not become healthy: {self.log_path.read_text()[-2000:]}")
+        raise RuntimeError(f"etcd did not become healthy within {slowness.within(timeout)}: "
+                           f"{self.log_path.read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc is None:
