@@ -15,7 +15,7 @@ import pytest
 
 from flannel.lab.cli import build, wait_for_mesh
 from flannel.lab.cluster import Lab, ip
-from tests.support.ipip import missing_ipip
+from tests.support.kernelpaths import missing_ipip
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
