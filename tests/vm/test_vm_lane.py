@@ -20,6 +20,7 @@ def test_the_guest_runs_debian_kernel_with_every_module_loaded(vm_lane: Lane):
     assert image is not None
     assert vm_lane.guest.get("kernel") == image[1], vm_lane.describe()
     assert vm_lane.guest["modules"] == dict.fromkeys(vm.MODULES, ""), vm_lane.describe()
+    assert vm_lane.guest["esp_warmup"] == "", vm_lane.describe()
 
 
 def test_the_guest_ran_every_scenario_within_its_bound(vm_lane: Lane):

@@ -29,16 +29,17 @@ _REPLY = re.compile(rb"bytes from .*icmp_seq=(\d+)")
 
 
 class Pings:
-    """Echoes every 0.1 s from ``netns`` to ``target`` (from ``source`` when given) until
-    ``stop``; each reply's sequence number is recorded as it comes. ``lost`` are the echoes
-    before the last answered one that got no answer: the one still in flight when the run is
-    stopped is not counted."""
+    """Echoes every ``interval`` seconds from ``netns`` to ``target`` (from ``source`` when
+    given) until ``stop``; each reply's sequence number is recorded as it comes. ``lost`` are
+    the echoes before the last answered one that got no answer: the one still in flight when
+    the run is stopped is not counted."""
 
-    def __init__(self, netns: str, target: str, source: str = "") -> None:
+    def __init__(self, netns: str, target: str, source: str = "", interval: float = 0.1
+                 ) -> None:
         self.name = f"{netns} -> {target}"
         self.replied: set[int] = set()
         self.proc = subprocess.Popen(
-            [IP, "netns", "exec", netns, "ping", "-n", "-i", "0.1", "-W", "2",
+            [IP, "netns", "exec", netns, "ping", "-n", "-i", f"{interval:g}", "-W", "2",
              *(["-I", source] if source else []), target],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -1,8 +1,8 @@
 """Kernel WireGuard in one dual-stack two-node lab: flanneld makes kernel ``wireguard``
 devices and runs no wireguard-go; pods ping over IPv4 and IPv6 while the underlay carries
 nothing but WireGuard; a flanneld restart loses no echo; a node's key changed (its key file
-gone, flanneld restarted) reaches the peer, which replaces it; doctor and check on a healthy
-node, and with WireGuard's port dropped on the way to a peer.
+gone, flanneld restarted) reaches the peer, which replaces it, and loses no echo either;
+doctor and check on a healthy node, and with WireGuard's port dropped on the way to a peer.
 
 Runs wherever the kernel has WireGuard (the vm lane's Debian kernel); elsewhere every
 scenario is skipped with the kernel's answer (tests/lab/test_wireguard_lab.py runs the same
@@ -126,9 +126,9 @@ def test_dual_stack_pods_ping_and_the_underlay_carries_only_wireguard(lab):
             key: f"[{lab.node(other).address6}]:51821"}
 
 
-def pings_both_ways(lab: Lab) -> list[Pings]:
-    return [Pings(pod(lab, 2).netns, pod(lab, 1).address),
-            Pings(pod(lab, 1).netns, pod(lab, 2).address6)]
+def pings_both_ways(lab: Lab, interval: float = 0.1) -> list[Pings]:
+    return [Pings(pod(lab, 2).netns, pod(lab, 1).address, interval=interval),
+            Pings(pod(lab, 1).netns, pod(lab, 2).address6, interval=interval)]
 
 
 def test_a_flanneld_restart_adopts_the_devices_and_loses_no_ping(lab):
@@ -149,11 +149,13 @@ def test_a_flanneld_restart_adopts_the_devices_and_loses_no_ping(lab):
     assert processes_named("wireguard-go") == []
 
 
-def test_a_changed_key_reaches_the_peer_and_echoes_resume(lab, record_property):
+def test_a_changed_key_reaches_the_peer_and_loses_no_ping(lab, record_property):
     old = public_key(lab, 1)
     lab.stop_flanneld(1)
     (lab.node_run_dir(1) / "flannel" / "wgkey").unlink()
-    runs = pings_both_ways(lab)
+    # Echoes every 0.2 s: while a handshake is pending, WireGuard holds up to 128 packets
+    # per peer, 25 s of them, and sends them once it completes.
+    runs = pings_both_ways(lab, interval=0.2)
     try:
         started = time.monotonic()
         lab.start_flanneld(1)
@@ -173,9 +175,8 @@ def test_a_changed_key_reaches_the_peer_and_echoes_resume(lab, record_property):
     assert wg_dump(lab, 2)[new]["endpoint"] == f"{lab.node(1).address}:51820"
     assert set(wg_dump(lab, 2, "flannel-wg-v6")) == {new}
     assert "created WireGuard private key" in lab.log(1)
-    # A key is the peer's identity: until the peer has the new one, no session can be made.
-    # What that costs is measured, not hidden.
-    record_property("key_change_echoes_lost", [len(r.lost) for r in runs])
+    # Until the peer has the new key no session can be made: the echoes wait, none is lost.
+    assert [r.lost for r in runs] == [[], []], [(r.name, r.lost[:20]) for r in runs]
     record_property("key_change_seconds_to_resume", round(resumed, 1))
 
 
