@@ -66,8 +66,12 @@ def guest(shared: Path) -> None:
     """In the VM: build every variant's lab, run the interleaved rounds, write results."""
     job = json.loads((shared / "job.json").read_text())
     root = Path(tempfile.mkdtemp(prefix="vmbench", dir="/run"))
+    from tests.vm.driver import warm_up_esp
+
     for module in ("ipip", "esp4", "xfrm_user", "br_netfilter", "tun", "vxlan"):
         subprocess.run(["modprobe", module], check=True, timeout=600)
+    if why := warm_up_esp():
+        raise RuntimeError(f"the kernel takes no AES-GCM ESP state: {why}")
     os.environ.setdefault("FLANNEL_LAB_SLOWNESS", str(job["slowness"]))
     labs: dict[str, Any] = {}
     servers: list[subprocess.Popen[bytes]] = []
@@ -91,6 +95,13 @@ def guest(shared: Path) -> None:
             servers.append(subprocess.Popen(
                 ["ip", "netns", "exec", pods[1].netns, "iperf3", "-s"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # Each variant on the data path it names, as its flanneld logged it.
+        paths = {name: lab.log(1) for name, lab in labs.items()}
+        for name, said in (("kernel wireguard", "using kernel WireGuard"),
+                           ("wireguard-go", "using wireguard-go"),
+                           ("ipsec (kernel ESP)", "(ESP in the kernel)")):
+            if said not in paths[name]:
+                raise RuntimeError(f"{name}: its flanneld did not log {said!r}")
         for lab in labs.values():
             for node in lab.state.nodes:
                 os.kill(node.pid, signal.SIGSTOP)

@@ -25,6 +25,10 @@ from flannel.ops.status import StatusUnavailable, Where, fetch_status
 from tests.support.waiting import wait_until
 
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
+#: flanneld's flags in the scenarios' labs: as deployed (kube-flannel's manifest, flannel-lab
+#: up), flanneld masquerades what leaves the pod network, so the CNI plugin's bridge does not
+#: masquerade pod-to-pod traffic, and the pods' own addresses are what crosses the nodes.
+MASQ = ("--ip-masq",)
 _REPLY = re.compile(rb"bytes from .*icmp_seq=(\d+)")
 
 

@@ -23,7 +23,7 @@ from tests.lab.test_doctor import install_cni
 from tests.lab.test_wireguard_lab import Capture, ip_packet
 from tests.support.kernelpaths import missing_ipip
 from tests.support.waiting import wait_until
-from tests.vm.guest.helpers import Dropped, Pings, check, doctor, errors, restart, status
+from tests.vm.guest.helpers import MASQ, Dropped, Pings, check, doctor, errors, restart, status
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
@@ -42,7 +42,7 @@ def _kernel_with_ipip() -> None:
 @pytest.fixture(scope="module")
 def lab(module_labs) -> Iterator[Lab]:
     lab = module_labs()
-    nodes = build(lab, 3, CONFIG, second_underlay_from=3)
+    nodes = build(lab, 3, CONFIG, second_underlay_from=3, flanneld_args=MASQ)
     wait_for_mesh(lab, nodes, ipv6=False, timeout=30)
     for index in nodes:
         lab.add_pod(index)

@@ -36,7 +36,7 @@ from tests.lab.test_ipsec_lab import (
 from tests.lab.test_wireguard_lab import Capture, ip_packet
 from tests.support.kernelpaths import missing_kernel_esp
 from tests.support.waiting import wait_until
-from tests.vm.guest.helpers import Dropped, Pings, check, doctor, errors, restart, status
+from tests.vm.guest.helpers import MASQ, Dropped, Pings, check, doctor, errors, restart, status
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
@@ -65,7 +65,7 @@ def _kernel_with_esp() -> None:
 @pytest.fixture(scope="module")
 def lab(module_labs) -> Iterator[Lab]:
     lab = module_labs()
-    build(lab, 2, CONFIG)
+    build(lab, 2, CONFIG, flanneld_args=MASQ)
     wait_until(lambda: all_established(lab, [1, 2]), 60, interval=0.5,
                what="the IKE SA established")
     wait_for_mesh(lab, [1, 2], ipv6=False, timeout=30)
@@ -190,7 +190,7 @@ def test_doctor_and_check_on_a_healthy_node_and_with_esp_dropped(lab, tmp_path,
 def test_a_node_with_another_psk_is_reported_by_name(lab):
     lab.put_config(json.dumps({**CONFIG, "Backend": {"Type": "ipsec", "PSK": PSK_B}}))
     lab.add_node(3)
-    lab.start_flanneld(3)
+    lab.start_flanneld(3, *MASQ)
     lab.attach_pod_bridge(3)
     wait_until(lambda: status(lab, 1)["engines"].get("ipsec connections", {}).get(
         "ipsec_peers_failing_authentication") == 1, 90, interval=0.5,

@@ -26,7 +26,7 @@ from tests.lab.test_doctor import install_cni
 from tests.lab.test_wireguard_lab import DUAL, NETWORK, NETWORK6, PATTERN, PORTS, Capture, ip_packet
 from tests.support.kernelpaths import missing_kernel_wireguard
 from tests.support.waiting import wait_until
-from tests.vm.guest.helpers import Dropped, Pings, check, doctor, errors, restart, status
+from tests.vm.guest.helpers import MASQ, Dropped, Pings, check, doctor, errors, restart, status
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
@@ -40,7 +40,7 @@ def _kernel_with_wireguard() -> None:
 @pytest.fixture(scope="module")
 def lab(module_labs) -> Iterator[Lab]:
     lab = module_labs()
-    nodes = build(lab, 2, DUAL)
+    nodes = build(lab, 2, DUAL, flanneld_args=MASQ)
     wait_for_mesh(lab, nodes, ipv6=True, timeout=30)
     for index in nodes:
         lab.add_pod(index)
