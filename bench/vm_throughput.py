@@ -3,7 +3,8 @@ booted with Debian's kernel (tests/support/vm.py), each as a ratio to kernel vxl
 
 The variants: kernel vxlan (the baseline), ipip, kernel WireGuard, ipsec on kernel ESP, and
 wireguard-go (the guest's kernel has WireGuard, so the wireguard-go lab is built while the
-module is not loaded and the kernel may load no module). Each is a two-node lab built by
+module is not loaded and the kernel may load no module: after the vxlan lab, which loads
+every other module a lab needs). Each is a two-node lab built by
 flanneld with one pod per node; iperf3 runs from pod to pod. Rounds are interleaved across
 the variants, every flanneld paused (SIGSTOP) while they run: the data paths are the
 kernel's (and wireguard-go's), and the daemons' own work is not measured.
@@ -78,8 +79,11 @@ def guest(shared: Path) -> None:
     with ExitStack() as cleanup:
         cleanup.callback(lambda: [lab.down() for lab in labs.values()])
         cleanup.callback(lambda: [(s.kill(), s.wait()) for s in servers])
-        # wireguard-go first: the kernel must not load its WireGuard while flanneld asks.
-        order = sorted(VARIANTS, key=lambda n: not VARIANTS[n][1])
+        # vxlan first (its lab loads the modules every lab needs: veth, bridge, netfilter),
+        # then wireguard-go, while the kernel may load none (it would load WireGuard when
+        # flanneld asks for it), then the others.
+        order = [BASELINE, *sorted(VARIANTS, key=lambda n: not VARIANTS[n][1])]
+        order = list(dict.fromkeys(order))
         for number, name in enumerate(order, 1):
             if VARIANTS[name][1]:
                 saved = MODPROBE.read_text()
