@@ -43,8 +43,8 @@ VICI_SOCKET = Path("/var/run/charon.vici")
 STATE_DIR = Path("/run/flannel/ipsec")
 #: How long a starting charon may take to answer on its VICI socket. A charon that fails exits,
 #: which is seen at once; the bound only waits out a slow machine (under an emulated CPU on a
-#: loaded host charon took over 10 s to load its plugins).
-STARTUP_TIMEOUT = 60.0
+#: loaded host charon took over a minute to load its plugins).
+STARTUP_TIMEOUT = 120.0
 REQUEST_TIMEOUT = 10.0
 RESTART_FIRST, RESTART_LONGEST = 1.0, 30.0
 _LOG_TAIL = 300

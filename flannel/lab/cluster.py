@@ -457,11 +457,11 @@ class Lab:
                 "delegate": {"hairpinMode": True, "isDefaultGateway": True}}
 
     def cni(self, command: str, pod: Pod) -> dict:
-        from flannel.cni.install import install_plugin
+        from flannel.cni.install import CHECK_TIMEOUT, install_plugin
 
         plugin = self.cni_bin / "flannel"
         if not plugin.exists():
-            install_plugin(self.cni_bin)
+            install_plugin(self.cni_bin, check_timeout=slowness.scaled(CHECK_TIMEOUT))
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "CNI_COMMAND": command,
                "CNI_CONTAINERID": pod.name, "CNI_NETNS": f"/run/netns/{pod.netns}",
                "CNI_IFNAME": "eth0", "CNI_PATH": f"{self.cni_bin}:/usr/lib/cni"}

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.cni.install import install_conflist, install_plugin
+from flannel.cni.install import CHECK_TIMEOUT, install_conflist, install_plugin
+from flannel.lab import slowness
 from flannel.lab.cli import build, wait_for_mesh
 from flannel.lab.cluster import in_ns, ip, sysctl
 
@@ -32,7 +33,7 @@ def install_cni(directory: Path) -> tuple[Path, Path]:
     cni_bin.mkdir()
     for plugin in ("bridge", "host-local", "portmap"):
         shutil.copy2(f"/usr/lib/cni/{plugin}", cni_bin / plugin)
-    install_plugin(cni_bin)
+    install_plugin(cni_bin, check_timeout=slowness.scaled(CHECK_TIMEOUT))
     install_conflist(directory / "cni-conf")
     return cni_bin, directory / "cni-conf"
 
