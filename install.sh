@@ -37,4 +37,6 @@ fi
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# pyflannel (the runtime package, with its test extras) and flannel-lab (lab/, a distribution
+# of its own: the lab never enters pyflannel's wheel or image).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' -e ./lab

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
 
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.daemon import acquire_lease as daemon_acquire
-from flannel.lab.etcd import EtcdServer
 from flannel.lease import LeaseAttrs
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.subnet.etcd.manager import EtcdSubnetManager
+from flannel_lab.etcd import EtcdServer
 
 WARM_UP_BATCH = 50
 

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
-from flannel.lab.cli import build
-from flannel.lab.cluster import ETCD_PREFIX, UNDERLAYS, Lab, ip
+from flannel_lab.cli import build
+from flannel_lab.cluster import ETCD_PREFIX, UNDERLAYS, Lab, ip
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_PEERS = 20
@@ -60,7 +60,7 @@ def ours(sock: rtnl.Rtnl) -> dict[str, rtnl.Route]:
 
 async def drive(mode: str, endpoint: str, node_ns: str, first: int, count: int,
                 repairs: int) -> dict[str, list[float]]:
-    from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+    from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
     prefix = f"{ETCD_PREFIX}/subnets/"

@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
-from flannel.lab.cli import build
-from flannel.lab.cluster import ETCD_PREFIX, Lab
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+from flannel_lab.cli import build
+from flannel_lab.cluster import ETCD_PREFIX, Lab
 
 
 def percentile(values: list[float], pct: float) -> float:

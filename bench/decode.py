@@ -1,6 +1,6 @@
 """Benchmark: the cost of bounded JSON decoding over plain ``json.loads``.
 
-Figure: microseconds per ``flannel.boundedjson.loads`` call (size check, depth pre-scan,
+Figure: microseconds per ``flannel.untrusted.boundedjson.loads`` call (size check, depth pre-scan,
 strict decoder) on real inputs; baseline: ``json.loads`` of the same bytes in the same run,
 rounds interleaved, medians reported.
 
@@ -15,7 +15,7 @@ import os
 import statistics
 import timeit
 
-from flannel import boundedjson
+from flannel.untrusted import boundedjson
 
 LEASE = (b'{"PublicIP":"192.168.111.2","PublicIPv6":null,"BackendType":"vxlan",'
          b'"BackendData":{"VNI":1,"VtepMAC":"0e:4c:1a:7b:22:01"}}')

@@ -1,14 +1,16 @@
 """Fuzz command: 10,000+ hostile inputs per decoder, crashes counted per class (target: 0).
 
 Runs every target of ``tests.support.fuzz_store`` (network config, etcd lease, subnet key
-through the peer filter, node annotations, previous subnet.env), ``tests.support.fuzz_backends``
-(every backend's options, the BackendData decoders applied to peers' leases),
-``tests.support.fuzz_udp`` (the udp forwarder's receive path, raw datagrams),
-``tests.support.fuzz_http`` (the API clients' HTTP/1.1 response reader, over loopback) and
-``tests.support.fuzz_cni`` (the CNI plugin) under hypothesis. A crash is counted by class
-(exception type and where it was raised) instead of stopping the run. Baseline, measured
-in the same run: the time hypothesis spends generating the inputs; the ratio is the
-decoders' time over that.
+through the peer filter, node annotations, previous subnet.env),
+``tests.support.fuzz_backends`` (every backend's options, the BackendData decoders applied
+to peers' leases), ``tests.support.fuzz_udp`` (the udp forwarder's receive path, raw
+datagrams), ``tests.support.fuzz_http`` (the API clients' HTTP/1.1 response reader, over
+loopback), ``tests.support.fuzz_answers`` (every etcd and Kubernetes API answer as the
+clients and stores decode it), ``tests.support.fuzz_cloud`` (what the cloud APIs, metadata
+services, charon's VICI and WireGuard answer) and ``tests.support.fuzz_cni`` (the CNI plugin)
+under hypothesis. A crash is counted by class (exception type and where it was raised)
+instead of stopping the run. Baseline, measured in the same run: the time hypothesis spends
+generating the inputs; the ratio is the decoders' time over that.
 
     .venv/bin/python -m bench.fuzz --examples 10000
 
@@ -27,7 +29,15 @@ from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
 
-from tests.support import fuzz_backends, fuzz_cni, fuzz_http, fuzz_store, fuzz_udp
+from tests.support import (
+    fuzz_answers,
+    fuzz_backends,
+    fuzz_cloud,
+    fuzz_cni,
+    fuzz_http,
+    fuzz_store,
+    fuzz_udp,
+)
 from tests.support.fuzzing import FuzzTarget, crash_class
 
 
@@ -63,7 +73,7 @@ def main() -> int:
     args = parser.parse_args()
     logging.disable(logging.CRITICAL)  # refusals log warnings by design
     every = (fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS + fuzz_http.TARGETS
-             + fuzz_cni.TARGETS)
+             + fuzz_answers.TARGETS + fuzz_cloud.TARGETS + fuzz_cni.TARGETS)
     targets = [t for t in every if args.only in t.name]
     load = os.getloadavg()[0]
     print(f"fuzz: {args.examples} examples per target, {len(targets)} targets, "

@@ -109,7 +109,7 @@ async def serve_kube(nodes: int) -> None:
 
 
 async def serve_etcd(endpoint: str, nodes: int) -> None:
-    from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+    from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
     prefix = f"{PREFIX}/subnets/"
@@ -161,7 +161,7 @@ class Driver:
         if self.mode == "kube":
             from flannel.subnet.kube.manager import kube_client
             return kube_client(self.url, "", {})
-        from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+        from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
         return EtcdClient(EtcdOptions(parse_endpoints(self.url)))
 
     async def bare_list(self) -> dict[str, Any]:
@@ -399,7 +399,7 @@ def run_mode(mode: str, nodes: int, updates: int, rounds: int) -> list[dict]:
         if mode == "kube":
             source = Proc("--serve-kube", str(nodes))
         else:
-            from flannel.lab.etcd import EtcdServer
+            from flannel_lab.etcd import EtcdServer
             etcd = EtcdServer(Path(tmp))
             etcd.start()
             source = Proc("--serve-etcd", etcd.endpoint, str(nodes))

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 
 ROOT = Path(__file__).resolve().parents[1]
 FLANNELD = str(Path(sys.executable).parent / "flanneld")
@@ -165,7 +165,7 @@ def run_baseline() -> Reading:
 # -- drivers (run inside the namespace) ------------------------------------------------------
 
 async def put_leases(endpoint: str, peers: int) -> None:
-    from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+    from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
     try:
@@ -204,7 +204,7 @@ IMPORT_STEPS = (
     ("asyncio (ssl included)", "import asyncio"),
     ("flannel.cli (flags)", "from flannel import cli"),
     ("flannel.daemon (wiring, rules, rtnl, health)", "from flannel import daemon"),
-    ("kube client (flannel.subnet.kube.client, kubeconfig, flannel.httpclient, h11)",
+    ("kube client (flannel.clients.kube.client, kubeconfig, flannel.clients.http, h11)",
      "from flannel import flags, subnet; subnet.open_store(flags.parse_args(['--kube-subnet-mgr', "
      "'--kube-api-url=http://127.0.0.1:1'], {}).store)"),
     ("vxlan backend, interface snapshot (links.py)", "from flannel.backend import backend_class; "

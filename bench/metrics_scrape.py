@@ -29,18 +29,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from flannel.backend.hostgw import HostGwBackend
 from flannel.config import parse_config
 from flannel.daemon import COMPONENTS
-from flannel.dataplane import Dataplane
+from flannel.dataplane.loop import Dataplane
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Route
-from flannel.lab.etcd import free_port
 from flannel.lease import Lease, LeaseAttrs
 from flannel.monitor.health import HealthServer
 from flannel.monitor.nodestate import NodeState
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
+from flannel.reporting.skips import SkippedRecords
 from flannel.rules.manager import RulesStatus
 from flannel.subnet.manager import StoreStatus
-from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import LeaseWatcher, Snapshot
+from flannel_lab.etcd import free_port
 
 CONFIG = parse_config('{"Network": "10.0.0.0/8", "Backend": {"Type": "host-gw"}}')
 EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.0.2.1"), None,

@@ -32,14 +32,14 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from flannel.backend.vxlan import VxlanBackend, _Family
+from flannel.clients.etcd import KeyValue
 from flannel.config import NetworkConfig, check_network_config, parse_config
-from flannel.dataplane import COMPONENT, Dataplane
+from flannel.dataplane.loop import COMPONENT, Dataplane
 from flannel.kernel.device import VxlanSpec
 from flannel.kernel.host import Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Lease, LeaseAttrs
-from flannel.readiness import Readiness
-from flannel.subnet.etcd.client import KeyValue
+from flannel.reporting.readiness import Readiness
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 from flannel.subnet.watch import LeaseWatcher, Snapshot
 from tests.support import fakenetlink

@@ -36,11 +36,12 @@ import time
 from pathlib import Path
 
 from bench.converge import percentile
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
-from flannel.lab.cli import decode_config
-from flannel.lab.cluster import ETCD_PREFIX, Lab
-from flannel.lab.mesh import (
+from flannel_lab.cli import decode_config
+from flannel_lab.cluster import ETCD_PREFIX, Lab
+from flannel_lab.mesh import (
     cpu_seconds,
     idle_cpu,
     ring,
@@ -49,7 +50,6 @@ from flannel.lab.mesh import (
     start_pings,
     wait_full_mesh,
 )
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 
 FLANNELD_ARGS = ("--ip-masq",)  # as flannel-lab up runs it
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from bench.memory import FLANNELD, NETWORK, PREFIX
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 
 ROOT = Path(__file__).resolve().parents[1]
 EMPTY_PREFIX = "/bench/empty"
@@ -146,7 +146,7 @@ def bare() -> dict:
 
 
 async def put_leases(endpoint: str, peers: int) -> None:
-    from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+    from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
     config = json.dumps(NETWORK).encode()

@@ -51,8 +51,8 @@ def iperf(client_ns: str, server: str, seconds: int) -> float:
 
 
 def build_variant(name: str, root: Path, number: int) -> Any:
-    from flannel.lab.cli import build, wait_for_mesh
-    from flannel.lab.cluster import Lab
+    from flannel_lab.cli import build, wait_for_mesh
+    from flannel_lab.cluster import Lab
 
     backend, _ = VARIANTS[name]
     lab = Lab(f"vmb{number}", root=root)

@@ -60,9 +60,9 @@ def iperf_between(client_ns: str, bind: str, server: str, seconds: int) -> float
 
 
 def lab_main(args: argparse.Namespace) -> None:
-    from flannel.lab.cli import build, wait_for_mesh
-    from flannel.lab.cluster import Lab
-    from flannel.lab.mesh import idle_cpu
+    from flannel_lab.cli import build, wait_for_mesh
+    from flannel_lab.cluster import Lab
+    from flannel_lab.mesh import idle_cpu
 
     root = Path(tempfile.mkdtemp(prefix="wgbl", dir="/tmp"))
     tag = os.getpid() % 100000

@@ -2,10 +2,10 @@
 
 Owns Go-compatible decoding (case-insensitive member names, typed fields, unknown members
 ignored as Go does but each named once in a warning with the nearest known key, here and,
-through ``warn_unknown_keys``, in each backend's options; bounded by ``flannel.boundedjson``),
-the backend type rule, the ranges a Network must stay out of, and, for etcd mode, the
-SubnetLen/SubnetMin/SubnetMax defaulting and validation with upstream's exact error texts
-(plus SubnetMin <= SubnetMax).
+through ``warn_unknown_keys``, in each backend's options; bounded by
+``flannel.untrusted.boundedjson``), the backend type rule, the ranges a Network must stay
+out of, and, for etcd mode, the SubnetLen/SubnetMin/SubnetMax defaulting and validation with
+upstream's exact error texts (plus SubnetMin <= SubnetMax).
 Must not touch: files, the store, the kernel.
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
-from flannel import boundedjson, gojson
-from flannel.netutil import parse_ip, quoted
+from flannel.untrusted import boundedjson, gojson
+from flannel.untrusted.netutil import parse_ip, quoted
 
 log = logging.getLogger(__name__)
 

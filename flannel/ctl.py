@@ -1,7 +1,7 @@
 """``flannelctl``: operator commands around flanneld.
 
 Owns the command line of the operator tool: ``install-cni``, ``cleanup`` (whose inventory
-of flannel's objects lives in ``flannel/cleanup.py``, imported only for that command), and the
+of flannel's objects lives in ``flannel/ops/cleanup.py``, imported only for that command), and the
 wiring of ``leases``, ``doctor``, ``check``, ``bundle`` and ``status`` (in ``flannel/ops/``):
 their typed options (``flannel.ops.options``) are built here once, store flags resolved.
 Must not touch: kernel state outside ``cleanup``.
@@ -17,7 +17,8 @@ from pathlib import Path
 from flannel.cni.install import LIBRARY_DIR, InstallError, install_conflist, install_plugin
 from flannel.flags import UsageError
 from flannel.ops import options, parsers
-from flannel.ops.storeflags import explicit, of_running, quiet_store_logs, resolve
+from flannel.ops.storeflags import quiet_store_logs
+from flannel.process import stopping
 
 OpsOptions = (options.LeasesOptions | options.DoctorOptions | options.CheckOptions
               | options.BundleOptions | options.StatusOptions)
@@ -45,7 +46,7 @@ def cmd_install_cni(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from flannel import cleanup
+    from flannel.ops import cleanup
 
     refusal = cleanup.check_not_running(args.force)
     if refusal:
@@ -162,50 +163,51 @@ def build_parser() -> argparse.ArgumentParser:
 
 def ops_options(args: argparse.Namespace, environ: dict[str, str] | None = None
                 ) -> OpsOptions:
-    """The typed options of an operator command, its store flags resolved (command line >
-    ``FLANNELD_*`` > doctor: the flanneld running here > flanneld's default); UsageError
-    names a bad value."""
+    """The typed options of an operator command, its store flags resolved once for all
+    of them (``flannel.ops.locate``: command line > ``FLANNELD_*`` > the flanneld running
+    here > flanneld's default); UsageError names a bad value, or what to give when the
+    store of ``check`` or ``leases`` would only be a guess."""
     environ = dict(os.environ if environ is None else environ)
     command = args.command
     if command == "status":
         return options.StatusOptions(args.health_url, args.socket, args.subnet_file,
                                      args.timeout, args.json)
+    if command == "check" and args.lab:
+        return options.CheckOptions(None, args.json, args.count, args.interval, args.timeout,
+                                    args.parallel, args.deadline, args.lab, args.lab_root)
+    from flannel.ops.locate import locate
+
+    located = locate(args, environ)
+    if command in ("leases", "check") and located.guessed:
+        raise UsageError(located.refusal())
     if command == "leases":
         action = args.leases_command
         return options.LeasesOptions(
-            resolve(args, environ), action, json=getattr(args, "json", False),
+            located.store, action, json=getattr(args, "json", False),
             target=args.subnet if action in ("show", "release") else "",
             reserve=args.subnet if action == "reserve" else None,
-            reserve_for=getattr(args, "reserve_for", None), yes=getattr(args, "yes", False))
+            reserve_for=getattr(args, "reserve_for", None), yes=getattr(args, "yes", False),
+            source=located.source())
     if command == "check":
         return options.CheckOptions(
-            None if args.lab else resolve(args, environ), args.json, args.count,
-            args.interval, args.timeout, args.parallel, args.deadline, args.lab,
-            args.lab_root)
+            located.store, args.json, args.count, args.interval, args.timeout,
+            args.parallel, args.deadline, source=located.source(), found=located.found)
     cni = (tuple(args.cni_bin_dir or options.DEFAULT_CNI_BIN_DIRS),
            tuple(args.cni_conf_dir or options.DEFAULT_CNI_CONF_DIRS))
     if command == "bundle":
-        return options.BundleOptions(resolve(args, environ), args.output, args.health_url,
-                                     tuple(args.log_file or ()), args.journal, *cni)
-    from flannel.ops.discover import NotFound, find
-
-    given = tuple(explicit(args, environ))
-    try:
-        found, note = find(), ""
-    except NotFound as err:
-        found, note = None, str(err)
-    if found is not None:
-        note = found.why
-    store = resolve(args, environ, of_running(found) if found is not None else None)
-    return options.DoctorOptions(store, args.json, *cni, args.probe_timeout,
-                                 args.fix_checksum_offload, found, note, given)
+        return options.BundleOptions(located.store, args.output, args.health_url,
+                                     tuple(args.log_file or ()), args.journal, *cni,
+                                     found=located.found, source=located.source(),
+                                     note=located.note if located.guessed else "")
+    return options.DoctorOptions(located.store, args.json, *cni, args.probe_timeout,
+                                 args.fix_checksum_offload, located.found, located.note,
+                                 located.given)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """The command ``args`` names, its options typed first (exit 2 for a bad one)."""
     if args.command in ("install-cni", "cleanup"):
-        code: int = args.func(args)
-        return code
+        return int(args.func(args))
     try:
         typed = ops_options(args)
     except UsageError as err:
@@ -213,8 +215,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command != "status":
         quiet_store_logs()
-    code = args.func(typed)
-    return code
+    return int(args.func(typed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed: list[argparse.Namespace] = []
+
+    def command() -> int:
+        parsed.append(build_parser().parse_args(argv))
+        return run(parsed[0])
+
+    return stopping.run(lambda: " ".join(["flannelctl", *(a.command for a in parsed)]),
+                        command)
 
 
 if __name__ == "__main__":

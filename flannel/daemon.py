@@ -31,11 +31,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from flannel import log as flannel_log
 from flannel.backend import Backend, BackendError, backend_class
-from flannel.backend.base import BackendOptions
-from flannel.backoff import Backoff
+from flannel.backend.base import BackendOptions, Encapsulation
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
-from flannel.dataplane import Dataplane
-from flannel.fdlimit import raise_open_files_limit
+from flannel.dataplane.loop import Dataplane
 from flannel.kernel.iface import ExternalInterface, InterfaceError, PublicIPs, select_interface
 from flannel.kernel.privilege import PrivilegeError, privilege_refusal
 from flannel.kernel.rtnl import NetlinkError
@@ -45,7 +43,8 @@ from flannel.monitor.health import HealthServer
 from flannel.monitor.localsock import LocalSocket, SocketError, listen, socket_path
 from flannel.monitor.nodestate import NodeState
 from flannel.monitor.sdnotify import notify
-from flannel.readiness import Readiness
+from flannel.process.fdlimit import raise_open_files_limit
+from flannel.reporting.readiness import Readiness
 from flannel.rules.build import traffic_rules
 from flannel.rules.iptables import RulesError
 from flannel.settings import InterfaceSettings, RulesSettings, Settings, options_line
@@ -54,6 +53,7 @@ from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.manager import SubnetManager
 from flannel.subnet.watch import LeaseUpdate, LeaseWatcher, Snapshot
+from flannel.timing.backoff import Backoff
 
 if TYPE_CHECKING:
     from flannel.rules.manager import RulesStatus
@@ -111,8 +111,8 @@ class Supervised:
 SelectInterface = Callable[[InterfaceSettings, NetworkConfig, PublicIPs],
                            Awaitable[ExternalInterface]]
 MakeBackend = Callable[[ExternalInterface, NetworkConfig, BackendOptions], Backend]
-#: The rules of the flags for our lease, filtering the backend's encapsulation ports.
-MakeRules = Callable[[RulesSettings, NetworkConfig, Lease, dict[int, tuple[int, ...]]], Rules]
+#: The rules of the flags for our lease, given the backend's encapsulation.
+MakeRules = Callable[[RulesSettings, NetworkConfig, Lease, Encapsulation], Rules]
 
 
 def make_backend(ext: ExternalInterface, config: NetworkConfig,
@@ -120,15 +120,35 @@ def make_backend(ext: ExternalInterface, config: NetworkConfig,
     return backend_class(config.backend_type)(ext, config, options)
 
 
+async def unless_stopped(call: Callable[[], Awaitable[T]], stop: asyncio.Event
+                         ) -> tuple[bool, T | None]:
+    """(True, ``call``'s result), or (False, None) once ``stop`` is set first: the call is
+    cancelled then, so a store that answers slowly or never cannot hold a shutdown."""
+    work = asyncio.ensure_future(call())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((work, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+    if work.cancelled():
+        return False, None
+    return True, work.result()
+
+
 async def retried(call: Callable[[], Awaitable[T]], what: str, fatal: str,
                   backoff: Backoff, stop: asyncio.Event) -> T | None:
     """``call``'s result, retried with ``backoff`` while the store is unavailable (logged as
     ``what``); a fatal store error stops flanneld with ``fatal`` and the reason; None when
-    ``stop`` is set first."""
+    ``stop`` is set first (a call under way is cancelled)."""
     retries = RetryLog(log, what)
     while not stop.is_set():
         try:
-            result = await call()
+            done, result = await unless_stopped(call, stop)
+            if not done:
+                return None
         except StoreError as err:
             raise StartupError(f"{fatal}: {err}") from None
         except StoreUnavailable as err:
@@ -173,6 +193,7 @@ class Daemon:
         self.readiness = Readiness(COMPONENTS)
         self._phase = "waiting for the network config"
         self._started = False
+        self._backend: Backend | None = None  # interrupted by the first signal
         self.readiness.report("startup", False, self._phase)
         #: What /status and /metrics read; filled in as the parts are created.
         self.state = NodeState(self.readiness, options=settings.options)
@@ -197,6 +218,8 @@ class Daemon:
                      "send it again to exit immediately", signal.Signals(signum).name)
             self._remove_signals()
             self.stop.set()
+            if self._backend is not None:  # a cloud call under way must not hold the exit
+                self._backend.interrupt()
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
@@ -269,6 +292,7 @@ class Daemon:
         try:
             backend = self._make_backend(ext, config, BackendOptions(
                 encap_peers_only=self.settings.rules.encap_peers_only))
+            self._backend = backend
             closing.push_async_callback(asyncio.to_thread, backend.close)
             self.phase(f"setting up the {config.backend_type} backend")
             local = await backend.prepare()
@@ -283,6 +307,8 @@ class Daemon:
                 return None
             await backend.activate(lease)
         except (BackendError, NetlinkError) as err:
+            if self.stop.is_set():  # the signal cut the backend's start short
+                return None
             # EPERM first: a device helper's own advice would send the operator astray.
             refusal = privilege_refusal(err)
             raise StartupError(str(refusal or err)) from None
@@ -337,7 +363,7 @@ class Daemon:
                 backend, self.readiness, interval=self.settings.dataplane.reconcile_interval)
             self.state.backend, self.state.dataplane = backend, dataplane
             self.phase("installing traffic rules")
-            traffic = self._make_rules(rules, config, lease, backend.encap_ports())
+            traffic = self._make_rules(rules, config, lease, backend.encapsulation())
             self.state.rules = traffic.status
             await traffic.start()
             self._report_rules(traffic)

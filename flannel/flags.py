@@ -171,6 +171,10 @@ FLAGS: tuple[Flag, ...] = (
          "every node must send from the public IP it publishes: no --public-ip or "
          "public-ip-overwrite naming another address, no NAT between nodes (pyflannel "
          "extension)"),
+    Flag("drop-pod-encap", "bool", True, "drop packets that pods send to the backend's "
+         "encapsulation ports and protocols (vxlan, udp, WireGuard, IKE and ESP, IP-in-IP), "
+         "on this node and on their way out of the pod network, before masquerade would "
+         "make them look like a peer's (pyflannel extension)"),
     Flag("ip-blackhole-route", "bool", False, "keep a blackhole route for the local pod "
          "subnet(s)"),
     Flag("net-config-path", "str", "/etc/kube-flannel/net-conf.json", "path to the network "
@@ -425,7 +429,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
             ip_masq=args.ip_masq, fully_random_disable=args.ip_masq_fully_random_disable,
             forward=args.iptables_forward_rules, resync=args.iptables_resync,
             iptables_mode=args.iptables_mode, blackhole_route=args.ip_blackhole_route,
-            encap_peers_only=args.encap_peers_only),
+            encap_peers_only=args.encap_peers_only, drop_pod_encap=args.drop_pod_encap),
         health=HealthSettings(ip=args.healthz_ip, port=args.healthz_port),
         dataplane=DataplaneSettings(reconcile_interval=args.reconcile_interval),
         files=FileSettings(subnet_file=args.subnet_file),

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
-from flannel import boundedjson, gojson
-from flannel.netutil import parse_ip
+from flannel.untrusted import boundedjson, gojson
+from flannel.untrusted.netutil import parse_ip
 
 
 class LeaseDecodeError(ValueError):
@@ -235,18 +235,27 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A subnet lease. ``expiration`` is a Unix time, None for a reservation (no TTL)."""
+    """A subnet lease. ``expiration`` is a Unix time, None for a reservation (no TTL).
+    ``created``: when the store created the record, as an order every node reads alike
+    from the store (etcd: the key's create revision; kube: the Node's creationTimestamp in
+    Unix seconds); the lower, the older, ties broken by the key (``age``); 0 when not known."""
 
     subnet: IPv4Network | None
     ipv6_subnet: IPv6Network | None = None
     attrs: LeaseAttrs = field(default_factory=LeaseAttrs)
     expiration: float | None = None
     etcd_lease_id: int = 0
+    created: int = 0
     # Computed once: a snapshot of 5000 leases asks each for its key several times.
     key: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", make_subnet_key(self.subnet, self.ipv6_subnet))
+
+    @property
+    def age(self) -> tuple[int, str]:
+        """What orders leases from the oldest: ``created``, then the key."""
+        return self.created, self.key
 
     @property
     def is_reservation(self) -> bool:

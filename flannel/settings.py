@@ -56,8 +56,8 @@ class InterfaceSettings:
 
 @dataclass(frozen=True)
 class RulesSettings:
-    """The traffic rules (masquerade, forward, the encapsulation filter) and the blackhole
-    routes."""
+    """The traffic rules (masquerade, forward, the encapsulation filter, the drop of
+    encapsulation sent by pods) and the blackhole routes."""
 
     ip_masq: bool = False
     fully_random_disable: bool = False
@@ -67,6 +67,8 @@ class RulesSettings:
     blackhole_route: bool = False
     #: Encapsulated traffic (vxlan, udp) only from the public addresses of the leases.
     encap_peers_only: bool = False
+    #: Packets from the pod network to the backend's encapsulation ports dropped.
+    drop_pod_encap: bool = True
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
+from flannel_lab.etcd import EtcdServer
 from tests.support import fuzzing, netns
 
 pytest_plugins = ["tests.support.fastlane"]

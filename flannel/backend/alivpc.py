@@ -21,7 +21,7 @@ from flannel.cloud.options import KEY_OPTIONS
 
 class AliVpcBackend(CloudRouteBackend):
     type_name = "ali-vpc"
-    # No SDK to import: the engine's API client (flannel.cloud.aliyunrpc) is the standard
+    # No SDK to import: the engine's API client (flannel.clients.aliyunrpc) is the standard
     # library and the project's HTTP layer only.
     sdk_module = ""
     extra = ""

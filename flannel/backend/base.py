@@ -1,6 +1,6 @@
 """The backend contract: what the data plane asks of every backend.
 
-A backend describes; the data plane (``flannel.dataplane``) acts. A backend prepares the
+A backend describes; the data plane (``flannel.dataplane.loop``) acts. A backend prepares the
 local side (devices, keys) and says what to publish in our lease (``prepare``, ``activate``,
 run once by the daemon), then, for any set of remote leases, says what the kernel and any
 other engine must hold:
@@ -13,40 +13,77 @@ other engine must hold:
   ``samples``, ``refused_peers``, ``close``) handed the full peer set on every pass;
 - ``failure_hint(error)``: advice for an operator when the kernel refused a change.
 
+Which peers those are is ``admit(peers)``'s (``flannel/backend/admission.py``), from what the
+backend declares of a lease under the network config alone: ``lease_problem`` (data it
+cannot use, refused as the kernel would refuse it), ``identities`` (what must be one node's
+only: a VTEP MAC, a public key), and, when the kernel refused a change, ``entry_peers``
+(whose entry it was: that peer is parked and retried, the others are programmed).
+
+What carries its traffic between nodes a backend declares once, from the network config
+(``carriers``: UDP ports, IP protocols, the underlay's IP versions, authenticated or not,
+how to probe it): the traffic rules read it (``encapsulation()``: what pods may not send
+to, what ``--encap-peers-only`` filters), and so do the operator tools.
+
 The first three fail with OSError (netlink errors included), ``BackendError`` or one of the
 backend's ``pass_errors``; the data plane retries those, and anything else ends flanneld.
 
-All four run in the data plane's worker thread; a backend owns no task, thread, socket
+All of these run in the data plane's worker thread; a backend owns no task, thread, socket
 lifetime or readiness code. ``close()`` (the daemon, at shutdown, after the data plane has
-stopped) closes every applier, which stops any process an engine runs. A backend also
-declares its ``footprint`` (``flannel/backend/footprint.py``) for the operator tools, and
-decodes its options with ``<X>Config.from_backend(backend)``, which raises
-``BackendConfigError``. Must not touch: the store, subnet.env, readiness.
+stopped) closes every applier, which stops any process an engine runs. A backend decodes its
+options with ``<X>Config.from_backend(backend)``, which raises ``BackendConfigError``.
+
+For the operator tools a backend declares its ``footprint`` (``flannel/backend/footprint.py``:
+the devices ``flannelctl cleanup`` may remove) and answers, without touching anything, what
+it does with each peer on a node (``describe``, ``flannel/backend/plan.py``: whether it uses a
+lease, judged by the same admission as flanneld's, the kernel entries each gets, from the
+functions ``desired_state`` calls, its engines' entries, which of its carriers carries it),
+and reads what its engines hold (``read_engine``). Must not touch: the store, subnet.env,
+readiness.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv6Address
+from pathlib import Path
 from typing import ClassVar
 
-from flannel.backend.footprint import Footprint
-from flannel.backenderrors import BackendConfigError as BackendConfigError
-from flannel.backenderrors import BackendError as BackendError
+from flannel.backend.admission import PeerAdmission
+from flannel.backend.footprint import Footprint, Leftovers, Place
+from flannel.backend.plan import (
+    PLAIN,
+    Carrier,
+    Description,
+    EngineReading,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    PeerPlan,
+    family_subnet,
+    gateway_address,
+    local_addresses,
+    versions,
+)
+from flannel.backend.plan import (
+    RouteLookup as RouteLookup,
+)
+from flannel.backendconf.errors import BackendConfigError as BackendConfigError
+from flannel.backendconf.errors import BackendError as BackendError
 from flannel.config import NetworkConfig, warn_unknown_keys
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState
-from flannel.kernel.rtnl import NetlinkError, Route
+from flannel.kernel.rtnl import NetlinkError
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
 
-#: ``route_get(ip)``: the route the kernel would use for ``ip`` (None when unreachable).
-RouteLookup = Callable[[IPv4Address | IPv6Address], Route | None]
+#: Plans one remote lease's IP families (the lease is one the backend wants).
+PeerPlanner = Callable[[Lease], tuple[FamilyPlan, ...]]
 
 
 @dataclass(frozen=True)
@@ -71,6 +108,33 @@ class LocalNetwork:
     backend_v6_data: str | None = None
     public_ip: IPv4Address | None = None
     public_ipv6: IPv6Address | None = None
+
+
+@dataclass(frozen=True)
+class Encapsulation:
+    """The traffic rules' view of a backend's carriers (``Backend.carriers``): by IP version
+    of the underlay, every UDP port peers' encapsulated traffic arrives on and every IP
+    protocol it travels in (ESP 50, IP-in-IP 4). ``authenticated``: every carrier checks
+    each packet against the sending peer's key (WireGuard, IPsec), so a forged one is
+    refused whoever sends it."""
+
+    udp: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    protocols: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    authenticated: bool = False
+
+    @classmethod
+    def of(cls, carriers: Sequence[Carrier]) -> Encapsulation:
+        """Every port and protocol of ``carriers``, by IP version of the underlay."""
+        udp: dict[int, set[int]] = {}
+        protocols: dict[int, set[int]] = {}
+        carrying = [c for c in carriers if c.udp_ports or c.ip_protocols]
+        for carrier in carrying:
+            for version in carrier.versions:
+                udp.setdefault(version, set()).update(carrier.udp_ports)
+                protocols.setdefault(version, set()).update(carrier.ip_protocols)
+        return cls({v: tuple(sorted(ports)) for v, ports in sorted(udp.items()) if ports},
+                   {v: tuple(sorted(ps)) for v, ps in sorted(protocols.items()) if ps},
+                   authenticated=bool(carrying) and all(c.authenticated for c in carrying))
 
 
 @dataclass(frozen=True)
@@ -110,8 +174,10 @@ class Applier:
     ``samples()``: the engine's own figures (a forwarder's packets and drops, the age of the
     oldest handshake), read on the event loop at every scrape, so it returns what ``apply``
     last saw and never blocks. ``refused_peers()``: peer leases the engine skips because
-    they are bad (lease key -> why), for /status. ``close()``: stop what the engine runs
-    (a process) when flanneld stops; it blocks, and runs after the data plane stopped.
+    they are bad (lease key -> why), for /status. ``interrupt()``: flanneld is stopping,
+    end a blocking ``apply`` at once (any thread, never blocks). ``close()``: stop what the
+    engine runs (a process) when flanneld stops; it blocks, and runs after the data plane
+    stopped.
     """
 
     name: str = "engine"
@@ -124,6 +190,9 @@ class Applier:
 
     def refused_peers(self) -> dict[str, str]:
         return {}
+
+    def interrupt(self) -> None:
+        """Nothing to cut short by default."""
 
     def close(self) -> None:
         """Nothing runs by default."""
@@ -163,6 +232,8 @@ class Backend(ABC):
         self.options = options or BackendOptions()
         self.lease: Lease | None = None
         self._ignored: set[str] = set()  # keys of leases of other backends, logged once
+        #: Which peers are programmed, and why the others are not.
+        self.admission = self.admission_for(config)
 
     @abstractmethod
     async def prepare(self) -> LocalNetwork:
@@ -171,6 +242,39 @@ class Backend(ABC):
     async def activate(self, lease: Lease) -> None:
         """Program the local side of our own lease (addresses on devices)."""
         self.lease = lease
+        self.admission.own(lease)
+
+    @classmethod
+    def lease_problem(cls, lease: Lease, config: NetworkConfig) -> str | None:
+        """Why this backend cannot use a peer lease's data ("its IPv4 VtepMAC ... is a
+        multicast MAC"; the message names what the lease needs), None when it can. Refused
+        here rather than by the kernel, which would fail the whole pass. From the network
+        config alone (no prepared backend needed). None by default."""
+        return None
+
+    @classmethod
+    def identities(cls, lease: Lease, config: NetworkConfig) -> tuple[str, ...]:
+        """What a lease claims that must be one node's only ("IPv4 VtepMAC 0e:..",
+        "PublicKey ..."): a newer lease claiming one of them from another address is
+        refused. From the network config alone. None by default."""
+        return ()
+
+    @classmethod
+    def admission_for(cls, config: NetworkConfig) -> PeerAdmission:
+        """A fresh ``PeerAdmission`` judging peer leases as this backend does under
+        ``config`` (flanneld's, and the operator tools' in ``describe``)."""
+        return PeerAdmission(functools.partial(cls.lease_problem, config=config),
+                             functools.partial(cls.identities, config=config))
+
+    def entry_peers(self, entry: object, peers: Sequence[Lease]) -> list[Lease]:
+        """The peers among ``peers`` a kernel entry of desired state was made for (none:
+        it is this node's own, e.g. a route over the whole Network)."""
+        return []
+
+    def admit(self, peers: Sequence[Lease]) -> tuple[Lease, ...]:
+        """The peers to program now (``admission``): those whose data and identity are
+        usable and that the kernel is not refusing. The same tuple while nothing changes."""
+        return self.admission.admit(peers)
 
     def ensure_local(self) -> None:
         """Recreate whatever local device state is missing (worker thread; idempotent)."""
@@ -188,11 +292,30 @@ class Backend(ABC):
         """Advice for an operator when the kernel refused one of our changes ("" if none)."""
         return ""
 
-    def encap_ports(self) -> dict[int, tuple[int, ...]]:
-        """The UDP ports peers send our encapsulated traffic to, by IP version of the
-        underlay (after ``prepare``); what ``--encap-peers-only`` filters. Empty when the
-        backend carries nothing over UDP, or authenticates it (wireguard)."""
-        return {}
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        """What carries this backend's traffic between nodes under ``config``, declared once:
+        each carrier's UDP ports and IP protocols, the underlay's IP versions it arrives
+        over, whether it authenticates, how a peer's can be probed (``Carrier``). The
+        traffic rules read every port and protocol of them (``encapsulation``), the
+        operator tools what carries each peer (``peer_planner`` picks among them) and what
+        any host may inject (``NodePlan.injectable``). BackendConfigError when the options
+        are unusable. None by default: the underlay carries pods' packets as they are."""
+        return ()
+
+    def encapsulation(self) -> Encapsulation:
+        """Every port and protocol peers send our encapsulated traffic to: what pods may not
+        send to (``--drop-pod-encap``), and, where it is not authenticated, what only peers
+        may send to (``--encap-peers-only``). Read from ``carriers``."""
+        return Encapsulation.of(type(self).carriers(self.config))
+
+    def interrupt(self) -> None:
+        """flanneld is stopping: blocking work under way in a pass or at start (a cloud
+        call, an operation waited on) ends at once, and later work is refused. Called on
+        the event loop as the first signal arrives, before anything waits for that work;
+        never blocks. Interrupts every applier."""
+        for applier in self.appliers():
+            applier.interrupt()
 
     def close(self) -> None:
         """Stop what the backend runs besides kernel state (a forwarder process) when
@@ -204,18 +327,102 @@ class Backend(ABC):
     def wants(self, lease: Lease) -> bool:
         """Whether a remote lease belongs to this backend (upstream filters on BackendType,
         silently; here a lease of another backend is named in the log once)."""
-        if lease.attrs.backend_type == self.backend_type:
+        why = self.refuses(lease, self.config)
+        if not why:
             return True
-        self.ignore(lease)
+        if lease.key not in self._ignored:
+            self._ignored.add(lease.key)
+            log.warning("ignoring lease %s (public IP %s): %s", lease.key,
+                        lease.attrs.public_ip, why)
         return False
 
-    def ignore(self, lease: Lease) -> None:
-        """Log, once per lease, that a lease of another backend cannot be a peer."""
-        if lease.key in self._ignored:
-            return
-        self._ignored.add(lease.key)
+    @classmethod
+    def refuses(cls, lease: Lease, config: NetworkConfig) -> str:
+        """Why this backend cannot use a remote lease ("" when it can): one of another
+        backend, or a reservation no node has taken yet, whose node runs no backend."""
+        if lease.attrs.backend_type == cls.backend_type:
+            return ""
+        if unclaimed(lease):
+            return (f"a reservation for {lease.attrs.public_ip} that no node has taken yet: "
+                    f"its node runs no {config.backend_type} backend yet")
         theirs = lease.attrs.backend_type or "udp or alloc (no BackendType)"
-        log.warning("ignoring lease %s (public IP %s): its node runs the %s backend, which "
-                    "this node's %s backend cannot reach; every node of a network must run "
-                    "the same backend", lease.key, lease.attrs.public_ip, theirs,
-                    self.config.backend_type)
+        return (f"its node runs the {theirs} backend, which this node's "
+                f"{config.backend_type} backend cannot reach; every node of a network must "
+                "run the same backend")
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def describe(cls, node: NodeView, leases: Sequence[Lease]) -> Description:
+        """What flanneld does with each of ``leases`` (remote ones the lease watcher passed)
+        on ``node``, and the node's side: ``flannel/backend/plan.py``. The leases it wants
+        go through a fresh admission of its own, with our lease, as in flanneld: a lease
+        refused for its data or an identity it may not claim is skipped with the same why.
+        Touches nothing; BackendConfigError when the options are unusable."""
+        config = node.config
+        planner = cls.peer_planner(node)
+        admission = cls.admission_for(config)
+        if node.own is not None:
+            admission.own(node.own)
+        refuses = {lease.key: why for lease in leases if (why := cls.refuses(lease, config))}
+        admission.admit([lease for lease in leases if lease.key not in refuses])
+        refused = admission.refused
+        plans = []
+        for lease in leases:
+            if lease.key in refuses:
+                plans.append(PeerPlan(lease, skipped=refuses[lease.key],
+                                      reserved=unclaimed(lease)))
+            elif lease.key in refused:
+                kind, why = refused[lease.key]
+                plans.append(PeerPlan(lease, skipped=why, refused=kind))
+            else:
+                plans.append(PeerPlan(lease, planner(lease)))
+        return Description(replace(cls.node_plan(node), carriers=cls.carriers(config)),
+                           tuple(plans))
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        """The node's side: by default no device of ours (the underlay carries pods'
+        packets) and peers answering on their ``cni0`` gateway."""
+        return NodePlan(data_path=cls.footprint.has_data_path,
+                        unjudged=cls.footprint.unjudged,
+                        local=local_addresses(node, on_base=False))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        """Plans a wanted lease's families (options decoded once, here). By default no
+        kernel entry: the traffic is routed by the underlay, the peer answers on its
+        ``cni0`` gateway."""
+
+        def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(lease, version)
+                if subnet is not None:
+                    out.append(FamilyPlan(version, subnet, public, carrier=PLAIN,
+                                          answers_on=gateway_address(subnet)))
+            return tuple(out)
+
+        return plan
+
+    @classmethod
+    def read_engine(cls, node: NodeView, root: Path | None) -> EngineReading:
+        """What this backend's engines hold on the node now (WireGuard peers, IKE SAs), read
+        through the files flanneld sees under ``root`` (its ``/proc/<pid>/root``; None: no
+        flanneld runs here, only what needs none is read), and problems of the engines
+        themselves; nothing for a backend whose peers are all in netlink state. Read
+        only."""
+        return EngineReading()
+
+    @classmethod
+    def leftovers(cls, place: Place) -> Leftovers:
+        """What ``flannelctl cleanup`` removes of this backend besides the devices its
+        footprint declares (with their routes and entries) and the traffic rules: processes
+        it started, their sockets and files. Looks only; the items remove when called."""
+        return Leftovers()
+
+
+def unclaimed(lease: Lease) -> bool:
+    """A reservation (no TTL) whose node has not written its backend's data yet."""
+    return lease.is_reservation and not lease.attrs.backend_type \
+        and lease.attrs.backend_data is None and lease.attrs.backend_v6_data is None

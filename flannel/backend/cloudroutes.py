@@ -8,8 +8,9 @@ and routes our subnet; the applier then makes the table match the live leases on
 (lease changes, the periodic ``--reconcile-interval`` resync, retries after a failure), so a
 route deleted or redirected in the console is repaired and routes of vanished leases are
 collected. Every engine call blocks on HTTP and runs in the data plane's worker thread; the
-engines bound each request (``API_TIMEOUT``). Throttling is waited out (bounded retries) only
-at start; in a pass it fails the pass, which the data plane retries with its backoff.
+engines bound each request (``API_TIMEOUT``), and ``interrupt()`` cuts the call or wait under
+way when flanneld stops. Throttling is waited out (bounded retries) only at start; in a pass
+it fails the pass, which the data plane retries with its backoff.
 Must not touch: the store, the kernel; which routes are ours (the engines decide).
 """
 
@@ -30,9 +31,12 @@ from flannel.backend.base import (
     BackendConfigError,
     BackendError,
     LocalNetwork,
+    PeerPlanner,
 )
 from flannel.backend.footprint import ELSEWHERE, Footprint
+from flannel.backend.plan import Carrier, FamilyPlan, NodeView, gateway_address
 from flannel.cloud.base import CloudError, RouteChange
+from flannel.config import NetworkConfig
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,8 @@ class RouteEngine(Protocol):
 
     def reconcile(self, own_lease: Lease, peer_leases: Iterable[Lease], *,
                   collect: bool = True, wait_throttled: bool = True) -> list[RouteChange]: ...
+
+    def interrupt(self) -> None: ...
 
 
 class CloudRoutes(Applier):
@@ -127,6 +133,29 @@ class CloudRouteBackend(Backend):
 
     def appliers(self) -> Sequence[Applier]:
         return () if self._applier is None else (self._applier,)
+
+    def interrupt(self) -> None:
+        # The engine, not only the applier: its start (metadata, the first route) runs in
+        # activate(), before the applier exists.
+        if self._engine is not None:
+            self._engine.interrupt()
+
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # The VPC's router forwards pods' packets as they are: no encapsulation.
+        return (Carrier("the VPC's route table", versions=(4,)),)
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        carrier, = cls.carriers(node.config)
+
+        def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
+            if lease.subnet is None:
+                return ()
+            return (FamilyPlan(4, lease.subnet, lease.attrs.public_ip, carrier=carrier,
+                               answers_on=gateway_address(lease.subnet)),)
+
+        return plan
 
     @staticmethod
     def _address(address: IPv4Address | None, what: str) -> IPv4Address:

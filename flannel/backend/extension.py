@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from flannel.backend.base import (
     Applier,
@@ -32,8 +33,18 @@ from flannel.backend.base import (
     BackendOptions,
     EngineSample,
     LocalNetwork,
+    PeerPlanner,
 )
 from flannel.backend.footprint import BY_USER, Footprint
+from flannel.backend.plan import (
+    Carrier,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    family_subnet,
+    gateway_address,
+    versions,
+)
 from flannel.config import NetworkConfig
 from flannel.extension.peers import (
     CommandFailed,
@@ -108,7 +119,7 @@ class ExtensionCommands(Applier):
 
     def refused_peers(self) -> dict[str, str]:
         """Bad peers: lease key -> why (for /status)."""
-        return {key: bad.reason for key, bad in sorted(self.peers.bad.items())}
+        return self.peers.bad.reasons()
 
 
 class ExtensionBackend(Backend):
@@ -167,3 +178,32 @@ class ExtensionBackend(Backend):
 
     def appliers(self) -> Sequence[ExtensionCommands]:
         return (self.engine,)
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        """As every backend without a device of its own, the underlay carrying what the
+        commands' data path adds (``EncapOverhead``)."""
+        plan = super().node_plan(node)
+        return replace(plan, overhead=ExtensionConfig.from_backend(node.config.backend)
+                       .encap_overhead)
+
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # Whatever the commands build: no port or protocol flanneld knows of.
+        return (Carrier("the extension's data path", unprobed="the extension's own commands "
+                        "(SubnetAddCommand) choose what carries it", versions=versions(config)),)
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        carrier, = cls.carriers(node.config)
+
+        def plan(lease: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(lease, version)
+                if subnet is not None:
+                    out.append(FamilyPlan(version, subnet, public, carrier=carrier,
+                                          answers_on=gateway_address(subnet)))
+            return tuple(out)
+
+        return plan

@@ -1,19 +1,20 @@
 """What a backend leaves on a node, declared for the operator tools.
 
 Every backend class declares its ``Footprint`` (``Backend.footprint``), next to the
-``backend_type`` its leases carry, so ``flannelctl check``, ``doctor`` and ``cleanup`` judge
-and clean a node of any backend from one description instead of knowing each backend by
-name: how peers' subnets are routed, the devices it makes (``links``), the UDP port anyone
-on the underlay may send it encapsulated packets to, whether peers are reached through a
-VTEP (a permanent neighbour and FDB entry per peer), and whether it carries IPv6 too.
-A declaration only: the backends themselves never read it, and it must stay true to what
-they program.
+``backend_type`` its leases carry, so ``flannelctl cleanup`` cleans a node of any backend
+from one declaration instead of knowing each backend by name (the devices it makes:
+``links``), ``/status`` shows it, and ``doctor`` knows whether a backend carries IPv6 and
+what its kernel cannot show. What a backend does with each peer is its description
+(``flannel/backend/plan.py``), computed by its own code. A declaration only: the backends
+themselves never read it, and it must stay true to what they program.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
 #: How the node's main routing table carries a peer's subnet.
 PER_PEER = "per-peer"  # one route per peer subnet, made by flanneld (vxlan, host-gw, ipip)
@@ -45,23 +46,18 @@ class Link:
 @dataclass(frozen=True)
 class Footprint:
     """``routes``: one of the constants above. ``device``: the IPv4 device flanneld makes
-    (``{vni}`` stands for the VXLAN VNI; "" for none). ``answers_on_base``: that device holds
-    the base address of the node's subnet, so a peer answers there whether or not it runs
-    pods (else only its ``cni0`` gateway, the subnet's first address, answers). ``unjudged``:
+    (``{vni}`` stands for the VXLAN VNI; "" for none). ``unjudged``:
     why the node's kernel cannot tell whether a peer is programmed ("" when it can).
-    ``links``: every device the backend makes, in any family. ``encap_port``: the UDP port
-    peers send encapsulated packets to unless the ``Port`` option says another (0: none that
-    an underlay host could inject into: no UDP, or authenticated as WireGuard's).
-    ``vtep``: each peer is reached through ``device`` by a permanent neighbour and FDB entry
-    made from the ``VtepMAC`` of its lease (the device's MAC is the one our lease publishes).
+    ``links``: every device the backend makes, in any family (what carries its traffic
+    between nodes is ``Backend.carriers``, from the network config). ``vtep``: each peer
+    is reached through ``device`` by a permanent neighbour and FDB entry made from the
+    ``VtepMAC`` of its lease (the device's MAC is the one our lease publishes).
     ``dual_stack``: the backend carries IPv6 networks too."""
 
     routes: str
     device: str = ""
-    answers_on_base: bool = False
     unjudged: str = ""
     links: tuple[Link, ...] = ()
-    encap_port: int = 0
     vtep: bool = False
     dual_stack: bool = False
 
@@ -71,3 +67,25 @@ class Footprint:
     @property
     def has_data_path(self) -> bool:
         return self.routes != NO_DATA_PATH
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where ``flannelctl cleanup`` looks for what a backend leaves besides its devices,
+    routes, neighbour and FDB entries (``Backend.leftovers``): ``run_dir``, the node's /run
+    (None: the files under it are not this node's, not looked at); ``key_file``, a key file
+    named on the command line (None: the backend's default under ``run_dir``); ``devices``,
+    every link of this network namespace, name -> (ifindex, kind)."""
+
+    run_dir: Path | None
+    key_file: Path | None = None
+    devices: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+
+
+@dataclass
+class Leftovers:
+    """What a backend left on a node: ``items``, (what, how to remove it) in removal order;
+    ``kept``, what looks like the backend's but is not (left alone, said why)."""
+
+    items: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)

@@ -10,12 +10,29 @@ import errno
 import socket
 from collections.abc import Sequence
 
-from flannel.backend.base import BackendError, LocalNetwork, RouteLookup
+from flannel.backend.base import BackendError, LocalNetwork, PeerPlanner, RouteLookup
 from flannel.backend.footprint import PER_PEER, Footprint
+from flannel.backend.plan import (
+    PLAIN,
+    FamilyPlan,
+    NodeView,
+    family_subnet,
+    gateway_address,
+    versions,
+)
 from flannel.backend.routed import RoutedBackend
 from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import NetlinkError, Route
 from flannel.lease import Lease
+
+
+def peer_route(peer: Lease, version: int, underlay: int) -> Route | None:
+    """The route to one IP family of a peer's subnet: via its public address on the
+    external interface (None when the lease lacks that family)."""
+    subnet, public = family_subnet(peer, version)
+    if subnet is None or public is None:
+        return None
+    return Route(str(subnet), str(public), underlay)
 
 
 class HostGwBackend(RoutedBackend):
@@ -32,11 +49,9 @@ class HostGwBackend(RoutedBackend):
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes = set()
         for peer in peers:
-            if self.config.enable_ipv4 and peer.subnet and peer.attrs.public_ip:
-                routes.add(Route(str(peer.subnet), str(peer.attrs.public_ip), self.ext.index))
-            if self.config.enable_ipv6 and peer.ipv6_subnet and peer.attrs.public_ipv6:
-                routes.add(Route(str(peer.ipv6_subnet), str(peer.attrs.public_ipv6),
-                                 self.ext.index))
+            for version in versions(self.config):
+                if (route := peer_route(peer, version, self.ext.index)) is not None:
+                    routes.add(route)
         families = tuple(f for f, on in ((socket.AF_INET, self.config.enable_ipv4),
                                          (socket.AF_INET6, self.config.enable_ipv6)) if on)
         return DesiredState(frozenset(routes), families=families, **self.ownership())
@@ -49,3 +64,17 @@ class HostGwBackend(RoutedBackend):
                 f"directly reachable on {self.ext.name}, with no router in between; across "
                 "routed networks use the vxlan backend (DirectRouting keeps direct routes "
                 "for the peers on the same segment)")
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(peer, version)
+                route = peer_route(peer, version, node.underlay)
+                if subnet is not None and route is not None:
+                    out.append(FamilyPlan(version, subnet, public, routes=frozenset({route}),
+                                          carrier=PLAIN, answers_on=gateway_address(subnet)))
+            return tuple(out)
+
+        return plan

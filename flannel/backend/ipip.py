@@ -22,11 +22,22 @@ from flannel.backend.base import (
     BackendError,
     BackendOptions,
     LocalNetwork,
+    PeerPlanner,
     RouteLookup,
 )
 from flannel.backend.footprint import PER_PEER, Footprint, Link
+from flannel.backend.plan import (
+    PLAIN,
+    Carrier,
+    DevicePlan,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    base_address,
+    local_addresses,
+)
 from flannel.backend.routed import RoutedBackend
-from flannel.backendoptions import decode_options
+from flannel.backendconf.options import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device, ipipdev
 from flannel.kernel.iface import ExternalInterface
@@ -50,9 +61,31 @@ class IpipConfig:
         return cls(fields["DirectRouting"])
 
 
+#: IP-in-IP: IP protocol 4 over IPv4, no port; the device takes it from any remote and
+#: delivers the inner packet. A host without a tunnel for it answers "protocol
+#: unreachable", which a probe would need a raw socket of protocol 4 to provoke.
+IPIP = Carrier("IP-in-IP", ip_protocols=(socket.IPPROTO_IPIP,), versions=(4,),
+               unprobed="IP-in-IP (IP protocol 4) has no port to send a probe to")
+
+
+def peer_route(peer: Lease, index: int, underlay: int, direct_routing: bool,
+               route_get: RouteLookup) -> Route | None:
+    """The route to a peer's subnet: via its public address through the tunnel device, or
+    with DirectRouting on the external interface when the peer is on-link there."""
+    public = peer.attrs.public_ip
+    if peer.subnet is None or public is None:
+        return None
+    oif = index
+    if direct_routing:
+        direct = route_get(public)
+        if direct is not None and direct.gateway is None:
+            oif = underlay
+    return Route(str(peer.subnet), str(public), oif, onlink=True)
+
+
 class IpipBackend(RoutedBackend):
     backend_type = "ipip"
-    footprint = Footprint(PER_PEER, device=DEVICE, answers_on_base=True,
+    footprint = Footprint(PER_PEER, device=DEVICE,
                           links=(Link(r"flannel\.ipip", "ipip"),))
     pass_errors = (device.DeviceError,)
     option_names = ("DirectRouting",)
@@ -87,6 +120,11 @@ class IpipBackend(RoutedBackend):
         self.spec = spec
         return LocalNetwork("ipip", mtu)
 
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # DirectRouting's peers on the segment take the underlay's plain routing.
+        return (IPIP,)
+
     def ensure_local(self) -> None:
         assert self.lease is not None and self.spec is not None
         self.index = ipipdev.ensure_ipip(self.spec, self.options.host)
@@ -98,15 +136,10 @@ class IpipBackend(RoutedBackend):
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         routes: set[Route] = set()
         for peer in peers:
-            public = peer.attrs.public_ip
-            if peer.subnet is None or public is None:
-                continue
-            oif = self.index
-            if self.ipip.direct_routing:
-                direct = route_get(public)
-                if direct is not None and direct.gateway is None:
-                    oif = self.ext.index
-            routes.add(Route(str(peer.subnet), str(public), oif, onlink=True))
+            route = peer_route(peer, self.index, self.ext.index, self.ipip.direct_routing,
+                               route_get)
+            if route is not None:
+                routes.add(route)
         links = frozenset({LinkState(self.index, DEVICE, self.spec.mtu, "")}) \
             if self.spec is not None else frozenset()
         return DesiredState(frozenset(routes), devices=frozenset({self.index}),
@@ -118,3 +151,26 @@ class IpipBackend(RoutedBackend):
             return frozenset()
         base: IPv4Address = self.lease.subnet.network_address
         return frozenset({(self.index, f"{base}/32")})
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        return NodePlan(devices=(DevicePlan(DEVICE, 4, ipipdev.IPIP_OVERHEAD),),
+                        local=local_addresses(node, on_base=True))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        direct_routing = IpipConfig.from_backend(node.config.backend).direct_routing
+        index = node.device(DEVICE)
+
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            route = peer_route(peer, index, node.underlay, direct_routing, node.route_get)
+            if route is None or peer.subnet is None:
+                return ()
+            direct = route.oif == node.underlay and route.oif != index
+            return (FamilyPlan(4, peer.subnet, peer.attrs.public_ip, routes=frozenset({route}),
+                               carrier=PLAIN if direct else IPIP,
+                               answers_on=base_address(peer.subnet)),)
+
+        return plan

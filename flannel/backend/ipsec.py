@@ -15,6 +15,12 @@ failed under an established IKE SA is initiated again; connections of vanished p
 unloaded and their SAs terminated. It re-checks every ``RECHECK`` seconds: a charon
 restarted, a connection unloaded or a policy deleted by hand raises no event.
 IKE authentication failures in charon's log are reported naming the peer (a PSK mismatch).
+For ``flannelctl cleanup`` (``leftovers``): charon, when flanneld started it in this network
+namespace (its marker ``/run/flannel/ipsec/charon.pid`` names it and the process runs with
+flanneld's ``strongswan.conf``: stopped, which takes its SAs, TUN device and routes with it;
+another charon is never stopped), flanneld's files for it (``/run/flannel/ipsec``), and the
+XFRM policies of Go's shape (ESP tunnel template, reqid 11) it installs where the kernel
+carries ESP.
 Must not touch: the store; the PSK outside the VICI messages (never logged, in an error, in
 readiness or status); connections that are not ours (other names, or another local address).
 """
@@ -22,10 +28,16 @@ readiness or status); connections that are not ours (other names, or another loc
 from __future__ import annotations
 
 import asyncio
+import functools
+import importlib.util
 import logging
 import re
+import shutil
+import socket
 from collections.abc import Sequence
+from dataclasses import replace
 from ipaddress import IPv4Address
+from pathlib import Path
 from typing import Any
 
 from flannel.backend.base import (
@@ -36,13 +48,37 @@ from flannel.backend.base import (
     BackendOptions,
     EngineSample,
     LocalNetwork,
+    PeerPlanner,
 )
-from flannel.backend.footprint import ELSEWHERE, Footprint
+from flannel.backend.footprint import ELSEWHERE, Footprint, Leftovers, Place
+from flannel.backend.plan import (
+    Carrier,
+    DevicePlan,
+    EngineEntry,
+    EngineReading,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    gateway_address,
+    local_addresses,
+)
 from flannel.config import NetworkConfig
+from flannel.ipsec import charon as charon_process
 from flannel.ipsec import xfrm
-from flannel.ipsec.charon import Charon, CharonError, CharonSpec
+from flannel.ipsec.charon import (
+    VICI_SOCKET,
+    Charon,
+    CharonError,
+    CharonSpec,
+    connection_names,
+    find_charon,
+    sa_states,
+)
 from flannel.ipsec.config import (
+    IPSEC_OVERHEAD,
     OPTION_NAMES,
+    REQID,
+    UDP_ENCAP_OVERHEAD,
     IpsecConfig,
     Pair,
     child_name,
@@ -56,11 +92,19 @@ from flannel.kernel.device import ensure_address
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.rtnl import Rtnl
 from flannel.lease import Lease
+from flannel.process.procscan import same_netns
 
 log = logging.getLogger(__name__)
 
 #: Seconds between checks of charon and its connections.
 RECHECK = 5.0
+#: What carries the peers: IKE on charon's ports (strongSwan's defaults, Go flannel's: 500,
+#: and 4500 once NAT-T or UDPEncap moves it there), ESP in UDP on 4500 or bare ESP; IPv4
+#: only. charon answers no stray datagram on its ports.
+CARRIER = Carrier("IPsec (IKE and ESP)", udp_ports=(500, 4500),
+                  ip_protocols=(socket.IPPROTO_ESP,), refuses=True, versions=(4,),
+                  authenticated=True)
+STOP_TIMEOUT = 5.0  # for charon to exit on SIGTERM before it gets SIGKILL
 # charon's log, with connection names: "<name|unique id> received AUTHENTICATION_FAILED ..."
 # (we are the initiator) or "... MAC mismatched" / "verification of AUTH payload ... failed"
 # (we are the responder).
@@ -71,6 +115,10 @@ _AUTH_FAILED = re.compile(
 
 #: The TUN device kernel-libipsec creates (charon's, never flanneld's).
 TUN_DEVICE = "ipsec0"
+IKE_SA = "IKE SA"
+#: What an IKE SA with a peer must be: established, its CHILD_SA installed.
+UP = (("state", "ESTABLISHED"), ("CHILD_SA", "INSTALLED"))
+CHARON_LOG = "/run/flannel/ipsec/charon.log"
 _LOG_END_PROBE = 64 * 1024  # bytes of charon's log read at start to find its last line
 
 
@@ -147,6 +195,10 @@ class IpsecBackend(Backend):
     def appliers(self) -> Sequence[ConnectionApplier]:
         return (self._applier,)
 
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        return (CARRIER,)
+
     def ensure_local(self) -> None:
         """With kernel-libipsec: our subnet's base address on charon's TUN (when charon has
         made it: the applier starts charon and calls this again)."""
@@ -161,6 +213,105 @@ class IpsecBackend(Backend):
     def close(self) -> None:
         """charon keeps running: the next flanneld adopts it with its SAs
         (``flannelctl cleanup`` stops it)."""
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def leftovers(cls, place: Place) -> Leftovers:
+        found = Leftovers()
+        state = place.run_dir / "flannel" / "ipsec" if place.run_dir is not None else None
+        pid = charon_process.our_pid(state) if state is not None else None
+        if pid is not None and same_netns(pid):
+            found.items.append((f"charon process {pid} (started by flanneld's ipsec backend; "
+                                "its SAs, TUN device and routes go with it)",
+                                functools.partial(_stop_charon, pid)))
+        elif pid is not None:
+            found.kept.append(f"charon process {pid}: flanneld's, but in another network "
+                              "namespace")
+        if state is not None and state.is_dir() and not state.is_symlink():
+            entries = sorted(state.iterdir())
+            if all(entry.is_file() and not entry.is_symlink() for entry in entries):
+                found.items.append((f"directory {state}",
+                                    functools.partial(shutil.rmtree, state)))
+            else:
+                found.kept.append(f"{state}: holds something other than flanneld's files")
+        try:
+            policies = xfrm.our_policies(None)
+        except xfrm.XfrmError:
+            return found  # no iproute2 or no XFRM in this kernel: nothing of ours there
+        for argv in policies:
+            found.items.append((f"XFRM policy {' '.join(argv[2:])} (ESP tunnel, reqid "
+                                f"{REQID})", functools.partial(_delete_policy, argv)))
+        return found
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        encap = IpsecConfig.from_backend(node.config.backend).udp_encap \
+            or TUN_DEVICE in node.devices  # kernel-libipsec forces it
+        overhead = IPSEC_OVERHEAD + (UDP_ENCAP_OVERHEAD if encap else 0)
+        return NodePlan(devices=(DevicePlan(TUN_DEVICE, 4, overhead, optional=True),),
+                        overhead=overhead,
+                        unjudged="charon's IPsec SAs, not routes or devices of flanneld, "
+                        "carry the peers (`swanctl --list-sas` shows them)",
+                        local=local_addresses(node, on_base=False))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        libipsec = TUN_DEVICE in node.devices
+        encap = IpsecConfig.from_backend(node.config.backend).udp_encap or libipsec
+        # With UDP encapsulation ESP travels in UDP 4500: no bare ESP to look for.
+        carrier = replace(CARRIER, ip_protocols=()) if encap else CARRIER
+        own, local_ip = node.own, node.public_ip
+
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            public, subnet = peer.attrs.public_ip, peer.subnet
+            if subnet is None:
+                return ()
+            engine: tuple[EngineEntry, ...] = ()
+            if own is not None and own.subnet is not None and local_ip is not None \
+                    and public is not None:
+                pair = Pair(local_ip, own.subnet, public, subnet)
+                engine = (EngineEntry(IKE_SA, "charon", connection_name(pair), UP),)
+            return (FamilyPlan(4, subnet, public, engine=engine, carrier=carrier,
+                               answers_on=gateway_address(subnet)),)
+
+        return plan
+
+    @classmethod
+    def read_engine(cls, node: NodeView, root: Path | None) -> EngineReading:
+        """charon and the vici package installed, and charon's IKE SAs (with their
+        CHILD_SAs), asked over the VICI socket flanneld's charon serves (under ``root``)."""
+        problems = []
+        try:
+            find_charon()
+        except CharonError as err:
+            problems.append(("error", "strongSwan's charon is not installed",
+                             str(err).split("; ", 1)[-1]))
+        if importlib.util.find_spec("vici") is None:
+            problems.append(("error", "the vici Python package is not installed",
+                             "install pyflannel with its ipsec extra (pip install "
+                             "'pyflannel[ipsec]')"))
+        if problems or root is None:
+            return EngineReading(problems=tuple(problems))
+        # /var/run is a link to /run, which would resolve in our own root, not flanneld's.
+        charon = Charon(CharonSpec(libipsec=False, socket_path=root / "run" / VICI_SOCKET.name))
+        try:
+            with charon.session() as vici:
+                sas = sa_states(vici)
+        except CharonError as err:
+            return EngineReading(unread=str(err), problems=((
+                "error", str(err), "flanneld starts charon and restarts it when it dies: read "
+                f"{CHARON_LOG} and flanneld's log for why it does not answer"),))
+        entries = {}
+        for sa in sas:
+            for name, ike in sa.items():
+                child = "INSTALLED" if any(c["state"] == b"INSTALLED"
+                                           for c in ike["child-sas"].values()) \
+                    else "none installed"
+                entry = EngineEntry(IKE_SA, "charon", str(name), (
+                    ("state", ike["state"].decode(errors="replace")), ("CHILD_SA", child)))
+                entries[entry.identity] = entry
+        return EngineReading(entries)
 
 
 class ConnectionApplier(Applier):
@@ -220,14 +371,13 @@ class ConnectionApplier(Applier):
                                                         desired_local(backend)))
                     self._generation = generation
                 ours = _prefix(backend)
-                present = {name for conn in vici.list_conns() for name in conn
-                           if name.startswith(ours)}
+                present = connection_names(vici, ours)
                 for name in sorted(present - set(desired)):
                     vici.unload_conn({"name": name})
                     self._loaded.pop(name, None)
                     log.info("unloaded connection %s (its peer is gone)", name)
                     changes += 1
-                sas = list(vici.list_sas())
+                sas = sa_states(vici)
                 # SAs of vanished peers (a connection unloaded keeps its SAs, which would
                 # carry traffic to whoever holds that address now).
                 stale = {name for sa in sas for name in sa
@@ -255,7 +405,7 @@ class ConnectionApplier(Applier):
                     # charon acts on a connection as it loads it (starts a new one, replaces
                     # the SAs of a changed one): the first dump may be out of date. Without a
                     # load it is not: terminating stale SAs touches no desired connection.
-                    sas = list(vici.list_sas())
+                    sas = sa_states(vici)
                 up = established(sas, desired)
                 self._established = len(up)
                 # charon initiates a connection it just loaded (start_action) by itself.
@@ -351,3 +501,15 @@ def _missing_children(sas: Sequence[dict[str, Any]], desired: dict[str, Pair]
     out += [(name, child_name(pair)) for name, pair in desired.items() if name not in with_sa]
     return sorted(out)
 
+
+
+def _stop_charon(pid: int) -> None:
+    if not charon_process.stop(pid, STOP_TIMEOUT):
+        raise OSError(f"charon {pid} did not stop")
+
+
+def _delete_policy(argv: list[str]) -> None:
+    try:
+        xfrm.run(argv, None)
+    except xfrm.XfrmError as err:
+        raise OSError(str(err)) from None

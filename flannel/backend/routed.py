@@ -1,5 +1,5 @@
-"""What backends that program routes share: the bounds of route adoption and the device
-check when our lease is activated.
+"""What backends that program routes share: the bounds of route adoption, the device check
+when our lease is activated, and whose entry a refused route, neighbour or FDB entry was.
 
 A subclass says what it needs locally (``ensure_local``) and what the kernel must hold for a
 peer set (``desired_state``); the data plane does the rest.
@@ -15,6 +15,7 @@ from typing import TypedDict
 
 from flannel.backend.base import Backend, RouteLookup
 from flannel.kernel.reconcile import DesiredState, IPNetwork
+from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
 from flannel.lease import Lease
 
 
@@ -45,3 +46,17 @@ class RoutedBackend(Backend):
         await super().activate(lease)
         # Once, before the data plane starts: device errors surface at startup.
         await asyncio.to_thread(self.ensure_local)
+
+    def entry_peers(self, entry: object, peers: Sequence[Lease]) -> list[Lease]:
+        """A route to a peer's subnet, a neighbour for its subnet's base (a VTEP), an FDB
+        entry to its public address: that peer's (every peer's of that address: one node)."""
+        if isinstance(entry, Route):
+            return [p for p in peers if entry.dst in (str(p.subnet), str(p.ipv6_subnet))]
+        if isinstance(entry, Neighbour):
+            return [p for p in peers if any(
+                s is not None and str(s.network_address) == entry.ip
+                for s in (p.subnet, p.ipv6_subnet))]
+        if isinstance(entry, FdbEntry):
+            return [p for p in peers
+                    if entry.dst in (str(p.attrs.public_ip), str(p.attrs.public_ipv6))]
+        return []

@@ -30,18 +30,28 @@ from flannel.backend.base import (
     BackendOptions,
     EngineSample,
     LocalNetwork,
+    PeerPlanner,
     RouteLookup,
 )
 from flannel.backend.footprint import COVERING, Footprint, Link
+from flannel.backend.plan import (
+    Carrier,
+    DevicePlan,
+    FamilyPlan,
+    NodePlan,
+    NodeView,
+    base_address,
+    local_addresses,
+)
 from flannel.backend.routed import RoutedBackend
-from flannel.backendoptions import decode_options
-from flannel.backoff import Backoff
+from flannel.backendconf.options import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device as kernel_device
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState, LinkState
 from flannel.kernel.rtnl import Route
 from flannel.lease import Lease
+from flannel.timing.backoff import Backoff
 from flannel.udp.device import TunSpec, ensure_tun, tun_index
 from flannel.udp.forwarder import ForwarderConfig, ForwarderError, UdpForwarder
 from flannel.udp.tunfd import TunError
@@ -76,11 +86,16 @@ class UdpConfig:
         return cls(port)
 
 
+def network_route(network: IPv4Network | None, index: int) -> frozenset[Route]:
+    """The one route every peer's traffic takes: the whole Network into the TUN (the
+    forwarder, not the kernel, knows the peers)."""
+    return frozenset({Route(str(network), None, index)}) if network else frozenset()
+
+
 class UdpBackend(RoutedBackend):
     backend_type = ""  # Go's udp lease carries no BackendType
     # The forwarder, not the kernel, knows the peers: the Network route into the TUN is all.
-    footprint = Footprint(COVERING, device=TUN_NAME, answers_on_base=True,
-                          links=(Link(r"flannel\d+", "tun"),), encap_port=DEFAULT_PORT)
+    footprint = Footprint(COVERING, device=TUN_NAME, links=(Link(r"flannel\d+", "tun"),))
     pass_errors = (TunError,)
     option_names = ("Port",)
 
@@ -160,7 +175,7 @@ class UdpBackend(RoutedBackend):
         index, subnet = self.tun_index, self.lease.subnet
         network = self.config.network
         return DesiredState(
-            frozenset({Route(str(network), None, index)}) if network else frozenset(),
+            network_route(network, index),
             devices=frozenset({index}),
             # Carrier: the TUN loses it when the forwarder exits, which starts a pass that
             # restarts the forwarder (the applier).
@@ -172,16 +187,40 @@ class UdpBackend(RoutedBackend):
     def appliers(self) -> Sequence[Applier]:
         return (self._applier,)
 
-    def encap_ports(self) -> dict[int, tuple[int, ...]]:
-        return {4: (self.port,)}
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # The forwarder answers no stray datagram: silence is an open port or a dropped one.
+        port = UdpConfig.from_backend(config.backend).port
+        return (Carrier("the udp forwarder", udp_ports=(port,), refuses=True, versions=(4,)),)
 
-    def wants(self, lease: Lease) -> bool:
-        # Go's udp takes every lease; a lease with a BackendType is a node that runs no
-        # udp forwarder, so packets sent there would be lost.
+    @classmethod
+    def refuses(cls, lease: Lease, config: NetworkConfig) -> str:
+        # Go's udp takes every lease, reservations included (a node that takes one keeps
+        # it as it is); a lease with a BackendType is a node that runs no udp forwarder, so
+        # packets sent there would be lost.
         if not lease.attrs.backend_type:
-            return True
-        self.ignore(lease)
-        return False
+            return ""
+        return super().refuses(lease, config)
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        return NodePlan(devices=(DevicePlan(TUN_NAME, 4, ENCAP_OVERHEAD),),
+                        local=local_addresses(node, on_base=True))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        forwarder, = cls.carriers(node.config)
+        routes = network_route(node.config.network, node.device(TUN_NAME))
+
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            if peer.subnet is None:
+                return ()
+            return (FamilyPlan(4, peer.subnet, peer.attrs.public_ip, routes=routes,
+                               carrier=forwarder, answers_on=base_address(peer.subnet)),)
+
+        return plan
 
 
 _COUNTER_HELP = {
@@ -281,3 +320,4 @@ class _ForwarderApplier(Applier):
             self._closed = True
             if self.backend.forwarder is not None:
                 self.backend.forwarder.stop()
+

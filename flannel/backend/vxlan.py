@@ -4,7 +4,9 @@ Owns the backend config (VNI, Port, MTU, GBP, Learning, DirectRouting), the devi
 ``flannel.<VNI>`` / ``flannel-v6.<VNI>``, the lease data ``{"VNI":n,"VtepMAC":"..."}``, and
 per peer: a permanent neighbour (peer subnet base -> peer VTEP MAC), a permanent FDB entry
 (peer VTEP MAC -> peer public IP) and an onlink route via the peer's subnet base; with
-DirectRouting, a plain route via the peer's public IP when it is on-link.
+DirectRouting, a plain route via the peer's public IP when it is on-link. A lease whose
+VtepMAC the kernel would refuse (not 6 bytes, zero, multicast or broadcast) is refused, and
+its VtepMAC per family is the identity it claims (``backend/admission.py``).
 Must not touch: the store; routes of other protocols; other devices.
 """
 
@@ -17,7 +19,7 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from ipaddress import IPv4Address, IPv6Address, ip_address
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from flannel.backend.base import (
@@ -25,11 +27,26 @@ from flannel.backend.base import (
     BackendError,
     BackendOptions,
     LocalNetwork,
+    PeerPlanner,
     RouteLookup,
 )
 from flannel.backend.footprint import PER_PEER, Footprint, Link
+from flannel.backend.plan import (
+    PLAIN,
+    Carrier,
+    DevicePlan,
+    FamilyPlan,
+    IPAddress,
+    IPNetwork,
+    NodePlan,
+    NodeView,
+    base_address,
+    family_subnet,
+    local_addresses,
+    versions,
+)
 from flannel.backend.routed import RoutedBackend
-from flannel.backendoptions import decode_options
+from flannel.backendconf.options import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device
 from flannel.kernel.iface import ExternalInterface
@@ -90,6 +107,53 @@ class VxlanConfig:
         return cfg
 
 
+def device_name(vni: int, version: int) -> str:
+    """``flannel.<VNI>`` (IPv4) or ``flannel-v6.<VNI>``."""
+    return f"flannel{'' if version == 4 else '-v6'}.{vni}"
+
+
+def peer_mac(peer: Lease, version: int) -> tuple[str | None, str]:
+    """(the VtepMAC a peer's lease publishes for one IP family, lower-case; "") or (None, what
+    is wrong with it: none, or one the kernel refuses an FDB entry for, zero or multicast)."""
+    try:
+        raw = peer.attrs.backend_v6_data if version == 6 else peer.attrs.backend_data
+        if raw is not None and (found := _GO_BACKEND_DATA.match(raw)) is not None:
+            mac = found[1]
+        else:
+            data = peer.attrs.backend_json(v6=version == 6)
+            mac = data["VtepMAC"] if isinstance(data, dict) else None
+        octets = mac_bytes(mac) if isinstance(mac, str) else b""
+    except (ValueError, KeyError):
+        octets = b""
+    fix = "the node that owns it rewrites it on restart, or delete the lease"
+    if len(octets) != 6:
+        return None, (f"its IPv{version} backend data has no valid VtepMAC (a vxlan lease "
+                      f'needs {{"VtepMAC":"<6-byte MAC>"}}); {fix}')
+    assert isinstance(mac, str)
+    if not any(octets):
+        return None, f"its IPv{version} VtepMAC {mac} is zero, which no VTEP has; {fix}"
+    if octets[0] & 1:
+        return None, (f"its IPv{version} VtepMAC {mac} is a multicast or broadcast MAC, "
+                      f"not one VTEP's; {fix}")
+    return mac.lower(), ""
+
+
+def _peer_families(lease: Lease, config: NetworkConfig) -> list[int]:
+    """The families of our devices (one per IP version the network carries) the lease has a
+    subnet and a public address of."""
+    return [version for version in versions(config)
+            if None not in family_subnet(lease, version)]
+
+
+def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -> Route | None:
+    """DirectRouting's route to a peer on-link on the underlay (the kernel reaches its
+    public address without a gateway): via that address; None when it is not on-link."""
+    direct = route_get(public)
+    if direct is not None and direct.gateway is None:
+        return Route(str(subnet), str(public), direct.oif)
+    return None
+
+
 class _Peer:
     """A peer's lease and its neighbour, FDB entry and onlink route on one device (None
     without a usable VtepMAC): one small record per peer, whose entries the desired state's
@@ -105,6 +169,18 @@ class _Peer:
         self.route = route
 
 
+def vtep_record(peer: Lease, version: int, index: int, mac: str | None) -> _Peer:
+    """A peer's neighbour, FDB entry and onlink route on device ``index`` for one IP family
+    (none without a public address or ``mac``)."""
+    subnet, public = family_subnet(peer, version)
+    if subnet is None or public is None or mac is None:
+        return _Peer(peer)
+    # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
+    base = ip_text(subnet.network_address.packed)
+    return _Peer(peer, Neighbour(index, base, mac), FdbEntry(index, mac, ip_text(public.packed)),
+                 Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
+
+
 @dataclass
 class _Family:
     """One vxlan device (one per IP family) and what it was last found as."""
@@ -116,9 +192,9 @@ class _Family:
 
 class VxlanBackend(RoutedBackend):
     backend_type = "vxlan"
-    footprint = Footprint(PER_PEER, device="flannel.{vni}", answers_on_base=True,
+    footprint = Footprint(PER_PEER, device="flannel.{vni}",
                           links=(Link(r"flannel(-v6)?\.\d+", "vxlan", entries=True),),
-                          encap_port=device.DEFAULT_VXLAN_PORT, vtep=True, dual_stack=True)
+                          vtep=True, dual_stack=True)
     pass_errors = (device.DeviceError,)
     option_names = tuple(OPTIONS)
 
@@ -131,7 +207,6 @@ class VxlanBackend(RoutedBackend):
         super().__init__(ext, config, options)
         self.vxlan = VxlanConfig.from_backend(self.config.backend)
         self.families: dict[int, _Family] = {}
-        self._warned: set[str] = set()
         # Device index -> the peer's lease key -> its record, from the previous
         # desired_state: a lease change then costs one peer's decoding, not every peer's.
         # Keyed by the key string the lease already holds (no key object per peer; hashing
@@ -149,9 +224,8 @@ class VxlanBackend(RoutedBackend):
 
     def _spec(self, version: int, local: IPv4Address | IPv6Address, mac: str
               ) -> device.VxlanSpec:
-        suffix = "" if version == 4 else "-v6"
         return device.VxlanSpec(
-            name=f"flannel{suffix}.{self.vxlan.vni}", vni=self.vxlan.vni, port=self.vxlan.port,
+            name=device_name(self.vxlan.vni, version), vni=self.vxlan.vni, port=self.vxlan.port,
             local=local, underlay_index=self.ext.index, learning=self.vxlan.learning,
             gbp=self.vxlan.gbp, mtu=self.device_mtu(version), mac=mac)
 
@@ -186,9 +260,11 @@ class VxlanBackend(RoutedBackend):
         mtu = min(self.device_mtu(version) for version in self.families)
         return LocalNetwork("vxlan", mtu, data.get(4), data.get(6))
 
-    def encap_ports(self) -> dict[int, tuple[int, ...]]:
-        port = self.vxlan.port or device.DEFAULT_VXLAN_PORT
-        return {version: (port,) for version in self.families}
+    @classmethod
+    def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
+        # Each device's socket takes the datagrams of its own family.
+        port = VxlanConfig.from_backend(config.backend).port or device.DEFAULT_VXLAN_PORT
+        return (Carrier("VXLAN", udp_ports=(port,), refuses=True, versions=versions(config)),)
 
     def ensure_local(self) -> None:
         assert self.lease is not None
@@ -201,37 +277,28 @@ class VxlanBackend(RoutedBackend):
                 device.ensure_address(dev.index, subnet.network_address, network,
                                       self.options.host)
 
-    def _peer_mac(self, peer: Lease, version: int) -> str | None:
-        try:
-            raw = peer.attrs.backend_v6_data if version == 6 else peer.attrs.backend_data
-            if raw is not None and (found := _GO_BACKEND_DATA.match(raw)) is not None:
-                mac = found[1]
-            else:
-                data = peer.attrs.backend_json(v6=version == 6)
-                mac = data["VtepMAC"] if isinstance(data, dict) else None
-            if isinstance(mac, str) and len(mac_bytes(mac)) == 6:
-                return mac.lower()
-        except (ValueError, KeyError):
-            pass
-        if peer.key not in self._warned:
-            self._warned.add(peer.key)
-            log.warning("ignoring peer %s: its IPv%d backend data has no valid VtepMAC (a vxlan "
-                        "lease needs {\"VtepMAC\":\"<6-byte MAC>\"}); the node that owns it "
-                        "rewrites it on restart, or delete the lease", peer.key, version)
+    @classmethod
+    def lease_problem(cls, lease: Lease, config: NetworkConfig) -> str | None:
+        for version in _peer_families(lease, config):
+            mac, why = peer_mac(lease, version)
+            if mac is None:
+                return why
         return None
+
+    @classmethod
+    def identities(cls, lease: Lease, config: NetworkConfig) -> tuple[str, ...]:
+        """Its VTEP MAC on each of our devices: another node's FDB entry for it would send
+        that node's traffic elsewhere."""
+        return tuple(f"IPv{version} VtepMAC {mac}" for version in _peer_families(lease, config)
+                     if (mac := peer_mac(lease, version)[0]) is not None)
 
     def _peer_record(self, peer: Lease, version: int, index: int) -> _Peer:
         """One peer's record on one device: its neighbour, FDB entry and onlink route."""
-        subnet = peer.subnet if version == 4 else peer.ipv6_subnet
-        public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
-        mac = self._peer_mac(peer, version)
-        if subnet is None or public is None or mac is None:
+        subnet, public = family_subnet(peer, version)
+        mac = peer_mac(peer, version)[0]
+        if subnet is None or public is None or mac is None:  # not admitted (lease_problem)
             return _Peer(peer)
-        # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
-        base = ip_text(subnet.network_address.packed)
-        return _Peer(peer, Neighbour(index, base, mac),
-                     FdbEntry(index, mac, ip_text(public.packed)),
-                     Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
+        return vtep_record(peer, version, index, mac)
 
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         frame = (tuple((v, f.index, f.spec) for v, f in self.families.items()), self.lease,
@@ -262,9 +329,9 @@ class VxlanBackend(RoutedBackend):
                 if subnet is None or public is None:
                     continue
                 if self.vxlan.direct_routing:
-                    direct = route_get(ip_address(public))
-                    if direct is not None and direct.gateway is None:
-                        routes.add(Route(str(subnet), str(public), direct.oif))
+                    direct = direct_route(subnet, public, route_get)
+                    if direct is not None:
+                        routes.add(direct)
                         continue
                 record = before.get(peer.key)
                 if record is None or record.lease is not peer:
@@ -295,3 +362,45 @@ class VxlanBackend(RoutedBackend):
                 base = subnet.network_address
                 out.add((family.index, f"{base}/{base.max_prefixlen}"))
         return frozenset(out)
+
+    # -- for the operator tools ------------------------------------------------------------
+
+    @classmethod
+    def node_plan(cls, node: NodeView) -> NodePlan:
+        cfg = VxlanConfig.from_backend(node.config.backend)
+        own = node.own
+        devices = tuple(DevicePlan(device_name(cfg.vni, v), v, ENCAP_OVERHEAD[v], entries=True,
+                                   mac=(peer_mac(own, v)[0] or "") if own else "",
+                                   udp_offload=True)
+                        for v in versions(node.config))
+        return NodePlan(devices=devices, local=local_addresses(node, on_base=True))
+
+    @classmethod
+    def peer_planner(cls, node: NodeView) -> PeerPlanner:
+        cfg = VxlanConfig.from_backend(node.config.backend)
+        vxlan, = cls.carriers(node.config)
+
+        def plan(peer: Lease) -> tuple[FamilyPlan, ...]:
+            out = []
+            for version in versions(node.config):
+                subnet, public = family_subnet(peer, version)
+                if subnet is None or public is None:
+                    continue
+                base = base_address(subnet)
+                direct = direct_route(subnet, public, node.route_get) \
+                    if cfg.direct_routing else None
+                if direct is not None:
+                    out.append(FamilyPlan(version, subnet, public, routes=frozenset({direct}),
+                                          carrier=PLAIN, answers_on=base))
+                    continue
+                index = node.device(device_name(cfg.vni, version))
+                record = vtep_record(peer, version, index, peer_mac(peer, version)[0])
+                if record.route is None or record.neighbour is None or record.fdb is None:
+                    continue  # as desired_state: no usable VtepMAC (admission refuses it)
+                out.append(FamilyPlan(version, subnet, public, routes=frozenset({record.route}),
+                                      neighbours=frozenset({record.neighbour}),
+                                      fdb=frozenset({record.fdb}), carrier=vxlan,
+                                      answers_on=base))
+            return tuple(out)
+
+        return plan

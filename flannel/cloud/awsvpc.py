@@ -4,27 +4,32 @@ At ``prepare()``: the instance, region and the ENI holding the external address 
 the instance metadata service; SourceDestCheck is disabled on that ENI; the route tables are
 resolved (``RouteTableID`` from the config, else the table associated with the node's
 subnet, else the VPC's main table); blackhole routes inside the flannel Network are removed
-from them. ``reconcile()`` then makes our route exist and point at our ENI, and removes
-routes of vanished leases: only destinations strictly inside the Network whose target is an
-instance or an ENI, never any other route. Throttled calls are retried with backoff.
+from them (as Go flannel does: their target is gone). ``reconcile()`` then makes our route
+exist and point at our ENI, and removes routes of vanished leases.
+
+EC2 routes carry no tag or description, so flanneld marks the next hop instead: our ENI
+carries the tag ``flannel.io/pod-subnet`` with our subnet (``CreateTags``). A route is
+flannel's only when its target ENI (or instance) carries that tag naming the route's own
+destination; only such routes of vanished leases are deleted, and our subnet's route is
+pointed back at us only from a flannel node's ENI (or a blackhole): an admin's route to an
+instance is never touched. Routes made before the tag are adopted when their node tags its
+ENI (at its first pass). Throttled calls are retried with backoff.
 
 Every method blocks (boto3) and is meant for a worker thread; calls are serialised. The
 credentials are boto3's default chain and are never logged. Must not touch: the store, the
-kernel, routes outside the Network or pointing at anything but instances and ENIs.
+kernel, routes outside the Network, routes whose target does not carry the mark.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from flannel import gojson
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.cloud.base import (
     ApiError,
     CloudError,
@@ -35,6 +40,7 @@ from flannel.cloud.base import (
     route_in_network,
 )
 from flannel.cloud.metadata import AwsIdentity, MetadataClient, aws_identity
+from flannel.untrusted import gojson
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,9 @@ _THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingEx
 _MAX_ROUTE_TABLES = 16
 #: Seconds one API request may take: a pass never waits longer on one call (and its retries).
 API_TIMEOUT = 10
+#: The tag on a node's ENI that marks the routes to it as flannel's: its value is the
+#: node's subnet, the destination of its one route.
+MARK = "flannel.io/pod-subnet"
 
 
 class AwsApiError(ApiError):
@@ -91,14 +100,16 @@ class AwsVpcRoutes(RouteEngineBase):
 
     def __init__(self, config: AwsVpcConfig, metadata: MetadataClient, *,
                  endpoint_url: str | None = None, backoff: ThrottleRetry | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        super().__init__(backoff, sleep)
+                 sleep: Callable[[float], None] | None = None) -> None:
+        super().__init__(backoff, sleep, metadata.stopper)
         self.config = config
         self.metadata = metadata
         self.endpoint_url = endpoint_url
         self._ec2: Any = None
         self.identity: AwsIdentity | None = None
         self.tables: tuple[str, ...] = ()
+        self._marked = ""  # the subnet our ENI's tag names, once written
+        self._unmarked: set[tuple[str, str]] = set()  # (destination, target), logged once
 
     # --- calls -------------------------------------------------------------------------
 
@@ -206,7 +217,10 @@ class AwsVpcRoutes(RouteEngineBase):
                    collect: bool) -> list[RouteChange]:
         assert self.identity is not None  # _prepared()
         eni_id = self.identity.eni_id
+        self._mark(eni_id, own)
         changes = []
+        misdirected: list[tuple[str, dict[str, Any]]] = []
+        orphans: list[tuple[str, IPv4Network, dict[str, Any]]] = []
         if collect:
             self._orphans.begin()
         for table in self._describe_tables():
@@ -220,14 +234,91 @@ class AwsVpcRoutes(RouteEngineBase):
                     ours = route
                 elif _target_of(route) and self._orphan(table_id, destination,
                                                         _target_of(route), live, collect):
-                    changes.append(self._delete(table_id, destination, _target_of(route)))
+                    orphans.append((table_id, destination, route))
             if ours is None:
                 changes.append(self._create(table_id, own, eni_id))
             elif ours.get("NetworkInterfaceId") != eni_id or ours.get("State") != "active":
-                changes.append(self._replace(table_id, own, eni_id))
+                misdirected.append((table_id, ours))
         if collect:
             self._orphans.end()
+        if misdirected or orphans:
+            marks = self._marks([route for _, route in misdirected]
+                                + [route for _, _, route in orphans])
+            for table_id, route in misdirected:
+                if route.get("State") == "blackhole" or marks.get(_target_of(route)):
+                    changes.append(self._replace(table_id, own, eni_id))
+                else:
+                    raise CloudError(
+                        f"route table {table_id} sends our subnet {own} to "
+                        f"{_target_of(route) or 'a gateway'}, which is not a flannel node "
+                        f"(no tag {MARK}); delete that route so that flannel can route its "
+                        "subnet")
+            for table_id, destination, route in orphans:
+                target = _target_of(route)
+                if str(destination) in marks.get(target, ()):
+                    changes.append(self._delete(table_id, destination, target))
+                elif (str(destination), target) not in self._unmarked:
+                    self._unmarked.add((str(destination), target))
+                    log.info("aws-vpc: the route %s -> %s in %s is not marked as flannel's "
+                             "(%s has no tag %s=%s): left alone (docs/cloud.md: adopting "
+                             "routes)", destination, target, table_id, target, MARK,
+                             destination)
         return changes
+
+    def _mark(self, eni_id: str, own: IPv4Network) -> None:
+        """Tag our ENI with our subnet (once per subnet): the mark of our route."""
+        if self._marked == str(own):
+            return
+        try:
+            self._call("CreateTags", "create_tags", Resources=[eni_id],
+                       Tags=[{"Key": MARK, "Value": str(own)}])
+        except CloudError as error:
+            warning = (f"could not tag {eni_id} with {MARK}={own} ({error}): other nodes "
+                       "cannot tell our route is flannel's, so they will never delete it "
+                       "once our lease is gone; grant the node's IAM role ec2:CreateTags")
+            if warning not in self._status.warnings:
+                log.warning("aws-vpc: %s", warning)
+                self._status.warnings.append(warning)
+            return
+        self._marked = str(own)
+
+    def _marks(self, routes: list[dict[str, Any]]) -> dict[str, set[str]]:
+        """The subnets the routes' targets are tagged with (target -> subnets); empty, and
+        said once, when the tags cannot be read: then nothing counts as marked."""
+        enis = sorted({str(r["NetworkInterfaceId"]) for r in routes
+                       if r.get("NetworkInterfaceId")})
+        instances = sorted({str(r["InstanceId"]) for r in routes
+                            if r.get("InstanceId") and not r.get("NetworkInterfaceId")})
+        marks: dict[str, set[str]] = {}
+        try:
+            found = []
+            if enis:
+                found += self._call("DescribeNetworkInterfaces", "describe_network_interfaces",
+                                    Filters=[{"Name": "network-interface-id",
+                                              "Values": enis}]).get("NetworkInterfaces", [])
+            if instances:
+                found += self._call("DescribeNetworkInterfaces", "describe_network_interfaces",
+                                    Filters=[{"Name": "attachment.instance-id",
+                                              "Values": instances}]).get("NetworkInterfaces",
+                                                                         [])
+        except AwsApiError as error:
+            warning = (f"cannot read the tags of route targets ({error}): no route is "
+                       "deleted or redirected until they can be read; grant the node's IAM "
+                       "role ec2:DescribeNetworkInterfaces")
+            if warning not in self._status.warnings:
+                log.warning("aws-vpc: %s", warning)
+                self._status.warnings.append(warning)
+            return {}
+        for interface in found:
+            tags = {str(t.get("Key")): str(t.get("Value")) for t in
+                    interface.get("TagSet") or [] if isinstance(t, dict)}
+            if MARK not in tags:
+                continue
+            for target in (interface.get("NetworkInterfaceId"),
+                           (interface.get("Attachment") or {}).get("InstanceId")):
+                if target:
+                    marks.setdefault(str(target), set()).add(tags[MARK])
+        return marks
 
     def _create(self, table: str, destination: IPv4Network, eni_id: str) -> RouteChange:
         try:

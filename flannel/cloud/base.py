@@ -1,25 +1,28 @@
 """What the cloud route engines share: their error, change and status records, the
 retry-with-backoff policy for throttled API calls (at start; a data plane pass does not wait
-for the cloud: it fails, and the data plane retries it with its own backoff), and the
-engine's frame (``RouteEngineBase``: the lock, the status of every pass, the orphan grace).
+for the cloud: it fails, and the data plane retries it with its own backoff), the
+``Stopper`` that cuts every call and wait when flanneld stops, and the engine's frame
+(``RouteEngineBase``: the lock, the status of every pass, the orphan grace).
 
 Must not touch: any cloud API directly (the engines pass their calls in).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Network
 from typing import TypeVar
 
-from flannel.backoff import Backoff
 from flannel.lease import Lease
+from flannel.timing.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,56 @@ T = TypeVar("T")
 
 class CloudError(Exception):
     """A failure a user can act on; its message names the cause and the fix."""
+
+
+class Stopped(CloudError):
+    """flanneld is stopping: the call was cut, or not made."""
+
+
+class Stopper:
+    """Set once, when flanneld stops: every exchange registered with ``cutting`` is cut,
+    every later one refused, every ``sleep`` ended. Thread-safe; ``stop`` never blocks."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._cuts: dict[int, Callable[[], None]] = {}
+        self._ids = itertools.count()
+
+    @property
+    def stopped(self) -> bool:
+        return self._event.is_set()
+
+    def stop(self) -> None:
+        with self._lock:  # a cut is never called once ``cutting`` has returned
+            self._event.set()
+            for cut in self._cuts.values():
+                cut()
+            self._cuts.clear()
+
+    def check(self, what: str) -> None:
+        if self._event.is_set():
+            raise Stopped(f"{what}: not done, flanneld is stopping")
+
+    def sleep(self, seconds: float, what: str = "a wait") -> None:
+        """Wait ``seconds``; Stopped at once when flanneld stops meanwhile."""
+        if self._event.wait(seconds):
+            raise Stopped(f"{what}: cut short, flanneld is stopping")
+
+    @contextlib.contextmanager
+    def cutting(self, cut: Callable[[], None], what: str) -> Iterator[None]:
+        """``cut()`` is called (from the stopping thread, quickly, never blocking) if
+        flanneld stops while the block runs; Stopped at once if it already has."""
+        key = next(self._ids)
+        with self._lock:
+            if self._event.is_set():
+                raise Stopped(f"{what}: not done, flanneld is stopping")
+            self._cuts[key] = cut
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._cuts.pop(key, None)
 
 
 class Throttled(Exception):
@@ -178,9 +231,12 @@ class RouteEngineBase(ABC):
     #: The backend's name, as the log and the status say it.
     name = ""
 
-    def __init__(self, backoff: ThrottleRetry | None, sleep: Callable[[float], None]) -> None:
+    def __init__(self, backoff: ThrottleRetry | None, sleep: Callable[[float], None] | None,
+                 stopper: Stopper | None = None) -> None:
         self.backoff = backoff or ThrottleRetry()
-        self._sleep = sleep
+        #: Cuts every call in flight and every wait when flanneld stops (``interrupt``).
+        self.stopper = stopper or Stopper()
+        self._sleep = sleep or self.stopper.sleep
         self._retry = self.backoff  # NO_WAIT while a reconcile() that must not wait runs
         self._lock = threading.Lock()
         self._status = EngineStatus(backend=self.name)
@@ -201,6 +257,11 @@ class RouteEngineBase(ABC):
         log.info("%s: %s -> %s in %s has no lease; deleting it at the next pass if it still "
                  "has none", self.name, destination, target, table)
         return False
+
+    def interrupt(self) -> None:
+        """flanneld is stopping: the call or wait under way ends at once (Stopped, a
+        CloudError), and so does every later one. Any thread; never blocks."""
+        self.stopper.stop()
 
     @abstractmethod
     def _prepared(self) -> bool:

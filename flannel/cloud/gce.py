@@ -3,18 +3,27 @@ Compute Engine REST API (v1), as Go flannel's gce backend did before v0.20.
 
 As Go: project, zone, instance and network from the metadata server; one route per subnet,
 named ``flannel-<subnet with "." and "/" as "-">`` (``flannel-10-244-3-0-24``), destRange the
-subnet, next hop this instance, priority 1000; a route of that name pointing elsewhere is
-deleted and inserted again (routes are immutable); every insert and delete is an operation
-polled through globalOperations.get until done (bounded). Beyond Go: ``reconcile()``
-repairs our route and deletes routes of vanished leases, once two passes agree; throttled
-calls (HTTP 429, ``rateLimitExceeded``, a rate quota) are retried with backoff; the route
-quota is reported as a full route table. Ours are only routes named so, in our network,
-whose next hop is an instance, for a subnet strictly inside the Network: anything else is
-left alone. ``Project`` and ``Network`` override where the routes go (a Shared VPC's host
+subnet, next hop this instance, priority 1000; every insert and delete is an operation
+polled through globalOperations.get until done (bounded). Beyond Go: routes flanneld makes
+carry a mark, the description ``DESCRIPTION``, and only marked routes are flannel's: a route
+without it (an admin's, another tool's, one Go flannel or an older pyflannel made) is never
+deleted. ``reconcile()`` repairs our route and deletes marked routes of vanished leases,
+once two passes agree; our own unmarked route (made before the mark) is adopted by
+inserting a marked one beside it (under ``flannel-<subnet>-m`` while the old one holds the
+name) and only then deleting the old one, so the subnet is never unrouted; throttled calls
+(HTTP 429, ``rateLimitExceeded``, a rate quota) are retried with backoff; the route quota
+is reported as a full route table. Ours are only marked routes named after their own
+destination, in our network, whose next hop is an instance, for a subnet strictly inside
+the Network. ``Project`` and ``Network`` override where the routes go (a Shared VPC's host
 project and network); ``Endpoint`` the API's URL (a Private Service Connect endpoint).
 
-Every method blocks (urllib, bounded in time and size) and is meant for a worker thread;
-calls are serialised. Tokens are never logged. Must not touch: the store, the kernel.
+Every answer is bounded (``flannel.clients.fetch``: bytes, and a deadline for the whole
+answer; ``boundedjson``: elements) and decoded by type (``flannel.cloud.typed``); a listing
+is bounded in pages, routes and time, and a page token seen before ends it. Redirects are
+never followed: the token goes to the endpoint's host only. Every method blocks and is
+meant for a worker thread; calls are serialised; ``interrupt()`` (any thread) cuts them when
+flanneld stops. Tokens are never logged. Must not touch: the store, the kernel, routes
+without the mark.
 """
 
 from __future__ import annotations
@@ -24,23 +33,22 @@ import logging
 import os
 import re
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Network
-from typing import Any
+from typing import Any, NamedTuple
 
-from flannel import boundedjson
-from flannel.backenderrors import BackendConfigError
-from flannel.boundedjson import JSONLimitError
+from flannel.backendconf.errors import BackendConfigError
+from flannel.clients.fetch import FetchFailed, fetch, opener
 from flannel.cloud.base import (
     NO_WAIT,
     ApiError,
     CloudError,
     RouteChange,
     RouteEngineBase,
+    Stopper,
     Throttled,
     ThrottleRetry,
     route_in_network,
@@ -57,23 +65,38 @@ from flannel.cloud.gceauth import (
     metadata_tokens,
 )
 from flannel.cloud.options import endpoint_url, string_members
+from flannel.cloud.typed import View
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError
 
 log = logging.getLogger(__name__)
 
 COMPUTE_API = "https://compute.googleapis.com"
 ROUTE_PREFIX = "flannel-"
+#: The second name of a subnet's route, taken while the first is held by an unmarked route.
+SECOND_NAME = "-m"
+#: The mark of the routes flanneld makes; a route without it is never deleted.
+DESCRIPTION = "pod subnet of a flannel node; flanneld deletes it once the node's lease is gone"
 PRIORITY = 1000
-#: Seconds one API request may take.
+#: Seconds one API answer may take, whole (connecting, the head, every byte of the body).
 API_TIMEOUT = 10
 #: How operations are waited on: polled every second, at most this many times at start (Go:
 #: 100), and fewer in a data plane pass, whose worker thread every other pass waits behind.
 OPERATION_POLLS = 60
 PASS_OPERATION_POLLS = 10
-#: Bounds on routes.list: entries per page (the API's maximum) and pages per pass.
-_PAGE = 500
-_MAX_PAGES = 40
-_MAX_BODY = 8 * 1024 * 1024
+#: routes.list: entries per page (the API's maximum); at most MAX_PAGES pages, MAX_ROUTES
+#: routes named flannel-* (20,000 nodes and a quarter more) and LIST_TIMEOUT seconds.
+PAGE = 500
+MAX_PAGES = 50
+MAX_ROUTES = MAX_PAGES * PAGE
+LIST_TIMEOUT = 120.0
+#: One answer: a page of 500 routes is ~450 KiB and ~10,000 JSON elements; an instance
+#: with the most metadata Compute Engine allows (512 KiB) stays under these too.
+MAX_ANSWER = 2 * 1024 * 1024
+MAX_ELEMENTS = 50_000
 _MAX_ERROR = 64 * 1024
+_MAX_TOKEN = 1024
+_LINK = 512  # characters of a resource link (a real one has about 200)
 _OPERATION = re.compile(r"[A-Za-z0-9_-]{1,128}", re.ASCII)
 _THROTTLED = ("rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED")
 
@@ -89,6 +112,74 @@ def _resource(link: object) -> str:
     text = str(link or "")
     at = text.find("projects/")
     return text[at:] if at >= 0 else text
+
+
+class Route(NamedTuple):
+    """What the engine reads of a route (the rest of the answer is dropped at once)."""
+
+    name: str
+    dest: str
+    network: str  # the network's link from projects/ on
+    next_hop: str  # the next hop instance's link from projects/ on, "" for another kind
+    marked: bool  # it carries flannel's description
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    done: bool
+    #: (code, message) of each error the operation ended with.
+    errors: tuple[tuple[str, str], ...]
+    http_status: int
+
+
+def routes_page(answer: object, source: str) -> tuple[list[Route], str]:
+    """A routes.list page: its routes named flannel-* (others are not asked for, nor
+    kept), and the next page's token ("" at the end)."""
+    page = View(answer, source).obj(required=True)
+    routes = []
+    for item in page.get("items").array(PAGE * 2):
+        item.obj(required=True)
+        name = item.get("name").text(63, required=True)
+        if not name.startswith(ROUTE_PREFIX):
+            continue
+        routes.append(Route(name, item.get("destRange").text(64),
+                            _resource(item.get("network").text(_LINK)),
+                            _resource(item.get("nextHopInstance").text(_LINK)),
+                            item.get("description").text(2048) == DESCRIPTION))
+    return routes, page.get("nextPageToken").text(_MAX_TOKEN)
+
+
+def operation(answer: object, source: str) -> Operation:
+    """A compute#operation: its name, whether it is DONE, and the errors it ended with."""
+    view = View(answer, source).obj(required=True)
+    errors = tuple((e.get("code").text(200), e.get("message").text(2048))
+                   for e in (error.obj(required=True) for error in
+                             view.get("error").get("errors").array(100)))
+    return Operation(view.get("name").text(200), view.get("status").text(40) == "DONE",
+                     errors, view.get("httpErrorStatusCode").integer(0, 0, 999))
+
+
+def self_link(answer: object, source: str) -> str:
+    """A networks.get or instances.get answer's selfLink."""
+    link = View(answer, source).obj(required=True).get("selfLink").text(_LINK, required=True)
+    if not link:
+        raise CloudError(f"{source}: selfLink is empty")
+    return link
+
+
+def error_detail(answer: object) -> tuple[str, str]:
+    """(the first error's reason, the message) of an error answer (``{"error": {"code",
+    "message", "errors": [{"reason", "message"}]}}``); ("", "") when it has another shape."""
+    detail = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(detail, dict):
+        return "", ""
+    errors = detail.get("errors")
+    first = errors[0] if isinstance(errors, list) and errors else None
+    first = first if isinstance(first, dict) else {}
+    reason, message = first.get("reason"), detail.get("message") or first.get("message")
+    return (reason[:80] if isinstance(reason, str) else "",
+            message[:300] if isinstance(message, str) else "")
 
 
 @dataclass(frozen=True)
@@ -153,9 +244,10 @@ class GceRoutes(RouteEngineBase):
 
     def __init__(self, config: GceConfig, metadata: GceMetadata,
                  backoff: ThrottleRetry | None = None,
-                 sleep: Callable[[float], None] = time.sleep,
-                 operation_polls: int = OPERATION_POLLS, poll_interval: float = 1.0) -> None:
-        super().__init__(backoff, sleep)
+                 sleep: Callable[[float], None] | None = None,
+                 operation_polls: int = OPERATION_POLLS, poll_interval: float = 1.0,
+                 stopper: Stopper | None = None) -> None:
+        super().__init__(backoff, sleep, stopper or metadata.stopper)
         self.config = config
         self.metadata = metadata
         self.operation_polls = operation_polls
@@ -165,19 +257,23 @@ class GceRoutes(RouteEngineBase):
         self.network_link = ""
         self.instance_link = ""
         self._tokens: TokenSource | None = None
-        self._opener = urllib.request.build_opener()
+        # The Compute API through HTTPS_PROXY when set, as Google's libraries reach it.
+        self._opener = opener(proxies=True)
+        self._unmarked: set[str] = set()  # unmarked routes named flannel-*, logged once
 
     # -- the REST calls -----------------------------------------------------------------
 
     def _request_once(self, action: str, method: str, path: str,
                       query: Mapping[str, str] | None = None,
-                      body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """One call; Throttled when Google says slow down, GceApiError when it refuses."""
+                      body: Mapping[str, Any] | None = None) -> Any:
+        """One call: the decoded JSON answer. Throttled when Google says slow down,
+        GceApiError when it refuses, CloudError when no usable answer came."""
         assert self._tokens is not None
         url = f"{self.config.endpoint}/compute/v1/{path}"
         if query:
             url += "?" + urllib.parse.urlencode(query)
         data = None if body is None else json.dumps(body).encode()
+        what = f"Compute Engine {action}"
         for attempt in (1, 2):
             headers = {"Authorization": f"Bearer {self._tokens.token()}",
                        "Accept": "application/json"}
@@ -186,72 +282,71 @@ class GceRoutes(RouteEngineBase):
             request = urllib.request.Request(url, data=data, method=method,  # noqa: S310
                                              headers=headers)
             try:
-                with self._opener.open(request, timeout=API_TIMEOUT) as response:
-                    raw = response.read(_MAX_BODY + 1)
-            except urllib.error.HTTPError as error:
-                status, reason, message = _error_of(error)
-                if status == 401 and attempt == 1:
-                    self._tokens.invalidate()  # expired or revoked: one fresh token
-                    continue
+                reply = fetch(self._opener, request, timeout=API_TIMEOUT,
+                              max_bytes=MAX_ANSWER, stopper=self.stopper, what=what)
+            except FetchFailed as error:
+                raise CloudError(f"{what}: no usable answer from {self.config.endpoint} "
+                                 f"({error})") from None
+            status = reply.status
+            if 300 <= status < 400:
+                where = urllib.parse.urlsplit(reply.headers.get("location", "")).netloc
+                raise CloudError(f"{what}: {self.config.endpoint} answered HTTP {status}, a "
+                                 f"redirect to {where[:100] or 'nowhere'!r}; not followed "
+                                 "(the access token goes to the API's host only): set "
+                                 "Backend.Endpoint to the API's own URL")
+            if status == 401 and attempt == 1:
+                self._tokens.invalidate()  # expired or revoked: one fresh token
+                continue
+            if status != 200:
+                reason, message = _error_of(reply.body)
                 if status == 429 or reason in _THROTTLED or (
                         reason == "quotaExceeded" and "ROUTES" not in message):
-                    raise Throttled(reason or str(status)) from None
-                raise GceApiError(action, status, reason, message) from None
-            except (OSError, ValueError) as error:
-                raise CloudError(f"Compute Engine {action}: no answer from "
-                                 f"{self.config.endpoint} within {API_TIMEOUT}s "
-                                 f"({error})") from None
-            if len(raw) > _MAX_BODY:
-                raise CloudError(f"Compute Engine {action}: an answer over {_MAX_BODY} "
-                                 "bytes; refusing it")
+                    raise Throttled(reason or str(status))
+                raise GceApiError(action, status, reason, message)
             try:
-                answer = boundedjson.loads(raw or b"{}", what=f"Compute Engine {action}'s "
-                                           "answer", max_bytes=_MAX_BODY)
+                return boundedjson.loads(reply.body or b"{}", what=f"{what}'s answer",
+                                         max_bytes=MAX_ANSWER, max_elements=MAX_ELEMENTS)
             except JSONLimitError as error:
                 raise CloudError(str(error)) from None
-            if not isinstance(answer, dict):
-                raise CloudError(f"Compute Engine {action}: the answer is not a JSON object")
-            return answer
         raise AssertionError("unreachable")
 
     def _call(self, action: str, method: str, path: str,
               query: Mapping[str, str] | None = None,
-              body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              body: Mapping[str, Any] | None = None) -> Any:
         return self._retried(f"Compute Engine {action}",
                              lambda: self._request_once(action, method, path, query, body))
 
-    def _wait(self, action: str, operation: Mapping[str, Any]) -> None:
+    def _wait(self, action: str, answer: object) -> None:
         """Poll a global operation until DONE (bounded); its error is the call's error."""
-        name = str(operation.get("name", ""))
+        what = f"Compute Engine {action}'s operation"
+        current = operation(answer, what)
         # A pass that must not wait out throttling must not wait long on an operation either.
         polls = self.operation_polls if self._retry is not NO_WAIT else \
             min(self.operation_polls, PASS_OPERATION_POLLS)
         for _ in range(polls):
-            if operation.get("status") == "DONE":
+            if current.done:
                 break
-            if not _OPERATION.fullmatch(name):
-                raise CloudError(f"Compute Engine {action}: an operation without a usable "
-                                 f"name ({name[:60]!r})")
+            if not _OPERATION.fullmatch(current.name):
+                raise CloudError(f"{what}: an operation without a usable name "
+                                 f"({current.name[:60]!r})")
             self._sleep(self.poll_interval)
             # Not retried on its own: a throttled poll retries the whole change (``_changed``).
-            operation = self._request_once(
-                "globalOperations.get", "GET", f"projects/{self.project}/global/operations/{name}")
+            current = operation(self._request_once(
+                "globalOperations.get", "GET",
+                f"projects/{self.project}/global/operations/{current.name}"), what)
         else:
-            if operation.get("status") != "DONE":
+            if not current.done:
                 raise CloudError(
-                    f"Compute Engine {action}: operation {name} not done after "
+                    f"Compute Engine {action}: operation {current.name} not done after "
                     f"{polls * self.poll_interval:.0f}s; the next "
                     "reconciliation looks at the route table again")
-        errors = (operation.get("error") or {}).get("errors") or []
-        if errors:
-            first = errors[0] if isinstance(errors[0], dict) else {}
-            code, message = str(first.get("code", "")), str(first.get("message", ""))
+        if current.errors:
+            code, message = current.errors[0]
             if code == "QUOTA_EXCEEDED" and "ROUTES" in message:
                 raise RouteLimit(message)
             if code in ("QUOTA_EXCEEDED", *_THROTTLED):
                 raise Throttled(code)
-            raise GceApiError(action, int(operation.get("httpErrorStatusCode") or 0), code,
-                              message)
+            raise GceApiError(action, current.http_status, code, message)
 
     def _changed(self, action: str, method: str, path: str,
                  body: Mapping[str, Any] | None = None) -> None:
@@ -275,7 +370,7 @@ class GceRoutes(RouteEngineBase):
             self.project = self.config.project or identity.project
             network = self.config.vpc_network or identity.network
             if self.config.key_file:
-                self._tokens = key_file_tokens(self.config.key_file, API_TIMEOUT)
+                self._tokens = key_file_tokens(self.config.key_file, API_TIMEOUT, self.stopper)
             else:
                 self._tokens = metadata_tokens(self.metadata)
             try:
@@ -290,14 +385,12 @@ class GceRoutes(RouteEngineBase):
             instance = self._call("instances.get", "GET",
                                   f"projects/{identity.project}/zones/{identity.zone}/"
                                   f"instances/{identity.instance}")
-            self.network_link = str(found.get("selfLink", ""))
-            self.instance_link = str(instance.get("selfLink", ""))
-            if not self.network_link or not self.instance_link:
-                raise CloudError("Compute Engine networks.get/instances.get answered without "
-                                 "a selfLink")
+            self.network_link = self_link(found, "Compute Engine networks.get's answer")
+            self.instance_link = self_link(instance, "Compute Engine instances.get's answer")
             self._status.tables = [f"{self.project}/{network}"]
             self._status.target = identity.instance
-            if not instance.get("canIpForward"):
+            if not View(instance, "Compute Engine instances.get's answer").get(
+                    "canIpForward").boolean():
                 warning = (f"instance {identity.instance} has IP forwarding off "
                            "(canIpForward false): Compute Engine drops packets to its pods; "
                            "create the instance with --can-ip-forward")
@@ -313,32 +406,51 @@ class GceRoutes(RouteEngineBase):
     def _prepared(self) -> bool:
         return bool(self.instance_link)
 
-    def _list_routes(self) -> list[dict[str, Any]]:
-        routes: list[dict[str, Any]] = []
+    def _list_routes(self, names: set[str]) -> list[Route]:
+        """The routes of our network with an instance as next hop, and any route named in
+        ``names`` (our subnet's, whose names must be free for our insert)."""
+        routes: list[Route] = []
         # RE2 regular expressions, each matching a whole field; a network's link may carry
         # any host in front of its path.
         network = re.escape(_resource(self.network_link))
         query = {"filter": f'(name eq "{ROUTE_PREFIX}.*") (network eq ".*/{network}")',
-                 "maxResults": str(_PAGE)}
-        for _ in range(_MAX_PAGES):
-            page = self._call("routes.list", "GET", f"projects/{self.project}/global/routes",
-                              query)
-            items = page.get("items") or []
-            routes += [item for item in items if isinstance(item, dict)]
-            token = page.get("nextPageToken")
+                 "maxResults": str(PAGE)}
+        what = f"Compute Engine routes.list in project {self.project}"
+        deadline = time.monotonic() + LIST_TIMEOUT
+        seen: set[str] = set()
+        ours = _resource(self.network_link)
+        for _ in range(MAX_PAGES):
+            page, token = routes_page(
+                self._call("routes.list", "GET", f"projects/{self.project}/global/routes",
+                           query), "Compute Engine routes.list's answer")
+            # Only what may be flannel's is kept, sharing one network string: a server
+            # answering page after page holds no more than a few bytes a route here.
+            routes += [route._replace(network=ours) if route.network == ours else route
+                       for route in page
+                       if (route.network == ours and route.next_hop) or route.name in names]
+            if len(routes) > MAX_ROUTES:
+                raise CloudError(f"{what}: more than {MAX_ROUTES} routes named "
+                                 f"{ROUTE_PREFIX}*; refusing the listing")
             if not token:
                 return routes
-            query = {**query, "pageToken": str(token)[:1024]}
-        raise CloudError(f"Compute Engine routes.list: more than {_MAX_PAGES * _PAGE} routes "
-                         f"named {ROUTE_PREFIX}* in project {self.project}")
+            if token in seen:
+                raise CloudError(f"{what}: the page token repeats (the listing goes round "
+                                 f"in a circle after {len(seen) + 1} pages); refusing it")
+            if time.monotonic() > deadline:
+                raise CloudError(f"{what}: the listing took longer than {LIST_TIMEOUT:g}s; "
+                                 "refusing it")
+            seen.add(token)
+            query = {**query, "pageToken": token}
+        raise CloudError(f"{what}: more than {MAX_PAGES} pages; refusing the listing")
 
-    def _ours(self, route: Mapping[str, Any]) -> IPv4Network | None:
-        """The route's subnet when flannel owns the route, else None."""
-        if not route.get("nextHopInstance") or \
-                _resource(route.get("network")) != _resource(self.network_link):
+    def _flannel_shaped(self, route: Route) -> IPv4Network | None:
+        """The route's subnet when it has the shape of flannel's routes (an instance as next
+        hop, in our network, for a subnet inside the Network, named after it), else None."""
+        if not route.next_hop or route.network != _resource(self.network_link):
             return None
-        subnet = route_in_network(route.get("destRange"), self.config.network)
-        if subnet is None or route.get("name") != route_name(subnet):
+        subnet = route_in_network(route.dest, self.config.network)
+        if subnet is None or route.name not in (route_name(subnet),
+                                                route_name(subnet) + SECOND_NAME):
             return None
         return subnet
 
@@ -348,62 +460,90 @@ class GceRoutes(RouteEngineBase):
         me = _resource(self.instance_link)
         doomed: list[tuple[str, IPv4Network, str]] = []
         ours = False
+        adopted: Route | None = None  # our own route from before the mark
+        taken: set[str] = set()
         if collect:
             self._orphans.begin()
-        for route in self._list_routes():
-            subnet = self._ours(route)
+        for route in self._list_routes({route_name(own), route_name(own) + SECOND_NAME}):
+            taken.add(route.name)
+            subnet = self._flannel_shaped(route)
             if subnet is None:
-                if route.get("name") == route_name(own):
+                if route.name == route_name(own):
                     raise CloudError(
-                        f"a route named {route_name(own)} exists in project {self.project} "
-                        "that is not flannel's (another network, or a next hop that is not "
-                        "an instance); delete it so that flannel can route its subnet")
+                        f"a route named {route.name} exists in project {self.project} that "
+                        "is not flannel's (another network, or a next hop that is not an "
+                        "instance); delete it so that flannel can route its subnet")
                 continue
-            target = _resource(route.get("nextHopInstance")).rsplit("/", 1)[-1]
+            target = route.next_hop.rsplit("/", 1)[-1]
+            if not route.marked:
+                if subnet == own and route.next_hop == me:
+                    adopted = route
+                elif subnet == own and route.name == route_name(own):
+                    raise CloudError(
+                        f"the route {route.name} in project {self.project} sends our subnet "
+                        f"{own} to instance {target}, and flannel did not make it (it lacks "
+                        "flannel's description); delete it (gcloud compute routes delete "
+                        f"{route.name}) so that flannel can route its subnet")
+                elif route.name not in self._unmarked:
+                    self._unmarked.add(route.name)
+                    log.info("gce: route %s (%s -> %s) is not marked as flannel's: left "
+                             "alone (docs/cloud.md: adopting routes)", route.name, subnet,
+                             target)
+                continue
             if subnet == own:
-                if _resource(route.get("nextHopInstance")) == me:
+                if route.next_hop == me:
                     ours = True
                 else:  # pointed elsewhere: routes are immutable, so delete and insert
-                    doomed.append((str(route["name"]), subnet, target))
+                    doomed.append((route.name, subnet, target))
             elif self._orphan(table, subnet, target, live, collect):
-                doomed.append((str(route["name"]), subnet, target))
+                doomed.append((route.name, subnet, target))
         if collect:
             self._orphans.end()
         changes: list[RouteChange] = []
         for name, subnet, target in doomed:
             self._changed("routes.delete", "DELETE",
                           f"projects/{self.project}/global/routes/{name}")
+            taken.discard(name)
             changes.append(RouteChange("delete", table, str(subnet), target))
             log.info("gce: %s", changes[-1])
         if not ours:
-            body = {"name": route_name(own), "destRange": str(own),
-                    "network": self.network_link, "nextHopInstance": self.instance_link,
-                    "priority": PRIORITY, "tags": []}
-            try:
-                self._changed("routes.insert", "POST",
-                              f"projects/{self.project}/global/routes", body)
-            except RouteLimit as full:
-                raise _route_limit(self.project, table, own, str(full)) from None
-            except GceApiError as error:
-                if error.code == "quotaExceeded":
-                    raise _route_limit(self.project, table, own, str(error)) from None
-                raise
-            changes.append(RouteChange("create", table, str(own),
-                                       me.rsplit("/", 1)[-1]))
+            changes.append(self._insert(own, table, me, taken))
+            log.info("gce: %s", changes[-1])
+        if adopted is not None:
+            log.info("gce: adopting our route %s, made before flannel marked its routes: a "
+                     "marked route for %s stands beside it now, so the old one goes",
+                     adopted.name, own)
+            self._changed("routes.delete", "DELETE",
+                          f"projects/{self.project}/global/routes/{adopted.name}")
+            changes.append(RouteChange("delete", table, str(own), me.rsplit("/", 1)[-1]))
             log.info("gce: %s", changes[-1])
         return changes
 
+    def _insert(self, own: IPv4Network, table: str, me: str, taken: set[str]) -> RouteChange:
+        name = route_name(own)
+        if name in taken:  # held by a route we do not delete: the second name
+            name += SECOND_NAME
+        body = {"name": name, "destRange": str(own), "network": self.network_link,
+                "nextHopInstance": self.instance_link, "priority": PRIORITY, "tags": [],
+                "description": DESCRIPTION}
+        try:
+            self._changed("routes.insert", "POST", f"projects/{self.project}/global/routes",
+                          body)
+        except RouteLimit as full:
+            raise _route_limit(self.project, table, own, str(full)) from None
+        except GceApiError as error:
+            if error.code == "quotaExceeded":
+                raise _route_limit(self.project, table, own, str(error)) from None
+            raise
+        return RouteChange("create", table, str(own), me.rsplit("/", 1)[-1])
 
-def _error_of(error: urllib.error.HTTPError) -> tuple[int, str, str]:
-    """(HTTP status, the first error's reason, its message) of a Compute API error answer
-    (``{"error": {"code", "message", "errors": [{"reason", "message"}]}}``)."""
+
+def _error_of(body: bytes) -> tuple[str, str]:
+    """(the first error's reason, its message) of a Compute API error answer; empty when
+    it cannot be read (the status then says it all)."""
     try:
-        answer = boundedjson.loads(error.read(_MAX_ERROR), what="an error answer",
-                                   max_bytes=_MAX_ERROR)
-        detail = answer["error"]
-        first = (detail.get("errors") or [{}])[0]
-        reason = str(first.get("reason", ""))[:80]
-        message = str(detail.get("message") or first.get("message") or "")
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError, OSError):
-        return error.code, "", str(error.reason)[:200]
-    return error.code, reason, message[:300]
+        answer = boundedjson.loads(body[:_MAX_ERROR], what="an error answer",
+                                   max_bytes=_MAX_ERROR, max_elements=1000)
+    except JSONLimitError:
+        return "", ""
+    return error_detail(answer)

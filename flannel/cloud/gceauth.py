@@ -5,7 +5,8 @@ service-account key file, an access token signed for with that key.
 The metadata server is ``http://169.254.169.254`` (or ``GCE_METADATA_HOST``, host[:port], the
 variable Google's own libraries read); every request carries ``Metadata-Flavor: Google`` and
 an answer without that header is refused (it is not the metadata server). Values read here are
-untrusted: bounded in size and checked against the shapes Compute Engine documents.
+untrusted: bounded in size and time (``flannel.clients.fetch``; redirects never followed), and
+checked against the shapes Compute Engine documents.
 A key file's token is fetched with a JWT (RS256, signed through google-auth, the ``gce``
 extra, imported only then) posted to the key's ``token_uri``. Tokens and keys are held out
 of ``repr`` and never logged. Every call blocks: meant for the engine's worker thread.
@@ -18,18 +19,19 @@ import importlib
 import logging
 import re
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flannel import boundedjson
-from flannel.boundedjson import JSONLimitError
-from flannel.cloud.base import CloudError
+from flannel.clients.fetch import FetchFailed, TooLarge, fetch, opener
+from flannel.cloud.base import CloudError, Stopper
 from flannel.cloud.metadata import checked
-from flannel.fileutil import read_head
+from flannel.cloud.typed import View
+from flannel.files.fileutil import read_head
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError
 
 log = logging.getLogger(__name__)
 
@@ -62,34 +64,37 @@ def metadata_base(environ: Mapping[str, str]) -> str:
 
 
 class GceMetadata:
-    """GETs under ``<base>/computeMetadata/v1/``, each bounded in time and size."""
+    """GETs under ``<base>/computeMetadata/v1/``, each answer whole within ``timeout``
+    seconds and ``_MAX_BODY`` bytes, never through a proxy, never redirected. Its
+    ``stopper`` cuts them when flanneld stops (the engine shares it)."""
 
-    def __init__(self, base_url: str = GCE_METADATA, timeout: float = 2.0) -> None:
+    def __init__(self, base_url: str = GCE_METADATA, timeout: float = 2.0,
+                 stopper: Stopper | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.stopper = stopper or Stopper()
         # Link-local: never through an HTTP proxy from the environment.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._opener = opener(proxies=False)
 
     def get(self, path: str) -> str:
         url = f"{self.base_url}/computeMetadata/v1/{path}"
         request = urllib.request.Request(url, headers={"Metadata-Flavor": "Google"})  # noqa: S310
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                flavor = response.headers.get("Metadata-Flavor", "")
-                body = response.read(_MAX_BODY + 1)
-        except urllib.error.HTTPError as error:
-            raise CloudError(f"GCE metadata {path}: HTTP {error.code} from "
-                             f"{self.base_url}") from None
-        except (OSError, ValueError) as error:
+            reply = fetch(self._opener, request, timeout=self.timeout, max_bytes=_MAX_BODY,
+                          stopper=self.stopper, what=f"GCE metadata {path}")
+        except TooLarge as error:
+            raise CloudError(f"GCE metadata {path}: {error} from {self.base_url}; "
+                             "refusing it") from None
+        except FetchFailed as error:
             raise CloudError(f"the GCE metadata server at {self.base_url} did not answer "
                              f"({error}); is this node a Compute Engine instance?") from None
-        if flavor != "Google":
+        if reply.status != 200:
+            raise CloudError(f"GCE metadata {path}: HTTP {reply.status} from "
+                             f"{self.base_url}")
+        if reply.headers.get("metadata-flavor", "") != "Google":
             raise CloudError(f"{self.base_url} answered without the header Metadata-Flavor: "
                              "Google, so it is not the GCE metadata server")
-        if len(body) > _MAX_BODY:
-            raise CloudError(f"GCE metadata {path}: an answer over {_MAX_BODY} bytes; "
-                             "refusing it")
-        return body.decode("utf-8", "replace").strip()
+        return reply.body.decode("utf-8", "replace").strip()
 
 
 @dataclass(frozen=True)
@@ -122,15 +127,14 @@ class _Token:
 def _token_from(source: str, body: bytes) -> tuple[str, float]:
     """(access token, seconds it lives) from an OAuth 2.0 token answer."""
     try:
-        answer = boundedjson.loads(body, what=f"the answer of {source}", max_bytes=_MAX_BODY)
+        answer = boundedjson.loads(body, what=f"the answer of {source}", max_bytes=_MAX_BODY,
+                                   max_elements=100)
     except JSONLimitError as error:
         raise CloudError(str(error)) from None
-    try:
-        token, lifetime = answer["access_token"], float(answer.get("expires_in", 300))
-    except (ValueError, KeyError, TypeError):
-        raise CloudError(f"{source} sent no access token in its answer") from None
-    if not isinstance(token, str) or not 0 < len(token) <= 4096 or not token.isprintable() \
-            or not 0 < lifetime <= 86400:
+    view = View(answer, f"the answer of {source}").obj(required=True)
+    token = view.get("access_token").text(4096, required=True)
+    lifetime = view.get("expires_in").number(300, 1, 86400)
+    if not token or not token.isprintable():
         raise CloudError(f"{source} sent a malformed access token")
     return token, lifetime
 
@@ -230,11 +234,13 @@ def _signed_assertion(key: ServiceAccountKey, now: float) -> bytes:
     return assertion
 
 
-def key_file_tokens(path: str, timeout: float) -> TokenSource:
-    """Tokens for a service-account key: a signed JWT exchanged at the key's token_uri."""
+def key_file_tokens(path: str, timeout: float, stopper: Stopper) -> TokenSource:
+    """Tokens for a service-account key: a signed JWT exchanged at the key's token_uri
+    (through HTTPS_PROXY when set; never redirected: the assertion is a credential)."""
     key = read_key_file(path)
+    director = opener(proxies=True)
 
-    def fetch() -> tuple[str, float]:
+    def fetch_token() -> tuple[str, float]:
         body = urllib.parse.urlencode({
             "grant_type": "urn:ietf:params:oauth:grant-type:jwt-bearer",
             "assertion": _signed_assertion(key, time.time()).decode()}).encode()
@@ -242,25 +248,27 @@ def key_file_tokens(path: str, timeout: float) -> TokenSource:
             key.token_uri, data=body, method="POST",
             headers={"Content-Type": "application/x-www-form-urlencoded"})
         try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-                answer = response.read(_MAX_BODY + 1)
-        except urllib.error.HTTPError as error:
-            reason = _oauth_error(error)
-            raise CloudError(f"the token endpoint {key.token_uri} refused the key of "
-                             f"{key.client_email}: HTTP {error.code} {reason}") from None
-        except (OSError, ValueError) as error:
+            reply = fetch(director, request, timeout=timeout, max_bytes=_MAX_BODY,
+                          stopper=stopper, what=f"the token endpoint {key.token_uri}")
+        except FetchFailed as error:
             raise CloudError(f"the token endpoint {key.token_uri} did not answer "
                              f"({error})") from None
-        return _token_from(f"the token endpoint {key.token_uri}", answer[:_MAX_BODY])
-    return TokenSource(fetch, f"the service-account key of {key.client_email}")
+        if reply.status != 200:
+            raise CloudError(f"the token endpoint {key.token_uri} refused the key of "
+                             f"{key.client_email}: HTTP {reply.status} "
+                             f"{_oauth_error(reply.body)}".rstrip())
+        return _token_from(f"the token endpoint {key.token_uri}", reply.body)
+    return TokenSource(fetch_token, f"the service-account key of {key.client_email}")
 
 
-def _oauth_error(error: urllib.error.HTTPError) -> str:
+def _oauth_error(body: bytes) -> str:
     """The OAuth error code and description (never anything the request carried)."""
     try:
-        answer = boundedjson.loads(error.read(4096), what="an OAuth error answer",
-                                   max_bytes=4096)
-        text = f"{answer.get('error', '')}: {answer.get('error_description', '')}"
-    except (ValueError, OSError, AttributeError):
+        answer = boundedjson.loads(body[:4096], what="an OAuth error answer", max_bytes=4096,
+                                   max_elements=100)
+    except JSONLimitError:
         return ""
+    if not isinstance(answer, dict):
+        return ""
+    text = f"{answer.get('error', '')}: {answer.get('error_description', '')}"
     return text[:200] if text.isprintable() else ""

@@ -2,20 +2,22 @@
 Tencent Cloud's and Alibaba Cloud's metadata services, and the node identity each engine
 needs from them.
 
-Values read here are untrusted: every one is bounded in size and checked against the shape
-the cloud documents before use. Must not touch: cloud APIs, credentials.
+Values read here are untrusted: every answer is bounded in size and time
+(``flannel.clients.fetch``; a redirect is refused, so the session token never reaches another
+host), and every value checked against the shape the cloud documents before use.
+Must not touch: cloud APIs, credentials.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 
-from flannel.cloud.base import CloudError
+from flannel.clients.fetch import FetchFailed, TooLarge, fetch, opener
+from flannel.cloud.base import CloudError, Stopped, Stopper
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ class MetadataClient:
     """
 
     def __init__(self, base_url: str, token: bool, timeout: float = 2.0,
-                 scheme: TokenScheme = AWS_TOKENS) -> None:
+                 scheme: TokenScheme = AWS_TOKENS, stopper: Stopper | None = None) -> None:
         if not base_url.startswith("http://"):
             raise CloudError(f"the metadata service address must be an http:// URL, "
                              f"not {base_url[:80]!r}")
@@ -81,27 +83,30 @@ class MetadataClient:
         self.use_token = token
         self.timeout = timeout
         self.scheme = scheme
+        #: Cuts a read in flight when flanneld stops (the engine shares it).
+        self.stopper = stopper or Stopper()
         self._token: str | None = None
         self._v1 = not token
         # Metadata is link-local: never send it through an HTTP proxy from the environment.
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self._opener = opener(proxies=False)
 
     def _open(self, request: urllib.request.Request) -> tuple[int, str]:
+        what = f"the instance metadata service at {self.base_url}"
         try:
-            with self._opener.open(request, timeout=self.timeout) as response:
-                body = response.read(_MAX_BODY + 1)
-                status = response.status
-        except urllib.error.HTTPError as error:
-            return error.code, ""
-        except (OSError, ValueError) as error:
+            reply = fetch(self._opener, request, timeout=self.timeout, max_bytes=_MAX_BODY,
+                          stopper=self.stopper, what=what)
+        except TooLarge as error:
+            raise CloudError(f"{what} sent {error}; refusing it") from None
+        except FetchFailed as error:
             raise CloudError(
-                f"the instance metadata service at {self.base_url} did not answer ({error}); "
-                "is this node running on the cloud its backend is for?"
-            ) from None
-        if len(body) > _MAX_BODY:
-            raise CloudError(f"the instance metadata service at {self.base_url} sent an "
-                             f"answer over {_MAX_BODY} bytes; refusing it")
-        return status, body.decode("utf-8", "replace").strip()
+                f"{what} did not answer ({error}); is this node running on the cloud its "
+                "backend is for?") from None
+        if 300 <= reply.status < 400:
+            # Never followed: the session token must not reach another host.
+            raise CloudError(f"{what} answered HTTP {reply.status}, a redirect; not "
+                             "followed (a metadata service never redirects)")
+        return reply.status, (reply.body.decode("utf-8", "replace").strip()
+                              if reply.status == 200 else "")
 
     def _fetch_token(self) -> None:
         request = urllib.request.Request(  # noqa: S310 (http:// checked in __init__)
@@ -109,9 +114,11 @@ class MetadataClient:
             headers={self.scheme.ttl_header: _SESSION_TTL_SECONDS})
         try:
             status, body = self._open(request)
+        except Stopped:
+            raise
         except CloudError:
             status, body = 0, ""
-        if status == 200 and body:
+        if status == 200 and 0 < len(body) <= 1024 and body.isascii() and body.isprintable():
             self._token = body
             return
         self._v1 = True

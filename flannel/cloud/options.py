@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from flannel import gojson
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
+from flannel.untrusted import gojson
 
 #: The longest access key ID or secret taken.
 MAX_SECRET = 256

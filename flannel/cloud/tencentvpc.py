@@ -3,14 +3,17 @@
 As Go flannel does: credentials from the config (``AccessKeyID``/``AccessKeySecret``) or the
 ``ACCESS_KEY_ID``/``ACCESS_KEY_SECRET`` environment; region and VPC from the metadata
 service; the route in the first route table of the VPC, gateway type ``NORMAL_CVM``, gateway
-our external address; disabled duplicates of it deleted. Beyond Go: ``reconcile()`` repairs
-our route (re-created, or pointed back at us) and deletes routes of vanished leases - only
-``NORMAL_CVM`` user routes strictly inside the Network, never any other route - and
-throttled calls are retried with backoff.
+our external address; disabled duplicates of it deleted. Beyond Go: the routes flanneld
+makes carry a mark, the ``RouteDescription`` ``DESCRIPTION``, and only marked routes are
+flannel's: a route without it (an admin's, one Go flannel or an older pyflannel made) is
+never deleted; our own unmarked route is adopted in place (``ReplaceRoutes`` with the
+description, same route). ``reconcile()`` repairs our route (re-created, or pointed back at
+us) and deletes marked routes of vanished leases - only ``NORMAL_CVM`` user routes strictly
+inside the Network - and throttled calls are retried with backoff.
 
 Every method blocks (the Tencent SDK) and is meant for a worker thread; calls are
 serialised. The secret is held out of ``repr`` and never logged. Must not touch: the store,
-the kernel, routes outside the Network or of other gateway types.
+the kernel, routes without the mark, routes outside the Network or of other gateway types.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 
 GATEWAY_TYPE = "NORMAL_CVM"
 ROUTE_TYPE = "USER"
+#: The mark of the routes flanneld makes; a route without it is never deleted.
+DESCRIPTION = "flannel pod subnet route"
 #: Seconds one API request may take: a pass never waits longer on one call (and its retries).
 API_TIMEOUT = 10
 
@@ -88,8 +92,8 @@ class TencentVpcRoutes(RouteEngineBase):
 
     def __init__(self, config: TencentVpcConfig, metadata: MetadataClient, *,
                  backoff: ThrottleRetry | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
-        super().__init__(backoff, sleep)
+                 sleep: Callable[[float], None] | None = None) -> None:
+        super().__init__(backoff, sleep, metadata.stopper)
         self.config = config
         self.metadata = metadata
         self._client: Any = None
@@ -97,6 +101,7 @@ class TencentVpcRoutes(RouteEngineBase):
         self.identity: TencentIdentity | None = None
         self.table: str = ""
         self._status.target = str(config.external_address)
+        self._unmarked: set[str] = set()  # unmarked routes, logged once
 
     def _make_client(self, region: str) -> None:
         try:
@@ -180,14 +185,31 @@ class TencentVpcRoutes(RouteEngineBase):
             destination = self._inside_network(route)
             if destination is None:
                 continue
+            marked = route.get("RouteDescription") == DESCRIPTION
+            to_us = route.get("GatewayId") == gateway
+            if not marked and not (destination == own and to_us):
+                if destination == own:
+                    raise CloudError(
+                        f"route table {self.table} sends our subnet {own} to "
+                        f"{route.get('GatewayId')} through a route flannel did not make (its "
+                        f"description is not {DESCRIPTION!r}); delete that route so that "
+                        "flannel can route its subnet")
+                key = f"{destination} {route.get('GatewayId')}"
+                if key not in self._unmarked:
+                    self._unmarked.add(key)
+                    log.info("tencent-vpc: the route %s -> %s in %s is not marked as "
+                             "flannel's: left alone (docs/cloud.md: adopting routes)",
+                             destination, route.get("GatewayId"), self.table)
+                continue
             if destination != own:
                 if self._orphan(self.table, destination, str(route.get("GatewayId", "")),
                                 live, collect):
                     doomed.append((route, destination))
-            elif route.get("GatewayId") != gateway:
+            elif not to_us:
                 misdirected = misdirected or route
             elif not route.get("Enabled") or ours is not None:
-                doomed.append((route, destination))  # disabled or duplicate, as Go deletes
+                if marked:  # disabled or duplicate, as Go deletes
+                    doomed.append((route, destination))
             else:
                 ours = route
         if collect:
@@ -199,7 +221,7 @@ class TencentVpcRoutes(RouteEngineBase):
             changes += [RouteChange("delete", self.table, str(d), str(r.get("GatewayId", "")))
                         for r, d in doomed]
         spec = {"DestinationCidrBlock": str(own), "GatewayType": GATEWAY_TYPE,
-                "GatewayId": gateway}
+                "GatewayId": gateway, "RouteDescription": DESCRIPTION}
         if ours is None and misdirected is not None:
             self._call("ReplaceRoutes", {"RouteTableId": self.table,
                                          "Routes": [{"RouteId": misdirected["RouteId"], **spec}]})
@@ -216,6 +238,12 @@ class TencentVpcRoutes(RouteEngineBase):
                         "VPC, or use a backend that needs no route per node (vxlan)") from None
                 raise
             changes.append(RouteChange("create", self.table, str(own), gateway))
+        elif ours.get("RouteDescription") != DESCRIPTION:
+            self._call("ReplaceRoutes", {"RouteTableId": self.table,
+                                         "Routes": [{"RouteId": ours["RouteId"], **spec}]})
+            log.info("tencent-vpc: adopted our route %s -> %s in %s, made before flannel "
+                     "marked its routes: described it %r", own, gateway, self.table,
+                     DESCRIPTION)
         for change in changes:
             log.info("tencent-vpc: %s", change)
         return changes

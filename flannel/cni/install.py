@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import flannel
-from flannel import boundedjson
-from flannel.fileutil import write_atomic
+from flannel.files.fileutil import write_atomic
+from flannel.untrusted import boundedjson
 from flannel.version import __version__
 
 DEFAULT_CONFLIST = {

@@ -11,18 +11,18 @@ remote BackendData string and a newline) when the lease appears or changes, the 
 command when it goes. Nothing here is fatal. A subnet command that ran and failed for one
 lease (its exit status, a signal, its timeout) makes that lease a bad peer: what it is given
 comes from the peer, so one node's bad data must not hold back every other node. A bad
-peer is logged once with the command's output, counted, skipped, and tried again with
-backoff (``BAD_PEER_BACKOFF``: 5 s doubling to 5 min; at once when its lease changes). A
-command that cannot run at all (not found, not executable, empty) fails for every peer
-alike: that is this node's own failure, owed and reported on every pass.
+peer is logged once with the command's output, counted, skipped, and parked
+(``flannel.reporting.skips.ParkedPeers``: tried again after 5 s doubling to 5 min; at once when its
+lease changes). A command that cannot run at all (not found, not executable, empty) fails
+for every peer alike: that is this node's own failure, owed and reported on every pass.
 
 API: ``ExtensionConfig.from_backend(backend_obj)``; ``pre_startup(cfg, host) -> str | None``
 (the ``BackendData`` JSON text, None without a command; raises ``CommandFailed``);
 ``post_startup_env(network, ipv6_network, lease)``; ``run_post_startup(cfg, env, host)``;
 ``ExtensionPeers(cfg, host).reconcile(leases) -> ExtensionStatus`` (synchronous, runs
 commands: call from a worker thread after every lease change; it owns no task; its
-``retry_in`` says when a bad peer is due again), ``ExtensionPeers.bad`` (lease key ->
-``BadPeer``) and ``.failures`` (commands that failed for a peer since start). Every command
+``retry_in`` says when a bad peer is due again), ``ExtensionPeers.bad`` (the parked peers) and
+``.failures`` (commands that failed for a peer since start). Every command
 runs in the ``Host``'s network namespace.
 Must not touch: the kernel (the user's commands do), the store.
 """
@@ -35,13 +35,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network, IPv6Network
 
-from flannel import boundedjson
-from flannel.backenderrors import BackendConfigError
-from flannel.backendoptions import decode_options
-from flannel.backoff import Backoff
+from flannel.backendconf.errors import BackendConfigError
+from flannel.backendconf.options import decode_options
 from flannel.extension.command import DEFAULT_TIMEOUT, CommandResult, run_command
 from flannel.kernel.host import LOCAL, Host
 from flannel.lease import Lease, go_string
+from flannel.reporting.skips import ParkedPeers
+from flannel.untrusted import boundedjson
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,6 @@ _CONTEXT = "error decoding backend config"
 #: BackendData we publish: what peers accept in a lease value, less room for its other fields.
 MAX_PUBLISHED_DATA = boundedjson.MAX_LEASE_BYTES - 1024
 _LOG_OUTPUT = 2000
-#: Seconds before a bad peer's command is tried again: first, doubling up to longest.
-BAD_PEER_BACKOFF = (5.0, 300.0)
 #: The largest ``EncapOverhead``: more than any encapsulation adds, less than any MTU.
 MAX_ENCAP_OVERHEAD = 1024
 
@@ -174,18 +172,6 @@ def _own_failure(result: CommandResult) -> bool:
 
 
 @dataclass
-class BadPeer:
-    """A lease our subnet command failed for: why, how often, and when it is tried again."""
-
-    action: str  # "subnet-add" or "subnet-remove"
-    reason: str  # the command's result: exit status and the first line of its output
-    fingerprint: tuple[object, ...]
-    backoff: Backoff
-    due: float
-    failures: int = 1
-
-
-@dataclass
 class ExtensionStatus:
     """After a pass: commands that ran successfully (``ran``), this node's own failures still
     owed (retried next pass), bad peers skipped (retried with backoff), by lease key."""
@@ -214,7 +200,7 @@ class ExtensionPeers:
         self.host = host
         self.clock = clock
         self.applied: dict[str, tuple[Lease, tuple[object, ...]]] = {}
-        self.bad: dict[str, BadPeer] = {}
+        self.bad = ParkedPeers(clock=clock)
         self.failures = 0
         self.status = ExtensionStatus()
 
@@ -224,7 +210,7 @@ class ExtensionPeers:
         if result.ok:
             log.info("extension %s command for %s ran: %s; output: %s", what, lease.key,
                      command, result.output[:_LOG_OUTPUT])
-            if self.bad.pop(lease.key, None) is not None:
+            if self.bad.release(lease.key):
                 log.info("extension lease %s is no longer refused: the %s command succeeded",
                          lease.key, what)
         elif _own_failure(result):
@@ -235,42 +221,34 @@ class ExtensionPeers:
 
     def _refused(self, what: str, command: str, lease: Lease, result: CommandResult) -> None:
         self.failures += 1
-        fingerprint = _fingerprint(lease)
-        bad = self.bad.get(lease.key)
         first_line = result.output.strip().splitlines()[0][:200] if result.output.strip() \
             else "no output"
         reason = f"{what} command failed ({result.reason()}): {first_line}"
-        if bad is None or bad.fingerprint != fingerprint or bad.action != what:
-            bad = BadPeer(what, reason, fingerprint, Backoff(*BAD_PEER_BACKOFF), 0.0, 0)
-            self.bad[lease.key] = bad
+        bad, new = self.bad.park(lease.key, what, _fingerprint(lease), reason)
+        if new:
             _log_failure(f"{what} ({lease.key})", command, result)
             log.error("skipping extension lease %s: the %s command fails for it, so this node "
                       "cannot reach that node; the other peers are not held back. Retried in "
                       "%g s, then less and less often (every %g s at most), at once when the "
-                      "lease changes", lease.key, what, bad.backoff.delay, bad.backoff.longest)
+                      "lease changes", lease.key, what, bad.due - self.clock(),
+                      bad.backoff.longest)
         else:
             log.debug("extension %s command still fails for %s (%d time(s)): %s", what,
-                      lease.key, bad.failures + 1, reason)
-        bad.reason = reason
-        bad.failures += 1
-        bad.due = self.clock() + bad.backoff.grow()
+                      lease.key, bad.failures, reason)
 
-    def _waiting(self, key: str, action: str, lease: Lease, now: float) -> bool:
+    def _waiting(self, key: str, action: str, lease: Lease) -> bool:
         """Whether ``key`` is a bad peer not due yet (same lease, same command)."""
-        bad = self.bad.get(key)
-        return (bad is not None and bad.action == action and now < bad.due
-                and bad.fingerprint == _fingerprint(lease))
+        return self.bad.waiting(key, action, _fingerprint(lease))
 
     def reconcile(self, leases: Iterable[Lease]) -> ExtensionStatus:
         status = ExtensionStatus()
-        now = self.clock()
         wanted: dict[str, Lease] = {}
         for lease in leases:
             if lease.attrs.backend_type != "extension":
                 continue
             wanted[lease.key] = lease
-        for key in set(self.bad) - set(wanted) - set(self.applied):
-            del self.bad[key]  # gone before it was ever added: nothing is owed
+        # A lease gone before it was ever added: nothing is owed.
+        self.bad.keep_only({**wanted, **self.applied})
         for key, lease in sorted(wanted.items()):
             fingerprint = _fingerprint(lease)
             done = self.applied.get(key)
@@ -284,7 +262,7 @@ class ExtensionPeers:
                               "that owns it rewrites it on restart, or delete the lease", key)
                 status.skipped.append(key)
                 continue
-            if self._waiting(key, "subnet-add", lease, now):
+            if self._waiting(key, "subnet-add", lease):
                 continue
             if self.cfg.subnet_add:
                 result = self._run("subnet-add", self.cfg.subnet_add, lease, stdin)
@@ -296,7 +274,7 @@ class ExtensionPeers:
         for key in sorted(set(self.applied) - set(wanted)):
             lease = self.applied[key][0]
             stdin = peer_stdin(lease) or "\n"
-            if self._waiting(key, "subnet-remove", lease, now):
+            if self._waiting(key, "subnet-remove", lease):
                 continue
             if self.cfg.subnet_remove:
                 result = self._run("subnet-remove", self.cfg.subnet_remove, lease, stdin)
@@ -306,7 +284,6 @@ class ExtensionPeers:
             status.ran += bool(self.cfg.subnet_remove)
             del self.applied[key]
         status.bad = sorted(self.bad)
-        if self.bad:
-            status.retry_in = max(0.05, min(b.due for b in self.bad.values()) - self.clock())
+        status.retry_in = self.bad.retry_in()
         self.status = status
         return status

@@ -7,7 +7,10 @@ report and, where the kernel has no ESP, loads kernel-libipsec); the charon proc
 starts (its own session, so it outlives a flanneld restart and the next flanneld adopts it with
 its established SAs), the marker ``<state>/charon.pid`` that makes it ours, restarts with
 backoff when it dies, and stopping it (``stop``: for ``flannelctl cleanup``); one VICI
-session per request on ``/var/run/charon.vici``.
+session per request on ``/var/run/charon.vici``, every answer bounded (``_BoundedTransport``:
+bytes and time per message, events and time per stream), and the SAs and connections read
+from it reduced, one event at a time, to what the backend uses, each field checked
+(``sa_states``, ``connection_names``).
 A charon that answers on the socket and that flanneld did not start is used, never stopped.
 Synchronous: call from a worker thread.
 Must not touch: other processes; strongSwan's own files (``/etc``); charon's SAs (the backend
@@ -28,11 +31,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from flannel import procstop
-from flannel.backoff import Backoff
-from flannel.fileutil import log_tail, open_log, read_head, write_atomic
+from flannel.files.fileutil import log_tail, open_log, read_head, write_atomic
+from flannel.process import procstop
+from flannel.timing.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,14 @@ STATE_DIR = Path("/run/flannel/ipsec")
 #: which is seen at once; the bound only waits out a slow machine (under an emulated CPU on a
 #: loaded host charon took over a minute to load its plugins).
 STARTUP_TIMEOUT = 120.0
+#: Seconds one VICI message may take to arrive, whole (a drip is cut, not waited for).
 REQUEST_TIMEOUT = 10.0
+#: Bytes of one VICI message: charon sends one event per IKE SA or connection, a few KiB.
+MAX_MESSAGE = 64 * 1024
+#: Events one streamed request may bring (list-sas, list-conns: one per SA or connection;
+#: 20,000 peers and a quarter more), and seconds the whole stream may take.
+MAX_EVENTS = 25_000
+STREAM_TIMEOUT = 120.0
 RESTART_FIRST, RESTART_LONGEST = 1.0, 30.0
 _LOG_TAIL = 300
 _MAX_PID_FILE = 64  # a pid and a newline; anything longer is not our marker
@@ -56,6 +66,82 @@ INSTALL_HINT = ("install strongSwan's charon with its VICI plugin (Debian: stron
 
 class CharonError(Exception):
     """charon cannot be started or does not answer; the message says what to fix."""
+
+
+class _OverBudget(OSError):
+    """A VICI answer beyond its bounds (the session's socket is shut down)."""
+
+
+class _BoundedTransport:
+    """The ``vici`` package's transport with bounds on what charon (or whatever answers on
+    its socket) sends: each message within MAX_MESSAGE bytes and REQUEST_TIMEOUT seconds,
+    whole; at most MAX_EVENTS events and STREAM_TIMEOUT seconds between two requests. Over
+    a bound, the socket is shut down (what is left of the session fails at once) and
+    _OverBudget raised. The package's own reads take any length (up to 4 GiB) and wait
+    without a time limit once a message has begun."""
+
+    HEADER = struct.Struct("!I")
+    EVENT = 7  # the packet type of an event
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.socket = sock
+        self._events = 0
+        self._stream_end = 0.0
+        self._failed: OSError | None = None  # once over a bound, every later use fails so
+
+    def send(self, packet: bytes) -> None:
+        if self._failed is not None:
+            raise self._failed
+        self._events = 0
+        self._stream_end = time.monotonic() + STREAM_TIMEOUT
+        self.socket.settimeout(REQUEST_TIMEOUT)
+        self.socket.sendall(self.HEADER.pack(len(packet)) + packet)
+
+    def receive(self, timeout: object = None) -> bytes:
+        if self._failed is not None:
+            raise self._failed
+        deadline = min(time.monotonic() + REQUEST_TIMEOUT, self._stream_end)
+        (length,) = self.HEADER.unpack(self._read(self.HEADER.size, deadline))
+        if length > MAX_MESSAGE:
+            self._refuse(f"a message of {length} bytes, over the limit of {MAX_MESSAGE}")
+        payload = self._read(length, deadline)
+        if payload[:1] == bytes([self.EVENT]):
+            self._events += 1
+            if self._events > MAX_EVENTS:
+                self._refuse(f"more than {MAX_EVENTS} events for one request")
+        return payload
+
+    def _read(self, count: int, deadline: float) -> bytes:
+        data = bytearray()
+        while len(data) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if deadline >= self._stream_end:
+                    self._refuse(f"a stream of events longer than {STREAM_TIMEOUT:g}s")
+                self._fail(TimeoutError())  # a message not whole in time: a drip is cut
+            self.socket.settimeout(left)
+            try:
+                chunk = self.socket.recv(min(count - len(data), 65536))
+            except TimeoutError:
+                continue  # the deadline is checked above
+            if not chunk:
+                raise ConnectionResetError("Connection closed")
+            data += chunk
+        return bytes(data)
+
+    def _refuse(self, why: str) -> NoReturn:
+        self._fail(_OverBudget(why))
+
+    def _fail(self, error: OSError) -> NoReturn:
+        self._failed = error
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)
+        raise error
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)
+        self.socket.close()
 
 
 def find_charon() -> str:
@@ -135,6 +221,8 @@ def _cause(err: Exception) -> str:
     text is bounded)."""
     if isinstance(err, TimeoutError):
         return f"no reply within {REQUEST_TIMEOUT:g}s"
+    if isinstance(err, _OverBudget):
+        return f"{err}; refusing the answer"
     text = str(err) or type(err).__name__
     return text[:300]
 
@@ -200,8 +288,10 @@ class Charon:
             except OSError as err:
                 raise CharonError(f"charon does not answer on {self.spec.socket_path}: "
                                   f"{os.strerror(err.errno or errno.EIO)}") from None
+            session = vici.Session(sock)
+            session.transport = _BoundedTransport(sock)
             try:
-                yield vici.Session(sock)
+                yield session
             except failures as err:
                 raise CharonError(f"charon on {self.spec.socket_path} failed a request: "
                                   f"{_cause(err)}") from None
@@ -305,3 +395,44 @@ class Charon:
             return offset, ()
         end = data.rfind(b"\n") + 1
         return offset + end, data[:end].decode("utf-8", "replace").splitlines()
+
+
+def _named(event: object, what: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """An event's ``{name: section}`` items, each name a string and each section a dict."""
+    if not isinstance(event, dict):
+        raise CharonError(f"charon sent a {what} event that is not a section")
+    for name, section in event.items():
+        if not isinstance(name, str) or len(name) > 256 or not isinstance(section, dict):
+            raise CharonError(f"charon sent a {what} event of another shape (a "
+                              f"{type(section).__name__} under {str(name)[:60]!r})")
+        yield name, section
+
+
+def _state(section: dict[str, Any], what: str) -> bytes:
+    state = section.get("state", b"")
+    if not isinstance(state, bytes) or len(state) > 64:
+        raise CharonError(f"charon sent the state of {what} as a {type(state).__name__}, "
+                          "not a value")
+    return state
+
+
+def sa_states(session: Any) -> list[dict[str, Any]]:
+    """``list-sas``, each IKE SA reduced to ``{name: {"state": ..., "child-sas": {child:
+    {"state": ...}}}}`` (the shape ``ipsec.config.established`` reads), one event at a
+    time: a stream of thousands of SAs holds only what is kept."""
+    sas = []
+    for event in session.list_sas():
+        for name, ike in _named(event, "list-sa"):
+            children = ike.get("child-sas") or {}
+            kept = {child: {"state": _state(section, f"child SA {child[:60]}")}
+                    for child, section in _named(children, "list-sa child")}
+            sas.append({name: {"state": _state(ike, f"IKE SA {name[:60]}"),
+                               "child-sas": kept}})
+    return sas
+
+
+def connection_names(session: Any, prefix: str) -> set[str]:
+    """The names of the connections charon holds that start with ``prefix`` (``list-conns``,
+    one event at a time)."""
+    return {name for event in session.list_conns()
+            for name, _ in _named(event, "list-conn") if name.startswith(prefix)}

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
-from flannel import gojson
-from flannel.backenderrors import BackendConfigError
-from flannel.backendoptions import decode_options
+from flannel.backendconf.errors import BackendConfigError
+from flannel.backendconf.options import decode_options
+from flannel.untrusted import gojson
 
 DEFAULT_ESP_PROPOSAL = "aes128gcm16-sha256-prfsha256-ecp256"
 MIN_PSK_LENGTH = 96

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 from flannel.kernel import links, rtnl
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import Rtnl
-from flannel.netutil import parse_ip
+from flannel.untrusted.netutil import parse_ip
 
 if TYPE_CHECKING:
     from flannel.config import NetworkConfig

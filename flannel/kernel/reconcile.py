@@ -4,7 +4,7 @@ Owns the diff between what a backend wants (derived from the current lease set) 
 kernel has (read back in a full pass; in an incremental pass, what the previous pass made it
 hold), the batched apply of that diff (one synchronous pass), and the ownership rules
 that say which kernel entries are ours and which kernel events are drift. When passes run,
-in which thread and with which socket is the data plane's (``flannel.dataplane``).
+in which thread and with which socket is the data plane's (``flannel.dataplane.loop``).
 
 Ours are: routes with ``RTPROT_FLANNEL``; every permanent neighbour and ``self`` FDB entry on
 a device we own; and, adopted from a previous flannel (Go flannel installs its routes with
@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from flannel.kernel import events, rtnl
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
 from flannel.log import V4
-from flannel.netutil import within
+from flannel.untrusted.netutil import within
 
 log = logging.getLogger(__name__)
 
@@ -393,12 +393,15 @@ def _fdb_drift(desired: DesiredState, entry: FdbEntry, deleted: bool, state: int
 class ReconcileError(Exception):
     """A pass that could not make every change; the message says which and, if known, why.
 
-    ``cause`` is the message without the counts, which change from retry to retry.
+    ``cause`` is the message without the counts, which change from retry to retry;
+    ``failures`` the kernel's refusals, each naming its request and entry.
     """
 
-    def __init__(self, failed: int, attempted: int, cause: str) -> None:
+    def __init__(self, failed: int, attempted: int, cause: str,
+                 failures: tuple[rtnl.NetlinkError, ...] = ()) -> None:
         super().__init__(f"{failed} of {attempted} changes failed, first: {cause}")
         self.cause = cause
+        self.failures = failures
 
 
 class Netlink(Protocol):
@@ -466,7 +469,8 @@ def _apply(sock: Netlink, ops: list[tuple[str, object]],
         first = failures[0]
         advice = hint(first) if hint is not None else ""
         raise ReconcileError(len(failures), len(ops),
-                             f"{first.strerror}{'; ' + advice if advice else ''}") from first
+                             f"{first.strerror}{'; ' + advice if advice else ''}",
+                             tuple(failures)) from first
     return ops
 
 

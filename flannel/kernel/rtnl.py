@@ -77,15 +77,20 @@ T = TypeVar("T")
 
 class NetlinkError(OSError):
     """A request the kernel refused; ``request`` says which, ``detail`` is the kernel's own
-    explanation when it gave one (extended ACK), e.g. "Unknown device type"."""
+    explanation when it gave one (extended ACK), e.g. "Unknown device type". A refused
+    request of a batch also carries its ``verb`` and the ``entry`` it was for, so that the
+    peer it belongs to can be told."""
 
     errno: int  # always the kernel's error code, never None
 
-    def __init__(self, code: int, request: str, detail: str = "") -> None:
+    def __init__(self, code: int, request: str, detail: str = "", *, verb: str = "",
+                 entry: object = None) -> None:
         suffix = f": {detail}" if detail else ""
         super().__init__(code, f"{os.strerror(code)} ({request}{suffix})")
         self.request = request
         self.detail = detail
+        self.verb = verb
+        self.entry = entry
 
 
 def frame(msg_type: int, flags: int, seq: int, payload: bytes) -> bytes:
@@ -502,7 +507,8 @@ class Rtnl:
                     continue
                 # A delete of what is already gone is not a failure.
                 if request[0] != "delete" or code not in _GONE:
-                    failures.append(NetlinkError(code, describe(*request)))
+                    failures.append(NetlinkError(code, describe(*request), verb=request[0],
+                                                 entry=request[1]))
 
     def _encode(self, verb: str, obj: object, seq: int, ack: bool = True) -> bytes:
         flags = _VERB_FLAGS[verb] | (NLM_F_ACK if ack else 0)

@@ -3,7 +3,7 @@
 
 Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port`` and on flanneld's local
 socket (``flannel.monitor.localsock``: mode 0600, so every client there is local). ``/readyz``
-answers 200 only when every readiness component has reported ready (``flannel.readiness``:
+answers 200 only when every readiness component has reported ready (``flannel.reporting.readiness``:
 startup, subnet.env, store, rules, data plane); otherwise 503 with the reason in the body.
 The default address 0.0.0.0 serves that text on every address of the host, so the body says
 what is wrong but never where: paths (files, store keys) are cut to their last part; the
@@ -13,12 +13,20 @@ anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
 a client on this host: one that connects from a loopback address or from the very address
 it connected to; any other gets 403.
 
-Nothing a client does takes it down: at most ``max_connections`` are open at once (a quarter
+Nothing a client does takes it down. A TCP connection reaches flanneld only once its client
+sends something: the kernel holds the others (``TCP_DEFER_ACCEPT``) for ``HEAD_TIMEOUT``, and
+one handed over still silent then is closed at once, unseen (a client that opens connections
+and sends nothing costs nothing). At most ``max_connections`` are open at once (a quarter
 of the process's file limit, at most 128), and a connection over that closes the oldest one
 still waiting for its request (a flood of idle connections never locks out a probe, which
-sends its request at once), or the new one if none waits; the request head must arrive
-within ``HEAD_TIMEOUT`` and the reply be taken within ``WRITE_TIMEOUT``; every reply closes
-its connection (no keep-alive); lines are bounded, so is what is buffered per connection.
+sends its request at once), or the new one if none waits; at most ``EVICTIONS_PER_SECOND``
+are closed so (a client reopening each one at once would otherwise keep flanneld setting
+connections up and closing them at whatever rate it likes: most of a core), the next
+connections waiting in the kernel's queue meanwhile. A connection is a protocol object
+driven by callbacks (no task, no stream objects), cheap to set up and to close. The request
+head must arrive within ``HEAD_TIMEOUT`` and the reply be taken within ``WRITE_TIMEOUT``;
+every reply closes its connection (no keep-alive); lines are bounded, so is what is
+buffered per connection.
 An accept that fails for want of files is logged, at most once a minute, never with a
 traceback. ``HealthStats`` counts all of it for /metrics. The same server also answers on
 flanneld's local socket (a client there is on this host), within the same bounds.
@@ -39,6 +47,7 @@ import logging
 import re
 import resource
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,11 +79,20 @@ WRITE_TIMEOUT = 10.0
 #: Bytes per request or header line; the reader buffers at most about twice that.
 LINE_LIMIT = 8192
 HEADER_LINES = 100
-BACKLOG = 128
+#: Connections the kernel may hold for us, whether accepted or waiting for their first
+#: bytes (the kernel caps it at net.core.somaxconn).
+BACKLOG = 4096
 #: Seconds between two log lines about refused connections or failed accepts.
 LOG_EVERY = 60.0
 #: Seconds to wait after an accept failed and no connection could be closed to make room.
 ACCEPT_PAUSE = 0.1
+#: Connections closed to make room, at most this many a second on average (bursts of up to
+#: EVICTION_BURST): a client that reopens every connection closed at once would otherwise
+#: keep flanneld accepting, setting up and closing connections as fast as it can, most of a
+#: core, for nothing. Beyond it, new connections wait in the kernel's queue until a slot
+#: frees or the next one may be closed.
+EVICTIONS_PER_SECOND = 200.0
+EVICTION_BURST = 50.0
 _OUT_OF_FILES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 #: Failures of one incoming connection, not of the server: accept the next.
 _ABORTED = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.ETIMEDOUT, errno.ECONNRESET}
@@ -112,6 +130,16 @@ def same_host(peer: Any, local: Any) -> bool:
     if isinstance(target, ipaddress.IPv6Address) and target.ipv4_mapped is not None:
         target = target.ipv4_mapped
     return source.is_loopback or source == target
+
+
+def _has_bytes(conn: socket.socket) -> bool:
+    """Whether the client sent anything yet (its end of the connection counts)."""
+    try:
+        return bool(conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return False
+    except OSError:  # reset already: nothing to answer
+        return False
 
 
 def connection_limit() -> int:
@@ -158,6 +186,120 @@ class _RateLimitedLog:
         self._next = now + LOG_EVERY
 
 
+class _Connection(asyncio.Protocol):
+    """One client, handled by callbacks (no task, no stream objects: a connection costs
+    little to set up and to close): the request head read into a bounded buffer, the reply
+    written, the connection closed; a timer for the head, then one for the reply."""
+
+    def __init__(self, server: HealthServer, unix: bool) -> None:
+        self.server = server
+        self.unix = unix
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._request: bytes | None = None  # the request line, once read
+        self._headers = 0
+        self._key: int | None = None  # while waiting for the request head
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._key = next(self.server._ids)
+        self.server._waiting[self._key] = self
+        self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._expired)
+
+    def data_received(self, data: bytes) -> None:
+        if self._key is None:  # answered, or answering: the rest is ignored
+            return
+        self._buffer += data
+        while (end := self._buffer.find(b"\n")) >= 0:
+            if end >= LINE_LIMIT:
+                break
+            line = bytes(self._buffer[:end + 1])
+            del self._buffer[:end + 1]
+            if self._request is None:
+                self._request = line
+            elif line in (b"\r\n", b"\n") or self._headers >= HEADER_LINES - 1:
+                return self._answer()
+            else:
+                self._headers += 1
+        if len(self._buffer) >= LINE_LIMIT:
+            self._head_read()
+            self.send(_response(431, "Request Header Fields Too Large",
+                                "request line or header too long\n"))
+
+    def eof_received(self) -> bool:
+        if self._key is not None and self._request is not None:
+            self._answer()  # the head ends with the client's side of the connection
+            return True  # still to be written to
+        return False
+
+    def _head_read(self) -> None:
+        if self._key is not None:
+            self.server._waiting.pop(self._key, None)
+            self._key = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _answer(self) -> None:
+        self._head_read()
+        parts = (self._request or b"").decode("latin-1").split()
+        if len(parts) < 2:
+            return self.send(_response(400, "Bad Request", "bad request\n"))
+        if self.server.needs_import(parts[1]):
+            return self.server._reply_later(self, parts[0], parts[1])
+        self.send(self.server.answer(parts[0], parts[1], self.local()))
+
+    def local(self) -> bool:
+        assert self.transport is not None
+        return self.unix or same_host(self.transport.get_extra_info("peername"),
+                                      self.transport.get_extra_info("sockname"))
+
+    def send(self, reply: bytes) -> None:
+        """The reply, then the connection's end once the client took it (within
+        WRITE_TIMEOUT)."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(reply)
+        transport.close()
+        self._timer = asyncio.get_running_loop().call_later(WRITE_TIMEOUT, self._expired)
+
+    def _expired(self) -> None:
+        self.server.stats.timed_out += 1
+        self.abort()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_read()
+        self.server._ended(self)
+
+
+class _Evictions:
+    """A token bucket: whether a connection may be closed to make room now, else how long
+    until one may."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._tokens = EVICTION_BURST
+        self._at = clock()
+
+    def wait(self) -> float:
+        """0 when one may go now (and counts it), else the seconds to wait."""
+        now = self._clock()
+        self._tokens = min(EVICTION_BURST,
+                           self._tokens + (now - self._at) * EVICTIONS_PER_SECOND)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return 0.0
+        return (1 - self._tokens) / EVICTIONS_PER_SECOND
+
+
 class HealthServer:
     def __init__(self, readiness: Readiness, state: NodeState | None = None,
                  max_connections: int | None = None,
@@ -170,12 +312,14 @@ class HealthServer:
         self._listener: socket.socket | None = None  # the TCP one
         self._unix_listeners: list[socket.socket] = []
         self._acceptors: list[asyncio.Task[None]] = []
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[None]] = set()  # replies waiting for an import
+        self._connections: set[_Connection] = set()
         # Connections still waiting for their request head, oldest first.
-        self._waiting: dict[int, asyncio.WriteTransport] = {}
+        self._waiting: dict[int, _Connection] = {}
         self._ids = itertools.count()
         self._log_dropped = _RateLimitedLog(clock)
         self._log_accept = _RateLimitedLog(clock)
+        self._evictions = _Evictions(clock)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -208,6 +352,12 @@ class HealthServer:
         return _response(404, "Not Found", "try /healthz, /readyz, /metrics or /status\n"
                          if self.state is not None else "try /healthz or /readyz\n")
 
+    def needs_import(self, path: str) -> bool:
+        """Whether the reply to ``path`` must wait for the metrics library's import."""
+        return (path.split("?", 1)[0] == "/metrics" and self.state is not None
+                and self._exposition is None
+                and "flannel.monitor.metrics" not in sys.modules)
+
     async def _prepare(self, path: str) -> None:
         """Before the first /metrics: import the library in a thread (~0.1 s of CPU that
         would otherwise stall the event loop); ``_metrics`` reports a failure."""
@@ -229,62 +379,6 @@ class HealthServer:
             return _response(500, "Internal Server Error", "rendering the metrics failed; "
                              "see flanneld's log\n")
 
-    async def _read_head(self, reader: asyncio.StreamReader) -> bytes:
-        """The request line; the headers are read and dropped (none is used)."""
-        request = await reader.readline()
-        for _ in range(HEADER_LINES):
-            if (await reader.readline()) in (b"\r\n", b"\n", b""):
-                break
-        return request
-
-    async def _serve(self, conn: socket.socket, unix: bool) -> None:
-        try:
-            reader, writer = await asyncio.open_connection(sock=conn, limit=LINE_LIMIT) \
-                if not unix else await asyncio.open_unix_connection(sock=conn, limit=LINE_LIMIT)
-        except OSError:
-            conn.close()
-            self.stats.open -= 1
-            return
-        transport = writer.transport
-        key = next(self._ids)
-        self._waiting[key] = transport
-        done = False
-        try:
-            try:
-                async with asyncio.timeout(HEAD_TIMEOUT):
-                    request = await self._read_head(reader)
-                reply = None
-            except ValueError:  # a line beyond LINE_LIMIT
-                reply = _response(431, "Request Header Fields Too Large",
-                                  "request line or header too long\n")
-            finally:
-                evicted = self._waiting.pop(key, None) is None
-            if evicted:
-                return
-            if reply is None:
-                parts = request.decode("latin-1").split()
-                if len(parts) >= 2:
-                    await self._prepare(parts[1])
-                    local = unix or same_host(writer.get_extra_info("peername"),
-                                              writer.get_extra_info("sockname"))
-                    reply = self.answer(parts[0], parts[1], local)
-                else:
-                    reply = _response(400, "Bad Request", "bad request\n")
-            async with asyncio.timeout(WRITE_TIMEOUT):
-                writer.write(reply)
-                await writer.drain()
-                writer.close()
-                await writer.wait_closed()
-            done = True
-        except TimeoutError:
-            self.stats.timed_out += 1
-        except OSError:  # reset by the client, and the like
-            pass
-        finally:
-            if not done:
-                transport.abort()
-            self.stats.open -= 1
-
     def _evict_oldest(self) -> bool:
         """Close the oldest connection still waiting for its request; False if none."""
         if not self._waiting:
@@ -294,6 +388,20 @@ class HealthServer:
         self._dropped()
         return True
 
+    def _reply_later(self, connection: _Connection, method: str, path: str) -> None:
+        """A reply that needs the metrics library imported first (in a thread)."""
+        async def reply() -> None:
+            await self._prepare(path)
+            connection.send(self.answer(method, path, connection.local()))
+
+        task = asyncio.create_task(reply())
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    def _ended(self, connection: _Connection) -> None:
+        self._connections.discard(connection)
+        self.stats.open -= 1
+
     def _dropped(self) -> None:
         self.stats.dropped += 1
         self._log_dropped("health server: closed a connection: %d were open, the most it "
@@ -301,20 +409,41 @@ class HealthServer:
                           "%d closed so since start: a client opens connections and sends "
                           "no request", self.max_connections, self.stats.dropped)
 
-    def _admit(self, conn: socket.socket, unix: bool) -> None:
+    async def _admit(self, conn: socket.socket, unix: bool) -> None:
         self.stats.accepted += 1
+        if not unix and not _has_bytes(conn):
+            # The kernel hands over a TCP connection that sent nothing only once
+            # TCP_DEFER_ACCEPT (HEAD_TIMEOUT) has passed: its time is up already.
+            conn.close()
+            self.stats.timed_out += 1
+            return
         if self.stats.open >= self.max_connections and not self._evict_oldest():
             conn.close()
             self._dropped()
             return
         self.stats.open += 1
-        task = asyncio.create_task(self._serve(conn, unix))
-        self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        connection = _Connection(self, unix)
+        self._connections.add(connection)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(lambda: connection, conn)
+        except OSError:
+            conn.close()
+            if connection.transport is None:
+                self._ended(connection)
+
+    async def _room(self) -> None:
+        """Until a connection may be accepted: a slot is free, or one may be closed (a
+        slot freed meanwhile is seen within a token's time, 1/EVICTIONS_PER_SECOND)."""
+        while self.stats.open >= self.max_connections and self._waiting:
+            wait = self._evictions.wait()
+            if not wait:
+                return
+            await asyncio.sleep(wait)
 
     async def _accept(self, listener: socket.socket, unix: bool = False) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            await self._room()
             try:
                 conn, _ = await loop.sock_accept(listener)
             except OSError as err:
@@ -332,10 +461,9 @@ class HealthServer:
                 else:
                     await asyncio.sleep(ACCEPT_PAUSE)
                 continue
-            self._admit(conn, unix)
-            # A pending accept completes without yielding: let the connections accepted so
-            # far read their requests before more arrive (and may push them out).
-            await asyncio.sleep(0)
+            # Awaited, not a task: the connections accepted so far read their requests
+            # before more arrive (and may push them out).
+            await self._admit(conn, unix)
 
     def _accept_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -353,6 +481,10 @@ class HealthServer:
             if family == socket.AF_INET6:
                 listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             listener.bind(where)
+            # A connection reaches accept() once its first bytes do, or HEAD_TIMEOUT later:
+            # one that sends nothing costs the kernel a request sock, and flanneld nothing.
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT,
+                                max(1, int(HEAD_TIMEOUT)))
             listener.listen(BACKLOG)
             listener.setblocking(False)
         except OSError:
@@ -383,6 +515,8 @@ class HealthServer:
             task.cancel()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 3)
+        for connection in list(self._connections):
+            connection.abort()
         if self._listener is not None:
             self._listener.close()
             self._listener = None

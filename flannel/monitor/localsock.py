@@ -24,7 +24,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from flannel.fileutil import make_dirs
+from flannel.files.fileutil import make_dirs
 
 SOCKET_NAME = "flanneld.sock"
 SOCKET_MODE = 0o600

@@ -29,6 +29,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
+from flannel.backend.admission import KINDS
+from flannel.monitor.nodestate import ENGINE
 from flannel.version import __version__
 
 if TYPE_CHECKING:
@@ -128,8 +130,7 @@ class NodeCollector(Collector):
         known = state.peers.count if state.peers is not None else 0
         status = state.dataplane.status if state.dataplane is not None else None
         wanted = status.wanted_peers if status is not None else 0
-        programmed = status.programmed_peers if status is not None else 0
-        programmed = max(0, programmed - len(self.state.refused()))
+        programmed = state.programmed()
         yield _gauge("flannel_peers_known", "Usable remote leases the lease watch holds.",
                      known)
         yield _gauge("flannel_peers_wanted", "Usable remote leases of this node's backend "
@@ -141,6 +142,18 @@ class NodeCollector(Collector):
                      state.skipped_now())
         yield _counter("flannel_peer_records_skipped", "Lease records skipped as invalid "
                        "since start (each delivery counts).", state.skipped_total())
+        if state.backend is not None:
+            refused = dict.fromkeys((*KINDS, ENGINE), 0)
+            for kind, _why in state.refused().values():
+                refused[kind] += 1
+            yield _by("flannel_peers_refused", "Peer leases refused right now, by reason: "
+                      "backend data the backend cannot use, an identity (VTEP MAC, public "
+                      "key) another lease holds, the kernel refused their entries (retried "
+                      "with backoff), an engine refused them.", "reason", refused,
+                      counter=False)
+            yield _by("flannel_peer_refusals", "Peer leases refused since start, by reason: "
+                      "each lease refused anew, and each time the kernel refused a peer.",
+                      "reason", state.backend.admission.refusals)
 
     def _dataplane(self) -> Iterator[Metric]:
         dataplane = self.state.dataplane
@@ -197,6 +210,14 @@ class NodeCollector(Collector):
                       {f"ipv{v}": rules.peers.get(v, 0) for v in rules.filtered}, counter=False)
             yield _counter("flannel_encap_filter_updates", "Peer set changes written to the "
                            "encapsulation filter.", rules.peer_updates)
+        if rules.pod_encap:
+            dropped = {f"ipv{v}": rules.pod_encap_dropped.get(v, (0, 0)) for v in rules.pod_encap}
+            yield _by("flannel_pod_encap_dropped_packets", "Packets from the pod network to the "
+                      "backend's encapsulation ports and protocols, dropped (--drop-pod-encap), "
+                      "by IP family; read at each rules check.", "family",
+                      {f: counted[0] for f, counted in dropped.items()}, counter=True)
+            yield _by("flannel_pod_encap_dropped_bytes", "Bytes of those packets.", "family",
+                      {f: counted[1] for f, counted in dropped.items()}, counter=True)
 
     def _health(self) -> Iterator[Metric]:
         health = self.state.health

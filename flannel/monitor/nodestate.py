@@ -20,15 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from flannel.settings import OptionSource
 from flannel.version import __version__
 
 if TYPE_CHECKING:
     from flannel.backend.base import Backend, EngineSample
-    from flannel.backend.footprint import Footprint
     from flannel.config import NetworkConfig
-    from flannel.dataplane import Dataplane
+    from flannel.dataplane.loop import Dataplane
     from flannel.monitor.health import HealthStats
     from flannel.rules.manager import RulesStatus
     from flannel.subnet.manager import SubnetManager
@@ -38,6 +37,8 @@ if TYPE_CHECKING:
 STATUS_FORMAT = 1
 #: Skipped peer leases listed with their reason (all are counted; the log names each).
 SKIPPED_SHOWN = 50
+#: The kind of a refusal an engine reports (``Applier.refused_peers``).
+ENGINE = "engine"
 
 
 @dataclass
@@ -66,13 +67,25 @@ class NodeState:
         return [(applier.name, samples) for applier in self.backend.appliers()
                 if (samples := applier.samples())]
 
-    def refused(self) -> dict[str, str]:
-        """Peers the backend's engines skip because they are bad for them (extension: its
-        commands fail for them): lease key -> why."""
-        out: dict[str, str] = {}
-        for applier in self.backend.appliers() if self.backend is not None else ():
-            out.update(applier.refused_peers())
+    def refused(self) -> dict[str, tuple[str, str]]:
+        """Peers this node does not program, or an engine finds bad: lease key -> (kind,
+        why). Kinds: ``invalid_data``, ``identity_taken``, ``kernel_refused`` (the backend's
+        admission: left out of desired state), ``engine`` (an engine's: the extension's
+        commands fail for it, IKE authentication fails with it)."""
+        if self.backend is None:
+            return {}
+        out = dict(self.backend.admission.refused)
+        for applier in self.backend.appliers():
+            out.update((key, (ENGINE, why)) for key, why in applier.refused_peers().items())
         return out
+
+    def programmed(self) -> int:
+        """Peers the last successful pass programmed, less those an engine refused."""
+        if self.dataplane is None:
+            return 0
+        engines = sum(len(a.refused_peers()) for a in self.backend.appliers()) \
+            if self.backend is not None else 0
+        return max(0, self.dataplane.status.programmed_peers - engines)
 
     def skipped_now(self) -> int:
         """Lease records skipped right now: undecodable in the store, or unusable as peers."""
@@ -140,7 +153,7 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
                           "ipv6_network": _text(state.config.ipv6_network),
                           "backend": state.config.backend_type}
     if state.backend is not None:
-        doc["footprint"] = footprint_document(state.backend.footprint)
+        doc["footprint"] = footprint_document(state.backend)
     dataplane = state.dataplane
     if dataplane is not None:
         status = dataplane.status
@@ -161,13 +174,15 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
     doc["peers"] = {
         "known": peers.count if peers is not None else 0,
         "for_backend": dataplane.status.wanted_peers if dataplane is not None else 0,
-        "programmed": max(0, dataplane.status.programmed_peers - len(refused))
-        if dataplane is not None else 0,
+        "programmed": state.programmed(),
         "skipped": state.skipped_now(),
         "skipped_reasons": dict(sorted(peers.skipped.current.items())[:SKIPPED_SHOWN])
         if peers is not None else {}}
     doc["peers"]["refused"] = len(refused)
-    doc["peers"]["refused_reasons"] = dict(sorted(refused.items())[:SKIPPED_SHOWN])
+    doc["peers"]["refused_reasons"] = {
+        key: why for key, (_kind, why) in sorted(refused.items())[:SKIPPED_SHOWN]}
+    doc["peers"]["refused_kinds"] = {
+        key: kind for key, (kind, _why) in sorted(refused.items())[:SKIPPED_SHOWN]}
     rules = state.rules
     if rules is not None:
         doc["rules"] = {"mode": rules.mode, "installed": rules.installed,
@@ -178,17 +193,27 @@ def status_document(state: NodeState, now: float | None = None) -> dict[str, Any
                 f"ipv{v}": {"peers": rules.peers.get(v, 0),
                             "dropped_packets": rules.not_peer_dropped.get(v, (0, 0))[0]}
                 for v in rules.filtered}
+        if rules.pod_encap:  # --drop-pod-encap
+            doc["rules"]["pod_encap_drop"] = {
+                f"ipv{v}": {"dropped_packets": rules.pod_encap_dropped.get(v, (0, 0))[0]}
+                for v in rules.pod_encap}
     doc["engines"] = {name: {s.name: s.value for s in samples}
                       for name, samples in state.engines()}
     doc["last_errors"] = last_errors(doc)
     return doc
 
 
-def footprint_document(footprint: Footprint) -> dict[str, Any]:
-    """What the backend declares it leaves on the node (``flannel/backend/footprint.py``)."""
+def footprint_document(backend: Backend) -> dict[str, Any]:
+    """What the backend declares it leaves on the node (``flannel/backend/footprint.py``),
+    and the UDP port any host may inject into the pods on (its first unauthenticated
+    carrier's, ``Backend.carriers``; null for none)."""
+    from flannel.backend.plan import injectable
+
+    footprint = backend.footprint
+    ports = injectable(type(backend).carriers(backend.config))
     return {"routes": footprint.routes, "device": footprint.device,
             "links": [{"pattern": link.pattern, "kind": link.kind} for link in footprint.links],
-            "encap_port": footprint.encap_port or None, "vtep": footprint.vtep,
+            "encap_port": ports[0] if ports else None, "vtep": footprint.vtep,
             "dual_stack": footprint.dual_stack}
 
 

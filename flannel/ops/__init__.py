@@ -1,5 +1,5 @@
-"""Operator tooling behind ``flannelctl``: leases, doctor, check, bundle.
+"""Operator tooling behind ``flannelctl``: leases, doctor, check, bundle, status, cleanup.
 
 Each module reads the store and the kernel of the network namespace it runs in; only
-``leases reserve|release`` and the opt-in doctor fixes change anything.
+``leases reserve|release``, ``cleanup`` and the opt-in doctor fixes change anything.
 """

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from flannel.ops.kernelview import ToolError, read_sysctl, run_tool
 
 if TYPE_CHECKING:
+    from flannel.ops.discover import Flanneld
     from flannel.ops.options import BundleOptions
     from flannel.ops.storeflags import StoreOptions
 
@@ -82,7 +83,7 @@ def _tail(path: Path, limit: int = MAX_LOG_BYTES) -> str:
 
 
 def _flanneld_cmdlines() -> str:
-    from flannel.procscan import running_flanneld
+    from flannel.process.procscan import running_flanneld
 
     lines = []
     for pid in running_flanneld():
@@ -119,13 +120,32 @@ async def _store_files(store: StoreOptions) -> dict[str, str]:
     return files
 
 
+def _from_socket(found: Flanneld, files: dict[str, str], notes: list[str]) -> None:
+    """flanneld's health, readiness, status and metrics, asked on its local socket."""
+    from flannel.ops.status import StatusUnavailable, fetch, where_of
+
+    where = where_of(found)
+    for path in ("healthz", "readyz", "status", "metrics"):
+        try:
+            reply, body = fetch(where, f"/{path}", 3.0, MAX_HTTP_BYTES, accept="*/*")
+        except StatusUnavailable as err:
+            notes.append(f"{path}: {err}")
+            continue
+        files[f"{path}.txt"] = body[:MAX_HTTP_BYTES].decode(errors="replace")
+        if reply.status != 200:
+            notes.append(f"{path}: flanneld answered HTTP {reply.status} {reply.reason}")
+
+
 def collect(args: BundleOptions) -> tuple[dict[str, str], list[str]]:
     """The files of the bundle (name -> text, secrets not yet removed) and notes."""
     files: dict[str, str] = {}
     notes: list[str] = []
+    if args.note:
+        notes.append(f"store: {args.note}; the store read is flanneld's default, which may "
+                     "not be this node's")
     files["node.txt"] = (f"host: {socket.gethostname()}\ntime: "
                          f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
-                         f"kernel: {os.uname().release}\n")
+                         f"kernel: {os.uname().release}\nstore read: {args.source}\n")
     for name, cmd in COMMANDS.items():
         try:
             files[name] = run_tool(*cmd)
@@ -148,9 +168,12 @@ def collect(args: BundleOptions) -> tuple[dict[str, str], list[str]]:
                 files[f"{path}.txt"] = _http(f"{base}/{path}", 3.0)
             except (OSError, ValueError) as err:
                 notes.append(f"{path}: {base}/{path} did not answer ({err})")
+    elif args.found is not None:
+        _from_socket(args.found, files, notes)
     else:
-        notes.append("status, metrics: skipped (give --health-url http://127.0.0.1:<healthz "
-                     "port> when flanneld runs with --healthz-port)")
+        notes.append("healthz, readyz, status, metrics: skipped (no flanneld runs in this "
+                     "network namespace; give --health-url http://127.0.0.1:<healthz port> "
+                     "for one that serves a health port)")
     for log in args.log_files:
         try:
             files[f"logs/{log.name}"] = _tail(log)
@@ -167,7 +190,8 @@ def collect(args: BundleOptions) -> tuple[dict[str, str], list[str]]:
         from flannel.ops.options import DoctorOptions
 
         ctx = gather(DoctorOptions(args.store, cni_bin_dirs=args.cni_bin_dirs,
-                                   cni_conf_dirs=args.cni_conf_dirs, probe_timeout=0.5))
+                                   cni_conf_dirs=args.cni_conf_dirs, probe_timeout=0.5,
+                                   found=args.found))
         ctx.probe = False  # a bundle describes this node; probes belong to doctor
         findings = diagnose(ctx)
         files["doctor.json"] = json.dumps([f.as_json() for f in findings], indent=2)
@@ -211,7 +235,7 @@ def cmd_bundle(args: BundleOptions) -> int:
     except OSError as err:
         print(f"flannelctl bundle: cannot write {output}: {err}", file=sys.stderr)
         return 1
-    print(f"wrote {output} ({len(files)} files, secrets removed)")
+    print(f"wrote {output} ({len(files)} files, secrets removed)\nstore read: {args.source}")
     for note in notes:
         print(f"note: {note}")
     return 0

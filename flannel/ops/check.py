@@ -1,25 +1,24 @@
 """``flannelctl check``: does this node reach every peer over the overlay, how fast, how lossy.
 
 Owns choosing what to probe on each peer and from where, probing every peer at once (at most
-``--parallel`` in flight, all within ``--deadline``), the verdict per peer and its next step,
-and the table or JSON. What answers on a peer (checked in the lab): with vxlan, the VTEP
-address, the base address of the peer's subnet, which flanneld itself puts on
-``flannel.<VNI>`` (so it answers whether or not the node runs pods), as on the devices of
-udp, wireguard and ipip; with host-gw and the others, the first address of the subnet, the
-``cni0`` gateway, which exists once the node runs a pod (the base address answers nowhere
-there). Echoes leave from this node's own address of the same kind, so the answer comes back
-over the overlay too. What "programmed" means comes from the backend's declared
-``Footprint`` (``flannel/backend/footprint.py``): a route per peer, one route covering the
-Network through the backend's device, or nothing this node's kernel can show (the
-extension's own commands, a VPC's route table), which is said and left to the echoes.
+``--parallel`` in flight, all within ``--deadline``), the verdict per peer and IP family and
+its next step, and the table or JSON. Which leases flanneld uses, what this node's kernel and
+engines hold for each, what answers on a peer and how its traffic travels come from the
+backend's description (``flannel/ops/plans.py``): the peer's device base address, which
+flanneld itself puts on its device (so it answers whether or not the node runs pods), or its
+``cni0`` gateway, the subnet's first address, which exists once the node runs a pod. Echoes
+leave from this node's own address of the same kind, so the answer comes back over the
+overlay too; a dual-stack network is probed in both families, one row each.
 Verdicts: ``ok`` (every echo answered), ``lossy`` (some), ``timeout`` (none, and nothing said
 why), ``unreachable`` (an ICMP error came back, or the echo could not be sent),
-``not-programmed`` (this node's kernel lacks the route, or for vxlan the neighbour or FDB
-entry, that flanneld makes for the lease: no echo is sent, it could only time out, or come
-back unreachable after the kernel's 3 s of ARP), ``bad-lease`` (a lease no flanneld
-programs), ``not-probed`` (the deadline came first), ``no-data-path`` (the alloc backend
-carries no traffic: nothing to probe). Exit status 0 only when every peer answers (``ok`` or
-``lossy``) or no data path is expected.
+``not-programmed`` (this node's kernel or engine lacks an entry flanneld makes for the lease:
+no echo is sent, it could only time out), ``parked`` (flanneld left the peer out because the
+kernel refused its entries, as its /status says, and tries it again), ``skipped`` (flanneld
+does not use the lease, and says why: another backend's, outside the Network, bad backend
+data, an identity another lease holds), ``not-probed`` (the
+deadline came first), ``no-data-path`` (the backend only reserves subnets and carries no
+traffic: nothing to probe). A reservation no node has taken yet is no row. Exit status 0
+only when every peer answers (``ok`` or ``lossy``) or no data path is expected.
 Must not change anything.
 """
 
@@ -27,30 +26,28 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 import statistics
 import sys
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Network, IPv6Network, ip_address
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flannel.backend.footprint import COVERING, PER_PEER, Footprint
-from flannel.lease import Lease
+from flannel.backend.plan import Carrier, Description
 from flannel.ops.checks import Context
 from flannel.ops.commands import flannelctl
 from flannel.ops.icmp import IcmpError, Pinger, Probe
-from flannel.ops.leases import vtep_mac
+from flannel.ops.plans import KernelEntries, engine_gaps, kernel_gaps
 
 if TYPE_CHECKING:
+    from flannel.backend.plan import EngineReading
     from flannel.ops.options import CheckOptions
     from flannel.ops.storeflags import StoreOptions
 
-MAIN_TABLE = 254
 ANSWERING = ("ok", "lossy")
 #: Verdicts that are no failure: answers, and peers of a backend that carries no traffic.
 PASSING = (*ANSWERING, "no-data-path")
+DOCTOR_HERE = "run flannelctl doctor on this node"
 
 
 class CheckError(Exception):
@@ -59,9 +56,11 @@ class CheckError(Exception):
 
 @dataclass
 class PeerResult:
-    """One peer's row: its lease, what was probed and what came of it."""
+    """One peer's row in one IP family: its lease, what was probed and what came of it.
+    ``public_ip``: the peer's address of that family; ``node_ip``: its lease's IPv4 one
+    (what names the node)."""
 
-    subnet: IPv4Network
+    subnet: IPv4Network | IPv6Network
     public_ip: str
     backend: str
     target: str = ""
@@ -70,6 +69,9 @@ class PeerResult:
     verdict: str = "not-probed"
     detail: str = ""
     next_step: str = ""
+    family: int = 4
+    node_ip: str = ""
+    carrier: Carrier | None = None
 
     @property
     def answers(self) -> bool:
@@ -80,7 +82,8 @@ class PeerResult:
         return None if not self.sent else 1 - len(self.rtts) / self.sent
 
     def as_json(self) -> dict[str, Any]:
-        return {"subnet": str(self.subnet), "public_ip": self.public_ip or None,
+        return {"subnet": str(self.subnet), "family": self.family,
+                "public_ip": self.public_ip or None, "node_ip": self.node_ip or None,
                 "backend": self.backend or None, "target": self.target or None,
                 "sent": self.sent, "received": len(self.rtts),
                 "loss": None if self.loss is None else round(self.loss, 4),
@@ -100,7 +103,7 @@ class NodeCheck:
     subnet: IPv4Network
     public_ip: str
     backend: str
-    source: str  # the address the echoes left from; "" if the kernel chose
+    source: str  # the addresses the echoes left from; "" if none were sent
     peers: list[PeerResult]
     note: str = ""  # what this node's kernel cannot show for its backend ("" when judged)
 
@@ -117,179 +120,108 @@ class NodeCheck:
                 "peers": [peer.as_json() for peer in self.peers]}
 
 
-def probe_target(subnet: IPv4Network, footprint: Footprint) -> IPv4Address:
-    """The peer address that answers: the base address on the backend's device, else the
-    cni0 gateway."""
-    return subnet.network_address + (0 if footprint.answers_on_base else 1)
-
-
-@dataclass(frozen=True)
-class Programmed:
-    """What this namespace's kernel holds for peers: main-table IPv4 routes (destination ->
-    device name), neighbours (address -> MAC) and FDB entries (MAC, destination)."""
-
-    routes: dict[IPv4Network, str]
-    neighbours: dict[str, str]
-    fdb: frozenset[tuple[str, str]]
-
-    def route_for(self, subnet: IPv4Network) -> IPv4Network | None:
-        """The most specific main-table route covering all of ``subnet``."""
-        covering = [dst for dst in self.routes if subnet.subnet_of(dst)]
-        return max(covering, key=lambda dst: dst.prefixlen, default=None)
-
-    def missing(self, lease: Lease, target: str, footprint: Footprint, device: str) -> str:
-        """What flanneld would have programmed for ``lease`` and the kernel lacks; "" (also
-        when this backend's programming does not show in the kernel)."""
-        subnet, public = lease.subnet, str(lease.attrs.public_ip)
-        assert subnet is not None  # only leases with a subnet are planned
-        not_done = "flanneld here has not programmed that lease"
-        if footprint.routes == COVERING:
-            route = self.route_for(subnet)
-            if route is None or route.prefixlen == 0:  # a default route is no overlay
-                return (f"this node has no route to {subnet} (flanneld routes the whole "
-                        f"Network through {device}): {not_done}")
-            if self.routes[route] != device:
-                return (f"this node routes {subnet} through {self.routes[route] or '?'} "
-                        f"(route {route}), not through {device}: something else took it")
-            return ""
-        if footprint.routes != PER_PEER:
-            return ""
-        if subnet not in self.routes:
-            return f"this node has no route to {subnet}: {not_done}"
-        mac = vtep_mac(lease)
-        if mac is None:
-            return ""
-        have = self.neighbours.get(target)
-        if have is None:
-            return f"this node has no neighbour entry for the VTEP {target}: {not_done}"
-        if have != mac:
-            return (f"this node's neighbour entry for the VTEP {target} has MAC {have}, the "
-                    f"lease publishes {mac}: something changed it behind flanneld's back")
-        if (mac, public) not in self.fdb:
-            return f"this node has no FDB entry sending {mac} to {public}: {not_done}"
-        return ""
-
-
-def read_programmed() -> Programmed | None:
-    """The kernel's routes, neighbours and FDB of this namespace; None if unreadable."""
-    from flannel.kernel import rtnl
-
-    try:
-        with rtnl.Rtnl() as conn:
-            routes = {_network(route.dst): _ifname(route.oif) for route, _proto, table in
-                      conn.routes(socket.AF_INET) if table == MAIN_TABLE}
-            neighbours = {entry.ip: entry.mac for entry, _state, _flags in
-                          conn.neighbours(socket.AF_INET)
-                          if isinstance(entry, rtnl.Neighbour) and entry.mac}
-            fdb = frozenset((entry.mac, entry.dst) for entry, _state, _flags in
-                            conn.neighbours(rtnl.AF_BRIDGE)
-                            if isinstance(entry, rtnl.FdbEntry))
-    except OSError:
-        return None
-    return Programmed(routes, neighbours, fdb)
-
-
-def _network(dst: str) -> IPv4Network:
-    return IPv4Network("0.0.0.0/0" if dst == "default" else dst, strict=False)
-
-
-def _ifname(index: int) -> str:
-    try:
-        return socket.if_indextoname(index)
-    except OSError:  # a route without a device (blackhole, unreachable)
-        return ""
-
-
-def _carries(lease_type: str, verb: str = "carries") -> str:
-    return f"{verb} BackendType {lease_type}" if lease_type else f"{verb} no BackendType"
-
-
-def plan(ctx: Context, kernel: Programmed | None
-         ) -> tuple[list[PeerResult], list[PeerResult]]:
-    """(peers to probe, peers decided without probing) from the store's leases. A
-    reservation no node has taken yet (no backend) is no peer."""
-    described = ctx.described
-    assert described is not None  # run_check refuses a backend it does not know
-    lease_type, footprint = described
-    own = ctx.own_subnet
-    usable = {id(lease) for lease in ctx.peers}
+def plan(ctx: Context, description: Description, kernel: KernelEntries,
+         engine: EngineReading | None) -> tuple[list[PeerResult], list[PeerResult]]:
+    """(rows to probe, rows decided without probing), one per lease and IP family, from
+    what flanneld does with each lease. A reservation no node has taken yet is no peer."""
     probe: list[PeerResult] = []
     decided: list[PeerResult] = []
-    leases: list[Lease] = sorted((lease for lease in ctx.leases
-                                  if lease.subnet is not None and lease.subnet != own
-                                  and (lease.attrs.backend_type or not lease.is_reservation)),
-                                 key=lambda lease: lease.subnet or IPv4Network("0.0.0.0/0"))
-    for lease in leases:
-        subnet = lease.subnet
-        assert subnet is not None
-        attrs = lease.attrs
-        row = PeerResult(subnet, str(attrs.public_ip or ""), attrs.backend_type)
-        target = str(probe_target(subnet, footprint))
-        if id(lease) not in usable:
-            row.verdict = "bad-lease"
-            row.detail = ("no flanneld programs this lease (no public IP, outside the "
-                          "Network, or a vxlan lease without a VTEP MAC)")
-            row.next_step = flannelctl("leases", "show", str(subnet))
+    parked = ctx.parked
+    for peer in description.peers:
+        lease = peer.lease
+        node_ip = str(lease.attrs.public_ip or "")
+        if peer.reserved:
+            continue
+        if peer.used and lease.key in parked:
+            decided += [PeerResult(
+                family.subnet, str(family.public or ""), lease.attrs.backend_type,
+                verdict="parked", family=family.version, node_ip=node_ip,
+                detail=f"parked by flanneld, the kernel refused its entries: {parked[lease.key]}",
+                next_step=flannelctl("leases", "show", lease.key))
+                for family in peer.families]
+            continue
+        if peer.skipped:
+            subnet = lease.subnet or lease.ipv6_subnet
+            assert subnet is not None  # every lease has a subnet of some family
+            decided.append(PeerResult(
+                subnet, node_ip, lease.attrs.backend_type, verdict="skipped",
+                detail=f"skipped by flanneld: {peer.skipped}",
+                next_step=flannelctl("leases", "show", lease.key), node_ip=node_ip))
+            continue
+        for family in peer.families:
+            row = PeerResult(family.subnet, str(family.public or ""), lease.attrs.backend_type,
+                             family=family.version, node_ip=node_ip, carrier=family.carrier)
+            gaps = [] if family.skipped else kernel_gaps(peer, family, kernel) + (
+                engine_gaps(peer, family, engine) if engine is not None
+                and not engine.unread else [])
+            if family.skipped:
+                row.verdict = "skipped"
+                row.detail = f"skipped by flanneld: {family.skipped}"
+                row.next_step = flannelctl("leases", "show", lease.key)
+            elif not description.node.data_path:
+                row.verdict = "no-data-path"
+            elif gaps:
+                row.verdict = "not-programmed"
+                row.detail = f"this node lacks what flanneld makes for it: {gaps[0].what}"
+                row.next_step = (f"{DOCTOR_HERE} (is flanneld running, and what does its log "
+                                 "say about that peer?)")
+            elif family.answers_on is None or family.version not in description.node.local:
+                row.verdict = "not-probed"
+                row.detail = "no address of this node to send echoes from in that family"
+            else:
+                row.target = str(family.answers_on)
+                probe.append(row)
+                continue
             decided.append(row)
-        elif attrs.backend_type != lease_type:
-            row.verdict = "not-programmed"
-            row.detail = (f"its lease {_carries(attrs.backend_type)} but this node runs "
-                          f"{ctx.backend}, whose leases {_carries(lease_type, 'carry')}: flanneld "
-                          "ignores it")
-            row.next_step = "give every node the same Backend in the network config"
-            decided.append(row)
-        elif not footprint.has_data_path:
-            row.verdict = "no-data-path"
-            decided.append(row)
-        elif kernel is not None and (missing := kernel.missing(lease, target, footprint,
-                                                               ctx.device)):
-            row.verdict = "not-programmed"
-            row.detail = missing
-            row.next_step = ("run flannelctl doctor on this node (is flanneld running, and "
-                             "what does its log say about that peer?)")
-            decided.append(row)
-        else:
-            row.target = target
-            probe.append(row)
     return probe, decided
 
 
-def judge(row: PeerResult, probe: Probe, timeout: float, encap: str) -> None:
+def doctor_probes(carrier: Carrier | None, public: str) -> str:
+    """What doctor probes for a peer that does not answer, said as the description lets it:
+    never a probe doctor does not make."""
+    said = f"this node's own firewall, {public} on the underlay"
+    if carrier is not None and carrier.refuses and carrier.udp_ports:
+        said += (f" and {carrier.name} on {carrier.ports_text}, telling a node that is down "
+                 "from a blocked port")
+    elif carrier is not None and carrier.unprobed:
+        said += f" (not {carrier.name}: {carrier.unprobed})"
+    return said
+
+
+def judge(row: PeerResult, probe: Probe, timeout: float) -> None:
     """Set the row's verdict, detail and next step from what its echoes gave."""
     row.sent, row.rtts = probe.sent, tuple(probe.rtts)
-    doctor_here = "run flannelctl doctor on this node"
     if probe.rtts:
         row.verdict = "ok" if not probe.lost else "lossy"
         if probe.lost:
             row.detail = f"{probe.lost} of {probe.sent} echoes to {row.target} got no answer"
-            row.next_step = (f"{doctor_here} (its path-MTU and encapsulation probes), and "
-                             "look for drops on the underlay")
+            row.next_step = (f"{DOCTOR_HERE} (its path-MTU and carrier probes), and look for "
+                             "drops on the underlay")
     elif probe.send_error or probe.errors:
         row.verdict = "unreachable"
         row.detail = (f"echoes to {row.target} cannot be sent: {probe.send_error}"
                       if probe.send_error else f"{probe.errors[0]} ({len(probe.errors)} of "
                       f"{probe.sent} echoes)")
-        row.next_step = (f"{doctor_here}: its route, neighbour and FDB checks say which "
-                         f"entry for {row.subnet} is wrong")
+        row.next_step = (f"{DOCTOR_HERE}: its kernel checks say which entry for {row.subnet} "
+                         "is wrong")
     else:
         row.verdict = "timeout"
         row.detail = (f"no answer from {row.target} to {probe.sent} echoes within "
                       f"{timeout:g}s")
-        row.next_step = (f"{doctor_here}: it probes {row.public_ip} on the underlay{encap}, "
-                         "telling a node that is down from a blocked port; then on the node "
-                         f"{row.public_ip}")
+        row.next_step = (f"{DOCTOR_HERE}: it probes {doctor_probes(row.carrier, row.public_ip)}"
+                         f"; then on the node {row.node_ip or row.public_ip}")
 
 
-async def probe_all(rows: list[PeerResult], pinger: Pinger, args: CheckOptions,
-                    encap: str) -> None:
+async def probe_all(rows: list[PeerResult], pingers: dict[int, Pinger],
+                    args: CheckOptions) -> None:
     """Probe every row, at most ``args.parallel`` at once, all within ``args.deadline``."""
     limit = asyncio.Semaphore(args.parallel)
 
     async def one(row: PeerResult) -> None:
         async with limit:
-            probe = await pinger.probe(IPv4Address(row.target), args.count, args.interval,
-                                       args.timeout)
-        judge(row, probe, args.timeout, encap)
+            probe = await pingers[row.family].probe(ip_address(row.target), args.count,
+                                                    args.interval, args.timeout)
+        judge(row, probe, args.timeout)
 
     tasks = [asyncio.ensure_future(one(row)) for row in rows]
     if not tasks:
@@ -306,6 +238,8 @@ async def probe_all(rows: list[PeerResult], pinger: Pinger, args: CheckOptions,
 
 def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
     from flannel.ops.doctor import read_store, read_subnet_env
+    from flannel.ops.plans import read_entries
+    from flannel.process.procscan import running_flanneld
 
     ctx = Context(subnet_file=Path(store.subnet_file), sysctl_root=Path("/proc/sys"),
                   cni_bin_dirs=[], cni_conf_dirs=[], probe_timeout=args.timeout,
@@ -321,34 +255,45 @@ def run_check(args: CheckOptions, store: StoreOptions) -> NodeCheck:
     asyncio.run(read_store(ctx, store))
     if ctx.rows is None or ctx.config is None:
         raise CheckError(f"cannot read the store: {ctx.store_error}")
-    described = ctx.described
-    if described is None:
+    if ctx.backend_class is None:
         raise CheckError(f"the network config names the backend {ctx.backend!r}, which this "
                          "pyflannel does not know: no flanneld runs it")
-    footprint = described[1]
-    to_probe, decided = plan(ctx, read_programmed())
+    description = ctx.description
+    if description is None:
+        raise CheckError(f"the network config's backend options are unusable: "
+                         f"{ctx.description_error}")
     own_lease = ctx.own_lease
-    encap = f" and on the VXLAN port (UDP {ctx.encap_port})" if footprint.vtep else ""
-    # Our own address of the kind the peers answer on: the device's base address, else cni0's.
-    sources = [own.network_address, own.network_address + 1]
-    if not footprint.answers_on_base:
-        sources.reverse()
-    note = ""
-    if footprint.unjudged:
-        note = footprint.unjudged + (": the echoes alone decide" if footprint.has_data_path
-                                     else ": nothing is probed")
+    if own_lease is None:
+        raise CheckError(f"the store holds no lease for this node's subnet {own} (expired, "
+                         "released or revoked): no peer routes traffic back to it; restart "
+                         "flanneld, and run flannelctl doctor")
+    ctx.flanneld_pids = running_flanneld()
+    ctx.flanneld = args.found
+    to_probe, decided = plan(ctx, description, read_entries(), ctx.engine)
+    node = description.node
+    notes = []
+    if node.unjudged:
+        notes.append(node.unjudged + (": the echoes alone decide" if node.data_path
+                                      else ": nothing is probed"))
+    if ctx.view.unread and any(row.verdict == "not-programmed" for row in decided):
+        notes.append(f"a peer flanneld parked shows as not-programmed: {ctx.view.unread}")
+    note = "; ".join(notes)
 
     async def probe_peers() -> str:
-        pinger = Pinger(sources)
+        pingers: dict[int, Pinger] = {}
         try:
-            await probe_all(to_probe, pinger, args, encap)
+            for version in sorted({row.family for row in to_probe}):
+                source = node.local[version]
+                pingers[version] = Pinger([source], version)
+            await probe_all(to_probe, pingers, args)
         finally:
-            pinger.close()
-        return str(pinger.source or "")
+            for pinger in pingers.values():
+                pinger.close()
+        return ", ".join(str(p.source) for p in pingers.values() if p.source is not None)
 
     source = asyncio.run(probe_peers()) if to_probe else ""
-    peers = sorted(to_probe + decided, key=lambda row: row.subnet)
-    public = str(own_lease.attrs.public_ip or "") if own_lease else ""
+    peers = sorted(to_probe + decided, key=lambda row: (row.family, row.subnet))
+    public = str(own_lease.attrs.public_ip or "")
     return NodeCheck(own, public, ctx.backend, source, peers, note)
 
 
@@ -385,8 +330,10 @@ def render(check: NodeCheck) -> str:
             for line in lines]
     failing = [peer for peer in check.peers if not peer.answers]
     noted = [peer for peer in check.peers if peer.detail]
+    # A dual-stack network has a row per peer and IP family.
+    rows = "peers" if all(peer.family == 4 for peer in check.peers) else "peer rows"
     if failing:
-        out.append(f"{len(failing)} of {len(check.peers)} peers do not answer:")
+        out.append(f"{len(failing)} of {len(check.peers)} {rows} do not answer:")
     elif any(peer.verdict in ANSWERING for peer in check.peers):
         out.append(f"every peer answers ({len(check.peers)})")
     else:
@@ -399,14 +346,6 @@ def render(check: NodeCheck) -> str:
     return "\n".join(out)
 
 
-def emit(text: str) -> None:
-    """Print the report; a reader that went away (``| head``) is not an error."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def cmd_check(args: CheckOptions) -> int:
     if args.store is None:
         from flannel.ops.checklab import cmd_check_lab
@@ -414,13 +353,15 @@ def cmd_check(args: CheckOptions) -> int:
         return cmd_check_lab(args)
     try:
         check = run_check(args, args.store)
-    except KeyboardInterrupt:
-        return 130
     except (CheckError, IcmpError) as err:
         if args.json:
-            emit(json.dumps({"ok": False, "error": str(err), "peers": []}, indent=2))
+            print(json.dumps({"ok": False, "error": str(err), "peers": [],
+                              "store": args.source}, indent=2))
         else:
             print(f"flannelctl check: {err}", file=sys.stderr)
         return 1
-    emit(json.dumps(check.as_json(), indent=2) if args.json else render(check))
+    if args.json:
+        print(json.dumps({**check.as_json(), "store": args.source}, indent=2))
+    else:
+        print(f"{render(check)}\nstore read: {args.source}")
     return 0 if check.ok else 1

@@ -1,7 +1,7 @@
 """``flannelctl check --lab NAME``: the connectivity matrix of a whole ``flannel-lab`` lab.
 
 Owns reading the lab's node list from the state file the lab records
-(``<root>/<name>/state.json``, written by ``flannel/lab/cluster.py``; read here as untrusted
+(``<root>/<name>/state.json``, written by ``lab/flannel_lab/cluster.py``; read here as untrusted
 input, without importing the lab), running ``flannelctl check --json`` inside every node's
 namespace at once (bounded in number and time), and the node-by-node matrix with every
 failing pair named and what to run next.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -125,24 +126,32 @@ def node_command(node: LabNode, endpoint: str, args: CheckOptions) -> list[str]:
             f"--parallel={args.parallel}", f"--deadline={args.deadline:g}"]
 
 
-def check_node(node: LabNode, endpoint: str, args: CheckOptions) -> NodeOutcome:
-    import subprocess
-
+def check_node(node: LabNode, endpoint: str, args: CheckOptions,
+               running: set[subprocess.Popen[bytes]]) -> NodeOutcome:
+    """Run the check in ``node``; its process is in ``running`` while it runs (so that a
+    stop ends it at once)."""
     # The node's own store round trips (10 s) and probes (--deadline) bound its run.
     limit = args.deadline + 30
     try:
-        proc = subprocess.run(node_command(node, endpoint, args), capture_output=True,
-                              timeout=limit, check=False, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return NodeOutcome(node, error=f"the check in {node.netns} did not end within "
-                                       f"{limit:g}s")
+        proc = subprocess.Popen(node_command(node, endpoint, args), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     except OSError as err:
         return NodeOutcome(node, error=f"cannot run the check in {node.netns}: {err}")
-    out = proc.stdout[:MAX_OUTPUT].decode(errors="replace")
+    running.add(proc)
+    try:
+        stdout, stderr = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return NodeOutcome(node, error=f"the check in {node.netns} did not end within "
+                                       f"{limit:g}s")
+    finally:
+        running.discard(proc)
+    out = stdout[:MAX_OUTPUT].decode(errors="replace")
     try:
         doc = json.loads(out)
     except ValueError:
-        said = proc.stderr[:2000].decode(errors="replace").strip()
+        said = stderr[:2000].decode(errors="replace").strip()
         return NodeOutcome(node, error=f"the check in {node.netns} failed (exit "
                                        f"{proc.returncode}): {said or out[:2000]}")
     if not isinstance(doc, dict):
@@ -151,13 +160,14 @@ def check_node(node: LabNode, endpoint: str, args: CheckOptions) -> NodeOutcome:
 
 
 def pairs_of(outcomes: list[NodeOutcome]) -> list[Pair]:
-    """Every (from, to) pair of nodes, plus leases of no lab node that a node saw."""
+    """Every (from, to) pair of nodes, one per IP family checked, plus leases of no lab node
+    that a node saw."""
     by_address = {o.node.address: o.node for o in outcomes}
     pairs = []
     for outcome in outcomes:
         seen = set()
         for peer in outcome.peers():
-            dest = by_address.get(str(peer.get("public_ip")))
+            dest = by_address.get(str(peer.get("node_ip") or peer.get("public_ip")))
             if dest is not None:
                 seen.add(dest.index)
             pairs.append(Pair(outcome.node, dest, str(peer.get("verdict")), peer,
@@ -182,13 +192,15 @@ def next_step(pair: Pair) -> tuple[str, LabNode | None]:
     here = pair.source.label
     there = pair.dest.label if pair.dest else f"the node {pair.peer.get('public_ip')}"
     if pair.verdict in ("timeout", "lossy"):
-        return (f"run flannelctl doctor on {here} (it probes {there} on the underlay and on "
-                f"its encapsulation port, telling a node that is down from a blocked port), "
-                f"then on {there}", pair.source)
+        # The node's own advice: what doctor probes for that peer, from its backend.
+        advice = pair.peer.get("next")
+        return (f"on {here}: {advice}" if isinstance(advice, str) and advice else
+                f"run flannelctl doctor on {here}, then on {there}"), pair.source
     if pair.verdict == "no-lease":
         return f"run flannelctl doctor on {there}", pair.dest
-    if pair.verdict == "bad-lease":
-        return flannelctl("leases", "show", str(pair.peer.get("subnet"))), None
+    if pair.verdict == "skipped":
+        return str(pair.peer.get("next") or flannelctl("leases", "show",
+                                                        str(pair.peer.get("subnet")))), None
     return f"run flannelctl doctor on {here}", pair.source
 
 
@@ -208,7 +220,11 @@ def render(name: str, endpoint: str, outcomes: list[NodeOutcome], pairs: list[Pa
              f"{len(failing)} failing" + (f", {len(broken)} nodes not checked" if broken
                                           else "")]
     lines += [f"note: {note}" for note in dict.fromkeys(o.note for o in outcomes if o.note)]
-    cells = {(p.source.index, p.dest.index): p for p in pairs if p.dest is not None}
+    cells: dict[tuple[int, int], Pair] = {}
+    for pair in pairs:  # a failing family shows over an answering one
+        key = (pair.source.index, pair.dest.index) if pair.dest is not None else None
+        if key is not None and (key not in cells or pair.fails):
+            cells[key] = pair
     header = ["from \\ to"] + [f"{o.node.label} {o.subnet}" for o in outcomes]
     rows = [header]
     for outcome in outcomes:
@@ -231,7 +247,8 @@ def render(name: str, endpoint: str, outcomes: list[NodeOutcome], pairs: list[Pa
         lines.append("failing pairs:")
     for pair in failing:
         dest = pair.dest.label if pair.dest else f"{pair.peer.get('subnet')} (no lab node)"
-        lines.append(f"  {pair.source.label} -> {dest}: {pair.verdict}: {pair.detail}")
+        over = " over IPv6" if pair.peer.get("family") == 6 else ""
+        lines.append(f"  {pair.source.label} -> {dest}{over}: {pair.verdict}: {pair.detail}")
         step, node = next_step(pair)
         lines.append(f"    next: {step}")
         if node is not None:
@@ -247,6 +264,7 @@ def as_json(name: str, outcomes: list[NodeOutcome], pairs: list[Pair], ok: bool
                        "note": o.note or None, "error": o.error or None}
                       for o in outcomes],
             "pairs": [{"from": p.source.label, "to": p.dest.label if p.dest else None,
+                       "family": p.peer.get("family", 4) if p.peer else 4,
                        "verdict": p.verdict, "detail": p.detail,
                        "next": next_step(p)[0] if p.fails else "",
                        "peer": p.peer or None} for p in pairs]}
@@ -258,12 +276,18 @@ def cmd_check_lab(args: CheckOptions) -> int:
     except LabCheckError as err:
         print(f"flannelctl check: {err}", file=sys.stderr)
         return 1
+    running: set[subprocess.Popen[bytes]] = set()
     with ThreadPoolExecutor(max_workers=min(NODES_AT_ONCE, len(nodes))) as pool:
-        outcomes = list(pool.map(lambda node: check_node(node, endpoint, args), nodes))
+        try:
+            outcomes = list(pool.map(lambda node: check_node(node, endpoint, args, running),
+                                     nodes))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the checks in the nodes end too
+            pool.shutdown(cancel_futures=True, wait=False)
+            for proc in list(running):
+                proc.kill()
+            raise
     pairs = pairs_of(outcomes)
     ok = not any(o.error for o in outcomes) and not any(p.fails for p in pairs)
-    from flannel.ops.check import emit
-
-    emit(json.dumps(as_json(args.lab, outcomes, pairs, ok), indent=2) if args.json
-         else render(args.lab, endpoint, outcomes, pairs))
+    print(json.dumps(as_json(args.lab, outcomes, pairs, ok), indent=2) if args.json
+          else render(args.lab, endpoint, outcomes, pairs))
     return 0 if ok else 1

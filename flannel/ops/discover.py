@@ -20,7 +20,7 @@ from pathlib import Path
 
 from flannel.flags import UsageError, parse_namespace
 from flannel.monitor.localsock import socket_path
-from flannel.procscan import running_flanneld
+from flannel.process.procscan import running_flanneld
 
 MAX_CMDLINE = 1 << 16
 MAX_ENVIRON = 1 << 20
@@ -44,11 +44,19 @@ class Flanneld:
     cwd: Path
 
     def path(self, text: str) -> Path:
-        """A path flanneld was given, as this tool reaches the same file."""
+        """A path flanneld was given, as this tool reaches the same file: as it is written
+        when that is the same file here (a lab directory both see), else through
+        flanneld's root (its private ``/run``)."""
         path = Path(text)
         if not path.is_absolute():
             return self.cwd / path
-        return self.root / path.relative_to("/") if self.root != Path("/") else path
+        if self.root == Path("/"):
+            return path
+        theirs = self.root / path.relative_to("/")
+        try:
+            return path if os.path.samefile(path, theirs) else theirs
+        except OSError:  # missing here, or there: only its root is sure to be flanneld's
+            return theirs
 
     @property
     def subnet_file(self) -> str:
@@ -114,15 +122,21 @@ def describe(pid: int) -> Flanneld:
     return Flanneld(pid, flags, why, root, cwd)
 
 
-def find() -> Flanneld | None:
-    """The flanneld of this network namespace; None if none runs; NotFound if several, or
-    if this user may not tell."""
+def find(subnet_file: str = "") -> Flanneld | None:
+    """The flanneld of this network namespace (of several, the one writing ``subnet_file``,
+    as it names the file or as reached from here); None if none runs; NotFound if several
+    (and ``subnet_file`` picks none), or if this user may not tell."""
     pids = running_flanneld()
     if not pids and os.geteuid() != 0:
         raise NotFound("only root may see which flanneld runs in this network namespace "
                        "(and use its socket): run flannelctl as root")
+    if len(pids) > 1 and subnet_file:
+        named = [one for one in map(describe, pids) if one.flags is not None
+                 and subnet_file in (one.subnet_file, str(one.path(one.subnet_file)))]
+        if len(named) == 1:
+            return named[0]
     if len(pids) > 1:
         raise NotFound(f"several flanneld processes run in this network namespace (pids "
-                       f"{', '.join(map(str, pids))}); say which with --subnet-file or "
-                       "--socket")
+                       f"{', '.join(map(str, pids))}): say which with --subnet-file (the "
+                       "subnet.env it writes)")
     return describe(pids[0]) if pids else None

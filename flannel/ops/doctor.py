@@ -1,7 +1,8 @@
 """``flannelctl doctor``: is this node healthy, and if not, why and how to fix it.
 
 Owns gathering what the checks look at (subnet.env, the store's config and leases, the
-kernel of this network namespace, the store's clock), running every check, and printing
+kernel of this network namespace, the store's clock, the running flanneld's /status, asked
+when a check needs it), running every check, and printing
 the ranked findings as text or JSON. Exit status 0 only when nothing is wrong.
 Must not change anything unless a ``--fix-*`` flag asks for it.
 """
@@ -46,7 +47,7 @@ def read_subnet_env(ctx: Context) -> None:
 
 def _etcd_clock_skew(etcd: EtcdSettings, timeout: float) -> float | None:
     """This node's clock minus the first answering etcd endpoint's (from its HTTP Date)."""
-    from flannel.subnet.etcd.client import parse_endpoints
+    from flannel.clients.etcd import parse_endpoints
 
     context = None
     for endpoint in parse_endpoints(etcd.endpoints):
@@ -100,13 +101,14 @@ async def read_store(ctx: Context, store: StoreOptions) -> None:
 
 
 def gather(opts: DoctorOptions) -> Context:
-    from flannel.procscan import running_flanneld
+    from flannel.process.procscan import running_flanneld
 
     ctx = Context(subnet_file=Path(opts.store.subnet_file), sysctl_root=Path("/proc/sys"),
                   cni_bin_dirs=list(opts.cni_bin_dirs), cni_conf_dirs=list(opts.cni_conf_dirs),
                   probe_timeout=opts.probe_timeout, fix_checksum=opts.fix_checksum_offload)
     ctx.kube_mode = opts.store.kube
     ctx.flanneld_pids = running_flanneld()
+    ctx.flanneld = opts.found
     read_subnet_env(ctx)
     asyncio.run(read_store(ctx, opts.store))
     ctx.kernel = read_kernel()
@@ -125,27 +127,9 @@ def diagnose(ctx: Context) -> list[Finding]:
 
 def store_source(opts: DoctorOptions) -> str:
     """Which store doctor read, and whose settings say so."""
-    from flannel.ops.storeflags import shown
-    from flannel.settings import KubeSettings
+    from flannel.ops.locate import Located
 
-    store, found, given = opts.store.store, opts.found, opts.given
-    if isinstance(store, KubeSettings):
-        api = store.api_url or store.kubeconfig_file or "in-cluster"
-        place = f"the Kubernetes API ({api}), network config {store.net_config_path}"
-    else:
-        place = (f"etcd {shown('etcd-endpoints', store.endpoints)}, "
-                 f"prefix {store.prefix}")
-    if found is not None and found.flags is not None:
-        whose = "the settings of the flanneld running here"
-        if given:
-            whose += f", overridden by {', '.join('--' + name for name in given)}"
-    elif given:
-        whose = "the flags given"
-    else:
-        whose = "flanneld's defaults"
-    env = (found.subnet_file if found is not None and found.flags is not None
-           and "subnet-file" not in given else opts.store.subnet_file)
-    return f"{place}, from {whose}; subnet.env {env}"
+    return Located(opts.store, opts.found, opts.note, opts.given).source()
 
 
 def cmd_doctor(opts: DoctorOptions) -> int:
@@ -154,10 +138,7 @@ def cmd_doctor(opts: DoctorOptions) -> int:
     unread = [Finding("store", "warning", f"flanneld's settings are unknown: {opts.note}",
                       "run flannelctl doctor as root, or give flanneld's store flags")
               ] if opts.note and not opts.given else []
-    try:
-        findings = rank([*diagnose(gather(opts)), *unread])
-    except KeyboardInterrupt:
-        return 130
+    findings = rank([*diagnose(gather(opts)), *unread])
     if opts.json:
         doc: dict[str, Any] = {"healthy": exit_code(findings) == 0, "store": source,
                                "findings": [f.as_json() for f in findings]}

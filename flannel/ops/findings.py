@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 SEVERITIES = ("error", "warning", "info")
+#: How a note about what could not be judged starts (it says why after "because").
+NOT_CHECKED = "not checked: "
 
 #: Check names, causes first; a finding's rank within its severity.
 CAUSE_ORDER = (
-    "flanneld", "store", "config", "subnet-env", "lease", "duplicates", "outside", "sysctl",
-    "forward", "cni", "ipsec", "device", "vtep-mac", "mtu", "routes", "neighbours", "fdb", "clock",
-    "checksum", "underlay", "encap", "path-mtu", "encap-filter",
+    "flanneld", "store", "config", "subnet-env", "lease", "duplicates", "identity", "skipped",
+    "parked", "sysctl", "forward", "cni", "backend", "device", "vtep-mac", "mtu", "routes",
+    "neighbours", "fdb", "engine", "clock", "checksum", "firewall", "underlay", "encap",
+    "overlay", "path-mtu", "probes", "encap-filter", "pod-encap",
 )
 
 
@@ -45,7 +48,11 @@ def exit_code(findings: list[Finding]) -> int:
 
 def render(findings: list[Finding]) -> str:
     wrong = [f for f in findings if f.severity != "info"]
-    if not wrong:
+    unchecked = sum(f.what.startswith(NOT_CHECKED) for f in findings)
+    if not wrong and unchecked:
+        lines = [f"healthy: every check that could run passed; {unchecked} not checked "
+                 "(below, and why)"]
+    elif not wrong:
         lines = ["healthy: every check passed"]
     else:
         errors = sum(f.severity == "error" for f in wrong)

@@ -10,10 +10,12 @@ Why a raw socket (``SOCK_RAW``/``IPPROTO_ICMP``) and not the alternatives:
   apart from silence.
 - Running ``ping`` costs a process per probe, its output is for humans, and its exit status
   says "no answer" whether the packet timed out or came back unreachable.
-One socket serves every probe of a run: each echo carries the run's identifier and its own
-sequence number, and one reader hands each answer to the probe waiting for it, so a check of
-many peers does not copy every incoming ICMP packet into many sockets. A kernel filter
-(``ICMP_FILTER``) lets only echo replies and errors through.
+One socket per IP family serves every probe of a run: each echo carries the run's identifier
+and its own sequence number, and one reader hands each answer to the probe waiting for it, so
+a check of many peers does not copy every incoming ICMP packet into many sockets. A kernel
+filter (``ICMP_FILTER``, ``ICMP6_FILTER``) lets only echo replies and errors through. ICMPv6
+is read without its IP header (the sender comes with each packet), and the kernel computes
+its checksum.
 Must not touch: anything but the socket it opens.
 """
 
@@ -25,10 +27,18 @@ import random
 import socket
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv6Address, ip_address
 
 ECHO_REPLY, DEST_UNREACHABLE, ECHO_REQUEST, TIME_EXCEEDED = 0, 3, 8, 11
+ECHO6_REQUEST, ECHO6_REPLY, DEST6_UNREACHABLE, PACKET_TOO_BIG, TIME6_EXCEEDED = 128, 129, 1, 2, 3
+ICMP6_FILTER = 1  # IPPROTO_ICMPV6 option: a bit set per ICMPv6 type to block
+UNREACHABLE6_CODES = {0: "no route to destination",
+                      1: "communication administratively prohibited",
+                      3: "address unreachable", 4: "port unreachable",
+                      5: "source address failed policy", 6: "reject route to destination"}
+IPAddress = IPv4Address | IPv6Address
 ICMP_FILTER = 1  # SOL_RAW option: a bit set per ICMP type to drop
 SOL_RAW = 255
 PAYLOAD = b"flannelctl check".ljust(56, b".")  # ping's default size
@@ -60,6 +70,11 @@ def echo_request(ident: int, seq: int, payload: bytes = PAYLOAD) -> bytes:
                        seq & 0xFFFF) + payload
 
 
+def echo6_request(ident: int, seq: int, payload: bytes = PAYLOAD) -> bytes:
+    """An ICMPv6 echo request; its checksum (over a pseudo-header) is the kernel's."""
+    return struct.pack("!BBHHH", ECHO6_REQUEST, 0, 0, ident & 0xFFFF, seq & 0xFFFF) + payload
+
+
 @dataclass(frozen=True)
 class Answer:
     """An ICMP packet about one of our echoes: a reply from ``target``, or an error about the
@@ -67,8 +82,8 @@ class Answer:
 
     ident: int
     seq: int
-    target: IPv4Address
-    sender: IPv4Address
+    target: IPAddress
+    sender: IPAddress
     error: str = ""  # empty for an echo reply
 
 
@@ -114,12 +129,40 @@ def parse(packet: bytes) -> Answer | None:
     return Answer(ident, seq, inner[3], outer[2], error)
 
 
+def parse6(packet: bytes, sender: IPv6Address) -> Answer | None:
+    """What an ICMPv6 packet (no IP header) from ``sender`` says about an echo: a reply, or
+    an error quoting one of our echo requests (its IPv6 header and the request). The kernel
+    has checked the checksum. None for anything else."""
+    if len(packet) < 8:
+        return None
+    kind, code = packet[0], packet[1]
+    if kind == ECHO6_REPLY:
+        ident, seq = struct.unpack_from("!HH", packet, 4)
+        return Answer(ident, seq, sender, sender)
+    if kind not in (DEST6_UNREACHABLE, PACKET_TOO_BIG, TIME6_EXCEEDED):
+        return None
+    quoted = packet[8:]
+    # The invoking packet: a 40-byte IPv6 header whose next header is ICMPv6, then our echo.
+    if len(quoted) < 48 or quoted[0] >> 4 != 6 or quoted[6] != socket.IPPROTO_ICMPV6 \
+            or quoted[40] != ECHO6_REQUEST:
+        return None
+    ident, seq = struct.unpack_from("!HH", quoted, 44)
+    target = IPv6Address(quoted[24:40])
+    if kind == TIME6_EXCEEDED:
+        error = "hop limit exceeded (a routing loop?)"
+    elif kind == PACKET_TOO_BIG:
+        error = f"packet too big (MTU {struct.unpack_from('!I', packet, 4)[0]})"
+    else:
+        error = UNREACHABLE6_CODES.get(code, f"destination unreachable (code {code})")
+    return Answer(ident, seq, target, sender, error)
+
+
 @dataclass
 class Probe:
     """What ``count`` echoes to one target gave: round trips of the answered ones (seconds),
     errors that came back, and why an echo could not be sent."""
 
-    target: IPv4Address
+    target: IPAddress
     sent: int = 0
     rtts: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # "host unreachable from 192.168.111.1"
@@ -134,23 +177,36 @@ Reply = asyncio.Future[tuple[Answer, float]]
 
 
 class Pinger:
-    """One raw ICMP socket shared by every probe of a run (use inside one event loop)."""
+    """One raw ICMP socket shared by every probe of a run of one IP family (use inside one
+    event loop)."""
 
-    def __init__(self, sources: list[IPv4Address]) -> None:
+    def __init__(self, sources: Sequence[IPAddress], version: int = 4
+                 ) -> None:
         """Open the socket and bind it to the first of ``sources`` this host holds (the
         echoes leave from that address); unbound when it holds none of them."""
+        self.version = version
+        family, proto = (socket.AF_INET6, socket.IPPROTO_ICMPV6) if version == 6 else (
+            socket.AF_INET, socket.IPPROTO_ICMP)
         try:
-            self.sock = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+            self.sock = socket.socket(family, socket.SOCK_RAW, proto)
         except PermissionError:
             raise IcmpError("sending ICMP echoes needs CAP_NET_RAW: run it as root, or in "
                             "flanneld's pod (which has NET_RAW)") from None
         except OSError as err:
             raise IcmpError(f"cannot open an ICMP socket: {err.strerror}") from None
-        self.source: IPv4Address | None = None
+        self.source: IPAddress | None = None
         try:
             self.sock.setblocking(False)
-            wanted = (1 << ECHO_REPLY) | (1 << DEST_UNREACHABLE) | (1 << TIME_EXCEEDED)
-            self.sock.setsockopt(SOL_RAW, ICMP_FILTER, struct.pack("I", ~wanted & 0xFFFFFFFF))
+            if version == 6:
+                blocked = [0xFFFFFFFF] * 8  # a bit per type: set blocks it
+                for kind in (ECHO6_REPLY, DEST6_UNREACHABLE, PACKET_TOO_BIG, TIME6_EXCEEDED):
+                    blocked[kind >> 5] &= ~(1 << (kind & 31))
+                self.sock.setsockopt(socket.IPPROTO_ICMPV6, ICMP6_FILTER,
+                                     struct.pack("8I", *blocked))
+            else:
+                wanted = (1 << ECHO_REPLY) | (1 << DEST_UNREACHABLE) | (1 << TIME_EXCEEDED)
+                self.sock.setsockopt(SOL_RAW, ICMP_FILTER,
+                                     struct.pack("I", ~wanted & 0xFFFFFFFF))
             for source in sources:
                 try:
                     self.sock.bind((str(source), 0))
@@ -166,7 +222,7 @@ class Pinger:
         self.ident = random.randrange(1, 0x10000)
         self._next_seq = random.randrange(0x10000)
         #: seq -> (target, when sent, the future of the answer and its round trip)
-        self._waiting: dict[int, tuple[IPv4Address, float, Reply]] = {}
+        self._waiting: dict[int, tuple[IPAddress, float, Reply]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def close(self) -> None:
@@ -184,10 +240,14 @@ class Pinger:
         now = time.monotonic()
         for _ in range(256):  # bounded: a flood of ICMP must not starve the loop
             try:
-                packet = self.sock.recv(2048)
+                packet, sender = self.sock.recvfrom(2048)
             except OSError:  # nothing more to read (or nothing readable): wait for the next
                 return
-            answer = parse(packet)
+            if self.version == 6:
+                address = ip_address(sender[0].partition("%")[0])
+                answer = parse6(packet, address) if isinstance(address, IPv6Address) else None
+            else:
+                answer = parse(packet)
             if answer is None or answer.ident != self.ident:
                 continue
             waiting = self._waiting.get(answer.seq)
@@ -202,7 +262,7 @@ class Pinger:
                 return self._next_seq
         raise IcmpError("65536 echoes in flight: lower --parallel or --count")
 
-    async def probe(self, target: IPv4Address, count: int, interval: float,
+    async def probe(self, target: IPAddress, count: int, interval: float,
                     timeout: float) -> Probe:
         """Send ``count`` echoes to ``target`` every ``interval`` seconds; each waits up to
         ``timeout`` seconds for its answer."""
@@ -218,7 +278,8 @@ class Pinger:
                 future: Reply = loop.create_future()
                 self._waiting[seq] = (target, time.monotonic(), future)
                 try:
-                    self.sock.sendto(echo_request(self.ident, seq), (str(target), 0))
+                    request = echo6_request if self.version == 6 else echo_request
+                    self.sock.sendto(request(self.ident, seq), (str(target), 0))
                 except OSError as err:  # no route, no neighbour, a local firewall
                     del self._waiting[seq]
                     result.send_error = err.strerror or str(err)

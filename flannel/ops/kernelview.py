@@ -49,30 +49,21 @@ def ip_json(*args: str, tool: str = "ip") -> list[dict[str, Any]]:
 
 @dataclass
 class KernelView:
+    """The links of this namespace (``ip -j -d link``: their kind, flags, MTU, MAC and
+    tunnel attributes, as the checks show them); the routes and neighbours are read
+    over netlink where they are compared (``flannel/ops/plans.py``)."""
+
     links: list[dict[str, Any]] = field(default_factory=list)
-    routes: list[dict[str, Any]] = field(default_factory=list)
-    neighbours: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by device
-    fdb: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # by device
     errors: list[str] = field(default_factory=list)
 
     def link(self, name: str) -> dict[str, Any] | None:
         return next((link for link in self.links if link.get("ifname") == name), None)
-
-    def vxlan_links(self) -> list[dict[str, Any]]:
-        return [link for link in self.links
-                if (link.get("linkinfo") or {}).get("info_kind") == "vxlan"
-                and str(link.get("ifname", "")).startswith("flannel")]
 
 
 def read_kernel() -> KernelView:
     view = KernelView()
     try:
         view.links = ip_json("-d", "link", "show")
-        view.routes = ip_json("route", "show", "table", "main")
-        for link in view.vxlan_links():
-            name = link["ifname"]
-            view.neighbours[name] = ip_json("neigh", "show", "dev", name)
-            view.fdb[name] = ip_json("fdb", "show", "dev", name, tool="bridge")
     except ToolError as err:
         view.errors.append(str(err))
     return view

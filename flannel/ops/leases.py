@@ -18,6 +18,8 @@ from ipaddress import IPv4Address, IPv4Network, ip_network
 from typing import TYPE_CHECKING, Any
 
 from flannel.lease import NO_IPV4, Lease, LeaseAttrs, LeaseDecodeError, parse_subnet_key
+from flannel.ops.parsers import RELEASE_EFFECT
+from flannel.process.stopping import output_closed
 
 if TYPE_CHECKING:
     from flannel.ops.options import LeasesOptions
@@ -82,7 +84,8 @@ def duration_text(seconds: float) -> str:
 
 
 def vtep_mac(lease: Lease) -> str | None:
-    """The VTEP MAC a vxlan lease publishes, lower-case; None otherwise or if malformed."""
+    """The ``VtepMAC`` a lease's backend data publishes, lower-case; None otherwise or if
+    malformed."""
     try:
         data = lease.attrs.backend_json()
     except ValueError:
@@ -91,7 +94,9 @@ def vtep_mac(lease: Lease) -> str | None:
     return mac.lower() if isinstance(mac, str) and len(mac) <= 64 else None
 
 
-def decode_row(key: str, value: bytes, etcd_lease_id: int) -> LeaseRow:
+def decode_row(key: str, value: bytes, etcd_lease_id: int, created: int = 0) -> LeaseRow:
+    """One key under ``subnets/``; ``created``: its create revision, the order of the
+    leases' ages that flanneld reads too (``Lease.age``)."""
     subnets = parse_subnet_key(key)
     if subnets is None:
         return LeaseRow(key, None, problem=f"{key!r} is not a subnet key")
@@ -100,24 +105,25 @@ def decode_row(key: str, value: bytes, etcd_lease_id: int) -> LeaseRow:
     except LeaseDecodeError as err:
         return LeaseRow(key, None, problem=str(err))
     subnet = None if subnets[0] == NO_IPV4 else subnets[0]
-    return LeaseRow(key, Lease(subnet, subnets[1], attrs, etcd_lease_id=etcd_lease_id))
+    return LeaseRow(key, Lease(subnet, subnets[1], attrs, etcd_lease_id=etcd_lease_id,
+                               created=created))
 
 
 async def etcd_rows(manager: Any) -> list[LeaseRow]:
     """Every key under ``subnets/`` with its TTL left (queried in parallel)."""
-    from flannel.subnet.etcd.client import EtcdError
+    from flannel.subnet.etcd.kv import Refused
 
     kvs, _ = await manager.client.get_prefix(manager.subnets_prefix)
     start = len(manager.subnets_prefix)
-    rows = [decode_row(kv.key[start:].decode(errors="replace"), kv.value, kv.lease)
-            for kv in kvs[:100_000]]
+    rows = [decode_row(kv.key[start:].decode(errors="replace"), kv.value, kv.lease,
+                       kv.create_revision) for kv in kvs[:100_000]]
 
     async def ttl(row: LeaseRow) -> LeaseRow:
         if row.lease is None or row.lease.is_reservation:
             return row
         try:
             left = await manager.client.time_to_live(row.lease.etcd_lease_id)
-        except EtcdError:  # shown as "unknown": the listing still stands
+        except Refused:  # shown as "unknown": the listing still stands
             return row
         return LeaseRow(row.key, row.lease, left if left >= 0 else None, row.problem)
 
@@ -302,10 +308,9 @@ async def run_command(opts: LeasesOptions) -> int:
             if opts.json:
                 print(json.dumps([row.as_json() for row in sorted(rows, key=by_address)],
                                  indent=2))
-            elif rows:
-                print(table(rows))
             else:
-                print("no leases")
+                print(table(rows) if rows else "no leases")
+                print(f"store read: {opts.source}")
             return 0
         if opts.action == "show":
             rows = await asyncio.wait_for(list_rows(manager), STORE_TIMEOUT)
@@ -314,8 +319,12 @@ async def run_command(opts: LeasesOptions) -> int:
             if etcd is not None:
                 kv, _ = await etcd.client.get(etcd.lease_key(row.key))
                 raw = kv.value if kv is not None else None
-            print(json.dumps(row.as_json(), indent=2) if opts.json else show_text(row, raw))
+            if opts.json:
+                print(json.dumps(row.as_json(), indent=2))
+            else:
+                print(f"{show_text(row, raw)}\nstore read: {opts.source}")
             return 0
+        print(f"store: {opts.source}")
         if opts.action == "reserve":
             assert opts.reserve is not None and opts.reserve_for is not None  # required
             print(await asyncio.wait_for(reserve(manager, opts.reserve, opts.reserve_for),
@@ -326,20 +335,16 @@ async def run_command(opts: LeasesOptions) -> int:
         what = "reservation" if row.lease and row.lease.is_reservation else "lease"
         owner = (f"of {row.lease.attrs.public_ip}" if row.lease
                  else f"that no flanneld can use: {row.problem}")
+        if row.lease is not None:
+            print(f"{row.key} ({what} {owner}): {RELEASE_EFFECT}")
         if not confirm(f"delete the {what} {row.key} {owner}?", opts.yes):
             print("nothing deleted")
             return 1
         assert etcd is not None  # release is refused above in kube mode
         deleted = await asyncio.wait_for(
             etcd.client.delete(etcd.lease_key(row.key)), STORE_TIMEOUT)
-        if not deleted:
-            print(f"{row.key} was already gone")
-            return 0
-        if row.lease is None:
-            print(f"released {row.key} ({what} {owner})")
-            return 0
-        print(f"released {row.key} ({what} {owner}); a flanneld still running there "
-              "writes it again at its next renewal: stop it first to free the subnet")
+        print(f"released {row.key} ({what} {owner})" if deleted
+              else f"{row.key} was already gone")
         return 0
     finally:
         await manager.close()
@@ -351,9 +356,9 @@ def cmd_leases(opts: LeasesOptions) -> int:
     failures: tuple[type[Exception], ...] = (LeaseCommandError, *STORE_FAILURES)
     try:
         return asyncio.run(run_command(opts))
-    except KeyboardInterrupt:
-        return 130
     except failures as err:
+        if output_closed(err):
+            raise  # the reader went away: not the store's doing
         text = str(err) or "the store did not answer in time; check --etcd-endpoints"
         print(f"flannelctl leases: {text}", file=sys.stderr)
         return 1

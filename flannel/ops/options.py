@@ -34,6 +34,8 @@ class LeasesOptions:
     reserve: IPv4Network | None = None
     reserve_for: IPv4Address | None = None
     yes: bool = False
+    #: Which store, from whose settings (``flannel.ops.locate.Located.source``).
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ class CheckOptions:
     deadline: float = 60.0
     lab: str = ""
     lab_root: Path = Path("/run/flannel-lab")
+    #: Which store, from whose settings ("" with ``lab``).
+    source: str = ""
+    #: The flanneld running here: the peers it parked are asked on its socket.
+    found: Flanneld | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,12 @@ class BundleOptions:
     journal: str = ""
     cni_bin_dirs: tuple[Path, ...] = DEFAULT_CNI_BIN_DIRS
     cni_conf_dirs: tuple[Path, ...] = DEFAULT_CNI_CONF_DIRS
+    #: The flanneld running here: its status and metrics are asked on its socket.
+    found: Flanneld | None = None
+    #: Which store, from whose settings.
+    source: str = ""
+    #: Why the store is a guess (flanneld's settings unreadable, nothing given); "" if not.
+    note: str = ""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,19 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
-from flannel.netutil import unusable_address
 from flannel.ops.storeflags import add_store_flags
+from flannel.untrusted.netutil import unusable_address
+
+#: What deleting a lease does to the flanneld holding it (etcd mode), as it does it: said
+#: by ``leases release`` before it asks, and in its help.
+RELEASE_EFFECT = (
+    "a flanneld running with that lease sees it deleted, logs \"Lease has been revoked. "
+    "Shutting down daemon.\" and exits with status 0 (as Go flannel does), and the other "
+    "nodes remove their routes to its subnet. Started again (by hand, or by a supervisor: "
+    "systemd's Restart=always, a DaemonSet), it takes the subnet its subnet.env names once "
+    "more, as a new lease that expires unless renewed (a reservation is not restored), "
+    "unless another node took that subnet meanwhile: then it gets another one, and the pods "
+    "on that node must be recreated")
 
 
 def _later(module: str, name: str) -> Callable[[Any], int]:
@@ -63,7 +74,10 @@ def add_leases(sub: Any) -> None:
     reserve_p.add_argument("subnet", type=_subnet_arg)
     reserve_p.add_argument("--public-ip", dest="reserve_for", type=_node_ip_arg, required=True,
                            help="the public IP of the node that gets the subnet")
-    release = actions.add_parser("release", help="delete a lease or reservation")
+    release = actions.add_parser(
+        "release", help="delete a lease or reservation",
+        description="Delete a lease or reservation (etcd mode) after asking. Deleted, "
+                    f"{RELEASE_EFFECT}.")
     release.add_argument("subnet", help="subnet, lease key or public IP")
     release.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     for parser in (listing, show, reserve_p, release):
@@ -80,9 +94,11 @@ def add_doctor(sub: Any) -> None:
                     "with no store flag it reads the store and subnet.env of the flanneld "
                     "running there, a flag given wins): flanneld, subnet.env, sysctls, "
                     "FORWARD policy, "
-                    "CNI plugins and config, the VTEP device, MAC and MTU, routes, neighbours "
-                    "and FDB against the leases, duplicate or stray leases, clock skew, and "
-                    "probes to every peer (overlay, underlay, VXLAN port, path MTU). Prints "
+                    "CNI plugins and config, the backend's devices, MAC and MTU, each peer's "
+                    "routes, neighbours, FDB entries and engine entries as the backend says "
+                    "it makes them, the leases flanneld skips, duplicate leases, clock skew, "
+                    "this node's own input rules, and probes to every peer in every IP family "
+                    "(overlay, underlay, what carries the overlay, path MTU). Prints "
                     "the findings most likely cause first, each with its fix. Exit status 0 "
                     "only when nothing is wrong.")
     add_store_flags(doctor)
@@ -95,8 +111,9 @@ def add_doctor(sub: Any) -> None:
                         default=1.0, metavar="SECONDS",
                         help="how long each probe waits for an answer (default %(default)s)")
     doctor.add_argument("--fix-checksum-offload", action="store_true",
-                        help="turn tx-checksum-ip-generic off on the VXLAN device when the "
-                             "conditions of the checksum bug are met")
+                        help="turn tx-checksum-ip-generic off on the device the kernel "
+                             "encapsulates in UDP when the conditions of the checksum bug are "
+                             "met")
     doctor.set_defaults(func=_later("flannel.ops.doctor", "cmd_doctor"))
 
 
@@ -138,8 +155,9 @@ def add_check(sub: Any) -> None:
     check = sub.add_parser(
         "check", help="connectivity matrix: ping every peer over the overlay",
         description="Send ICMP echoes from this node's flannel address to every peer's "
-                    "(vxlan: the VTEP address; other backends: the cni0 gateway), over the "
-                    "overlay, all peers at once; print latency, loss and a verdict per peer "
+                    "(the base address on the peer's flannel device where its backend has "
+                    "one, else its cni0 gateway), over the overlay, in every IP family, all "
+                    "peers at once; print latency, loss and a verdict per peer "
                     "with what to run next when one fails. Run it in flanneld's network "
                     "namespace, as root (raw ICMP socket), with flanneld's store flags. "
                     "Exit status 0 only when every peer answers. --lab NAME runs it in every "

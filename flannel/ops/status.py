@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flannel import boundedjson
 from flannel.monitor.localsock import connect, socket_path
+from flannel.untrusted import boundedjson
 
 if TYPE_CHECKING:
+    from flannel.ops.discover import Flanneld
     from flannel.ops.options import StatusOptions
 
 DEFAULT_HEALTH_URL = "http://127.0.0.1:8081"
@@ -104,9 +105,10 @@ def _socket_failure(where: Where, err: OSError) -> StatusUnavailable:
                              f"{err.strerror or err}")
 
 
-def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
-    """flanneld's status document from its health server or local socket."""
-    where = Where(url=where) if isinstance(where, str) else where
+def fetch(where: Where, path: str, timeout: float, limit: int = MAX_STATUS_BYTES,
+          accept: str = "application/json") -> tuple[http.client.HTTPResponse, bytes]:
+    """One GET of ``path`` from flanneld's health server or local socket: its answer and up
+    to ``limit`` + 1 bytes of its body; StatusUnavailable says why there is none."""
     base = str(where)
     connection: http.client.HTTPConnection
     if where.url:
@@ -116,9 +118,9 @@ def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
         assert where.socket is not None
         connection = _SocketConnection(where.socket, timeout)
     try:
-        connection.request("GET", "/status", headers={"Accept": "application/json"})
+        connection.request("GET", path, headers={"Accept": accept})
         reply = connection.getresponse()
-        body = reply.read(MAX_STATUS_BYTES + 1)
+        body = reply.read(limit + 1)
     except (OSError, http.client.HTTPException) as err:
         if not where.url and isinstance(err, OSError) and err.errno is not None:
             raise _socket_failure(where, err) from None
@@ -130,6 +132,14 @@ def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
             f"flanneld did not answer on {base} ({why})") from None
     finally:
         connection.close()
+    return reply, body
+
+
+def fetch_status(where: Where | str, timeout: float) -> dict[str, Any]:
+    """flanneld's status document from its health server or local socket."""
+    where = Where(url=where) if isinstance(where, str) else where
+    base = str(where)
+    reply, body = fetch(where, "/status", timeout)
     if reply.status == 403:
         raise StatusUnavailable(
             f"flanneld at {base} serves /status to clients on its own host only: run "
@@ -176,6 +186,33 @@ def _counts(values: Any) -> str:
     if not isinstance(values, dict) or not values:
         return "none"
     return ", ".join(f"{k} {v}" for k, v in values.items())
+
+
+#: Each kind of refusal /status lists: (its label, what the count says of those peers).
+REFUSALS = {
+    "invalid_data": ("bad data", "refused for their data"),
+    "identity_taken": ("identity", "refused for an identity another lease holds"),
+    "kernel_refused": ("parked", "parked (the kernel refused their entries; retried)"),
+    "engine": ("engine", "refused by the backend's engine"),
+}
+
+
+def _refusal_counts(total: Any, refused: dict[Any, Any], kinds: dict[Any, Any]) -> str:
+    """", 1 refused for their data, 2 parked (...)": the listed refusals by kind, then any
+    more it counts."""
+    if not total:
+        return ""
+    counted: dict[str, int] = {}
+    for key in refused:
+        kind = str(kinds.get(key))
+        counted[kind] = counted.get(kind, 0) + 1
+    parts = [f"{n} {REFUSALS.get(kind, ('', 'refused'))[1]}"
+             for kind, n in sorted(counted.items(), key=lambda kn: list(REFUSALS).index(kn[0])
+                                   if kn[0] in REFUSALS else len(REFUSALS))]
+    more = total - len(refused) if isinstance(total, int) else 0
+    if more > 0:
+        parts.append(f"{more} more refused")
+    return "".join(f", {part}" for part in parts)
 
 
 def _lease_line(lease: Any) -> str:
@@ -240,17 +277,20 @@ def render(doc: dict[str, Any], base: str) -> str:
             f"{_get(d, 'name')} mtu {_get(d, 'mtu')} mac {_get(d, 'mac')}" for d in devices)))
     peers = doc.get("peers")
     if isinstance(peers, dict):
+        refused = peers.get("refused_reasons")
+        refused = refused if isinstance(refused, dict) else {}
+        kinds = peers.get("refused_kinds")
+        kinds = kinds if isinstance(kinds, dict) else {}
         rows.append(("peers", f"{peers.get('known')} known, {peers.get('for_backend')} for "
                               f"this backend, {peers.get('programmed')} programmed, "
                               f"{peers.get('skipped')} skipped as invalid"
-                              + (f", {peers.get('refused')} refused by the backend's commands"
-                                 if peers.get("refused") else "")))
+                              + _refusal_counts(peers.get("refused"), refused, kinds)))
         reasons = peers.get("skipped_reasons")
         for key, why in (reasons.items() if isinstance(reasons, dict) else ()):
             rows.append(("  skipped", f"{key}: {why}"))
-        refused = peers.get("refused_reasons")
-        for key, why in (refused.items() if isinstance(refused, dict) else ()):
-            rows.append(("  refused", f"{key}: {why}"))
+        for key, why in refused.items():
+            label = REFUSALS.get(str(kinds.get(key)), ("refused", ""))[0]
+            rows.append((f"  {label}", f"{key}: {why}"))
     dataplane = doc.get("dataplane")
     if isinstance(dataplane, dict):
         rows.append(("data plane", f"{'in sync' if dataplane.get('in_sync') else 'NOT in sync'}"
@@ -309,6 +349,11 @@ def locate(args: StatusOptions, environ: dict[str, str] | None = None) -> Where:
     found = find()
     if found is None:
         return Where(socket=socket_path(DEFAULT_SUBNET_FILE), looked=True)
+    return where_of(found)
+
+
+def where_of(found: Flanneld) -> Where:
+    """The local socket of a flanneld found running here, named as it names it."""
     shown = str(socket_path(found.subnet_file))
     if found.socket != Path(shown):
         shown += f" (in the mount namespace of flanneld pid {found.pid})"

@@ -14,8 +14,14 @@ being refilled). A lease change refills ``FLANNEL-PEERS`` alone, atomically, in 
 about 0.1 s and a packet walks up to 5000 rules (50-100 us; docs/operations.md): nftables
 mode's hashed set is the choice for large clusters. Until the first peer set is known, the
 filter is left as it is.
+
+The drop of encapsulation sent by pods (pyflannel's; ``--drop-pod-encap``, on by default),
+filter table: ``INPUT`` jumps first to ``FLANNEL-POD-ENCAP-IN`` and ``FORWARD`` first to
+``FLANNEL-POD-ENCAP-FWD``, which drop, and count, packets from the pod network to the
+backend's encapsulation ports and protocols (to this node; forwarded, to outside the pod
+network), before masquerade would give them the node's address.
 Runs the iptables binaries as subprocesses with argument lists, never through a shell.
-Must not touch: chains other than ours, except the one jump rule in POSTROUTING / FORWARD /
+Must not touch: chains other than ours, except our jump rules in POSTROUTING / FORWARD /
 INPUT.
 """
 
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 
 from flannel.kernel.host import LOCAL, Host
 from flannel.log import V6
-from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules, PeerAddresses
+from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules, PeerAddresses, numeric_protocols
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +44,15 @@ MASQ_COMMENT = "flanneld masq"
 FORWARD_COMMENT = "flanneld forward"
 ENCAP_COMMENT = "flanneld encap filter"
 NOT_PEER_COMMENT = "flanneld not a peer"
+POD_ENCAP_COMMENT = "flanneld pod encap drop"
 MASQ_CHAIN = "FLANNEL-POSTRTG"
 FORWARD_CHAIN = "FLANNEL-FWD"
 INPUT_CHAIN = "FLANNEL-INPUT"
 PEERS_CHAIN = "FLANNEL-PEERS"
 NOT_PEER_CHAIN = "FLANNEL-NOT-PEER"
+POD_ENCAP_INPUT_CHAIN = "FLANNEL-POD-ENCAP-IN"
+POD_ENCAP_FORWARD_CHAIN = "FLANNEL-POD-ENCAP-FWD"
+POD_ENCAP_CHAINS = (POD_ENCAP_INPUT_CHAIN, POD_ENCAP_FORWARD_CHAIN)
 
 
 class RulesError(Exception):
@@ -107,6 +117,24 @@ def peers_chain(spec: FamilyRules, peers: PeerAddresses) -> ChainRules:
 def not_peer_chain() -> ChainRules:
     return ChainRules("filter", NOT_PEER_CHAIN, "", (),
                       ((*_comment(NOT_PEER_COMMENT), "-j", "DROP"),))
+
+
+def pod_encap_chains(spec: FamilyRules) -> list[ChainRules]:
+    """The drops of packets from the pod network to the encapsulation ports and protocols:
+    to this node (``INPUT``), and forwarded out of the pod network (``FORWARD``); both
+    inserted first, before any rule that would accept them."""
+    c, tag = str(spec.network), _comment(POD_ENCAP_COMMENT)
+    matches: list[tuple[str, ...]] = [("-p", "udp", "-m", "udp", "--dport", str(port))
+                                      for port in spec.pod_encap_ports]
+    matches += [("-p", str(protocol)) for protocol in spec.pod_encap_protocols]
+    chains = []
+    for chain, parent, sources in ((POD_ENCAP_INPUT_CHAIN, "INPUT", ("-s", c)),
+                                   (POD_ENCAP_FORWARD_CHAIN, "FORWARD",
+                                    ("-s", c, "!", "-d", c))):
+        rules = tuple((*sources, *match, *tag, "-j", "DROP") for match in matches)
+        chains.append(ChainRules("filter", chain, parent, (*tag, "-j", chain), rules,
+                                 first=True))
+    return chains
 
 
 def render(args: tuple[str, ...]) -> str:
@@ -188,6 +216,8 @@ class IptablesRules:
         self.variant = variant
         #: The drop counter of each family's filter as the last check read it.
         self.dropped: dict[int, tuple[int, int]] = {}
+        #: The drops of encapsulation sent by pods, by family, as the last check read them.
+        self.pod_encap_dropped: dict[int, tuple[int, int]] = {}
 
     def _binary(self, version: int, tool: str = "") -> str:
         return _binary(version, tool, self.variant)
@@ -200,6 +230,8 @@ class IptablesRules:
             [forward_chain(spec)] if spec.forward else [])
         if spec.encap_ports and peers is not None:
             chains += [not_peer_chain(), peers_chain(spec, peers), input_chain(spec)]
+        if spec.drops_pod_encap:
+            chains += pod_encap_chains(spec)
         return chains
 
     def _has_jump(self, version: int, chain: ChainRules) -> bool:
@@ -254,30 +286,42 @@ class IptablesRules:
                     listings[chain.table] = (self._strip_counters(spec.version, listed.stdout)
                                              if listed.returncode == 0 else None)
                 lines = listings[chain.table]
-                want = [f"-A {chain.chain} {render(rule)}" for rule in chain.rules]
+                want = [numeric_protocols(f"-A {chain.chain} {render(rule)}")
+                        for rule in chain.rules]
                 if lines is None or f"-N {chain.chain}" not in lines or [
-                        line for line in lines if line.startswith(f"-A {chain.chain} ")] != want:
+                        numeric_protocols(line) for line in lines
+                        if line.startswith(f"-A {chain.chain} ")] != want:
                     return f"IPv{spec.version} {chain.table} chain {chain.chain} differs"
                 if chain.parent and f"-A {chain.parent} {render(chain.jump)}" not in lines:
                     return f"IPv{spec.version} jump from {chain.parent} to {chain.chain} missing"
         return ""
 
     def _strip_counters(self, version: int, text: str) -> list[str]:
-        """The listing without counters, keeping the filter's drop counter."""
+        """The listing without counters, keeping the drop counters: the filter's, and the
+        sum of the pod encapsulation drops' (of a table that has them)."""
         lines = []
+        pod_encap: list[tuple[int, int]] = []
         for line in text.splitlines():
             match = _COUNTERS.search(line)
             if match is not None:
+                counted = (int(match.group(1)), int(match.group(2)))
                 if line.startswith(f"-A {NOT_PEER_CHAIN} "):
-                    self.dropped[version] = (int(match.group(1)), int(match.group(2)))
+                    self.dropped[version] = counted
+                elif line.startswith(tuple(f"-A {chain} " for chain in POD_ENCAP_CHAINS)):
+                    pod_encap.append(counted)
                 line = line[:match.start()] + line[match.end():]
             lines.append(line)
+        if pod_encap:
+            self.pod_encap_dropped[version] = (sum(p for p, _ in pod_encap),
+                                               sum(b for _, b in pod_encap))
         return lines
 
 
 OWN_CHAINS = {MASQ_CHAIN: ("nat", "POSTROUTING"), FORWARD_CHAIN: ("filter", "FORWARD"),
               INPUT_CHAIN: ("filter", "INPUT"), PEERS_CHAIN: ("filter", INPUT_CHAIN),
-              NOT_PEER_CHAIN: ("filter", PEERS_CHAIN)}
+              NOT_PEER_CHAIN: ("filter", PEERS_CHAIN),
+              POD_ENCAP_INPUT_CHAIN: ("filter", "INPUT"),
+              POD_ENCAP_FORWARD_CHAIN: ("filter", "FORWARD")}
 
 
 @dataclass(frozen=True)
@@ -345,11 +389,13 @@ def remove_chain(found: FoundChain, host: Host = LOCAL) -> None:
 FILTER_CHAINS = (INPUT_CHAIN, PEERS_CHAIN, NOT_PEER_CHAIN)
 
 
-def remove_filter(variant: Variant, version: int, host: Host = LOCAL) -> list[FoundChain]:
-    """Remove the encapsulation filter's chains of one family (the filter turned off)."""
+def remove_chains(variant: Variant, version: int, chains: tuple[str, ...], host: Host = LOCAL
+                  ) -> list[FoundChain]:
+    """Remove these chains of ours of one family, if there (an option turned off:
+    ``FILTER_CHAINS``, ``POD_ENCAP_CHAINS``)."""
     removed = []
     for found in find_own_chains(save_listing(variant, version, host), variant, version):
-        if found.chain in FILTER_CHAINS:
+        if found.chain in chains:
             remove_chain(found, host)
             removed.append(found)
     return removed

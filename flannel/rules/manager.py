@@ -2,7 +2,8 @@
 
 Owns the start-up clean-up (nftables tables in iptables mode, iptables chains in nftables
 mode, our chains in the iptables backend not chosen by ``rules/mode.py``, the encapsulation
-filter of a family no longer filtered), the br_netfilter
+filter of a family no longer filtered, the drop of pods' encapsulation where it is off), the
+br_netfilter
 check of iptables mode, and the ensure loop: every
 ``--iptables-resync`` seconds the rules are checked and re-applied when anything is missing
 (both modes; Go flannel never re-checks nftables). Rules are never removed on exit.
@@ -10,9 +11,9 @@ check of iptables mode, and the ensure loop: every
 The encapsulation filter's peer set comes from the daemon (``set_peers``: the public
 addresses of the current leases, ours included) and is applied at once, as a difference
 from what was last written (nftables: set elements added and deleted; iptables: the peers
-chain refilled); the periodic check compares the whole set. The filter's drop counters are
-read by each check and kept monotonic here (a refilled chain or ``iptables -Z`` restarts
-them in the kernel).
+chain refilled); the periodic check compares the whole set. The drop counters (the
+filter's, and those of encapsulation sent by pods) are read by each check and kept
+monotonic here (a refilled chain or ``iptables -Z`` restarts them in the kernel).
 Must not touch: the store; rules that are not flannel's.
 """
 
@@ -54,6 +55,30 @@ class RulesStatus:
     peer_updates: int = 0
     #: Packets and bytes the filter dropped since start, by IP version.
     not_peer_dropped: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: The IP versions whose pods may not send encapsulation (empty: no drop).
+    pod_encap: tuple[int, ...] = ()
+    #: Packets and bytes of encapsulation from pods dropped since start, by IP version.
+    pod_encap_dropped: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+class _Monotonic:
+    """Drop counters (packets, bytes) by IP version as the kernel restarts them (a refilled
+    chain, ``iptables -Z``), folded into totals since start kept in ``totals``."""
+
+    def __init__(self, totals: dict[int, tuple[int, int]]) -> None:
+        self.totals = totals
+        self._read: dict[int, tuple[int, int]] = {}  # as last read
+        self._before_reset: dict[int, tuple[int, int]] = {}  # what reset counters reached
+
+    def fold(self, read: dict[int, tuple[int, int]]) -> None:
+        for version, now in read.items():
+            last = self._read.get(version, (0, 0))
+            if now < last:  # restarted in the kernel
+                base = self._before_reset.get(version, (0, 0))
+                self._before_reset[version] = (base[0] + last[0], base[1] + last[1])
+            self._read[version] = now
+            base = self._before_reset.get(version, (0, 0))
+            self.totals[version] = (base[0] + now[0], base[1] + now[1])
 
 
 def check_br_netfilter(versions: list[int], proc: Path = Path("/proc")) -> None:
@@ -76,15 +101,16 @@ class TrafficManager:
         self.host = host
         self.iptables_mode = iptables_mode
         self.status = RulesStatus(mode=self.mode, filtered=tuple(
-            f.version for f in self.families if f.encap_ports))
+            f.version for f in self.families if f.encap_ports), pod_encap=tuple(
+            f.version for f in self.families if f.drops_pod_encap))
         self.prepared = False
         self._peers: PeerAddresses | None = None  # wanted (None: not known yet)
         self._written: PeerAddresses | None = None  # in the kernel, as last written
         self._peers_changed = asyncio.Event()
         self._next_check = 0.0  # loop time of the next full check
-        # Kernel counters as last read, and what earlier (reset) counters had reached.
-        self._read: dict[int, tuple[int, int]] = {}
-        self._before_reset: dict[int, tuple[int, int]] = {}
+        # The drop counters, kept monotonic across their restarts in the kernel.
+        self._not_peer = _Monotonic(self.status.not_peer_dropped)
+        self._pod_encap = _Monotonic(self.status.pod_encap_dropped)
         self.rules: iptables.IptablesRules | nftables.NftablesRules = (
             nftables.NftablesRules(self.families, host) if nftables_mode
             else iptables.IptablesRules(self.families, host))
@@ -97,12 +123,17 @@ class TrafficManager:
         """Choose the iptables backend, clean the other modes' leftovers (synchronous; run
         it in a worker thread)."""
         unfiltered = [v for v in (4, 6) if v not in self.status.filtered]
+        undropped = [v for v in (4, 6) if v not in self.status.pod_encap]
         if self.nftables_mode:
             self._log_removed(iptables.remove_all(self.host))
             for version in unfiltered:
-                if nftables.remove_filter(version, self.host):
+                if nftables.remove_objects(version, nftables.FILTER_OBJECTS, self.host):
                     log.info("Removed the IPv%d encapsulation filter (--encap-peers-only is "
                              "off)", version)
+            for version in undropped:
+                if nftables.remove_objects(version, nftables.POD_ENCAP_OBJECTS, self.host):
+                    log.info("Removed the IPv%d drop of encapsulation sent by pods "
+                             "(--drop-pod-encap is off)", version)
         else:
             variant, why = choose_variant(self.iptables_mode, self.host)
             if self.families:
@@ -116,9 +147,13 @@ class TrafficManager:
             others = tuple(v for v in (LEGACY, NFT) if v != variant) if variant != PLAIN else ()
             self._log_removed(iptables.remove_all(self.host, others))
             nftables.remove_all(self.host)
-            for version in unfiltered:
-                for found in iptables.remove_filter(variant, version, self.host):
-                    log.info("Removed %s: --encap-peers-only is off", found.describe())
+            for versions, chains, flag in ((unfiltered, iptables.FILTER_CHAINS,
+                                            "--encap-peers-only"),
+                                           (undropped, iptables.POD_ENCAP_CHAINS,
+                                            "--drop-pod-encap")):
+                for version in versions:
+                    for found in iptables.remove_chains(variant, version, chains, self.host):
+                        log.info("Removed %s: %s is off", found.describe(), flag)
         self.prepared = True
 
     @staticmethod
@@ -188,14 +223,8 @@ class TrafficManager:
 
     def _count_drops(self) -> None:
         """Fold the counters the check read into monotonic totals."""
-        for version, now in self.rules.dropped.items():
-            last = self._read.get(version, (0, 0))
-            if now < last:  # restarted in the kernel
-                base = self._before_reset.get(version, (0, 0))
-                self._before_reset[version] = (base[0] + last[0], base[1] + last[1])
-            self._read[version] = now
-            base = self._before_reset.get(version, (0, 0))
-            self.status.not_peer_dropped[version] = (base[0] + now[0], base[1] + now[1])
+        self._not_peer.fold(self.rules.dropped)
+        self._pod_encap.fold(self.rules.pod_encap_dropped)
 
     def _prepare_and_ensure(self, full: bool) -> bool:
         if not self.prepared:

@@ -12,6 +12,12 @@ counted by the named counter ``not-peer-drops`` (it survives the chain being ref
 A lease change adds and deletes set elements in one transaction, never rewriting the set;
 until the first peer set is known the filter is left as it is (a restart keeps the previous
 run's filter rather than dropping every peer).
+
+The drop of encapsulation sent by pods (pyflannel's; ``--drop-pod-encap``, on by default):
+chains ``pod-encap-input`` (hook input) and ``pod-encap-forward`` (hook forward, destinations
+out of the pod network) drop packets from the pod network to the backend's encapsulation
+ports and protocols, counted by the named counter ``pod-encap-drops``; a drop in any base
+chain is final, whatever other tables accept.
 Must not touch: other tables.
 """
 
@@ -27,7 +33,7 @@ from ipaddress import IPv4Address, IPv6Address
 from flannel.kernel.host import LOCAL, Host
 from flannel.log import V6
 from flannel.rules.iptables import RulesError
-from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules, PeerAddresses
+from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules, PeerAddresses, numeric_protocols
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,9 @@ INPUT_COMMENT = "chain to drop encapsulated traffic from non-peers"
 PEER_SET = "peers"
 PEER_SET_COMMENT = "public addresses of the leases"
 DROP_COUNTER = "not-peer-drops"
+POD_ENCAP_COMMENT = "chain to drop encapsulated traffic sent by pods"
+POD_ENCAP_COUNTER = "pod-encap-drops"
+POD_ENCAP_CHAINS = {"pod-encap-input": "input", "pod-encap-forward": "forward"}
 
 
 def table_of(version: int) -> tuple[str, str, str]:
@@ -68,6 +77,17 @@ def input_rules(spec: FamilyRules) -> list[str]:
     _, _, kw = table_of(spec.version)
     return [f'udp dport {port} {kw} saddr != @{PEER_SET} counter name "{DROP_COUNTER}" drop'
             for port in spec.encap_ports]
+
+
+def pod_encap_rules(spec: FamilyRules, forwarded: bool) -> list[str]:
+    """Drops of packets from the pod network to the encapsulation ports and protocols: to
+    this node, or (``forwarded``) out of the pod network."""
+    _, _, kw = table_of(spec.version)
+    c = spec.network
+    sources = f"{kw} saddr {c} {kw} daddr != {c}" if forwarded else f"{kw} saddr {c}"
+    matches = [f"udp dport {port}" for port in spec.pod_encap_ports]
+    matches += [f"meta l4proto {protocol}" for protocol in spec.pod_encap_protocols]
+    return [f'{sources} {match} counter name "{POD_ENCAP_COUNTER}" drop' for match in matches]
 
 
 def _elements(addresses: Iterable[IPv4Address | IPv6Address]) -> str:
@@ -135,6 +155,8 @@ class NftablesRules:
         self.host = host
         #: The drop counter of each family's filter as the last check read it.
         self.dropped: dict[int, tuple[int, int]] = {}
+        #: The drops of encapsulation sent by pods, by family, as the last check read them.
+        self.pod_encap_dropped: dict[int, tuple[int, int]] = {}
 
     def _chains(self, spec: FamilyRules) -> list[tuple[str, str, str, list[str]]]:
         chains = []
@@ -144,6 +166,11 @@ class NftablesRules:
         if spec.forward:
             chains.append(("forward", FORWARD_COMMENT, "type filter hook forward priority "
                            "filter; policy accept;", forward_rules(spec)))
+        if spec.drops_pod_encap:
+            for chain, hook in POD_ENCAP_CHAINS.items():
+                chains.append((chain, POD_ENCAP_COMMENT, f"type filter hook {hook} priority "
+                               "filter; policy accept;",
+                               pod_encap_rules(spec, forwarded=hook == "forward")))
         return chains
 
     def script(self, peers: PeerAddresses | None = None) -> str:
@@ -152,6 +179,8 @@ class NftablesRules:
         for spec in self.families:
             family, table, _ = table_of(spec.version)
             lines.append(f'add table {family} {table} {{ comment "rules for {table}"; }}')
+            if spec.drops_pod_encap:
+                lines.append(f"add counter {family} {table} {POD_ENCAP_COUNTER}")
             chains = self._chains(spec)
             if spec.encap_ports and peers is not None:
                 kind = "ipv4_addr" if spec.version == 4 else "ipv6_addr"
@@ -211,6 +240,10 @@ class NftablesRules:
             except (ValueError, KeyError, IndexError):  # not nft's usual text
                 return f"nft table {family} {table} unreadable"
             chains = self._chains(spec)
+            if spec.drops_pod_encap:
+                if POD_ENCAP_COUNTER not in have.counters:
+                    return f"nft counter {family} {table} {POD_ENCAP_COUNTER} missing"
+                self.pod_encap_dropped[spec.version] = have.counters[POD_ENCAP_COUNTER]
             if spec.encap_ports and peers is not None:
                 chains.append(("input", INPUT_COMMENT, "", input_rules(spec)))
                 if DROP_COUNTER in have.counters:
@@ -223,7 +256,7 @@ class NftablesRules:
             for chain, _comment, _hook, rules in chains:
                 if chain not in have.chains:
                     return f"nft chain {family} {table} {chain} missing"
-                if have.chains[chain] != rules:
+                if [numeric_protocols(rule) for rule in have.chains[chain]] != rules:
                     return f"nft chain {family} {table} {chain} differs"
         return ""
 
@@ -246,24 +279,30 @@ def remove_table(family: str, table: str, host: Host = LOCAL) -> None:
         raise RulesError(f"nft delete table {family} {table}: {result.stderr.strip()}")
 
 
-def remove_filter(version: int, host: Host = LOCAL) -> bool:
-    """Remove the encapsulation filter (chain, set, counter) of one family's table, if
-    there (the filter turned off); True when something was removed."""
+#: What each option adds to a family's table: (chains, sets, counters).
+FILTER_OBJECTS = (("input",), (PEER_SET,), (DROP_COUNTER,))
+POD_ENCAP_OBJECTS = (tuple(POD_ENCAP_CHAINS), (), (POD_ENCAP_COUNTER,))
+
+
+def remove_objects(version: int, objects: tuple[tuple[str, ...], tuple[str, ...],
+                                                tuple[str, ...]], host: Host = LOCAL) -> bool:
+    """Remove what one option adds to a family's table (``FILTER_OBJECTS``,
+    ``POD_ENCAP_OBJECTS``), if there (the option turned off); True when something was."""
     family, table, _ = table_of(version)
     if (family, table) not in find_tables(host):
         return False
     listed = _nft(["list", "table", family, table], host=host)
     have = parse_table(listed.stdout) if listed.returncode == 0 else TableListing()
-    lines = ([f"delete chain {family} {table} input"] if "input" in have.chains else []) + (
-        [f"delete set {family} {table} {PEER_SET}"] if PEER_SET in have.sets else []) + (
-        [f"delete counter {family} {table} {DROP_COUNTER}"]
-        if DROP_COUNTER in have.counters else [])
+    chains, sets, counters = objects
+    lines = [f"delete chain {family} {table} {c}" for c in chains if c in have.chains]
+    lines += [f"delete set {family} {table} {s}" for s in sets if s in have.sets]
+    lines += [f"delete counter {family} {table} {c}" for c in counters if c in have.counters]
     if not lines:
         return False
     result = _nft(["-f", "-"], "\n".join(lines) + "\n", host)
     if result.returncode != 0:
-        raise RulesError(f"nft could not remove the encapsulation filter of {table}: "
-                         f"{result.stderr.strip()}")
+        raise RulesError(f"nft could not remove {', '.join(chains + sets + counters)} from "
+                         f"{table}: {result.stderr.strip()}")
     return True
 
 

@@ -1,8 +1,9 @@
 """Subnet managers: where leases live (etcd v3 or the Kubernetes API) and how they are watched.
 
-Owns the choice of store and its lazy import: the etcd client is loaded only in etcd mode
-and the Kubernetes API client (the kube package) only in kube mode, so a
-node pays in memory and start-up time for the one store it uses.
+Owns the choice of store and its lazy import: the etcd store and its client
+(``flannel.clients.etcd``) are loaded only in etcd mode, the Kubernetes store and its API
+client (``flannel.clients.kube``) only in kube mode, so a node pays in memory and start-up
+time for the one store it uses.
 Nothing in this package touches the kernel.
 """
 
@@ -30,7 +31,7 @@ def open_store(store: StoreSettings) -> SubnetManager:
             return make_kube_manager(store)
         except KubeError as err:
             raise StoreOpenError(str(err)) from None
-    from flannel.subnet.etcd.client import EtcdOptionError
+    from flannel.clients.etcd import EtcdOptionError
     from flannel.subnet.etcd.manager import make_etcd_manager
 
     try:

@@ -17,7 +17,7 @@ from ipaddress import IPv4Network, IPv6Network
 from pathlib import Path
 from typing import Literal, overload
 
-from flannel.fileutil import read_head, unsafe_path, write_atomic
+from flannel.files.fileutil import read_head, unsafe_path, write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ class RetryLog:
 
 
 #: Every failure a command reading the store reports as a message rather than a traceback:
-#: the store's two kinds (``KubeError``, ``EtcdError`` and ``StoreOpenError`` are
+#: the store's two kinds (``KubeError``, the etcd store's ``Refused`` and ``StoreOpenError`` are
 #: ``StoreError``), a network config that does not decode (``ConfigError`` is a
 #: ``ValueError``), a file or socket refused, no answer in time.
 STORE_FAILURES: tuple[type[Exception], ...] = (StoreError, StoreUnavailable, OSError, ValueError,

@@ -18,7 +18,7 @@ from typing import NoReturn, Protocol
 
 from flannel.config import NetworkConfig
 from flannel.lease import Lease, LeaseAttrs
-from flannel.subnet.skips import SkippedRecords
+from flannel.reporting.skips import SkippedRecords
 from flannel.subnet.watch import LeaseUpdate
 
 StatusListener = Callable[[bool, str], None]

@@ -3,9 +3,10 @@
 Owns the cache of remote leases: our own lease is never reported, a removal carries the
 cached attributes, and a snapshot (after a relist) is diffed against the cache so that only
 real changes come out. Owns also the peer filter: a lease whose subnet lies outside the
-Network, has the wrong length, overlaps ours, or whose public address is unusable never
-reaches a backend; it is counted and logged once per key and reason (see
-``flannel.subnet.skips``). Must not touch: the store, the kernel.
+Network, has the wrong length, overlaps ours, or whose public address is unusable (not
+unicast, inside the Network, or this node's own) never reaches a backend; it is counted
+and logged once per key and reason (see ``flannel.reporting.skips``).
+Must not touch: the store, the kernel.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from flannel.config import NetworkConfig
 from flannel.lease import Event, EventType, Lease
-from flannel.netutil import unusable_address
-from flannel.subnet.skips import SkippedRecords
+from flannel.reporting.skips import SkippedRecords
+from flannel.untrusted.netutil import unusable_address
 
 
 @dataclass(frozen=True)
@@ -57,19 +58,21 @@ def _family_problem(lease: Lease, config: NetworkConfig | None, own: Lease | Non
     public: IPv4Address | IPv6Address | None
     network: IPv4Network | IPv6Network | None
     ours: IPv4Network | IPv6Network | None
+    our_public: IPv4Address | IPv6Address | None
     if v6:
         subnet, public, names = lease.ipv6_subnet, lease.attrs.public_ipv6, (
             "IPv6Network", "IPv6SubnetLen", "PublicIPv6")
         network, subnet_len = (config.ipv6_network, config.ipv6_subnet_len) if config else (
             None, 0)
-        ours = own.ipv6_subnet if own else None
+        ours, our_public = (own.ipv6_subnet, own.attrs.public_ipv6) if own else (None, None)
     else:
         subnet, public, names = lease.subnet, lease.attrs.public_ip, (
             "Network", "SubnetLen", "PublicIP")
         network, subnet_len = (config.network, config.subnet_len) if config else (None, 0)
-        ours = own.subnet if own else None
+        ours, our_public = (own.subnet, own.attrs.public_ip) if own else (None, None)
     assert subnet is not None
     first, last = _span(subnet)
+    net_first = net_last = -1
     if network is not None:
         net_first, net_last = _span(network)
         if first <= net_first and net_last <= last:
@@ -85,6 +88,10 @@ def _family_problem(lease: Lease, config: NetworkConfig | None, own: Lease | Non
     if public is None:
         return f"{names[2]} is missing or {'::' if v6 else '0.0.0.0'}"
     why = unusable_address(public)
+    if why is None and net_first <= int(public) <= net_last:
+        why = f"it lies inside the {names[0]} {network}: a node's address is no pod's"
+    if why is None and public == our_public:
+        why = "it is this node's own: packets to that node would loop back here"
     return f"{names[2]} {public}: {why}" if why is not None else None
 
 
@@ -211,5 +218,6 @@ class LeaseWatcher:
 
 
 def _published(lease: Lease) -> tuple[object, ...]:
-    """What a peer's data plane depends on: its subnets and attributes, not its expiry."""
-    return lease.subnet, lease.ipv6_subnet, lease.attrs
+    """What a peer's data plane depends on: its subnets, attributes and age (which of two
+    leases claiming one identity wins), not its expiry."""
+    return lease.subnet, lease.ipv6_subnet, lease.attrs, lease.created

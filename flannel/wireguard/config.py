@@ -14,13 +14,14 @@ Must not touch: files, the kernel, the store.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from flannel import boundedjson, gojson
-from flannel.backenderrors import BackendConfigError
-from flannel.backendoptions import decode_options
+from flannel.backendconf.errors import BackendConfigError
+from flannel.backendconf.options import decode_options
+from flannel.untrusted import boundedjson, gojson
 from flannel.wireguard.keys import KeyFileError, Secret, parse_key
 
 MODES = ("separate", "auto", "ipv4", "ipv6")
@@ -116,7 +117,11 @@ def encode_lease_data(public_key: str, port: int) -> str:
 
 
 def decode_lease_data(raw: str | None) -> LeaseData | None:
-    """A peer's published key and port; None when the data cannot describe a peer."""
+    """A peer's published key, in the one base64 spelling the device reports it in (a key
+    spelled otherwise, e.g. with non-zero padding bits, is the same key: compared as
+    written, the peer would never read back as set, and two spellings would let a lease
+    claim another node's key unnoticed), and port; None when the data cannot describe a
+    peer."""
     if not raw:
         return None
     try:
@@ -128,9 +133,9 @@ def decode_lease_data(raw: str | None) -> LeaseData | None:
     try:
         fields = gojson.decode_fields(obj, {"PublicKey": (str, ""), "Port": (int, 0)},
                                       "wireguard lease data")
-        parse_key(fields["PublicKey"], "PublicKey")
+        key = parse_key(fields["PublicKey"], "PublicKey")
     except (ValueError, KeyFileError):
         return None
     if not 0 <= fields["Port"] <= 65535:
         return None
-    return LeaseData(fields["PublicKey"], fields["Port"])
+    return LeaseData(base64.b64encode(key.raw).decode(), fields["Port"])

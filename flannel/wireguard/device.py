@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from pathlib import Path
 
-from flannel.fileutil import log_tail, open_log
+from flannel.files.fileutil import log_tail, open_log
 from flannel.kernel import links, nsexec, rtnl
 from flannel.kernel.device import ensure_address
 from flannel.kernel.host import LOCAL, Host

@@ -26,6 +26,7 @@ import base64
 import errno
 import socket
 import struct
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from ipaddress import IPv6Address, ip_address
@@ -36,6 +37,8 @@ from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import NetlinkError
 from flannel.wireguard.keys import KEY_LEN, Secret
 from flannel.wireguard.uapi import (
+    MAX_ALLOWED_IPS,
+    MAX_PEERS,
     Control,
     ControlError,
     ControlUnavailable,
@@ -74,6 +77,8 @@ WGPEER_F_REMOVE_ME, WGPEER_F_REPLACE_ALLOWEDIPS, WGPEER_F_UPDATE_ONLY = 1, 2, 4
 MAX_MESSAGE = 4096
 #: A dump larger than this is refused (about 100,000 peers).
 MAX_DUMP = 16 << 20
+#: Seconds a request's whole answer may take (a kernel answers in milliseconds).
+REPLY_TIMEOUT = 10.0
 #: Dumps read again when the device changed under them, before giving up.
 DUMP_ATTEMPTS = 5
 
@@ -289,13 +294,15 @@ class _PeerFields:
     allowed: list[str] = field(default_factory=list)
 
 
-def _read_peer(payload: bytes, peers: dict[str, _PeerFields]) -> None:
+def _read_peer(payload: bytes, peers: dict[str, _PeerFields]) -> int:
+    """Read one peer's nest into ``peers``; the allowed IPs it added."""
     fields = dict(iter_attrs(payload))
     key = base64.b64encode(_fixed(fields.get(WGPEER_A_PUBLIC_KEY, b""), "public key",
                                   KEY_LEN)).decode()
     # The kernel continues a peer whose allowed IPs did not fit in the next message, naming
     # it by its key alone: the other fields came with its first part.
     peer = peers.setdefault(key, _PeerFields())
+    added = 0
     for kind, raw in fields.items():
         if kind == WGPEER_A_PRESHARED_KEY:
             peer.psk = _secret(raw, "preshared key")
@@ -311,7 +318,10 @@ def _read_peer(payload: bytes, peers: dict[str, _PeerFields]) -> None:
         elif kind == WGPEER_A_TX_BYTES:
             peer.tx = _U64.unpack(_fixed(raw, "byte count", 8))[0]
         elif kind == WGPEER_A_ALLOWEDIPS:
+            before = len(peer.allowed)
             peer.allowed.extend(_allowed_ips(raw))
+            added += len(peer.allowed) - before
+    return added
 
 
 def decode_get_device(bodies: list[bytes]) -> DeviceState:
@@ -320,6 +330,7 @@ def decode_get_device(bodies: list[bytes]) -> DeviceState:
     private: Secret | None = None
     port = 0
     peers: dict[str, _PeerFields] = {}
+    allowed = 0
     for body in bodies:
         if len(body) < _GENLMSGHDR.size:
             raise ControlError("the kernel answered a truncated message")
@@ -330,7 +341,12 @@ def decode_get_device(bodies: list[bytes]) -> DeviceState:
                 port = _U16.unpack(_fixed(raw, "listen port", 2))[0]
             elif kind == WGDEVICE_A_PEERS:
                 for _index, nest in iter_attrs(raw):
-                    _read_peer(nest, peers)
+                    allowed += _read_peer(nest, peers)
+                    if len(peers) > MAX_PEERS:
+                        raise ControlError(f"the kernel answered more than {MAX_PEERS} peers")
+                    if allowed > MAX_ALLOWED_IPS:
+                        raise ControlError(f"the kernel answered more than {MAX_ALLOWED_IPS} "
+                                           "allowed IPs")
     # Endpoints and allowed IPs are already in the canonical text ``Peer.normalised`` gives.
     states = {key: PeerState(Peer(key, f.endpoint, frozenset(f.allowed), f.psk, f.keepalive),
                              f.handshake[0] + f.handshake[1] / 1e9 if f.handshake[0] else None,
@@ -362,7 +378,9 @@ class GenlSocket:
 
     @classmethod
     def open(cls, host: Host = LOCAL) -> GenlSocket:
-        return cls(rtnl.open_socket(host, rcvbuf=1 << 20, protocol=NETLINK_GENERIC))
+        sock = rtnl.open_socket(host, rcvbuf=1 << 20, protocol=NETLINK_GENERIC)
+        sock.settimeout(REPLY_TIMEOUT)
+        return cls(sock)
 
     def __enter__(self) -> GenlSocket:
         return self
@@ -375,9 +393,13 @@ class GenlSocket:
         return self._seq
 
     def _replies(self, seq: int) -> Iterator[tuple[int, int, bytes]]:
-        """(type, flags, body) of the messages answering ``seq``, read as they come."""
+        """(type, flags, body) of the messages answering ``seq``, read as they come, all
+        within REPLY_TIMEOUT (the socket's own timeout bounds each read)."""
         received = 0
+        deadline = time.monotonic() + REPLY_TIMEOUT
         while True:
+            if time.monotonic() > deadline:
+                raise ControlError(f"the kernel's answer took more than {REPLY_TIMEOUT:g}s")
             data = self.sock.recv(1 << 20)
             if not data:
                 raise ControlError("the kernel closed the netlink socket")

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NoReturn
 
-from flannel.fileutil import (
+from flannel.files.fileutil import (
     file_kind,
     others_can_write,
     read_only,

@@ -86,7 +86,8 @@ def desired_peers(cfg: WireguardConfig, layout: DeviceLayout, leases: Iterable[L
     """The peers device ``layout`` must hold for the remote ``leases`` (wireguard ones).
 
     A lease whose data carries no usable public key is skipped (logged by the caller's
-    status, never fatal). Two leases with one key (a node re-registered) merge their subnets.
+    status, never fatal). Two leases with one key (a node registered again: no other node's
+    lease shares a key, the backend's admission refuses it) merge their subnets.
     """
     single = len(layout.families) > 1 or cfg.mode != "separate"
     by_key: dict[str, Peer] = {}
@@ -250,15 +251,3 @@ class WireguardPeers:
                 for key, st in states.items()}
         self.status = PeerStatus(True, "", len(changes), ages, now, states)
         return changes
-
-
-def skipped_leases(leases: Iterable[Lease]) -> list[str]:
-    """Keys of wireguard leases that publish no usable public key (for a warning)."""
-    out = []
-    for lease in leases:
-        if lease.attrs.backend_type == "wireguard" and decode_lease_data(
-                lease.attrs.backend_data) is None and decode_lease_data(
-                lease.attrs.backend_v6_data) is None:
-            out.append(lease.key)
-    return out
-

@@ -3,8 +3,9 @@
 Owns: the text protocol of wireguard.com/xplatform (``get=1`` returns ``key=value`` lines
 ending with ``errno=N`` and an empty line; ``set=1`` takes the same keys; keys in hex), its
 transport ``UapiControl`` (the unix socket of a userspace implementation,
-``<run dir>/wireguard/<ifname>.sock``), and the records and ``Control`` interface that the
-kernel's transport (``genl.GenlControl``, generic netlink) shares.
+``<run dir>/wireguard/<ifname>.sock``; an answer bounded in bytes, in time as a whole, and
+in peers and allowed IPs), and the records and ``Control`` interface that the kernel's
+transport (``genl.GenlControl``, generic netlink) shares.
 
 API: ``Peer`` (desired or actual peer config), ``DeviceState`` (``get``'s answer),
 ``DeviceUpdate`` / ``PeerUpdate`` (what ``set`` changes), ``encode_set(update)``,
@@ -20,6 +21,7 @@ import errno
 import os
 import socket
 import stat
+import time
 from dataclasses import dataclass, field, replace
 from ipaddress import ip_address, ip_network
 from pathlib import Path
@@ -29,6 +31,10 @@ from flannel.wireguard.keys import KEY_LEN, Secret
 
 _MAX_RESPONSE = 16 << 20
 _ZERO_KEY = "0" * 64
+#: Peers a device's answer may list (20,000 peers and a good margin; 16 MiB of UAPI text is
+#: about as many), and allowed IPs in all (flannel gives each peer one or two).
+MAX_PEERS = 50_000
+MAX_ALLOWED_IPS = 4 * MAX_PEERS
 
 
 class ControlError(Exception):
@@ -153,6 +159,7 @@ def decode_get(text: str) -> DeviceState:
     port = 0
     peers: dict[str, PeerState] = {}
     current: dict[str, Any] | None = None  # one peer's fields of mixed types
+    allowed = 0
 
     def flush() -> None:
         if current is None:
@@ -181,6 +188,8 @@ def decode_get(text: str) -> DeviceState:
                 port = int(value)
             elif key == "public_key":
                 flush()
+                if len(peers) >= MAX_PEERS:
+                    raise ControlError(f"the device answered more than {MAX_PEERS} peers")
                 raw = bytes.fromhex(value)
                 if len(raw) != KEY_LEN:
                     raise ControlError("the device answered a malformed public key")
@@ -194,6 +203,10 @@ def decode_get(text: str) -> DeviceState:
             elif key == "endpoint":
                 current["endpoint"] = value
             elif key == "allowed_ip":
+                allowed += 1
+                if allowed > MAX_ALLOWED_IPS:
+                    raise ControlError(f"the device answered more than {MAX_ALLOWED_IPS} "
+                                       "allowed IPs")
                 current["allowed_ips"].append(value)
             elif key == "persistent_keepalive_interval":
                 current["keepalive"] = int(value)
@@ -239,6 +252,9 @@ class UapiControl(Control):
         self.timeout = timeout
 
     def _exchange(self, request: bytes) -> str:
+        """One request and its whole answer within ``timeout`` seconds (each read gets
+        what is left: an answer dripping a byte at a time is cut, not waited for)."""
+        deadline = time.monotonic() + self.timeout
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
@@ -251,6 +267,10 @@ class UapiControl(Control):
             chunks: list[bytes] = []
             size = 0
             while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
                 chunk = sock.recv(65536)
                 if not chunk:
                     break

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer
 from flannel.version import __version__
+from flannel_lab.etcd import EtcdServer
 from tests.deploy import images
 from tests.deploy.manifests import BASE, documents, pod_spec
 from tests.support import netns
@@ -91,6 +91,27 @@ def test_no_build_leftovers(box):
     assert not [name for name in json.loads(bin_listing)
                 if name.startswith(("pip", "wheel", "activate", "Activate"))]
     assert src_exists == "False"
+
+
+CHECK_RUNTIME_ONLY = (
+    "import importlib.metadata as md, importlib.util as u, json, os; print(json.dumps(["
+    "[m for m in ('flannel.daemon', 'flannel.ctl', 'flannel.cni.plugin') if u.find_spec(m)], "
+    "[m for m in ('flannel.lab', 'flannel_lab') if u.find_spec(m)], "
+    "sorted(d.metadata['Name'] for d in md.distributions() "
+    "if d.metadata['Name'].startswith('pyflannel')), "
+    "sorted(n for n in os.listdir('/opt/pyflannel/bin') if 'lab' in n)]))")
+
+
+def test_the_image_carries_only_the_runtime_package(box):
+    """What runs on a node, and nothing of the lab: neither the old ``flannel.lab`` nor the
+    lab's own package and distribution, nor its command."""
+    result = images.run(box, "/opt/pyflannel/bin/python", "-c", CHECK_RUNTIME_ONLY)
+    assert result.returncode == 0, result.stderr
+    runtime, lab, dists, lab_commands = json.loads(result.stdout)
+    assert runtime == ["flannel.daemon", "flannel.ctl", "flannel.cni.plugin"]
+    assert lab == []
+    assert dists == ["pyflannel"]
+    assert lab_commands == []
 
 
 def test_tools_flanneld_runs_are_there(box):

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer
 from flannel.version import __version__
+from flannel_lab.etcd import EtcdServer
 from tests.deploy import images
 from tests.deploy.manifests import BASE, documents
 from tests.support import netns

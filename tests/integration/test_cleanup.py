@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from flannel.kernel.host import Host
-from flannel.lab.etcd import EtcdServer
 from flannel.rules.nftables import NftablesRules
 from flannel.rules.spec import FamilyRules
+from flannel_lab.etcd import EtcdServer
 from tests.support import netns
 from tests.support.flanneld import Flanneld
 from tests.support.waiting import wait_until

@@ -119,9 +119,9 @@ def test_cleanup_stops_our_wireguard_go_and_removes_the_udp_tun_keeping_foreign_
         f"wireguard-go process {ours.pid} serving flannel-wg (socket "
         "/run/wireguard/flannel-wg.sock; its device goes with it)",
         "stale socket /run/wireguard/flannel-wg-v6.sock (its wireguard-go is gone)",
-        "file /run/flannel/subnet.env",
         "file /run/flannel/wgkey",
         "file /run/flannel/flannel-wg.log",
+        "file /run/flannel/subnet.env",
     ], dry.stdout
 
     done = run(ns, run_dir, FLANNELCTL, "cleanup", *options)

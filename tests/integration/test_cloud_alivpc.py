@@ -1,16 +1,17 @@
 """The ali-vpc route engine, through its signed RPC client over the project's HTTP layer,
-against the Alibaba Cloud VPC API double (flannel/lab/aliyunapi.py: signatures verified,
+against the Alibaba Cloud VPC API double (lab/flannel_lab/aliyunapi.py: signatures verified,
 documented shapes and error codes) and a fake metadata service."""
 
 from __future__ import annotations
 
 import logging
 import time
+from ipaddress import IPv4Network
 
 import pytest
 
-from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes
-from flannel.cloud.aliyunrpc import signature
+from flannel.clients.aliyunrpc import signature
+from flannel.cloud.alivpc import AliVpcConfig, AliVpcRoutes, entry_name
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import ALIYUN_TOKENS, MetadataClient
 from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
@@ -59,6 +60,14 @@ def engine(cloud, index: int, backend: dict | None = None, backoff: ThrottleRetr
     return AliVpcRoutes(config, MetadataClient(served[index].url, token=True,
                                                scheme=ALIYUN_TOKENS),
                         backoff=backoff, timeout=timeout)
+
+
+#: The names that mark each subnet's entry as flannel's.
+OURS = [entry_name(IPv4Network(cidr)) for cidr in SUBNETS]
+
+
+def names(api) -> dict[str, str]:
+    return {e["DestinationCidrBlock"]: e["RouteEntryName"] for e in api.entries(api.table)}
 
 
 def custom(api) -> dict[str, str]:
@@ -113,7 +122,7 @@ def test_entry_deleted_or_redirected_in_the_console_is_repaired(cloud):
     assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [])] == [
         f"create {SUBNETS[0]} -> {INSTANCES[0]} in {api.table}"]
     api.delete_entry(api.table, SUBNETS[0])
-    api.add_entry(api.table, SUBNETS[0], "i-bp1somewhereelse0001")
+    api.add_entry(api.table, SUBNETS[0], "i-bp1somewhereelse0001", name=OURS[0])
     assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [])] == [
         f"delete {SUBNETS[0]} -> i-bp1somewhereelse0001 in {api.table}",
         f"create {SUBNETS[0]} -> {INSTANCES[0]} in {api.table}"]
@@ -124,21 +133,32 @@ def test_entries_of_vanished_leases_are_collected_and_foreign_entries_kept(cloud
     api, _ = cloud
     node = engine(cloud, 0)
     node.prepare()
-    api.add_entry(api.table, "10.244.9.0/24", "i-bp1vanishednode0009")  # vanished lease
-    api.add_entry(api.table, SUBNETS[1], INSTANCES[1])  # a live peer
-    api.add_entry(api.table, "10.244.0.0/16", "i-bp1gatewaynode00005")  # the whole Network
+    api.add_entry(api.table, "10.244.9.0/24", "i-bp1vanishednode0009",
+                  name="flannel-10-244-9-0-24")  # vanished lease
+    api.add_entry(api.table, SUBNETS[1], INSTANCES[1], name=OURS[1])  # a live peer
+    api.add_entry(api.table, "10.244.0.0/16", "i-bp1gatewaynode00005",
+                  name="flannel-10-244-0-0-16")  # the whole Network
     api.add_entry(api.table, "10.244.8.0/24", "vpn-bp1gateway000001",
-                  next_hop_type="VpnGateway")  # not an instance
+                  next_hop_type="VpnGateway", name="flannel-10-244-8-0-24")  # not an instance
     api.add_entry(api.table, "172.16.0.0/24", INSTANCES[0])  # outside the Network, to us
     api.add_entry(api.table, "0.0.0.0/0", INSTANCES[0])  # a default route through us
+    # Not flannel's mark: an admin's entry, one Go flannel (or pyflannel before the mark)
+    # made, one named for another subnet.
+    api.add_entry(api.table, "10.244.5.0/24", "i-bp1adminsinstance05", name="to-the-lab")
+    api.add_entry(api.table, "10.244.6.0/24", "i-bp1vanishednode0006")
+    api.add_entry(api.table, "10.244.7.0/24", "i-bp1vanishednode0007",
+                  name="flannel-10-244-70-0-24")
     # Deleted when a second pass in a row finds it without a lease (not a newcomer's).
     assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])])] == [
         f"create {SUBNETS[0]} -> {INSTANCES[0]} in {api.table}"]
     assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])])] == [
         f"delete 10.244.9.0/24 -> i-bp1vanishednode0009 in {api.table}"]
+    assert node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])]) == []
     assert set(custom(api)) == {SUBNETS[0], SUBNETS[1], "10.244.0.0/16", "10.244.8.0/24",
-                                "172.16.0.0/24", "0.0.0.0/0"}
+                                "172.16.0.0/24", "0.0.0.0/0", "10.244.5.0/24",
+                                "10.244.6.0/24", "10.244.7.0/24"}
     assert any(e["Type"] == "System" for e in api.entries(api.table))
+    assert names(api)[SUBNETS[0]] == OURS[0]
 
 
 @pytest.mark.parametrize("code", ["Throttling", "Throttling.User", "ServiceUnavailable",
@@ -213,7 +233,7 @@ def test_missing_permission_names_the_ram_action(cloud):
     node = engine(cloud, 0)
     node.prepare()
     api.fail("DeleteRouteEntry", "Forbidden.RAM", times=1)
-    api.add_entry(api.table, SUBNETS[0], "i-bp1somewhereelse0001")
+    api.add_entry(api.table, SUBNETS[0], "i-bp1somewhereelse0001", name=OURS[0])
     with pytest.raises(CloudError, match=r"the key's RAM policy needs the action "
                                          r"vpc:DeleteRouteEntry"):
         node.reconcile(lease(SUBNETS[0]), [])
@@ -310,3 +330,35 @@ def test_options_default_to_alibabas_services():
     config = AliVpcConfig.from_backend({"accesskeyid": KEY_ID, "ACCESSKEYSECRET": SECRET},
                                        NETWORK, environ={})
     assert (config.endpoint, config.metadata_url) == ("", "http://100.100.100.200")
+
+
+def test_our_entry_from_before_the_mark_is_adopted_in_place(cloud, caplog):
+    """An upgrade from Go flannel or an older pyflannel: our subnet's entry carries no name.
+    It is named in place (ModifyRouteEntry), never deleted: the subnet stays routed."""
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    api.add_entry(api.table, SUBNETS[0], INSTANCES[0])
+    before = {e["RouteEntryId"] for e in api.entries(api.table)}
+    with caplog.at_level(logging.INFO, logger="flannel"):
+        assert node.reconcile(lease(SUBNETS[0]), []) == []
+    assert {e["RouteEntryId"] for e in api.entries(api.table)} == before
+    assert names(api)[SUBNETS[0]] == OURS[0]
+    assert "DeleteRouteEntry" not in api.actions and "CreateRouteEntry" not in api.actions
+    assert f"adopted our entry {SUBNETS[0]} -> {INSTANCES[0]}" in caplog.text
+    assert node.reconcile(lease(SUBNETS[0]), []) == []
+    assert api.actions.count("ModifyRouteEntry") == 1
+
+
+def test_an_unmarked_entry_for_our_subnet_elsewhere_is_reported_not_deleted(cloud):
+    api, _ = cloud
+    node = engine(cloud, 0)
+    node.prepare()
+    api.add_entry(api.table, SUBNETS[0], "i-bp1adminsinstance05")
+    with pytest.raises(CloudError) as raised:
+        node.reconcile(lease(SUBNETS[0]), [])
+    assert str(raised.value) == (
+        f"route table {api.table} sends our subnet {SUBNETS[0]} to instance "
+        f"i-bp1adminsinstance05 through an entry flannel did not make (it lacks the name "
+        f"{OURS[0]}); delete that entry so that flannel can route its subnet")
+    assert custom(api) == {SUBNETS[0]: "i-bp1adminsinstance05"}

@@ -12,8 +12,8 @@ import botocore.loaders
 import botocore.session
 import pytest
 
-from flannel.backenderrors import BackendConfigError
-from flannel.cloud.awsvpc import AwsVpcConfig, AwsVpcRoutes
+from flannel.backendconf.errors import BackendConfigError
+from flannel.cloud.awsvpc import MARK, AwsVpcConfig, AwsVpcRoutes
 from flannel.cloud.base import CloudError, RouteChange, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from tests.support.cloudengines import NETWORK, SUBNETS, lease
@@ -169,15 +169,24 @@ def test_route_deleted_or_redirected_in_the_console_is_repaired(vpc):
 
 
 def test_routes_of_vanished_leases_are_collected_and_foreign_routes_kept(vpc):
-    (engine, info), (_, other) = three_nodes(vpc)[:2]
+    (engine, info), (_, other), (_, admins) = three_nodes(vpc)
     engine.prepare()
+    # The node that held 10.244.9.0/24 tagged its ENI so; an admin's instance is untagged.
+    vpc.ec2.create_tags(Resources=[other["eni"]], Tags=[{"Key": MARK,
+                                                         "Value": "10.244.9.0/24"}])
     foreign = {"0.0.0.0/0": vpc.igw, "192.168.7.0/24": other["eni"], "10.244.0.0/16":
-               other["eni"], "10.244.50.0/24": vpc.igw}
+               other["eni"], "10.244.50.0/24": vpc.igw,
+               # Not flannel's: an admin's instance route, and a route to a flannel node
+               # for a subnet its tag does not name.
+               "10.244.5.0/24": admins["eni"], "10.244.6.0/24": other["eni"]}
     vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock="0.0.0.0/0",
                          GatewayId=vpc.igw)
     vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock="10.244.50.0/24",
                          GatewayId=vpc.igw)
-    for cidr in ("192.168.7.0/24", "10.244.0.0/16", "10.244.9.0/24", SUBNETS[1]):
+    vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock="10.244.5.0/24",
+                         NetworkInterfaceId=admins["eni"])
+    for cidr in ("192.168.7.0/24", "10.244.0.0/16", "10.244.9.0/24", "10.244.6.0/24",
+                 SUBNETS[1]):
         vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock=cidr,
                              NetworkInterfaceId=other["eni"])
     # Lease 10.244.9.0/24 is gone; SUBNETS[1] is still a live peer's. A route without a lease
@@ -192,6 +201,10 @@ def test_routes_of_vanished_leases_are_collected_and_foreign_routes_kept(vpc):
     assert engine.reconcile(lease(SUBNETS[0]), [lease(s) for s in SUBNETS[1:]]) == []
     routes = vpc.routes()
     assert "10.244.9.0/24" not in routes
+    # Our own route is marked the same way, for the other nodes.
+    tags = vpc.ec2.describe_network_interfaces(NetworkInterfaceIds=[info["eni"]])[
+        "NetworkInterfaces"][0]["TagSet"]
+    assert {"Key": MARK, "Value": SUBNETS[0]} in tags
     assert routes[SUBNETS[1]] == routes[SUBNETS[2]] == other["eni"]
     for cidr, target in foreign.items():
         assert routes[cidr] == target
@@ -246,8 +259,10 @@ def test_a_data_plane_pass_never_waits_out_throttling(vpc, caplog):
     assert vpc.routes()[SUBNETS[0]] == info["eni"]
     # Out of a pass (at start), throttling is still waited out with the engine's backoff.
     vpc.relay.fail("ReplaceRoute", "RequestLimitExceeded", times=1, status=503)
+    elsewhere = vpc.node()[1]["eni"]  # another flannel node's
+    vpc.ec2.create_tags(Resources=[elsewhere], Tags=[{"Key": MARK, "Value": SUBNETS[1]}])
     vpc.ec2.replace_route(RouteTableId=vpc.table, DestinationCidrBlock=SUBNETS[0],
-                          NetworkInterfaceId=vpc.node()[1]["eni"])
+                          NetworkInterfaceId=elsewhere)
     waits: list[float] = []
     engine._sleep = waits.append
     assert [c.action for c in engine.reconcile(lease(SUBNETS[0]), [])] == ["replace"]
@@ -388,3 +403,44 @@ def test_bad_route_table_config_is_refused(backend, message):
     with pytest.raises(BackendConfigError) as raised:
         AwsVpcConfig.from_backend(backend, NETWORK, IPv4Address("10.0.1.5"))
     assert str(raised.value) == message
+
+
+def test_our_subnet_routed_to_an_instance_flannel_did_not_mark_is_reported(vpc):
+    fake, info = vpc.node()
+    _, admins = vpc.node()
+    engine = vpc.engine(fake, info)
+    engine.prepare()
+    vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock=SUBNETS[0],
+                         NetworkInterfaceId=admins["eni"])
+    with pytest.raises(CloudError) as raised:
+        engine.reconcile(lease(SUBNETS[0]), [])
+    assert str(raised.value) == (
+        f"route table {vpc.table} sends our subnet {SUBNETS[0]} to {admins['eni']}, which is "
+        f"not a flannel node (no tag {MARK}); delete that route so that flannel can route its "
+        "subnet")
+    assert vpc.routes()[SUBNETS[0]] == admins["eni"]
+
+
+def test_without_the_tag_permissions_nothing_is_deleted_and_it_says_why(vpc, caplog):
+    (engine, info), (_, other) = three_nodes(vpc)[:2]
+    engine.prepare()
+    vpc.ec2.create_tags(Resources=[other["eni"]], Tags=[{"Key": MARK,
+                                                         "Value": "10.244.9.0/24"}])
+    vpc.ec2.create_route(RouteTableId=vpc.table, DestinationCidrBlock="10.244.9.0/24",
+                         NetworkInterfaceId=other["eni"])
+    vpc.relay.fail("CreateTags", "UnauthorizedOperation", times=1, status=403,
+                   message="You are not authorized to perform this operation.")
+    vpc.relay.fail("DescribeNetworkInterfaces", "UnauthorizedOperation", times=1, status=403,
+                   message="You are not authorized to perform this operation.")
+    with caplog.at_level(logging.WARNING, logger="flannel"):
+        engine.reconcile(lease(SUBNETS[0]), [])
+        assert engine.reconcile(lease(SUBNETS[0]), []) == []
+    assert "10.244.9.0/24" in vpc.routes()
+    warnings = engine.status().warnings
+    assert [w.split(" (", 1)[0] for w in warnings] == [
+        f"could not tag {info['eni']} with {MARK}={SUBNETS[0]}",
+        "cannot read the tags of route targets"]
+    assert "ec2:CreateTags" in warnings[0] and "ec2:DescribeNetworkInterfaces" in warnings[1]
+    # Granted: the next passes tag our ENI and collect the marked route.
+    engine.reconcile(lease(SUBNETS[0]), [])
+    assert "10.244.9.0/24" not in vpc.routes()

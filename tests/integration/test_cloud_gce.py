@@ -11,7 +11,7 @@ import os
 import pytest
 
 from flannel.cloud.base import CloudError
-from flannel.cloud.gce import GceConfig, GceRoutes
+from flannel.cloud.gce import DESCRIPTION, GceConfig, GceRoutes
 from flannel.cloud.gceauth import GceMetadata
 from tests.support.cloudengines import (
     FAST,
@@ -102,16 +102,27 @@ def test_vanished_leases_collected_after_two_passes_and_foreign_routes_kept(comp
     node.prepare()
     net, other = compute.network_link, compute.networks["other-net"]["selfLink"]
     gone = compute.instances[f"{ZONE}/node-3"]["selfLink"]
-    compute.add_route("flannel-10-244-9-0-24", "10.244.9.0/24", net, nextHopInstance=gone)
-    compute.add_route("flannel-10-244-2-0-24", SUBNETS[1], net, nextHopInstance=gone)  # live
+    mark = {"description": DESCRIPTION}
+    compute.add_route("flannel-10-244-9-0-24", "10.244.9.0/24", net, nextHopInstance=gone,
+                      **mark)
+    compute.add_route("flannel-10-244-2-0-24", SUBNETS[1], net, nextHopInstance=gone,
+                      **mark)  # live
     foreign = {
-        "flannel-10-244-8-0-24": ("10.244.8.0/24", other, {"nextHopInstance": gone}),
+        # Not flannel's: another network, the default route, a next hop that is not an
+        # instance, another name, the whole Network, outside it, a name of another subnet.
+        "flannel-10-244-8-0-24": ("10.244.8.0/24", other, {"nextHopInstance": gone, **mark}),
         "default-route-abc": ("0.0.0.0/0", net, {"nextHopGateway": "default-internet-gateway"}),
-        "flannel-10-244-7-0-24": ("10.244.7.0/24", net, {"nextHopIp": "192.168.0.9"}),
-        "my-10-244-6-0-24": ("10.244.6.0/24", net, {"nextHopInstance": gone}),
-        "flannel-10-244-0-0-16": ("10.244.0.0/16", net, {"nextHopInstance": gone}),
-        "flannel-192-168-5-0-24": ("192.168.5.0/24", net, {"nextHopInstance": gone}),
-        "flannel-10-244-4-0-25": ("10.244.4.0/24", net, {"nextHopInstance": gone}),
+        "flannel-10-244-7-0-24": ("10.244.7.0/24", net, {"nextHopIp": "192.168.0.9", **mark}),
+        "my-10-244-6-0-24": ("10.244.6.0/24", net, {"nextHopInstance": gone, **mark}),
+        "flannel-10-244-0-0-16": ("10.244.0.0/16", net, {"nextHopInstance": gone, **mark}),
+        "flannel-192-168-5-0-24": ("192.168.5.0/24", net, {"nextHopInstance": gone, **mark}),
+        "flannel-10-244-4-0-25": ("10.244.4.0/24", net, {"nextHopInstance": gone, **mark}),
+        # Without flannel's mark, inside the Network, to an instance: an admin's, one Go
+        # flannel (or pyflannel before the mark) made, one another tool described.
+        "admin-10-244-5-0-24": ("10.244.5.0/24", net, {"nextHopInstance": gone}),
+        "flannel-10-244-6-0-24": ("10.244.6.0/24", net, {"nextHopInstance": gone}),
+        "flannel-10-244-7-0-25": ("10.244.7.0/25", net, {"nextHopInstance": gone,
+                                                         "description": "kept by ops"}),
     }
     for name, (dest, network, hop) in foreign.items():
         compute.add_route(name, dest, network, **hop)
@@ -119,8 +130,10 @@ def test_vanished_leases_collected_after_two_passes_and_foreign_routes_kept(comp
     assert [c.action for c in node.reconcile(lease(SUBNETS[0]), peers)] == ["create"]
     assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), peers)] == [
         f"delete 10.244.9.0/24 -> node-3 in flannel-test/{VPC}"]
+    assert node.reconcile(lease(SUBNETS[0]), peers) == []
     assert set(compute.routes) == {"flannel-10-244-1-0-24", "flannel-10-244-2-0-24",
                                    *foreign}
+    assert compute.routes["flannel-10-244-1-0-24"]["description"] == DESCRIPTION
 
 
 def test_a_foreign_route_holding_our_name_is_reported(compute):
@@ -221,8 +234,9 @@ def test_an_api_that_does_not_answer_in_time_fails_the_call(compute, monkeypatch
     node = engine(compute)
     node.prepare()
     compute.delay = 1.0
-    with pytest.raises(CloudError, match=r"Compute Engine routes.list: no answer from "
-                                         r"http://127.0.0.1:\d+ within 0.3s"):
+    with pytest.raises(CloudError, match=r"Compute Engine routes.list: no usable answer from "
+                                         r"http://127.0.0.1:\d+ \(no whole answer within "
+                                         r"0.3s\)"):
         node.reconcile(lease(SUBNETS[0]), [])
     compute.delay = 0
 
@@ -240,7 +254,7 @@ DEEP = "[" * 50_000
 def test_a_deeply_nested_api_answer_is_refused_by_name(compute, status, message):
     node = engine(compute)
     node.prepare()
-    compute.garble("routes.list", status, DEEP)
+    compute.garble("routes.list", status, "[" * 40_000)  # within the element bound
     with pytest.raises(CloudError) as raised:
         node.reconcile(lease(SUBNETS[0]), [])
     assert str(raised.value).startswith(message)
@@ -248,11 +262,13 @@ def test_a_deeply_nested_api_answer_is_refused_by_name(compute, status, message)
 
 
 def test_a_deeply_nested_token_answer_is_refused_by_name(compute):
-    compute.metadata(NODES[0]).paths["instance/service-accounts/default/token"] = DEEP
-    with pytest.raises(CloudError, match=r"^the answer of the metadata server's instance/"
-                                         r"service-accounts/default/token nests JSON deeper "
-                                         r"than the limit of 32 levels$"):
-        engine(compute).prepare()
+    path = "instance/service-accounts/default/token"
+    for deep, message in ((DEEP, "has more JSON elements than the limit of 100"),
+                          ("[" * 50 + "]" * 50, "nests JSON deeper than the limit of 32 levels")):
+        compute.metadata(NODES[0]).paths[path] = deep
+        with pytest.raises(CloudError) as raised:
+            engine(compute).prepare()
+        assert str(raised.value) == f"the answer of the metadata server's {path} {message}"
 
 
 def test_missing_permission_names_the_role(compute):
@@ -405,3 +421,45 @@ def test_a_fifo_as_the_key_file_is_refused_at_once(compute, tmp_path):
     assert outcome == [f"GOOGLE_APPLICATION_CREDENTIALS: cannot read '{fifo}' (Not a regular "
                        "file but a FIFO); point it at a service-account key file or unset it "
                        "to use the instance's service account"]
+
+
+def test_our_route_from_before_the_mark_is_replaced_by_a_marked_one_first(compute, caplog):
+    """An upgrade from Go flannel or an older pyflannel: our route has no description. A
+    marked route is inserted beside it (under the second name, the first being taken)
+    before the old one is deleted: the subnet is routed all along."""
+    node = engine(compute)
+    node.prepare()
+    me = compute.instances[f"{ZONE}/node-1"]["selfLink"]
+    compute.add_route("flannel-10-244-1-0-24", SUBNETS[0], compute.network_link,
+                      nextHopInstance=me)
+    with caplog.at_level(logging.INFO, logger="flannel"):
+        assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [])] == [
+            f"create {SUBNETS[0]} -> node-1 in flannel-test/{VPC}",
+            f"delete {SUBNETS[0]} -> node-1 in flannel-test/{VPC}"]
+    assert "adopting our route flannel-10-244-1-0-24" in caplog.text
+    assert routes(compute) == {"flannel-10-244-1-0-24-m": (SUBNETS[0], "node-1")}
+    assert compute.routes["flannel-10-244-1-0-24-m"]["description"] == DESCRIPTION
+    # The insert came first.
+    writes = [a for a in compute.actions if a in ("routes.insert", "routes.delete")]
+    assert writes == ["routes.insert", "routes.delete"]
+    assert node.reconcile(lease(SUBNETS[0]), []) == []
+    # Deleted in the console, it comes back under the first name.
+    compute.delete_route("flannel-10-244-1-0-24-m")
+    assert [c.action for c in node.reconcile(lease(SUBNETS[0]), [])] == ["create"]
+    assert routes(compute) == {"flannel-10-244-1-0-24": (SUBNETS[0], "node-1")}
+
+
+def test_an_unmarked_route_for_our_subnet_elsewhere_is_reported_not_deleted(compute):
+    node = engine(compute)
+    node.prepare()
+    other = compute.instances[f"{ZONE}/node-2"]["selfLink"]
+    compute.add_route("flannel-10-244-1-0-24", SUBNETS[0], compute.network_link,
+                      nextHopInstance=other)
+    with pytest.raises(CloudError) as raised:
+        node.reconcile(lease(SUBNETS[0]), [])
+    assert str(raised.value) == (
+        f"the route flannel-10-244-1-0-24 in project flannel-test sends our subnet "
+        f"{SUBNETS[0]} to instance node-2, and flannel did not make it (it lacks flannel's "
+        "description); delete it (gcloud compute routes delete flannel-10-244-1-0-24) so "
+        "that flannel can route its subnet")
+    assert routes(compute) == {"flannel-10-244-1-0-24": (SUBNETS[0], "node-2")}

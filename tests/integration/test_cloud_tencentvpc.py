@@ -11,7 +11,7 @@ import pytest
 
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
-from flannel.cloud.tencentvpc import TencentVpcConfig, TencentVpcRoutes
+from flannel.cloud.tencentvpc import DESCRIPTION, TencentVpcConfig, TencentVpcRoutes
 from tests.support.cloudengines import (
     FAST,
     NETWORK,
@@ -91,7 +91,8 @@ def test_disabled_duplicates_are_deleted_and_deleted_route_repaired(cloud):
     api, _ = cloud
     node = engine(cloud, ADDRESSES[0])
     node.prepare()
-    api.add_route(api.table, SUBNETS[0], "NORMAL_CVM", ADDRESSES[0], enabled=False)
+    api.add_route(api.table, SUBNETS[0], "NORMAL_CVM", ADDRESSES[0], enabled=False,
+                  description=DESCRIPTION)
     changes = node.reconcile(lease(SUBNETS[0]), [])
     assert [c.action for c in changes] == ["delete", "create"]
     assert [(r["GatewayId"], r["Enabled"]) for r in api.routes(api.table)] == [
@@ -109,20 +110,61 @@ def test_routes_of_vanished_leases_are_collected_and_foreign_routes_kept(cloud):
     api, _ = cloud
     node = engine(cloud, ADDRESSES[0])
     node.prepare()
-    api.add_route(api.table, "10.244.9.0/24", "NORMAL_CVM", "172.16.0.19")  # vanished lease
-    api.add_route(api.table, SUBNETS[1], "NORMAL_CVM", ADDRESSES[1])  # a live peer
-    api.add_route(api.table, "10.244.0.0/16", "NORMAL_CVM", "172.16.0.5")  # whole Network
-    api.add_route(api.table, "10.244.8.0/24", "NAT", "nat-12345678")  # not a CVM
-    api.add_route(api.table, "192.168.0.0/24", "NORMAL_CVM", "172.16.0.19")  # outside
+    mark = {"description": DESCRIPTION}
+    api.add_route(api.table, "10.244.9.0/24", "NORMAL_CVM", "172.16.0.19",
+                  **mark)  # vanished lease
+    api.add_route(api.table, SUBNETS[1], "NORMAL_CVM", ADDRESSES[1], **mark)  # a live peer
+    api.add_route(api.table, "10.244.0.0/16", "NORMAL_CVM", "172.16.0.5",
+                  **mark)  # whole Network
+    api.add_route(api.table, "10.244.8.0/24", "NAT", "nat-12345678", **mark)  # not a CVM
+    api.add_route(api.table, "192.168.0.0/24", "NORMAL_CVM", "172.16.0.19", **mark)  # outside
     api.add_route(api.table, "10.244.7.0/24", "NORMAL_CVM", "172.16.0.17",
-                  route_type="CCN")  # not a user route
+                  route_type="CCN", **mark)  # not a user route
+    # Not flannel's mark: an admin's route, one Go flannel (or pyflannel before the mark)
+    # made.
+    api.add_route(api.table, "10.244.5.0/24", "NORMAL_CVM", "172.16.0.15",
+                  description="to the build farm")
+    api.add_route(api.table, "10.244.6.0/24", "NORMAL_CVM", "172.16.0.16")
     # Deleted when a second pass in a row finds it without a lease (not a newcomer's).
     assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])])] == [
         f"create {SUBNETS[0]} -> {ADDRESSES[0]} in {api.table}"]
     assert [str(c) for c in node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])])] == [
         f"delete 10.244.9.0/24 -> 172.16.0.19 in {api.table}"]
+    assert node.reconcile(lease(SUBNETS[0]), [lease(SUBNETS[1])]) == []
     assert set(routes(api)) == {SUBNETS[0], SUBNETS[1], "10.244.0.0/16", "10.244.8.0/24",
-                                "192.168.0.0/24", "10.244.7.0/24"}
+                                "192.168.0.0/24", "10.244.7.0/24", "10.244.5.0/24",
+                                "10.244.6.0/24"}
+    assert descriptions(api)[SUBNETS[0]] == DESCRIPTION
+
+
+def test_our_route_from_before_the_mark_is_adopted_in_place(cloud, caplog):
+    api, _ = cloud
+    node = engine(cloud, ADDRESSES[0])
+    node.prepare()
+    route_id = api.add_route(api.table, SUBNETS[0], "NORMAL_CVM", ADDRESSES[0])
+    with caplog.at_level(logging.INFO, logger="flannel"):
+        assert node.reconcile(lease(SUBNETS[0]), []) == []
+    assert [(r["RouteId"], r["RouteDescription"]) for r in api.routes(api.table)] == [
+        (route_id, DESCRIPTION)]
+    assert "DeleteRoutes" not in api.actions and "CreateRoutes" not in api.actions
+    assert f"adopted our route {SUBNETS[0]} -> {ADDRESSES[0]}" in caplog.text
+
+
+def test_an_unmarked_route_for_our_subnet_elsewhere_is_reported_not_replaced(cloud):
+    api, _ = cloud
+    node = engine(cloud, ADDRESSES[0])
+    node.prepare()
+    api.add_route(api.table, SUBNETS[0], "NORMAL_CVM", "172.16.0.99")
+    with pytest.raises(CloudError) as raised:
+        node.reconcile(lease(SUBNETS[0]), [])
+    assert str(raised.value).startswith(
+        f"route table {api.table} sends our subnet {SUBNETS[0]} to 172.16.0.99 through a "
+        "route flannel did not make")
+    assert routes(api)[SUBNETS[0]] == ("NORMAL_CVM", "172.16.0.99", True)
+
+
+def descriptions(api) -> dict[str, str]:
+    return {r["DestinationCidrBlock"]: r["RouteDescription"] for r in api.routes(api.table)}
 
 
 def test_throttling_is_retried_with_backoff(cloud, caplog):

@@ -31,7 +31,11 @@ def test_bundle_holds_the_node_and_the_store_without_secrets(etcd, prefix, tmp_p
     proc = bundle(etcd, prefix, tmp_path, output)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {output} (")
-    assert "note: status, metrics: skipped (give --health-url" in proc.stdout
+    assert proc.stdout.splitlines()[1] == (
+        f"store read: etcd {etcd.endpoint}, prefix {prefix}, from the flags given; subnet.env "
+        f"{tmp_path / 'subnet.env'}")
+    assert ("note: healthz, readyz, status, metrics: skipped (no flanneld runs in this network "
+            "namespace; give --health-url" in proc.stdout)
     assert output.stat().st_mode & 0o777 == 0o600
     with tarfile.open(output) as tar:
         files = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()

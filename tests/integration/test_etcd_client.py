@@ -8,9 +8,7 @@ import os
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer, free_port
-from flannel.subnet.errors import StoreError, StoreUnavailable
-from flannel.subnet.etcd.client import (
+from flannel.clients.etcd import (
     EtcdAuthFailed,
     EtcdClient,
     EtcdError,
@@ -19,6 +17,9 @@ from flannel.subnet.etcd.client import (
     EtcdUnavailable,
     parse_endpoints,
 )
+from flannel.subnet.errors import StoreError, StoreUnavailable
+from flannel.subnet.etcd.kv import EtcdKV, Refused
+from flannel_lab.etcd import EtcdServer, free_port
 from tests.support.fifos import outcome_of_reading
 from tests.support.tls import make_tls_files
 from tests.support.waiting import async_wait_until
@@ -174,7 +175,7 @@ async def test_password_auth_and_reauthentication_after_token_expiry(tmp_path, c
                                         username="root", password="s3cret"))
         try:
             await client.put(b"/auth/key", b"v1")
-            caplog.set_level(logging.INFO, logger="flannel.subnet.etcd.client")
+            caplog.set_level(logging.INFO, logger="flannel.clients.etcd")
             # Simple tokens expire --auth-token-ttl after their last use; the next request
             # then fails with an invalid token and must re-authenticate transparently.
             await asyncio.sleep(3)
@@ -195,7 +196,10 @@ async def test_password_auth_and_reauthentication_after_token_expiry(tmp_path, c
                 assert str(failure.value) == (
                     "etcd authentication as 'root' failed: wrong user name or password; "
                     "check --etcd-username and --etcd-password")
-            assert isinstance(failure.value, StoreUnavailable)  # retried: fixable on the server
+            # The store retries it (it may be fixed on the server), saying the same.
+            with pytest.raises(StoreUnavailable) as as_the_store_sees_it:
+                await EtcdKV(wrong).get(b"/auth/key")
+            assert str(as_the_store_sees_it.value) == str(failure.value)
         finally:
             await wrong.close()
 
@@ -247,7 +251,12 @@ async def test_read_only_user_is_refused_with_the_permission_to_grant(tmp_path):
                 "etcd user 'reader' may not write /net/subnets/10.1.2.0-24: grant it "
                 "readwrite on the prefix (etcdctl role grant-permission <role> readwrite "
                 "/net/subnets/ --prefix=true; etcdctl user grant-role reader <role>)")
-            assert isinstance(failure.value, StoreError)
+            # Fatal to the store, saying the same, with etcd's code.
+            with pytest.raises(Refused) as as_the_store_sees_it:
+                await EtcdKV(client).create(b"/net/subnets/10.1.2.0-24", b"{}")
+            assert str(as_the_store_sees_it.value) == str(failure.value)
+            assert isinstance(as_the_store_sees_it.value, StoreError)
+            assert as_the_store_sees_it.value.code == failure.value.code
         finally:
             await client.close()
 
@@ -288,7 +297,7 @@ async def test_a_revision_going_back_is_reported_as_a_reset(private_etcd, tmp_pa
         async def read_back() -> bool:
             try:
                 return (await client.get(b"/r/a"))[0] is not None
-            except StoreUnavailable:
+            except EtcdUnavailable:
                 return False
         await async_wait_until(read_back, timeout=20, what="etcd back from the snapshot")
         reset = client.take_reset()

@@ -9,19 +9,19 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer
-from flannel.subnet.etcd import client as etcdclient
-from flannel.subnet.etcd.client import (
+from flannel.clients import etcd as etcdclient
+from flannel.clients.etcd import (
     EtcdClient,
     EtcdError,
     EtcdOptions,
     EtcdUnavailable,
     parse_endpoints,
 )
+from flannel_lab.etcd import EtcdServer
 from tests.support.proxy import CuttableProxy
 from tests.support.tls import make_client_without_cn, make_tls_files
 
-LIMIT = 1024 * 1024
+LIMIT = etcdclient.ANSWER.max_bytes
 
 
 class RawEndpoint:
@@ -63,12 +63,7 @@ async def endless_chunks() -> AsyncIterator[bytes]:
         yield b"%x\r\n%s\r\n" % (len(chunk), chunk)
 
 
-@pytest.fixture
-def small_limit(monkeypatch):
-    monkeypatch.setattr(etcdclient, "MAX_RESPONSE_BYTES", LIMIT)
-
-
-async def test_an_endless_answer_is_cut_at_the_limit(small_limit):
+async def test_an_endless_answer_is_cut_at_the_limit():
     endpoint = RawEndpoint(endless_chunks)
     async with endpoint as url:
         client = EtcdClient(EtcdOptions(parse_endpoints(url), timeout=20))
@@ -81,7 +76,7 @@ async def test_an_endless_answer_is_cut_at_the_limit(small_limit):
     assert endpoint.written < 8 * LIMIT
 
 
-async def test_an_announced_huge_answer_is_refused_before_reading_it(small_limit):
+async def test_an_announced_huge_answer_is_refused_before_reading_it():
     async def huge() -> AsyncIterator[bytes]:
         yield b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000000\r\n\r\n{"
         await asyncio.sleep(30)
@@ -96,7 +91,7 @@ async def test_an_announced_huge_answer_is_refused_before_reading_it(small_limit
             await client.close()
 
 
-async def test_an_endless_watch_message_is_cut_at_the_limit(small_limit):
+async def test_an_endless_watch_message_is_cut_at_the_limit():
     async def endless_line() -> AsyncIterator[bytes]:
         created = b'{"result":{"header":{"revision":"5"},"created":true}}\n'
         yield (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -110,7 +105,8 @@ async def test_an_endless_watch_message_is_cut_at_the_limit(small_limit):
         client = EtcdClient(EtcdOptions(parse_endpoints(url), timeout=20))
         batches = []
         try:
-            with pytest.raises(EtcdUnavailable, match=f"longer than the limit of {LIMIT} bytes"):
+            with pytest.raises(EtcdUnavailable, match=(
+                    f"longer than the limit of {etcdclient.WATCH_MESSAGE.max_bytes} bytes")):
                 async for batch in client.watch(b"/net/subnets/", 6):
                     batches.append(batch)
         finally:

@@ -9,10 +9,10 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address
 
 import pytest
 
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.config import ConfigError
 from flannel.lease import EventType, Lease, LeaseAttrs
 from flannel.subnet.errors import OwnLeaseRevoked
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.subnet.etcd.manager import (
     AcquireError,
     ConfigNotFound,
@@ -556,8 +556,8 @@ def count_listings(client: EtcdClient, monkeypatch, then=None) -> list[bytes]:
     listed: list[bytes] = []
     real = client.get_prefix
 
-    async def get_prefix(key: bytes):
-        answer = await real(key)
+    async def get_prefix(key: bytes, **options):
+        answer = await real(key, **options)
         listed.append(key)
         if then is not None:
             await then()

@@ -10,10 +10,10 @@ from ipaddress import IPv4Address, IPv4Network
 
 import pytest
 
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.daemon import acquire_lease
 from flannel.lease import EventType, LeaseAttrs
 from flannel.subnet.errors import StoreError, StoreUnavailable
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.subnet.etcd.manager import EtcdSubnetManager, LeaseTaken, PreviousSubnets
 from tests.integration.test_etcd_manager import (
     CONFIG,

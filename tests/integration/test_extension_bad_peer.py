@@ -70,9 +70,9 @@ def test_a_peer_the_add_command_refuses_leaves_the_node_ready(node, tmp_path, mo
         table = subprocess.run(["ip", "netns", "exec", ns, FLANNELCTL, "status",
                                 f"--health-url=http://127.0.0.1:{PORT}"], capture_output=True,
                                text=True, timeout=30, check=False).stdout
-        assert "1 refused by the backend's commands" in table, table
-        assert "2 known, 2 for this backend, 1 programmed, 0 skipped as invalid" in table
-        assert (f"  refused   {BAD}: subnet-add command failed (exit status 1): not a VTEP "
+        assert ("2 known, 2 for this backend, 1 programmed, 0 skipped as invalid, 1 refused "
+                "by the backend's engine") in table, table
+        assert (f"  engine    {BAD}: subnet-add command failed (exit status 1): not a VTEP "
                 "MAC: garbage") in table, table
         _, metrics = http_get(ns, f"http://127.0.0.1:{PORT}/metrics")
         assert 'flannel_engine_extension_bad_peers{engine="extension commands"} 1.0' in metrics

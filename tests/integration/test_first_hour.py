@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 from tests.support import netns
 from tests.support.flanneld import FLANNELD, Flanneld
 from tests.support.waiting import wait_until

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from flannel.lab.etcd import free_port
+from flannel_lab.etcd import free_port
 from tests.support import netns
 from tests.support.flanneld import FLANNELD, Flanneld
 from tests.support.tls import make_tls_files

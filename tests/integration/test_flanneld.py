@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 from tests.support import netns
 from tests.support.flanneld import FLANNELD, Flanneld
 from tests.support.traffic import http_get
@@ -159,17 +159,34 @@ def test_unknown_flag_exits_nonzero_naming_it():
     assert "--etcd-endpointz" in result.stderr
 
 
+#: flanneld whose store takes a minute to close: a clean stop that waits on something slow.
+SLOW_CLOSE = """
+import asyncio
+import sys
+
+from flannel.cli import main
+from flannel.subnet.etcd.manager import EtcdSubnetManager
+
+async def close(self):
+    await asyncio.sleep(60)
+
+EtcdSubnetManager.close = close
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 def test_second_signal_exits_at_once(tmp_path):
-    """The first SIGTERM starts a clean stop (which may wait on a slow etcd); a second one
-    ends the process immediately."""
+    """The first SIGTERM starts a clean stop (which may wait on something slow: here the
+    store's closing); a second one ends the process immediately."""
     with socket.socket() as silent:  # accepts TCP connections, never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
         proc = Flanneld(tmp_path, [f"--etcd-endpoints={endpoint}",
-                                   f"--subnet-file={tmp_path / 'subnet.env'}"]).start()
+                                   f"--subnet-file={tmp_path / 'subnet.env'}"],
+                        command=[sys.executable, "-c", SLOW_CLOSE]).start()
         try:
-            proc.wait_log("etcd TLS is off")  # started, now blocked on the silent etcd
+            proc.wait_log("etcd TLS is off")  # started, now waiting on the silent etcd
             proc.signal(signal.SIGTERM)
             proc.wait_log("send it again to exit immediately")
             started = time.monotonic()

@@ -57,7 +57,7 @@ users:
 DECODE = """
 import json, platform, ssl, sys
 from flannel import config, lease
-from flannel.subnet.kube.config import from_kubeconfig
+from flannel.clients.kube.config import from_kubeconfig
 cfg = config.parse_config(sys.argv[1])
 config.check_network_config(cfg)
 subnet, ipv6_subnet = lease.parse_subnet_key(sys.argv[2])
@@ -88,7 +88,7 @@ def flanneld_entry_point() -> str:
     (entry,) = importlib.metadata.entry_points(group="console_scripts", name="flanneld")
     module, _, function = entry.value.partition(":")
     return ("import atexit, sys; atexit.register(lambda: print(sorted(m for m in sys.modules "
-            "if m.startswith(('flannel.subnet', 'flannel.httpclient', 'h11', 'ruamel')))))\n"
+            "if m.startswith(('flannel.subnet', 'flannel.clients', 'h11', 'ruamel')))))\n"
             f"from {module} import {function}; sys.argv[0] = 'flanneld'; "
             f"sys.exit({function}())")
 

@@ -68,7 +68,7 @@ def test_the_deadline_bounds_the_whole_check(ns):
 
     async def run():
         try:
-            await probe_all(rows, pinger, args, "")
+            await probe_all(rows, {4: pinger}, args)
         finally:
             pinger.close()
 

@@ -13,11 +13,11 @@ import pytest
 
 from flannel.flags import UsageError, parse_args
 from flannel.kernel.host import Host
-from flannel.lab.etcd import EtcdServer
 from flannel.rules.iptables import LEGACY, NFT, RulesError, Variant
 from flannel.rules.manager import TrafficManager
 from flannel.rules.mode import BackendScan, choose_variant, decide, scan
 from flannel.rules.spec import FamilyRules
+from flannel_lab.etcd import EtcdServer
 from tests.support import netns
 from tests.support.flanneld import Flanneld
 from tests.support.waiting import wait_until

@@ -1,5 +1,5 @@
-"""flanneld's own Kubernetes API client (flannel.subnet.kube.client, kubeconfig, over
-flannel.httpclient) against the API-server test double (tests/support/kubeapi.py) over real
+"""flanneld's own Kubernetes API client (flannel.clients.kube.client, kubeconfig, over
+flannel.clients.http) against the API-server test double (tests/support/kubeapi.py) over real
 HTTP/1.1, with a real TLS handshake (certificates made by the openssl command line):
 in-cluster and kubeconfig credentials, error messages, pagination, bounds, hostile nodes."""
 
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from flannel.clients.kube.client import ApiUnreachable, KubeClient
+from flannel.clients.kube.config import client_config
 from flannel.lease import EventType
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.kube.annotations import Annotations
-from flannel.subnet.kube.client import ApiUnreachable, KubeClient
-from flannel.subnet.kube.config import client_config
 from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, KubeUnavailable, kube_client
 from tests.integration.test_kube_manager import VXLAN, Follower, remote
 from tests.support.kubeapi import FakeKubeAPI
@@ -374,7 +374,7 @@ def test_key_files_are_private(tmp_path, pki, monkeypatch):
     """The scratch file ssl loads a key from is created 0600, O_EXCL, and is gone after."""
     import ssl
 
-    from flannel.subnet.kube import auth as kubeauth
+    from flannel.clients.kube import auth as kubeauth
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     seen = []

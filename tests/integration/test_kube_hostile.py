@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import itertools
 import json
 import logging
@@ -16,10 +17,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from flannel.clients.kube.client import ApiStatusError, ApiUnreachable, KubeClient
+from flannel.clients.kube.config import client_config
 from flannel.subnet.kube.annotations import Annotations
-from flannel.subnet.kube.client import ApiStatusError, ApiUnreachable, KubeClient
-from flannel.subnet.kube.config import client_config
-from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, kube_client
+from flannel.subnet.kube.manager import KubeError, KubeSubnetManager, KubeUnavailable, kube_client
 from flannel.subnet.watch import LeaseWatcher
 from tests.integration.test_kube_manager import VXLAN, manager, remote
 from tests.support.kubeapi import FakeKubeAPI
@@ -223,10 +224,10 @@ async def test_a_list_body_that_never_ends_costs_a_few_bounds_not_nine():
                 await client.list_nodes(lambda n: n)
             assert caught.value.too_large
             assert str(caught.value).endswith("larger than the limit of 262144 bytes")
-            assert limits == ["500", "250", "125", "62"]
+            assert limits == ["100", "50", "25", "12"]
             with pytest.raises(ApiUnreachable):
                 await client.list_nodes(lambda n: n)
-            assert limits[4:] == ["62"]
+            assert limits[4:] == ["12"]
         finally:
             await client.close()
 
@@ -236,12 +237,13 @@ async def test_a_list_is_bounded_in_time_per_page_and_as_a_whole():
     coming with a continue token forever end at the listing's deadline (and what they gave
     is not kept for the next listing)."""
     endless_pages = False
+    pages = itertools.count()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while await read_request(reader):
             if endless_pages:
                 writer.write(response({"kind": "NodeList", "metadata": {
-                    "resourceVersion": "5", "continue": "more"},
+                    "resourceVersion": "5", "continue": f"more{next(pages)}"},
                     "items": [node("n", "10.244.1.0/24")]}))
                 await writer.drain()
                 continue
@@ -267,6 +269,33 @@ async def test_a_list_is_bounded_in_time_per_page_and_as_a_whole():
             assert loop.time() - started < 3
         finally:
             await client.close()
+
+
+async def test_a_continue_token_that_comes_back_is_refused():
+    """A server whose continue tokens cycle (a, b, a, ...) would be listed for ever, its
+    nodes kept again and again until the listing's deadline: the second time a token is
+    given, the listing ends with an error that says so."""
+    asked: list[str] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await read_request(reader):
+            asked.append(line)
+            token = "b" if "continue=a" in line else "a"
+            writer.write(response({"kind": "NodeList", "metadata": {
+                "resourceVersion": "5", "continue": token},
+                "items": [node("n", "10.244.1.0/24")]}))
+            await writer.drain()
+
+    async with raw_server(handler) as url:
+        client = client_for(url)
+        try:
+            with pytest.raises(ApiUnreachable) as caught:
+                await client.list_nodes(lambda n: n)
+        finally:
+            await client.close()
+    assert str(caught.value).endswith(
+        "the node list gave a continue token it had given before (it would never end)")
+    assert len(asked) == 3
 
 
 async def test_a_listing_cut_part_way_goes_on_from_its_continue_token(api):
@@ -473,3 +502,180 @@ async def test_a_relist_keeps_a_programmed_node_ready(api, tmp_path, caplog, mon
         assert await node.readyz() == (200, "flanneld is ready\n")
     finally:
         await node.stop()
+
+
+# -- 7. answers over their budget, of another shape, redirected, dripping -----------------
+
+async def test_a_page_of_tiny_elements_within_its_bytes_is_asked_again_smaller():
+    """3.9 MiB of ``[]`` fits a page's bytes but decodes to 1.3 million lists (100 MB):
+    it is refused by the page's element budget before decoding, and smaller pages are asked
+    for, as for a page over its bytes."""
+    limits: list[str] = []
+    body = (b'{"kind":"NodeList","metadata":{"resourceVersion":"5"},"items":['
+            + b"[]," * 1_300_000 + b"[]]}")
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := await read_request(reader):
+            limits.append(line.split("limit=")[1].split(" ")[0].split("&")[0])
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            await writer.drain()
+
+    async with raw_server(handler) as url:
+        client = client_for(url)
+        try:
+            with pytest.raises(ApiUnreachable) as caught:
+                await client.list_nodes(lambda n: n)
+        finally:
+            await client.close()
+    assert caught.value.too_large
+    assert str(caught.value) == (f"{url}: the answer to GET /api/v1/nodes has more JSON "
+                                 "elements than its budget of 150000")
+    assert limits == ["100", "50", "25", "12"]
+
+
+@pytest.mark.parametrize(("page", "message"), [
+    ("boom", "the node list is not a NodeList (not a JSON object)"),
+    ({"metadata": {"resourceVersion": "5"}, "items": 5},
+     "the node list's items is not a JSON array"),
+    ({"metadata": [], "items": []}, "the node list's metadata is not a JSON object"),
+    ({"metadata": {"resourceVersion": 7}, "items": []},
+     "the node list's metadata.resourceVersion is not a resource version"),
+    ({"metadata": {"resourceVersion": "5", "continue": 5}, "items": []},
+     "the node list's metadata.continue is not a continue token"),
+])
+async def test_a_node_list_of_another_shape_names_the_field(page, message):
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader):
+            writer.write(response(page))
+            await writer.drain()
+
+    async with raw_server(handler) as url:
+        client = client_for(url)
+        try:
+            with pytest.raises(ApiUnreachable) as caught:
+                await client.list_nodes(lambda n: n)
+        finally:
+            await client.close()
+    assert str(caught.value) == f"{url}: {message}"
+
+
+@pytest.mark.parametrize(("event", "outcome"), [
+    (b'{"type": 5, "object": {}}', "an event without a type (a string) and an object"),
+    (b'{"type": "ADDED", "object": "node1"}', "an event without a type (a string) and an object"),
+    (b"[]", "an event that is not a JSON object"),
+    (b'{"type": "ERROR", "object": {"code": "410", "message": {"x": 1}}}', 500),
+    (b'{"type": "ERROR", "object": {"code": true}}', 500),
+    (b'{"type": "ERROR", "object": {"code": 410, "reason": "Expired"}}', 410),
+])
+async def test_a_watch_event_of_another_shape_is_an_error_naming_it(event, outcome):
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n" + chunk(event + b"\n"))
+            await writer.drain()
+
+    async with raw_server(handler) as url:
+        client = client_for(url)
+        try:
+            with pytest.raises((ApiUnreachable, ApiStatusError)) as caught:
+                async for _event in client.watch_nodes("5"):
+                    pass
+        finally:
+            await client.close()
+    if isinstance(outcome, int):
+        assert isinstance(caught.value, ApiStatusError) and caught.value.code == outcome
+    else:
+        assert isinstance(caught.value, ApiUnreachable) and caught.value.relist
+        assert str(caught.value) == f"node watch: {outcome}"
+
+
+async def test_a_dripping_watch_event_is_cut_at_its_budget():
+    """An event that never ends (a byte a second) held the watch until its 10-minute
+    deadline, every byte resetting the idle timer: it must arrive within its budget."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n" + chunk(b'{"type": "ADD'))
+            while True:
+                writer.write(chunk(b" "))
+                await writer.drain()
+                await asyncio.sleep(0.2)
+
+    async with raw_server(handler) as url:
+        client = client_for(url)
+        client.event = dataclasses.replace(client.event, seconds=1.0)
+        loop = asyncio.get_running_loop()
+        try:
+            started = loop.time()
+            with pytest.raises(ApiUnreachable) as caught:
+                async for _event in client.watch_nodes("5"):
+                    pass
+            assert loop.time() - started < 3
+        finally:
+            await client.close()
+    assert str(caught.value) == (f"{url}: node watch: a message took longer than its "
+                                 "budget of 1s to arrive")
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_redirect_never_takes_the_bearer_token_elsewhere(tmp_path, status):
+    """A server (or a proxy in front of it) answering with a redirect to another host:
+    following it would send the node's token there. Not followed: the other host never
+    sees a connection, and the error names the redirect (retried, like an outage)."""
+    from tests.integration.test_kube_client import write_kubeconfig
+
+    elsewhere: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        elsewhere.append(await reader.read(65536))
+
+    async with raw_server(record) as other:
+        location = f"{other}/api/v1/nodes/node1"
+
+        async def redirecting(reader: asyncio.StreamReader,
+                              writer: asyncio.StreamWriter) -> None:
+            while await read_request(reader):
+                writer.write(f"HTTP/1.1 {status} Moved\r\nLocation: {location}\r\n"
+                             "Content-Length: 0\r\n\r\n".encode())
+                await writer.drain()
+
+        async with raw_server(redirecting) as url:
+            config = write_kubeconfig(tmp_path / "kubeconfig", url, {}, {"token": "s3cret"})
+            sm = KubeSubnetManager(kube_client("", str(config), {}), "node1", NAMES,
+                                   str(tmp_path / "net-conf.json"))
+            try:
+                with pytest.raises(KubeUnavailable) as caught:
+                    await sm.get_node()
+                with pytest.raises(ApiUnreachable):
+                    async for _event in sm.client.watch_nodes("5"):
+                        pass
+            finally:
+                await sm.close()
+    assert elsewhere == []
+    assert str(caught.value) == (
+        f"cannot get node 'node1': {url} answered HTTP {status}, a redirect to "
+        f"{location!r}; flanneld does not follow redirects (its credentials stay with the "
+        f"server given by the kubeconfig {config}): give the API server's own address")
+
+
+@pytest.mark.parametrize("status", [401, 429, 503])
+async def test_an_error_storm_on_the_node_watch_backs_off(api, tmp_path, status):
+    """Every watch and list answered with an error: each retry waits longer than the one
+    before, and the node store keeps what it has."""
+    api.put_node("node1", ["10.244.1.0/24"])
+    sm = sm_for(api.url, tmp_path)
+    updates = sm.watch_leases(await sm.get_network_config())
+    try:
+        await asyncio.wait_for(anext(updates), 10)
+        api.fail_next = [(status, "storm")] * 1000
+        asked = len(api.requests)
+        api.cut_watches()
+        await asyncio.sleep(3.5)
+        retries = len(api.requests) - asked
+    finally:
+        await updates.aclose()
+        await sm.close()
+    # 0.1 + 0.2 + 0.4 + 0.8 + 1.6 s of backoff fit in 3.5 s.
+    assert 2 <= retries <= 7, retries
+    assert "node1" in sm.nodes

@@ -25,10 +25,10 @@ from flannel.config import NetworkConfig
 from flannel.daemon import Daemon, PublicIPs
 from flannel.kernel.host import Host
 from flannel.kernel.iface import ExternalInterface
-from flannel.lab.etcd import free_port
 from flannel.settings import InterfaceSettings
 from flannel.subnet.kube.annotations import Annotations
 from flannel.subnet.kube.manager import KubeSubnetManager, kube_client
+from flannel_lab.etcd import free_port
 from tests.support import netns
 from tests.support.flanneld import Flanneld
 from tests.support.kubeapi import FakeKubeAPI

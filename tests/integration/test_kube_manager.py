@@ -1,5 +1,5 @@
 """The kube subnet manager against the API-server test double (tests/support/kubeapi.py),
-through the real API client (flannel.subnet.kube.client) over HTTP."""
+through the real API client (flannel.clients.kube.client) over HTTP."""
 
 from __future__ import annotations
 
@@ -266,7 +266,7 @@ def test_event_queue_depth_env():
 
 
 async def test_first_sync_is_bounded_unless_told_to_continue(api, tmp_path):
-    from flannel.lab.etcd import free_port
+    from flannel_lab.etcd import free_port
 
     dead = FakeKubeAPI()
     dead.port = free_port()  # nothing listens there

@@ -1,5 +1,5 @@
 """Each store's client is loaded only in its own mode: kube mode never loads the etcd client,
-etcd mode never loads flanneld's Kubernetes API client (flannel.subnet.kube.client and its
+etcd mode never loads flanneld's Kubernetes API client (flannel.clients.kube.client and its
 config and credential modules), ``flanneld --version`` loads neither.
 
 And in real processes (CPython's verbose mode, ``-v`` set by PYTHONVERBOSE, names on stderr
@@ -19,16 +19,16 @@ import sys
 from pathlib import Path
 
 from flannel import backend
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 from tests.support import netns
 from tests.support.flanneld import FLANNELD, Flanneld
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-ETCD_CLIENT = ("flannel.subnet.etcd.client", "flannel.subnet.etcd.manager")
-KUBE_CLIENT = ("flannel.subnet.kube.client", "flannel.subnet.kube.config",
-               "flannel.subnet.kube.auth", "flannel.subnet.kube.manager")
+ETCD_CLIENT = ("flannel.clients.etcd", "flannel.subnet.etcd.manager")
+KUBE_CLIENT = ("flannel.clients.kube.client", "flannel.clients.kube.config",
+               "flannel.clients.kube.auth", "flannel.subnet.kube.manager")
 CLOUD_SDKS = ("boto3", "botocore", "tencentcloud", "google.auth")
 METRICS = ("prometheus_client", "flannel.monitor.metrics")
 # Each backend type's modules: its own, and the packages only it uses.
@@ -153,7 +153,7 @@ def test_a_running_etcd_mode_flanneld_loads_its_backend_only_and_metrics_on_firs
             assert loaded(ctl, (*ETCD_CLIENT, *KUBE_CLIENT, *CLOUD_SDKS, *METRICS,
                                 *other_backends("vxlan"), "flannel.backend.vxlan")) == []
             started = imported(daemon.log)
-            assert {"flannel.backend.vxlan", "flannel.subnet.etcd.client"} <= started
+            assert {"flannel.backend.vxlan", "flannel.clients.etcd"} <= started
             assert loaded(started, (*KUBE_CLIENT, *CLOUD_SDKS, *METRICS,
                                     *other_backends("vxlan"))) == []
             assert http_get(ns, "http://127.0.0.1:18081/metrics")[0] == 200
@@ -185,7 +185,7 @@ def test_a_running_kube_mode_flanneld_loads_no_etcd_client(ns, tmp_path, monkeyp
         daemon.start()
         wait_until(env_file.exists, 20, what=f"subnet.env in kube mode:\n{daemon.log}")
         started = imported(daemon.log)
-        assert {"flannel.backend.alloc", "flannel.subnet.kube.client"} <= started
+        assert {"flannel.backend.alloc", "flannel.clients.kube.client"} <= started
         assert loaded(started, (*ETCD_CLIENT, *CLOUD_SDKS, *METRICS,
                                 *other_backends("alloc"))) == []
     finally:

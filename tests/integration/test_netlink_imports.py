@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import sys
 from ipaddress import ip_address, ip_network
-from flannel import cleanup, daemon, flags, subnet
+from flannel import daemon, flags, subnet
+from flannel.ops import cleanup
 from flannel.backend import backend_class, supported
 from flannel.kernel import device, iface
 from flannel.udp import device as udp_device

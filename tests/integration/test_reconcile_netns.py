@@ -19,13 +19,13 @@ from flannel.backend.hostgw import HostGwBackend
 from flannel.backend.routed import RoutedBackend
 from flannel.backend.vxlan import VxlanBackend
 from flannel.config import check_network_config, parse_config
-from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.dataplane.loop import COMPONENT, NOT_PROGRAMMED, Dataplane
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
 from flannel.kernel.iface import IfaceOptions, read_snapshot, select_external_interface
 from flannel.kernel.reconcile import reconcile
 from flannel.lease import Lease, LeaseAttrs
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from tests.support import netns
 from tests.support.waiting import async_wait_until
 
@@ -336,7 +336,7 @@ async def test_accept_ra_is_off_on_every_vxlan_device(ns):
         assert value == "0", device
 
 
-async def test_host_gw_across_a_router_says_it_needs_one_segment(ns):
+async def test_host_gw_across_a_router_parks_that_peer_and_says_it_needs_one_segment(ns):
     underlay(ns)
     backend = await make_backend(ns, {"Type": "host-gw"})
     await backend.prepare()
@@ -344,16 +344,17 @@ async def test_host_gw_across_a_router_says_it_needs_one_segment(ns):
     routed_peer = Lease(IPv4Network("10.244.2.0/24"), attrs=LeaseAttrs(
         public_ip=IPv4Address("10.9.0.2"), backend_type="host-gw"))
     async with running(backend, [routed_peer]) as plane:
-        await async_wait_until(lambda: asyncio.sleep(0, "Network" in plane.ready()[1]),
-                               5, what="the reconcile error")
+        await async_wait_until(lambda: asyncio.sleep(0, bool(backend.admission.refused)),
+                               5, what="the peer parked")
         ready, why = plane.ready()
-    assert not ready
-    assert why == NOT_PROGRAMMED + (
-        "1 of 1 changes failed, first: Network is unreachable (replace route 10.244.2.0/24 via "
-        "10.9.0.2); host-gw needs every node on one L2 segment: a peer's public IP must be "
-        "directly reachable on eth0, with no router in between; across routed networks use "
-        "the vxlan backend (DirectRouting keeps direct routes for the peers on the same "
-        "segment)")
+    # The kernel's refusal is that peer's problem: this node stays ready, the peer is parked
+    # with the refusal and the advice.
+    assert (ready, why) == (True, "")
+    assert backend.admission.refused == {"10.244.2.0-24": ("kernel_refused", (
+        "Network is unreachable (replace route 10.244.2.0/24 via 10.9.0.2); host-gw needs "
+        "every node on one L2 segment: a peer's public IP must be directly reachable on eth0, "
+        "with no router in between; across routed networks use the vxlan backend "
+        "(DirectRouting keeps direct routes for the peers on the same segment)"))}
 
 
 async def test_a_vni_already_in_use_is_named(ns):

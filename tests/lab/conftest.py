@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cluster import Lab, LabError
+from flannel_lab.cluster import Lab, LabError
 from tests.support import netns
 
 _numbers = itertools.count(1)

@@ -3,7 +3,7 @@ namespace per node) against moto's EC2 server (through the fault-injecting relay
 metadata service per node, or against the Tencent or Alibaba Cloud VPC API double, or the
 Compute Engine double with a metadata server per node. The underlay namespace, every node's
 default gateway, plays the VPC router: its routes follow the cloud's route table
-(``flannel.lab.vpcrouter``), so pods reach each other only through the routes the backend
+(``flannel_lab.vpcrouter``), so pods reach each other only through the routes the backend
 wrote. Checked: every node's route, blackholes removed at start, a route deleted in the
 console repaired, a removed node's route collected, throttling retried, a full table
 reported (and recovered from), credentials never in the logs (-v included). Also the lab's
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from flannel.kernel.host import Host
-from flannel.lab import vpcrouter
-from flannel.lab.cluster import UNDERLAYS, Lab
+from flannel_lab import vpcrouter
+from flannel_lab.cluster import UNDERLAYS, Lab
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
@@ -281,8 +281,8 @@ def test_tencent_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, no_p
 
 
 def test_ali_vpc_nodes_route_each_other_through_the_vpc_table(make_lab, no_proxy):
-    from flannel.lab.alicloud import REGION as ALI_REGION
-    from flannel.lab.alicloud import instance_id
+    from flannel_lab.alicloud import REGION as ALI_REGION
+    from flannel_lab.alicloud import instance_id
     from tests.support.aliyunapi import FakeAliyunMetadata, FakeAliyunVpc
 
     lab = make_lab()

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import in_ns, ip
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import in_ns, ip
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import in_ns, ip
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import in_ns, ip
 
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
@@ -88,8 +88,9 @@ def test_every_pair_answers_then_a_dropped_vxlan_port_names_the_pairs_it_cuts(la
         assert failing[0] == (f"  n1 -> n3: timeout: no answer from {subnet(lab3, 3)[:-3]} "
                               "to 2 echoes within 1s")
         assert failing[1] == (
-            "    next: run flannelctl doctor on n1 (it probes n3 on the underlay and on its "
-            "encapsulation port, telling a node that is down from a blocked port), then on n3")
+            "    next: on n1: run flannelctl doctor on this node: it probes this node's own "
+            "firewall, 192.168.111.13 on the underlay and VXLAN on UDP 8472, telling a node "
+            "that is down from a blocked port; then on the node 192.168.111.13")
         assert failing[2] == (
             f"    n1: ip netns exec {lab3.node_ns(1)} {FLANNELCTL} doctor "
             f"--etcd-endpoints={lab3.state.etcd_endpoint} "
@@ -120,16 +121,23 @@ def test_an_entry_flanneld_has_not_programmed_is_not_a_timeout(lab3):
         assert (proc.returncode, proc.stderr) == (1, "")
         lines = proc.stdout.splitlines()
         assert lines[0] == f"this node: {subnet(lab3, 1)} (192.168.111.11, vxlan), no echoes sent"
-        assert sorted(line.split()[0] for line in lines[2:4]) == sorted(
+        # A frozen flanneld cannot say whether it parked them: said, once.
+        assert lines[1] == (f"note: a peer flanneld parked shows as not-programmed: flanneld's "
+                            f"/status could not be read: flanneld did not answer on "
+                            f"{Path(node1.subnet_file).parent / 'flanneld.sock'} (timed out)")
+        assert sorted(line.split()[0] for line in lines[3:5]) == sorted(
             [subnet(lab3, 2), subnet(lab3, 3)])
         assert all(line.split()[2:] == ["vxlan", "-", "-", "-", "-", "NOT-PROGRAMMED"]
-                   for line in lines[2:4])
-        assert lines[4] == "2 of 2 peers do not answer:"
-        assert f"  {subnet(lab3, 2)} (192.168.111.12): not-programmed: this node has no route " \
-               f"to {subnet(lab3, 2)}: flanneld here has not programmed that lease" in lines
-        assert f"  {subnet(lab3, 3)} (192.168.111.13): not-programmed: this node has no " \
-               f"neighbour entry for the VTEP {vtep3}: flanneld here has not programmed that " \
-               "lease" in lines
+                   for line in lines[3:5])
+        assert lines[5] == "2 of 2 peers do not answer:"
+        lacks = "not-programmed: this node lacks what flanneld makes for it"
+        assert f"  {subnet(lab3, 2)} (192.168.111.12): {lacks}: no route to " \
+               f"{subnet(lab3, 2)} (node 192.168.111.12)" in lines
+        mac = next(line.split()[0] for line in in_ns(node1.netns, "bridge", "fdb", "show",
+                                                       "dev", "flannel.1").stdout.splitlines()
+                   if "dst 192.168.111.13 " in line)
+        assert f"  {subnet(lab3, 3)} (192.168.111.13): {lacks}: the neighbour entry " \
+               f"{vtep3} -> {mac} for node 192.168.111.13 is missing on flannel.1" in lines
         assert lines.count("    next: run flannelctl doctor on this node (is flanneld running, "
                            "and what does its log say about that peer?)") == 2
     finally:

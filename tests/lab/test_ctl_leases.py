@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flannel.lab.cli import build
+from flannel_lab.cli import build
 
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}

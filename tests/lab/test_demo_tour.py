@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cluster import Lab, in_ns, ip
 from flannel.lease import LeaseAttrs
+from flannel_lab.cluster import Lab, in_ns, ip
 from tests.lab.test_lab_cli import netns_names
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

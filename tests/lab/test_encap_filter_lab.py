@@ -16,9 +16,9 @@ from ipaddress import IPv4Address
 import pytest
 
 from flannel.kernel.host import Host
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import UNDERLAYS, Lab, in_ns, ip
 from flannel.udp.packet import checksum
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import UNDERLAYS, Lab, in_ns, ip
 from tests.lab.test_metrics_status import HEALTH, scrape
 from tests.support import netns
 from tests.support.traffic import http_get

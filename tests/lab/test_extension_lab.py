@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab import extension
-from flannel.lab.cli import build
-from flannel.lab.cluster import Lab, Pod, in_ns, ip
+from flannel_lab import extension
+from flannel_lab.cli import build
+from flannel_lab.cluster import Lab, Pod, in_ns, ip
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

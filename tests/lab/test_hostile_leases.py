@@ -15,8 +15,8 @@ import signal
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import ETCD_PREFIX, ip
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import ETCD_PREFIX, ip
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import Lab, ip
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import Lab, ip
 from tests.support.kernelpaths import missing_ipip
 from tests.support.waiting import wait_until
 

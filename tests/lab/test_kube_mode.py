@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import wait_for_mesh
+from flannel_lab.cli import wait_for_mesh
 
 pytestmark = pytest.mark.netns
 

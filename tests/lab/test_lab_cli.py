@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import build
-from flannel.lab.cluster import Lab
+from flannel_lab.cli import build
+from flannel_lab.cluster import Lab
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -62,7 +62,8 @@ def test_up_on_an_existing_lab_refuses_and_leaves_it_running(make_lab):
     again = lab_cli(lab, "up", "--nodes", "1")
     assert again.returncode == 1
     assert again.stderr == (f"flannel-lab: lab {lab.name} already exists ({lab.directory}); it "
-                            f"is left as it is: '{FLANNEL_LAB} down --name {lab.name}' removes "
+                            f"is left as it is: '{FLANNEL_LAB} --root {lab.directory.parent} "
+                            f"down --name {lab.name}' removes "
                             "it\n")
     after = recorded(lab)
     assert after.state == before
@@ -73,7 +74,8 @@ def test_up_on_an_existing_lab_refuses_and_leaves_it_running(make_lab):
     ping = lab_cli(lab, "ping")
     assert (ping.returncode, ping.stdout) == (0, (
         f"==> lab {lab.name} uses the alloc backend, which programs no data path: nothing to "
-        f"ping; '{FLANNEL_LAB} status --name {lab.name}' shows the leases\n"))
+        f"ping; '{FLANNEL_LAB} --root {lab.directory.parent} status --name {lab.name}' shows "
+        "the leases\n"))
 
 
 def test_down_removes_only_what_the_lab_created(make_lab):

@@ -1,7 +1,8 @@
 """A lab node as an operator meets it: ``flannel-lab up --flanneld-arg`` reaches every
-node's flanneld (its status lists the flag), and ``flannelctl status`` and ``doctor`` run
-in a node's namespace with no flags find that node's flanneld, its store and its socket
-(which also serves /metrics); bad extra flags are refused before anything is built."""
+node's flanneld (its status lists the flag), and every ``flannelctl`` verb (``status``,
+``doctor``, ``check``, ``leases``, ``bundle``) run in a node's namespace with no flags finds
+that node's flanneld, its store, its subnet.env and its socket (which also serves /metrics),
+and says which store it read; bad extra flags are refused before anything is built."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import http.client
 import json
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import main as lab_main
-from flannel.lab.cluster import Lab
 from flannel.monitor.localsock import connect
+from flannel_lab.cli import main as lab_main
+from flannel_lab.cluster import Lab
 
 FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
@@ -73,6 +75,38 @@ def test_flanneld_args_reach_the_nodes_and_the_tools_find_each_node(make_lab):
         assert report["store"] == (f"etcd {endpoint}, prefix /coreos.com/network, from the "
                                    "settings of the flanneld running here; subnet.env "
                                    f"{node.subnet_file}")
+
+        # check, leases and bundle find the same store and subnet.env with no flag.
+        source = report["store"]
+        check = in_node(recorded, index, "check", "--json")
+        assert check.returncode == 0, check
+        checked = json.loads(check.stdout)
+        assert (checked["node"]["subnet"], checked["store"]) == (own, source)
+        assert {peer["verdict"] for peer in checked["peers"]} == {"no-data-path"}
+        text = in_node(recorded, index, "check")
+        assert text.stdout.endswith(f"\nstore read: {source}\n"), text
+
+        listed = in_node(recorded, index, "leases", "list")
+        assert listed.returncode == 0, listed
+        rows = listed.stdout.splitlines()
+        assert sorted(row.split()[2] for row in rows[1:-1]) == ["192.168.111.11",
+                                                                "192.168.111.12"]
+        assert rows[-1] == f"store read: {source}"
+        shown = in_node(recorded, index, "leases", "show", own, "--json")
+        assert json.loads(shown.stdout)["public_ip"] == node.address
+
+        archive = recorded.directory / f"bundle-n{index}.tar.gz"
+        bundled = in_node(recorded, index, "bundle", "-o", str(archive))
+        assert bundled.returncode == 0, bundled
+        assert bundled.stdout.splitlines()[:2] == [
+            f"wrote {archive} (22 files, secrets removed)", f"store read: {source}"]
+        with tarfile.open(archive) as tar:
+            files = {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode()
+                     for m in tar.getmembers()}
+        assert json.loads(files["status.txt"])["flanneld"]["pid"] == node.pid
+        assert f'subnet="{own}"' in files["metrics.txt"]
+        assert files["subnet.env"] == Path(node.subnet_file).read_text()
+        assert files["NOTES.txt"] == "none\n"
 
         # The node's socket serves /metrics to root, from outside the node too.
         connection = _Local(Path(node.subnet_file).parent / "flanneld.sock")

@@ -9,8 +9,8 @@ import socket
 
 import pytest
 
-from flannel.lab.cli import build
-from flannel.lab.cluster import in_ns, ip
+from flannel_lab.cli import build
+from flannel_lab.cluster import in_ns, ip
 from tests.support.traffic import http_get, source_seen
 from tests.support.waiting import wait_until
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import in_ns
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import in_ns
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from flannel.ipsec import charon
-from flannel.lab.cluster import Lab, Pod, ip
+from flannel_lab.cluster import Lab, Pod, ip
 from tests.support.kernelpaths import missing_ipip
 from tests.support.traffic import DfPing, df_ping
 

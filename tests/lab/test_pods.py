@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from flannel.lab.cli import build
+from flannel_lab.cli import build
 from tests.support.traffic import source_seen
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from flannel.cni.install import install_conflist
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import Lab, in_ns, ip
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import Lab, in_ns, ip
 from tests.support.traffic import http_get
 from tests.support.udpstream import Flow, UdpMesh
 from tests.support.waiting import wait_until

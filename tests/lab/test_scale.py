@@ -12,8 +12,8 @@ from pathlib import Path
 
 from flannel.kernel import rtnl
 from flannel.kernel.host import Host
-from flannel.lab.cluster import Lab
-from flannel.lab.mesh import MAIN_TABLE, peer_routes, start_nodes, start_pings, wait_full_mesh
+from flannel_lab.cluster import Lab
+from flannel_lab.mesh import MAIN_TABLE, peer_routes, start_nodes, start_pings, wait_full_mesh
 
 FLANNEL_LAB = str(Path(sys.executable).parent / "flannel-lab")
 NODES, CHURN = 20, 3

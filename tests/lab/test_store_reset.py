@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import ETCD_PREFIX
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import ETCD_PREFIX
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 

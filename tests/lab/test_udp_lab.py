@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cli import build, ping_table, wait_for_mesh
-from flannel.lab.cluster import Lab, in_ns, ip
-from flannel.lab.mesh import start_pings
+from flannel_lab.cli import build, ping_table, wait_for_mesh
+from flannel_lab.cluster import Lab, in_ns, ip
+from flannel_lab.mesh import start_pings
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 

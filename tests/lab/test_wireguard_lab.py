@@ -23,9 +23,9 @@ import pytest
 
 from flannel.kernel import nsexec
 from flannel.kernel.host import Host
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import Lab, in_ns
-from flannel.lab.mesh import start_pings, wireguard_peers
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import Lab, in_ns
+from flannel_lab.mesh import start_pings, wireguard_peers
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 

@@ -1,4 +1,4 @@
-"""A clock for the data plane (``flannel.clock.Clock``) that moves only when a test moves it.
+"""A clock for the data plane (``flannel.timing.clock.Clock``) that moves only when a test moves it.
 
 Models: ``time.monotonic`` and the event loop's timers. ``monotonic()`` reads the test's time;
 ``sleep``/``wait`` park the caller until ``advance`` moves time past their deadline (or the

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.lease import Lease
 

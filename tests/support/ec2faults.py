@@ -28,7 +28,7 @@ from urllib.parse import parse_qs
 from moto.server import ThreadedMotoServer
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.served import endpoint, serve, shut
+from flannel_lab.served import endpoint, serve, shut
 
 
 def _local(tag: str) -> str:

@@ -99,7 +99,7 @@ class Handle:
             refused = next((code for prefix, code in self.kernel.refusals.items()
                             if what.startswith(prefix)), 0)
             if refused:
-                failures.append(NetlinkError(refused, what))
+                failures.append(NetlinkError(refused, what, verb=verb, entry=obj))
             elif verb == "delete":
                 self.kernel.remove(obj)
             else:

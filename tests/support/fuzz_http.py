@@ -1,5 +1,5 @@
 """Fuzz target for the HTTP/1.1 response reader the stores' API clients share
-(flannel.httpclient): whatever an API server, or whatever answers in its place, sends after
+(flannel.clients.http): whatever an API server, or whatever answers in its place, sends after
 one request.
 
 Inputs are raw bytes of any kind, and responses built from parts (status lines of every
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
-from flannel.httpclient import MAX_HEAD_BYTES, Connection, ProtocolError
+from flannel.clients.http import MAX_HEAD_BYTES, Connection, ProtocolError
 from tests.support.fuzzing import FuzzTarget
 
 

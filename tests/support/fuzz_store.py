@@ -23,14 +23,14 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from flannel.clients.etcd import KeyValue
 from flannel.config import ConfigError, check_network_config, parse_config
 from flannel.lease import Lease, LeaseAttrs, LeaseDecodeError, parse_subnet_key
-from flannel.netutil import unusable_address
 from flannel.subnet.envfile import read_env, single_cidr
-from flannel.subnet.etcd.client import KeyValue
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 from flannel.subnet.kube.annotations import AnnotationError, Annotations, node_lease
 from flannel.subnet.watch import LeaseWatcher, Snapshot, peer_problem
+from flannel.untrusted.netutil import unusable_address
 from tests.support.fuzzing import FuzzTarget
 
 # -- building blocks ----------------------------------------------------------------------

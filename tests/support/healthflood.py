@@ -1,9 +1,11 @@
 """A flood of idle TCP connections to a health port, run as its own process inside a netns.
 
 ``HealthFlood`` starts ``FLOOD`` (below) in the namespace: it keeps ``count`` connections to
-127.0.0.1:<port> open and sends nothing on them; one the server closes is opened again, at
-most ``REOPEN_PER_SECOND`` a second (an attacker who keeps the flood up, at a rate that cannot
-become a CPU test on a 2-core machine). Commands on its stdin, one JSON answer a line:
+127.0.0.1:<port> open and sends nothing on them (or only ``first_bytes``, the start of a
+request that never ends); one the server closes is opened again, at
+most ``reopen_per_second`` a second (500 by default: an attacker who keeps the flood up, at
+a rate that cannot become a CPU test on a 2-core machine), or at once (``None``: one who
+makes it one). Commands on its stdin, one JSON answer a line:
 ``wait N SECONDS`` (until N connects completed, or the time is up), ``probe N PATH
 [INTERVAL]`` (N GETs on fresh connections INTERVAL seconds apart while the flood goes on,
 each timed from connect to the whole answer), ``stats``. It closes
@@ -21,7 +23,8 @@ FLOOD = r"""
 import json, resource, selectors, socket, sys, time
 
 port, count, lifetime = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-REOPEN_PER_SECOND = 500
+REOPEN_PER_SECOND = float(sys.argv[4])  # inf: at once
+FIRST_BYTES = bytes.fromhex(sys.argv[5])  # sent on each connection once it is open
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 end = time.monotonic() + lifetime
@@ -72,6 +75,8 @@ def on_socket(s, events):
             owed += 1
         else:
             stats["connects"] += 1
+            if FIRST_BYTES:
+                s.send(FIRST_BYTES)
             sel.modify(s, selectors.EVENT_READ, False)
     elif events & selectors.EVENT_READ:
         try:
@@ -97,7 +102,8 @@ job = None  # the command being carried out: [kind, args..., deadline or next pr
 try:
     while time.monotonic() < end:
         now = time.monotonic()
-        budget = int((now - last) * REOPEN_PER_SECOND)
+        budget = owed if REOPEN_PER_SECOND == float("inf") else \
+            int((now - last) * REOPEN_PER_SECOND)
         if budget:
             last = now
         while owed and budget:
@@ -113,7 +119,8 @@ try:
             if len(job[5]) >= job[1]:
                 reply({"probes": job[5]})
                 job = None
-        for key, events in sel.select(0.01):
+        for key, events in sel.select(0 if owed and REOPEN_PER_SECOND == float("inf")
+                                      else 0.01):
             if key.data is not True:
                 if key.fileobj in socks:
                     on_socket(key.fileobj, events)
@@ -138,10 +145,13 @@ finally:
 class HealthFlood:
     """``count`` idle connections to ``port`` on 127.0.0.1 inside ``netns``."""
 
-    def __init__(self, netns: str, port: int, count: int, lifetime: float = 120.0) -> None:
+    def __init__(self, netns: str, port: int, count: int, lifetime: float = 120.0,
+                 reopen_per_second: float | None = 500, first_bytes: bytes = b"") -> None:
+        rate = "inf" if reopen_per_second is None else str(reopen_per_second)
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", netns, sys.executable, "-c", FLOOD, str(port), str(count),
-             str(lifetime)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             str(lifetime), rate, first_bytes.hex()], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
 
     def ask(self, command: str) -> dict[str, Any]:
         assert self.proc.stdin is not None and self.proc.stdout is not None

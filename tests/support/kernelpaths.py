@@ -1,20 +1,18 @@
 """Whether this kernel has the data paths that need their own modules (ipip, WireGuard, ESP),
-asked the only reliable way: by using each in a throwaway network namespace (removed at
-once). Tests and labs that need one skip with the kernel's answer when it is missing; the vm
-lane (tests/vm) runs them on a kernel that has them all."""
+asked without changing the host: ipip as ``flannel-lab up`` asks, WireGuard and ESP by using
+each in a throw-away network namespace (removed at once). Tests and labs that need one skip
+with the kernel's answer when it is missing; the vm lane (tests/vm) runs them on a kernel that
+has them all."""
 
 from __future__ import annotations
 
-import errno
 import functools
 import os
-from ipaddress import IPv4Address
 
 from flannel.ipsec import xfrm
-from flannel.kernel import links
 from flannel.kernel.host import Host
-from flannel.kernel.rtnl import NetlinkError, Rtnl
 from flannel.wireguard.genl import wireguard_family
+from flannel_lab.kernelprobe import missing_link_kind
 from tests.support import netns
 
 VM_LANE = "the vm lane (tests/vm) runs this on Debian's kernel"
@@ -22,22 +20,12 @@ VM_LANE = "the vm lane (tests/vm) runs this on Debian's kernel"
 
 @functools.cache
 def missing_ipip() -> str:
-    """"" when the kernel creates ipip devices; otherwise why not, as a skip reason."""
+    """"" when the kernel creates ipip devices, asked as ``flannel-lab up`` asks before it
+    builds an ipip lab (lab/flannel_lab/kernelprobe.py); otherwise why not, as a skip reason."""
     if os.geteuid() != 0:
         return "needs root to create an ipip device in a network namespace"
-    probe = netns.create("ipipprobe")
-    try:
-        with Rtnl(Host(probe)) as sock:
-            links.add_link(sock, links.NewLink("probe.ipip", "ipip",
-                                               links.IptunInfo(IPv4Address("192.0.2.1"))))
-    except NetlinkError as err:
-        if err.errno != errno.EOPNOTSUPP:
-            raise
-        return (f"this kernel cannot create ipip devices ({os.strerror(err.errno)}: no ipip "
-                "module built in or loaded; 'modprobe ipip' on the host enables these tests)")
-    finally:
-        netns.delete(probe)
-    return ""
+    why = missing_link_kind("ipip", f"{netns.RUN_PREFIX}ipipprobe")
+    return f"{why}; 'modprobe ipip' on the host enables these tests; {VM_LANE}" if why else ""
 
 
 @functools.cache

@@ -5,7 +5,8 @@ this server. It speaks real HTTP/1.1 (keep-alive, chunked watch streams) and mod
 real API server does:
 
 - nodes (cluster-scoped) and pods (namespaced) as JSON objects; every write bumps one global
-  resourceVersion (as etcd revisions do) and stamps it on the object;
+  resourceVersion (as etcd revisions do) and stamps it on the object; a node made by
+  ``put_node`` gets its ``creationTimestamp`` (whole seconds, UTC) when it is created;
 - ``GET /api/v1/nodes``: a NodeList whose ``metadata.resourceVersion`` is the current one;
   with ``limit=N`` at most N nodes (by name) and a ``metadata.continue`` token for the rest;
   ``continue=T`` goes on after T's last name, answering with T's resourceVersion, or 410
@@ -34,7 +35,9 @@ client certificate of that common name when ``client_common_name`` is set (as th
 maps a certificate to a user): anything else gets 401 ``Unauthorized`` as a ``Status``.
 ``fail_next`` queues error ``Status`` answers for the next requests (429, 5xx, 403...),
 ``refuse_patches`` answers every node status patch with one error ``Status`` while it is set
-(the other requests go on: a webhook or an RBAC rule refusing writes only),
+(the other requests go on: a webhook or an RBAC rule refusing writes only), ``hostile``
+answers the requests it picks with whatever bytes it yields instead (a server or proxy gone
+wrong: huge, dripping, redirecting, of the wrong shape), then closes the connection,
 ``truncate_next`` closes the connection halfway through the next response body,
 ``header_padding`` adds a header of that many bytes to every answer, ``chunk_size`` cuts
 watch events across chunks (as a proxy may), ``stall_watches`` makes watch streams outlive
@@ -70,6 +73,8 @@ import copy
 import json
 import socket
 import ssl
+import time
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -159,6 +164,10 @@ class FakeKubeAPI:
         self.path_prefix = ""  # e.g. "/k8s/clusters/c-abc": the API is served under it
         #: (code, message) answered to every node status patch while set.
         self.refuse_patches: tuple[int, str] | None = None
+        #: Given (method, path without the prefix, query), the raw bytes to answer instead
+        #: (the connection is closed after them), or None to answer as the server would.
+        self.hostile: Callable[[str, str, dict[str, str]], AsyncIterator[bytes] | None] | \
+            None = None
 
     # -- test controls ------------------------------------------------------------------
 
@@ -184,7 +193,9 @@ class FakeKubeAPI:
         existing = name in self.nodes
         node = self.nodes.get(name) or {
             "kind": "Node", "apiVersion": "v1",
-            "metadata": {"name": name, "uid": f"uid-{name}", "annotations": {}},
+            "metadata": {"name": name, "uid": f"uid-{name}", "annotations": {},
+                         "creationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                            time.gmtime())},
             "spec": {}, "status": {"conditions": []}}
         if pod_cidrs is not None:
             node["spec"]["podCIDR"] = pod_cidrs[0] if pod_cidrs else ""
@@ -283,6 +294,14 @@ class FakeKubeAPI:
                         (self.client_common_name is not None and
                          _common_name(writer) != self.client_common_name):
                     code, doc = 401, _status(401, "Unauthorized", "Unauthorized")
+                elif self.hostile is not None and \
+                        (raw := self.hostile(method, url.path, query)) is not None:
+                    async for data in raw:
+                        if writer.is_closing():
+                            break
+                        writer.write(data)
+                        await writer.drain()
+                    return
                 elif self.fail_next:
                     failure, message = self.fail_next.pop(0)
                     code, doc = failure, _status(failure, "Failure", message)
@@ -454,3 +473,76 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def kubelet_node(name: str, pod_cidr: str, address: str, *, images: int = 50,
+                 annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node as a kubelet on a working node registers and reports it (v1.30, kubeadm,
+    containerd): labels, annotations, the managedFields of its four writers, capacity,
+    conditions, addresses, node info and ``images`` images (the kubelet reports at most 50,
+    ``--node-status-max-images``), each with a digest and a tag. For sizing what the API
+    server sends: no field of it matters to flanneld but the pod CIDRs and annotations."""
+    stamp = "2026-12-07T05:00:00Z"
+    fields = {"f:metadata": {"f:annotations": {".": {}, "f:node.alpha.kubernetes.io/ttl": {}},
+                             "f:labels": {f"f:{k}": {} for k in (
+                                 "beta.kubernetes.io/arch", "beta.kubernetes.io/os",
+                                 "kubernetes.io/arch", "kubernetes.io/hostname",
+                                 "kubernetes.io/os")}},
+              "f:spec": {"f:podCIDR": {}, "f:podCIDRs": {".": {}, f'v:"{pod_cidr}"': {}}}}
+    conditions = [{"type": kind, "status": status, "lastHeartbeatTime": stamp,
+                   "lastTransitionTime": stamp, "reason": reason, "message": message}
+                  for kind, status, reason, message in (
+                      ("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                       "kubelet has sufficient memory available"),
+                      ("DiskPressure", "False", "KubeletHasNoDiskPressure",
+                       "kubelet has no disk pressure"),
+                      ("PIDPressure", "False", "KubeletHasSufficientPID",
+                       "kubelet has sufficient PID available"),
+                      ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+                      ("NetworkUnavailable", "False", "FlannelIsUp",
+                       "Flannel is running on this node"))]
+    return {
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {
+            "name": name, "uid": f"4f7c1a2e-0000-4000-8000-{abs(hash(name)) % 10**12:012d}",
+            "resourceVersion": "1", "creationTimestamp": stamp,
+            "labels": {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
+                       "kubernetes.io/os": "linux",
+                       "node.kubernetes.io/instance-type": "n2-standard-8",
+                       "topology.kubernetes.io/region": "europe-west1",
+                       "topology.kubernetes.io/zone": "europe-west1-b"},
+            "annotations": {"kubeadm.alpha.kubernetes.io/cri-socket":
+                            "unix:///var/run/containerd/containerd.sock",
+                            "node.alpha.kubernetes.io/ttl": "0",
+                            "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                            **(annotations or {})},
+            "managedFields": [{"manager": manager, "operation": "Update", "apiVersion": "v1",
+                               "time": stamp, "fieldsType": "FieldsV1",
+                               "fieldsV1": fields, **({"subresource": "status"}
+                                                      if manager != "kubeadm" else {})}
+                              for manager in ("kubeadm", "kube-controller-manager",
+                                              "flanneld", "kubelet")]},
+        "spec": {"podCIDR": pod_cidr, "podCIDRs": [pod_cidr],
+                 "providerID": f"gce://project/europe-west1-b/{name}"},
+        "status": {
+            "capacity": {"cpu": "8", "ephemeral-storage": "101203880Ki",
+                         "hugepages-1Gi": "0", "hugepages-2Mi": "0", "memory": "32863840Ki",
+                         "pods": "110"},
+            "allocatable": {"cpu": "8", "ephemeral-storage": "93268125085",
+                            "hugepages-1Gi": "0", "hugepages-2Mi": "0",
+                            "memory": "32761440Ki", "pods": "110"},
+            "conditions": conditions,
+            "addresses": [{"type": "InternalIP", "address": address},
+                          {"type": "Hostname", "address": name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": "9f1c" * 8, "systemUUID": "4c4c4544-0042-3510-8052-b7c04f"
+                         "563232", "bootID": "0b8e" * 8, "kernelVersion": "6.1.0-28-amd64",
+                         "osImage": "Debian GNU/Linux 12 (bookworm)",
+                         "containerRuntimeVersion": "containerd://1.7.24",
+                         "kubeletVersion": "v1.30.8", "kubeProxyVersion": "v1.30.8",
+                         "operatingSystem": "linux", "architecture": "amd64"},
+            "images": [{"names": [f"registry.example.com/team-{i % 7}/service-{i}@sha256:"
+                                  + f"{i:064x}", f"registry.example.com/team-{i % 7}/"
+                                  f"service-{i}:v1.{i}.0"],
+                        "sizeBytes": 10_000_000 + 7919 * i} for i in range(images)]}}

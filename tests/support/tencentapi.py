@@ -14,7 +14,8 @@ with the documented common codes (``InvalidAction``, ``NoSuchVersion``, ``Missin
 Modelled actions: ``DescribeRouteTables`` (``RouteTableIds``, ``Filters`` on ``vpc-id`` and
 ``route-table-id``), ``CreateRoutes``, ``DeleteRoutes`` (by ``RouteId``), ``ReplaceRoutes``;
 route objects carry ``RouteId``, ``DestinationCidrBlock``, ``GatewayType``, ``GatewayId``,
-``Enabled``, ``RouteType``, ``RouteTableId``, ``RouteDescription``. ``route_limit`` caps the
+``Enabled``, ``RouteType``, ``RouteTableId``, ``RouteDescription`` (set by ``CreateRoutes``
+and ``ReplaceRoutes``, empty when not given). ``route_limit`` caps the
 routes per table (``LimitExceeded``); ``fail(action, code, times)`` queues errors. Not
 modelled: other actions, pagination beyond one page, route conflict checks other than an
 identical destination, CAM policies.
@@ -32,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
-from flannel.lab.served import endpoint, serve, shut
+from flannel_lab.served import endpoint, serve, shut
 
 VERSION = "2017-03-12"
 
@@ -74,11 +75,13 @@ class FakeTencentVpc:
         return table_id
 
     def add_route(self, table_id: str, destination: str, gateway_type: str, gateway_id: str,
-                  enabled: bool = True, route_type: str = "USER") -> int:
+                  enabled: bool = True, route_type: str = "USER", description: str = "",
+                  ) -> int:
         with self._lock:
             return self._add(self._table(table_id), {
                 "DestinationCidrBlock": destination, "GatewayType": gateway_type,
-                "GatewayId": gateway_id, "Enabled": enabled}, route_type)["RouteId"]
+                "GatewayId": gateway_id, "Enabled": enabled,
+                "RouteDescription": description}, route_type)["RouteId"]
 
     def routes(self, table_id: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -229,7 +232,7 @@ class FakeTencentVpc:
             old.append(dict(route))
             route.update(DestinationCidrBlock=spec["DestinationCidrBlock"],
                          GatewayType=spec["GatewayType"], GatewayId=spec["GatewayId"],
-                         Enabled=True)
+                         RouteDescription=spec.get("RouteDescription", ""), Enabled=True)
             new.append(dict(route))
         return {"OldRouteSet": old, "NewRouteSet": new}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from flannel.lab.etcd import TlsFiles
+from flannel_lab.etcd import TlsFiles
 
 
 def make_tls_files(directory: Path) -> TlsFiles:

@@ -1,7 +1,7 @@
 """Bounded waiting: poll a condition until a deadline instead of sleeping and hoping.
 
 Every bound is scaled by the lab's slowness factor (``FLANNEL_LAB_SLOWNESS``, see
-flannel/lab/slowness.py): the same conditions, more patience on a loaded or emulated machine.
+lab/flannel_lab/slowness.py): the same conditions, more patience on a loaded or emulated machine.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from flannel.lab import slowness
+from flannel_lab import slowness
 
 T = TypeVar("T")
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from flannel import boundedjson
-from flannel.boundedjson import JSONLimitError, loads, nesting_depth
+from flannel.untrusted import boundedjson
+from flannel.untrusted.boundedjson import JSONLimitError, loads, nesting_depth
 
 
 def test_depth_beyond_the_limit_is_refused_before_json_recurses():
@@ -63,3 +63,44 @@ def test_without_the_prescan_the_recursion_guard_still_refuses_deep_input():
                                  "limit")
     assert loads("[" * 100 + "]" * 100, what="x", max_bytes=1000, max_depth=None) == \
         loads("[" * 100 + "]" * 100, what="x", max_bytes=1000, max_depth=200)
+
+
+@pytest.mark.parametrize("doc", ["[]", "{}", "1", '""', "[1]", '{"a": 1}', '[[], {}, [1, 2]]',
+                                 '{"a": [1, {"b": [2, 3]}], "c": {}}', '["a,[{"]'])
+def test_the_element_bound_never_undercounts(doc):
+    import json
+
+    def count(value: object) -> int:
+        if isinstance(value, list):
+            return 1 + sum(map(count, value))
+        if isinstance(value, dict):
+            return 1 + sum(map(count, value.values()))
+        return 1
+    assert boundedjson.element_bound(doc) >= count(json.loads(doc))
+    assert boundedjson.element_bound(doc.encode()) == boundedjson.element_bound(doc)
+
+
+def test_many_tiny_elements_are_refused_before_decoding():
+    """60 MiB of ``[]`` decode to ~1.2 GiB of lists: the element bound refuses them first."""
+    amplifying = b"[" + b"[]," * 100_000 + b"[]]"
+    with pytest.raises(JSONLimitError) as caught:
+        loads(amplifying, what="a range answer", max_bytes=10 ** 6, max_elements=50_000,
+              max_depth=None)
+    assert str(caught.value) == ("a range answer has more JSON elements than the limit of "
+                                 "50000")
+    assert loads(b"[" + b"[]," * 100 + b"[]]", what="x", max_bytes=10 ** 6,
+                 max_elements=50_000, max_depth=None) == [[]] * 101
+
+
+def test_the_depth_pre_scan_builds_no_object_per_string_or_pair():
+    """A megabyte of ``{}`` or of ``""`` cost the pre-scan an object per match (50 MiB)."""
+    import tracemalloc
+
+    for text in ("[" + "{}," * 400_000 + "{}]", "[" + '"",' * 400_000 + '""]'):
+        tracemalloc.start()
+        try:
+            assert not boundedjson.nests_deeper_than(text, 32)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 * len(text), peak

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from flannel.cleanup import (
+from flannel.cni.install import DEFAULT_CONFLIST, launcher_text
+from flannel.ops.cleanup import (
     Inventory,
     file_items,
     is_flannel_conflist,
     is_our_launcher,
     is_subnet_env,
 )
-from flannel.cni.install import DEFAULT_CONFLIST, launcher_text
-from flannel.procscan import is_flanneld
+from flannel.process.procscan import is_flanneld
 
 
 @pytest.mark.parametrize(("text", "ours"), [
@@ -51,7 +51,7 @@ def test_symlinks_and_large_files_are_never_followed_or_taken(tmp_path):
     (bin_dir / "flannel").write_bytes(b"#!" + b"x" * 70000 + b"flannel.cni.plugin")
     (bin_dir / ".flannel-cni").mkdir()  # empty: not our module directory
     found = Inventory()
-    file_items(found, link, [bin_dir], [conf_dir], tmp_path / "wgkey", tmp_path)
+    file_items(found, link, [bin_dir], [conf_dir])
     assert found.items == []
     assert [kept.split(":")[0] for kept in found.kept] == [
         f"file {link}", f"file {bin_dir / 'flannel'}", str(bin_dir / ".flannel-cni")]

@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 
 from flannel.backend import describe, supported
-from flannel.backend.footprint import Footprint
+from flannel.backend.plan import PLAIN, Carrier, NodeView, PeerPlan
+from flannel.backend.vxlan import VxlanBackend
+from flannel.kernel.rtnl import FdbEntry, Neighbour, Route
 from flannel.lease import Lease, LeaseAttrs
 from flannel.ops import icmp
-from flannel.ops.check import NodeCheck, PeerResult, Programmed, judge, probe_target, render
+from flannel.ops.check import NodeCheck, PeerResult, judge, render
 from flannel.ops.checklab import LabNode, NodeOutcome, pairs_of
 from flannel.ops.checklab import render as render_lab
 from flannel.ops.parsers import add_check
+from flannel.ops.plans import KernelEntries, kernel_gaps
 
 
 def ipv4(src: str, dst: str, payload: bytes, proto: int = socket.IPPROTO_ICMP,
@@ -110,18 +113,36 @@ def row(subnet: str, public: str, **kw: object) -> PeerResult:
     return PeerResult(IPv4Network(subnet), public, "vxlan", **kw)
 
 
+def describe_one(backend: str, lease: Lease, **options: object) -> PeerPlan:
+    from flannel.backend import backend_class
+    from flannel.config import parse_config
+
+    config = parse_config(json.dumps({"Network": "10.244.0.0/16",
+                                       "Backend": {"Type": backend, **options}}))
+    own = Lease(IPv4Network("10.244.1.0/24"), attrs=LeaseAttrs(IPv4Address("192.168.111.11")))
+    node = NodeView(config, own, {"flannel.1": 7, "flannel0": 8, "flannel-wg": 9,
+                                  "flannel.ipip": 10}, 2, IPv4Address("192.168.111.11"))
+    return backend_class(backend).describe(node, [lease]).peers[0]
+
+
 def test_target_is_the_base_address_on_a_device_and_the_cni0_gateway_otherwise():
     subnet = IPv4Network("10.244.7.0/24")
-    for backend in ("vxlan", "udp", "wireguard", "ipip"):
-        assert probe_target(subnet, footprint(backend)) == IPv4Address("10.244.7.0")
-    for backend in ("host-gw", "extension", "aws-vpc", "tencent-vpc", "ali-vpc", "gce"):
-        assert probe_target(subnet, footprint(backend)) == IPv4Address("10.244.7.1")
+    for backend in supported():
+        lease_type = describe(backend)
+        assert lease_type is not None
+        peer = Lease(subnet, attrs=LeaseAttrs(IPv4Address("192.168.111.17"),
+                                              backend_type=lease_type[0],
+                                              backend_data=DATA.get(backend)))
+        options = {"PSK": "x" * 96} if backend == "ipsec" else {}
+        family = describe_one(backend, peer, **options).family(4)
+        assert family is not None, backend
+        base = backend in ("vxlan", "udp", "wireguard", "ipip")
+        assert family.answers_on == IPv4Address("10.244.7.0" if base else "10.244.7.1"), \
+            backend
 
 
-def footprint(backend: str) -> Footprint:
-    described = describe(backend)
-    assert described is not None
-    return described[1]
+DATA = {"vxlan": '{"VNI":1,"VtepMAC":"f6:be:b0:e3:fd:1c"}',
+        "wireguard": '{"PublicKey":"HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=","Port":51820}'}
 
 
 def test_every_backend_declares_what_the_tools_judge():
@@ -147,74 +168,80 @@ def test_every_backend_declares_what_the_tools_judge():
 def test_what_flanneld_has_not_programmed_is_named():
     mac = "f6:be:b0:e3:fd:1c"
     lease = Lease(IPv4Network("10.244.3.0/24"), attrs=LeaseAttrs(
-        IPv4Address("192.168.111.13"), backend_type="vxlan",
-        backend_data=f'{{"VNI":1,"VtepMAC":"{mac}"}}'))
-    route = {IPv4Network("10.244.3.0/24"): "flannel.1"}
-    done = "flanneld here has not programmed that lease"
-    vxlan, dev = footprint("vxlan"), "flannel.1"
-    full = Programmed(route, {"10.244.3.0": mac}, frozenset({(mac, "192.168.111.13")}))
-    assert full.missing(lease, "10.244.3.0", vxlan, dev) == ""
-    assert Programmed({}, {}, frozenset()).missing(lease, "10.244.3.0", vxlan, dev) == \
-        f"this node has no route to 10.244.3.0/24: {done}"
-    assert Programmed(route, {}, full.fdb).missing(lease, "10.244.3.0", vxlan, dev) == \
-        f"this node has no neighbour entry for the VTEP 10.244.3.0: {done}"
-    assert Programmed(route, {"10.244.3.0": "02:00:00:00:00:01"}, full.fdb).missing(
-        lease, "10.244.3.0", vxlan, dev) == (
-        "this node's neighbour entry for the VTEP 10.244.3.0 has MAC 02:00:00:00:00:01, the "
-        "lease publishes f6:be:b0:e3:fd:1c: something changed it behind flanneld's back")
-    assert Programmed(route, full.neighbours, frozenset()).missing(
-        lease, "10.244.3.0", vxlan, dev) == (
-        f"this node has no FDB entry sending {mac} to 192.168.111.13: {done}")
-    # host-gw programs a route only.
-    plain = Lease(IPv4Network("10.244.3.0/24"), attrs=LeaseAttrs(
-        IPv4Address("192.168.111.13"), backend_type="host-gw"))
-    assert Programmed(route, {}, frozenset()).missing(plain, "10.244.3.1",
-                                                      footprint("host-gw"), "") == ""
-    # wireguard and udp: one route over the Network through their device carries every peer.
-    network = {IPv4Network("10.244.0.0/16"): "flannel-wg", IPv4Network("0.0.0.0/0"): "eth0"}
-    wireguard = footprint("wireguard")
-    assert Programmed(network, {}, frozenset()).missing(plain, "10.244.3.0", wireguard,
-                                                        "flannel-wg") == ""
-    assert Programmed({IPv4Network("0.0.0.0/0"): "eth0"}, {}, frozenset()).missing(
-        plain, "10.244.3.0", wireguard, "flannel-wg") == (
-        f"this node has no route to 10.244.3.0/24 (flanneld routes the whole Network through "
-        f"flannel-wg): {done}")
-    assert Programmed({**network, IPv4Network("10.244.3.0/24"): "eth0"}, {}, frozenset()
-                      ).missing(plain, "10.244.3.0", wireguard, "flannel-wg") == (
-        "this node routes 10.244.3.0/24 through eth0 (route 10.244.3.0/24), not through "
-        "flannel-wg: something else took it")
-    # The extension's commands and a VPC's route table are not judged from the kernel.
+        IPv4Address("192.168.111.13"), backend_type="vxlan", backend_data=DATA["vxlan"]))
+    vxlan = describe_one("vxlan", lease)
+    family = vxlan.family(4)
+    assert family is not None
+    names = {7: "flannel.1", 2: "eth0"}
+    route = Route("10.244.3.0/24", "10.244.3.0", 7, onlink=True)
+    neighbour = Neighbour(7, "10.244.3.0", mac)
+    fdb = FdbEntry(7, mac, "192.168.111.13")
+    full = KernelEntries({route.dst: (route, 151)}, {(7, "10.244.3.0"): neighbour},
+                         frozenset({fdb}), names)
+    assert kernel_gaps(vxlan, family, full) == []
+    assert [gap.what for gap in kernel_gaps(vxlan, family, KernelEntries(names=names))] == [
+        "no route to 10.244.3.0/24 (node 192.168.111.13)",
+        f"the neighbour entry 10.244.3.0 -> {mac} for node 192.168.111.13 is missing on "
+        "flannel.1",
+        f"no FDB entry {mac} dst 192.168.111.13 on flannel.1: traffic to node 192.168.111.13 "
+        "has nowhere to go"]
+    other = KernelEntries({route.dst: (Route(route.dst, "192.168.111.13", 2), 151)},
+                          {(7, "10.244.3.0"): Neighbour(7, "10.244.3.0", "02:00:00:00:00:01")},
+                          frozenset({fdb}), names)
+    assert [(gap.kind, gap.what) for gap in kernel_gaps(vxlan, family, other)] == [
+        ("routes", "the route to 10.244.3.0/24 goes via 192.168.111.13 dev eth0; node "
+                   "192.168.111.13 needs via 10.244.3.0 dev flannel.1"),
+        ("neighbours", f"the neighbour entry 10.244.3.0 -> {mac} for node 192.168.111.13 "
+                       "has 02:00:00:00:00:01 on flannel.1")]
+    # udp: one route over the Network through its device carries every peer.
+    udp_lease = Lease(lease.subnet, attrs=LeaseAttrs(IPv4Address("192.168.111.13")))
+    udp = describe_one("udp", udp_lease)
+    udp_family = udp.family(4)
+    assert udp_family is not None
+    assert [gap.what for gap in kernel_gaps(udp, udp_family, KernelEntries(names={8: "flannel0"}))
+            ] == ["no route to the Network 10.244.0.0/16 through flannel0: no traffic to other "
+                  "nodes"]
+    # The extension's commands and a VPC's route table hold nothing in this node's kernel.
     for backend in ("extension", "aws-vpc"):
-        assert Programmed({}, {}, frozenset()).missing(plain, "10.244.3.1",
-                                                       footprint(backend), "") == ""
+        plain = Lease(lease.subnet, attrs=LeaseAttrs(
+            IPv4Address("192.168.111.13"), backend_type="extension" if backend == "extension"
+            else ""))
+        peer_plan = describe_one(backend, plain)
+        assert kernel_gaps(peer_plan, peer_plan.families[0], KernelEntries()) == []
 
 
 def test_verdicts_from_probes():
-    encap = " and on the VXLAN port (UDP 8472)"
+    vxlan = Carrier("VXLAN", udp_ports=(8472,), refuses=True)
     ok = row("10.244.2.0/24", "192.168.111.12", target="10.244.2.0")
-    judge(ok, icmp.Probe(IPv4Address("10.244.2.0"), 3, [0.001, 0.002, 0.003]), 1.0, encap)
+    judge(ok, icmp.Probe(IPv4Address("10.244.2.0"), 3, [0.001, 0.002, 0.003]), 1.0)
     assert (ok.verdict, ok.detail, ok.loss) == ("ok", "", 0)
     lossy = row("10.244.2.0/24", "192.168.111.12", target="10.244.2.0")
-    judge(lossy, icmp.Probe(IPv4Address("10.244.2.0"), 3, [0.001]), 1.0, encap)
+    judge(lossy, icmp.Probe(IPv4Address("10.244.2.0"), 3, [0.001]), 1.0)
     assert (lossy.verdict, lossy.detail) == ("lossy",
                                              "2 of 3 echoes to 10.244.2.0 got no answer")
     assert lossy.answers
-    silent = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0")
-    judge(silent, icmp.Probe(IPv4Address("10.244.3.0"), 3), 1.0, encap)
+    silent = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0", carrier=vxlan)
+    judge(silent, icmp.Probe(IPv4Address("10.244.3.0"), 3), 1.0)
     assert silent.verdict == "timeout" and not silent.answers
     assert silent.detail == "no answer from 10.244.3.0 to 3 echoes within 1s"
     assert silent.next_step == (
-        "run flannelctl doctor on this node: it probes 192.168.111.13 on the underlay and on "
-        "the VXLAN port (UDP 8472), telling a node that is down from a blocked port; then on "
-        "the node 192.168.111.13")
+        "run flannelctl doctor on this node: it probes this node's own firewall, "
+        "192.168.111.13 on the underlay and VXLAN on UDP 8472, telling a node that is down "
+        "from a blocked port; then on the node 192.168.111.13")
+    # Advice names only the probes doctor makes: none of a carrier it cannot probe.
+    routed = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.1", carrier=PLAIN)
+    judge(routed, icmp.Probe(IPv4Address("10.244.3.1"), 3), 1.0)
+    assert routed.next_step == (
+        "run flannelctl doctor on this node: it probes this node's own firewall, "
+        "192.168.111.13 on the underlay; then on the node 192.168.111.13")
     refused = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0")
     judge(refused, icmp.Probe(IPv4Address("10.244.3.0"), 3,
-                              errors=["host unreachable from 10.244.1.0"] * 2), 1.0, encap)
+                              errors=["host unreachable from 10.244.1.0"] * 2), 1.0)
     assert (refused.verdict, refused.detail) == (
         "unreachable", "host unreachable from 10.244.1.0 (2 of 3 echoes)")
     unsendable = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0")
     judge(unsendable, icmp.Probe(IPv4Address("10.244.3.0"), 0, send_error="No route to host"),
-          1.0, encap)
+          1.0)
     assert (unsendable.verdict, unsendable.detail, unsendable.loss) == (
         "unreachable", "echoes to 10.244.3.0 cannot be sent: No route to host", None)
 
@@ -284,8 +311,7 @@ n3 not checked: the check in lab-n3 failed (exit 1): boom
 --subnet-file=/run/lab/n3/subnet.env
 failing pairs:
   n1 -> n3: timeout: silence
-    next: run flannelctl doctor on n1 (it probes n3 on the underlay and on its encapsulation \
-port, telling a node that is down from a blocked port), then on n3
+    next: run flannelctl doctor on n1, then on n3
     n1: ip netns exec lab-n1 {ctl} doctor --etcd-endpoints=http://192.168.111.1:2379 \
 --subnet-file=/run/lab/n1/subnet.env
   n2 -> n3: no-lease: n3 holds no lease in the store (is its flanneld running?)
@@ -358,7 +384,9 @@ def test_no_subnet_env_is_said_plainly(tmp_path, capsys, flannel_log_level):
     assert main(["check", "--json", f"--subnet-file={missing}"]) == 1
     assert json.loads(capsys.readouterr().out) == {
         "ok": False, "peers": [],
-        "error": f"{missing}: missing: is flanneld running on this node? run flannelctl doctor"}
+        "error": f"{missing}: missing: is flanneld running on this node? run flannelctl doctor",
+        "store": "etcd http://127.0.0.1:4001,http://127.0.0.1:2379, prefix /coreos.com/network, "
+                 f"from the flags given; subnet.env {missing}"}
 
 
 def test_plan_decides_what_needs_no_echo():
@@ -368,6 +396,7 @@ def test_plan_decides_what_needs_no_echo():
     from flannel.ops.check import plan
     from flannel.ops.checks import Context
     from flannel.ops.leases import LeaseRow
+    from flannel.ops.plans import describe as describe_leases
 
     def lease(subnet: str, public: str | None, backend: str, data: str | None = None,
               etcd_lease: int = 5) -> LeaseRow:
@@ -376,29 +405,38 @@ def test_plan_decides_what_needs_no_echo():
             backend_data=data), etcd_lease_id=etcd_lease)
         return LeaseRow(made.key, made)
 
-    mac = '{"VNI":1,"VtepMAC":"f6:be:b0:e3:fd:1c"}'
+    def mac(last: int) -> str:
+        return f'{{"VNI":1,"VtepMAC":"f6:be:b0:e3:fd:{last:02x}"}}'
+
+    config = parse_config('{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}')
     ctx = Context(Path("subnet.env"), Path("/proc/sys"), [], [], 1.0, False,
-                  env={"FLANNEL_SUBNET": "10.244.1.1/24"},
-                  config=parse_config('{"Network":"10.244.0.0/16","Backend":{"Type":"vxlan"}}'),
-                  rows=[lease("10.244.1.0/24", "192.168.111.11", "vxlan", mac),  # this node
-                        lease("10.244.2.0/24", "192.168.111.12", "vxlan", mac),
-                        lease("10.244.3.0/24", "192.168.111.13", "vxlan", mac),
+                  env={"FLANNEL_SUBNET": "10.244.1.1/24"}, config=config,
+                  rows=[lease("10.244.1.0/24", "192.168.111.11", "vxlan", mac(1)),  # this node
+                        lease("10.244.2.0/24", "192.168.111.12", "vxlan", mac(0x1c)),
+                        lease("10.244.3.0/24", "192.168.111.13", "vxlan", mac(3)),
                         lease("10.244.4.0/24", "192.168.111.14", "host-gw"),
                         lease("10.244.5.0/24", "192.168.111.15", "vxlan"),  # no VTEP MAC
-                        lease("10.244.6.0/24", "192.168.111.16", "", etcd_lease=0)])
-    kernel = Programmed({IPv4Network("10.244.2.0/24"): "flannel.1",
-                         IPv4Network("10.244.4.0/24"): "eth0"},
-                        {"10.244.2.0": "f6:be:b0:e3:fd:1c"},
-                        frozenset({("f6:be:b0:e3:fd:1c", "192.168.111.12")}))
-    probe, decided = plan(ctx, kernel)
+                        lease("10.244.6.0/24", "192.168.111.16", "", etcd_lease=0),
+                        lease("10.99.7.0/24", "192.168.111.17", "vxlan", mac(7))])
+    node = NodeView(config, ctx.own_lease, {"flannel.1": 7}, 2, IPv4Address("192.168.111.11"))
+    description = describe_leases(VxlanBackend, node, ctx.leases)
+    route = Route("10.244.2.0/24", "10.244.2.0", 7, onlink=True)
+    kernel = KernelEntries({route.dst: (route, 151)},
+                           {(7, "10.244.2.0"): Neighbour(7, "10.244.2.0", "f6:be:b0:e3:fd:1c")},
+                           frozenset({FdbEntry(7, "f6:be:b0:e3:fd:1c", "192.168.111.12")}),
+                           {7: "flannel.1"})
+    probe, decided = plan(ctx, description, kernel, None)
     assert [(row.subnet.exploded, row.target) for row in probe] == [
         ("10.244.2.0/24", "10.244.2.0")]
+    # The reservation no node has taken (10.244.6.0) is no row.
     assert [(row.subnet.exploded, row.verdict, row.detail) for row in decided] == [
-        ("10.244.3.0/24", "not-programmed", "this node has no route to 10.244.3.0/24: "
-         "flanneld here has not programmed that lease"),
-        ("10.244.4.0/24", "not-programmed", "its lease carries BackendType host-gw but this "
-         "node runs vxlan, whose leases carry BackendType vxlan: flanneld ignores it"),
-        ("10.244.5.0/24", "bad-lease", "no flanneld programs this lease (no public IP, "
-         "outside the Network, or a vxlan lease without a VTEP MAC)")]
-    # Without a readable kernel every usable peer is probed.
-    assert [row.target for row in plan(ctx, None)[0]] == ["10.244.2.0", "10.244.3.0"]
+        ("10.244.3.0/24", "not-programmed", "this node lacks what flanneld makes for it: no "
+         "route to 10.244.3.0/24 (node 192.168.111.13)"),
+        ("10.244.4.0/24", "skipped", "skipped by flanneld: its node runs the host-gw backend, "
+         "which this node's vxlan backend cannot reach; every node of a network must run the "
+         "same backend"),
+        ("10.244.5.0/24", "skipped", "skipped by flanneld: its IPv4 backend data has no valid "
+         "VtepMAC (a vxlan lease needs {\"VtepMAC\":\"<6-byte MAC>\"}); the node that owns it "
+         "rewrites it on restart, or delete the lease"),
+        ("10.99.7.0/24", "skipped", "skipped by flanneld: subnet 10.99.7.0/24 lies outside the "
+         "Network 10.244.0.0/16")]

@@ -17,23 +17,30 @@ from typing import NoReturn
 
 import pytest
 
-from flannel.backend.base import Applier, ApplyResult, Backend, BackendOptions, LocalNetwork
+from flannel.backend.base import (
+    Applier,
+    ApplyResult,
+    Backend,
+    BackendOptions,
+    Encapsulation,
+    LocalNetwork,
+)
 from flannel.backend.footprint import PER_PEER, Footprint
 from flannel.cni.plugin import parse_subnet_env
 from flannel.config import NetworkConfig, parse_config
 from flannel.daemon import Daemon
 from flannel.flags import parse_args
 from flannel.kernel.iface import ExternalInterface
-from flannel.lab.etcd import free_port
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
+from flannel.reporting.skips import SkippedRecords
 from flannel.rules.manager import RulesStatus
 from flannel.rules.spec import PeerAddresses
 from flannel.settings import InterfaceSettings, RulesSettings, Settings
 from flannel.subnet.envfile import SubnetEnv, write_subnet_env
 from flannel.subnet.errors import StoreError, StoreUnavailable
 from flannel.subnet.manager import StoreStatus
-from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+from flannel_lab.etcd import free_port
 from tests.support.waiting import async_wait_until
 
 CONFIG = '{"Network": "10.5.0.0/16", "Backend": {"Type": "host-gw"}}'
@@ -175,11 +182,10 @@ class Node:
                              rules=self._rules)
         self.task: asyncio.Task[int] | None = None
         self.rules: InstalledRules | None = None
-        self.encap_ports: dict[int, tuple[int, ...]] | None = None
 
     def _rules(self, rules: RulesSettings, _config: NetworkConfig, _lease: Lease,
-               encap_ports: dict[int, tuple[int, ...]]) -> InstalledRules:
-        self.rules, self.encap_ports = InstalledRules(rules.resync), encap_ports
+               _encapsulation: Encapsulation) -> InstalledRules:
+        self.rules = InstalledRules(rules.resync)
         return self.rules
 
     async def _interface(self, _settings: InterfaceSettings, _config: NetworkConfig,

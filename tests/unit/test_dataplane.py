@@ -22,13 +22,13 @@ from flannel.backend.alloc import AllocBackend
 from flannel.backend.base import Applier, ApplyResult, Backend, RouteLookup
 from flannel.backend.hostgw import HostGwBackend
 from flannel.config import check_network_config, parse_config
-from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.dataplane.loop import COMPONENT, NOT_PROGRAMMED, Dataplane
 from flannel.kernel import device, rtnl
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState
 from flannel.kernel.rtnl import Route
 from flannel.lease import Lease, LeaseAttrs
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from tests.support.clock import FakeClock
 from tests.support.fakenetlink import FakeKernel
 from tests.support.waiting import async_wait_until
@@ -153,9 +153,10 @@ async def test_peer_sets_handed_over_during_a_pass_coalesce_into_one_pass():
 
 async def test_a_refused_change_is_not_ready_with_advice_retried_with_backoff_and_recovers(
         caplog):
-    caplog.set_level(logging.INFO, "flannel.dataplane")
+    caplog.set_level(logging.INFO, "flannel.dataplane.loop")
     kernel = FakeKernel()
-    kernel.refusals["replace route 10.244.3.0/24"] = errno.ENETUNREACH
+    # Every peer's route: this node's problem (its underlay), not one peer's.
+    kernel.refusals["replace route"] = errno.ENETUNREACH
     clock = FakeClock()
     async with running(hostgw(), kernel, clock=clock) as dataplane:
         dataplane.set_peers([peer(2), peer(3)])
@@ -170,14 +171,15 @@ async def test_a_refused_change_is_not_ready_with_advice_retried_with_backoff_an
             await parked(clock, then)
             assert dataplane.status.passes == passes + 1
         assert readiness(dataplane) == (False, NOT_PROGRAMMED + (
-            "1 of 1 changes failed, first: Network is unreachable (replace route "
-            "10.244.3.0/24 via 192.168.1.3); host-gw needs every node on one L2 segment: a "
+            "2 of 2 changes failed, first: Network is unreachable (replace route "
+            "10.244.2.0/24 via 192.168.1.2); host-gw needs every node on one L2 segment: a "
             "peer's public IP must be directly reachable on eth0, with no router in between; "
             "across routed networks use the vxlan backend (DirectRouting keeps direct routes "
             "for the peers on the same segment)"))
         # The socket is replaced after a failure, closed where it was used.
         assert len(kernel.handles) == 4 and kernel.handles[0].closed_in is not None
-        del kernel.refusals["replace route 10.244.3.0/24"]
+        assert dataplane.backend.admission.refused == {}
+        del kernel.refusals["replace route"]
         await clock.advance(0.2)
         await programmed(dataplane)
         assert kernel.ours() == {route(2), route(3)}
@@ -187,8 +189,93 @@ async def test_a_refused_change_is_not_ready_with_advice_retried_with_backoff_an
     assert "reconcile recovered" in caplog.messages
 
 
+async def test_a_peer_the_kernel_refuses_is_parked_and_the_others_are_programmed_and_ready(
+        caplog):
+    caplog.set_level(logging.INFO)
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24"] = errno.ENETUNREACH  # its public IP
+    clock = FakeClock()
+    backend = hostgw()
+    async with running(backend, kernel, clock=clock) as dataplane:
+        dataplane.set_peers([peer(2), peer(3), peer(4)])
+        await programmed(dataplane)
+        assert kernel.ours() == {route(2), route(4)}
+        assert dataplane.status.programmed_peers == 2 and dataplane.status.failed_passes == 0
+        why = ("Network is unreachable (replace route 10.244.3.0/24 via 192.168.1.3); host-gw "
+               "needs every node on one L2 segment: a peer's public IP must be directly "
+               "reachable on eth0, with no router in between; across routed networks use the "
+               "vxlan backend (DirectRouting keeps direct routes for the peers on the same "
+               "segment)")
+        assert backend.admission.refused == {"10.244.3.0-24": ("kernel_refused", why)}
+        assert backend.admission.refusals["kernel_refused"] == 1
+        assert caplog.text.count("skipping peer 10.244.3.0-24 (public IP 192.168.1.3): the "
+                                 "kernel refused it") == 1
+        # Tried again after its own backoff (5 s, then 10 s), the others left alone.
+        await parked(clock, 5.0)
+        requests = kernel.requests
+        await clock.advance(5.0)
+        await parked(clock, 10.0)
+        assert kernel.requests == requests + 1 and readiness(dataplane)[0]
+        assert backend.admission.refusals["kernel_refused"] == 2
+        assert caplog.text.count("skipping peer 10.244.3.0-24") == 1  # logged once
+        # Once the kernel takes it, it is programmed and no longer refused.
+        del kernel.refusals["replace route 10.244.3.0/24"]
+        await clock.advance(10.0)
+        await until(lambda: kernel.ours() == {route(2), route(3), route(4)}, "the retry")
+        assert backend.admission.refused == {} and dataplane.status.programmed_peers == 3
+        assert "peer 10.244.3.0-24 is programmed now" in caplog.text
+        assert clock.timers() == [300]  # only the periodic pass is due
+
+
+async def test_a_lone_peer_the_kernel_refuses_is_its_own_problem():
+    # At start the bad lease may be the only one known yet: refused alone, it is parked.
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24"] = errno.ENETUNREACH
+    backend = hostgw()
+    async with running(backend, kernel, clock=FakeClock()) as dataplane:
+        dataplane.set_peers([peer(3)])
+        await programmed(dataplane)
+        assert set(backend.admission.refused) == {"10.244.3.0-24"}
+        assert dataplane.status.failed_passes == 0 and dataplane.status.programmed_peers == 0
+        dataplane.set_peers([peer(3), peer(2)])
+        await until(lambda: kernel.ours() == {route(2)}, "the good peer")
+
+
+@pytest.mark.parametrize("code", [errno.ENODEV, errno.ENOBUFS])
+async def test_a_refusal_about_the_device_or_the_socket_is_this_nodes(code):
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24"] = code
+    backend = hostgw()
+    async with running(backend, kernel, clock=FakeClock()) as dataplane:
+        dataplane.set_peers([peer(2), peer(3)])
+        await until(lambda: dataplane.status.failed_passes >= 1, "a failed pass")
+        assert not readiness(dataplane)[0] and backend.admission.refused == {}
+
+
+async def test_a_parked_peer_whose_lease_changes_is_tried_at_once_and_forgotten_when_gone():
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24 via 192.168.1.3"] = errno.ENETUNREACH
+    clock = FakeClock()
+    backend = hostgw()
+    async with running(backend, kernel, clock=clock) as dataplane:
+        dataplane.set_peers([peer(2), peer(3)])
+        await programmed(dataplane)
+        assert set(backend.admission.refused) == {"10.244.3.0-24"}
+        moved = Lease(IPv4Network("10.244.3.0/24"), attrs=LeaseAttrs(
+            public_ip=IPv4Address("192.168.1.9"), backend_type="host-gw"))
+        dataplane.set_peers([peer(2), moved])  # no clock moves: at once
+        await until(lambda: route(3, "192.168.1.9") in kernel.ours(), "the moved peer")
+        assert backend.admission.refused == {}
+        dataplane.set_peers([peer(2), peer(3)])
+        await until(lambda: set(backend.admission.refused) == {"10.244.3.0-24"}, "refused")
+        dataplane.set_peers([peer(2)])
+        await programmed(dataplane)
+        await until(lambda: backend.admission.refused == {}, "forgotten")
+        assert kernel.ours() == {route(2)} and clock.timers() == [300]
+
+
 async def test_drift_is_not_ready_until_repaired_and_counted_by_kind(caplog):
-    caplog.set_level(logging.INFO, "flannel.dataplane")
+    caplog.set_level(logging.INFO, "flannel.dataplane.loop")
     kernel = FakeKernel()
     async with running(hostgw(), kernel) as dataplane:
         dataplane.set_peers([peer(2), peer(3)])
@@ -383,7 +470,7 @@ class BuggyHostGw(HostGwBackend):
 
 
 async def test_a_bug_in_a_backend_ends_the_data_plane_instead_of_being_retried(caplog):
-    caplog.set_level(logging.INFO, "flannel.dataplane")
+    caplog.set_level(logging.INFO, "flannel.dataplane.loop")
     backend = BuggyHostGw()
     backend.fault = TypeError("unsupported operand type(s) for +: 'int' and 'str'")
     dataplane = Dataplane(backend, Readiness([COMPONENT]), netlink=FakeKernel().open,
@@ -426,7 +513,7 @@ async def test_a_bug_in_an_applier_ends_the_data_plane():
 
 
 def test_the_real_clock_waits_for_the_event_or_the_time():
-    from flannel.clock import SYSTEM
+    from flannel.timing.clock import SYSTEM
 
     async def both() -> tuple[bool, bool, float]:
         event = asyncio.Event()

@@ -1,15 +1,25 @@
 """Property tests: every decoder flanneld applies to the store, its files, the udp
-backend's datagrams and the API servers' HTTP responses survives hostile input (targets in
-tests/support/fuzz_store.py, tests/support/fuzz_backends.py, tests/support/fuzz_udp.py and
-tests/support/fuzz_http.py; bench/fuzz.py runs many more)."""
+backend's datagrams, the API servers' HTTP responses, the answers of etcd and the
+Kubernetes API, and what the cloud APIs, metadata services, charon and WireGuard answer
+survives hostile input (targets in tests/support/fuzz_store.py, fuzz_backends.py,
+fuzz_udp.py, fuzz_http.py, fuzz_answers.py and fuzz_cloud.py; bench/fuzz.py runs many
+more)."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.support import fuzz_backends, fuzz_http, fuzz_store, fuzz_udp
+from tests.support import (
+    fuzz_answers,
+    fuzz_backends,
+    fuzz_cloud,
+    fuzz_http,
+    fuzz_store,
+    fuzz_udp,
+)
 from tests.support.fuzzing import examples
 
-TARGETS = fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS + fuzz_http.TARGETS
+TARGETS = (fuzz_store.TARGETS + fuzz_backends.TARGETS + fuzz_udp.TARGETS + fuzz_http.TARGETS
+           + fuzz_answers.TARGETS + fuzz_cloud.TARGETS)
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=[t.name for t in TARGETS])

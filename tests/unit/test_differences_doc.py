@@ -23,17 +23,20 @@ KNOWN_DIFFERENCES = frozenset({
     "etcd-prefix-not-a-regex", "etcd-endpoints-lenient", "etcd-username-without-password",
     "etcd-json-gateway", "lost-race-retried", "subnet-search-hashed", "reservations-honoured",
     "renewal-revokes-old-lease", "remote-ttl-not-looked-up", "etcd-reset-detected",
-    "store-errors-classified", "relist-reports-changed-attributes",
+    "store-errors-classified", "relist-reports-changed-attributes", "etcd-listing-in-pages",
+    "etcd-watch-backoff", "answer-budgets",
     # any store, the network config, the interface
     "unusable-records-skipped", "invalid-config-exits-1", "non-masquerade-cidrs",
+    "lease-identities-unique", "bad-peers-parked",
     "no-link-local-public-address",
     # data plane and backends
     "continuous-reconcile", "adopts-previous-routes", "readiness-includes-dataplane",
     "blackhole-metric", "vtep-mac-derived", "vxlan-ipv6-mtu", "ipip-mtu", "ipip-ipv6-refused",
     "extension-retries", "extension-ipv6-env", "extension-encap-overhead",
     "cloud-routes-reconciled", "ali-vpc-reconciled",
-    "gce-routes-reconciled", "gce-options-and-identity",
-    "tencent-secret-not-logged", "udp-icmp-reaches-sender", "udp-other-backends-not-peers",
+    "gce-routes-reconciled", "gce-options-and-identity", "cloud-routes-marked",
+    "cloud-answers-bounded", "tencent-secret-not-logged", "udp-icmp-reaches-sender",
+    "udp-other-backends-not-peers",
     "udp-tun-kept", "udp-runt-no-icmp", "wireguard-kept-across-restarts",
     "wireguard-peers-reconciled", "wireguard-failing-handshakes", "wireguard-genl-messages",
     "wireguard-genl-errors", "neighbours-adopted-any-protocol",
@@ -43,7 +46,7 @@ KNOWN_DIFFERENCES = frozenset({
     "iptables-refill-chains", "nftables-rechecked", "iptables-mode",
     # health, tools, memory
     "readyz-no-paths", "metrics-and-status", "flannelctl-cleanup", "lazy-store-clients",
-    "health-server-bounded", "local-socket", "encap-peers-only",
+    "health-server-bounded", "local-socket", "encap-peers-only", "pod-encap-dropped",
     # files, the image and its tools
     "key-and-tls-files-checked", "subnet-env-dir-warning", "image-paths-are-links",
     "install-conf-checked", "mk-docker-opts-as-data", "image-minimal",
@@ -54,6 +57,7 @@ KNOWN_DIFFERENCES = frozenset({
     "kube-writes-retried", "kube-readiness-lease-published", "kube-start-waits-for-node",
     "kube-pod-cidr-change-reported", "kube-node-name-checked", "kube-watch-reopen-backoff",
     "kube-list-resumes", "kubeconfig-duplicate-key", "kube-http-1-0-keep-alive",
+    "kube-no-redirects",
     # Helm chart
     "chart-default-image", "chart-tunnel-mode-json", "chart-values-checked", "chart-extra-keys",
     "chart-objects",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.dockeropts import main, render
+from flannel.optbin.dockeropts import main, render
 
 MK_DOCKER_OPTS = str(Path(sys.executable).parent / "mk-docker-opts")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flannel.subnet.etcd.client import EtcdClient, EtcdOptions, parse_endpoints
+from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel.subnet.etcd.manager import EtcdSubnetManager
 
 

@@ -18,11 +18,11 @@ import pytest
 from flannel.backend.base import BackendError, BackendOptions
 from flannel.backend.extension import ExtensionBackend
 from flannel.config import check_network_config, parse_config
-from flannel.dataplane import COMPONENT, NOT_PROGRAMMED, Dataplane
+from flannel.dataplane.loop import COMPONENT, NOT_PROGRAMMED, Dataplane
 from flannel.kernel.host import Host
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Lease, LeaseAttrs
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from tests.support.waiting import async_wait_until
 
 PY = sys.executable
@@ -187,7 +187,7 @@ async def test_subnet_commands_follow_the_peers_through_the_data_plane(calls):
 
 async def test_peers_the_subnet_command_fails_for_are_skipped_not_a_readiness_failure(
         calls, tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr("flannel.extension.peers.BAD_PEER_BACKOFF", (0.2, 0.4))
+    monkeypatch.setattr("flannel.reporting.skips.PARKED_BACKOFF", (0.2, 0.4))
     ext = backend(SubnetAddCommand=f"{PY} -c $REC add $SUBNET")
     (engine,) = ext.appliers()
     (tmp_path / "gate").unlink()

@@ -8,7 +8,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
 
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.extension.peers import (
     CommandFailed,
     ExtensionConfig,
@@ -165,7 +165,7 @@ def test_a_peer_the_command_fails_for_is_skipped_and_retried_with_backoff(tmp_pa
     gate.touch()
     now[0] += 300
     status = peers.reconcile([lease(2, data='"0e:00:00:00:00:22"'), lease(3)])
-    assert status.bad == [] and status.retry_in == 0 and peers.bad == {}
+    assert status.bad == [] and status.retry_in == 0 and not peers.bad
     assert "extension lease 10.5.2.0-24 is no longer refused" in caplog.text
     # The remove command failing for a peer is the same: skipped, retried later.
     gate.unlink()

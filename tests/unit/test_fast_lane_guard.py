@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 INNER = '''
 import subprocess
 import pytest
-from flannel.lab.etcd import EtcdServer
+from flannel_lab.etcd import EtcdServer
 from tests.support import netns
 
 def test_makes_a_namespace():

@@ -6,7 +6,7 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from flannel.backenderrors import BackendConfigError
+from flannel.backendconf.errors import BackendConfigError
 from flannel.cloud.base import CloudError
 from flannel.cloud.gce import GceConfig, route_name
 from flannel.cloud.gceauth import metadata_base

@@ -23,7 +23,7 @@ from flannel.backend.wireguard import WireguardBackend
 from flannel.config import parse_config
 from flannel.monitor.metrics import Exposition
 from flannel.monitor.nodestate import NodeState
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
 from flannel.subnet.watch import Snapshot
 from flannel.udp.forwarder import ForwarderStatus
 from flannel.udp.worker import COUNTERS
@@ -127,6 +127,7 @@ async def served(tmp_path) -> set[str]:
         await node.wait_readyz(200)
         assert node.rules is not None
         node.rules.status.filtered = (4,)  # as with --encap-peers-only: its families too
+        node.rules.status.pod_encap = (4,)  # as with --drop-pod-encap (the default)
         _, body = await get(node.port, "/metrics")
     finally:
         await node.stop()

@@ -93,7 +93,11 @@ async def test_idle_connections_beyond_the_limit_make_room_for_a_probe(caplog):
     idle = []
     try:
         for _ in range(10):
+            # A start of a request and no more (a connection that sends nothing at all is
+            # left to the kernel until it does: TCP_DEFER_ACCEPT).
             idle.append(await asyncio.open_connection(*server.address))
+            idle[-1][1].write(b"GET /readyz HTTP/1.1\r\n")
+            await asyncio.sleep(0.02)
         # The six oldest are closed to keep four open; the probe gets an answer.
         reply = await _get(server.address[1])
         assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
@@ -122,4 +126,26 @@ async def test_a_request_that_never_comes_is_timed_out(monkeypatch):
         writer.close()
         assert server.stats.timed_out == 1 and server.stats.open == 0
     finally:
+        await server.stop()
+
+
+async def test_connections_that_send_nothing_cost_nothing_until_they_do():
+    """The kernel holds a connection until its first bytes (TCP_DEFER_ACCEPT): a client
+    reopening each closed connection at once cannot keep flanneld accepting and closing."""
+    import asyncio
+
+    server = HealthServer(lambda: (True, ""), max_connections=4)
+    await server.start("127.0.0.1", 0)
+    silent = []
+    try:
+        for _ in range(50):
+            silent.append(await asyncio.open_connection(*server.address))
+        await asyncio.sleep(0.5)
+        assert server.stats.accepted == 0 and server.stats.dropped == 0
+        reply = await _get(server.address[1])
+        assert reply.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert server.stats.accepted == 1
+    finally:
+        for _, writer in silent:
+            writer.close()
         await server.stop()

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from flannel import heap
+from flannel.dataplane import heap
 
 
 def _rss_kib() -> int:

@@ -1,4 +1,4 @@
-"""flannel.httpclient's reading of responses against a tiny server that writes raw bytes:
+"""flannel.clients.http's reading of responses against a tiny server that writes raw bytes:
 when a connection may carry another request, which answers are refused, and a request body
 streamed while the response is read."""
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from flannel.httpclient import MAX_HEAD_BYTES, BodyTooLarge, Connection, ProtocolError
+from flannel.clients.http import MAX_HEAD_BYTES, BodyTooLarge, Connection, ProtocolError
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -157,3 +157,47 @@ async def test_a_connection_is_reusable_only_once_the_streamed_body_ended_too():
         await conn.end_body()
         after = conn.reusable
     assert (body, before, after) == (b"ok", False, True)
+
+
+async def test_a_line_must_arrive_within_its_budget_from_its_first_byte():
+    """A stream's message that drips (here a byte every 0.1 s) is cut once its budget's
+    seconds have passed since its first byte, however often bytes come; messages that
+    arrive in time are read, and the quiet between messages does not count."""
+    from flannel.clients.http import Budget
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline() not in (b"\r\n", b""):
+            pass
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"6\r\nfirst\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1.5)  # quiet: no message under way
+        writer.write(b"7\r\nsecond\n\r\n")
+        while True:
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+
+    got = []
+    async with connected(answer) as conn:
+        await conn.send("GET", "/watch", "h", {})
+        head = await conn.read_head()
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError) as caught:
+            async for line in conn.lines(head, Budget(1024, 100, 1.0)):
+                got.append(line)
+                started = loop.time()
+        assert 0.9 < loop.time() - started < 2
+    assert got == [b"first", b"second"]
+    assert str(caught.value) == "a message took longer than its budget of 1s to arrive"
+
+
+def test_a_budget_refuses_more_elements_than_it_allows_before_decoding():
+    from flannel.clients.http import Budget
+    from flannel.untrusted.boundedjson import JSONLimitError
+
+    budget = Budget(max_bytes=1 << 20, max_elements=1000, seconds=5)
+    assert budget.decode(b'{"kvs": [' + b"{}," * 400 + b"{}]}", "a page")["kvs"][0] == {}
+    with pytest.raises(JSONLimitError, match="a page has more JSON elements than the limit of "
+                                             "1000"):
+        budget.decode(b"[" + b"[]," * 5000 + b"[]]", "a page")

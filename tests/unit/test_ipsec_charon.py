@@ -7,6 +7,7 @@ that ignores SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from vici.protocol import Message
@@ -181,3 +183,105 @@ def test_a_charon_that_ignores_sigterm_is_killed_and_reported_stopped(tmp_path):
         stubborn.wait()
         if stubborn.stdout is not None:
             stubborn.stdout.close()
+
+
+def _event(name: str, message: dict) -> bytes:
+    body = bytes([7, len(name)]) + name.encode() + Message.serialize(message)
+    return struct.pack("!I", len(body)) + body
+
+
+def _stream(events):
+    """A VICI socket's answers to one streamed request (register, request, unregister):
+    ``events(conn)`` writes what comes between the confirmation and the response."""
+    def answer(conn) -> None:
+        confirm = struct.pack("!I", 1) + bytes([5])
+        conn.sendall(confirm)  # the registration
+        length, = struct.unpack("!I", conn.recv(4))
+        conn.recv(length)  # the request
+        events(conn)
+        # What follows finds the client gone when it cut the stream.
+        with contextlib.suppress(OSError, struct.error):
+            done = bytes([1]) + Message.serialize({})
+            conn.sendall(struct.pack("!I", len(done)) + done)
+            length, = struct.unpack("!I", conn.recv(4))
+            conn.recv(length)
+            conn.sendall(confirm)  # the unregistration
+    return answer
+
+
+def _endless(conn) -> None:
+    event = _event("list-sa", {"x": {"state": "ESTABLISHED"}})
+    try:
+        for _ in range(10 ** 6):
+            conn.sendall(event)
+    except OSError:
+        pass
+
+
+def _drip(conn) -> None:
+    event = _event("list-sa", {"x": {"state": "ESTABLISHED"}})
+    try:
+        for byte in event:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.1)
+    except OSError:
+        pass
+
+
+@pytest.mark.parametrize(("events", "cause"), [
+    pytest.param(lambda conn: conn.sendall(struct.pack("!I", 2 ** 32 - 1)),
+                 "a message of 4294967295 bytes, over the limit of 65536; refusing the "
+                 "answer", id="huge"),
+    pytest.param(_endless, "more than 50 events for one request; refusing the answer",
+                 id="endless"),
+    pytest.param(_drip, "no reply within 0.5s", id="drip"),
+])
+def test_a_vici_answer_beyond_its_bounds_is_cut(monkeypatch, tmp_path, events, cause):
+    monkeypatch.setattr(charon, "REQUEST_TIMEOUT", 0.5)
+    monkeypatch.setattr(charon, "MAX_EVENTS", 50)
+    spec = CharonSpec(libipsec=False, socket_path=tmp_path / "charon.vici", state_dir=tmp_path)
+    server, thread = _serve_once(spec.socket_path, _stream(events))
+    started = time.monotonic()
+    try:
+        with pytest.raises(CharonError) as raised, Charon(spec).session() as vici:
+            charon.sa_states(vici)
+        assert str(raised.value) == f"charon on {spec.socket_path} failed a request: {cause}"
+        assert time.monotonic() - started < 3
+    finally:
+        thread.join(5)
+        server.close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.parametrize(("event", "message"), [
+    ({"flannel-a": {"state": ["ESTABLISHED"]}},
+     "charon sent the state of IKE SA flannel-a as a list, not a value"),
+    ({"flannel-a": {"state": "ESTABLISHED", "child-sas": "none"}},
+     "charon sent a list-sa child event that is not a section"),
+])
+def test_sas_of_another_shape_are_refused_by_name(tmp_path, event, message):
+    spec = CharonSpec(libipsec=False, socket_path=tmp_path / "charon.vici", state_dir=tmp_path)
+    wire = _event("list-sa", event)
+    server, thread = _serve_once(spec.socket_path, _stream(lambda conn: conn.sendall(wire)))
+    try:
+        with pytest.raises(CharonError) as raised, Charon(spec).session() as vici:
+            charon.sa_states(vici)
+        assert str(raised.value) == message
+    finally:
+        thread.join(5)
+        server.close()
+
+
+def test_sas_are_kept_only_as_far_as_the_backend_reads_them(tmp_path):
+    spec = CharonSpec(libipsec=False, socket_path=tmp_path / "charon.vici", state_dir=tmp_path)
+    sa = {"flannel-a": {"state": "ESTABLISHED", "remote-host": "10.0.0.2",
+                        "child-sas": {"c-1": {"state": "INSTALLED", "bytes-in": "5"}}}}
+    wire = _event("list-sa", sa)
+    server, thread = _serve_once(spec.socket_path, _stream(lambda conn: conn.sendall(wire)))
+    try:
+        with Charon(spec).session() as vici:
+            assert charon.sa_states(vici) == [{"flannel-a": {
+                "state": b"ESTABLISHED", "child-sas": {"c-1": {"state": b"INSTALLED"}}}}]
+    finally:
+        thread.join(5)
+        server.close()

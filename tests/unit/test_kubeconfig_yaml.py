@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from flannel.subnet.kube.auth import StaticToken
-from flannel.subnet.kube.config import KubeConfigError, from_kubeconfig
+from flannel.clients.kube.auth import StaticToken
+from flannel.clients.kube.config import KubeConfigError, from_kubeconfig
 
 KUBECONFIG = """\
 # written by kubectl config set-cluster

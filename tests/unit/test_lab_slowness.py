@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab import slowness
-from flannel.lab.cluster import Lab, LabError, run
+from flannel_lab import slowness
+from flannel_lab.cluster import Lab, LabError, run
 from tests.support.waiting import async_wait_until, wait_until
 
 

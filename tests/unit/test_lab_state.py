@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from flannel.lab import cluster
-from flannel.lab.cluster import Lab, LabError
+from flannel_lab import cluster
+from flannel_lab.cluster import Lab, LabError
 
 
 def test_a_pid_is_signalled_only_while_it_is_the_process_the_lab_started():

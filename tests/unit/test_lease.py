@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flannel import boundedjson
 from flannel.lease import Lease, LeaseAttrs, LeaseDecodeError, make_subnet_key, parse_subnet_key
+from flannel.untrusted import boundedjson
 
 
 @pytest.mark.parametrize(("key", "v4", "v6"), [

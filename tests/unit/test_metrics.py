@@ -19,12 +19,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flannel.backend.base import Applier, ApplyResult, BackendOptions, EngineSample
 from flannel.config import NetworkConfig
-from flannel.histogram import Durations
 from flannel.kernel.iface import ExternalInterface
 from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.monitor.health import HealthServer, same_host
 from flannel.monitor.nodestate import NodeState, status_document
-from flannel.readiness import Readiness
+from flannel.ops.status import render
+from flannel.reporting.histogram import Durations
+from flannel.reporting.readiness import Readiness
 from flannel.subnet.watch import Changes, Snapshot
 from tests.support.waiting import async_wait_until
 from tests.unit.test_daemon import OWN_LEASE, PEER, Node, RecordingBackend
@@ -182,7 +183,7 @@ async def test_status_document_says_what_the_daemon_holds(tmp_path):
     assert doc["network"] == {"network": "10.5.0.0/16", "ipv6_network": None,
                               "backend": "host-gw"}
     assert doc["peers"] == {"known": 2, "for_backend": 2, "programmed": 2, "skipped": 1,
-                            "refused": 0, "refused_reasons": {},
+                            "refused": 0, "refused_reasons": {}, "refused_kinds": {},
                             "skipped_reasons": {"10.9.3.0-24": "subnet 10.9.3.0/24 lies "
                                                 "outside the Network 10.5.0.0/16"}}
     assert doc["engines"] == {"counting": {"peers": 2, "packets_total": 42, "Bad Name!": 1}}
@@ -337,7 +338,7 @@ async def test_netlink_families_move_with_refusals_drift_and_lost_events():
     )
 
     kernel = FakeKernel()
-    kernel.refusals["replace route 10.244.3.0/24"] = 101  # ENETUNREACH
+    kernel.refusals["replace route"] = 101  # ENETUNREACH for every peer: this node's problem
     clock = FakeClock()
     async with running(hostgw(), kernel, clock=clock) as dataplane:
         state = NodeState(dataplane.readiness, dataplane=dataplane, backend=dataplane.backend)
@@ -350,13 +351,14 @@ async def test_netlink_families_move_with_refusals_drift_and_lost_events():
         assert value(failing, "flannel_dataplane_in_sync") == 0
         assert value(failing, "flannel_peers_wanted") == 2
         assert value(failing, "flannel_peers_programmed") == 0
-        del kernel.refusals["replace route 10.244.3.0/24"]
+        assert value(failing, "flannel_peers_refused", reason="kernel_refused") == 0
+        del kernel.refusals["replace route"]
         await retried(clock)
         await programmed(dataplane)
         healthy = collected(state)
         assert value(healthy, "flannel_peers_programmed") == 2
-        # Counted by passes that succeed: route 2 went in with the failed pass, 3 after.
-        assert value(healthy, "flannel_reconcile_changes_total", kind="route") == 1
+        # Counted by passes that succeed.
+        assert value(healthy, "flannel_reconcile_changes_total", kind="route") == 2
         assert value(healthy, "flannel_drift_repairs_total", kind="route") is None
 
         await until(lambda: kernel.watching, "the event watch")
@@ -376,8 +378,56 @@ async def test_netlink_families_move_with_refusals_drift_and_lost_events():
         assert doc["dataplane"]["repaired"] == {"route": 1}
 
 
+async def test_peers_refused_are_counted_by_reason_and_listed_in_status():
+    from tests.support.clock import FakeClock
+    from tests.support.fakenetlink import FakeKernel
+    from tests.unit.test_dataplane import hostgw, peer, programmed, running
+
+    kernel = FakeKernel()
+    kernel.refusals["replace route 10.244.3.0/24"] = 101  # ENETUNREACH: that peer only
+    async with running(hostgw(), kernel, clock=FakeClock()) as dataplane:
+        state = NodeState(dataplane.readiness, dataplane=dataplane, backend=dataplane.backend)
+        dataplane.set_peers([peer(2), peer(3), peer(4)])
+        await programmed(dataplane)
+        samples = collected(state)
+        assert value(samples, "flannel_peers_programmed") == 2
+        assert value(samples, "flannel_peers_refused", reason="kernel_refused") == 1
+        assert value(samples, "flannel_peers_refused", reason="identity_taken") == 0
+        assert value(samples, "flannel_peer_refusals_total", reason="kernel_refused") == 1
+        peers = status_document(state)["peers"]
+        assert peers["programmed"] == 2 and peers["refused"] == 1
+        assert peers["refused_kinds"] == {"10.244.3.0-24": "kernel_refused"}
+        assert peers["refused_reasons"]["10.244.3.0-24"].startswith(
+            "Network is unreachable (replace route 10.244.3.0/24 via 192.168.1.3)")
+        # flannelctl status says what each refusal is.
+        table = render(status_document(state), "the socket")
+        assert ("2 programmed, 0 skipped as invalid, 1 parked (the kernel refused their "
+                "entries; retried)") in table, table
+        assert re.search(r"^  parked +10\.244\.3\.0-24: Network is unreachable", table,
+                         re.MULTILINE), table
+
+
+def test_status_footprint_names_the_port_any_host_may_inject_on_from_the_config():
+    from flannel.backend.udp import UdpBackend
+    from flannel.backend.vxlan import VxlanBackend
+    from flannel.backend.wireguard import WireguardBackend
+    from flannel.config import parse_config
+    from flannel.monitor.nodestate import footprint_document
+
+    ext = ExternalInterface("eth0", 2, 1500, IPv4Address("192.0.2.1"), None,
+                            IPv4Address("192.0.2.1"), None)
+
+    def port(cls: type, backend: str) -> object:
+        config = parse_config(f'{{"Network":"10.5.0.0/16","Backend":{backend}}}')
+        return footprint_document(cls(ext, config))["encap_port"]
+
+    assert port(VxlanBackend, '{"Type":"vxlan","Port":4789}') == 4789
+    assert port(UdpBackend, '{"Type":"udp"}') == 8285
+    assert port(WireguardBackend, '{"Type":"wireguard"}') is None  # authenticated
+
+
 async def test_a_failing_event_watch_is_counted():
-    from flannel.dataplane import COMPONENT, Dataplane
+    from flannel.dataplane.loop import COMPONENT, Dataplane
     from tests.support.fakenetlink import FakeKernel
     from tests.unit.test_dataplane import hostgw, peer, programmed, until
 
@@ -409,6 +459,7 @@ async def test_every_family_is_documented(tmp_path):
         await node.wait_readyz(200)
         assert node.rules is not None
         node.rules.status.filtered = (4,)  # as with --encap-peers-only over vxlan or udp
+        node.rules.status.pod_encap = (4,)  # as with --drop-pod-encap (the default)
         _, body = await get(node.port, "/metrics")
     families = {f.name + ("_total" if f.type == "counter" else "")
                 for f in text_string_to_metric_families(body) if f.name.startswith("flannel_")}

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flannel import backend, ctl, dockeropts
+from flannel import backend, ctl
 from flannel.flags import FLAGS, parse_namespace
+from flannel.optbin import dockeropts
 from tests.deploy.manifests import KUSTOMIZE, documents, pod_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,7 +160,8 @@ def test_mk_docker_opts_as_the_drop_in_runs_it(tmp_path):
     command = shlex.split(re.search(r"ExecStartPost=(.*)", dropin).group(1))
     prefix = re.search(r'^prefix=(\S+)$', (ROOT / "deploy/install-host.sh").read_text(), re.M)
     assert command[0] == f"{prefix.group(1)}/bin/mk-docker-opts"
-    assert 'mk-docker-opts = "flannel.dockeropts:main"' in (ROOT / "pyproject.toml").read_text()
+    assert ('mk-docker-opts = "flannel.optbin.dockeropts:main"'
+            in (ROOT / "pyproject.toml").read_text())
     subnet_env = tmp_path / "subnet.env"
     subnet_env.write_text("FLANNEL_NETWORK=10.5.0.0/16\nFLANNEL_SUBNET=10.5.72.1/24\n"
                           "FLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n")

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from flannel.backoff import Backoff
-from flannel.readiness import Readiness
+from flannel.reporting.readiness import Readiness
+from flannel.timing.backoff import Backoff
 
 
 async def test_ready_only_when_every_component_reported_ready_and_first_reason_wins():

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from flannel.fileutil import read_head
-from flannel.subnet.kube.config import KubeConfigError, from_kubeconfig
+from flannel.clients.kube.config import KubeConfigError, from_kubeconfig
+from flannel.files.fileutil import read_head
 
 
 def test_a_fifo_as_the_kubeconfig_is_refused_at_once(tmp_path):

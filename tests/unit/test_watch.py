@@ -9,9 +9,10 @@ from flannel.lease import Event, EventType, Lease, LeaseAttrs
 from flannel.subnet.watch import Changes, LeaseWatcher, Snapshot
 
 
-def lease(third: int, ip: str = "192.168.0.1", mac: str = "") -> Lease:
+def lease(third: int, ip: str = "", mac: str = "") -> Lease:
     return Lease(IPv4Network(f"10.1.{third}.0/24"),
-                 attrs=LeaseAttrs(public_ip=IPv4Address(ip), backend_type="vxlan",
+                 attrs=LeaseAttrs(public_ip=IPv4Address(ip or f"192.168.0.{third}"),
+                                  backend_type="vxlan",
                                   backend_data=f'{{"VtepMAC":"{mac}"}}' if mac else None))
 
 
@@ -78,7 +79,7 @@ def test_a_node_gaining_an_ipv6_subnet_replaces_its_lease():
     watcher = LeaseWatcher(OWN)
     watcher.apply(Changes([Event(EventType.ADDED, lease(2))]))
     dual = Lease(IPv4Network("10.1.2.0/24"), IPv6Network("fd00:2::/64"),
-                 attrs=LeaseAttrs(public_ip=IPv4Address("192.168.0.1"),
+                 attrs=LeaseAttrs(public_ip=IPv4Address("192.168.0.2"),
                                   public_ipv6=IPv6Address("fd00:ff::1")))
     watcher.apply(Changes([Event(EventType.ADDED, dual)]))
     assert watcher.leases == [dual]
@@ -119,6 +120,14 @@ def peer(key: str, ip: str | None = "192.168.0.9"):
     (peer("10.1.9.0-24", "127.0.0.1"), "PublicIP 127.0.0.1: it is a loopback address"),
     (peer("10.1.9.0-24", "224.0.0.1"), "PublicIP 224.0.0.1: it is a multicast address"),
     (peer("10.1.9.0-24", "169.254.3.3"), "PublicIP 169.254.3.3: it is a link-local address"),
+    (peer("10.1.9.0-24", "255.255.255.255"),
+     "PublicIP 255.255.255.255: it is the broadcast address"),
+    # Routes to a pod address through the overlay itself: the kernel refuses them, or loops.
+    (peer("10.1.9.0-24", "10.1.7.3"), "PublicIP 10.1.7.3: it lies inside the Network "
+                                      "10.1.0.0/16: a node's address is no pod's"),
+    # A udp lease naming this node: the forwarder sends the peer's traffic to itself.
+    (peer("10.1.9.0-24", "192.168.0.1"), "PublicIP 192.168.0.1: it is this node's own: "
+                                         "packets to that node would loop back here"),
 ])
 def test_unusable_peer_never_reaches_the_backend_and_is_counted(bad, reason, caplog):
     watcher = LeaseWatcher(OWN, CONFIG)
@@ -212,6 +221,37 @@ def test_a_lease_of_a_family_the_cluster_does_not_use_is_skipped():
     assert watcher.apply(Snapshot([OWN, v6_only])).events == []
     assert watcher.skipped.current == {
         "0.0.0.0-0&fd00:0:0:2::-64": "it carries no subnet of a family this cluster uses"}
+
+
+def test_an_ipv6_public_address_inside_the_ipv6_network_or_ours_is_refused():
+    from ipaddress import IPv6Address, IPv6Network
+
+    cfg = checked_config('{"EnableIPv4": false, "EnableIPv6": true, "IPv6Network": "fd00::/56"}')
+    own = Lease(None, IPv6Network("fd00:0:0:1::/64"),
+                LeaseAttrs(public_ipv6=IPv6Address("fd99::1")))
+    inside = Lease(None, IPv6Network("fd00:0:0:2::/64"),
+                   LeaseAttrs(public_ipv6=IPv6Address("fd00:0:0:7::3")))
+    ours = Lease(None, IPv6Network("fd00:0:0:3::/64"), LeaseAttrs(public_ipv6=IPv6Address(
+        "fd99::1")))
+    watcher = LeaseWatcher(own, cfg)
+    assert watcher.apply(Snapshot([own, inside, ours])).events == []
+    assert watcher.skipped.current == {
+        inside.key: "PublicIPv6 fd00:0:0:7::3: it lies inside the IPv6Network fd00::/56: a "
+                    "node's address is no pod's",
+        ours.key: "PublicIPv6 fd99::1: it is this node's own: packets to that node would "
+                  "loop back here"}
+
+
+def test_a_lease_created_again_is_handed_over_with_its_new_age():
+    # A key deleted and written again holds the same value but is younger: which of two
+    # leases claiming one identity wins may change.
+    peer = Lease(IPv4Network("10.5.2.0/24"), attrs=LeaseAttrs(IPv4Address("192.168.1.2")),
+                 created=7)
+    watcher = LeaseWatcher(None)
+    watcher.apply(Snapshot([peer]))
+    again = replace(peer, created=40)
+    assert watcher.apply(Changes([Event(EventType.ADDED, again)])).events == [
+        Event(EventType.ADDED, again)]
 
 
 def test_a_renewal_that_republishes_the_same_value_is_not_an_event():

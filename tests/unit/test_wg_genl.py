@@ -487,3 +487,25 @@ def test_a_failing_socket_is_a_control_error_not_a_crash():
     with pytest.raises(ControlError) as err:
         control.get()
     assert str(err.value) == "flannel-wg: generic netlink socket: No buffer space available"
+
+
+def test_a_dump_of_more_peers_than_the_bound_is_refused(monkeypatch):
+    monkeypatch.setattr(genl, "MAX_PEERS", 3)
+    peers = b"".join(nest(0, nla(P_PUBLIC_KEY, bytes([n]) * 32)) for n in range(1, 5))
+    body = genlhdr(WG_CMD_GET_DEVICE) + nest(D_PEERS, peers)
+    with pytest.raises(ControlError, match="the kernel answered more than 3 peers"):
+        genl.decode_get_device([body])
+
+
+def test_a_dump_that_never_ends_is_cut(monkeypatch):
+    """Datagrams for another request, forever: the reply's deadline ends the wait."""
+    monkeypatch.setattr(genl, "REPLY_TIMEOUT", 0.3)
+
+    class Endless(KernelDouble):
+        def recv(self, _size: int) -> bytes:
+            return nlmsg(FAMILY, NLM_F_MULTI, 999, genlhdr(WG_CMD_GET_DEVICE))
+
+    control = resolved(KernelDouble())
+    control._connect = lambda: genl.GenlSocket(Endless(lambda seq: []))
+    with pytest.raises(ControlError, match=r"the kernel's answer took more than 0.3s"):
+        control.get()

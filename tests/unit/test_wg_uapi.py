@@ -6,12 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flannel.wireguard import uapi
 from flannel.wireguard.keys import Secret
 from flannel.wireguard.uapi import (
     ControlError,
     DeviceUpdate,
     Peer,
     PeerUpdate,
+    UapiControl,
     _split_errno,
     decode_get,
     encode_set,
@@ -130,3 +132,51 @@ def test_any_get_answer_is_decoded_or_refused_as_a_control_error(lines):
         decode_get(text)
     except ControlError:
         pass
+
+
+def _peer_lines(count: int, allowed: int = 1) -> str:
+    return "".join(f"public_key={n:064x}\n" + "allowed_ip=10.5.0.0/24\n" * allowed
+                   for n in range(1, count + 1))
+
+
+def test_an_answer_of_more_peers_or_allowed_ips_than_the_bounds_is_refused():
+    assert len(decode_get(_peer_lines(3, allowed=2)).peers) == 3
+    with pytest.raises(ControlError, match=f"more than {uapi.MAX_PEERS} peers"):
+        decode_get(_peer_lines(uapi.MAX_PEERS + 1))
+    with pytest.raises(ControlError, match=f"more than {uapi.MAX_ALLOWED_IPS} allowed IPs"):
+        decode_get(_peer_lines(1, allowed=uapi.MAX_ALLOWED_IPS + 1))
+
+
+def test_an_answer_dripping_a_byte_at_a_time_is_cut_at_the_deadline(tmp_path):
+    """wireguard-go's socket answering a byte every 0.2 s: every read gets a byte in time,
+    the answer as a whole does not."""
+    import socket
+    import threading
+    import time
+
+    path = tmp_path / "flannel-wg.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def drip() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(64)
+            for byte in b"listen_port=51820\nerrno=0\n\n":
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=drip, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ControlError, match="did not answer within 1s"):
+            UapiControl(path, timeout=1.0).get()
+        assert time.monotonic() - started < 2
+    finally:
+        thread.join(10)
+        server.close()

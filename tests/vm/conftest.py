@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from flannel.lab import slowness
+from flannel_lab import slowness
 from tests.support import vm
 
 GUEST = Path(__file__).parent / "guest"

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flannel.fileutil import write_atomic
-from flannel.lab import slowness
+from flannel.files.fileutil import write_atomic
+from flannel_lab import slowness
 
 #: Where tests/vm/report.py writes the outcomes (set here, read there).
 REPORT_ENV = "FLANNEL_VM_REPORT"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flannel.fileutil import write_atomic
+from flannel.files.fileutil import write_atomic
 from tests.vm.driver import REPORT_ENV
 
 DETAILS = 6000  # characters of a failure kept: its end, where the assertion is

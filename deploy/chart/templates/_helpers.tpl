@@ -116,7 +116,7 @@ flannel.healthz.port.
     "public-ip" "public-ipv6" "subnet-lease-renew-margin" "subnet-lease-ttl" "ip-masq"
     "ip-masq-fully-random-disable" "kube-subnet-mgr" "kube-api-url" "kube-annotation-prefix"
     "kubeconfig-file" "version" "healthz-ip" "healthz-port" "reconcile-interval"
-    "iptables-resync" "iptables-mode" "iptables-forward-rules" "encap-peers-only"
+    "iptables-resync" "iptables-mode" "iptables-forward-rules" "encap-peers-only" "drop-pod-encap"
     "ip-blackhole-route" "net-config-path" "set-node-network-unavailable" "v" "vmodule"
     "log_backtrace_at" "h" "help" }}
 {{- $healthz := int (.Values.flannel.healthz.port | default 0) }}

@@ -1,22 +1,33 @@
 """Doctor checks: each a small function from the gathered ``Context`` to findings.
 
 Owns the list of checks and the context they share (subnet.env, network config, leases,
-this node's lease, the kernel view). Checks only read; a fix runs only when a flag asks.
+this node's lease, the kernel view, what this node's backend does with each lease: its
+description, ``flannel/ops/plans.py``, and what only the running flanneld knows: the peers
+it parked, ``flannel/ops/flanneldview.py``). Checks only read; a fix runs only when a flag
+asks.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Network
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from flannel.backend.footprint import Footprint
 from flannel.config import NetworkConfig
 from flannel.lease import Lease
 from flannel.ops.findings import Finding
 from flannel.ops.kernelview import KernelView
-from flannel.ops.leases import LeaseRow, vtep_mac
+from flannel.ops.leases import LeaseRow
+
+if TYPE_CHECKING:
+    from flannel.backend.base import Backend
+    from flannel.backend.plan import Description, EngineReading, NodeView, PeerPlan
+    from flannel.ops.discover import Flanneld
+    from flannel.ops.flanneldview import FlanneldView
+    from flannel.ops.plans import KernelEntries
 
 
 @dataclass
@@ -34,9 +45,12 @@ class Context:
     config: NetworkConfig | None = None
     rows: list[LeaseRow] | None = None  # None: the store could not be read
     store_error: str = ""
+    description_error: str = ""  # why the backend cannot describe this node
     clock_skew: float | None = None
     kernel: KernelView = field(default_factory=KernelView)
     flanneld_pids: list[int] = field(default_factory=list)
+    #: The flanneld of this network namespace, as found (None: none, or not told apart).
+    flanneld: Flanneld | None = None
 
     @property
     def leases(self) -> list[Lease]:
@@ -51,65 +65,108 @@ class Context:
             return None
 
     @property
-    def own_lease(self) -> Lease | None:
-        subnet = self.own_subnet
-        return next((lease for lease in self.leases if lease.subnet == subnet), None)
+    def own_subnet6(self) -> IPv6Network | None:
+        text = (self.env or {}).get("FLANNEL_IPV6_SUBNET", "")
+        try:
+            return IPv6Network(text, strict=False) if text else None
+        except ValueError:
+            return None
 
     @property
-    def peers(self) -> list[Lease]:
-        """Other nodes' leases flanneld programs: inside the Network, with a public IP and,
-        for a backend reaching peers through a VTEP, a VTEP MAC in its leases."""
-        own, network = self.own_subnet, self.config.network if self.config else None
-        described = self.described
-        needs_mac = described[0] if described is not None and described[1].vtep else None
-        return [lease for lease in self.leases if lease.subnet is not None
-                and lease.subnet != own and lease.attrs.public_ip is not None
-                and (network is None or lease.subnet.subnet_of(network))
-                and (lease.attrs.backend_type != needs_mac or vtep_mac(lease))]
+    def own_lease(self) -> Lease | None:
+        subnet, subnet6 = self.own_subnet, self.own_subnet6
+        return next((lease for lease in self.leases
+                     if (subnet is not None and lease.subnet == subnet)
+                     or (subnet is None and subnet6 is not None
+                         and lease.ipv6_subnet == subnet6)), None)
 
     @property
     def backend(self) -> str:
         return self.config.backend_type if self.config else ""
 
-    @property
-    def described(self) -> tuple[str, Footprint] | None:
-        """(the BackendType this node's leases carry, what its backend leaves in the kernel);
-        None when the config names no backend this build knows."""
-        from flannel.backend import describe
+    @functools.cached_property
+    def backend_class(self) -> type[Backend] | None:
+        """This node's backend (None when the config names none this build knows)."""
+        from flannel.backend import BackendError, backend_class
 
-        return describe(self.backend) if self.config else None
+        if self.config is None:
+            return None
+        try:
+            return backend_class(self.backend)
+        except BackendError:
+            return None
+
+    @functools.cached_property
+    def node(self) -> NodeView | None:
+        """This namespace as the backend sees it (read from the kernel once)."""
+        from flannel.ops.plans import read_node
+
+        return read_node(self.config, self.own_lease) if self.config is not None else None
+
+    @functools.cached_property
+    def description(self) -> Description | None:
+        """What flanneld does with every lease on this node; None when it cannot be said
+        (no config, an unknown backend, unusable options: ``description_error``)."""
+        from flannel.backend import BackendError
+        from flannel.ops.plans import describe
+
+        backend, node = self.backend_class, self.node
+        if backend is None or node is None:
+            return None
+        try:
+            return describe(backend, node, self.leases)
+        except BackendError as err:
+            self.description_error = str(err)
+            return None
 
     @property
-    def footprint(self) -> Footprint | None:
-        described = self.described
-        return described[1] if described is not None else None
+    def plans(self) -> list[PeerPlan]:
+        """Every other lease, with what flanneld does with it."""
+        return list(self.description.peers) if self.description is not None else []
 
     @property
-    def vtep(self) -> bool:
-        """This node's backend reaches peers through a VTEP device (vxlan)."""
-        return self.footprint is not None and self.footprint.vtep
+    def peers(self) -> list[PeerPlan]:
+        """The leases flanneld uses as peers and programs: not those it parked (the kernel
+        refused their entries: it left them out, and the ``parked`` check says why)."""
+        parked = self.parked
+        return [plan for plan in self.plans if plan.used and plan.lease.key not in parked]
+
+    @functools.cached_property
+    def view(self) -> FlanneldView:
+        """What the running flanneld says of itself (its /status), read once."""
+        from flannel.ops.flanneldview import read_view
+
+        return read_view(self.flanneld)
 
     @property
-    def device(self) -> str:
-        """The IPv4 device this node's backend makes ("" for none)."""
-        footprint = self.footprint
-        return footprint.device_name(self.vni) if footprint is not None else ""
+    def parked(self) -> dict[str, str]:
+        """Lease key -> why, of the peers flanneld parked (none when it cannot be asked)."""
+        from flannel.backend.admission import KERNEL_REFUSED
 
-    @property
-    def vni(self) -> int:
-        vni = (self.config.backend if self.config else {}).get("VNI", 1)
-        return vni if isinstance(vni, int) and not isinstance(vni, bool) else 1
+        return self.view.of_kind(KERNEL_REFUSED) if self.flanneld is not None else {}
 
-    @property
-    def encap_port(self) -> int:
-        """The UDP port peers send this backend's encapsulated packets to: the ``Port``
-        option, else the declared default (0: none)."""
-        footprint = self.footprint
-        if footprint is None or not footprint.encap_port:
-            return 0
-        port = (self.config.backend if self.config else {}).get("Port", 0)
-        valid = isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536
-        return port if valid else footprint.encap_port
+    @functools.cached_property
+    def entries(self) -> KernelEntries:
+        from flannel.ops.plans import read_entries
+
+        return read_entries()
+
+    @functools.cached_property
+    def engine(self) -> EngineReading | None:
+        """What the backend's engines hold (its own peers, security associations...);
+        None without a backend."""
+        from flannel.backend import BackendError
+        from flannel.backend.plan import EngineReading
+        from flannel.ops.plans import flanneld_root
+
+        backend, node = self.backend_class, self.node
+        if backend is None or node is None:
+            return None
+        try:
+            return backend.read_engine(node, flanneld_root(self.flanneld_pids))
+        except (OSError, BackendError) as err:
+            return EngineReading(unread=f"cannot read the {self.backend} backend's engine: "
+                                 f"{err}")
 
     def public_ip(self) -> IPv4Address | None:
         own = self.own_lease
@@ -120,8 +177,6 @@ Check = Callable[[Context], list[Finding]]
 
 
 def all_checks() -> list[tuple[str, Check]]:
-    from flannel.ops.checks import cluster, ipsec, kernel, node, probes
+    from flannel.ops.checks import cluster, kernel, node, probes
 
-    return [*node.CHECKS, *cluster.CHECKS, ("ipsec", ipsec.check_ipsec), *kernel.CHECKS,
-            *probes.CHECKS]
-
+    return [*node.CHECKS, *cluster.CHECKS, *kernel.CHECKS, *probes.CHECKS]

@@ -1,5 +1,7 @@
 """Checks of the lease set: store reachable, a config enabling IPv6 for a backend that declares
-none, duplicates, subnets outside the Network, clock."""
+none, public IPs several leases share, clock. (Leases flanneld skips, outside the Network
+among them, and those claiming an identity another lease holds are the ``skipped`` check's:
+``kernel.py``.)"""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ from collections import defaultdict
 from flannel.ops.checks import Context
 from flannel.ops.commands import flannelctl
 from flannel.ops.findings import Finding
-from flannel.ops.leases import vtep_mac
 
 #: Clock skew beyond which lease expiry times are misleading.
 MAX_SKEW = 5.0
@@ -24,12 +25,20 @@ def check_store(ctx: Context) -> list[Finding]:
         found.append(Finding("config", "error", f"no usable network config: {ctx.store_error}",
                              "write the config (etcdctl put <prefix>/config '{\"Network\": "
                              "...}') or fix net-conf.json"))
-    elif ctx.config.enable_ipv6 and ctx.footprint is not None \
-            and not ctx.footprint.dual_stack:
+    elif ctx.config.enable_ipv6 and ctx.backend_class is not None \
+            and not ctx.backend_class.footprint.dual_stack:
+        from flannel.backend import footprints
+
+        carry = ", ".join(name for name, footprint in footprints().items()
+                          if footprint.dual_stack and footprint.has_data_path)
         found.append(Finding("config", "error", f"the network config enables IPv6, which the "
                              f"{ctx.backend} backend does not carry: flanneld refuses to start",
                              "remove EnableIPv6 and IPv6Network, or choose a backend with IPv6 "
-                             "support (vxlan, wireguard, host-gw)"))
+                             f"support ({carry})"))
+    elif ctx.description is None and ctx.description_error:
+        found.append(Finding("config", "error", f"the network config's Backend is unusable: "
+                             f"{ctx.description_error}: flanneld refuses to start",
+                             "fix the Backend options in the network config"))
     for row in ctx.rows or []:
         if row.lease is None:
             found.append(Finding("lease", "warning", f"lease {row.node or row.key}: "
@@ -40,13 +49,12 @@ def check_store(ctx: Context) -> list[Finding]:
 
 
 def check_duplicates(ctx: Context) -> list[Finding]:
-    by_ip, by_mac = defaultdict(list), defaultdict(list)
+    """Public IPs several leases share. (An identity several leases claim is refused by
+    flanneld's admission, and said by the ``skipped`` check with flanneld's words.)"""
+    by_ip = defaultdict(list)
     for lease in ctx.leases:
         if lease.attrs.public_ip is not None:
             by_ip[lease.attrs.public_ip].append(lease)
-        mac = vtep_mac(lease)
-        if mac:
-            by_mac[mac].append(lease)
     found = []
     for ip, leases in sorted(by_ip.items()):
         if len(leases) > 1:
@@ -56,32 +64,6 @@ def check_duplicates(ctx: Context) -> list[Finding]:
                 "peers send traffic for all of them to one node",
                 "give each node its own --public-ip; release the stale lease with "
                 "flannelctl leases release <subnet>"))
-    for mac, leases in sorted(by_mac.items()):
-        if len(leases) > 1:
-            owners = ", ".join(f"{lease.subnet} ({lease.attrs.public_ip})" for lease in leases)
-            found.append(Finding(
-                "duplicates", "error", f"VTEP MAC {mac} is published by several leases "
-                f"({owners}): their traffic collides",
-                "cloned machines? delete flannel.1 on one of them and restart its flanneld "
-                "so it gets a new MAC"))
-    return found
-
-
-def check_outside(ctx: Context) -> list[Finding]:
-    cfg = ctx.config
-    if cfg is None:
-        return []
-    found = []
-    for lease in ctx.leases:
-        outside4 = lease.subnet is not None and cfg.network is not None and \
-            not lease.subnet.subnet_of(cfg.network)
-        outside6 = lease.ipv6_subnet is not None and cfg.ipv6_network is not None and \
-            not lease.ipv6_subnet.subnet_of(cfg.ipv6_network)
-        if outside4 or outside6:
-            found.append(Finding(
-                "outside", "warning", f"lease {lease.key} of {lease.attrs.public_ip} is "
-                f"outside the Network {cfg.network}: left from an older config",
-                f"{flannelctl('leases', 'release', lease.key)} once that node runs the new config"))
     return found
 
 
@@ -94,5 +76,4 @@ def check_clock(ctx: Context) -> list[Finding]:
                     "node and the store")]
 
 
-CHECKS = [("store", check_store), ("duplicates", check_duplicates),
-          ("outside", check_outside), ("clock", check_clock)]
+CHECKS = [("store", check_store), ("duplicates", check_duplicates), ("clock", check_clock)]

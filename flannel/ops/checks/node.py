@@ -1,14 +1,15 @@
-"""Checks of this node: flanneld running, subnet.env, sysctls, FORWARD policy, CNI files."""
+"""Checks of this node: flanneld running, subnet.env, sysctls, FORWARD policy, CNI files, who
+may send encapsulation (the filter of peers, the drop of what pods send)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from flannel import boundedjson
 from flannel.ops.checks import Context
 from flannel.ops.commands import flannelctl
 from flannel.ops.findings import Finding
 from flannel.ops.kernelview import ToolError, read_sysctl, run_tool
+from flannel.untrusted import boundedjson
 
 CNI_PLUGINS = ("bridge", "host-local", "portmap", "flannel")
 
@@ -80,7 +81,10 @@ def check_sysctls(ctx: Context) -> list[Finding]:
         found.append(Finding("sysctl", "warning",
                              f"net.bridge.bridge-nf-call-iptables is {bridge_nf}",
                              "sysctl -w net.bridge.bridge-nf-call-iptables=1"))
-    devices = [link["ifname"] for link in ctx.kernel.vxlan_links()]
+    description = ctx.description
+    devices = dict.fromkeys(device.name for device in description.node.devices
+                            if ctx.kernel.link(device.name) is not None) \
+        if description is not None else {}
     for device in devices:
         if _effective_rp_filter(ctx, device) == 1:
             found.append(Finding(
@@ -210,12 +214,16 @@ def _encap_filter_installed() -> bool:
 
 
 def check_encap_filter(ctx: Context) -> list[Finding]:
-    """Recommend ``--encap-peers-only`` where vxlan/udp packets are taken from anyone."""
-    if ctx.config is None or not ctx.flanneld_pids:
+    """Recommend ``--encap-peers-only`` where the backend takes encapsulated packets, which
+    anyone could send, from anyone."""
+    description = ctx.description
+    if ctx.config is None or not ctx.flanneld_pids or description is None:
         return []
-    backend, port = ctx.config.backend_type, ctx.encap_port  # 0: no port anyone can inject to
-    if not port or _encap_filter_installed():
+    backend = ctx.config.backend_type
+    ports = description.node.injectable
+    if not ports or _encap_filter_installed():
         return []
+    port = ports[0]
     return [Finding(
         "encap-filter", "info",
         f"{backend} packets (UDP {port}) are accepted from any host: one that reaches this "
@@ -227,6 +235,26 @@ def check_encap_filter(ctx: Context) -> list[Finding]:
         "traffic\")")]
 
 
+def check_pod_encap(ctx: Context) -> list[Finding]:
+    """Note that this node's pods may send encapsulation no receiver authenticates to other
+    nodes (flanneld runs with ``--drop-pod-encap=false``, as its /status shows)."""
+    description = ctx.description
+    if description is None or not ctx.flanneld_pids or ctx.view.pod_encap_drop is not False:
+        return []
+    open_ = [c for c in description.node.carriers
+             if not c.authenticated and (c.udp_ports or c.ip_protocols)]
+    if not open_:
+        return []
+    what = " and ".join(f"{c.name} ({c.ports_text})" for c in open_)
+    return [Finding(
+        "pod-encap", "info",
+        f"pods on this node may send {what} to other nodes, which take it for this node's "
+        "(masqueraded, it leaves from a peer's address): a pod can put packets with any "
+        "source into their pods, whatever --encap-peers-only filters there",
+        "unless a pod here must send it, run flanneld with --drop-pod-encap=true (the "
+        "default; FLANNELD_DROP_POD_ENCAP=true)")]
+
+
 CHECKS = [("flanneld", check_flanneld), ("subnet-env", check_subnet_env),
           ("sysctl", check_sysctls), ("forward", check_forward), ("cni", check_cni),
-          ("encap-filter", check_encap_filter)]
+          ("encap-filter", check_encap_filter), ("pod-encap", check_pod_encap)]

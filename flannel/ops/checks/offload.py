@@ -1,10 +1,12 @@
-"""The VXLAN checksum-offload check: tx checksum offload on the VTEP combined with
-source-port randomising NAT (``--random-fully``) or IPVS corrupts the outer UDP checksum on
-affected kernels and NICs (flannel issues #1279, #2152); the fix turns
-``tx-checksum-ip-generic`` off on the VTEP. Only a masquerade that can rewrite the VXLAN
-packets themselves counts: flanneld's own (``--ip-masq``: the chain ``FLANNEL-POSTRTG``, the
-nft tables ``flannel-ipv4``/``flannel-ipv6``) matches pod addresses only, never the outer
-packets between public IPs, so its ``--random-fully`` is no sign of the bug.
+"""The checksum-offload check: tx checksum offload on a device whose packets the kernel wraps
+in UDP itself (its backend's description says which: ``DevicePlan.udp_offload``) combined
+with source-port randomising NAT (``--random-fully``) or IPVS corrupts the outer UDP checksum
+on affected kernels and NICs (flannel issues #1279, #2152); the fix turns
+``tx-checksum-ip-generic`` off on that device. Only a masquerade that can rewrite the
+encapsulated packets themselves counts: flanneld's own (``--ip-masq``: the chain
+``FLANNEL-POSTRTG``, the nft tables ``flannel-ipv4``/``flannel-ipv6``) matches pod addresses
+only, never the outer packets between public IPs, so its ``--random-fully`` is no sign of
+the bug.
 
 Owns reading and, only when asked, clearing that feature through the ethtool ioctl (no
 ethtool binary needed). Must not touch any other feature or device.
@@ -114,9 +116,13 @@ def randomising_nat() -> str:
 
 
 def check_checksum(ctx: Context) -> list[Finding]:
-    if not ctx.vtep or ctx.kernel.link(ctx.device) is None:
-        return []
-    device = ctx.device
+    from flannel.ops.checks.kernel import devices
+
+    return [finding for plan, _link in devices(ctx) if plan.udp_offload
+            for finding in _check_device(ctx, plan.name)]
+
+
+def _check_device(ctx: Context, device: str) -> list[Finding]:
     try:
         active = feature_active(device)
     except OSError as err:
@@ -137,7 +143,7 @@ def check_checksum(ctx: Context) -> list[Finding]:
                         "after flanneld recreates it)")]
     return [Finding(
         "checksum", "warning", f"{device} offloads the UDP checksum ({FEATURE} on) while "
-        f"this node has {nat}: affected kernels and NICs send VXLAN packets with a bad "
+        f"this node has {nat}: affected kernels and NICs send encapsulated packets with a bad "
         "checksum, so traffic to Services on other nodes times out",
         f"{flannelctl('doctor', '--fix-checksum-offload')} (ethtool -K {device} {FEATURE} "
         "off)")]

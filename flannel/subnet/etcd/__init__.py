@@ -1,2 +1,3 @@
-"""The etcd v3 store: its subnet manager (``manager``), its API client (``client``) and the
-free-subnet search it leases from (``candidates``). Imported only when flanneld uses etcd."""
+"""The etcd v3 store: its subnet manager (``manager``) and the free-subnet search it leases
+from (``candidates``), over the client of ``flannel.clients.etcd``. Imported only when
+flanneld uses etcd."""

@@ -27,7 +27,16 @@ from dataclasses import dataclass, replace
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
 
-from flannel.backoff import Backoff
+from flannel.clients.etcd import (
+    PAGE,
+    Code,
+    EtcdClient,
+    EtcdOptions,
+    KeyValue,
+    WatchBatch,
+    WatchEvent,
+    parse_endpoints,
+)
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
     NO_IPV4,
@@ -39,24 +48,15 @@ from flannel.lease import (
     parse_subnet_key,
 )
 from flannel.log import V1, V4
+from flannel.reporting.skips import SkippedRecords
 from flannel.settings import EtcdSettings
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
 from flannel.subnet.etcd.candidates import free_subnet, node_seed
-from flannel.subnet.etcd.client import (
-    Code,
-    EtcdClient,
-    EtcdCompacted,
-    EtcdError,
-    EtcdOptions,
-    KeyValue,
-    WatchBatch,
-    WatchEvent,
-    parse_endpoints,
-)
+from flannel.subnet.etcd.kv import AnswerTooLarge, Compacted, EtcdKV, Refused
 from flannel.subnet.manager import StoreStatus
-from flannel.subnet.skips import SkippedRecords
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
+from flannel.timing.backoff import Backoff
 
 #: The subnets a key names: IPv4 (None for an IPv6-only lease) and IPv6 (None if absent).
 Subnets = tuple[IPv4Network | None, IPv6Network | None]
@@ -69,6 +69,12 @@ MAX_LEASE_TTL = 9_000_000_000  # etcd's MaxLeaseTTL
 ACQUIRE_ATTEMPTS = 10
 CHECK_INTERVAL = 5.0
 RESET_GRACE = 30.0
+#: A watch stream that lived this long was healthy: the next one opens after the first
+#: delay. Shorter ones (etcd, or whatever answers in its place, ending or breaking every
+#: stream right after confirming it) back off, as do relists after compaction.
+WATCH_HEALTHY = 30.0
+#: Leases decoded between two yields to the event loop (~25 ms of work).
+DECODE_SLICE = 1000
 
 
 def go_path_join(*elements: str) -> str:
@@ -140,7 +146,7 @@ class EtcdSubnetManager:
                  clock: Callable[[], float] = time.time,
                  check_interval: float = CHECK_INTERVAL,
                  reset_grace: float = RESET_GRACE) -> None:
-        self.client = client
+        self.client = EtcdKV(client)
         self.prefix = prefix
         self.lease_ttl = lease_ttl
         self.renew_margin = renew_margin
@@ -215,19 +221,34 @@ class EtcdSubnetManager:
         if subnets is None:
             self.undecodable.skip(key[:100], "the key does not name a subnet")
             return None
+        if kv.oversize:
+            self.undecodable.skip(key, f"its value is larger than a page of the listing may be "
+                                       f"({PAGE.max_bytes} bytes)")
+            return None
         try:
             attrs = LeaseAttrs.from_json(kv.value)
         except LeaseDecodeError as err:
             self.undecodable.skip(key, str(err))
             return None
         self.undecodable.forget(key)
-        return Lease(subnets[0], subnets[1], attrs, etcd_lease_id=kv.lease)
+        return Lease(subnets[0], subnets[1], attrs, etcd_lease_id=kv.lease,
+                     created=kv.create_revision)
 
     async def list_leases(self) -> tuple[list[Lease], int]:
         """Every valid lease and the revision of the listing; bad entries are skipped."""
         kvs, revision = await self.client.get_prefix(self.subnets_prefix)
-        leases = [lease for kv in kvs if (lease := self._decode(kv)) is not None]
-        return leases, revision
+        return await self._decode_all(kvs), revision
+
+    async def _decode_all(self, kvs: Iterable[KeyValue]) -> list[Lease]:
+        """The valid leases among ``kvs``, decoded a slice at a time: 100,000 leases take
+        seconds, during which a signal or a cancellation must still get through."""
+        leases = []
+        for count, kv in enumerate(kvs, 1):
+            if (lease := self._decode(kv)) is not None:
+                leases.append(lease)
+            if count % DECODE_SLICE == 0:
+                await asyncio.sleep(0)
+        return leases
 
     async def _put(self, subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None,
                    attrs: LeaseAttrs, *, reservation: bool = False) -> Lease:
@@ -254,16 +275,21 @@ class EtcdSubnetManager:
             raise StoreError(refused)
         try:
             return await self.client.grant(ttl)
-        except EtcdError as err:
+        except Refused as err:
             if err.code == Code.OUT_OF_RANGE:
                 raise StoreError(refused) from None
             raise
 
     async def _revoke_quietly(self, lease_id: int) -> None:
+        """Revoke an etcd lease we no longer use; one that outlives a failure expires on
+        its own. While flanneld stops (this task cancelled), at most 1 s is spent on it."""
+        task = asyncio.current_task()
         try:
-            await self.client.revoke(lease_id)
-        except (StoreError, StoreUnavailable) as err:
-            log.warning("could not revoke unused etcd lease %x: %s", lease_id, err)
+            async with asyncio.timeout(1 if task is not None and task.cancelling() else None):
+                await self.client.revoke(lease_id)
+        except (StoreError, StoreUnavailable, TimeoutError) as err:
+            log.warning("could not revoke unused etcd lease %x: %s", lease_id,
+                        err or "flanneld is stopping")
 
     async def acquire_lease(self, config: NetworkConfig, attrs: LeaseAttrs) -> Lease:
         """Acquire a subnet for this node: reuse by public IP, previous subnet, or a new one.
@@ -279,8 +305,7 @@ class EtcdSubnetManager:
 
     async def _acquire(self, cfg: NetworkConfig, attrs: LeaseAttrs) -> Lease:
         kvs, listed_at = await self.client.get_prefix(self.subnets_prefix)
-        leases = [lease for kv in _may_name(kvs, attrs)
-                  if (lease := self._decode(kv)) is not None]
+        leases = await self._decode_all(_may_name(kvs, attrs))
         reused, deleted = await self._reuse_by_public_ip(cfg, attrs, leases)
         if reused is not None:
             return reused
@@ -447,7 +472,7 @@ class EtcdSubnetManager:
         recovers from a wiped or restored store (see ``_recover``). Every key under the
         prefix is reported whatever ``config`` says (the daemon's ``LeaseWatcher`` filters)."""
         reason = self.client.take_reset()
-        first = self._first_snapshot() if reason is None else None
+        first = await self._first_snapshot() if reason is None else None
         snapshot, revision = (first if first is not None
                               else await self._resync(max_backoff, reason))
         self._remember(snapshot)
@@ -458,6 +483,7 @@ class EtcdSubnetManager:
         while True:
             queue: asyncio.Queue[WatchBatch | Exception] = asyncio.Queue(maxsize=16)
             pump = asyncio.create_task(self._pump(revision + 1, queue), name="etcd watch")
+            opened = time.monotonic()
             try:
                 while True:
                     timeout = self.check_interval
@@ -481,8 +507,10 @@ class EtcdSubnetManager:
                         self._settled()
                         break
                     if item is not None:
-                        backoff.reset()
                         self.status.watching = True
+                    if item is not None and item.progress:
+                        revision = await self._progress(revision, item.revision)
+                        continue
                     if item is None or item.created:
                         reason = await self._check()
                         if reason is not None:
@@ -501,15 +529,23 @@ class EtcdSubnetManager:
                         update = Changes(events)
                         self._remember(update)
                         yield update
-            except EtcdCompacted as err:
-                self.status.compactions += 1
-                log.warning("watch resumed from a compacted revision (%d < %d); relisting",
-                            revision + 1, err.compact_revision)
+            except (Compacted, AnswerTooLarge) as err:
+                self._healthy(opened, backoff)
+                if isinstance(err, Compacted):
+                    self.status.compactions += 1
+                    log.warning("watch resumed from a compacted revision (%d < %d); relisting "
+                                "in %.1fs", revision + 1, err.compact_revision, backoff.delay)
+                else:
+                    self.status.reconnects += 1
+                    log.warning("lease watch: %s; relisting in %.1fs (the listing reads it in "
+                                "pages)", err, backoff.delay)
+                await backoff.wait()
                 snapshot, revision = await self._resync(max_backoff)
                 self._remember(snapshot)
                 yield snapshot
                 self._settled()
             except StoreUnavailable as err:
+                self._healthy(opened, backoff)
                 self.status.watching = False
                 self.status.reconnects += 1
                 log.warning("lease watch interrupted (%s); resuming from revision %d in %.1fs",
@@ -519,7 +555,35 @@ class EtcdSubnetManager:
                 pump.cancel()
                 await asyncio.gather(pump, return_exceptions=True)
 
-    def _first_snapshot(self) -> tuple[Snapshot, int] | None:
+    @staticmethod
+    def _healthy(opened: float, backoff: Backoff) -> None:
+        """A stream that lived WATCH_HEALTHY seconds ended: the next waits the first delay.
+        Not on its confirmation: one that breaks right after it would be reopened ten times
+        a second."""
+        if time.monotonic() - opened >= WATCH_HEALTHY:
+            backoff.reset()
+
+    async def _progress(self, revision: int, reported: int) -> int:
+        """The revision to resume from after a progress notification that says the stream
+        has read up to ``reported``. Taken only once a linearizable read shows the store got
+        there: a revision ahead of the store would be taken as the floor of the next reads
+        (the store would look wiped) and resume the watch past events it never sent.
+        StoreUnavailable (the stream is broken) when the store is behind it."""
+        if reported <= self.client.revision:
+            return max(revision, reported)
+        try:
+            await self.client.get(self.config_key)
+        except (StoreUnavailable, StoreError) as err:
+            log.log(V1, "could not check the watch's progress revision %d: %s", reported, err)
+            return revision
+        if reported <= self.client.revision:
+            return max(revision, reported)
+        raise StoreUnavailable(
+            f"the watch says it has read up to revision {reported}, ahead of the store's "
+            f"{self.client.revision}: not taken (a broken proxy or gateway in front of "
+            "etcd?)")
+
+    async def _first_snapshot(self) -> tuple[Snapshot, int] | None:
         """The store as our creation left it (taken once): the acquisition's listing, in
         which nothing was under our key, plus our record, at the revision of our creation
         (the next after the listing's). The watch resumes after it, so any write since is
@@ -528,7 +592,7 @@ class EtcdSubnetManager:
         listing, self._acquired_listing = self._acquired_listing, None
         if listing is None or self._own is not listing.own or self._own_deleted:
             return None
-        leases = [lease for kv in listing.kvs if (lease := self._decode(kv)) is not None]
+        leases = await self._decode_all(listing.kvs)
         self.status.relists += 1
         return Snapshot(leases), listing.revision
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
-from flannel import boundedjson
 from flannel.lease import Lease, LeaseAttrs
-from flannel.netutil import parse_ip, quoted
+from flannel.untrusted import boundedjson
+from flannel.untrusted.netutil import parse_ip, quoted
 
 _PREFIX = re.compile(r"(?:[a-z0-9_-]+\.)+[a-z0-9_-]+/(?:[a-z0-9_-]+-)?$")
 
@@ -140,8 +140,10 @@ def _public_ip(annotations: dict[str, Any], key: str, version: int) -> Any:
         raise AnnotationError(f"annotation {key}: {err}") from None
 
 
-def node_lease(node: dict[str, Any], names: Annotations, ipv4: bool, ipv6: bool) -> Lease:
-    """The lease another node publishes; AnnotationError if it publishes none or a bad one.
+def node_lease(node: dict[str, Any], names: Annotations, ipv4: bool, ipv6: bool,
+               created: int = 0) -> Lease:
+    """The lease another node publishes (as old as ``created``, the Node's creation time);
+    AnnotationError if it publishes none or a bad one.
 
     Whatever the node object holds (the API server accepts any annotation value), the only
     exception is AnnotationError.
@@ -171,4 +173,4 @@ def node_lease(node: dict[str, Any], names: Annotations, ipv4: bool, ipv6: bool)
         raise AnnotationError(f"node {name}: {err}") from None
     attrs = LeaseAttrs(public_ip=public_ip, public_ipv6=public_ipv6,
                        backend_type=backend_type, backend_data=data, backend_v6_data=data6)
-    return Lease(v4 if ipv4 else None, v6 if ipv6 else None, attrs)
+    return Lease(v4 if ipv4 else None, v6 if ipv6 else None, attrs, created=created)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flannel.lab.cluster import Lab
+from flannel_lab.cluster import Lab
 from tests.lab.conftest import lab_factory
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from flannel.kernel import nsexec
 from flannel.kernel.host import Host
-from flannel.lab import slowness
-from flannel.lab.cluster import IP, Lab, in_ns
 from flannel.ops.status import StatusUnavailable, Where, fetch_status
+from flannel_lab import slowness
+from flannel_lab.cluster import IP, Lab, in_ns
 from tests.support.waiting import wait_until
 
 FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")

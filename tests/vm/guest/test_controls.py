@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import ip
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import ip
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 

@@ -20,8 +20,8 @@ from ipaddress import ip_address
 
 import pytest
 
-from flannel.lab.cli import build, wait_for_mesh
-from flannel.lab.cluster import Lab, in_ns, ip
+from flannel_lab.cli import build, wait_for_mesh
+from flannel_lab.cluster import Lab, in_ns, ip
 from tests.lab.test_doctor import install_cni
 from tests.lab.test_wireguard_lab import DUAL, NETWORK, NETWORK6, PATTERN, PORTS, Capture, ip_packet
 from tests.support.kernelpaths import missing_kernel_wireguard
