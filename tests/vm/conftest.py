@@ -76,8 +76,18 @@ def _read(path: Path) -> Any:
         return {}
 
 
+def selected(session: pytest.Session) -> list[str]:
+    """The scenarios this run asserts (``-k`` may select a few): the guest runs those only,
+    or the whole of tests/vm/guest when every one (or none) is selected."""
+    chosen = {item.callspec.params["scenario"] for item in session.items
+              if hasattr(item, "callspec") and "scenario" in item.callspec.params}
+    if not chosen or chosen >= set(scenarios()):
+        return [GUEST.relative_to(vm.REPO).as_posix()]
+    return sorted(chosen)
+
+
 @pytest.fixture(scope="session")
-def vm_lane(tmp_path_factory: pytest.TempPathFactory) -> Lane:
+def vm_lane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Lane:
     if reason := vm.missing_vm():
         pytest.skip(reason)
     given = os.environ.get(slowness.ENV, "").strip()
@@ -89,7 +99,7 @@ def vm_lane(tmp_path_factory: pytest.TempPathFactory) -> Lane:
            # labs built side by side keep every vCPU busy.
            "pytest": ["-p", "no:cacheprovider", "-o", "addopts=", "-v", "-n", str(vm.CPUS),
                       "--dist", "loadfile",
-                      f"--basetemp={GUEST_BASETEMP}", GUEST.relative_to(vm.REPO).as_posix()]}
+                      f"--basetemp={GUEST_BASETEMP}", *selected(request.session)]}
     (shared / "job.json").write_text(json.dumps(job))
     boot = vm.boot([sys.executable, "-m", "tests.vm.driver", str(shared)], shared,
                    LANE_SECONDS)

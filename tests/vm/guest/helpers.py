@@ -144,6 +144,20 @@ def errors(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f for f in findings if f["severity"] == "error"]
 
 
+def first_cause(code_findings: tuple[int, list[dict[str, Any]]], check: str, *words: str
+                ) -> None:
+    """doctor failed (exit 1) and its first finding beyond information (the cause it ranks
+    first) is of ``check`` and holds every one of ``words``."""
+    code, findings = code_findings
+    shown = "\n".join(f"[{f['severity']}] {f['check']}: {f['what']}" for f in findings)
+    problems = [f for f in findings if f["severity"] != "info"]
+    assert code == 1 and problems, shown
+    assert problems[0]["check"] == check, shown
+    missing = [word for word in words if word not in problems[0]["what"]]
+    assert not missing, f"{missing} not in the first finding:\n{shown}"
+
+
+#: The nftables table of a drop made by a scenario (doctor names it when it finds the rule).
 TABLE = "vmlanedrop"
 
 

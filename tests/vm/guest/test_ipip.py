@@ -23,7 +23,18 @@ from tests.lab.test_doctor import install_cni
 from tests.lab.test_wireguard_lab import Capture, ip_packet
 from tests.support.kernelpaths import missing_ipip
 from tests.support.waiting import wait_until
-from tests.vm.guest.helpers import MASQ, Dropped, Pings, check, doctor, errors, restart, status
+from tests.vm.guest.helpers import (
+    MASQ,
+    TABLE,
+    Dropped,
+    Pings,
+    check,
+    doctor,
+    errors,
+    first_cause,
+    restart,
+    status,
+)
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
 
@@ -134,8 +145,7 @@ def test_a_deleted_route_comes_back(lab):
     assert lab.pod_ping(pod(lab, 1), pod(lab, 3).address, within=5)
 
 
-def test_doctor_and_check_on_a_healthy_node_and_with_ip_in_ip_dropped(lab, tmp_path,
-                                                                       record_property):
+def test_doctor_and_check_on_a_healthy_node_and_with_ip_in_ip_dropped(lab, tmp_path):
     cni = install_cni(tmp_path)
     code, findings = doctor(lab, 1, cni)
     assert (code, errors(findings)) == (0, []), findings
@@ -146,4 +156,11 @@ def test_doctor_and_check_on_a_healthy_node_and_with_ip_in_ip_dropped(lab, tmp_p
     with Dropped(lab, 3, "meta", "l4proto", str(IPPROTO_IPIP)):
         code, verdicts = check(lab, 1)
         assert (code, verdicts) == (1, {n2: "ok", n3: "timeout"})
-        record_property("doctor_with_protocol_dropped", doctor(lab, 1, cni))
+        # Node 1 blames node 3, and says why it cannot tell more: IP-in-IP has no port.
+        first_cause(doctor(lab, 1, cni), "overlay", f"node {n3} ", "does not answer over "
+                    "the overlay", "IP-in-IP is not checked")
+        # Node 3 names its own rule.
+        first_cause(doctor(lab, 3, cni), "firewall", "drops IP protocol 4 (IP-in-IP",
+                    f"nftables table inet {TABLE} chain input: meta l4proto ipencap drop")
+    wait_until(lambda: check(lab, 1) == (0, {n2: "ok", n3: "ok"}), 60, interval=1,
+               what="check to find every peer reached again")
