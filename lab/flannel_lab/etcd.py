@@ -119,10 +119,10 @@ class EtcdServer:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=slowness.scaled(10))
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=slowness.scaled(10))
         self.proc = None
 
     def restart(self) -> None:
@@ -145,7 +145,7 @@ class EtcdServer:
             [ETCDCTL, "snapshot", "restore", str(snapshot), "--data-dir", str(self.data_dir),
              "--name", "test", "--initial-cluster", f"test={peer}",
              "--initial-advertise-peer-urls", peer],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True, text=True, timeout=slowness.scaled(60), check=False,
             env={**os.environ, "ETCDCTL_API": "3"})
         if result.returncode != 0:
             raise RuntimeError(f"etcdctl snapshot restore failed: {result.stderr}")
@@ -155,7 +155,8 @@ class EtcdServer:
             ) -> subprocess.CompletedProcess:
         """Run etcdctl (v3 API) against this server."""
         cmd = [*self._prefix(), ETCDCTL, "--endpoints", self.endpoint,
-               "--command-timeout", "5s", "--dial-timeout", "2s"]
+               "--command-timeout", f"{slowness.scaled(5):g}s",
+               "--dial-timeout", f"{slowness.scaled(2):g}s"]
         if self.tls:
             cmd += ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
                     "--key", str(self.tls.client_key)]
@@ -166,8 +167,8 @@ class EtcdServer:
             cmd += ["--user", user]
         cmd += list(args)
         env = {**os.environ, "ETCDCTL_API": "3"}
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env,
-                                check=False)
+        result = subprocess.run(cmd, capture_output=True, text=True,
+                                timeout=slowness.scaled(30), env=env, check=False)
         if check and result.returncode != 0:
             raise RuntimeError(f"etcdctl {' '.join(args)} failed: {result.stderr}")
         return result

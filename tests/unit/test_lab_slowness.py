@@ -69,3 +69,19 @@ def test_a_lab_command_gets_the_scaled_time_to_answer(monkeypatch):
     monkeypatch.setenv(slowness.ENV, "1")
     with pytest.raises(LabError, match=r"sleep 0.5: no answer after 0.25s"):
         run(["sleep", "0.5"], timeout=0.25)
+
+
+def test_the_labs_etcdctl_gets_the_scaled_time_to_dial_and_answer(monkeypatch, tmp_path):
+    # An etcdctl that says how it was called: the timeouts it is given are its own bounds
+    # (a dial and a command under an emulated CPU take many times their usual seconds).
+    from flannel_lab import etcd
+
+    echo = tmp_path / "etcdctl"
+    echo.write_text('#!/bin/sh\necho "$@"\n')
+    echo.chmod(0o755)
+    monkeypatch.setattr(etcd, "ETCDCTL", str(echo))
+    server = etcd.EtcdServer(tmp_path)
+    monkeypatch.setenv(slowness.ENV, "1")
+    assert "--command-timeout 5s --dial-timeout 2s" in server.ctl("get", "x").stdout
+    monkeypatch.setenv(slowness.ENV, "30")
+    assert "--command-timeout 150s --dial-timeout 60s" in server.ctl("get", "x").stdout
