@@ -42,12 +42,27 @@ BASELINE = "kernel vxlan"
 MODPROBE = Path("/proc/sys/kernel/modprobe")
 
 
+class IperfError(Exception):
+    """iperf3 measured nothing; the message is its own error."""
+
+
 def iperf(client_ns: str, server: str, seconds: int) -> float:
-    """Gbit/s of one TCP stream from ``client_ns`` to ``server`` for ``seconds``."""
-    out = subprocess.run(["ip", "netns", "exec", client_ns, "iperf3", "-J", "-c", server,
-                          "-t", str(seconds)], capture_output=True, text=True,
-                         timeout=seconds * 20 + 120, check=True).stdout
-    return float(json.loads(out)["end"]["sum_received"]["bits_per_second"]) / 1e9
+    """Gbit/s of one TCP stream from ``client_ns`` to ``server`` for ``seconds``;
+    IperfError with iperf3's words when it measured nothing."""
+    done = subprocess.run(["ip", "netns", "exec", client_ns, "iperf3", "-J", "-c", server,
+                           "-t", str(seconds)], capture_output=True, text=True,
+                          timeout=seconds * 20 + 120, check=False)
+    try:
+        doc = json.loads(done.stdout)
+    except ValueError:
+        doc = {}
+    try:
+        return float(doc["end"]["sum_received"]["bits_per_second"]) / 1e9
+    except (KeyError, TypeError):
+        said = doc.get("error") if isinstance(doc, dict) else None
+        raise IperfError(f"iperf3 to {server} (exit {done.returncode}): "
+                         f"{said or done.stderr.strip()[-300:] or done.stdout[-300:]}"
+                         ) from None
 
 
 def build_variant(name: str, root: Path, number: int) -> Any:
@@ -112,14 +127,20 @@ def guest(shared: Path) -> None:
                 cleanup.callback(os.kill, node.pid, signal.SIGCONT)
         time.sleep(1)  # iperf3 -s has no readiness signal; a failed connect raises below
         results: dict[str, list[float]] = {name: [] for name in labs}
+        failures: dict[str, list[str]] = {name: [] for name in labs}
         loads = []
         for _ in range(job["rounds"]):
             loads.append(os.getloadavg()[0])
             for name, lab in labs.items():
                 client, server = lab.state.pods[0], lab.state.pods[1]
-                results[name].append(iperf(client.netns, server.address, job["seconds"]))
+                try:
+                    results[name].append(iperf(client.netns, server.address,
+                                               job["seconds"]))
+                except IperfError as err:  # the round is lost, said, not the others
+                    failures[name].append(str(err))
         (shared / "results.json").write_text(json.dumps(
-            {"gbits": results, "guest_load": loads, "kernel": os.uname().release}))
+            {"gbits": results, "failures": failures, "guest_load": loads,
+             "kernel": os.uname().release}))
 
 
 def main() -> None:
@@ -149,11 +170,18 @@ def main() -> None:
     except (OSError, ValueError):
         sys.exit(f"bench.vm_throughput: the guest wrote no results ({boot.accel}, exit "
                  f"{boot.returncode}); its console: {shared / 'console.log'}")
+    for name, said in found["failures"].items():
+        for text in said:
+            print(f"{name}: a round measured nothing: {text}")
+    if not found["gbits"][BASELINE]:
+        sys.exit(f"bench.vm_throughput: no round of {BASELINE}, the baseline, measured")
     base = statistics.median(found["gbits"][BASELINE])
     print(f"guest kernel {found['kernel']}, {boot.accel}, {boot.seconds:.0f}s in the VM; "
           f"host load average before/after {host_load}; guest load average before each "
           f"round {[round(x, 2) for x in found['guest_load']]}")
     for name, rounds in found["gbits"].items():
+        if not rounds:
+            continue
         figure = statistics.median(rounds)
         print(f"{name}: {figure:.3f} Gbit/s (rounds {[round(x, 3) for x in rounds]}), "
               f"ratio to {BASELINE} {figure / base:.3f}")
