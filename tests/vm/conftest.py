@@ -83,7 +83,9 @@ def selected(session: pytest.Session) -> list[str]:
               if hasattr(item, "callspec") and "scenario" in item.callspec.params}
     if not chosen or chosen >= set(scenarios()):
         return [GUEST.relative_to(vm.REPO).as_posix()]
-    return sorted(chosen)
+    # In their modules' order: a module's scenarios share its lab, and a later one may
+    # change it for good (a node with another PSK joins).
+    return [scenario for scenario in scenarios() if scenario in chosen]
 
 
 @pytest.fixture(scope="session")
