@@ -17,6 +17,12 @@ packages=(
     # (tests/integration/test_foreign_arches.py). Without its recommends (binfmt-support),
     # installing it registers no binfmt handler.
     qemu-user-static file
+    # The vm lane (tests/vm): Debian's own kernel, whose ipip, wireguard and ESP modules this
+    # host's kernel may lack, booted by virtme-ng (the test extra) over the host's root file
+    # system in qemu; busybox for virtme-ng's initramfs. The kernel package only adds files
+    # (/boot, /lib/modules, an initramfs no boot loader here reads): the running kernel and
+    # its boot setup are not changed.
+    qemu-system-x86 linux-image-amd64 busybox-static
 )
 missing=()
 for pkg in "${packages[@]}"; do

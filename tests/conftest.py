@@ -29,10 +29,10 @@ needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd
 #: ``-m "not netns and not etcd and not slow"`` selects the fast lane that runs without root.
 NETNS_FIXTURES = frozenset({"ns", "make_lab"})
 ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
-#: Tests that take minutes when cold or wait on the network, and the cloud engines' and the
-#: deployment renderers' tests (a third of the fast lane's time for a fifth of its tests, and
-#: untouched by most changes): whole run only, not the fast lane.
-SLOW_MARKERS = frozenset({"image", "foreign", "pypi", "cloud", "render"})
+#: Tests that take minutes when cold or wait on the network (the vm lane boots a VM), and the
+#: cloud engines' and the deployment renderers' tests (a third of the fast lane's time for a
+#: fifth of its tests, and untouched by most changes): whole run only, not the fast lane.
+SLOW_MARKERS = frozenset({"image", "foreign", "pypi", "cloud", "render", "vm"})
 
 
 #: Workers ``-n auto`` (pyproject's addopts) starts at most: more were never measured.
@@ -75,6 +75,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # under one tag, and its buildah storage is not shared between builders.
         if item.get_closest_marker("image"):
             item.add_marker(pytest.mark.xdist_group("image"))
+        # One VM boot per run: every vm test reads the same session's results.
+        if item.get_closest_marker("vm"):
+            item.add_marker(pytest.mark.xdist_group("vm"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

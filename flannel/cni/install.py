@@ -142,16 +142,17 @@ def _gist(output: bytes) -> str:
     return (lines[-1] if lines[0].startswith("Traceback") else lines[0])[:200]
 
 
-def probe_python(python: str) -> str:
-    """The interpreter's version ("3.11.2") once it is fit to run the plugin; else InstallError
-    naming the interpreter, its version and what is missing."""
+def probe_python(python: str, timeout: float = CHECK_TIMEOUT) -> str:
+    """The interpreter's version ("3.11.2") once it is fit to run the plugin (it answers
+    within ``timeout`` seconds); else InstallError naming the interpreter, its version and
+    what is missing."""
     if not python.startswith("/") or len(python.encode()) > MAX_PYTHON_PATH \
             or any(char.isspace() or not char.isprintable() for char in python):
         raise InstallError(f"--python {python!r}: give an absolute path without spaces, at most "
                            f"{MAX_PYTHON_PATH} bytes (it becomes the launcher's #! line)")
     try:
         proc = subprocess.run([python, "-I", "-S", "-c", _PROBE], stdin=subprocess.DEVNULL,
-                              capture_output=True, env=RUN_ENV, timeout=CHECK_TIMEOUT,
+                              capture_output=True, env=RUN_ENV, timeout=timeout,
                               check=False)
     except FileNotFoundError:
         raise InstallError(f"--python {python}: no such file; {_FIX}") from None
@@ -160,7 +161,7 @@ def probe_python(python: str) -> str:
     except OSError as err:
         raise InstallError(f"--python {python}: cannot run it: {err.strerror}; {_FIX}") from None
     except subprocess.TimeoutExpired:
-        raise InstallError(f"--python {python}: no answer within {CHECK_TIMEOUT:.0f} s to "
+        raise InstallError(f"--python {python}: no answer within {timeout:.0f} s to "
                            "a version check; " + _FIX) from None
     version, _, missing = proc.stdout.decode(errors="replace").strip().partition(" ")
     numbers = version.split(".")
@@ -277,18 +278,18 @@ def _place_library(root: Path, name: str, files: dict[str, bytes]) -> bool:
     return True
 
 
-def _check_launcher(launcher: Path, python: str, version: str) -> None:
+def _check_launcher(launcher: Path, python: str, version: str, timeout: float) -> None:
     """Run ``launcher`` as a runtime would for VERSION; InstallError unless it answers."""
     try:
         proc = subprocess.run([str(launcher)], input=b'{"cniVersion":"1.0.0"}',
                               capture_output=True, env={**RUN_ENV, "CNI_COMMAND": "VERSION"},
-                              timeout=CHECK_TIMEOUT, check=False)
+                              timeout=timeout, check=False)
     except OSError as err:
         raise InstallError(f"{launcher.parent}: cannot run the plugin from it: {err.strerror} "
                            "(is it mounted noexec?)") from None
     except subprocess.TimeoutExpired:
         raise InstallError(f"--python {python} (Python {version}): the plugin did not answer "
-                           f"a VERSION call within {CHECK_TIMEOUT:.0f} s") from None
+                           f"a VERSION call within {timeout:.0f} s") from None
     try:
         answer = json.loads(proc.stdout)
     except ValueError:
@@ -348,15 +349,17 @@ def _mkdir_parents(path: Path) -> None:
             _mkdir(directory)
 
 
-def install_plugin(bin_dir: Path, python: str = sys.executable, *, force: bool = False
-                   ) -> Path:
-    """Install the Python plugin as ``bin_dir/flannel``, run by ``python`` on the host.
+def install_plugin(bin_dir: Path, python: str = sys.executable, *, force: bool = False,
+                   check_timeout: float = CHECK_TIMEOUT) -> Path:
+    """Install the Python plugin as ``bin_dir/flannel``, run by ``python`` on the host
+    (``check_timeout``: how long ``python`` and the installed plugin may take to answer the
+    checks; the lab gives its slowness factor's patience).
 
     Refuses (InstallError) an interpreter that cannot run the plugin, and, unless ``force``,
     a ``flannel`` that is not a launcher of ours (upstream's static plugin), leaving the bin
     dir as it was.
     """
-    version = probe_python(python)
+    version = probe_python(python, check_timeout)
     files = _plugin_files()
     name = library_name(files)
     _mkdir_parents(bin_dir)
@@ -384,7 +387,7 @@ def install_plugin(bin_dir: Path, python: str = sys.executable, *, force: bool =
                 os.fchmod(fd, LAUNCHER_MODE)
                 os.fsync(fd)
             written = _place_library(root, name, files)
-            _check_launcher(Path(tmp_name), python, version)
+            _check_launcher(Path(tmp_name), python, version, check_timeout)
             os.replace(tmp_name, target)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):

@@ -44,7 +44,10 @@ SEARCH = ("charon", "/usr/lib/strongswan/charon", "/usr/lib/ipsec/charon",
           "/usr/libexec/strongswan/charon", "/usr/libexec/ipsec/charon")
 VICI_SOCKET = Path("/var/run/charon.vici")
 STATE_DIR = Path("/run/flannel/ipsec")
-STARTUP_TIMEOUT = 10.0
+#: How long a starting charon may take to answer on its VICI socket. A charon that fails exits,
+#: which is seen at once; the bound only waits out a slow machine (under an emulated CPU on a
+#: loaded host charon took over a minute to load its plugins).
+STARTUP_TIMEOUT = 120.0
 #: Seconds one VICI message may take to arrive, whole (a drip is cut, not waited for).
 REQUEST_TIMEOUT = 10.0
 #: Bytes of one VICI message: charon sends one event per IKE SA or connection, a few KiB.

@@ -51,7 +51,10 @@ from flannel.wireguard.uapi import (
 log = logging.getLogger(__name__)
 
 RTPROT_BOOT = rtnl.RTPROT_BOOT  # what Go's netlink library leaves it at; not flannel's 151
-STARTUP_TIMEOUT = 5.0
+#: How long a starting wireguard-go may take to answer on its UAPI socket. One that fails
+#: exits, which is seen at once; the bound only waits out a slow machine (it is started
+#: through an interpreter, nsexec, which an emulated CPU on a loaded host starts in seconds).
+STARTUP_TIMEOUT = 60.0
 _LOG_TAIL = 600
 
 

@@ -28,7 +28,7 @@ from flannel.files.fileutil import write_atomic
 from flannel.flags import UsageError, parse_namespace
 from flannel.process import stopping
 from flannel.untrusted.boundedjson import MAX_CONFIG_BYTES
-from flannel_lab import extension, tour
+from flannel_lab import extension, slowness, tour
 from flannel_lab.cluster import (
     DEFAULT_ROOT,
     FlanneldExited,
@@ -157,14 +157,16 @@ def has_data_path(lab: Lab) -> bool:
 
 
 def wait_for_mesh(lab: Lab, nodes: list[int], ipv6: bool, timeout: float = 30.0) -> float:
-    """Seconds until every node pings every other node's pod address."""
+    """Seconds until every node pings every other node's pod address; LabError after
+    ``timeout`` (scaled by the lab's slowness factor)."""
     start = time.monotonic()
     pending = {(a, b) for a in nodes for b in nodes if a != b}
     while pending:
         pending = {(a, b) for a, b in pending
                    if not (lab.ping(a, b) and (not ipv6 or lab.ping(a, b, v6=True)))}
-        if pending and time.monotonic() - start > timeout:
-            raise LabError(f"no connectivity after {timeout:g}s between {sorted(pending)}")
+        if pending and time.monotonic() - start > slowness.scaled(timeout):
+            raise LabError(f"no connectivity after {slowness.within(timeout)} between "
+                           f"{sorted(pending)}")
     return time.monotonic() - start
 
 

@@ -42,6 +42,7 @@ from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
 from flannel.ops import commands
 from flannel.process import stopping
+from flannel_lab import slowness
 from flannel_lab.etcd import EtcdServer
 
 DEFAULT_ROOT = Path("/run/flannel-lab")
@@ -109,11 +110,14 @@ def exit_reason(log: str) -> str:
 
 def run(cmd: list[str], *, check: bool = True, timeout: float = 30.0
         ) -> subprocess.CompletedProcess[str]:
+    """``cmd``'s result; LabError when it fails (``check``) or gives no answer within
+    ``timeout`` (scaled by the lab's slowness factor)."""
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                check=False)
+        result = subprocess.run(cmd, capture_output=True, text=True,
+                                timeout=slowness.scaled(timeout), check=False)
     except subprocess.TimeoutExpired:
-        raise LabError(f"{' '.join(cmd)}: no answer after {timeout:g}s") from None
+        raise LabError(f"{' '.join(cmd)}: no answer after {slowness.within(timeout)}"
+                       ) from None
     if check and result.returncode != 0:
         raise LabError(f"{' '.join(cmd)}: {result.stderr.strip() or result.stdout.strip()}")
     return result
@@ -200,6 +204,10 @@ class Lab:
                  progress: Callable[[str], None] | None = None) -> None:
         if not name or len(name) > 20 or not all(c.isalnum() or c in "-_" for c in name):
             raise LabError(f"lab name {name!r}: use up to 20 letters, digits, '-' or '_'")
+        try:
+            slowness.factor()
+        except slowness.SlownessError as err:
+            raise LabError(str(err)) from None
         self.name = name
         self.directory = root / name
         self.progress = progress or (lambda _msg: None)
@@ -396,7 +404,7 @@ class Lab:
                                     env=same_code(dict(os.environ)))
             self.state.cloud_pid, self.state.cloud_started = proc.pid, _start_ticks(proc.pid)
             self.state.save()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + slowness.scaled(timeout)
         while not out.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 log_text = (self.directory / "cloud.log").read_text(errors="replace")
@@ -497,12 +505,13 @@ class Lab:
     def wait_subnet_env(self, index: int, timeout: float = 30.0) -> dict[str, str]:
         node = self.node(index)
         path = Path(node.subnet_file)
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + slowness.scaled(timeout)
         while not path.exists():
             if node.pid and not _alive(node.pid):
                 raise self.exited(index)
             if time.monotonic() > deadline:
-                raise LabError(f"node {index}: no subnet.env after {timeout:g}s (its log: "
+                raise LabError(f"node {index}: no subnet.env after "
+                               f"{slowness.within(timeout)} (its log: "
                                f"{node.log_file})")
             time.sleep(0.05)
         return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
@@ -542,17 +551,18 @@ class Lab:
                 "delegate": {"hairpinMode": True, "isDefaultGateway": True}}
 
     def cni(self, command: str, pod: Pod) -> dict[str, Any]:
-        from flannel.cni.install import install_plugin
+        from flannel.cni.install import CHECK_TIMEOUT, install_plugin
 
         plugin = self.cni_bin / "flannel"
         if not plugin.exists():
-            install_plugin(self.cni_bin)
+            install_plugin(self.cni_bin, check_timeout=slowness.scaled(CHECK_TIMEOUT))
         env = {"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin"), "CNI_COMMAND": command,
                "CNI_CONTAINERID": pod.name, "CNI_NETNS": f"/run/netns/{pod.netns}",
                "CNI_IFNAME": "eth0", "CNI_PATH": f"{self.cni_bin}:/usr/lib/cni"}
         proc = subprocess.run(["ip", "netns", "exec", self.node_ns(pod.node), str(plugin)],
                               input=json.dumps(self.netconf(pod.node)).encode(), env=env,
-                              capture_output=True, timeout=60, check=False)
+                              capture_output=True, timeout=slowness.scaled(60),
+                              check=False)
         if proc.returncode != 0:
             raise LabError(f"CNI {command} of {pod.name} on node {pod.node} failed: "
                            f"{proc.stdout.decode().strip()} {proc.stderr.decode().strip()}")
@@ -689,7 +699,7 @@ def _stop_processes_in(netns: str, timeout: float = 5.0) -> None:
             pids.append((pid, _start_ticks(pid)))
     for pid, started in pids:
         _signal_own(pid, started, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + slowness.scaled(timeout)
     while time.monotonic() < deadline and any(_running(p, s) for p, s in pids):
         time.sleep(0.02)
     for pid, started in pids:
@@ -697,8 +707,8 @@ def _stop_processes_in(netns: str, timeout: float = 5.0) -> None:
 
 
 def _retries(within: float) -> list[str]:
-    """ping's options to keep sending, every 0.2 s, for up to ``within`` seconds."""
-    return ["-i", "0.2", "-w", f"{within:g}"] if within else []
+    """ping's options to keep sending, every 0.2 s, for up to ``within`` seconds (scaled)."""
+    return ["-i", "0.2", "-w", f"{slowness.scaled(within):g}"] if within else []
 
 
 def _stat(pid: int) -> list[str]:
@@ -748,11 +758,12 @@ def _signal_own(pid: int, started: int, sig: int) -> bool:
 
 
 def _stop_pid(pid: int, started: int, sig: int, timeout: float) -> int | None:
-    """Signal our process ``pid`` and wait for it; SIGKILL after ``timeout``. Its exit code
-    if it is a child of this process; nothing happens if ``pid`` is now someone else's."""
+    """Signal our process ``pid`` and wait for it; SIGKILL after ``timeout`` (scaled). Its
+    exit code if it is a child of this process; nothing happens if ``pid`` is now someone
+    else's."""
     if not _signal_own(pid, started, sig):
         return None
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + slowness.scaled(timeout)
     while time.monotonic() < deadline:
         try:
             done, status = os.waitpid(pid, os.WNOHANG)

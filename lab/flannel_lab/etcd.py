@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flannel_lab import slowness
+
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
 
@@ -102,7 +104,7 @@ class EtcdServer:
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=self.socket_dir)
         log.close()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + slowness.scaled(timeout)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
@@ -110,17 +112,18 @@ class EtcdServer:
                 return
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"etcd did not become healthy: {self.log_path.read_text()[-2000:]}")
+        raise RuntimeError(f"etcd did not become healthy within {slowness.within(timeout)}: "
+                           f"{self.log_path.read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc is None:
             return
         self.proc.terminate()
         try:
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=slowness.scaled(10))
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=slowness.scaled(10))
         self.proc = None
 
     def restart(self) -> None:
@@ -143,7 +146,7 @@ class EtcdServer:
             [ETCDCTL, "snapshot", "restore", str(snapshot), "--data-dir", str(self.data_dir),
              "--name", "test", "--initial-cluster", f"test={peer}",
              "--initial-advertise-peer-urls", peer],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True, text=True, timeout=slowness.scaled(60), check=False,
             env={**os.environ, "ETCDCTL_API": "3"})
         if result.returncode != 0:
             raise RuntimeError(f"etcdctl snapshot restore failed: {result.stderr}")
@@ -153,7 +156,8 @@ class EtcdServer:
             ) -> subprocess.CompletedProcess[str]:
         """Run etcdctl (v3 API) against this server."""
         cmd = [*self._prefix(), ETCDCTL, "--endpoints", self.endpoint,
-               "--command-timeout", "5s", "--dial-timeout", "2s"]
+               "--command-timeout", f"{slowness.scaled(5):g}s",
+               "--dial-timeout", f"{slowness.scaled(2):g}s"]
         if self.tls:
             cmd += ["--cacert", str(self.tls.ca), "--cert", str(self.tls.client_cert),
                     "--key", str(self.tls.client_key)]
@@ -164,8 +168,8 @@ class EtcdServer:
             cmd += ["--user", user]
         cmd += list(args)
         env = {**os.environ, "ETCDCTL_API": "3"}
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env,
-                                check=False)
+        result = subprocess.run(cmd, capture_output=True, text=True,
+                                timeout=slowness.scaled(30), env=env, check=False)
         if check and result.returncode != 0:
             raise RuntimeError(f"etcdctl {' '.join(args)} failed: {result.stderr}")
         return result

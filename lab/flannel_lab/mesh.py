@@ -23,6 +23,7 @@ from pathlib import Path
 
 from flannel.kernel import nsexec, rtnl
 from flannel.kernel.host import Host
+from flannel_lab import slowness
 from flannel_lab.cluster import IP, Lab, LabError
 
 MAIN_TABLE = 254
@@ -43,7 +44,8 @@ def wg_show(lab: Lab, index: int, *args: str) -> str:
     """``wg show ARGS`` in node ``index``'s view (its namespace and /run); "" if it fails."""
     cmd = nsexec.command(["wg", "show", *args], Host(lab.node_ns(index)),
                          lab.node_run_dir(index))
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False)
+    result = subprocess.run(cmd, capture_output=True, text=True,
+                            timeout=slowness.scaled(30), check=False)
     return result.stdout if result.returncode == 0 else ""
 
 
@@ -63,9 +65,10 @@ def start_nodes(lab: Lab, indexes: list[int], *args: str, starting_at_once: int 
                 timeout: float = 600.0) -> float:
     """Start flanneld on ``indexes``, at most ``starting_at_once`` of them without a
     subnet.env yet (a burst of interpreters starting would only slow each other down on a
-    small machine); progress every tenth node. Seconds until every one wrote subnet.env."""
+    small machine); progress every tenth node. Seconds until every one wrote subnet.env;
+    LabError after ``timeout`` (scaled by the lab's slowness factor)."""
     start = time.monotonic()
-    deadline = start + timeout
+    deadline = start + slowness.scaled(timeout)
     waiting: list[int] = []
     pending = list(indexes)
     done = 0
@@ -82,7 +85,8 @@ def start_nodes(lab: Lab, indexes: list[int], *args: str, starting_at_once: int 
                              f"({time.monotonic() - start:.1f}s); waiting until each has "
                              f"leased a subnet and written subnet.env ({done} so far)")
         if time.monotonic() > deadline:
-            raise LabError(f"nodes {waiting} wrote no subnet.env within {timeout:g}s")
+            raise LabError(f"nodes {waiting} wrote no subnet.env within "
+                           f"{slowness.within(timeout)}{_slow_hint()}")
         time.sleep(0.05)
     took = time.monotonic() - start
     lab.progress(f"every node has leased a subnet and written subnet.env ({took:.1f}s)")
@@ -102,8 +106,10 @@ def wait_full_mesh(lab: Lab, indexes: list[int], timeout: float = 300.0,
                    since: float = 0.0) -> float:
     """Seconds from ``since`` (a time.monotonic; default now) until every node in
     ``indexes`` has a route to each of the others and no more (routes of peers that left
-    are gone), read from each node's kernel. ``timeout`` counts from now."""
+    are gone), read from each node's kernel. ``timeout`` (scaled by the lab's slowness
+    factor) counts from now."""
     start = time.monotonic()
+    bound = slowness.scaled(timeout)
     since = since or start
     want = len(indexes) - 1
     last_report = start
@@ -119,11 +125,19 @@ def wait_full_mesh(lab: Lab, indexes: list[int], timeout: float = 300.0,
         dead = [i for i in indexes if not lab.flanneld_running(i)]
         if dead:
             raise lab.exited(dead[0])
-        if now - start > timeout:
+        if now - start > bound:
             short = {i: c for i, c in counts.items() if c != want}
-            raise LabError(f"no full mesh after {timeout:g}s: peer routes (want {want}) "
-                           f"on the nodes short of it: {short}")
+            raise LabError(f"no full mesh after {slowness.within(timeout)}: peer routes "
+                           f"(want {want}) on the nodes short of it: {short}{_slow_hint()}")
         time.sleep(0.2)
+
+
+def _slow_hint() -> str:
+    """What to do when a bound ran out on a machine the lab does not know is slow."""
+    if slowness.factor() > 1:
+        return ""
+    return (f" (on a loaded or emulated machine, {slowness.ENV}=N gives every wait of the "
+            "lab N times longer)")
 
 
 def ring(indexes: list[int]) -> list[tuple[int, int]]:

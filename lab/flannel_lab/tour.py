@@ -26,6 +26,7 @@ from typing import Any
 
 from flannel.lease import LeaseAttrs, LeaseDecodeError, parse_subnet_key
 from flannel.ops import commands
+from flannel_lab import slowness
 from flannel_lab.cluster import ETCD_PREFIX, Lab, LabError, Pod, in_ns, ip
 
 DEMO_CONFIG = {"Network": "10.0.0.0/8", "SubnetLen": 20, "SubnetMin": "10.10.0.0",
@@ -226,9 +227,9 @@ def wait_entries(lab: Lab, index: int, peer: StoredLease, timeout: float = 30.0
         entries = peer_entries(lab, index, peer)
         if entries.complete:
             return entries
-        if time.monotonic() - start > timeout:
+        if time.monotonic() - start > slowness.scaled(timeout):
             raise LabError(f"node {index} has not programmed {peer.subnet} after "
-                           f"{timeout:g}s:\n{lab.log(index)[-2000:]}")
+                           f"{slowness.within(timeout)}:\n{lab.log(index)[-2000:]}")
         time.sleep(0.05)
 
 
@@ -304,7 +305,7 @@ def ping(lab: Lab, src: Pod, dst: Pod, timeout: float = 20.0) -> bool:
     node to finish programming); False, said on stderr, if none does."""
     heading(f"ping from pod {src.name} ({src.address}) to pod {dst.name} ({dst.address}) "
             "across the vxlan overlay")
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + slowness.scaled(timeout)
     while not lab.pod_ping(src, dst.address) and time.monotonic() < deadline:
         time.sleep(0.2)
     result = in_ns(src.netns, "ping", "-c", "3", "-i", "0.2", "-W", "2", dst.address,

@@ -22,7 +22,7 @@ from flannel.kernel.ipipdev import IpipSpec, ensure_ipip
 from flannel.kernel.rtnl import Rtnl
 from flannel.lease import Lease
 from tests.support import netns
-from tests.support.ipip import missing_ipip
+from tests.support.kernelpaths import missing_ipip
 
 pytestmark = pytest.mark.netns
 

@@ -10,7 +10,7 @@ import contextlib
 import itertools
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,12 +21,13 @@ from tests.support import netns
 _numbers = itertools.count(1)
 
 
-@pytest.fixture
-def make_lab(tmp_path: Path) -> Iterator:
+@contextlib.contextmanager
+def lab_factory(root: Path) -> Iterator[Callable[[], Lab]]:
+    """A maker of labs under ``root``, each named from this test run's prefix; every lab it
+    made is torn down at the end, even on failure."""
     if os.geteuid() != 0 or shutil.which("etcd") is None:
         pytest.skip("needs root and etcd-server")
     labs: list[Lab] = []
-    root = tmp_path / "labs"
 
     def factory() -> Lab:
         lab = Lab(f"{netns.RUN_PREFIX}L{next(_numbers)}", root=root)
@@ -41,3 +42,9 @@ def make_lab(tmp_path: Path) -> Iterator:
             if lab.exists:  # built by a flannel-lab process: its state file says what it made
                 with contextlib.suppress(LabError):
                     Lab(lab.name, root=root).down()
+
+
+@pytest.fixture
+def make_lab(tmp_path: Path) -> Iterator[Callable[[], Lab]]:
+    with lab_factory(tmp_path / "labs") as factory:
+        yield factory

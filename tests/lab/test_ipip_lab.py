@@ -14,7 +14,7 @@ import pytest
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, ip
 from tests.support.checkout import FLANNEL_LAB
-from tests.support.ipip import missing_ipip
+from tests.support.kernelpaths import missing_ipip
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]

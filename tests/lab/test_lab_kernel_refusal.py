@@ -10,7 +10,7 @@ import pytest
 
 from flannel_lab.cli import main as lab_main
 from tests.support import netns
-from tests.support.ipip import missing_ipip
+from tests.support.kernelpaths import missing_ipip
 
 pytestmark = pytest.mark.netns
 

@@ -31,7 +31,7 @@ import pytest
 from flannel.ipsec import charon
 from flannel_lab.cluster import Lab, Pod, ip
 from tests.support.checkout import FLANNEL_LAB
-from tests.support.ipip import missing_ipip
+from tests.support.kernelpaths import missing_ipip
 from tests.support.traffic import DfPing, df_ping
 
 pytestmark = [pytest.mark.netns, pytest.mark.etcd]
