@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
@@ -24,11 +24,10 @@ import pytest
 
 from flannel.kernel import nsexec, rtnl
 from flannel.kernel.host import Host
-from flannel.lease import Lease, LeaseAttrs
-from flannel.wireguard.config import WireguardConfig, encode_lease_data
-from flannel.wireguard.device import DeviceSpec, WireguardDevice, WireguardDeviceError
+from flannel.wireguard.config import WireguardConfig
+from flannel.wireguard.device import WireguardDevice, WireguardDeviceError
 from flannel.wireguard.genl import GenlControl, GenlSocket, resolve_family
-from flannel.wireguard.keys import Secret, generate_private_key, public_key
+from flannel.wireguard.keys import generate_private_key, public_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
 from flannel.wireguard.uapi import (
     ControlError,
@@ -38,6 +37,7 @@ from flannel.wireguard.uapi import (
 )
 from tests.support import netns
 from tests.support.waiting import wait_until
+from tests.support.wgengine import NETWORK, Node
 
 pytestmark = [
     pytest.mark.netns,
@@ -45,29 +45,8 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("wireguard-go") is None, reason="needs wireguard-go"),
 ]
 
-NETWORK = IPv4Network("10.5.0.0/16")
 PSK_A = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 PSK_B = "HyAhIiMkJSYnKCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4="
-
-
-@dataclass
-class Node:
-    ns: str
-    underlay: IPv4Address
-    subnet: IPv4Network
-    key: Secret
-    run_dir: Path
-
-    def spec(self) -> DeviceSpec:
-        base = self.subnet.network_address
-        return DeviceSpec("flannel-wg", 51820, 1420, self.key, addresses=((base, NETWORK),),
-                          routes=(NETWORK,), host=Host(self.ns), run_dir=self.run_dir,
-                          log_path=self.run_dir / "wireguard-go.log")
-
-    def lease(self) -> Lease:
-        return Lease(self.subnet, attrs=LeaseAttrs(
-            public_ip=self.underlay, backend_type="wireguard",
-            backend_data=encode_lease_data(public_key(self.key), 51820)))
 
 
 def ping(node: Node, dst: Node, count: int = 3, interval: float = 0.2, wait: int = 1

@@ -9,32 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from flannel.cni.install import CHECK_TIMEOUT, install_conflist, install_plugin
-from flannel_lab import slowness
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import in_ns, ip, sysctl
 from tests.support.checkout import FLANNELCTL
+from tests.support.labcni import install_cni
 
 CONFIG = {"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}
-
-
-def install_cni(directory: Path) -> tuple[Path, Path]:
-    """A node's CNI setup as doctor expects it, under ``directory``: the plugins upstream's
-    conflist uses (ours as ``flannel``) and that conflist. (bin dir, conf dir)."""
-    cni_bin = directory / "cni-bin"
-    cni_bin.mkdir()
-    for plugin in ("bridge", "host-local", "portmap"):
-        shutil.copy2(f"/usr/lib/cni/{plugin}", cni_bin / plugin)
-    install_plugin(cni_bin, check_timeout=slowness.scaled(CHECK_TIMEOUT))
-    install_conflist(directory / "cni-conf")
-    return cni_bin, directory / "cni-conf"
 
 
 @pytest.fixture

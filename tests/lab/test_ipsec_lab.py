@@ -13,12 +13,10 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 from collections.abc import Iterator
-from ipaddress import IPv4Network, ip_address
+from ipaddress import ip_address
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -30,6 +28,17 @@ from flannel_lab.cluster import ETCD_PREFIX, Lab, in_ns
 from flannel_lab.mesh import start_pings
 from tests.support.capture import Capture, ip_packet
 from tests.support.checkout import FLANNELCTL
+from tests.support.ipseclab import (
+    CONFIG,
+    NETWORK,
+    PATTERN,
+    PSK_A,
+    PSK_B,
+    all_established,
+    charon_pid,
+    ike_sas,
+    session,
+)
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
 
@@ -41,42 +50,8 @@ pytestmark = [
                        reason="needs strongSwan's charon (install.sh installs it)"),
 ]
 
-NETWORK = IPv4Network("10.244.0.0/16")
-PSK_A = "a" * 48 + "0123456789abcdef" * 3
-PSK_B = "b" * 48 + "0123456789abcdef" * 3
-CONFIG = {"Network": str(NETWORK), "Backend": {"Type": "ipsec", "PSK": PSK_A}}
 HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=10280")
-PATTERN = "f1a77e1ddeadc0de"
 IKE_PORTS = {500, 4500}
-
-
-def session(lab: Lab, index: int) -> Any:
-    sock = socket.socket(socket.AF_UNIX)
-    sock.settimeout(10)
-    # A lab under a worker's temporary directory can be deeper than the 108 bytes an AF_UNIX
-    # address holds: the socket is reached through its open directory's short /proc path.
-    directory = os.open(lab.node_run_dir(index), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        sock.connect(f"/proc/self/fd/{directory}/charon.vici")
-    except OSError:
-        sock.close()
-        raise
-    finally:
-        os.close(directory)
-    return vici.Session(sock)
-
-
-def ike_sas(lab: Lab, index: int) -> dict[str, tuple[bytes, bytes, tuple[str, ...]]]:
-    """Connection name -> (IKE SA unique id, state, its CHILD_SAs' names). Both ends of a
-    pair initiate (start_action start, as Go sets it), so a connection may briefly hold a
-    second IKE SA still connecting beside the established one: the established one counts."""
-    out: dict[str, tuple[bytes, bytes, tuple[str, ...]]] = {}
-    for sa in session(lab, index).list_sas():
-        for name, ike in sa.items():
-            seen = (ike["uniqueid"], ike["state"], tuple(sorted(ike["child-sas"])))
-            if name not in out or out[name][1] != b"ESTABLISHED":
-                out[name] = seen
-    return out
 
 
 def connections(lab: Lab, index: int) -> dict[str, dict]:
@@ -84,26 +59,10 @@ def connections(lab: Lab, index: int) -> dict[str, dict]:
             for name, conn in entry.items()}
 
 
-def charon_pid(lab: Lab, index: int) -> int:
-    text = (lab.node_run_dir(index) / "flannel" / "ipsec" / "charon.pid").read_text()
-    return int(text)
-
-
 def engine(lab: Lab, index: int) -> dict[str, float]:
     status, body = http_get(lab.node_ns(index), "http://127.0.0.1:10280/status")
     assert status == 200, body
     return json.loads(body)["engines"].get("ipsec connections", {})
-
-
-def all_established(lab: Lab, indexes: list[int]) -> bool:
-    for index in indexes:
-        try:
-            sas = ike_sas(lab, index)
-        except OSError:  # a charon not (yet) answering
-            return False
-        if len(sas) != len(indexes) - 1 or any(s[1] != b"ESTABLISHED" for s in sas.values()):
-            return False
-    return True
 
 
 @pytest.fixture

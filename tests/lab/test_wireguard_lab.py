@@ -14,7 +14,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from ipaddress import IPv4Network, IPv6Network, ip_address
+from ipaddress import ip_address
 
 import pytest
 
@@ -25,6 +25,7 @@ from tests.support.capture import Capture, ip_packet
 from tests.support.labnodes import wg
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
+from tests.support.wglab import DUAL, NETWORK, NETWORK6, PATTERN, PORTS
 
 pytestmark = [
     pytest.mark.netns, pytest.mark.etcd,
@@ -32,16 +33,9 @@ pytestmark = [
                        reason="needs wireguard-go and wg (wireguard-tools)"),
 ]
 
-NETWORK = IPv4Network("10.244.0.0/16")
-NETWORK6 = IPv6Network("fd00:10:244::/56")
-DUAL = {"Network": str(NETWORK), "EnableIPv6": True, "IPv6Network": str(NETWORK6),
-        "Backend": {"Type": "wireguard"}}
 PSK_A = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 PSK_B = "HyAhIiMkJSYnKCkqKywtLi8wMTIzNDU2Nzg5Ojs8PT4="
 HEALTH = ("--healthz-ip=127.0.0.1", "--healthz-port=10280")
-# The payload of every ping of the matrix: it must never be seen on the underlay.
-PATTERN = "f1a77e1ddeadc0de"
-PORTS = {51820, 51821}
 
 
 def peers(lab: Lab, index: int, device: str = "flannel-wg") -> dict[str, dict[str, str]]:

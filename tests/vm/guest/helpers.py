@@ -12,7 +12,6 @@ import json
 import re
 import signal
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,9 @@ from flannel.kernel.host import Host
 from flannel.ops.status import StatusUnavailable, Where, fetch_status
 from flannel_lab import slowness
 from flannel_lab.cluster import IP, Lab, in_ns
+from tests.support.checkout import FLANNELCTL
 from tests.support.waiting import wait_until
 
-FLANNELCTL = str(Path(sys.executable).parent / "flannelctl")
 #: flanneld's flags in the scenarios' labs: as deployed (kube-flannel's manifest, flannel-lab
 #: up), flanneld masquerades what leaves the pod network, so the CNI plugin's bridge does not
 #: masquerade pod-to-pod traffic, and the pods' own addresses are what crosses the nodes.
@@ -119,7 +118,8 @@ def doctor(lab: Lab, index: int, cni: tuple[Path, Path], own_run: bool = False
            ) -> tuple[int, list[dict[str, Any]]]:
     """``flannelctl doctor --json`` on node ``index``: (exit status, findings)."""
     node = lab.node(index)
-    done = in_node(lab, index, FLANNELCTL, "doctor", "--json",
+    # --max-age=0: its own probes, not flanneld's latest, which may predate the fault.
+    done = in_node(lab, index, *FLANNELCTL, "doctor", "--json", "--max-age=0",
                    f"--etcd-endpoints={lab.state.etcd_endpoint}",
                    f"--subnet-file={node.subnet_file}", f"--cni-bin-dir={cni[0]}",
                    f"--cni-conf-dir={cni[1]}", own_run=own_run)
@@ -132,7 +132,8 @@ def check(lab: Lab, index: int) -> tuple[int, dict[str, str]]:
     """``flannelctl check --json`` on node ``index``: (exit status, peer public IP ->
     verdict)."""
     node = lab.node(index)
-    done = in_node(lab, index, FLANNELCTL, "check", "--json", "--count=3", "--timeout=2",
+    done = in_node(lab, index, *FLANNELCTL, "check", "--json", "--count=3", "--timeout=2",
+                   "--max-age=0",
                    f"--etcd-endpoints={lab.state.etcd_endpoint}",
                    f"--subnet-file={node.subnet_file}")
     assert done.stdout.strip(), done.stderr

@@ -19,9 +19,9 @@ import pytest
 
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, in_ns, ip
-from tests.lab.test_doctor import install_cni
-from tests.lab.test_wireguard_lab import Capture, ip_packet
+from tests.support.capture import Capture, ip_packet
 from tests.support.kernelpaths import missing_ipip
+from tests.support.labcni import install_cni
 from tests.support.waiting import wait_until
 from tests.vm.guest.helpers import (
     MASQ,

@@ -22,8 +22,8 @@ import pytest
 
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, in_ns, ip
-from tests.lab.test_doctor import install_cni
-from tests.lab.test_ipsec_lab import (
+from tests.support.capture import Capture, ip_packet
+from tests.support.ipseclab import (
     CONFIG,
     NETWORK,
     PATTERN,
@@ -33,8 +33,8 @@ from tests.lab.test_ipsec_lab import (
     charon_pid,
     ike_sas,
 )
-from tests.lab.test_wireguard_lab import Capture, ip_packet
 from tests.support.kernelpaths import missing_kernel_esp
+from tests.support.labcni import install_cni
 from tests.support.waiting import wait_until
 from tests.vm.guest.helpers import (
     MASQ,

@@ -22,10 +22,11 @@ import pytest
 
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, in_ns, ip
-from tests.lab.test_doctor import install_cni
-from tests.lab.test_wireguard_lab import DUAL, NETWORK, NETWORK6, PATTERN, PORTS, Capture, ip_packet
+from tests.support.capture import Capture, ip_packet
 from tests.support.kernelpaths import missing_kernel_wireguard
+from tests.support.labcni import install_cni
 from tests.support.waiting import wait_until
+from tests.support.wglab import DUAL, NETWORK, NETWORK6, PATTERN, PORTS
 from tests.vm.guest.helpers import (
     MASQ,
     TABLE,

@@ -27,9 +27,9 @@ from flannel.wireguard.genl import MAX_MESSAGE, GenlControl, encode_set_device
 from flannel.wireguard.keys import Secret, generate_private_key, public_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
 from flannel.wireguard.uapi import DeviceUpdate, Peer, PeerUpdate
-from tests.integration.test_wg_engine import Node as EngineNode
 from tests.support import netns
 from tests.support.kernelpaths import missing_kernel_wireguard
+from tests.support.wgengine import Node as EngineNode
 
 pytestmark = pytest.mark.netns
 
