@@ -123,7 +123,8 @@ def node_command(node: LabNode, endpoint: str, args: CheckOptions) -> list[str]:
             "flannel.ctl", "check", "--json", f"--etcd-endpoints={endpoint}",
             f"--subnet-file={node.subnet_file}", f"--count={args.count}",
             f"--interval={args.interval:g}", f"--timeout={args.timeout:g}",
-            f"--parallel={args.parallel}", f"--deadline={args.deadline:g}"]
+            f"--parallel={args.parallel}", f"--deadline={args.deadline:g}",
+            *([] if args.max_age is None else [f"--max-age={args.max_age:g}"])]
 
 
 def check_node(node: LabNode, endpoint: str, args: CheckOptions,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from flannel.probing.sequence import LONGEST
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab
 from tests.support import netns
@@ -185,8 +186,9 @@ def test_every_situation_is_reported_with_its_cause_and_cleared(key: str, tmp_pa
                     seen = expect(m, cause, lease, 2 * INTERVAL + 15)
                     for index, item in seen.items():
                         since = datetime.fromisoformat(str(item["since"])).timestamp()
-                        # /status gives whole seconds: the report is within 2 intervals.
-                        assert since - applied <= 2 * INTERVAL + 1, (index, item)
+                        # Within 2 intervals and one probe's longest run (/status gives
+                        # whole seconds), with room for a loaded machine's slower loop.
+                        assert since - applied <= 2 * INTERVAL + LONGEST + 5, (index, item)
                         assert str(m.address(PEER)) in str(item["detail"]), item
                         if cause == "encap_blocked":  # the carrier's port is named
                             port = PORTS[(spec.backend, 4)][0]
@@ -204,6 +206,6 @@ def test_every_situation_is_reported_with_its_cause_and_cleared(key: str, tmp_pa
                         if normal == REACHED else logged_at(
                             m, index, "unreachable over the overlay: MTU too small", undoing)
                     assert at is not None, index
-                    assert at - undone <= INTERVAL + 1, (index, at - undone)
+                    assert at - undone <= INTERVAL + LONGEST + 5, (index, at - undone)
     finally:
         lab.down()

@@ -449,3 +449,14 @@ def test_plan_decides_what_needs_no_echo():
          "rewrites it on restart, or delete the lease"),
         ("10.99.7.0/24", "skipped", "skipped by flanneld: subnet 10.99.7.0/24 lies outside the "
          "Network 10.244.0.0/16")]
+
+
+@pytest.mark.parametrize(("max_age", "given"), [(None, []), (0.0, ["--max-age=0"]),
+                                                 (12.5, ["--max-age=12.5"])])
+def test_check_lab_hands_each_node_the_max_age_it_was_given(max_age, given):
+    from flannel.ops.checklab import node_command
+    from flannel.ops.options import CheckOptions
+
+    node = LabNode(1, "lab-n1", "192.0.2.1", "/run/lab/n1/subnet.env")
+    argv = node_command(node, "http://192.0.2.254:2379", CheckOptions(None, max_age=max_age))
+    assert [arg for arg in argv if arg.startswith("--max-age")] == given
