@@ -174,7 +174,8 @@ def ops_options(args: argparse.Namespace, environ: dict[str, str] | None = None
                                      args.timeout, args.json)
     if command == "check" and args.lab:
         return options.CheckOptions(None, args.json, args.count, args.interval, args.timeout,
-                                    args.parallel, args.deadline, args.lab, args.lab_root)
+                                    args.parallel, args.deadline, args.lab, args.lab_root,
+                                    max_age=args.max_age)
     from flannel.ops.locate import locate
 
     located = locate(args, environ)

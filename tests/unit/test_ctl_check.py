@@ -454,9 +454,11 @@ def test_plan_decides_what_needs_no_echo():
 @pytest.mark.parametrize(("max_age", "given"), [(None, []), (0.0, ["--max-age=0"]),
                                                  (12.5, ["--max-age=12.5"])])
 def test_check_lab_hands_each_node_the_max_age_it_was_given(max_age, given):
+    from flannel.ctl import build_parser, ops_options
     from flannel.ops.checklab import node_command
-    from flannel.ops.options import CheckOptions
 
+    flags = [] if max_age is None else [f"--max-age={max_age:g}"]
+    options = ops_options(build_parser().parse_args(["check", "--lab", "l1", *flags]), {})
     node = LabNode(1, "lab-n1", "192.0.2.1", "/run/lab/n1/subnet.env")
-    argv = node_command(node, "http://192.0.2.254:2379", CheckOptions(None, max_age=max_age))
+    argv = node_command(node, "http://192.0.2.254:2379", options)  # type: ignore[arg-type]
     assert [arg for arg in argv if arg.startswith("--max-age")] == given
