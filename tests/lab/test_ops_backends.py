@@ -56,10 +56,11 @@ def matrix(lab: Lab) -> dict:
     return doc
 
 
-def doctor_command(lab: Lab, index: int) -> list[str]:
-    """The doctor command ``check --lab`` prints for a node."""
+def doctor_command(lab: Lab, index: int, flannelctl: list[str] = FLANNELCTL) -> list[str]:
+    """The doctor command ``check --lab`` prints for a node (naming the console script for
+    a user to paste: ``flannelctl=[script("flannelctl")]``), run as this checkout's code."""
     node = lab.node(index)
-    return ["ip", "netns", "exec", node.netns, *FLANNELCTL, "doctor",
+    return ["ip", "netns", "exec", node.netns, *flannelctl, "doctor",
             f"--etcd-endpoints={lab.state.etcd_endpoint}", f"--subnet-file={node.subnet_file}"]
 
 
@@ -212,7 +213,7 @@ def wireguard_printed_command_works_and_cleanup_keeps_to_the_node(lab: Lab) -> N
         assert proc.returncode == 1
         printed = [line.split(": ", 1)[1] for line in proc.stdout.splitlines()
                    if line.startswith("    n1: ")]
-        assert printed == [shlex.join(doctor_command(lab, 1))]
+        assert printed == [shlex.join(doctor_command(lab, 1, [script("flannelctl")]))]
         pasted = run(shlex.split(printed[0]))
         assert pasted.stderr == ""
         assert pasted.stdout.startswith(("healthy", "unhealthy"))
