@@ -17,7 +17,6 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from flannel.kernel.host import Host
 from flannel.wireguard.config import WireguardConfig
 from flannel.wireguard.device import WireguardDevice, WireguardDeviceError
 from flannel.wireguard.genl import GenlControl, GenlSocket, resolve_family
-from flannel.wireguard.keys import generate_private_key, public_key
+from flannel.wireguard.keys import public_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
 from flannel.wireguard.uapi import (
     ControlError,
@@ -37,7 +36,7 @@ from flannel.wireguard.uapi import (
 )
 from tests.support import netns
 from tests.support.waiting import wait_until
-from tests.support.wgengine import NETWORK, Node
+from tests.support.wgengine import NETWORK, Node, linked_pair
 
 pytestmark = [
     pytest.mark.netns,
@@ -71,28 +70,17 @@ def wg(node: Node, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def pair() -> Iterator[tuple[Node, Node]]:
-    created: list[str] = []
     dirs: list[Path] = []
+
+    def run_dir() -> Path:
+        # Short paths: a unix socket path must fit in 108 bytes.
+        dirs.append(Path(tempfile.mkdtemp(prefix="wgrun", dir="/tmp")))
+        return dirs[-1]
+
     try:
-        nodes = []
-        for n in (1, 2):
-            ns = netns.create("wg")
-            created.append(ns)
-            # Short paths: a unix socket path must fit in 108 bytes.
-            run_dir = Path(tempfile.mkdtemp(prefix="wgrun", dir="/tmp"))
-            dirs.append(run_dir)
-            nodes.append(Node(ns, IPv4Address(f"192.168.77.{n}"),
-                              IPv4Network(f"10.5.{n}.0/24"), generate_private_key(), run_dir))
-        a, b = nodes
-        netns.ip("link", "add", "ul0", "type", "veth", "peer", "name", "ul0", "netns", b.ns,
-                 netns=a.ns)
-        for node in nodes:
-            netns.ip("addr", "add", f"{node.underlay}/24", "dev", "ul0", netns=node.ns)
-            netns.ip("link", "set", "ul0", "up", netns=node.ns)
-        yield a, b
+        with linked_pair("wg", run_dir) as nodes:
+            yield nodes
     finally:
-        for ns in created:
-            netns.delete(ns)
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
 

@@ -4,6 +4,8 @@ it asks for and the lease it publishes."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
@@ -12,7 +14,8 @@ from flannel.kernel.host import Host
 from flannel.lease import Lease, LeaseAttrs
 from flannel.wireguard.config import encode_lease_data
 from flannel.wireguard.device import DeviceSpec
-from flannel.wireguard.keys import Secret, public_key
+from flannel.wireguard.keys import Secret, generate_private_key, public_key
+from tests.support import netns
 
 NETWORK = IPv4Network("10.5.0.0/16")
 
@@ -35,3 +38,27 @@ class Node:
         return Lease(self.subnet, attrs=LeaseAttrs(
             public_ip=self.underlay, backend_type="wireguard",
             backend_data=encode_lease_data(public_key(self.key), 51820)))
+
+
+@contextlib.contextmanager
+def linked_pair(prefix: str, run_dir: Callable[[], Path]) -> Iterator[tuple[Node, Node]]:
+    """Two nodes in namespaces of their own (named from ``prefix``) joined by a veth on
+    192.168.77.0/24, each with a run directory from ``run_dir``; the namespaces are removed
+    at the end, whatever happened."""
+    created: list[str] = []
+    try:
+        nodes = []
+        for n in (1, 2):
+            created.append(netns.create(prefix))
+            nodes.append(Node(created[-1], IPv4Address(f"192.168.77.{n}"),
+                              IPv4Network(f"10.5.{n}.0/24"), generate_private_key(), run_dir()))
+        a, b = nodes
+        netns.ip("link", "add", "ul0", "type", "veth", "peer", "name", "ul0", "netns", b.ns,
+                 netns=a.ns)
+        for node in nodes:
+            netns.ip("addr", "add", f"{node.underlay}/24", "dev", "ul0", netns=node.ns)
+            netns.ip("link", "set", "ul0", "up", netns=node.ns)
+        yield a, b
+    finally:
+        for name in created:
+            netns.delete(name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import subprocess
 from collections.abc import Iterator
-from ipaddress import IPv4Address, IPv4Network, ip_network
+from ipaddress import IPv4Network, ip_network
 from pathlib import Path
 
 import pytest
@@ -24,12 +24,12 @@ from flannel.kernel.host import Host
 from flannel.wireguard.config import WireguardConfig
 from flannel.wireguard.device import DeviceSpec, WireguardDevice
 from flannel.wireguard.genl import MAX_MESSAGE, GenlControl, encode_set_device
-from flannel.wireguard.keys import Secret, generate_private_key, public_key
+from flannel.wireguard.keys import Secret, public_key
 from flannel.wireguard.peers import LocalEndpoints, WireguardPeers, desired_peers
 from flannel.wireguard.uapi import DeviceUpdate, Peer, PeerUpdate
-from tests.support import netns
 from tests.support.kernelpaths import missing_kernel_wireguard
 from tests.support.wgengine import Node as EngineNode
+from tests.support.wgengine import linked_pair
 
 pytestmark = pytest.mark.netns
 
@@ -47,24 +47,8 @@ def _kernel_with_wireguard() -> None:
 def pair() -> Iterator[tuple[EngineNode, EngineNode]]:
     """Two namespaces joined by a veth, each to get a kernel device (no /run of its own is
     needed: a kernel device has no socket)."""
-    created: list[str] = []
-    try:
-        nodes = []
-        for n in (1, 2):
-            created.append(netns.create("wgk"))
-            nodes.append(EngineNode(created[-1], IPv4Address(f"192.168.77.{n}"),
-                                    IPv4Network(f"10.5.{n}.0/24"), generate_private_key(),
-                                    Path("/nonexistent")))
-        a, b = nodes
-        netns.ip("link", "add", "ul0", "type", "veth", "peer", "name", "ul0", "netns", b.ns,
-                 netns=a.ns)
-        for node in nodes:
-            netns.ip("addr", "add", f"{node.underlay}/24", "dev", "ul0", netns=node.ns)
-            netns.ip("link", "set", "ul0", "up", netns=node.ns)
-        yield a, b
-    finally:
-        for name in created:
-            netns.delete(name)
+    with linked_pair("wgk", lambda: Path("/nonexistent")) as nodes:
+        yield nodes
 
 
 def kernel_device(node: EngineNode) -> WireguardDevice:
