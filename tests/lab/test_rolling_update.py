@@ -70,9 +70,9 @@ def ctl(lab: Lab, index: int, *args: str, env: dict[str, str] | None = None
                           env=env)
 
 
-def ready(lab: Lab, index: int) -> bool:
+def ready(lab: Lab, index: int, timeout: float = 2) -> bool:
     """What the migration guide checks after each node: ``flannelctl status`` exits 0."""
-    return ctl(lab, index, "status", "--timeout", "2").returncode == 0
+    return ctl(lab, index, "status", "--timeout", f"{timeout:g}").returncode == 0
 
 
 class Rollout:
@@ -130,8 +130,8 @@ class Rollout:
         assert self.doctor(index) == diagnosis  # nothing new
         self.findings = (self.findings or set()) | {f"{f['severity']} {f['check']}"
                                                     for f in diagnosis}
-        for other in others:
-            assert ready(lab, other)
+        for other in others:  # still ready: asked with time for a loaded machine to answer
+            assert ready(lab, other, timeout=15)
 
     def run(self, handover: Callable[[int], None] | None = None) -> list[Flow]:
         with UdpMesh(self.endpoints) as mesh:

@@ -389,12 +389,18 @@ def _vpc_route_del(m: Matrix, c: Cell) -> None:
 
     from flannel.kernel.host import Host
     from flannel_lab.awscloud import LAB_KEY_ID, LAB_SECRET, REGION
+    from flannel_lab.cluster import sysctl
 
     cloud = json.loads((Path(m.lab.directory) / "cloud.json").read_text())  # type: ignore
     ec2 = boto3.client("ec2", region_name=REGION, endpoint_url=cloud["ec2_url"],
                        aws_access_key_id=LAB_KEY_ID, aws_secret_access_key=LAB_SECRET)
     m.freeze(c.peer)
-    with Host(str(m.lab.underlay_ns)).entered():  # type: ignore[attr-defined]
+    # The router answers every echo for the deleted route with "network unreachable": not
+    # rate-limited, so flanneld's own probes of the peer do not use up the errors the
+    # tools' echoes get.
+    underlay = str(m.lab.underlay_ns)  # type: ignore[attr-defined]
+    sysctl(underlay, "net.ipv4.icmp_ratelimit", "0")
+    with Host(underlay).entered():
         # The lab's cloud serves in the underlay namespace only.
         ec2.delete_route(RouteTableId=cloud["route_table"],
                          DestinationCidrBlock=_peer_subnet(m, c.peer))
@@ -468,6 +474,15 @@ def _thaw_peer(m: Matrix, c: Cell) -> None:
     m.thaw(c.peer)
 
 
+def _vpc_route_back(m: Matrix, c: Cell) -> None:
+    """The peer's flanneld puts its route back; the router's ICMP rate limit is the
+    kernel's default again (1000 ms)."""
+    from flannel_lab.cluster import sysctl
+
+    sysctl(str(m.lab.underlay_ns), "net.ipv4.icmp_ratelimit", "1000")  # type: ignore[attr-defined]
+    _thaw_peer(m, c)
+
+
 def _stop_peer(m: Matrix, c: Cell) -> None:
     m.lab.stop_flanneld(c.peer)  # type: ignore[attr-defined]
 
@@ -532,7 +547,7 @@ SITUATIONS: dict[str, Situation] = {
     "ike-sa-deleted": Situation("n1's IKE SA (and its CHILD_SA) with the peer terminated",
                                 _ike_sa_del, _nothing, frozen=True),
     "vpc-route-deleted": Situation("the peer's route deleted from the VPC's route table (its "
-                                   "flanneld frozen)", _vpc_route_del, _thaw_peer),
+                                   "flanneld frozen)", _vpc_route_del, _vpc_route_back),
     "peer-stopped": Situation("the peer's flanneld stopped (SIGTERM: it leaves its state)",
                               _stop_peer, _start_peer),
     "lease-revoked": Situation("n1's lease deleted from the store (flanneld exits)", _revoke,
