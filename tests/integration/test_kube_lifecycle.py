@@ -28,7 +28,7 @@ from flannel.subnet.kube.annotations import Annotations
 from flannel.subnet.kube.manager import KubeSubnetManager, kube_client
 from flannel_lab.etcd import free_port
 from tests.support import netns
-from tests.support.daemonnode import EXT, InstalledRules, RecordingBackend
+from tests.support.daemonnode import EXT, InstalledRules, RecordingBackend, get
 from tests.support.flanneld import Flanneld
 from tests.support.kubeapi import FakeKubeAPI
 from tests.support.kubestore import HOST_GW, api_in
@@ -93,19 +93,7 @@ class KubeNode:
         return self
 
     async def get(self, path: str) -> tuple[int, str]:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            return 0, ""
-        try:
-            writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            data = await asyncio.wait_for(reader.read(), 5)
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-        head, _, body = data.decode().partition("\r\n\r\n")
-        return int(head.split()[1]), body
+        return await get(self.port, path)
 
     async def wait_readyz(self, status: int, needle: str = "", timeout: float = 10) -> str:
         async def answered():

@@ -166,6 +166,24 @@ class InstalledRules:
         self.peer_sets.append(peers)
 
 
+async def get(port: int, path: str) -> tuple[int, str]:
+    """GET ``path`` from the health server on 127.0.0.1:``port``: (status, body); (0, "")
+    while nothing listens."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return 0, ""
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = await asyncio.wait_for(reader.read(), 5)
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    head, _, body = data.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
 class Node:
     """One daemon run in this event loop, with its fakes."""
 
@@ -202,19 +220,7 @@ class Node:
         return self
 
     async def readyz(self) -> tuple[int, str]:
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
-        except OSError:
-            return 0, ""
-        try:
-            writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
-            data = await asyncio.wait_for(reader.read(), 5)
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-        head, _, body = data.decode().partition("\r\n\r\n")
-        return int(head.split()[1]), body
+        return await get(self.port, "/readyz")
 
     async def wait_readyz(self, status: int, needle: str = "", timeout: float = 10) -> str:
         async def answered():
@@ -268,16 +274,3 @@ class CountingNode(Node):
                  options: BackendOptions) -> CountingBackend:
         self.backend = CountingBackend(ext, config, options)
         return self.backend
-
-
-async def get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        data = await asyncio.wait_for(reader.read(), 5)
-    finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
-    head, _, body = data.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
