@@ -115,13 +115,18 @@ def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
             raise RuntimeError(f"flanneld exited: {(workdir / 'flanneld.log').read_text()}")
         return (*first, *rss_kib(proc.pid))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc, 15)
         log.close()
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM, then SIGKILL when ``proc`` has not exited within ``grace`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def run_etcd(ns: str, workdir: Path, peers: int) -> Reading:

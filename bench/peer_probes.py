@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.memory import PREFIX, ROOT, SETTLE, rss_kib, wait_for
+from bench.memory import PREFIX, ROOT, SETTLE, rss_kib, stop, wait_for
 from flannel_lab.etcd import EtcdServer
 from tests.support.checkout import FLANNELD
 
@@ -145,12 +145,7 @@ def measure(ns: str, workdir: Path, endpoint: str, peers: int, window: float,
                 "unreachable": last.get("unreachable"), "errors": last.get("errors"),
                 "oldest": last.get("oldest_result_seconds")}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc, 30)
         log.close()
 
 

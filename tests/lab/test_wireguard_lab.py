@@ -14,18 +14,22 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from ipaddress import ip_address
 
 import pytest
 
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, in_ns
 from flannel_lab.mesh import start_pings, wireguard_peers
-from tests.support.capture import Capture, ip_packet
+from tests.support.capture import Capture
 from tests.support.labnodes import wg
 from tests.support.traffic import http_get
 from tests.support.waiting import wait_until
-from tests.support.wglab import DUAL, NETWORK, NETWORK6, PATTERN, PORTS
+from tests.support.wglab import (
+    DUAL,
+    NETWORK,
+    PATTERN,
+    assert_only_wireguard_between,
+)
 
 pytestmark = [
     pytest.mark.netns, pytest.mark.etcd,
@@ -105,20 +109,7 @@ def test_dual_stack_pods_reach_each_other_and_the_underlay_carries_only_wireguar
     finally:
         frames = capture.stop()
     assert not failed, f"pings failed: {failed}"
-    packets = [p for p in map(ip_packet, frames) if p is not None]
-    between_nodes = [p for p in packets if p[0] in underlay and p[1] in underlay
-                     and not (p[2] == 58 and 133 <= p[3] <= 137)]  # ICMPv6 ND is not ours
-    wireguard = [p for p in between_nodes if p[2] == 17 and {p[3], p[4]} & PORTS]
-    # Both families went through WireGuard, and nothing else passed between the nodes.
-    assert {p[4] for p in wireguard} >= PORTS, wireguard[:5]
-    assert between_nodes == wireguard, [p for p in between_nodes if p not in wireguard][:5]
-    # No pod address and no byte of the pings' payload in clear on the wire.
-    in_clear = [p for p in packets
-                if any(ip_address(a) in (NETWORK if ":" not in a else NETWORK6)
-                       for a in p[:2])]
-    assert not in_clear, in_clear[:5]
-    marker = bytes.fromhex(PATTERN)
-    assert not [f for f in frames if marker in f]
+    assert_only_wireguard_between(frames, underlay)
     # Each node publishes its key and ports byte for byte as Go does, and holds its two
     # peers as Go sets them: endpoint, allowed IPs, no PSK.
     leases = lab.leases()

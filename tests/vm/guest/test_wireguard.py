@@ -16,17 +16,20 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from ipaddress import ip_address
 
 import pytest
 
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, in_ns, ip
-from tests.support.capture import Capture, ip_packet
+from tests.support.capture import Capture
 from tests.support.kernelpaths import missing_kernel_wireguard
 from tests.support.labcni import install_cni
 from tests.support.waiting import wait_until
-from tests.support.wglab import DUAL, NETWORK, NETWORK6, PATTERN, PORTS
+from tests.support.wglab import (
+    DUAL,
+    PATTERN,
+    assert_only_wireguard_between,
+)
 from tests.vm.guest.helpers import (
     MASQ,
     TABLE,
@@ -116,15 +119,7 @@ def test_dual_stack_pods_ping_and_the_underlay_carries_only_wireguard(lab):
     finally:
         frames = capture.stop()
     assert not failed, f"pings failed: {failed}"
-    packets = [p for p in map(ip_packet, frames) if p is not None]
-    between = [p for p in packets if p[0] in underlay and p[1] in underlay
-               and not (p[2] == 58 and 133 <= p[3] <= 137)]  # ICMPv6 ND is not ours
-    wireguard = [p for p in between if p[2] == 17 and {p[3], p[4]} & PORTS]
-    assert {p[4] for p in wireguard} >= PORTS, wireguard[:5]
-    assert between == wireguard, [p for p in between if p not in wireguard][:5]
-    assert not [p for p in packets if any(
-        ip_address(a) in (NETWORK6 if ":" in a else NETWORK) for a in p[:2])]
-    assert not [f for f in frames if bytes.fromhex(PATTERN) in f]
+    assert_only_wireguard_between(frames, underlay)
     # Peers as Go sets them: endpoint, allowed IPs, no PSK; keys as the leases publish.
     leases = lab.leases()
     for index, other in ((1, 2), (2, 1)):
