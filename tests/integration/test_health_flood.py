@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from flannel.monitor.health import EVICTION_BURST, EVICTIONS_PER_SECOND
 from tests.support.flanneld import CONFIG, PREFIX, flanneld
 from tests.support.healthflood import HealthFlood
 from tests.support.traffic import http_get
@@ -115,9 +116,10 @@ def cpu_seconds(pid: int) -> float:
 def test_a_client_reopening_every_closed_connection_at_once_costs_little_cpu(
         node, tmp_path, count, first_bytes):
     """Each connection the server closes is opened again at once, as fast as the client
-    can: flanneld's CPU over a window stays under a tenth of a core (it once spent 80 %
-    accepting and closing), and /readyz is answered: at once while the client's
-    connections send nothing (the kernel holds them), within the flood's own pace while
+    can: flanneld closes them at a bounded rate and its CPU over a window stays a small part
+    of a core (it once spent 80 % accepting and closing), and /readyz is answered: at once
+    while the client's connections send nothing (the kernel holds them), within the flood's
+    own pace while
     they each send the start of a request (they are closed to make room at a bounded
     rate, a probe waiting its turn)."""
     ns, server = node
@@ -134,13 +136,19 @@ def test_a_client_reopening_every_closed_connection_at_once_costs_little_cpu(
             before, started = cpu_seconds(proc.proc.pid), time.monotonic()
             first = flood.ask("stats")
             time.sleep(8)
-            used = (cpu_seconds(proc.proc.pid) - before) / (time.monotonic() - started)
+            window = time.monotonic() - started
+            used = (cpu_seconds(proc.proc.pid) - before) / window
             stats = flood.ask("stats")
             probes = flood.ask("probe 10 /readyz 0.2")["probes"]
         closed = stats["closed_by_server"] - first["closed_by_server"]
         print(f"\n{count} connections reopened at once: flanneld used {used:.1%} of a core; "
               f"{closed} closed in the window; /readyz {[p['ms'] for p in probes]} ms")
-        assert used < 0.10, (used, stats)
+        # About 5 % of a core alone on a quiet machine; the bound leaves room for a loaded
+        # one (the suite runs a worker per core) and still fails for what this guards
+        # against: a server accepting and closing as fast as the client reopens, 80 %.
+        assert used < 0.25, (used, stats)
+        if first_bytes:  # each one is handed over and closed to make room, at a bounded rate
+            assert closed <= EVICTIONS_PER_SECOND * window + EVICTION_BURST, (closed, window)
         if not first_bytes:
             assert [p["status"] for p in probes] == [200] * 10, probes
         assert "Traceback" not in proc.log

@@ -143,8 +143,12 @@ def test_every_verb_whose_output_is_closed_ends_in_one_line(lab2, tmp_path):
     nothing_left(lab, pids)  # removed before it was to be said
 
 
-def raw_sockets(pid: int) -> set[str]:
-    """The inodes of the raw sockets process ``pid`` holds."""
+def raw_sockets(proc: subprocess.Popen) -> set[str]:
+    """The inodes of the raw sockets process ``proc`` holds; it must still run."""
+    if proc.poll() is not None:
+        out, err = proc.communicate(timeout=10)
+        raise AssertionError(f"ended ({proc.returncode}) before it probed: {out}{err}")
+    pid = proc.pid
     table = Path(f"/proc/{pid}/net/raw").read_text().splitlines()[1:]
     inodes = {line.split()[9] for line in table}
     held = set()
@@ -160,10 +164,12 @@ def raw_sockets(pid: int) -> set[str]:
 ])
 def test_check_stopped_while_it_probes_ends_in_one_line(lab2, stop, line, code):
     lab = lab2
-    proc = subprocess.Popen(in_node(lab, 1, "check", "--count=100", "--interval=0.1"),
+    # --max-age=0: probe from here even when flanneld's own results are fresh.
+    proc = subprocess.Popen(in_node(lab, 1, "check", "--count=100", "--interval=0.1",
+                                    "--max-age=0"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Probing: a raw ICMP socket of its own is open (flanneld's probes have theirs too).
-    wait_until(lambda: raw_sockets(proc.pid), 30, what="check probing")
+    wait_until(lambda: raw_sockets(proc), 30, what="check probing")
     proc.send_signal(stop)
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (code, "", f"flannelctl check: {line}\n")
