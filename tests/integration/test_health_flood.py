@@ -119,9 +119,8 @@ def test_a_client_reopening_every_closed_connection_at_once_costs_little_cpu(
     can: flanneld closes them at a bounded rate and its CPU over a window stays a small part
     of a core (it once spent 80 % accepting and closing), and /readyz is answered: at once
     while the client's connections send nothing (the kernel holds them), within the flood's
-    own pace while
-    they each send the start of a request (they are closed to make room at a bounded
-    rate, a probe waiting its turn)."""
+    own pace while they each send the start of a request (they are closed to make room at
+    a bounded rate, a probe waiting its turn)."""
     ns, server = node
     server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
     proc = flanneld(tmp_path, ns, server, "--healthz-ip=127.0.0.1", f"--healthz-port={PORT}")
