@@ -128,9 +128,9 @@ async def run(peers: int, rounds: int, number: int) -> None:
     big, empty_node = node(peers), node(0)
     servers = {"big": HealthServer(big.readiness.current, big),
                "none": HealthServer(empty_node.readiness.current, empty_node)}
-    body = servers["big"].answer("GET", "/metrics")
+    body = servers["big"].answer("GET", "/metrics").body
     assert b"flannel_peers_programmed " + str(float(peers)).encode() in body, body[-2000:]
-    status = servers["big"].answer("GET", "/status", local=True)
+    status = servers["big"].answer("GET", "/status", local=True).body
     empty_registry = CollectorRegistry()
     port = free_port()
     await servers["big"].start("127.0.0.1", port)

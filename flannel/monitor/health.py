@@ -2,17 +2,18 @@
 ``/metrics`` (Prometheus), ``/status`` (JSON for ``flannelctl status``) and ``/probes`` (every
 peer's latest probe result, JSON for ``flannelctl doctor`` and ``check``).
 
-Owns a minimal HTTP/1.1 server on ``--healthz-ip:--healthz-port`` and on flanneld's local
-socket (``flannel.monitor.localsock``: mode 0600, so every client there is local). ``/readyz``
-answers 200 only when every readiness component has reported ready (``flannel.reporting.readiness``:
-startup, subnet.env, store, rules, data plane); otherwise 503 with the reason in the body.
+Owns a minimal HTTP/1.1 server (h11 frames the requests and the replies) on
+``--healthz-ip:--healthz-port`` and on flanneld's local socket (``flannel.monitor.localsock``:
+mode 0600, so every client there is local). ``/readyz`` answers 200 only when every
+readiness component has reported ready (``flannel.reporting.readiness``: startup,
+subnet.env, store, rules, data plane); otherwise 503 with the reason in the body.
 The default address 0.0.0.0 serves that text on every address of the host, so the body says
 what is wrong but never where: paths (files, store keys) are cut to their last part; the
-log has them whole. ``/metrics`` (``flannel.monitor.metrics``, imported at the first scrape) answers
-anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
-(``flannel.monitor.nodestate``) tells more (whole reasons, addresses, devices), so it answers only
-a client on this host: one that connects from a loopback address or from the very address
-it connected to; any other gets 403. So does ``/probes``.
+log has them whole. ``/metrics`` (``flannel.monitor.metrics``, imported at the first scrape)
+answers anyone who can reach the port, as Prometheus scrapes from elsewhere. ``/status``
+(``flannel.monitor.nodestate``) tells more (whole reasons, addresses, devices), so it answers
+only a client on this host: one that connects from a loopback address or from the very
+address it connected to; any other gets 403. So does ``/probes``.
 
 Nothing a client does takes it down. A TCP connection reaches flanneld only once its client
 sends something: the kernel holds the others (``TCP_DEFER_ACCEPT``) for ``HEAD_TIMEOUT``, and
@@ -26,8 +27,10 @@ connections up and closing them at whatever rate it likes: most of a core), the 
 connections waiting in the kernel's queue meanwhile. A connection is a protocol object
 driven by callbacks (no task, no stream objects), cheap to set up and to close. The request
 head must arrive within ``HEAD_TIMEOUT`` and the reply be taken within ``WRITE_TIMEOUT``;
-every reply closes its connection (no keep-alive); lines are bounded, so is what is
-buffered per connection.
+every reply closes its connection (no keep-alive). The head is bounded (``HEAD_LIMIT``
+bytes, h11's ``max_incomplete_event_size``, and ``HEADER_FIELDS`` fields): a larger one
+gets 431, one h11 cannot parse 400, a method but GET and HEAD 405; a request body is never
+read, and HEAD gets the head alone.
 An accept that fails for want of files is logged, at most once a minute, never with a
 traceback. ``HealthStats`` counts all of it for /metrics. The same server also answers on
 flanneld's local socket (a client there is on this host), within the same bounds.
@@ -54,6 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import h11
+
 from flannel.monitor.nodestate import probes_document, status_document
 
 if TYPE_CHECKING:
@@ -77,9 +82,11 @@ MAX_CONNECTIONS = 128
 HEAD_TIMEOUT = 5.0
 #: Seconds for the client to take the whole reply.
 WRITE_TIMEOUT = 10.0
-#: Bytes per request or header line; the reader buffers at most about twice that.
-LINE_LIMIT = 8192
-HEADER_LINES = 100
+#: Bytes of the request head (request line and header fields); what h11 buffers of a
+#: connection is bounded by it. Probes and scrapes send well under 1 KiB.
+HEAD_LIMIT = 16 * 1024
+#: Header fields of a request at most.
+HEADER_FIELDS = 100
 #: Connections the kernel may hold for us, whether accepted or waiting for their first
 #: bytes (the kernel caps it at net.core.somaxconn).
 BACKLOG = 4096
@@ -110,12 +117,20 @@ def public_reason(reason: str) -> str:
     return text if len(text) <= REASON_LIMIT else text[:REASON_LIMIT - 3] + "..."
 
 
+@dataclass(frozen=True)
+class Reply:
+    """One answer: its status, reason phrase, body and the body's type (the connection it
+    goes to frames it)."""
+
+    status: int
+    reason: str
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+
+
 def _response(code: int, reason: str, body: str | bytes,
-              content_type: str = "text/plain; charset=utf-8") -> bytes:
-    data = body.encode() if isinstance(body, str) else body
-    head = (f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n")
-    return head.encode() + data
+              content_type: str = "text/plain; charset=utf-8") -> Reply:
+    return Reply(code, reason, body.encode() if isinstance(body, str) else body, content_type)
 
 
 def same_host(peer: Any, local: Any) -> bool:
@@ -189,16 +204,17 @@ class _RateLimitedLog:
 
 class _Connection(asyncio.Protocol):
     """One client, handled by callbacks (no task, no stream objects: a connection costs
-    little to set up and to close): the request head read into a bounded buffer, the reply
-    written, the connection closed; a timer for the head, then one for the reply."""
+    little to set up and to close): the request head fed to h11 (at most ``HEAD_LIMIT``
+    bytes), the reply framed by h11 and written, the connection closed; a timer for the
+    head, then one for the reply."""
 
     def __init__(self, server: HealthServer, unix: bool) -> None:
         self.server = server
         self.unix = unix
         self.transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
-        self._request: bytes | None = None  # the request line, once read
-        self._headers = 0
+        self._http: h11.Connection | None = None  # made at the first bytes
+        self._fed = 0  # bytes handed to h11
+        self._head_only = False  # a HEAD request: the reply has no body
         self._key: int | None = None  # while waiting for the request head
         self._timer: asyncio.TimerHandle | None = None
 
@@ -210,30 +226,44 @@ class _Connection(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT, self._expired)
 
     def data_received(self, data: bytes) -> None:
-        if self._key is None:  # answered, or answering: the rest is ignored
+        if self._key is None:  # answered, or answering: the rest (a body...) is never read
             return
-        self._buffer += data
-        while (end := self._buffer.find(b"\n")) >= 0:
-            if end >= LINE_LIMIT:
-                break
-            line = bytes(self._buffer[:end + 1])
-            del self._buffer[:end + 1]
-            if self._request is None:
-                self._request = line
-            elif line in (b"\r\n", b"\n") or self._headers >= HEADER_LINES - 1:
-                return self._answer()
-            else:
-                self._headers += 1
-        if len(self._buffer) >= LINE_LIMIT:
-            self._head_read()
-            self.send(_response(431, "Request Header Fields Too Large",
-                                "request line or header too long\n"))
+        if self._http is None:
+            # h11 raises (431) once it holds more than this without a whole head, and it
+            # is never given more than HEAD_LIMIT bytes: a head HEAD_LIMIT long at most
+            # is read, a longer one refused.
+            self._http = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT - 1)
+        room = HEAD_LIMIT - self._fed
+        self._fed += min(room, len(data))
+        self._http.receive_data(data[:room])
+        self._read_head()
 
     def eof_received(self) -> bool:
-        if self._key is not None and self._request is not None:
-            self._answer()  # the head ends with the client's side of the connection
-            return True  # still to be written to
-        return False
+        if self._key is not None:
+            if self._http is None:
+                return False  # nothing was sent: nothing to answer
+            self._http.receive_data(b"")  # a head cut short is a bad request
+            self._read_head()
+        return True  # the reply, sent or on its way, closes the connection
+
+    def _read_head(self) -> None:
+        assert self._http is not None
+        try:
+            event = self._http.next_event()
+        except h11.RemoteProtocolError as err:
+            self._head_read()
+            if err.error_status_hint == 431:
+                return self.send(_response(431, "Request Header Fields Too Large",
+                                           "request line or header too long\n"))
+            return self.send(_response(400, "Bad Request",
+                                       f"bad request: {public_reason(str(err))}\n"))
+        if event is h11.NEED_DATA:
+            return
+        self._head_read()
+        if not isinstance(event, h11.Request):  # the client closed without a request
+            assert self.transport is not None
+            return self.transport.close()
+        self._answer(event)
 
     def _head_read(self) -> None:
         if self._key is not None:
@@ -243,27 +273,36 @@ class _Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
 
-    def _answer(self) -> None:
-        self._head_read()
-        parts = (self._request or b"").decode("latin-1").split()
-        if len(parts) < 2:
-            return self.send(_response(400, "Bad Request", "bad request\n"))
-        if self.server.needs_import(parts[1]):
-            return self.server._reply_later(self, parts[0], parts[1])
-        self.send(self.server.answer(parts[0], parts[1], self.local()))
+    def _answer(self, request: h11.Request) -> None:
+        self._head_only = request.method == b"HEAD"
+        if len(request.headers) > HEADER_FIELDS:
+            return self.send(_response(431, "Request Header Fields Too Large",
+                                       f"more than {HEADER_FIELDS} header fields\n"))
+        # h11 checked both: a token and visible ASCII.
+        method, target = request.method.decode("ascii"), request.target.decode("ascii")
+        if self.server.needs_import(target):
+            return self.server._reply_later(self, method, target)
+        self.send(self.server.answer(method, target, self.local()))
 
     def local(self) -> bool:
         assert self.transport is not None
         return self.unix or same_host(self.transport.get_extra_info("peername"),
                                       self.transport.get_extra_info("sockname"))
 
-    def send(self, reply: bytes) -> None:
-        """The reply, then the connection's end once the client took it (within
-        WRITE_TIMEOUT)."""
+    def send(self, reply: Reply) -> None:
+        """The reply, framed by h11, then the connection's end once the client took it
+        (within WRITE_TIMEOUT)."""
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        transport.write(reply)
+        assert self._http is not None  # a reply answers bytes the client sent
+        head = self._http.send(h11.Response(
+            status_code=reply.status, reason=reply.reason,
+            headers=[("Content-Type", reply.content_type),
+                     ("Content-Length", str(len(reply.body))), ("Connection", "close")]))
+        body = b"" if self._head_only else self._http.send(h11.Data(data=reply.body))
+        end = self._http.send(h11.EndOfMessage())
+        transport.write(b"".join((head or b"", body or b"", end or b"")))
         transport.close()
         self._timer = asyncio.get_running_loop().call_later(WRITE_TIMEOUT, self._expired)
 
@@ -329,7 +368,7 @@ class HealthServer:
         host, port = self._listener.getsockname()[:2]
         return host, port
 
-    def answer(self, method: str, path: str, local: bool = False) -> bytes:
+    def answer(self, method: str, path: str, local: bool = False) -> Reply:
         """The reply to one request; ``local``: the client is on this host."""
         path = path.split("?", 1)[0]
         if method not in ("GET", "HEAD"):
@@ -369,7 +408,7 @@ class HealthServer:
             with contextlib.suppress(ImportError):
                 await asyncio.to_thread(importlib.import_module, "flannel.monitor.metrics")
 
-    def _metrics(self, state: NodeState) -> bytes:
+    def _metrics(self, state: NodeState) -> Reply:
         from flannel.monitor.metrics import CONTENT_TYPE, Exposition
 
         try:

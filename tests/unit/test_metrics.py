@@ -209,13 +209,13 @@ def test_flannelctl_status_rejects_a_url_that_is_not_http():
 
 def test_status_answers_this_host_only():
     server = HealthServer(lambda: (True, ""), NodeState(Readiness(["startup"])))
-    refused = server.answer("GET", "/status", local=False).decode()
-    assert refused.startswith("HTTP/1.1 403 Forbidden\r\n")
-    assert refused.endswith("\r\n\r\n/status answers clients on this host only: run "
-                            "flannelctl status on the node\n")
-    assert server.answer("GET", "/status", local=True).startswith(b"HTTP/1.1 200 OK\r\n")
+    refused = server.answer("GET", "/status", local=False)
+    assert (refused.status, refused.reason) == (403, "Forbidden")
+    assert refused.body == (b"/status answers clients on this host only: run "
+                            b"flannelctl status on the node\n")
+    assert server.answer("GET", "/status", local=True).status == 200
     # Prometheus scrapes from elsewhere: /metrics answers everyone.
-    assert server.answer("GET", "/metrics", local=False).startswith(b"HTTP/1.1 200 OK\r\n")
+    assert server.answer("GET", "/metrics", local=False).status == 200
 
 
 @pytest.mark.parametrize(("peer", "sock", "local"), [
@@ -235,8 +235,9 @@ def test_same_host(peer, sock, local):
 
 def test_without_a_node_state_only_health_paths_exist():
     server = HealthServer(lambda: (True, ""))
-    assert server.answer("GET", "/metrics").startswith(b"HTTP/1.1 404 Not Found\r\n")
-    assert server.answer("GET", "/status", local=True).endswith(b"try /healthz or /readyz\n")
+    missing = server.answer("GET", "/metrics")
+    assert (missing.status, missing.reason) == (404, "Not Found")
+    assert server.answer("GET", "/status", local=True).body == b"try /healthz or /readyz\n"
 
 
 def test_durations_fall_in_their_buckets():
