@@ -6,8 +6,9 @@ readiness), taken two ways: rendering only (``HealthServer.answer``), and a full
 over loopback to a running health server, as Prometheus does it (client and server CPU
 both counted; its wall time too, which on a loaded machine includes waiting for a core).
 Baselines, measured in the same run with rounds interleaved: an empty prometheus_client
-registry rendered, and the same node with no peer (the ratio to it is what the peers cost).
-Medians of the rounds.
+registry rendered, the same node with no peer (the ratio to it is what the peers cost), and
+a GET of /healthz over loopback (client and server CPU: the connection and the HTTP framing,
+with nothing to render). Medians of the rounds.
 
     .venv/bin/python -m bench.metrics_scrape --peers 5000 --rounds 7
 
@@ -136,7 +137,7 @@ async def run(peers: int, rounds: int, number: int) -> None:
     await servers["big"].start("127.0.0.1", port)
     figures: dict[str, list[float]] = {k: [] for k in (
         "empty registry", "metrics, no peer", "metrics", "metrics over HTTP",
-        "HTTP, wall clock", "status")}
+        "HTTP, wall clock", "healthz over HTTP", "status")}
     try:
         for _ in range(rounds):
             figures["empty registry"].append(
@@ -148,6 +149,7 @@ async def run(peers: int, rounds: int, number: int) -> None:
             cpu, wall = await http_ms(port, "/metrics", number)
             figures["metrics over HTTP"].append(cpu)
             figures["HTTP, wall clock"].append(wall)
+            figures["healthz over HTTP"].append((await http_ms(port, "/healthz", number))[0])
             figures["status"].append(
                 per_call_ms(lambda: servers["big"].answer("GET", "/status", local=True),
                             max(1, number // 10)))
