@@ -92,8 +92,8 @@ class Schedule:
         self.clock = clock
         self.slots = Slots()
         self._cursor = 0
-        self._last = 0.0  # when the previous batch was handed out (0: none yet)
-        self._left = 0  # slots of that batch not handed out yet
+        self._due = 0.0  # when the next batch is due (0: at once)
+        self._left = 0  # slots of the current batch not handed out yet
 
     @property
     def period(self) -> float:
@@ -123,18 +123,17 @@ class Schedule:
     async def next(self) -> int:
         """Wait until the next slot is due and hand it out (its ``probed`` set to now); the
         caller checks that slots exist first. The slots of one batch are handed out at
-        once; the next batch is due ``batch`` spacings after."""
+        once; the next batch is due when their spacings have passed."""
         if not self.slots:
             raise LookupError("no peer to probe")
         if self._left <= 0:
+            wait = self._due - self.clock.monotonic()
+            if wait > 0:
+                await self.clock.sleep(wait)
             batch = self.batch
-            if self._last:
-                wait = self._last + batch * self.spacing - self.clock.monotonic()
-                if wait > 0:
-                    await self.clock.sleep(wait)
             # A caller that fell behind (probes in flight held it) does not catch up in a
-            # burst: the next batch is due a batch's spacings after this one.
-            self._last = self.clock.monotonic()
+            # burst: the next batch is due its spacings after this one is handed out.
+            self._due = self.clock.monotonic() + batch * self.spacing
             self._left = batch
         self._left -= 1
         if self._cursor >= len(self.slots):
