@@ -3,8 +3,9 @@ and bounded, and what the probes tell.
 
 Owns, for one daemon run: which peers are probed (those the data plane programmed, less
 those an engine refuses: a refused peer is named in /status already), their paths (the
-backend's own description of each peer, ``Backend.peer_planner``, computed a few slots
-ahead in one worker thread, so no per-peer plan is kept), the pace (``schedule.py``: every
+backend's own description of each peer, ``Backend.peer_planner``, computed
+``PLAN_AHEAD`` slots ahead in one worker thread, so a path is at most a period old and no
+per-peer plan is kept beyond those), the pace (``schedule.py``: every
 peer once per ``--peer-probe-interval``, stretched so that at most ``--peer-probe-rate``
 probes leave a second), at most ``MAX_IN_FLIGHT`` probes at once, one pinger per IP family
 (``icmp.py``) whose overlay echoes leave from this node's own overlay address, the
@@ -50,8 +51,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMPONENT = "peers"
-#: Slots whose paths are planned in one worker-thread call.
-PLAN_AHEAD = 32
+#: Slots whose paths are planned in one worker-thread call: a hand-over to the thread and
+#: back wakes the event loop, which costs more CPU than planning many peers' paths (about
+#: 7 us each without a route lookup), so a few hundred at a time (about 60 KB held).
+PLAN_AHEAD = 256
 #: Probes in flight at most (a peer that does not answer holds one ~2.5 s).
 MAX_IN_FLIGHT = 64
 #: Seconds between looks at the peer set while there is none, and between checks for this

@@ -4,7 +4,9 @@ Owns the peers probed (each peer and IP family a slot), their order, the latest 
 each (kept in arrays: about 40 bytes a peer, so 5000 peers cost ~200 KB), and the pace: the
 period is ``--peer-probe-interval``, stretched on a big cluster to ``peers / rate`` so that
 no more than ``--peer-probe-rate`` probes a second leave however many peers there are; one
-slot is due every ``period / peers`` seconds, round robin. A peer new to the set is due
+slot is due every ``period / peers`` seconds, round robin, handed out in batches: one wake-up
+every ``BATCH`` seconds at most hands out the slots due by then (waking the event loop for
+each probe of a big cluster cost more CPU than the probes). A peer new to the set is due
 first; a peer set that changes keeps every other peer's turn and result. Time is read from
 an injected ``Clock`` (``flannel/timing/clock.py``), so tests drive it.
 Must not touch: the network (it says when; the prober probes).
@@ -20,6 +22,8 @@ from flannel.timing.clock import SYSTEM, Clock
 
 #: What a slot's latest result is: none yet, reached, or the index of a cause + 2.
 NONE, REACHED = 0, 1
+#: Seconds between two batches of slots, at least (see the module docstring).
+BATCH = 0.5
 
 
 class Slots:
@@ -88,7 +92,8 @@ class Schedule:
         self.clock = clock
         self.slots = Slots()
         self._cursor = 0
-        self._last = 0.0  # when the previous slot was handed out (0: none yet)
+        self._due = 0.0  # when the next batch is due (0: at once)
+        self._left = 0  # slots of the current batch not handed out yet
 
     @property
     def period(self) -> float:
@@ -101,6 +106,11 @@ class Schedule:
         """Seconds between two probes (of any peers)."""
         return self.period / max(1, len(self.slots))
 
+    @property
+    def batch(self) -> int:
+        """Slots handed out per wake-up: those due within ``BATCH`` seconds (at least 1)."""
+        return max(1, int(BATCH / self.spacing + 1e-9))
+
     def set_peers(self, entries: Sequence[tuple[Lease, int]]) -> bool:
         """Probe ``entries`` (lease, IP version) from now on; whether the set changed."""
         if self.slots.same(entries):
@@ -112,22 +122,25 @@ class Schedule:
 
     async def next(self) -> int:
         """Wait until the next slot is due and hand it out (its ``probed`` set to now); the
-        caller checks that slots exist first."""
+        caller checks that slots exist first. The slots of one batch are handed out at
+        once; the next batch is due when their spacings have passed."""
         if not self.slots:
             raise LookupError("no peer to probe")
-        if self._last:
-            wait = self._last + self.spacing - self.clock.monotonic()
+        if self._left <= 0:
+            wait = self._due - self.clock.monotonic()
             if wait > 0:
                 await self.clock.sleep(wait)
-        now = self.clock.monotonic()
-        # A caller that fell behind (probes in flight held it) does not catch up in a
-        # burst: the next one is due a spacing after this one.
-        self._last = now
+            batch = self.batch
+            # A caller that fell behind (probes in flight held it) does not catch up in a
+            # burst: the next batch is due its spacings after this one is handed out.
+            self._due = self.clock.monotonic() + batch * self.spacing
+            self._left = batch
+        self._left -= 1
         if self._cursor >= len(self.slots):
             self._cursor = 0
         index = self._cursor
         self._cursor += 1
-        self.slots.probed[index] = now
+        self.slots.probed[index] = self.clock.monotonic()
         return index
 
     def upcoming(self, count: int) -> list[int]:

@@ -70,7 +70,7 @@ LONGEST = 3 * TIMEOUT + (TRIES - 1) * SPACING
 FLOODED = "a flood of ICMP answers was arriving"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Path:
     """What to probe for one peer in one IP family: ``overlay``, its address that answers
     over the overlay (``FamilyPlan.answers_on``), ``public`` its address on the underlay,

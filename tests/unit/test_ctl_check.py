@@ -4,6 +4,7 @@ table and the lab matrix an operator reads."""
 from __future__ import annotations
 
 import json
+import random
 import socket
 import struct
 from ipaddress import IPv4Address, IPv4Network
@@ -49,6 +50,24 @@ def icmp_message(kind: int, code: int, rest: bytes, body: bytes) -> bytes:
 def test_checksum_matches_rfc1071_example():
     assert icmp.checksum(bytes.fromhex("0001f203f4f5f6f7")) == 0x220D
     assert icmp.checksum(b"\x01") == 0xFEFF  # odd length: padded with a zero byte
+
+
+def test_checksum_is_the_ones_complement_of_the_folded_sum_of_words():
+    def word_by_word(data: bytes) -> int:  # RFC 1071, section 4.1
+        data += b"\0" * (len(data) % 2)
+        total = 0
+        for (word,) in struct.iter_unpack("!H", data):
+            total += word
+            total = (total & 0xFFFF) + (total >> 16)
+        return ~total & 0xFFFF
+
+    assert icmp.checksum(b"") == icmp.checksum(b"\0" * 1472) == 0xFFFF
+    # Words summing to a non-zero multiple of 0xFFFF fold to 0xFFFF, whose complement is 0.
+    assert icmp.checksum(b"\xff\xff") == icmp.checksum(b"\x80\x00\x7f\xff") == 0
+    for size in (1, 2, 7, 8, 64, 1472, 1473):
+        for seed in range(20):
+            data = random.Random(seed * 10000 + size).randbytes(size)
+            assert icmp.checksum(data) == word_by_word(data), (size, seed)
 
 
 def test_echo_request_bytes():

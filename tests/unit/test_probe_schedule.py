@@ -1,7 +1,7 @@
 """The pace of flanneld's probes (``flannel/probing/schedule.py``): every peer once per
-interval, spread evenly, a global rate cap that stretches the interval on a big cluster, and
-a peer set that changes without losing anyone's turn. Time is a ``FakeClock``: nothing
-waits for real."""
+interval, spread evenly, a global rate cap that stretches the interval on a big cluster,
+slots handed out in batches (a few wake-ups a second however many peers), and a peer set
+that changes without losing anyone's turn. Time is a ``FakeClock``: nothing waits for real."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from ipaddress import IPv4Address, IPv4Network
 import pytest
 
 from flannel.lease import Lease, LeaseAttrs
-from flannel.probing.schedule import REACHED, Schedule
+from flannel.probing.schedule import BATCH, REACHED, Schedule
 from tests.support.clock import FakeClock
 
 
@@ -83,6 +83,22 @@ async def test_the_rate_cap_stretches_the_interval_of_a_big_cluster():
     assert len(counts) == 5000  # every peer within 5 minutes
     first = {key: at for at, key in reversed(out)}
     assert max(first.values()) - min(first.values()) <= 250
+
+
+async def test_a_big_cluster_is_handed_out_in_batches_that_keep_the_period_and_the_cap():
+    clock = FakeClock()
+    schedule = Schedule(30, 20, clock)
+    schedule.set_peers(leases(5000))
+    out = await handed_out(schedule, clock, 60)
+    wakeups = sorted({at for at, _ in out})
+    # One wake-up every BATCH (0.5 s) hands out the 10 slots due by then, not one every
+    # 50 ms: the event loop wakes 2 times a second, not 20.
+    assert [b - a for a, b in itertools.pairwise(wakeups)] == pytest.approx(
+        [BATCH] * (len(wakeups) - 1))
+    assert Counter(at for at, _ in out) == dict.fromkeys(wakeups, 10)
+    assert most_in_one_second([at for at, _ in out]) <= 20
+    assert len(out) == pytest.approx(60 * 20, abs=10)
+    assert len({key for _, key in out}) == len(out)  # round robin: nobody twice so soon
 
 
 async def test_a_caller_that_falls_behind_does_not_catch_up_in_a_burst():
