@@ -18,7 +18,7 @@ import socket
 from collections.abc import Iterator, Set
 from typing import Any
 
-from flannel.backend.plan import IPNetwork, family_subnet
+from flannel.backend.plan import family_public
 from flannel.kernel.entryset import CompactEntries
 from flannel.kernel.rtnl import RTN_UNICAST, FdbEntry, Neighbour, Route, ip_text
 from flannel.lease import Lease
@@ -71,13 +71,13 @@ class VtepTable:
         except (OSError, ValueError):
             return None
 
-    def _subnet(self, peer: VtepPeer) -> IPNetwork:
-        subnet = family_subnet(peer.lease, self.version)[0]
-        assert subnet is not None  # a peer is added for a family it has a subnet of
-        return subnet
+    def _prefixlen(self, peer: VtepPeer) -> int:
+        family = peer.lease.family(self.version)
+        assert family is not None  # a peer is added for a family it has a subnet of
+        return family[1]
 
     def _public(self, peer: VtepPeer) -> int:
-        public = family_subnet(peer.lease, self.version)[1]
+        public = family_public(peer.lease, self.version)
         assert public is not None  # likewise
         return int(public)
 
@@ -93,14 +93,14 @@ class VtepTable:
 
     def route(self, base: int, peer: VtepPeer) -> Route:
         text = self._text(base)
-        return Route(f"{text}/{self._subnet(peer).prefixlen}", text, self.index, onlink=True)
+        return Route(f"{text}/{self._prefixlen(peer)}", text, self.index, onlink=True)
 
     def route_at(self, dst: str) -> tuple[int, VtepPeer] | None:
         """The peer whose route goes to ``dst`` (CIDR text), with its base."""
         address, _, length = dst.partition("/")
         base = self.number(address)
         peer = self.by_base.get(base) if base is not None else None
-        if base is None or peer is None or str(self._subnet(peer).prefixlen) != length:
+        if base is None or peer is None or str(self._prefixlen(peer)) != length:
             return None
         return base, peer
 
@@ -250,7 +250,7 @@ class VtepRoutes(_Tables):
             for base, peer in table.by_base.items():
                 held = theirs.by_base.get(base) if theirs is not None else None
                 if held is not peer and (held is None or theirs is None
-                                         or theirs._subnet(held).prefixlen
-                                         != table._subnet(peer).prefixlen):
+                                         or theirs._prefixlen(held)
+                                         != table._prefixlen(peer)):
                     out.append(table.route(base, peer))
         return frozenset(out)

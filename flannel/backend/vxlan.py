@@ -41,6 +41,7 @@ from flannel.backend.plan import (
     NodePlan,
     NodeView,
     base_address,
+    family_public,
     family_subnet,
     local_addresses,
     versions,
@@ -150,7 +151,7 @@ def _peer_families(lease: Lease, config: NetworkConfig) -> list[int]:
     """The families of our devices (one per IP version the network carries) the lease has a
     subnet and a public address of."""
     return [version for version in versions(config)
-            if None not in family_subnet(lease, version)]
+            if lease.family(version) is not None and family_public(lease, version) is not None]
 
 
 def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -> Route | None:
@@ -165,10 +166,11 @@ def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -
 def vtep_peer(peer: Lease, version: int) -> VtepPeer | None:
     """A peer's record on a VTEP device of one IP family (None without a subnet, a public
     address or a usable VtepMAC there: not admitted, ``lease_problem``)."""
-    subnet, public = family_subnet(peer, version)
+    if peer.family(version) is None or family_public(peer, version) is None:
+        return None
     mac = peer_mac(peer, version)[0]
     number = mac_number(mac) if mac is not None else None
-    if subnet is None or public is None or number is None:
+    if number is None:
         return None
     return VtepPeer(peer, number)
 
@@ -304,15 +306,17 @@ class VxlanBackend(RoutedBackend):
             before = previous.get(family.index)
             table = self._tables[family.index] = VtepTable(family.index, version)
             for peer in peers:
-                subnet, public = family_subnet(peer, version)
-                if subnet is None or public is None:
+                numbers, public = peer.family(version), family_public(peer, version)
+                if numbers is None or public is None:
                     continue
                 if self.vxlan.direct_routing:
+                    subnet = family_subnet(peer, version)[0]
+                    assert subnet is not None
                     route = direct_route(subnet, public, route_get)
                     if route is not None:
                         direct.add(route)
                         continue
-                base = int(subnet.network_address)  # the lease's own integer
+                base = numbers[0]  # the lease's own integer
                 record = before.by_base.get(base) if before is not None else None
                 if record is None or record.lease is not peer:
                     record = vtep_peer(peer, version)
