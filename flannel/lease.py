@@ -80,15 +80,66 @@ def go_string(text: str) -> str:
     return gojson.compact(json.dumps(text, ensure_ascii=False))
 
 
-@dataclass(frozen=True, slots=True)
 class LeaseAttrs:
-    """What a node publishes with its subnet. Backend data are raw JSON text (or None)."""
+    """What a node publishes with its subnet. Backend data are raw JSON text (or None).
 
-    public_ip: IPv4Address | None = None
-    public_ipv6: IPv6Address | None = None
-    backend_type: str = ""
-    backend_data: str | None = None
-    backend_v6_data: str | None = None
+    Immutable. The IPv4 public address is kept as an integer (``public_ip_number``; every
+    lease of thousands has one): ``public_ip`` makes the address object when asked."""
+
+    __slots__ = ("backend_data", "backend_type", "backend_v6_data", "public_ip_number",
+                 "public_ipv6")
+
+    public_ip_number: int | None
+    public_ipv6: IPv6Address | None
+    backend_type: str
+    backend_data: str | None
+    backend_v6_data: str | None
+
+    def __init__(self, public_ip: IPv4Address | None = None,
+                 public_ipv6: IPv6Address | None = None, backend_type: str = "",
+                 backend_data: str | None = None, backend_v6_data: str | None = None) -> None:
+        setter = object.__setattr__
+        # The address's own integer: nothing new is allocated for it.
+        setter(self, "public_ip_number", None if public_ip is None else int(public_ip))
+        setter(self, "public_ipv6", public_ipv6)
+        setter(self, "backend_type", backend_type)
+        setter(self, "backend_data", backend_data)
+        setter(self, "backend_v6_data", backend_v6_data)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"LeaseAttrs are immutable: {name}")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
+
+    @property
+    def public_ip(self) -> IPv4Address | None:
+        """The IPv4 public address (None when missing or 0.0.0.0), made on each call."""
+        number = self.public_ip_number
+        return None if number is None else IPv4Address(number)
+
+    def public_number(self, version: int) -> int | None:
+        """The public address of one IP family as an integer (None when missing)."""
+        if version == 4:
+            return self.public_ip_number
+        return None if self.public_ipv6 is None else int(self.public_ipv6)
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.public_ip_number, self.public_ipv6, self.backend_type, self.backend_data,
+                self.backend_v6_data)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not LeaseAttrs:
+            return NotImplemented
+        assert isinstance(other, LeaseAttrs)
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (f"LeaseAttrs(public_ip={self.public_ip!r}, public_ipv6={self.public_ipv6!r}, "
+                f"backend_type={self.backend_type!r}, backend_data={self.backend_data!r}, "
+                f"backend_v6_data={self.backend_v6_data!r})")
 
     def to_json(self) -> str:
         """Encode exactly as Go flannel does (field order, omitted empty fields, compaction)."""

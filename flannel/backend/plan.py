@@ -231,11 +231,6 @@ def family_subnet(lease: Lease, version: int) -> tuple[IPNetwork | None, IPAddre
     return lease.subnet, lease.attrs.public_ip
 
 
-def family_public(lease: Lease, version: int) -> IPAddress | None:
-    """The public address of one IP family of a lease."""
-    return lease.attrs.public_ipv6 if version == 6 else lease.attrs.public_ip
-
-
 def versions(config: NetworkConfig) -> tuple[int, ...]:
     """The IP versions the network carries."""
     return tuple(v for v, on in ((4, config.enable_ipv4), (6, config.enable_ipv6)) if on)

@@ -18,7 +18,6 @@ import socket
 from collections.abc import Iterator, Set
 from typing import Any
 
-from flannel.backend.plan import family_public
 from flannel.kernel.entryset import CompactEntries
 from flannel.kernel.rtnl import RTN_UNICAST, FdbEntry, Neighbour, Route, ip_text
 from flannel.lease import Lease
@@ -77,9 +76,9 @@ class VtepTable:
         return family[1]
 
     def _public(self, peer: VtepPeer) -> int:
-        public = family_public(peer.lease, self.version)
+        public = peer.lease.attrs.public_number(self.version)
         assert public is not None  # likewise
-        return int(public)
+        return public
 
     def _text(self, number: int) -> str:
         # Through the C library for IPv4 (rtnl.ip_text): the same text as ipaddress'.

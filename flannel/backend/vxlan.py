@@ -41,7 +41,6 @@ from flannel.backend.plan import (
     NodePlan,
     NodeView,
     base_address,
-    family_public,
     family_subnet,
     local_addresses,
     versions,
@@ -151,7 +150,8 @@ def _peer_families(lease: Lease, config: NetworkConfig) -> list[int]:
     """The families of our devices (one per IP version the network carries) the lease has a
     subnet and a public address of."""
     return [version for version in versions(config)
-            if lease.family(version) is not None and family_public(lease, version) is not None]
+            if lease.family(version) is not None
+            and lease.attrs.public_number(version) is not None]
 
 
 def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -> Route | None:
@@ -166,7 +166,7 @@ def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -
 def vtep_peer(peer: Lease, version: int) -> VtepPeer | None:
     """A peer's record on a VTEP device of one IP family (None without a subnet, a public
     address or a usable VtepMAC there: not admitted, ``lease_problem``)."""
-    if peer.family(version) is None or family_public(peer, version) is None:
+    if peer.family(version) is None or peer.attrs.public_number(version) is None:
         return None
     mac = peer_mac(peer, version)[0]
     number = mac_number(mac) if mac is not None else None
@@ -306,12 +306,12 @@ class VxlanBackend(RoutedBackend):
             before = previous.get(family.index)
             table = self._tables[family.index] = VtepTable(family.index, version)
             for peer in peers:
-                numbers, public = peer.family(version), family_public(peer, version)
-                if numbers is None or public is None:
+                numbers = peer.family(version)
+                if numbers is None or peer.attrs.public_number(version) is None:
                     continue
                 if self.vxlan.direct_routing:
-                    subnet = family_subnet(peer, version)[0]
-                    assert subnet is not None
+                    subnet, public = family_subnet(peer, version)
+                    assert subnet is not None and public is not None
                     route = direct_route(subnet, public, route_get)
                     if route is not None:
                         direct.add(route)
