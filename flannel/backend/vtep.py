@@ -1,14 +1,14 @@
-"""The entries a VTEP device (vxlan's ``flannel.<VNI>``) holds for its peers, one compact
-record per peer: the peer's lease and its VTEP MAC as an integer, indexed by the peer's
-subnet base and by that MAC (the integers the lease's own addresses already hold). From a
-record come, on demand, the peer's permanent neighbour (subnet base -> VTEP MAC), its
-permanent FDB entry (VTEP MAC -> public address) and its onlink route via the subnet base.
+"""The entries a VTEP device (vxlan's ``flannel.<VNI>``) holds for its peers, kept as two
+indexes of integers per device: a peer's subnet base -> its VTEP MAC -> its lease (the
+base is the lease's own integer, the MAC decoded once per lease object). From these come,
+on demand, the peer's permanent neighbour (subnet base -> VTEP MAC), its permanent FDB
+entry (VTEP MAC -> public address) and its onlink route via the subnet base.
 
 The desired state holds these tables through entry sets (``VtepRoutes``,
-``VtepNeighbours``, ``VtepFdb``): the data plane's programmed state is the same object,
-and the next desired state shares every unchanged peer's record, so that thousands of
-peers cost three integers' worth and two index slots each rather than three entries, their
-texts and three set slots. Entries are compared as numbers (addresses, MAC) with the kernel's.
+``VtepNeighbours``, ``VtepFdb``): the data plane's programmed state is the same object, and
+the next desired state shares every unchanged peer's lease and MAC, so that a peer costs
+its MAC's integer and two index slots rather than three entries, their texts and three set
+slots. Entries are compared with the kernel's as numbers (addresses, MAC).
 Must not touch: the kernel, the store.
 """
 
@@ -36,32 +36,28 @@ def mac_number(mac: str) -> int | None:
         return None
 
 
-class VtepPeer:
-    """One peer on one VTEP device: its lease (its subnet and public address) and its
-    VTEP MAC as an integer."""
-
-    __slots__ = ("lease", "mac")
-
-    def __init__(self, lease: Lease, mac: int) -> None:
-        self.lease = lease
-        self.mac = mac
-
-
 class VtepTable:
-    """The peers of device ``index`` (IP ``version``), by subnet base and by VTEP MAC. The
-    first peer of a base or MAC keeps it (admission lets no two peers claim one MAC)."""
+    """The peers of device ``index`` (IP ``version``): subnet base -> VTEP MAC -> lease, both
+    as the integers the lease and its decoded MAC already are. The first peer of a base or
+    MAC keeps it (admission lets no two peers claim one MAC)."""
 
     __slots__ = ("by_base", "by_mac", "index", "version")
 
     def __init__(self, index: int, version: int) -> None:
         self.index = index
         self.version = version
-        self.by_base: dict[int, VtepPeer] = {}
-        self.by_mac: dict[int, VtepPeer] = {}
+        self.by_base: dict[int, int] = {}
+        self.by_mac: dict[int, Lease] = {}
 
-    def add(self, base: int, peer: VtepPeer) -> None:
-        if base not in self.by_base and peer.mac not in self.by_mac:
-            self.by_base[base] = self.by_mac[peer.mac] = peer
+    def add(self, base: int, mac: int, lease: Lease) -> None:
+        if base not in self.by_base and mac not in self.by_mac:
+            self.by_base[base] = mac
+            self.by_mac[mac] = lease
+
+    def mac_of(self, base: int, lease: Lease) -> int | None:
+        """The MAC recorded for ``lease`` (this very object) at ``base``, if any."""
+        mac = self.by_base.get(base)
+        return mac if mac is not None and self.by_mac.get(mac) is lease else None
 
     def number(self, text: str) -> int | None:
         """An address of this table's family as an integer (None if it is none)."""
@@ -70,13 +66,13 @@ class VtepTable:
         except (OSError, ValueError):
             return None
 
-    def _prefixlen(self, peer: VtepPeer) -> int:
-        family = peer.lease.family(self.version)
+    def _prefixlen(self, lease: Lease) -> int:
+        family = lease.family(self.version)
         assert family is not None  # a peer is added for a family it has a subnet of
         return family[1]
 
-    def _public(self, peer: VtepPeer) -> int:
-        public = peer.lease.attrs.public_number(self.version)
+    def _public(self, lease: Lease) -> int:
+        public = lease.attrs.public_number(self.version)
         assert public is not None  # likewise
         return public
 
@@ -84,24 +80,24 @@ class VtepTable:
         # Through the C library for IPv4 (rtnl.ip_text): the same text as ipaddress'.
         return ip_text(number.to_bytes(_SIZE[self.version], "big"))
 
-    def neighbour(self, base: int, peer: VtepPeer) -> Neighbour:
-        return Neighbour(self.index, self._text(base), _mac_text(peer.mac))
+    def neighbour(self, base: int, mac: int) -> Neighbour:
+        return Neighbour(self.index, self._text(base), _mac_text(mac))
 
-    def fdb(self, peer: VtepPeer) -> FdbEntry:
-        return FdbEntry(self.index, _mac_text(peer.mac), self._text(self._public(peer)))
+    def fdb(self, mac: int, lease: Lease) -> FdbEntry:
+        return FdbEntry(self.index, _mac_text(mac), self._text(self._public(lease)))
 
-    def route(self, base: int, peer: VtepPeer) -> Route:
+    def route(self, base: int, lease: Lease) -> Route:
         text = self._text(base)
-        return Route(f"{text}/{self._prefixlen(peer)}", text, self.index, onlink=True)
+        return Route(f"{text}/{self._prefixlen(lease)}", text, self.index, onlink=True)
 
-    def route_at(self, dst: str) -> tuple[int, VtepPeer] | None:
-        """The peer whose route goes to ``dst`` (CIDR text), with its base."""
+    def route_at(self, dst: str) -> int | None:
+        """The base of the peer whose route goes to ``dst`` (CIDR text), if any."""
         address, _, length = dst.partition("/")
         base = self.number(address)
-        peer = self.by_base.get(base) if base is not None else None
-        if base is None or peer is None or str(self._prefixlen(peer)) != length:
+        mac = self.by_base.get(base) if base is not None else None
+        if base is None or mac is None or str(self._prefixlen(self.by_mac[mac])) != length:
             return None
-        return base, peer
+        return base
 
 
 def _mac_text(mac: int) -> str:
@@ -137,15 +133,15 @@ class VtepNeighbours(_Tables):
 
     def __iter__(self) -> Iterator[Neighbour]:
         for table in self.tables:
-            for base, peer in table.by_base.items():
-                yield table.neighbour(base, peer)
+            for base, mac in table.by_base.items():
+                yield table.neighbour(base, mac)
 
     def __contains__(self, entry: object) -> bool:
         if not isinstance(entry, Neighbour) or (table := self.table(entry.ifindex)) is None:
             return False
         base = table.number(entry.ip)
-        peer = table.by_base.get(base) if base is not None else None
-        return peer is not None and peer.mac == mac_number(entry.mac)
+        mac = table.by_base.get(base) if base is not None else None
+        return mac is not None and mac == mac_number(entry.mac)
 
     def wants(self, identity: tuple[Any, ...]) -> bool:
         ifindex, ip = identity
@@ -157,10 +153,9 @@ class VtepNeighbours(_Tables):
             return super().__sub__(other)
         out = []
         for table, theirs in self._pairs(other):
-            for base, peer in table.by_base.items():
-                held = theirs.by_base.get(base) if theirs is not None else None
-                if held is not peer and (held is None or held.mac != peer.mac):
-                    out.append(table.neighbour(base, peer))
+            for base, mac in table.by_base.items():
+                if theirs is None or theirs.by_base.get(base) != mac:
+                    out.append(table.neighbour(base, mac))
         return frozenset(out)
 
 
@@ -171,16 +166,16 @@ class VtepFdb(_Tables):
 
     def __iter__(self) -> Iterator[FdbEntry]:
         for table in self.tables:
-            for peer in table.by_mac.values():
-                yield table.fdb(peer)
+            for mac, lease in table.by_mac.items():
+                yield table.fdb(mac, lease)
 
     def __contains__(self, entry: object) -> bool:
         if not isinstance(entry, FdbEntry) or entry.port or entry.vni or entry.via \
                 or (table := self.table(entry.ifindex)) is None:
             return False
         mac = mac_number(entry.mac)
-        peer = table.by_mac.get(mac) if mac is not None else None
-        return peer is not None and table._public(peer) == table.number(entry.dst)
+        lease = table.by_mac.get(mac) if mac is not None else None
+        return lease is not None and table._public(lease) == table.number(entry.dst)
 
     def wants(self, identity: tuple[Any, ...]) -> bool:
         ifindex, mac = identity
@@ -192,12 +187,11 @@ class VtepFdb(_Tables):
             return super().__sub__(other)
         out = []
         for table, theirs in self._pairs(other):
-            for mac, peer in table.by_mac.items():
+            for mac, lease in table.by_mac.items():
                 held = theirs.by_mac.get(mac) if theirs is not None else None
-                if held is not peer and (held is None
-                                         or theirs is None  # for mypy: held implies theirs
-                                         or theirs._public(held) != table._public(peer)):
-                    out.append(table.fdb(peer))
+                if held is not lease and (held is None
+                                          or table._public(held) != table._public(lease)):
+                    out.append(table.fdb(mac, lease))
         return frozenset(out)
 
 
@@ -218,8 +212,8 @@ class VtepRoutes(_Tables):
     def __iter__(self) -> Iterator[Route]:
         yield from self.direct
         for table in self.tables:
-            for base, peer in table.by_base.items():
-                yield table.route(base, peer)
+            for base, mac in table.by_base.items():
+                yield table.route(base, table.by_mac[mac])
 
     def __contains__(self, entry: object) -> bool:
         if not isinstance(entry, Route):
@@ -229,9 +223,9 @@ class VtepRoutes(_Tables):
         if not entry.onlink or entry.kind != RTN_UNICAST or entry.metric \
                 or (table := self.table(entry.oif)) is None:
             return False
-        found = table.route_at(entry.dst)
-        return found is not None and entry.gateway is not None \
-            and table.number(entry.gateway) == found[0]
+        base = table.route_at(entry.dst)
+        return base is not None and entry.gateway is not None \
+            and table.number(entry.gateway) == base
 
     def wants(self, identity: tuple[Any, ...]) -> bool:
         dst, metric = identity
@@ -246,10 +240,12 @@ class VtepRoutes(_Tables):
             return super().__sub__(other)
         out = list(self.direct - other.direct)
         for table, theirs in self._pairs(other):
-            for base, peer in table.by_base.items():
-                held = theirs.by_base.get(base) if theirs is not None else None
-                if held is not peer and (held is None or theirs is None
-                                         or theirs._prefixlen(held)
-                                         != table._prefixlen(peer)):
-                    out.append(table.route(base, peer))
+            for base, mac in table.by_base.items():
+                lease = table.by_mac[mac]
+                held_mac = theirs.by_base.get(base) if theirs is not None else None
+                held = theirs.by_mac.get(held_mac) if theirs is not None \
+                    and held_mac is not None else None
+                if held is not lease and (held is None
+                                          or table._prefixlen(held) != table._prefixlen(lease)):
+                    out.append(table.route(base, lease))
         return frozenset(out)

@@ -49,7 +49,6 @@ from flannel.backend.routed import RoutedBackend
 from flannel.backend.vtep import (
     VtepFdb,
     VtepNeighbours,
-    VtepPeer,
     VtepRoutes,
     VtepTable,
     mac_number,
@@ -163,16 +162,13 @@ def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -
     return None
 
 
-def vtep_peer(peer: Lease, version: int) -> VtepPeer | None:
-    """A peer's record on a VTEP device of one IP family (None without a subnet, a public
-    address or a usable VtepMAC there: not admitted, ``lease_problem``)."""
+def vtep_mac(peer: Lease, version: int) -> int | None:
+    """A peer's VTEP MAC on the device of one IP family, as an integer (None without a
+    subnet, a public address or a usable VtepMAC there: not admitted, ``lease_problem``)."""
     if peer.family(version) is None or peer.attrs.public_number(version) is None:
         return None
     mac = peer_mac(peer, version)[0]
-    number = mac_number(mac) if mac is not None else None
-    if number is None:
-        return None
-    return VtepPeer(peer, number)
+    return mac_number(mac) if mac is not None else None
 
 
 @dataclass
@@ -201,9 +197,9 @@ class VxlanBackend(RoutedBackend):
         super().__init__(ext, config, options)
         self.vxlan = VxlanConfig.from_backend(self.config.backend)
         self.families: dict[int, _Family] = {}
-        # Device index -> its peers' records, from the previous desired_state: a lease
-        # change then costs one peer's decoding, not every peer's. A record is found by its
-        # subnet base and checked by identity against the lease it was made from (the lease
+        # Device index -> its peers, from the previous desired_state: a lease change then
+        # costs one peer's decoding, not every peer's. A peer's MAC is found by its subnet
+        # base and reused only for the very lease object it was decoded from (the lease
         # watcher hands over the same objects). Rebuilt on every call, so it holds the
         # current peers only.
         self._tables: dict[int, VtepTable] = {}
@@ -317,11 +313,11 @@ class VxlanBackend(RoutedBackend):
                         direct.add(route)
                         continue
                 base = numbers[0]  # the lease's own integer
-                record = before.by_base.get(base) if before is not None else None
-                if record is None or record.lease is not peer:
-                    record = vtep_peer(peer, version)
-                if record is not None:
-                    table.add(base, record)
+                mac = before.mac_of(base, peer) if before is not None else None
+                if mac is None:
+                    mac = vtep_mac(peer, version)
+                if mac is not None:
+                    table.add(base, mac, peer)
         tables = tuple(self._tables.values())
         return DesiredState(VtepRoutes(tables, frozenset(direct)), VtepNeighbours(tables),
                             VtepFdb(tables), frozenset(f.index for f in self.families.values()),
@@ -374,15 +370,15 @@ class VxlanBackend(RoutedBackend):
                     out.append(FamilyPlan(version, subnet, public, routes=frozenset({direct}),
                                           carrier=PLAIN, answers_on=base))
                     continue
-                record = vtep_peer(peer, version)
-                if record is None:
+                mac = vtep_mac(peer, version)
+                if mac is None:
                     continue  # as desired_state: no usable VtepMAC (admission refuses it)
                 table = VtepTable(node.device(device_name(cfg.vni, version)), version)
                 number = int(base)
                 out.append(FamilyPlan(version, subnet, public,
-                                      routes=frozenset({table.route(number, record)}),
-                                      neighbours=frozenset({table.neighbour(number, record)}),
-                                      fdb=frozenset({table.fdb(record)}), carrier=vxlan,
+                                      routes=frozenset({table.route(number, peer)}),
+                                      neighbours=frozenset({table.neighbour(number, mac)}),
+                                      fdb=frozenset({table.fdb(mac, peer)}), carrier=vxlan,
                                       answers_on=base))
             return tuple(out)
 

@@ -47,18 +47,19 @@ def test_one_neighbour_fdb_entry_and_route_per_peer():
 
 
 def test_a_peer_handed_over_again_keeps_its_record_and_a_changed_one_gets_a_new_one():
-    """One record per peer: the next desired state shares the record of unchanged peers
-    (what the data plane programmed is referenced, not copied) and rebuilds a changed one;
-    the difference between the two states is the changed peer's entries alone."""
+    """One record per peer: the next desired state shares the lease and decoded MAC of
+    unchanged peers (what the data plane programmed is referenced, not copied) and decodes
+    a changed one again; the difference between the two states is the changed peer's
+    entries alone."""
     vxlan = backend()
     same, moved = peer(2, "0e:00:00:00:00:02"), peer(3, "0e:00:00:00:00:03")
     first = vxlan.desired_state([same, moved], lambda _ip: None)
-    records = dict(first.fdb.tables[0].by_base)  # type: ignore[attr-defined]
+    macs = dict(first.fdb.tables[0].by_base)  # type: ignore[attr-defined]
     moved_again = peer(3, "0e:00:00:00:00:03", ip="192.168.1.9")
     second = vxlan.desired_state([same, moved_again], lambda _ip: None)
-    shared = second.fdb.tables[0].by_base  # type: ignore[attr-defined]
-    assert shared[int(same.subnet.network_address)] is records[int(same.subnet.network_address)]
-    assert shared[int(moved.subnet.network_address)].lease is moved_again
+    table = second.fdb.tables[0]  # type: ignore[attr-defined]
+    assert table.by_base[same.v4_base] is macs[same.v4_base]
+    assert table.by_mac[table.by_base[moved.v4_base]] is moved_again
     assert FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.9") in second.fdb
     assert FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.2") not in second.fdb
     assert second.fdb - first.fdb == {FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.9")}
