@@ -19,7 +19,7 @@ from collections.abc import Iterator, Set
 from typing import Any
 
 from flannel.kernel.entryset import CompactEntries
-from flannel.kernel.rtnl import RTN_UNICAST, FdbEntry, Neighbour, Route, ip_text
+from flannel.kernel.rtnl import RTN_UNICAST, FdbEntry, Neighbour, Route, ip_text, mac_text
 from flannel.lease import Lease
 
 _FAMILY = {4: socket.AF_INET, 6: socket.AF_INET6}
@@ -101,7 +101,7 @@ class VtepTable:
 
 
 def _mac_text(mac: int) -> str:
-    return mac.to_bytes(6, "big").hex(":")
+    return mac_text(mac.to_bytes(6, "big"))
 
 
 class _Tables(CompactEntries[Any]):
