@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
+import dataclasses
 import gc
 import json
 import os
@@ -77,10 +77,14 @@ class _Listing:
 
 
 class _CopyingKernel(fakenetlink.FakeKernel):
-    """Keeps a copy of each entry it is given, as the kernel keeps its own."""
+    """Keeps a copy of each entry it is given, texts included, as the kernel keeps its own
+    (an entry made only to be encoded must not stay alive through the stand-in)."""
 
     def put(self, obj: object, protocol: int = 0) -> None:
-        super().put(copy.copy(obj), protocol)
+        assert dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+        super().put(dataclasses.replace(obj, **{
+            f.name: value.encode().decode() for f in dataclasses.fields(obj)
+            if isinstance(value := getattr(obj, f.name), str)}), protocol)
 
 
 _COPY_LINES = {line for _start, _end, line in _CopyingKernel.put.__code__.co_lines()}

@@ -11,7 +11,7 @@ import enum
 import json
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
@@ -34,8 +34,14 @@ def make_subnet_key(subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None 
 
     An IPv6-only lease has the IPv4 part ``0.0.0.0-0``, as Go flannel writes its zero value.
     """
-    v4 = subnet or NO_IPV4
-    key = f"{v4.network_address}-{v4.prefixlen}"
+    if subnet is None:
+        return _subnet_key(None, 0, ipv6_subnet)
+    return _subnet_key(int(subnet.network_address), subnet.prefixlen, ipv6_subnet)
+
+
+def _subnet_key(v4_base: int | None, v4_prefixlen: int, ipv6_subnet: IPv6Network | None) -> str:
+    # inet_ntoa: the same dotted quad as ipaddress', from the C library.
+    key = f"{socket.inet_ntoa((v4_base or 0).to_bytes(4, 'big'))}-{v4_prefixlen}"
     if ipv6_subnet is not None:
         key += f"&{ipv6_subnet.network_address.compressed}-{ipv6_subnet.prefixlen}"
     return key
@@ -74,15 +80,66 @@ def go_string(text: str) -> str:
     return gojson.compact(json.dumps(text, ensure_ascii=False))
 
 
-@dataclass(frozen=True, slots=True)
 class LeaseAttrs:
-    """What a node publishes with its subnet. Backend data are raw JSON text (or None)."""
+    """What a node publishes with its subnet. Backend data are raw JSON text (or None).
 
-    public_ip: IPv4Address | None = None
-    public_ipv6: IPv6Address | None = None
-    backend_type: str = ""
-    backend_data: str | None = None
-    backend_v6_data: str | None = None
+    Immutable. The IPv4 public address is kept as an integer (``public_ip_number``; every
+    lease of thousands has one): ``public_ip`` makes the address object when asked."""
+
+    __slots__ = ("backend_data", "backend_type", "backend_v6_data", "public_ip_number",
+                 "public_ipv6")
+
+    public_ip_number: int | None
+    public_ipv6: IPv6Address | None
+    backend_type: str
+    backend_data: str | None
+    backend_v6_data: str | None
+
+    def __init__(self, public_ip: IPv4Address | None = None,
+                 public_ipv6: IPv6Address | None = None, backend_type: str = "",
+                 backend_data: str | None = None, backend_v6_data: str | None = None) -> None:
+        setter = object.__setattr__
+        # The address's own integer: nothing new is allocated for it.
+        setter(self, "public_ip_number", None if public_ip is None else int(public_ip))
+        setter(self, "public_ipv6", public_ipv6)
+        setter(self, "backend_type", backend_type)
+        setter(self, "backend_data", backend_data)
+        setter(self, "backend_v6_data", backend_v6_data)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"LeaseAttrs are immutable: {name}")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
+
+    @property
+    def public_ip(self) -> IPv4Address | None:
+        """The IPv4 public address (None when missing or 0.0.0.0), made on each call."""
+        number = self.public_ip_number
+        return None if number is None else IPv4Address(number)
+
+    def public_number(self, version: int) -> int | None:
+        """The public address of one IP family as an integer (None when missing)."""
+        if version == 4:
+            return self.public_ip_number
+        return None if self.public_ipv6 is None else int(self.public_ipv6)
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.public_ip_number, self.public_ipv6, self.backend_type, self.backend_data,
+                self.backend_v6_data)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not LeaseAttrs:
+            return NotImplemented
+        assert isinstance(other, LeaseAttrs)
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (f"LeaseAttrs(public_ip={self.public_ip!r}, public_ipv6={self.public_ipv6!r}, "
+                f"backend_type={self.backend_type!r}, backend_data={self.backend_data!r}, "
+                f"backend_v6_data={self.backend_v6_data!r})")
 
     def to_json(self) -> str:
         """Encode exactly as Go flannel does (field order, omitted empty fields, compaction)."""
@@ -233,24 +290,102 @@ def _raw(members: dict[str, Any], name: str) -> str | None:
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
-@dataclass(frozen=True, slots=True)
+_NO_ATTRS = LeaseAttrs()
+
+
+class _Same:
+    """``Lease.replace``'s marker for a field left as it is."""
+
+
+_SAME = _Same()
+
+
 class Lease:
     """A subnet lease. ``expiration`` is a Unix time, None for a reservation (no TTL).
     ``created``: when the store created the record, as an order every node reads alike
     from the store (etcd: the key's create revision; kube: the Node's creationTimestamp in
-    Unix seconds); the lower, the older, ties broken by the key (``age``); 0 when not known."""
+    Unix seconds); the lower, the older, ties broken by the key (``age``); 0 when not known.
 
-    subnet: IPv4Network | None
-    ipv6_subnet: IPv6Network | None = None
-    attrs: LeaseAttrs = field(default_factory=LeaseAttrs)
-    expiration: float | None = None
-    etcd_lease_id: int = 0
-    created: int = 0
+    Immutable. The IPv4 subnet is kept as two integers (``v4_base``, ``v4_prefixlen``):
+    thousands of leases are held at once (the store's view, the lease watcher's, the data
+    plane's records share them), and an ``IPv4Network`` with its dictionary and address is
+    three objects more per lease; ``subnet`` makes one when asked. ``replace`` gives a copy
+    with some fields changed."""
+
+    __slots__ = ("attrs", "created", "etcd_lease_id", "expiration", "ipv6_subnet", "key",
+                 "v4_base", "v4_prefixlen")
+
+    v4_base: int | None
+    v4_prefixlen: int
+    ipv6_subnet: IPv6Network | None
+    attrs: LeaseAttrs
+    expiration: float | None
+    etcd_lease_id: int
+    created: int
     # Computed once: a snapshot of 5000 leases asks each for its key several times.
-    key: str = field(init=False, repr=False, compare=False)
+    key: str
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", make_subnet_key(self.subnet, self.ipv6_subnet))
+    def __init__(self, subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None = None,
+                 attrs: LeaseAttrs = _NO_ATTRS, expiration: float | None = None,
+                 etcd_lease_id: int = 0, created: int = 0) -> None:
+        setter = object.__setattr__
+        # The network's own integer: nothing new is allocated for it.
+        setter(self, "v4_base", None if subnet is None else int(subnet.network_address))
+        setter(self, "v4_prefixlen", 0 if subnet is None else subnet.prefixlen)
+        setter(self, "ipv6_subnet", ipv6_subnet)
+        setter(self, "attrs", attrs)
+        setter(self, "expiration", expiration)
+        setter(self, "etcd_lease_id", etcd_lease_id)
+        setter(self, "created", created)
+        setter(self, "key", _subnet_key(self.v4_base, self.v4_prefixlen, ipv6_subnet))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a Lease is immutable (use replace() for a changed copy): {name}")
+
+    __delattr__ = __setattr__  # type: ignore[assignment]
+
+    @property
+    def subnet(self) -> IPv4Network | None:
+        """The IPv4 subnet (None for an IPv6-only lease), made on each call."""
+        if self.v4_base is None:
+            return None
+        return IPv4Network((self.v4_base, self.v4_prefixlen))
+
+    def replace(self, *, expiration: float | _Same | None = _SAME,
+                etcd_lease_id: int | _Same = _SAME, created: int | _Same = _SAME,
+                attrs: LeaseAttrs | _Same = _SAME) -> Lease:
+        """A copy of this lease with the given fields changed (the subnets stay)."""
+        return Lease(self.subnet, self.ipv6_subnet,
+                     self.attrs if isinstance(attrs, _Same) else attrs,
+                     self.expiration if isinstance(expiration, _Same) else expiration,
+                     self.etcd_lease_id if isinstance(etcd_lease_id, _Same) else etcd_lease_id,
+                     self.created if isinstance(created, _Same) else created)
+
+    def _fields(self) -> tuple[object, ...]:
+        return (self.v4_base, self.v4_prefixlen, self.ipv6_subnet, self.attrs,
+                self.expiration, self.etcd_lease_id, self.created)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Lease:
+            return NotImplemented
+        assert isinstance(other, Lease)
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (f"Lease(subnet={self.subnet!r}, ipv6_subnet={self.ipv6_subnet!r}, "
+                f"attrs={self.attrs!r}, expiration={self.expiration!r}, "
+                f"etcd_lease_id={self.etcd_lease_id!r}, created={self.created!r})")
+
+    def family(self, version: int) -> tuple[int, int] | None:
+        """(the first address as an integer, the prefix length) of the subnet of one IP
+        family, without making a network object; None when the lease has none."""
+        if version == 4:
+            return None if self.v4_base is None else (self.v4_base, self.v4_prefixlen)
+        v6 = self.ipv6_subnet
+        return None if v6 is None else (int(v6.network_address), v6.prefixlen)
 
     @property
     def age(self) -> tuple[int, str]:
@@ -263,10 +398,11 @@ class Lease:
 
     def same_subnet(self, other: Lease) -> bool:
         """Upstream's identity rule: compare the families both leases carry."""
-        if self.subnet is not None and other.subnet is not None:
+        if self.v4_base is not None and other.v4_base is not None:
+            same_v4 = (self.v4_base, self.v4_prefixlen) == (other.v4_base, other.v4_prefixlen)
             if self.ipv6_subnet is not None and other.ipv6_subnet is not None:
-                return self.subnet == other.subnet and self.ipv6_subnet == other.ipv6_subnet
-            return self.subnet == other.subnet
+                return same_v4 and self.ipv6_subnet == other.ipv6_subnet
+            return same_v4
         return self.ipv6_subnet is not None and self.ipv6_subnet == other.ipv6_subnet
 
 

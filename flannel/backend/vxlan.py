@@ -46,12 +46,19 @@ from flannel.backend.plan import (
     versions,
 )
 from flannel.backend.routed import RoutedBackend
+from flannel.backend.vtep import (
+    VtepFdb,
+    VtepNeighbours,
+    VtepRoutes,
+    VtepTable,
+    mac_number,
+)
 from flannel.backendconf.options import decode_options
 from flannel.config import NetworkConfig
 from flannel.kernel import device
 from flannel.kernel.iface import ExternalInterface
 from flannel.kernel.reconcile import DesiredState, LinkState
-from flannel.kernel.rtnl import FdbEntry, Neighbour, Route, ip_text, mac_bytes
+from flannel.kernel.rtnl import Route, mac_bytes
 from flannel.lease import Lease
 
 log = logging.getLogger(__name__)
@@ -142,7 +149,8 @@ def _peer_families(lease: Lease, config: NetworkConfig) -> list[int]:
     """The families of our devices (one per IP version the network carries) the lease has a
     subnet and a public address of."""
     return [version for version in versions(config)
-            if None not in family_subnet(lease, version)]
+            if lease.family(version) is not None
+            and lease.attrs.public_number(version) is not None]
 
 
 def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -> Route | None:
@@ -154,31 +162,13 @@ def direct_route(subnet: IPNetwork, public: IPAddress, route_get: RouteLookup) -
     return None
 
 
-class _Peer:
-    """A peer's lease and its neighbour, FDB entry and onlink route on one device (None
-    without a usable VtepMAC): one small record per peer, whose entries the desired state's
-    sets and the data plane's programmed state share rather than copy."""
-
-    __slots__ = ("fdb", "lease", "neighbour", "route")
-
-    def __init__(self, lease: Lease, neighbour: Neighbour | None = None,
-                 fdb: FdbEntry | None = None, route: Route | None = None) -> None:
-        self.lease = lease
-        self.neighbour = neighbour
-        self.fdb = fdb
-        self.route = route
-
-
-def vtep_record(peer: Lease, version: int, index: int, mac: str | None) -> _Peer:
-    """A peer's neighbour, FDB entry and onlink route on device ``index`` for one IP family
-    (none without a public address or ``mac``)."""
-    subnet, public = family_subnet(peer, version)
-    if subnet is None or public is None or mac is None:
-        return _Peer(peer)
-    # Address text through the C library (rtnl.ip_text): the same text as ipaddress'.
-    base = ip_text(subnet.network_address.packed)
-    return _Peer(peer, Neighbour(index, base, mac), FdbEntry(index, mac, ip_text(public.packed)),
-                 Route(f"{base}/{subnet.prefixlen}", base, index, onlink=True))
+def vtep_mac(peer: Lease, version: int) -> int | None:
+    """A peer's VTEP MAC on the device of one IP family, as an integer (None without a
+    subnet, a public address or a usable VtepMAC there: not admitted, ``lease_problem``)."""
+    if peer.family(version) is None or peer.attrs.public_number(version) is None:
+        return None
+    mac = peer_mac(peer, version)[0]
+    return mac_number(mac) if mac is not None else None
 
 
 @dataclass
@@ -207,13 +197,12 @@ class VxlanBackend(RoutedBackend):
         super().__init__(ext, config, options)
         self.vxlan = VxlanConfig.from_backend(self.config.backend)
         self.families: dict[int, _Family] = {}
-        # Device index -> the peer's lease key -> its record, from the previous
-        # desired_state: a lease change then costs one peer's decoding, not every peer's.
-        # Keyed by the key string the lease already holds (no key object per peer; hashing
-        # a lease costs more than what is cached) and checked by identity against the lease
-        # kept (the lease watcher hands over the same objects). Rebuilt on every call, so it
-        # holds the current peers only.
-        self._entries: dict[int, dict[str, _Peer]] = {}
+        # Device index -> its peers, from the previous desired_state: a lease change then
+        # costs one peer's decoding, not every peer's. A peer's MAC is found by its subnet
+        # base and reused only for the very lease object it was decoded from (the lease
+        # watcher hands over the same objects). Rebuilt on every call, so it holds the
+        # current peers only.
+        self._tables: dict[int, VtepTable] = {}
         # The last desired state and what it was made from (the peer set, by identity, and
         # the devices, lease and adoption bounds): a periodic pass over the same peers gets
         # its sets back instead of new sets of every entry.
@@ -292,14 +281,6 @@ class VxlanBackend(RoutedBackend):
         return tuple(f"IPv{version} VtepMAC {mac}" for version in _peer_families(lease, config)
                      if (mac := peer_mac(lease, version)[0]) is not None)
 
-    def _peer_record(self, peer: Lease, version: int, index: int) -> _Peer:
-        """One peer's record on one device: its neighbour, FDB entry and onlink route."""
-        subnet, public = family_subnet(peer, version)
-        mac = peer_mac(peer, version)[0]
-        if subnet is None or public is None or mac is None:  # not admitted (lease_problem)
-            return _Peer(peer)
-        return vtep_record(peer, version, index, mac)
-
     def desired_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
         frame = (tuple((v, f.index, f.spec) for v, f in self.families.items()), self.lease,
                  tuple(self.ownership().items()))
@@ -308,42 +289,38 @@ class VxlanBackend(RoutedBackend):
         if last is not None and last[0] is peers and last[1] == frame \
                 and not self.vxlan.direct_routing:
             # A new state over the same sets: the indexes a drift check may have built on
-            # the last one (``DesiredState.fdb_keys``...) are not kept from pass to pass.
+            # the last one (``DesiredState.wants_fdb_at``...) are not kept from pass to pass.
             return replace(last[2])
         state = self._build_state(peers, route_get)
         self._state = (peers, frame, state)
         return state
 
     def _build_state(self, peers: Sequence[Lease], route_get: RouteLookup) -> DesiredState:
-        routes: set[Route] = set()
-        neighbours: set[Neighbour] = set()
-        fdb: set[FdbEntry] = set()
-        previous, self._entries = self._entries, {}
+        direct: set[Route] = set()
+        previous, self._tables = self._tables, {}
         for version, family in self.families.items():
-            before = previous.get(family.index, {})
-            cache: dict[str, _Peer] = {}
-            self._entries[family.index] = cache
+            before = previous.get(family.index)
+            table = self._tables[family.index] = VtepTable(family.index, version)
             for peer in peers:
-                subnet = peer.subnet if version == 4 else peer.ipv6_subnet
-                public = peer.attrs.public_ip if version == 4 else peer.attrs.public_ipv6
-                if subnet is None or public is None:
+                numbers = peer.family(version)
+                if numbers is None or peer.attrs.public_number(version) is None:
                     continue
                 if self.vxlan.direct_routing:
-                    direct = direct_route(subnet, public, route_get)
-                    if direct is not None:
-                        routes.add(direct)
+                    subnet, public = family_subnet(peer, version)
+                    assert subnet is not None and public is not None
+                    route = direct_route(subnet, public, route_get)
+                    if route is not None:
+                        direct.add(route)
                         continue
-                record = before.get(peer.key)
-                if record is None or record.lease is not peer:
-                    record = self._peer_record(peer, version, family.index)
-                cache[peer.key] = record
-                if record.neighbour is not None and record.fdb is not None \
-                        and record.route is not None:
-                    neighbours.add(record.neighbour)
-                    fdb.add(record.fdb)
-                    routes.add(record.route)
-        return DesiredState(frozenset(routes), frozenset(neighbours), frozenset(fdb),
-                            frozenset(f.index for f in self.families.values()),
+                base = numbers[0]  # the lease's own integer
+                mac = before.mac_of(base, peer) if before is not None else None
+                if mac is None:
+                    mac = vtep_mac(peer, version)
+                if mac is not None:
+                    table.add(base, mac, peer)
+        tables = tuple(self._tables.values())
+        return DesiredState(VtepRoutes(tables, frozenset(direct)), VtepNeighbours(tables),
+                            VtepFdb(tables), frozenset(f.index for f in self.families.values()),
                             families=tuple(socket.AF_INET if v == 4 else socket.AF_INET6
                                            for v in sorted(self.families)),
                             links=frozenset(LinkState(f.index, f.spec.name, f.spec.mtu,
@@ -393,13 +370,15 @@ class VxlanBackend(RoutedBackend):
                     out.append(FamilyPlan(version, subnet, public, routes=frozenset({direct}),
                                           carrier=PLAIN, answers_on=base))
                     continue
-                index = node.device(device_name(cfg.vni, version))
-                record = vtep_record(peer, version, index, peer_mac(peer, version)[0])
-                if record.route is None or record.neighbour is None or record.fdb is None:
+                mac = vtep_mac(peer, version)
+                if mac is None:
                     continue  # as desired_state: no usable VtepMAC (admission refuses it)
-                out.append(FamilyPlan(version, subnet, public, routes=frozenset({record.route}),
-                                      neighbours=frozenset({record.neighbour}),
-                                      fdb=frozenset({record.fdb}), carrier=vxlan,
+                table = VtepTable(node.device(device_name(cfg.vni, version)), version)
+                number = int(base)
+                out.append(FamilyPlan(version, subnet, public,
+                                      routes=frozenset({table.route(number, peer)}),
+                                      neighbours=frozenset({table.neighbour(number, mac)}),
+                                      fdb=frozenset({table.fdb(mac, peer)}), carrier=vxlan,
                                       answers_on=base))
             return tuple(out)
 

@@ -25,11 +25,13 @@ import logging
 import operator
 import socket
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_address, ip_network
 from typing import Any, Protocol
 
 from flannel.kernel import events, rtnl
+from flannel.kernel.entryset import CompactEntries
 from flannel.kernel.rtnl import AF_BRIDGE, FdbEntry, Neighbour, Route
 from flannel.log import V4
 from flannel.untrusted.netutil import within
@@ -57,16 +59,17 @@ class LinkState:
 
 @dataclass(frozen=True)
 class DesiredState:
-    """What the kernel must hold. Neighbours/FDB are managed only on ``devices``.
+    """What the kernel must hold. Neighbours/FDB are managed only on ``devices``. The
+    entries are frozensets, or sets a backend keeps compact (``CompactEntries``).
 
     ``links`` and ``addresses`` (``(ifindex, "ip/len")``) describe our devices, so that a
     change to them is noticed; ``networks`` (the configured Network(s)), ``local_subnets``
     (our own lease) and ``underlay`` (the external interface's index) bound route adoption.
     """
 
-    routes: frozenset[Route] = frozenset()
-    neighbours: frozenset[Neighbour] = frozenset()
-    fdb: frozenset[FdbEntry] = frozenset()
+    routes: AbstractSet[Route] = frozenset()
+    neighbours: AbstractSet[Neighbour] = frozenset()
+    fdb: AbstractSet[FdbEntry] = frozenset()
     devices: frozenset[int] = frozenset()
     families: tuple[int, ...] = (socket.AF_INET,)
     links: frozenset[LinkState] = frozenset()
@@ -75,17 +78,34 @@ class DesiredState:
     local_subnets: tuple[IPNetwork, ...] = ()
     underlay: int = 0
 
+    def wants_route_at(self, dst: str, metric: int) -> bool:
+        """Whether a route of this (dst, metric) is wanted: what the kernel's replace
+        matches on, so a route's identity."""
+        if isinstance(self.routes, CompactEntries):
+            return self.routes.wants((dst, metric))
+        return (dst, metric) in self._route_keys
+
+    def wants_neighbour_at(self, ifindex: int, ip: str) -> bool:
+        if isinstance(self.neighbours, CompactEntries):
+            return self.neighbours.wants((ifindex, ip))
+        return (ifindex, ip) in self._neighbour_keys
+
+    def wants_fdb_at(self, ifindex: int, mac: str) -> bool:
+        if isinstance(self.fdb, CompactEntries):
+            return self.fdb.wants((ifindex, mac))
+        return (ifindex, mac) in self._fdb_keys
+
+    # Indexes of plain sets' identities, built when first asked for.
     @functools.cached_property
-    def route_keys(self) -> frozenset[tuple[str, int]]:
-        """(dst, metric): what the kernel's replace matches on, so a route's identity."""
+    def _route_keys(self) -> frozenset[tuple[str, int]]:
         return frozenset((r.dst, r.metric) for r in self.routes)
 
     @functools.cached_property
-    def neighbour_keys(self) -> frozenset[tuple[int, str]]:
+    def _neighbour_keys(self) -> frozenset[tuple[int, str]]:
         return frozenset((n.ifindex, n.ip) for n in self.neighbours)
 
     @functools.cached_property
-    def fdb_keys(self) -> frozenset[tuple[int, str]]:
+    def _fdb_keys(self) -> frozenset[tuple[int, str]]:
         return frozenset((f.ifindex, f.mac) for f in self.fdb)
 
     @functools.cached_property
@@ -132,9 +152,9 @@ def adoptable(route: Route, protocol: int, desired: DesiredState) -> bool:
 class ActualState:
     """Our entries in the kernel; ``adopted``: routes of another protocol that are ours."""
 
-    routes: frozenset[Route]
-    neighbours: frozenset[Neighbour]
-    fdb: frozenset[FdbEntry]
+    routes: AbstractSet[Route]
+    neighbours: AbstractSet[Neighbour]
+    fdb: AbstractSet[FdbEntry]
     adopted: frozenset[Route] = frozenset()
 
 
@@ -261,10 +281,10 @@ def plan(desired: DesiredState, actual: ActualState) -> list[tuple[str, object]]
     # Each difference apart: the union of the two would copy every route.
     ops += [("delete", r) for r in _sorted((actual.routes - desired.routes)
                                           | (actual.adopted - desired.routes))
-            if (r.dst, r.metric) not in desired.route_keys]
+            if not desired.wants_route_at(r.dst, r.metric)]
     ops += [("delete", f) for f in _sorted(actual.fdb - desired.fdb)]
     ops += [("delete", n) for n in _sorted(actual.neighbours - desired.neighbours)
-            if (n.ifindex, n.ip) not in desired.neighbour_keys]
+            if not desired.wants_neighbour_at(n.ifindex, n.ip)]
     return ops
 
 
@@ -272,7 +292,7 @@ _FIELDS = {cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))
            for cls in (Route, Neighbour, FdbEntry)}
 
 
-def _sorted(entries: frozenset[Route] | frozenset[Neighbour] | frozenset[FdbEntry]
+def _sorted(entries: AbstractSet[Route] | AbstractSet[Neighbour] | AbstractSet[FdbEntry]
             ) -> list[Any]:
     """The entries (all of one class) in their dataclass order, compared in C: the
     generated ``__lt__`` would take ~0.1 s to sort a 5000-peer snapshot."""
@@ -345,7 +365,7 @@ def _route_drift(desired: DesiredState, route: Route, deleted: bool, protocol: i
     if wanted:
         return "" if protocol == rtnl.RTPROT_FLANNEL else \
             f"route {route.dst} replaced by one of protocol {protocol}"
-    if (route.dst, route.metric) in desired.route_keys:
+    if desired.wants_route_at(route.dst, route.metric):
         return f"route {route.dst} changed (via {route.gateway} dev {route.oif})"
     if protocol == rtnl.RTPROT_FLANNEL:
         return f"stray route {route.dst} with our protocol"
@@ -363,7 +383,7 @@ def _neighbour_drift(desired: DesiredState, neigh: Neighbour, deleted: bool, sta
     permanent = bool(state & rtnl.NUD_PERMANENT)
     if permanent and neigh in desired.neighbours:
         return ""  # tested first: the echo of our own change must not build the index
-    if (neigh.ifindex, neigh.ip) in desired.neighbour_keys:
+    if desired.wants_neighbour_at(neigh.ifindex, neigh.ip):
         return f"neighbour {neigh.ip} changed ({neigh.mac or 'no MAC'}" + (
             ")" if permanent else ", not permanent)")
     if permanent:
@@ -382,7 +402,7 @@ def _fdb_drift(desired: DesiredState, entry: FdbEntry, deleted: bool, state: int
         # Tested first: vxlan's FDB notifications carry no port id, so the echo of every
         # entry a pass adds comes here, and must not build (and keep) the index below.
         return ""
-    if (entry.ifindex, entry.mac) in desired.fdb_keys:
+    if desired.wants_fdb_at(entry.ifindex, entry.mac):
         return f"fdb entry {entry.mac} changed (dst {entry.dst}" + (
             ")" if ours else ", not permanent)")
     if ours:

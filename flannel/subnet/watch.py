@@ -47,44 +47,54 @@ class WatchResult:
 def _span(network: IPv4Network | IPv6Network) -> tuple[int, int]:
     """The first and last address of ``network`` as integers: containment and overlap in
     integer arithmetic (``ipaddress``'s tests cost ~15 us per peer of a snapshot)."""
-    first = int(network.network_address)
-    return first, first | ((1 << (network.max_prefixlen - network.prefixlen)) - 1)
+    return _last((int(network.network_address), network.prefixlen), network.max_prefixlen)
+
+
+def _last(family: tuple[int, int], bits: int) -> tuple[int, int]:
+    """(first, last) address of a lease's subnet given as (first, prefix length)."""
+    first, prefixlen = family
+    return first, first | ((1 << (bits - prefixlen)) - 1)
+
+
+def _subnet(lease: Lease, v6: bool) -> IPv4Network | IPv6Network | None:
+    """A subnet of the lease as an object, made only to be named in a message."""
+    return lease.ipv6_subnet if v6 else lease.subnet
 
 
 def _family_problem(lease: Lease, config: NetworkConfig | None, own: Lease | None,
                     v6: bool) -> str | None:
     """What is wrong with one family of a remote lease, or None."""
-    subnet: IPv4Network | IPv6Network | None
     public: IPv4Address | IPv6Address | None
     network: IPv4Network | IPv6Network | None
-    ours: IPv4Network | IPv6Network | None
     our_public: IPv4Address | IPv6Address | None
+    version, bits = (6, 128) if v6 else (4, 32)
     if v6:
-        subnet, public, names = lease.ipv6_subnet, lease.attrs.public_ipv6, (
-            "IPv6Network", "IPv6SubnetLen", "PublicIPv6")
+        public, names = lease.attrs.public_ipv6, ("IPv6Network", "IPv6SubnetLen", "PublicIPv6")
         network, subnet_len = (config.ipv6_network, config.ipv6_subnet_len) if config else (
             None, 0)
-        ours, our_public = (own.ipv6_subnet, own.attrs.public_ipv6) if own else (None, None)
+        our_public = own.attrs.public_ipv6 if own else None
     else:
-        subnet, public, names = lease.subnet, lease.attrs.public_ip, (
-            "Network", "SubnetLen", "PublicIP")
+        public, names = lease.attrs.public_ip, ("Network", "SubnetLen", "PublicIP")
         network, subnet_len = (config.network, config.subnet_len) if config else (None, 0)
-        ours, our_public = (own.subnet, own.attrs.public_ip) if own else (None, None)
-    assert subnet is not None
-    first, last = _span(subnet)
+        our_public = own.attrs.public_ip if own else None
+    family = lease.family(version)
+    assert family is not None
+    first, last = _last(family, bits)
     net_first = net_last = -1
     if network is not None:
         net_first, net_last = _span(network)
         if first <= net_first and net_last <= last:
-            return f"subnet {subnet} covers the whole {names[0]} {network}"
+            return f"subnet {_subnet(lease, v6)} covers the whole {names[0]} {network}"
         if not (net_first <= first and last <= net_last):
-            return f"subnet {subnet} lies outside the {names[0]} {network}"
-    if subnet_len and subnet.prefixlen != subnet_len:
-        return f"subnet {subnet} is not a /{subnet_len} ({names[1]})"
+            return f"subnet {_subnet(lease, v6)} lies outside the {names[0]} {network}"
+    if subnet_len and family[1] != subnet_len:
+        return f"subnet {_subnet(lease, v6)} is not a /{subnet_len} ({names[1]})"
+    ours = own.family(version) if own else None
     if ours is not None:
-        ours_first, ours_last = _span(ours)
+        ours_first, ours_last = _last(ours, bits)
         if first <= ours_last and ours_first <= last:
-            return f"subnet {subnet} overlaps this node's subnet {ours}"
+            return (f"subnet {_subnet(lease, v6)} overlaps this node's subnet "
+                    f"{_subnet(own, v6) if own else ''}")
     if public is None:
         return f"{names[2]} is missing or {'::' if v6 else '0.0.0.0'}"
     why = unusable_address(public)
@@ -103,7 +113,7 @@ def peer_problem(lease: Lease, config: NetworkConfig | None, own: Lease | None) 
     """
     used = 0
     for v6 in (False, True):
-        subnet = lease.ipv6_subnet if v6 else lease.subnet
+        subnet = lease.ipv6_subnet if v6 else lease.v4_base
         enabled = config is None or (config.enable_ipv6 if v6 else config.enable_ipv4)
         if subnet is None or not enabled:
             continue
@@ -126,7 +136,8 @@ class LeaseWatcher:
         self.config = config
         self.skipped = SkippedRecords("peer lease")
         self._leases: dict[str, Lease] = {}
-        self._by_subnet: dict[IPv4Network | IPv6Network, str] = {}
+        # By the IPv4 subnet's first address (the lease's own integer) or the IPv6 subnet.
+        self._by_subnet: dict[int | IPv6Network, str] = {}
 
     @property
     def leases(self) -> list[Lease]:
@@ -146,7 +157,7 @@ class LeaseWatcher:
         (a dual-stack lease and a single-stack one can be the same node's)."""
         if lease.key in self._leases:
             return lease.key
-        for subnet in (lease.subnet, lease.ipv6_subnet):
+        for subnet in (lease.v4_base, lease.ipv6_subnet):
             candidate = self._by_subnet.get(subnet) if subnet is not None else None
             if candidate in self._leases and self._leases[candidate].same_subnet(lease):
                 return candidate
@@ -158,8 +169,8 @@ class LeaseWatcher:
             self._index_one(key, lease)
 
     def _index_one(self, key: str, lease: Lease) -> None:
-        if lease.subnet is not None:
-            self._by_subnet[lease.subnet] = key
+        if lease.v4_base is not None:
+            self._by_subnet[lease.v4_base] = key
         if lease.ipv6_subnet is not None:
             self._by_subnet[lease.ipv6_subnet] = key
 
@@ -220,4 +231,4 @@ class LeaseWatcher:
 def _published(lease: Lease) -> tuple[object, ...]:
     """What a peer's data plane depends on: its subnets, attributes and age (which of two
     leases claiming one identity wins), not its expiry."""
-    return lease.subnet, lease.ipv6_subnet, lease.attrs, lease.created
+    return lease.v4_base, lease.v4_prefixlen, lease.ipv6_subnet, lease.attrs, lease.created

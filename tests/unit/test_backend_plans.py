@@ -8,7 +8,6 @@ carries a peer is what the traffic rules drop and filter. No kernel involved."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 import pytest
@@ -233,10 +232,10 @@ def test_describe_admits_the_leases_as_flanneld_does():
     older lease's from another address, or with a MAC the kernel refuses, is skipped with
     flanneld's why and kind; the lease it claimed against is planned as usual."""
     cfg = config({"Type": "vxlan"})
-    own = replace(lease(1, "vxlan", vtep(1)), created=1)
-    victim = replace(lease(2, "vxlan", vtep(2)), created=5)
-    thieves = [replace(lease(66, "vxlan", vtep(2)), created=9),
-               replace(lease(67, "vxlan", vtep(1)), created=2)]
+    own = lease(1, "vxlan", vtep(1)).replace(created=1)
+    victim = lease(2, "vxlan", vtep(2)).replace(created=5)
+    thieves = [lease(66, "vxlan", vtep(2)).replace(created=9),
+               lease(67, "vxlan", vtep(1)).replace(created=2)]
     zero = lease(68, "vxlan", '{"VNI":1,"VtepMAC":"00:00:00:00:00:00"}')
     peers = [*thieves, victim, zero]
     backend = VxlanBackend(EXT, cfg)

@@ -90,7 +90,7 @@ def test_a_lease_claiming_another_node_s_identity_is_said_once_as_the_cause():
     judged as usual, and the thief's entries are expected nowhere."""
     mac = "0e:00:00:00:00:02"
     own, victim, thief = (
-        replace(row, lease=replace(row.lease, created=created))
+        replace(row, lease=row.lease.replace(created=created))
         for row, created in ((vxlan_lease("10.244.1.0/24", "192.168.1.1", "0e:00:00:00:00:01"),
                               1),
                              (vxlan_lease("10.244.2.0/24", "192.168.1.2", mac), 2),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -87,7 +86,7 @@ class ExpiringStore(MemoryStore):
 
     async def acquire_lease(self, config, attrs):  # type: ignore[no-untyped-def]
         lease = await super().acquire_lease(config, attrs)
-        self.lease = replace(lease, expiration=time.time() + 3600)
+        self.lease = lease.replace(expiration=time.time() + 3600)
         return self.lease
 
 

@@ -217,3 +217,37 @@ def test_values_go_writes_decode_without_the_json_decoder(attrs, monkeypatch):
     """What a snapshot of thousands of leases holds is decoded by the shortcut."""
     monkeypatch.setattr(boundedjson, "loads", None)
     assert LeaseAttrs.from_json(attrs.to_json().encode()) == attrs
+
+
+def test_a_lease_keeps_integers_and_answers_with_the_objects_it_was_made_from():
+    """A lease holds its IPv4 subnet and public address as integers (thousands are held at
+    once) and gives back equal objects, its key, equality and hash as values, and refuses
+    to be changed but through a copy."""
+    attrs = LeaseAttrs(IPv4Address("172.30.1.9"), backend_type="vxlan",
+                       backend_data='{"VNI":1,"VtepMAC":"0e:00:00:00:00:09"}')
+    lease = Lease(IPv4Network("10.5.34.0/24"), IPv6Network("fd00:5::/64"), attrs,
+                  expiration=100.0, etcd_lease_id=7, created=3)
+    assert (lease.v4_base, lease.v4_prefixlen) == (int(IPv4Address("10.5.34.0")), 24)
+    assert lease.subnet == IPv4Network("10.5.34.0/24")
+    assert attrs.public_ip_number == int(IPv4Address("172.30.1.9"))
+    assert attrs.public_ip == IPv4Address("172.30.1.9")
+    assert lease.key == "10.5.34.0-24&fd00:5::-64"
+    assert lease.family(4) == (int(IPv4Address("10.5.34.0")), 24)
+    assert lease.family(6) == (int(IPv6Address("fd00:5::")), 64)
+    same = Lease(IPv4Network("10.5.34.0/24"), IPv6Network("fd00:5::/64"), LeaseAttrs(
+        IPv4Address("172.30.1.9"), backend_type="vxlan",
+        backend_data='{"VNI":1,"VtepMAC":"0e:00:00:00:00:09"}'), 100.0, 7, 3)
+    assert same == lease and hash(same) == hash(lease) and same.attrs == attrs
+    renewed = lease.replace(expiration=200.0, etcd_lease_id=8)
+    assert renewed != lease and renewed.same_subnet(lease)
+    assert (renewed.subnet, renewed.ipv6_subnet, renewed.attrs, renewed.created) == (
+        lease.subnet, lease.ipv6_subnet, lease.attrs, lease.created)
+    with pytest.raises(AttributeError):
+        lease.created = 4  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        attrs.backend_type = "host-gw"  # type: ignore[misc]
+    v6_only = Lease(None, IPv6Network("fd00:5::/64"))
+    assert v6_only.subnet is None and v6_only.family(4) is None
+    assert v6_only.key == "0.0.0.0-0&fd00:5::-64"
+    assert LeaseAttrs().public_ip is None
+    assert repr(lease).startswith("Lease(subnet=IPv4Network('10.5.34.0/24'), ipv6_subnet=")

@@ -227,7 +227,7 @@ def test_the_echo_of_our_own_entries_builds_no_index():
                            frozenset({VXLAN}))
     assert drift(desired, new(F1, state=PERMANENT, flags=SELF)) == ""
     assert drift(desired, new(N1, state=PERMANENT)) == ""
-    assert "fdb_keys" not in desired.__dict__ and "neighbour_keys" not in desired.__dict__
+    assert "_fdb_keys" not in desired.__dict__ and "_neighbour_keys" not in desired.__dict__
     # A foreign change does build it, and is still drift.
     moved = FdbEntry(VXLAN, F1.mac, "192.168.1.9")
     assert drift(desired, new(moved, state=PERMANENT, flags=SELF)).startswith(

@@ -46,19 +46,62 @@ def test_one_neighbour_fdb_entry_and_route_per_peer():
     assert state.devices == {7}
 
 
-def test_a_peer_handed_over_again_keeps_its_entries_and_a_changed_one_gets_new_ones():
-    """One record per peer: the next desired state shares the entries of unchanged peers
-    (what the data plane programmed is referenced, not copied) and rebuilds a changed one."""
+def test_a_peer_handed_over_again_keeps_its_record_and_a_changed_one_gets_a_new_one():
+    """One record per peer: the next desired state shares the lease and decoded MAC of
+    unchanged peers (what the data plane programmed is referenced, not copied) and decodes
+    a changed one again; the difference between the two states is the changed peer's
+    entries alone."""
     vxlan = backend()
     same, moved = peer(2, "0e:00:00:00:00:02"), peer(3, "0e:00:00:00:00:03")
     first = vxlan.desired_state([same, moved], lambda _ip: None)
+    macs = dict(first.fdb.tables[0].by_base)  # type: ignore[attr-defined]
     moved_again = peer(3, "0e:00:00:00:00:03", ip="192.168.1.9")
     second = vxlan.desired_state([same, moved_again], lambda _ip: None)
-    kept = {id(entry) for entry in first.routes | first.neighbours | first.fdb}
-    assert {id(r) for r in second.routes if r.dst == "10.244.2.0/24"} <= kept
-    assert {id(n) for n in second.neighbours if n.ip == "10.244.2.0"} <= kept
+    table = second.fdb.tables[0]  # type: ignore[attr-defined]
+    assert table.by_base[same.v4_base] is macs[same.v4_base]
+    assert table.by_mac[table.by_base[moved.v4_base]] is moved_again
     assert FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.9") in second.fdb
     assert FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.2") not in second.fdb
+    assert second.fdb - first.fdb == {FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.9")}
+    assert first.fdb - second.fdb == {FdbEntry(7, "0e:00:00:00:00:03", "192.168.1.2")}
+    assert not second.neighbours - first.neighbours and not second.routes - first.routes
+
+
+def test_the_compact_entries_answer_as_sets_of_the_entries_would():
+    """Membership, identity and difference of the desired state's entries, against plain
+    sets of the same entries (what the kernel's dumps are compared with)."""
+    vxlan = backend()
+    peers = [peer(2, "0e:00:00:00:00:02"), peer(3, "0e:00:00:00:00:03", ip="192.168.1.3")]
+    state = vxlan.desired_state(peers, lambda _ip: None)
+    plain = {"routes": set(state.routes), "neighbours": set(state.neighbours),
+             "fdb": set(state.fdb)}
+    assert plain["routes"] == {Route("10.244.2.0/24", "10.244.2.0", 7, onlink=True),
+                               Route("10.244.3.0/24", "10.244.3.0", 7, onlink=True)}
+    others = [Route("10.244.2.0/24", "10.244.2.0", 7), Route("10.244.2.0/25", "10.244.2.0", 7,
+                                                              onlink=True),
+              Route("10.244.2.0/24", "10.244.2.1", 7, onlink=True),
+              Route("10.244.2.0/24", "10.244.2.0", 8, onlink=True),
+              Neighbour(7, "10.244.2.0", "0e:00:00:00:00:03"), Neighbour(8, "10.244.2.0",
+                                                                         "0e:00:00:00:00:02"),
+              Neighbour(7, "10.244.4.0", "0e:00:00:00:00:02"),
+              FdbEntry(7, "0e:00:00:00:00:02", "192.168.1.3"),
+              FdbEntry(7, "0e:00:00:00:00:02", "192.168.1.2", port=4789),
+              FdbEntry(7, "0e:00:00:00:00:04", "192.168.1.2")]
+    for entry in [*plain["routes"], *plain["neighbours"], *plain["fdb"], *others]:
+        for name, entries in plain.items():
+            assert (entry in getattr(state, name)) == (entry in entries), (entry, name)
+    assert state.wants_route_at("10.244.2.0/24", 0)
+    assert not state.wants_route_at("10.244.2.0/24", 5)
+    assert not state.wants_route_at("10.244.2.0/25", 0)
+    assert state.wants_neighbour_at(7, "10.244.3.0") and not state.wants_neighbour_at(8,
+                                                                                       "10.244.3.0")
+    assert state.wants_fdb_at(7, "0e:00:00:00:00:03") and not state.wants_fdb_at(
+        7, "0e:00:00:00:00:04")
+    kernel = {Neighbour(7, "10.244.2.0", "0e:00:00:00:00:02"),
+              Neighbour(7, "10.244.9.0", "0e:00:00:00:00:09")}
+    assert state.neighbours - kernel == {Neighbour(7, "10.244.3.0", "0e:00:00:00:00:03")}
+    assert kernel - state.neighbours == {Neighbour(7, "10.244.9.0", "0e:00:00:00:00:09")}
+    assert len(state.routes) == len(state.neighbours) == len(state.fdb) == 2
 
 
 def test_a_pass_over_the_same_peers_and_device_shares_the_sets_and_a_change_makes_new_ones():

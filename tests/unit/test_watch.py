@@ -1,6 +1,5 @@
 """Lease event normalisation (upstream LeaseWatcher, with snapshot diffing of changed attrs)."""
 
-from dataclasses import replace
 from ipaddress import IPv4Address, IPv4Network
 
 import pytest
@@ -249,7 +248,7 @@ def test_a_lease_created_again_is_handed_over_with_its_new_age():
                  created=7)
     watcher = LeaseWatcher(None)
     watcher.apply(Snapshot([peer]))
-    again = replace(peer, created=40)
+    again = peer.replace(created=40)
     assert watcher.apply(Changes([Event(EventType.ADDED, again)])).events == [
         Event(EventType.ADDED, again)]
 
@@ -259,9 +258,9 @@ def test_a_renewal_that_republishes_the_same_value_is_not_an_event():
                  expiration=100.0, etcd_lease_id=1)
     watcher = LeaseWatcher(None)
     watcher.apply(Snapshot([peer]))
-    renewed = replace(peer, expiration=200.0, etcd_lease_id=2)
+    renewed = peer.replace(expiration=200.0, etcd_lease_id=2)
     assert watcher.apply(Changes([Event(EventType.ADDED, renewed)])).events == []
     assert watcher.leases == [renewed]
-    moved = replace(renewed, attrs=LeaseAttrs(IPv4Address("192.168.1.9")))
+    moved = renewed.replace(attrs=LeaseAttrs(IPv4Address("192.168.1.9")))
     assert watcher.apply(Changes([Event(EventType.ADDED, moved)])).events == [
         Event(EventType.ADDED, moved)]

@@ -22,7 +22,7 @@ import posixpath
 import re
 import time
 from collections.abc import AsyncGenerator, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any, NoReturn
 
@@ -266,7 +266,7 @@ class EtcdSubnetManager:
         except BaseException:
             await self._revoke_quietly(lease_id)
             raise
-        return replace(lease, expiration=self.clock.time() + ttl, etcd_lease_id=lease_id)
+        return lease.replace(expiration=self.clock.time() + ttl, etcd_lease_id=lease_id)
 
     async def _grant(self) -> tuple[int, int]:
         """A fresh etcd lease of ``lease_ttl``; a TTL etcd refuses names the flag to fix."""
@@ -331,7 +331,7 @@ class EtcdSubnetManager:
                 if acquired:
                     log.info("Allocated lease (%s) to current node (%s)", lease.key,
                              attrs.public_ip)
-                    lease = replace(lease, expiration=self.clock.time() + ttl)
+                    lease = lease.replace(expiration=self.clock.time() + ttl)
                     if written_at == listed_at + 1:
                         # Nothing was written between the listing and our creation.
                         record = KeyValue(key, value, lease_id, written_at, written_at)
@@ -732,7 +732,7 @@ class EtcdSubnetManager:
             await self._revoke_quietly(lease_id)
             kv, _ = await self.client.get(key)
             raise self._taken_error(own, self._decode(kv) if kv else None, reason)
-        return replace(own, expiration=self.clock.time() + ttl, etcd_lease_id=lease_id)
+        return own.replace(expiration=self.clock.time() + ttl, etcd_lease_id=lease_id)
 
     def _taken_error(self, own: Lease, holder: Lease | None, reason: str) -> LeaseTaken:
         who = (f"{holder.key} of the node at {holder.attrs.public_ip or holder.attrs.public_ipv6}"

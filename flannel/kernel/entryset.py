@@ -1,0 +1,38 @@
+"""Entry sets a backend keeps compact: a set of kernel entries (routes, neighbours, FDB
+entries) that holds one small record per peer instead of the entry objects, and makes
+each entry only when asked for it (iterated to encode a request, or to log one).
+
+A ``DesiredState`` holds frozensets of entries or such sets; the reconciliation treats
+both alike (membership, difference, length), and asks either whether it holds an entry of
+a given identity (``wants``: a route's destination and metric, a neighbour's device and
+IP, an FDB entry's device and MAC) without an index of every identity.
+Must not touch: the kernel, the store.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterable, Set
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class CompactEntries(Set[T]):
+    """A read-only set of entries made on demand from compact records. The result of a
+    set operation on it is a frozenset (of the entries made)."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def wants(self, identity: tuple[Any, ...]) -> bool:
+        """Whether an entry of that identity is in the set (see the module docstring)."""
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[Any]) -> frozenset[Any]:
+        return frozenset(it)
+
+    def __sub__(self, other: Set[Any]) -> frozenset[T]:
+        if other is self:  # what the kernel was found to hold is this very set
+            return frozenset()
+        return frozenset(entry for entry in self if entry not in other)
