@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,6 +18,11 @@ import pytest
 from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 from flannel_lab.etcd import EtcdServer
 from tests.support import fuzzing, netns
+
+# Bytecode is written (into the __pycache__ directories git ignores) even where the environment
+# says PYTHONDONTWRITEBYTECODE: every worker of every run imports every test module, and without
+# a cache each one compiles them and rewrites their asserts again (~6 s of CPU a worker).
+sys.dont_write_bytecode = False
 
 pytest_plugins = ["tests.support.fastlane", "tests.support.looptime", "tests.support.etcdstores"]
 

@@ -5,15 +5,26 @@ module-level code twice under two names and ties the two files' edits together."
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def statements(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` but expressions (an import is a statement, and no expression
+    holds one): what ``ast.walk`` visits, a fraction of the nodes."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        todo += [child for child in ast.iter_child_nodes(node) if not isinstance(child, ast.expr)]
+
+
 def imported_test_modules(source: str) -> list[str]:
     """The test modules (``test_*``) that ``source`` imports from, however it names them."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in statements(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
             base = "." * node.level + (node.module or "")
             # ``from tests.lab import test_x`` names the module in the imported names (a

@@ -231,18 +231,20 @@ async def fill(etcd_port: int, pairs: list[tuple[bytes, bytes]], batch: int = 10
         await client.close()
 
 
-async def time_to_lease(tmp_path: Path, ns: str, gateway: EtcdGateway) -> float:
-    """Seconds from flanneld's start to its subnet.env."""
+async def time_to_lease(tmp_path: Path, ns: str, gateway: EtcdGateway) -> tuple[float, float]:
+    """Seconds from flanneld's start to its subnet.env, and the CPU seconds flanneld used
+    meanwhile: what its own work costs, which a loaded machine does not stretch (etcd and
+    the gateway relaying the store's megabytes share the cores and the wall time)."""
     env = tmp_path / "subnet.env"
     started = time.monotonic()
     daemon = start_flanneld(tmp_path, ns, gateway)
     try:
         await until(env.exists, "subnet.env", daemon, timeout=120)
-        took = time.monotonic() - started
+        took, cpu = time.monotonic() - started, daemon.cpu_seconds()
         await stop_within(daemon, 5)
     finally:
         daemon.stop()
-    return took
+    return took, cpu
 
 
 async def test_fifty_junk_values_of_1_4_mb_leave_the_node_leasing(host, private_etcd,
@@ -250,15 +252,17 @@ async def test_fifty_junk_values_of_1_4_mb_leave_the_node_leasing(host, private_
     """50 values of 1.4 MB under subnets/ made the one listing 93 MB, refused whole: no
     node ever leased (Go leases in under 1 s). They are read page by page and skipped."""
     ns, gateway = host
-    baseline = await time_to_lease(tmp_path / "empty", ns, gateway)
+    baseline, baseline_cpu = await time_to_lease(tmp_path / "empty", ns, gateway)
     junk = b"x" * 1_400_000
     await fill(private_etcd.client_port,
                [(f"{PREFIX}/subnets/10.5.{i}.0-24".encode(), junk) for i in range(50)],
                batch=1)
-    took = await time_to_lease(tmp_path / "junk", ns, gateway)
-    print(f"\n50 junk values of 1.4 MB: subnet.env after {took:.2f}s "
-          f"(an empty store: {baseline:.2f}s)")
-    assert took < baseline + 5
+    took, cpu = await time_to_lease(tmp_path / "junk", ns, gateway)
+    print(f"\n50 junk values of 1.4 MB: subnet.env after {took:.2f}s, {cpu:.2f}s of CPU "
+          f"(an empty store: {baseline:.2f}s, {baseline_cpu:.2f}s of CPU)")
+    # Reading the 70 MB page by page and skipping it costs flanneld under a second of CPU;
+    # a listing read whole, or again on each retry, costs several.
+    assert cpu < baseline_cpu + 2
 
 
 @pytest.mark.slow
@@ -275,7 +279,9 @@ async def test_120000_padded_leases_leave_the_node_leasing(host, private_etcd, t
                           "BackendData": {"Pad": pad}}).encode())
              for i in range(120_000)]
     await fill(private_etcd.client_port, pairs)
-    took = await time_to_lease(tmp_path / "padded", ns, gateway)
+    took, cpu = await time_to_lease(tmp_path / "padded", ns, gateway)
     print(f"\n120,000 padded leases ({sum(len(v) for _, v in pairs) / 1e6:.1f} MB of values): "
-          f"subnet.env after {took:.2f}s")
-    assert took < 30
+          f"subnet.env after {took:.2f}s, {cpu:.2f}s of CPU")
+    # About 3 s of flanneld's CPU on a loaded 2-core machine; a listing refused and retried
+    # costs that again on every retry.
+    assert cpu < 6

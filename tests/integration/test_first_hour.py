@@ -140,7 +140,10 @@ def test_sigterm_ends_flanneld_promptly(node, tmp_path):
         assert proc.wait_exit(timeout=15) == 0
         took = time.monotonic() - started
         assert "Exiting: stopped by signal" in proc.log
-        assert took < 0.7, f"flanneld took {took:.2f}s to exit after SIGTERM"
+        # Not a speed bound (a loaded machine stretches the exit's own work past 0.7 s):
+        # "within a second or two" (docs/architecture.md); a task waited out rather than
+        # cancelled would hold the exit for its call's timeout (an etcd call's: 5 s).
+        assert took < 2, f"flanneld took {took:.2f}s to exit after SIGTERM"
     finally:
         proc.stop()
 

@@ -15,6 +15,7 @@ import pytest
 
 from flannel.kernel import nsexec
 from flannel.kernel.host import LOCAL
+from flannel.udp.forwarder import cpu_seconds
 from flannel_lab.etcd import EtcdServer
 from tests.support import netns
 from tests.support.checkout import FLANNELD
@@ -61,6 +62,12 @@ class Flanneld:
         assert self.proc is not None
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
         return int(status.split("VmRSS:", 1)[1].split()[0])
+
+    def cpu_seconds(self) -> float:
+        """The CPU time (user and system) the process has used so far: unlike its wall time,
+        what a loaded machine does not stretch."""
+        assert self.proc is not None
+        return cpu_seconds(self.proc.pid)
 
     @property
     def log(self) -> str:

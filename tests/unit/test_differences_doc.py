@@ -5,6 +5,7 @@ it names, found by reading the file, not by importing it)."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -85,7 +86,8 @@ def table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
-def defined_tests(path: Path) -> set[str]:
+@functools.cache  # many rows name tests of the same few files
+def defined_tests(path: Path) -> frozenset[str]:
     """``name`` and ``Class::name`` of every test function defined in a test file."""
     tree = ast.parse(path.read_text())
     names: set[str] = set()
@@ -96,7 +98,7 @@ def defined_tests(path: Path) -> set[str]:
         elif isinstance(node, ast.ClassDef):
             names |= {f"{node.name}::{item.name}" for item in node.body
                       if isinstance(item, functions)}
-    return {name for name in names if name.rsplit("::", 1)[-1].startswith("test")}
+    return frozenset(name for name in names if name.rsplit("::", 1)[-1].startswith("test"))
 
 
 def resolves(node_id: str) -> bool:
