@@ -7,6 +7,14 @@ host's tools (etcd, charon, wg, iperf3...), as root, with the kernel's own modul
 wireguard, esp4: what this host's kernel may lack). One directory of the host's is shared
 writable; the guest's /tmp, /run and /var are its own, in its memory.
 
+virtme-ng mounts the root over 9p without a cache (every open, stat and read a round trip to
+qemu, tens of times the host's cost under TCG; its faster virtiofs needs a daemon this host
+lacks), so the host's root is exported a second time, read-only, and the guest mounts that
+with ``cache=loose`` and binds it over what it runs from (``CACHED_TREES``: /usr, the
+interpreter's prefix, this checkout) before the command starts: the same paths, each file
+fetched once per boot. The host must not change those trees while a VM runs (the guest would
+not see it).
+
 KVM is used when it boots: /dev/kvm served by a hypervisor that runs stock kernels
 (kvm_intel or kvm_amd) and a bounded trial boot that answers; else qemu's TCG, several times
 slower (``FLANNEL_VM_ACCEL=tcg|kvm`` decides instead). Every boot is bounded; on the bound
@@ -14,7 +22,8 @@ the VM's process group, which this module started, is killed.
 
 API: ``missing_vm()`` (why no VM can boot here, as a skip reason; "" when one can),
 ``guest_kernel()``, ``choose_accel()``, ``boot(argv, shared, timeout)`` -> ``Boot``,
-``calibration_seconds()`` (what the guest also times, to measure how much slower it runs).
+``calibration_seconds()`` (what the guest also times, to measure how much slower it runs),
+``cached_trees()`` and ``guest_command(argv)`` (what the guest binds from the cached root).
 Must not touch: anything but the directories it is given and the processes it starts.
 """
 
@@ -39,9 +48,9 @@ QEMU = "qemu-system-x86_64"
 #: to start at all (br_netfilter, as Go flannel: it refuses to start without it).
 MODULES = ("ipip", "wireguard", "esp4", "xfrm_user", "br_netfilter")
 MEMORY = "3G"
-#: More vCPUs than host cores: the scenarios run side by side, and an emulated CPU waits on
-#: its host thread, which a loaded host schedules among many.
-CPUS = 4
+#: One vCPU per host core (this machine has 2): with the guest's files cached it is bound by
+#: its emulated CPUs, and more vCPU threads than cores only take turns on them.
+CPUS = 2
 INSTALL = ("./install.sh installs what it needs: qemu-system-x86, linux-image-amd64 and "
            "busybox-static (Debian), virtme-ng (the test extra)")
 KVM_TRIAL_SECONDS = 60.0
@@ -114,6 +123,35 @@ def _kvm_hypervisor() -> str:
     return ""
 
 
+#: The 9p mount tag of the cached export of the host's root, and where the guest mounts it.
+CACHED_ROOT_TAG = "flannel-root"
+CACHED_ROOT = "/run/flannel-vm-root"
+
+
+def cached_trees() -> list[Path]:
+    """What the guest reads from the cached export instead of virtme-ng's uncached root:
+    /usr (every tool and library), the interpreter's prefix and this checkout (with its
+    virtualenv); a tree inside another one listed is left out."""
+    trees: list[Path] = []
+    for tree in (Path("/usr"), Path(sys.base_prefix).resolve(), REPO):
+        if not any(tree == t or t in tree.parents for t in trees):
+            trees.append(tree)
+    return trees
+
+
+def guest_command(argv: list[str]) -> str:
+    """The guest's shell command: the cached root mounted and bound over ``cached_trees()``,
+    then ``argv`` (quoted); a mount that fails ends it there, with mount's message."""
+    steps = [["mkdir", "-p", CACHED_ROOT],
+             ["mount", "-t", "9p", "-o", "ro,trans=virtio,version=9p2000.L,access=any,"
+              "msize=524288,cache=loose", CACHED_ROOT_TAG, CACHED_ROOT],
+             *(["mount", "--bind", f"{CACHED_ROOT}{tree}", str(tree)]
+               for tree in cached_trees()),
+             # Into the bound checkout: the shell's directory is still the uncached one.
+             ["cd", str(REPO)]]
+    return " && ".join([*map(shlex.join, steps), f"exec {shlex.join(argv)}"])
+
+
 def _vng_argv(argv: list[str], shared: Path, kvm: bool) -> list[str]:
     image, _release = guest_kernel() or (None, "")
     if image is None:
@@ -123,7 +161,11 @@ def _vng_argv(argv: list[str], shared: Path, kvm: bool) -> list[str]:
             # Under TCG every page-table switch flushes qemu's software TLB: without the
             # kernel's page-table isolation a system call costs a fraction.
             "--append", "mitigations=off",
-            "--rwdir", str(shared), "--cwd", str(REPO), "--", shlex.join(argv)]
+            # vng joins these with spaces: no value may hold one ("/" and the tag do not).
+            f"--qemu-opts=-fsdev local,id=flannelroot,path=/,security_model=none,readonly=on,"
+            f"multidevs=remap -device virtio-9p-pci,fsdev=flannelroot,"
+            f"mount_tag={CACHED_ROOT_TAG}",
+            "--rwdir", str(shared), "--cwd", str(REPO), "--", guest_command(argv)]
 
 
 @dataclass

@@ -112,6 +112,7 @@ def vm_lane(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     shared = tmp_path_factory.mktemp("vm-lane")
     job = {"modules": list(vm.MODULES), "slowness": factor,
            "host_calibration_seconds": vm.calibration_seconds(),
+           "cached_trees": [str(tree) for tree in vm.cached_trees()],
            # One worker per scenario module at most (a module's lab lives on its worker):
            # labs built side by side keep every vCPU busy.
            "pytest": ["-p", "no:cacheprovider", "-o", "addopts=", "-v", "-n", str(vm.CPUS),

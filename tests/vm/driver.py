@@ -2,10 +2,11 @@
 (``--calibrate``: only time the calibration, as the host does before the VM boots).
 
 Reads ``SHARED/job.json`` (the pytest arguments, the host's calibration time, a slowness
-factor if one was given), loads the kernel modules the scenarios need, measures how much
-slower than the host this guest runs, and runs pytest once, in this process, over the
-scenarios (tests/vm/report.py writes each outcome to ``SHARED/results.json`` as it ends).
-``SHARED/guest.json`` says what the guest was: its kernel, each module's load, the factor,
+factor if one was given, the trees the guest should run from the cached root), loads the
+kernel modules the scenarios need, measures how much slower than the host this guest runs,
+and runs pytest once, in this process, over the scenarios (tests/vm/report.py writes each
+outcome to ``SHARED/results.json`` as it ends). ``SHARED/guest.json`` says what the guest
+was: its kernel, each module's load, the mount each cached tree is served by, the factor,
 its timings; it is written before pytest starts and again at the end.
 Must not touch: the host (it runs in the VM; ``SHARED`` is the only directory it writes).
 """
@@ -16,6 +17,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -73,6 +75,30 @@ def calibrate() -> float:
     return time.monotonic() - start
 
 
+def calibrate_here() -> float:
+    """``calibrate()`` in a new interpreter, as the host times it."""
+    done = subprocess.run([sys.executable, "-m", "tests.vm.driver", "--calibrate"],
+                          capture_output=True, text=True, check=True, timeout=600,
+                          stdin=subprocess.DEVNULL)
+    return float(done.stdout)
+
+
+def _unescape(field: str) -> str:
+    """A path as /proc/self/mounts writes it (space, tab, newline, backslash as octal)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def mounts_of(paths: list[str]) -> dict[str, str]:
+    """For each of ``paths``, what is mounted on it last (what the guest sees there):
+    "SOURCE FSTYPE OPTIONS"; "" when nothing is."""
+    top = dict.fromkeys(paths, "")
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and (point := _unescape(fields[1])) in top:
+            top[point] = " ".join((_unescape(fields[0]), fields[2], fields[3]))
+    return top
+
+
 def measured_factor(host_seconds: float, guest_seconds: float) -> float:
     """The slowness factor from the calibration's time on both sides: their ratio with
     headroom, rounded up, from 1 to the lab's maximum."""
@@ -91,7 +117,11 @@ def main(shared: Path) -> int:
     guest["modules"] = load_modules(job["modules"])
     guest["esp_warmup"] = warm_up_esp()
     guest["modules_seconds"] = round(time.monotonic() - started, 1)
-    guest["calibration_seconds"] = round(calibrate(), 2)
+    guest["mounts"] = mounts_of(job["cached_trees"])
+    # Timed the second time, as on the host: the first fetches the files into the guest's
+    # cache, where they stay for the interpreters the scenarios start.
+    guest["calibration_cold_seconds"] = round(calibrate_here(), 2)
+    guest["calibration_seconds"] = round(calibrate_here(), 2)
     given = job.get("slowness")
     factor = float(given) if given else measured_factor(job["host_calibration_seconds"],
                                                           guest["calibration_seconds"])

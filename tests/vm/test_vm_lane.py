@@ -23,6 +23,13 @@ def test_the_guest_runs_debian_kernel_with_every_module_loaded(vm_lane: Lane):
     assert vm_lane.guest["esp_warmup"] == "", vm_lane.describe()
 
 
+def test_the_guest_runs_its_python_and_tools_from_the_cached_root(vm_lane: Lane):
+    mounts = vm_lane.guest.get("mounts", {})
+    served = {tree: tuple(mounts.get(str(tree), "").split()[:2]) for tree in vm.cached_trees()}
+    assert served == dict.fromkeys(vm.cached_trees(), (vm.CACHED_ROOT_TAG, "9p")), (
+        mounts, vm_lane.describe())
+
+
 def test_the_guest_ran_every_scenario_within_its_bound(vm_lane: Lane):
     assert vm_lane.boot.returncode is not None, vm_lane.describe()
     assert vm_lane.guest.get("pytest_exit") is not None, vm_lane.describe()

@@ -18,6 +18,7 @@ from typing import Any
 
 from flannel.kernel import nsexec
 from flannel.kernel.host import Host
+from flannel.monitor.statusdoc import StatusDocument
 from flannel.ops.status import StatusUnavailable, Where, fetch_status
 from flannel_lab import slowness
 from flannel_lab.cluster import IP, Lab, in_ns
@@ -77,10 +78,10 @@ def wait_replies(runs: list[Pings], more: int, what: str) -> None:
                interval=0.2, what=what)
 
 
-def status(lab: Lab, index: int) -> dict[str, Any]:
+def status(lab: Lab, index: int) -> StatusDocument:
     """Node ``index``'s flanneld status document, from its socket (no interpreter started)."""
     socket = lab.directory / f"n{index}" / "flanneld.sock"
-    return fetch_status(Where(socket=socket), timeout=30)
+    return fetch_status(Where(socket=socket), timeout=30).doc
 
 
 def ready(lab: Lab, index: int) -> bool:

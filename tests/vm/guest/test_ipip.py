@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from ipaddress import IPv4Network
 
@@ -145,7 +146,9 @@ def test_a_deleted_route_comes_back(lab):
     assert lab.pod_ping(pod(lab, 1), pod(lab, 3).address, within=5)
 
 
-def test_doctor_and_check_on_a_healthy_node_and_with_ip_in_ip_dropped(lab, tmp_path):
+def test_doctor_and_check_on_a_healthy_node_and_with_ip_in_ip_dropped(lab, tmp_path,
+                                                                      record_property):
+    started = time.monotonic()
     cni = install_cni(tmp_path)
     code, findings = doctor(lab, 1, cni)
     assert (code, errors(findings)) == (0, []), findings
@@ -162,5 +165,8 @@ def test_doctor_and_check_on_a_healthy_node_and_with_ip_in_ip_dropped(lab, tmp_p
         # Node 3 names its own rule.
         first_cause(doctor(lab, 3, cni), "firewall", "drops IP protocol 4 (IP-in-IP",
                     f"nftables table inet {TABLE} chain input: meta l4proto ipencap drop")
+    lifted = time.monotonic()
     wait_until(lambda: check(lab, 1) == (0, {n2: "ok", n3: "ok"}), 60, interval=1,
                what="check to find every peer reached again")
+    record_property("seconds_to_the_drop_lifted", round(lifted - started, 1))
+    record_property("seconds_to_every_peer_reached_again", round(time.monotonic() - lifted, 1))

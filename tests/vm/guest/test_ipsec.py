@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import time
 from collections.abc import Iterator
 from ipaddress import ip_address
 
@@ -118,10 +119,14 @@ def test_kernel_esp_under_gos_policies_and_no_libipsec_tun(lab):
     assert policies(lab, 2) == {("out", s2, s1, a2, a1, REQID, "tunnel"),
                                 ("in", s1, s2, a1, a2, REQID, "tunnel"),
                                 ("fwd", s1, s2, a1, a2, REQID, "tunnel")}
-    # The kernel's ESP states: one each way, Go's ESP proposal (AES-GCM-16, 128-bit key),
-    # tunnel mode, reqid 11, no UDP encapsulation (no NAT between the nodes).
+    # The kernel's ESP states: a CHILD_SA's two, one each way, Go's ESP proposal (AES-GCM-16,
+    # 128-bit key), tunnel mode, reqid 11, no UDP encapsulation (no NAT between the nodes).
+    # Both ends initiate (start_action start, as Go's): when they do at once, each
+    # initiation leaves a CHILD_SA, so there are one or two pairs.
     found = states(lab, 1)
-    assert sorted((s["src"], s["dst"]) for s in found) == sorted([(a1, a2), (a2, a1)]), found
+    pairs = [(s["src"], s["dst"]) for s in found]
+    assert set(pairs) == {(a1, a2), (a2, a1)}, found
+    assert pairs.count((a1, a2)) == pairs.count((a2, a1)) <= 2, found
     for state in found:
         assert (state["proto"], state["reqid"], state["mode"]) == ("esp", REQID, "tunnel")
         assert re.search(r"aead rfc4106\(gcm\(aes\)\) 0x[0-9a-f]+ 128", state["rest"]), state
@@ -182,6 +187,7 @@ def test_a_flanneld_restart_keeps_the_sas_and_loses_no_ping(lab):
 
 def test_doctor_and_check_on_a_healthy_node_and_with_esp_dropped(lab, tmp_path,
                                                                  record_property):
+    started = time.monotonic()
     cni = install_cni(tmp_path)
     code, findings = doctor(lab, 1, cni, own_run=True)
     assert (code, errors(findings)) == (0, []), findings
@@ -207,8 +213,11 @@ def test_doctor_and_check_on_a_healthy_node_and_with_esp_dropped(lab, tmp_path,
                     "drop")
         record_property("doctor_on_the_peer_with_ike_dropped",
                         doctor(lab, 1, cni, own_run=True))
+    lifted = time.monotonic()
     wait_until(lambda: check(lab, 1) == (0, {peer: "ok"}), 60, interval=1,
                what="check to find every peer reached again")
+    record_property("seconds_to_the_drop_lifted", round(lifted - started, 1))
+    record_property("seconds_to_every_peer_reached_again", round(time.monotonic() - lifted, 1))
 
 
 def test_a_node_with_another_psk_is_reported_by_name(lab):

@@ -193,11 +193,12 @@ def test_doctor_and_check_on_a_healthy_node_and_with_wireguards_port_dropped(lab
     code, findings = doctor(lab, 1, cni)
     assert (code, errors(findings)) == (0, []), findings
     code, verdicts = check(lab, 1)
-    peer = lab.node(2).address
-    assert (code, verdicts) == (0, {peer: "ok"})
+    # The lab is dual-stack: check probes the peer on each family's address.
+    peer, peer6 = lab.node(2).address, lab.node(2).address6
+    assert (code, verdicts) == (0, {peer: "ok", peer6: "ok"})
     with Dropped(lab, 2, "udp", "dport", "{ 51820, 51821 }"):
         code, verdicts = check(lab, 1)
-        assert (code, verdicts) == (1, {peer: "timeout"})
+        assert (code, verdicts) == (1, {peer: "timeout", peer6: "timeout"})
         # Node 1 blames node 2's port (the kernel device answers no stray datagram, so
         # silence from a host that answers ping is a drop)...
         first_cause(doctor(lab, 1, cni), "encap", f"node {peer} ", "UDP 51820",
@@ -206,5 +207,5 @@ def test_doctor_and_check_on_a_healthy_node_and_with_wireguards_port_dropped(lab
         first_cause(doctor(lab, 2, cni), "firewall", "drops UDP 51820",
                     f"nftables table inet {TABLE} chain input: udp dport {{ 51820, 51821 }} "
                     "drop")
-    wait_until(lambda: check(lab, 1) == (0, {peer: "ok"}), 60, interval=1,
+    wait_until(lambda: check(lab, 1) == (0, {peer: "ok", peer6: "ok"}), 60, interval=1,
                what="check to find every peer reached again")
