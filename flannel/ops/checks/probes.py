@@ -72,14 +72,23 @@ def ping(target: str, *, source: str = "", size: int = 56, timeout: float = 1.0,
     return proc.returncode == 0
 
 
+#: Seconds a UDP port is probed at least: Linux sends one address at most one ICMP error a
+#: second once a burst of them is spent (net.ipv4.icmp_ratelimit, 1000 ms by default).
+PORT_PROBE_WINDOW = 1.25
+
+
 def udp_port_refused(host: str, port: int, timeout: float) -> bool | None:
-    """True when the host answers port-unreachable, False on silence, None if unsendable."""
+    """True when the host answers port-unreachable, False on silence, None if unsendable.
+    Datagrams leave every ``timeout / 3`` seconds for ``timeout``, and at least
+    ``PORT_PROBE_WINDOW``: once a host has sent this one its burst of ICMP errors (the
+    overlay's own traffic to a port nothing listens on spends it), it answers the next at
+    most a second later."""
     family = socket.AF_INET6 if ip_address(host).version == 6 else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_DGRAM) as sock:
             sock.settimeout(timeout / 3)
             sock.connect((host, port))
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + max(timeout, PORT_PROBE_WINDOW)
             while time.monotonic() < deadline:
                 try:
                     sock.send(b"flannelctl doctor probe")

@@ -2,7 +2,8 @@
 and 2 share an underlay subnet, node 3 sits on a second, routed one. Pods ping each other:
 node 1 reaches node 2's pods directly on eth0 and node 3's through flannel.ipip (IP in IP on
 the wire); a flanneld restart loses no echo; a route deleted by hand comes back; doctor and
-check on a healthy node, and with IP-in-IP dropped on the way to a peer.
+check on a healthy node, and with IP-in-IP dropped on the way to a peer, which flanneld's own
+probes report too.
 
 Runs wherever the kernel creates ipip devices (the vm lane's Debian kernel); elsewhere every
 scenario is skipped with the kernel's answer.
@@ -18,6 +19,7 @@ from ipaddress import IPv4Network
 
 import pytest
 
+from flannel.probing.sequence import LONGEST
 from flannel_lab.cli import build, wait_for_mesh
 from flannel_lab.cluster import Lab, in_ns, ip
 from tests.support.capture import Capture, ip_packet
@@ -43,6 +45,8 @@ NETWORK = IPv4Network("10.244.0.0/16")
 CONFIG = {"Network": str(NETWORK), "Backend": {"Type": "ipip", "DirectRouting": True}}
 PATTERN = "f1a77e1ddeadc0de"
 IPPROTO_IPIP = 4
+#: Seconds between two probes of a peer: flanneld's default --peer-probe-interval.
+PROBE_PERIOD = 30
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -70,6 +74,13 @@ def routes(lab: Lab, index: int) -> dict[str, dict]:
 
 def subnet(lab: Lab, index: int) -> str:
     return lab.lease_key(index).replace("-", "/")
+
+
+def unreachable(lab: Lab, index: int) -> dict[str, str]:
+    """Subnet -> cause, of the peers node ``index``'s flanneld lists unreachable."""
+    return {item["lease"].replace("-", "/"): item["cause"]
+            for item in (status(lab, index).get("probes") or {}).get("listed", [])
+            if item["family"] == 4}
 
 
 def pod(lab: Lab, index: int):
@@ -165,8 +176,16 @@ def test_doctor_and_check_on_a_healthy_node_and_with_ip_in_ip_dropped(lab, tmp_p
         # Node 3 names its own rule.
         first_cause(doctor(lab, 3, cni), "firewall", "drops IP protocol 4 (IP-in-IP",
                     f"nftables table inet {TABLE} chain input: meta l4proto ipencap drop")
+        # Node 1's flanneld found it too, by its own probes: node 3 answers on the underlay,
+        # not through the tunnel, and IP-in-IP has no port to tell more. Within 2 probe
+        # periods (the default interval; 2 peers) and one probe's longest run.
+        wait_until(lambda: unreachable(lab, 1) == {subnet(lab, 3): "overlay_down"},
+                   2 * PROBE_PERIOD + LONGEST + 5, interval=1,
+                   what="node 1's flanneld listing node 3 unreachable (overlay_down)")
     lifted = time.monotonic()
     wait_until(lambda: check(lab, 1) == (0, {n2: "ok", n3: "ok"}), 60, interval=1,
                what="check to find every peer reached again")
+    wait_until(lambda: unreachable(lab, 1) == {}, PROBE_PERIOD + LONGEST + 5, interval=1,
+               what="node 1's flanneld reaching node 3 again")
     record_property("seconds_to_the_drop_lifted", round(lifted - started, 1))
     record_property("seconds_to_every_peer_reached_again", round(time.monotonic() - lifted, 1))
