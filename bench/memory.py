@@ -51,6 +51,17 @@ def peer(i: int) -> tuple[str, str, str]:
             f"0e:00:00:00:{second:02x}:{third:02x}")
 
 
+def programmed(proc: subprocess.Popen, workdir: Path, env_file: Path, ns: str,
+               peers: int) -> bool:
+    """Whether flanneld (logging to ``workdir``/flanneld.log) wrote ``env_file`` and its
+    namespace ``ns`` holds a route of its own to ``peers`` peers; raises if it exited."""
+    if proc.poll() is not None:
+        raise RuntimeError(f"flanneld exited: {(workdir / 'flanneld.log').read_text()}")
+    if not env_file.exists():
+        return False
+    routes = ns_run(ns, "ip", "-4", "route", "show", "proto", "151").splitlines()
+    return sum(" via " in line for line in routes) >= peers
+
 def rss_kib(pid: int) -> tuple[int, int]:
     """(VmRSS, Pss) in KiB."""
     status = Path(f"/proc/{pid}/status").read_text()
@@ -97,15 +108,8 @@ def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
                             stderr=subprocess.STDOUT,
                             env={**os.environ, **DAEMON_ENV, **(env or {})})
     try:
-        def programmed() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"flanneld exited: {(workdir / 'flanneld.log').read_text()}")
-            if not env_file.exists():
-                return False
-            routes = ns_run(ns, "ip", "-4", "route", "show", "proto", "151").splitlines()
-            return sum(" via " in line for line in routes) >= peers
-
-        wait_for(f"flanneld with {peers} peers programmed", programmed)
+        wait_for(f"flanneld with {peers} peers programmed",
+                 lambda: programmed(proc, workdir, env_file, ns, peers))
         time.sleep(SETTLE)
         first = rss_kib(proc.pid)
         # The periodic passes come every INTERVAL after the pass that programmed the peers:

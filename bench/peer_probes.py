@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.memory import PREFIX, ROOT, SETTLE, rss_kib, stop, wait_for
+from bench.memory import PREFIX, ROOT, SETTLE, programmed, rss_kib, stop, wait_for
 from flannel_lab.etcd import EtcdServer
 from tests.support.checkout import FLANNELD
 
@@ -116,17 +116,8 @@ def measure(ns: str, workdir: Path, endpoint: str, peers: int, window: float,
     proc = subprocess.Popen(["ip", "netns", "exec", ns, *FLANNELD, *flags], stdout=log,
                             stderr=subprocess.STDOUT)
     try:
-        def programmed() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"flanneld exited: {(workdir / 'flanneld.log').read_text()}")
-            if not env_file.exists():
-                return False
-            routes = subprocess.run(["ip", "-n", ns, "-4", "route", "show", "proto", "151"],
-                                    capture_output=True, text=True, check=True,
-                                    timeout=60).stdout
-            return sum(" via " in line for line in routes.splitlines()) >= peers
-
-        wait_for(f"flanneld with {peers} peers programmed", programmed, timeout=600)
+        wait_for(f"flanneld with {peers} peers programmed",
+                 lambda: programmed(proc, workdir, env_file, ns, peers), timeout=600)
         subprocess.run(["ip", "-n", ns, "link", "add", "cni0", "type", "bridge"],
                        capture_output=True, timeout=20, check=False)
         ip("-n", ns, "addr", "replace", "10.1.0.1/24", "dev", "cni0")
