@@ -71,7 +71,9 @@ def build_variant(name: str, root: Path, number: int) -> Any:
 
     backend, _ = VARIANTS[name]
     lab = Lab(f"vmb{number}", root=root)
-    build(lab, 2, {"Network": "10.244.0.0/16", "Backend": backend})
+    # As kube-flannel runs it: without --ip-masq the CNI bridge plugin masquerades pod traffic
+    # leaving by the default route, ipsec's way out, and it no longer matches the XFRM policies.
+    build(lab, 2, {"Network": "10.244.0.0/16", "Backend": backend}, flanneld_args=("--ip-masq",))
     wait_for_mesh(lab, [1, 2], ipv6=False, timeout=60)
     for index in (1, 2):
         lab.add_pod(index)
