@@ -3,17 +3,20 @@
 Each run starts a network namespace with an underlay (veth0 and a default route), the store
 inside it (etcd mode: a real etcd holding the config and N synthetic vxlan leases; kube mode:
 the API-server test double ``tests/support/kubeapi.py`` serving this node and N annotated
-peer nodes), then flanneld with the vxlan backend (real devices, routes, neighbours and FDB
+peer nodes, ``--kubelet-nodes``: each a whole Node as a kubelet reports it, ~15 KB of JSON),
+then flanneld with the vxlan backend (real devices, routes, neighbours and FDB
 entries; masquerade and forward rules on). Once subnet.env is written and the kernel holds a
 route per peer, and after a settling pause, VmRSS (and Pss) of the flanneld process is read
 from /proc ("programmed"); then again once ``--passes`` periodic full passes (the data plane's
 resync that reads the kernel's tables back, every ``--interval`` seconds here instead of the
 default 30) have run ("steady"): what a converged flanneld holds, the figure the targets are
-about. Baseline, in the same rounds: a bare ``python -c 'import asyncio'`` process of the
+about; "peak" is VmHWM then, the most it held at any time (in kube mode, during the node
+list). Baseline, in the same rounds: a bare ``python -c 'import asyncio'`` process of the
 same interpreter. Rounds are interleaved; medians are printed.
 
     .venv/bin/python -m bench.memory --peers 1000 --rounds 3
     .venv/bin/python -m bench.memory --peers 5000 --rounds 1 --passes 3 --interval 10
+    .venv/bin/python -m bench.memory --peers 5000 --rounds 1 --modes kube --kubelet-nodes
     .venv/bin/python -m bench.memory --imports   # where import-time memory goes (kube mode)
 """
 
@@ -41,6 +44,7 @@ SETTLE = 3.0
 PASSES = 3  # --passes: periodic full passes before the steady reading
 INTERVAL = 10  # --interval: flanneld's --reconcile-interval, seconds (more than SETTLE)
 DAEMON_ENV: dict[str, str] = {}  # --daemon-env: extra environment for flanneld
+KUBELET_NODES = False  # --kubelet-nodes: kube mode's nodes as kubelets report them
 NETWORK = {"Network": "10.0.0.0/8", "SubnetLen": 24, "Backend": {"Type": "vxlan"}}
 
 
@@ -72,6 +76,13 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
+def peak_kib(pid: int) -> int:
+    """VmHWM (the most RSS the process ever held) in KiB."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines()
+                if line.startswith("VmHWM:"))
+
+
 def ns_run(ns: str, *cmd: str) -> str:
     return subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True,
                           check=True, timeout=60).stdout
@@ -95,7 +106,8 @@ def wait_for(what: str, check, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-Reading = tuple[int, int, int, int]  # (VmRSS, Pss) programmed, then (VmRSS, Pss) steady
+#: (VmRSS, Pss) programmed, then (VmRSS, Pss) steady, then VmHWM (the peak) at steady.
+Reading = tuple[int, int, int, int, int]
 
 
 def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
@@ -117,7 +129,7 @@ def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
         time.sleep(PASSES * INTERVAL)
         if proc.poll() is not None:
             raise RuntimeError(f"flanneld exited: {(workdir / 'flanneld.log').read_text()}")
-        return (*first, *rss_kib(proc.pid))
+        return (*first, *rss_kib(proc.pid), peak_kib(proc.pid))
     finally:
         stop(proc, 15)
         log.close()
@@ -143,7 +155,8 @@ def run_etcd(ns: str, workdir: Path, peers: int) -> Reading:
 
 def run_kube(ns: str, workdir: Path, peers: int) -> Reading:
     api = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "bench.memory",
-                            "--serve-kubeapi", str(KUBE_PORT), str(peers)],
+                            "--serve-kubeapi", str(KUBE_PORT), str(peers),
+                            str(int(KUBELET_NODES))],
                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         if not (api.stdout.readline() or "").startswith("listening"):
@@ -165,7 +178,7 @@ def run_baseline() -> Reading:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         proc.stdout.readline()
-        return (*rss_kib(proc.pid), *rss_kib(proc.pid))
+        return (*rss_kib(proc.pid), *rss_kib(proc.pid), peak_kib(proc.pid))
     finally:
         proc.stdin.close()
         proc.wait(timeout=10)
@@ -190,19 +203,26 @@ async def put_leases(endpoint: str, peers: int) -> None:
         await client.close()
 
 
-async def serve_kubeapi(port: int, peers: int) -> None:
+async def serve_kubeapi(port: int, peers: int, kubelet: int) -> None:
+    """Serve this node and ``peers`` annotated peers; ``kubelet``: each peer a whole Node as
+    a kubelet reports it (``kubelet_node``, ~15 KB of JSON), else only what flannel reads."""
     sys.path.insert(0, str(ROOT))
-    from tests.support.kubeapi import FakeKubeAPI
+    from tests.support.kubeapi import FakeKubeAPI, kubelet_node
 
     api = FakeKubeAPI()
     api.put_node("node0", ["10.1.0.0/24"])
     prefix = "flannel.alpha.coreos.com/"
     for i in range(peers):
         subnet, public_ip, mac = peer(i)
-        api.put_node(f"peer{i}", [subnet], {
+        annotations = {
             prefix + "kube-subnet-manager": "true", prefix + "backend-type": "vxlan",
             prefix + "backend-data": json.dumps({"VNI": 1, "VtepMAC": mac}),
-            prefix + "public-ip": public_ip})
+            prefix + "public-ip": public_ip}
+        if kubelet:
+            api.put_raw_node(f"peer{i}", kubelet_node(f"peer{i}", subnet, public_ip,
+                                                      annotations=annotations))
+        else:
+            api.put_node(f"peer{i}", [subnet], annotations)
     await api.start("127.0.0.1", port)
     print("listening", flush=True)
     await asyncio.Event().wait()
@@ -281,7 +301,7 @@ def import_report(top: int) -> None:
 
 
 def main() -> None:
-    global PASSES, INTERVAL
+    global PASSES, INTERVAL, KUBELET_NODES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
@@ -295,7 +315,10 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=INTERVAL,
                         help=f"flanneld's --reconcile-interval in seconds (> {SETTLE:g})")
     parser.add_argument("--put-leases", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--serve-kubeapi", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--kubelet-nodes", action="store_true",
+                        help="kube mode: serve each peer as a kubelet reports its Node (~15 KB "
+                             "of JSON: images, managedFields), not only what flannel reads")
+    parser.add_argument("--serve-kubeapi", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.put_leases:
         asyncio.run(put_leases(args.put_leases[0], int(args.put_leases[1])))
@@ -310,7 +333,7 @@ def main() -> None:
     DAEMON_ENV.update(item.split("=", 1) for item in args.daemon_env)
     if args.passes < 0 or args.interval <= SETTLE:
         parser.error(f"--passes must be >= 0 and --interval more than {SETTLE:g} s")
-    PASSES, INTERVAL = args.passes, args.interval
+    PASSES, INTERVAL, KUBELET_NODES = args.passes, args.interval, args.kubelet_nodes
     cases = {"baseline (python -c 'import asyncio')": lambda ns, d: run_baseline()}
     runners = {"etcd": run_etcd, "kube": run_kube}
     for mode in args.modes.split(","):
@@ -336,11 +359,11 @@ def main() -> None:
           f"{os.getloadavg()[0]:.2f}; programmed: {SETTLE:g} s after every peer was "
           f"programmed; steady: after {PASSES} periodic full pass(es), one every {INTERVAL} s")
     for name, values in results.items():
-        rss, pss, steady, steady_pss = (statistics.median(v[i] for v in values)
-                                        for i in range(4))
+        rss, pss, steady, steady_pss, peak = (statistics.median(v[i] for v in values)
+                                              for i in range(5))
         print(f"{name:42s} programmed RSS {rss / 1024:5.1f} MiB PSS {pss / 1024:5.1f} MiB"
               f" | steady RSS {steady / 1024:5.1f} MiB PSS {steady_pss / 1024:5.1f} MiB"
-              f" | steady/baseline {steady / base:4.2f}")
+              f" | peak {peak / 1024:5.1f} MiB | steady/baseline {steady / base:4.2f}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ Must not touch: files, the store, the kernel.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import logging
 from collections.abc import Iterable, Mapping
@@ -82,6 +81,8 @@ def unknown_keys(obj: Mapping[str, Any], known: Iterable[str], where: str
     unknown = [key for key in obj if key.lower() not in names]
     found = []
     for key in unknown[:_MAX_UNKNOWN]:
+        import difflib  # only for a misspelt key: not held by every flanneld
+
         nearest = difflib.get_close_matches(key.lower(), list(names), n=1, cutoff=0.6)
         advice = (f'did you mean "{names[nearest[0]]}"?' if nearest else
                   f"known keys: {', '.join(sorted(names.values()))}")

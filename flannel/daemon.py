@@ -33,6 +33,7 @@ from flannel import log as flannel_log
 from flannel.backend import Backend, BackendConfigError, BackendError, backend_class
 from flannel.backend.base import BackendOptions, Encapsulation
 from flannel.config import ConfigError, NetworkConfig, network_overlaps_underlay
+from flannel.dataplane import heap
 from flannel.dataplane.loop import Dataplane
 from flannel.kernel.iface import ExternalInterface, InterfaceError, PublicIPs, select_interface
 from flannel.kernel.privilege import PrivilegeError, privilege_refusal
@@ -566,6 +567,7 @@ def main(settings: Settings) -> int:
     flannel_log.setup(settings.log.v)
     log.info("CLI flags config: %s", options_line(settings.options))
     raise_open_files_limit()
+    heap.one_arena()  # before the event loop's and the data plane's threads
     for warning in settings.warnings:
         log.warning("%s", warning)
 

@@ -13,7 +13,6 @@ Must not touch: the store, the kernel, the daemon.
 from __future__ import annotations
 
 import argparse
-import difflib
 import ipaddress
 import os
 import re
@@ -422,6 +421,8 @@ def unknown_environment(environ: dict[str, str]) -> tuple[str, ...]:
         if not name.startswith(prefix) or name in known:
             continue
         # Compared without the prefix every name shares, which would make all look alike.
+        import difflib  # only for a misspelt variable: not held by every flanneld
+
         nearest = difflib.get_close_matches(name.removeprefix(prefix),
                                             [k.removeprefix(prefix) for k in known], n=1,
                                             cutoff=0.6)

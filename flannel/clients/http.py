@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -74,6 +74,13 @@ class Budget:
         makes the depth pre-scan's cost not worth it)."""
         return boundedjson.loads(data, what=what, max_bytes=self.max_bytes,
                                  max_elements=self.max_elements, max_depth=None)
+
+    def decode_each(self, data: bytes, what: str, member: str,
+                    each: Callable[[Any], Any]) -> Any:
+        """``decode``, the top-level object's array ``member`` decoded an element at a time
+        through ``each`` (``boundedjson.loads_each``): a page of a listing never alive whole."""
+        return boundedjson.loads_each(data, member, each, what=what, max_bytes=self.max_bytes,
+                                      max_elements=self.max_elements)
 
 
 @dataclass(frozen=True)

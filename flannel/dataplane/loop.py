@@ -294,8 +294,8 @@ class Dataplane:
         try:
             if check_local:
                 backend.ensure_local()
-            admitted, desired, ops = self._netlink_pass(peers, admitted, check_local, full)
-            changes.update(kind(obj) for _verb, obj in ops)
+            admitted, desired, made = self._netlink_pass(peers, admitted, check_local, full)
+            changes.update(made)
         except self._errors as err:
             self.status.netlink_errors += 1
             self._close_netlink()  # a fresh socket for the retry
@@ -328,8 +328,9 @@ class Dataplane:
 
     def _netlink_pass(self, peers: tuple[Lease, ...], admitted: tuple[Lease, ...],
                       check_local: bool, full: bool
-                      ) -> tuple[tuple[Lease, ...], DesiredState | None, list[tuple[str, object]]]:
-        """The netlink part of a pass: (the peers programmed, desired state, the changes).
+                      ) -> tuple[tuple[Lease, ...], DesiredState | None, Counter[str]]:
+        """The netlink part of a pass: (the peers programmed, desired state, the changes by
+        kind).
         A peer whose entries the kernel refuses (``_park_refused`` says when a refusal is
         this node's instead) is parked by the backend's admission and the pass made again
         without it, reading the kernel back, so that the other peers are programmed and
@@ -339,7 +340,7 @@ class Dataplane:
             desired = backend.desired_state(admitted,
                                             lambda ip: self._netlink().route_get(ip))
             if desired is None:
-                return admitted, None, []
+                return admitted, None, Counter()
             if self._last is None or self._last.devices != desired.devices:
                 self._interest.set_devices(desired.devices)
             self._last = desired
@@ -347,18 +348,18 @@ class Dataplane:
             try:
                 if full or check_local or programmed is None \
                         or not programmed.same_frame(desired):
-                    ops = reconcile(self._netlink(), desired, backend.failure_hint)
+                    made = reconcile(self._netlink(), desired, backend.failure_hint)
                     self.status.full_passes += 1
                 else:
-                    ops = reconcile_difference(self._netlink(), programmed, desired,
-                                               backend.failure_hint)
+                    made = reconcile_difference(self._netlink(), programmed, desired,
+                                                backend.failure_hint)
             except ReconcileError as err:
                 if attempt == PARK_ATTEMPTS or not self._park_refused(err, admitted):
                     raise
                 admitted, full = backend.admit(peers), True
                 continue
             self._programmed = desired
-            return admitted, desired, ops
+            return admitted, desired, made
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _park_refused(self, err: ReconcileError, admitted: tuple[Lease, ...]) -> bool:

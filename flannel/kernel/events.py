@@ -17,6 +17,7 @@ import array
 import asyncio
 import errno
 import logging
+import mmap
 import socket
 import struct
 import sys
@@ -169,6 +170,17 @@ class EventFilter:
                         struct.pack("HP", len(program) // 8, code.buffer_info()[0]))
 
 
+#: Room for the largest notification a datagram may carry.
+RECEIVE_BYTES = 1 << 20
+
+
+def receive_buffer() -> mmap.mmap:
+    """The event socket's receive buffer: an anonymous mapping, so only the pages the
+    largest notification so far has written are resident (a notification is a few hundred
+    bytes; a zero-filled ``bytearray`` of the same room kept 1 MiB resident for life)."""
+    return mmap.mmap(-1, RECEIVE_BYTES)
+
+
 async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[], None],
                 host: Host = LOCAL, interest: EventFilter | None = None) -> None:
     """Deliver kernel events until cancelled; call ``on_overrun`` when some were lost.
@@ -185,7 +197,7 @@ async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[]
     # Every notification is a datagram of its own (a snapshot of 5000 peers queues 15,000):
     # once the socket is readable, up to DRAIN of them are read without going back through
     # the loop, into one buffer allocated once.
-    buffer = bytearray(1 << 20)
+    buffer = receive_buffer()
     view = memoryview(buffer)
 
     def deliver(size: int) -> None:
@@ -220,4 +232,5 @@ async def watch(on_event: Callable[[KernelEvent], None], on_overrun: Callable[[]
     finally:
         interest.detach(sock)
         view.release()
+        buffer.close()
         sock.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
@@ -124,6 +125,36 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int,
     refused like any other limit. Only for callers that keep nothing nested of the result
     (the Kubernetes client's node views). ``max_elements`` bounds ``element_bound(raw)``.
     """
+    text = _checked_text(raw, what, max_bytes, max_depth, max_elements)
+    return _decoding(what, _DECODER.decode, text)
+
+
+def loads_each(raw: bytes | str, member: str, each: Callable[[Any], Any], *, what: str,
+               max_bytes: int, max_elements: int | None = None) -> Any:
+    """``loads`` with ``max_depth=None`` for a JSON object holding one large array
+    ``member`` (a page of a listing: its ``items``): that array's elements are decoded one at
+    a time, each handed to ``each`` as soon as it is decoded, and the array becomes the list
+    of what ``each`` returned. Only one element is ever alive in its decoded form (a page of
+    100 Nodes decodes to 6 MB; what a caller keeps of them, a few KB). A document of another
+    shape (not an object, ``member`` not an array) decodes whole, as ``loads`` would; the
+    caller judges its shape. ``each`` may have seen some elements when a later one turns out
+    not to be JSON."""
+    text = _checked_text(raw, what, max_bytes, None, max_elements)
+    try:
+        return _decoding(what, lambda text: _object_each(text, member, each), text)
+    except _Raised as carried:
+        assert carried.__cause__ is not None
+        raise carried.__cause__ from None  # ``each``'s own error, not the document's
+
+
+class _Raised(Exception):
+    """Carries an error ``each`` raised past the decoding's handling of its own errors."""
+
+
+def _checked_text(raw: bytes | str, what: str, max_bytes: int, max_depth: int | None,
+                  max_elements: int | None) -> str:
+    """``raw`` as text, once its size, elements and (``max_depth``) nesting are within
+    their limits; JSONLimitError otherwise."""
     size = _size(raw, max_bytes)
     if size > max_bytes:
         raise JSONLimitError(f"{what} is larger than the limit of {max_bytes} bytes")
@@ -135,11 +166,82 @@ def loads(raw: bytes | str, *, what: str, max_bytes: int,
     if max_depth is not None and text.count("[") + text.count("{") > max_depth and \
             nests_deeper_than(text, max_depth):
         raise JSONLimitError(f"{what} nests JSON deeper than the limit of {max_depth} levels")
+    return text
+
+
+def _decoding(what: str, decode: Callable[[str], Any], text: str) -> Any:
     try:
-        return _DECODER.decode(text)
+        return decode(text)
     except RecursionError:
         raise JSONLimitError(f"{what} nests JSON deeper than the decoder's recursion "
                              "limit") from None
     except ValueError as err:
         # Also int() refusing more than sys.get_int_max_str_digits() digits.
         raise JSONLimitError(f"{what} is not valid JSON: {err}") from None
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _skip(text: str, at: int) -> int:
+    end = _SPACE.match(text, at)
+    assert end is not None  # the pattern matches the empty string
+    return end.end()
+
+
+def _object_each(text: str, member: str, each: Callable[[Any], Any]) -> Any:
+    """The top-level object of ``text``, its ``member`` array decoded an element at a time
+    through ``each`` (the C decoder does every value; this only walks the outer object)."""
+    at = _skip(text, 0)
+    if not text.startswith("{", at):
+        return _DECODER.decode(text)
+    doc: dict[str, Any] = {}
+    at = _skip(text, at + 1)
+    if text.startswith("}", at):
+        at += 1
+    else:
+        while True:
+            if not text.startswith('"', at):
+                raise json.JSONDecodeError("Expecting property name enclosed in double "
+                                           "quotes", text, at)
+            key, at = _DECODER.raw_decode(text, at)  # a string: it starts with a quote
+            at = _skip(text, at)
+            if not text.startswith(":", at):
+                raise json.JSONDecodeError("Expecting ':' delimiter", text, at)
+            at = _skip(text, at + 1)
+            if key == member and text.startswith("[", at):
+                doc[key], at = _array_each(text, at + 1, each)
+            else:
+                doc[key], at = _DECODER.raw_decode(text, at)
+            at = _skip(text, at)
+            if text.startswith("}", at):
+                at += 1
+                break
+            if not text.startswith(",", at):
+                raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+            at = _skip(text, at + 1)
+    if _skip(text, at) != len(text):
+        raise json.JSONDecodeError("Extra data", text, at)
+    return doc
+
+
+def _array_each(text: str, at: int, each: Callable[[Any], Any]) -> tuple[list[Any], int]:
+    """The array whose first element (or end) is at or after ``at``, each element passed
+    through ``each`` as soon as it is decoded; and where the array ends."""
+    kept: list[Any] = []
+    at = _skip(text, at)
+    if text.startswith("]", at):
+        return kept, at + 1
+    while True:
+        value, at = _DECODER.raw_decode(text, at)
+        try:
+            kept.append(each(value))
+        except (ValueError, RecursionError) as err:
+            raise _Raised from err
+        del value  # before the next element is decoded
+        at = _skip(text, at)
+        if text.startswith("]", at):
+            return kept, at + 1
+        if not text.startswith(",", at):
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
+        at = _skip(text, at + 1)

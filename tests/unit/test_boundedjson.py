@@ -1,5 +1,7 @@
 """Bounded JSON decoding: size and depth limits, Go's refusal of NaN and Infinity."""
 
+import json
+
 import pytest
 
 from flannel.untrusted import boundedjson
@@ -104,3 +106,84 @@ def test_the_depth_pre_scan_builds_no_object_per_string_or_pair():
         finally:
             tracemalloc.stop()
         assert peak < 4 * len(text), peak
+
+
+def _each_page(items: int) -> bytes:
+    """A list page as the API server sends one: metadata first or last, ``items`` of
+    documents of ~30 KB decoded each."""
+    node = {"metadata": {"name": "n"}, "status": {"images": [{"names": [f"img{i}"] * 2,
+                                                              "sizeBytes": i}
+                                                             for i in range(60)]}}
+    return json.dumps({"kind": "NodeList", "metadata": {"resourceVersion": "7"},
+                       "items": [{**node, "metadata": {"name": f"n{i}"}}
+                                 for i in range(items)], "apiVersion": "v1"}).encode()
+
+
+@pytest.mark.parametrize("doc", ['{"items": [1, {"a": [2]}, "x", null, []], "b": {"c": 1}}',
+                                 ' { "items" : [ ] , "k" : 1 } ', '{}', '{"items": {}}',
+                                 '{"items": 3}', '[1, 2]', '"items"', "3",
+                                 '{"a": 1, "items": [[1], [2]], "items2": [3]}'])
+def test_loads_each_decodes_as_loads_with_each_element_passed_through(doc):
+    seen = []
+
+    def each(value):
+        seen.append(value)
+        return ("kept", json.dumps(value))
+    got = boundedjson.loads_each(doc, "items", each, what="x", max_bytes=1000)
+    whole = loads(doc, what="x", max_bytes=1000, max_depth=None)
+    if isinstance(whole, dict) and isinstance(whole.get("items"), list):
+        assert seen == whole["items"]
+        whole["items"] = [("kept", json.dumps(v)) for v in seen]
+    else:
+        assert seen == []
+    assert got == whole
+
+
+@pytest.mark.parametrize("doc", ['{"items": [1, 2', '{"items": [1 2]}', '{"items": [1,]}',
+                                 '{"items": []} x', '{"items" [1]}', '{items: []}',
+                                 '{"items": [NaN]}', '{"items": [], }', '{"a": 1 "b": 2}',
+                                 '{"items": ["\x01"]}', ""])
+def test_loads_each_refuses_what_loads_refuses(doc):
+    with pytest.raises(JSONLimitError, match=r"^a page is not valid JSON: "):
+        loads(doc, what="a page", max_bytes=1000, max_depth=None)
+    with pytest.raises(JSONLimitError, match=r"^a page is not valid JSON: "):
+        boundedjson.loads_each(doc, "items", lambda v: v, what="a page", max_bytes=1000)
+
+
+def test_loads_each_keeps_its_limits_and_each_errors_pass_through():
+    deep = '{"items": [' + "[" * 100_000 + "]" * 100_000 + "]}"
+    with pytest.raises(JSONLimitError, match="deeper than the decoder's recursion limit"):
+        boundedjson.loads_each(deep, "items", lambda v: v, what="x", max_bytes=1 << 20)
+    with pytest.raises(JSONLimitError, match="more JSON elements than the limit of 10"):
+        boundedjson.loads_each('{"items": [' + "1," * 20 + "1]}", "items", lambda v: v,
+                               what="x", max_bytes=1000, max_elements=10)
+
+    def bad(value):
+        raise ValueError("a bug in each")
+    with pytest.raises(ValueError, match=r"^a bug in each$"):
+        boundedjson.loads_each('{"items": [1]}', "items", bad, what="x", max_bytes=1000)
+
+
+def test_loads_each_never_holds_the_decoded_page():
+    """Only one element is alive in its decoded form: the most Python memory held while
+    decoding a page of 200 documents of ~30 KB each is the page's text and one document,
+    where decoding it whole holds every document (6 MB)."""
+    import tracemalloc
+
+    page = _each_page(200)
+    names = []
+
+    def each(node):
+        names.append(node["metadata"]["name"])
+        return node["metadata"]["name"]
+    tracemalloc.start()
+    try:
+        boundedjson.loads_each(page, "items", each, what="x", max_bytes=1 << 24)
+        streamed = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        loads(page, what="x", max_bytes=1 << 24, max_depth=None)
+        whole = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert names == [f"n{i}" for i in range(200)]
+    assert streamed < 2 * len(page) < whole / 2, (streamed, len(page), whole)

@@ -1,7 +1,9 @@
 """The vxlan and host-gw backends' desired state, config checks and advice (no kernel
 involved)."""
 
+import dataclasses
 import errno
+import gc
 import json
 from ipaddress import IPv4Address, IPv4Network, IPv6Address
 
@@ -13,9 +15,10 @@ from flannel.backend.vxlan import VxlanBackend, VxlanConfig, _Family
 from flannel.config import check_network_config, parse_config
 from flannel.kernel.device import VxlanSpec
 from flannel.kernel.iface import ExternalInterface
-from flannel.kernel.reconcile import LinkState
+from flannel.kernel.reconcile import LinkState, reconcile
 from flannel.kernel.rtnl import FdbEntry, Neighbour, NetlinkError, Route
 from flannel.lease import Lease, LeaseAttrs
+from tests.support.fakenetlink import FakeKernel
 
 EXT = ExternalInterface("eth0", 2, 1500, IPv4Address("192.168.1.1"), None,
                         IPv4Address("192.168.1.1"), None)
@@ -208,3 +211,33 @@ def test_the_ipv6_device_mtu_leaves_room_for_the_outer_ipv6_header():
     check_network_config(config)
     vxlan = VxlanBackend(ext, config)
     assert (vxlan.device_mtu(4), vxlan.device_mtu(6)) == (1450, 1430)
+
+
+class _CountingKernel(FakeKernel):
+    """Keeps copies of what it is given, as a kernel does, and counts the Neighbour objects
+    alive in the process when the first route arrives."""
+
+    neighbours_alive: int | None = None
+
+    def put(self, obj: object, protocol: int = 0) -> None:
+        if isinstance(obj, Route) and self.neighbours_alive is None:
+            self.neighbours_alive = sum(type(o) is Neighbour for o in gc.get_objects())
+        super().put(dataclasses.replace(obj), protocol)
+
+
+def test_a_first_pass_makes_and_drops_one_kind_of_entries_at_a_time():
+    """vxlan's entries are made as a pass sends them, a kind at a time: when the routes go
+    out, the neighbours sent before them are gone from flanneld (the kernel's copies are all
+    that is left), so a first pass over thousands of peers never holds every request."""
+    vxlan = backend()
+    peers = [peer(third, f"0e:00:00:00:01:{third:02x}") for third in range(2, 202)]
+    state = vxlan.desired_state(peers, lambda _ip: None)
+    kernel = _CountingKernel()
+    gc.collect()
+    before = sum(type(o) is Neighbour for o in gc.get_objects())
+    made = reconcile(kernel.open(), state)
+    assert len(kernel.ours()) == 600
+    # The kernel's 200 copies, and at most the few in flight (not the 200 sent before).
+    assert kernel.neighbours_alive is not None
+    assert 200 <= kernel.neighbours_alive - before < 210
+    assert made == {"neighbour": 200, "fdb": 200, "route": 200}

@@ -195,13 +195,17 @@ class KubeClient:
             f"(its credentials stay with the server given by {self.config.where}): give the "
             "API server's own address")
 
-    def _decode(self, data: bytes, budget: Budget, what: str) -> Any:
+    def _decode(self, data: bytes, budget: Budget, what: str,
+                items: Callable[[Any], Any] | None = None) -> Any:
         """An answer's JSON within ``budget``; ApiUnreachable (``too_large`` when over the
-        budget: never decoded) naming the server and the bound."""
+        budget: never decoded) naming the server and the bound. ``items``: a list's items
+        are each passed through it as they are decoded (``Budget.decode_each``)."""
         if boundedjson.element_bound(data) > budget.max_elements:
             raise ApiUnreachable(f"{self.config.server}: {what} has more JSON elements than "
                                  f"its budget of {budget.max_elements}", too_large=True)
         try:
+            if items is not None:
+                return budget.decode_each(data, what, "items", items)
             return budget.decode(data, what)
         except boundedjson.JSONLimitError as err:
             raise ApiUnreachable(f"{self.config.server}: {err}") from None
@@ -250,9 +254,10 @@ class KubeClient:
 
     async def _json(self, method: str, target: str, permission: str, *,
                     body: bytes = b"", content_type: str = "",
-                    budget: Budget | None = None) -> Any:
+                    budget: Budget | None = None,
+                    items: Callable[[Any], Any] | None = None) -> Any:
         """One call's answer within ``budget`` (an object's by default): its time (the
-        whole exchange), its bytes and its JSON elements."""
+        whole exchange), its bytes and its JSON elements; ``items`` as ``_decode``'s."""
         budget = budget or self.object
         deadline = asyncio.get_running_loop().time() + budget.seconds
         try:
@@ -266,7 +271,8 @@ class KubeClient:
             raise self._redirect(head)
         if head.status >= 300:
             raise self._status_error(head.status, data, permission)
-        return self._decode(data, budget, f"the answer to {method} {target.split('?')[0]}")
+        return self._decode(data, budget, f"the answer to {method} {target.split('?')[0]}",
+                            items)
 
     def _take_idle(self) -> Connection | None:
         """An idle connection fit to carry a request; the unfit ones are closed."""
@@ -308,8 +314,10 @@ class KubeClient:
             content_type="application/strategic-merge-patch+json")
 
     async def list_nodes(self, keep: Callable[[Any], T | None]) -> tuple[list[T], str]:
-        """Every node, page by page, each passed through ``keep`` (None drops it) so no raw
-        page outlives its decoding; and the list's resourceVersion.
+        """Every node, page by page, each passed through ``keep`` (None drops it) as soon as
+        it is decoded, so a page's documents are never alive together (only what ``keep``
+        returns is); and the list's resourceVersion. ``keep`` may see a node again when its
+        page is asked again (a page that failed after it).
 
         A call that fails part-way keeps what its pages gave: the next call goes on from
         the last page's continue token (from the start once that token expired), so a flaky
@@ -329,8 +337,11 @@ class KubeClient:
             if listing.token:
                 target += f"&continue={quote(listing.token, safe='')}"
             try:
+                # Each node passes through ``keep`` as it is decoded: a page's documents
+                # are never alive at once (100 kubelet-shaped Nodes decode to 6 MB).
                 page = await self._json("GET", target, "list nodes", budget=Budget(
-                    self.page.max_bytes, self.page.max_elements, min(self.page.seconds, left)))
+                    self.page.max_bytes, self.page.max_elements, min(self.page.seconds, left)),
+                    items=keep)
             except ApiUnreachable as err:
                 if loop.time() >= deadline:
                     raise self._list_overdue() from None
@@ -349,10 +360,10 @@ class KubeClient:
                          err.message)
                 listing = self._listing = _Listing([])
                 continue
-            items, listing.version, listing.token = self._page(page)
-            listing.kept += [k for item in items if (k := keep(item)) is not None]
-            listing.nodes += len(items)
-            del page, items
+            kept, listing.version, listing.token = self._page(page)
+            listing.kept += [k for k in kept if k is not None]
+            listing.nodes += len(kept)
+            del page, kept
             if not listing.token:
                 self._listing = None
                 return listing.kept, listing.version
@@ -372,8 +383,8 @@ class KubeClient:
                               f"{self.list_deadline:g}s")
 
     def _page(self, page: Any) -> tuple[list[Any], str, str]:
-        """A NodeList page's items, resourceVersion and continue token; ApiUnreachable
-        naming the field that is missing or of another type."""
+        """A NodeList page's items (as ``keep`` returned them), resourceVersion and continue
+        token; ApiUnreachable naming the field that is missing or of another type."""
         if not isinstance(page, dict):
             raise ApiUnreachable(f"{self.config.server}: the node list is not a NodeList "
                                  "(not a JSON object)")
