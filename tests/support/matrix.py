@@ -44,9 +44,6 @@ class LabSpec:
     nodes: int = 2
     second_underlay: int = 0
     title: str = ""
-    #: The pods' MTU may not fit what carries them in this lab (a data path flanneld does
-    #: not size itself: charon's kernel-libipsec TUN, the extension example's vxlan).
-    mtu_may_misfit: bool = False
 
     @property
     def name(self) -> str:
@@ -63,8 +60,8 @@ LABS: dict[str, LabSpec] = {
     "udp": LabSpec("udp"),
     "wireguard": LabSpec("wireguard"),
     "wireguard-dual": LabSpec("wireguard", ipv6=True),
-    "ipsec": LabSpec("ipsec", mtu_may_misfit=True),
-    "extension": LabSpec("extension", mtu_may_misfit=True),
+    "ipsec": LabSpec("ipsec"),
+    "extension": LabSpec("extension"),
     "aws-vpc": LabSpec("aws-vpc"),
     "gce": LabSpec("gce"),
     "ali-vpc": LabSpec("ali-vpc"),
@@ -105,8 +102,6 @@ class Matrix:
 
     lab: object  # flannel_lab.cluster.Lab (the lab is imported only by the lab tests)
     spec: LabSpec
-    #: Findings (their text) the lab holds whatever the situation (see ``mtu_fits``).
-    standing: frozenset[str] = frozenset()
 
     @property
     def endpoint(self) -> str:
@@ -177,16 +172,6 @@ class Matrix:
         proc = self.run_in(index, *FLANNELCTL, "status", "--json", check=False)
         peers = json.loads(proc.stdout).get("peers") or {} if proc.stdout else {}
         return dict(peers.get("refused_kinds") or {})
-
-    def mtu_fits(self) -> bool:
-        """Whether a don't-fragment echo of the pods' MTU crosses the overlay from n1 to
-        n2 (what the pods' MTU promises)."""
-        env = self.lab.wait_subnet_env(1)  # type: ignore[attr-defined]
-        size = int(env["FLANNEL_MTU"]) - 28
-        proc = self.run_in(1, "ping", "-4", "-c", "1", "-W", "1", "-M", "do", "-s", str(size),
-                           "-I", self.lab.pod_address(1),  # type: ignore[attr-defined]
-                           self.lab.pod_address(2), check=False)  # type: ignore[attr-defined]
-        return proc.returncode == 0
 
     def healthy(self, peer: int, v6: bool, timeout: float = 30.0) -> None:
         """Wait until n1 and ``peer`` reach each other over the overlay again (after undo)."""
@@ -724,7 +709,6 @@ def table() -> str:
     """The matrix as docs/operations.md shows it: a row per situation and outcome, the labs
     that give it in one cell."""
     groups: dict[tuple[str, str, int, str, str, int], list[str]] = {}
-    misfit = False
     for cell in CELLS:
         situation = SITUATIONS[cell.situation].title
         peer = f" (n1 -> n{cell.peer})" if cell.peer != 2 else ""
@@ -734,25 +718,14 @@ def table() -> str:
             verdict += f"; the lease: {cell.lease.upper()}"
         key = (situation + peer, "n1" if cell.node == 1 else f"n{cell.node}", cell.rc,
                cell.first or "-", verdict, cell.family)
-        mark = "*" if LABS[cell.lab].mtu_may_misfit else ""
-        misfit |= bool(mark)
-        groups.setdefault(key, []).append(LABS[cell.lab].name + mark)
+        groups.setdefault(key, []).append(LABS[cell.lab].name)
     lines = ["| situation | labs | doctor on | exit | first finding | check n1 -> peer |",
              "|---|---|---|---|---|---|"]
     for (situation, node, rc, first, verdict, family), labs in groups.items():
         over = " (IPv6 row)" if family == 6 else ""
         lines.append(f"| {situation} | {', '.join(labs)} | {node} | {rc} | {first} | "
                      f"{verdict}{over} |")
-    if misfit:
-        lines += ["", MISFIT]
     return "\n".join(lines)
-
-
-MISFIT = ("\\* While the pods' MTU does not fit what carries them there (charon's "
-          "kernel-libipsec TUN `ipsec0` carries 1400 bytes; the extension example's vxlan "
-          "carries 1450), doctor says so (`mtu`, `path-mtu`) and exits 1, whatever else; the "
-          "finding shown is the first besides it. Once the pods' MTU fits, the row holds as "
-          "it is.")
 
 
 def fill(text: str, m: Matrix, cell: Cell) -> str:
