@@ -55,6 +55,10 @@ LABS: dict[str, LabSpec] = {
     "vxlan-dual": LabSpec("vxlan", ipv6=True),
     "vxlan-dr": LabSpec("vxlan", direct_routing=True, nodes=3, second_underlay=3,
                         title="vxlan DirectRouting (n2 on n1's segment, n3 routed)"),
+    "vxlan-dr-dual": LabSpec("vxlan", ipv6=True, direct_routing=True, nodes=3,
+                             second_underlay=3,
+                             title="vxlan DirectRouting dual-stack (n2 on n1's segment, n3 "
+                                   "routed)"),
     "host-gw": LabSpec("host-gw"),
     "host-gw-dual": LabSpec("host-gw", ipv6=True),
     "udp": LabSpec("udp"),
@@ -647,6 +651,7 @@ def _cells() -> list[Cell]:
         (*firewall_own, "iptables-legacy table filter chain INPUT", "--dport 500 -j DROP"),
         "timeout")
     add("ipsec", "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
+    add("ipsec", "underlay-mtu", 1, "path-mtu", ("{peer}", "does not carry 1500-byte"), "ok")
     add("ipsec", "ike-sa-deleted", 1, "engine", ("IKE SA", "{peer}"), "not-programmed")
     add("ipsec", "device-mtu", 1, "mtu", ("pods get MTU", f"ipsec0 carries {NARROW}"), "ok")
     add("ipsec", "peer-stopped", 1, "flanneld", ("is not running",), "ok", node=2)
@@ -670,6 +675,11 @@ def _cells() -> list[Cell]:
         peer=3)
     add("vxlan-dr", "peer-port-nft", 1, "encap", ("{peer}", "UDP 8472"), "timeout", peer=3)
     add("vxlan-dr", "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
+    # DirectRouting over IPv6: n2 has a direct IPv6 route only, n3 the vxlan triple.
+    add("vxlan-dr-dual", "healthy", family=6)
+    add("vxlan-dr-dual", "healthy", peer=3, family=6)
+    add("vxlan-dr-dual", "route-deleted", 1, "routes", ("no route to {subnet}",),
+        "not-programmed", family=6)
     # Dual-stack: the IPv6 half cut alone is named over IPv6.
     for lab in ("vxlan-dual", "host-gw-dual", "wireguard-dual"):
         add(lab, "healthy", family=6)
@@ -685,6 +695,8 @@ def _cells() -> list[Cell]:
     # extension: its own scripts (a vxlan) carry the pods, doctor cannot probe what.
     add("extension", "healthy", 0, "", ("not checked",))
     add("extension", "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
+    add("extension", "underlay-mtu", 1, "path-mtu", ("{peer}", "does not carry 1500-byte"),
+        "ok")
     add("extension", "peer-stopped", 1, "flanneld", ("is not running",), "ok", node=2)
     # cloud routes: the VPC's router carries the pods.
     for lab in ("aws-vpc", "gce", "ali-vpc"):
