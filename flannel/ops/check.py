@@ -28,6 +28,7 @@ import asyncio
 import json
 import statistics
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_address
 from pathlib import Path
@@ -361,16 +362,31 @@ def render(check: NodeCheck) -> str:
     rows = "peers" if all(peer.family == 4 for peer in check.peers) else "peer rows"
     if failing:
         out.append(f"{len(failing)} of {len(check.peers)} {rows} do not answer:")
-    elif any(peer.verdict in ANSWERING for peer in check.peers):
+        out += _notes(peer for peer in noted if not peer.answers)
+        # Rows that answer with a note (flanneld's own probe, some echoes lost) are not
+        # listed under "do not answer".
+        answering = [peer for peer in noted if peer.answers]
+        if answering:
+            out.append("of those that answer:")
+            out += _notes(answering)
+        return "\n".join(out)
+    if any(peer.verdict in ANSWERING for peer in check.peers):
         out.append(f"every peer answers ({len(check.peers)})")
     else:
         out.append(f"{len(check.peers)} peers, no data path to probe")
-    for peer in noted:
+    out += _notes(noted)
+    return "\n".join(out)
+
+
+def _notes(peers: Iterable[PeerResult]) -> list[str]:
+    """A row's verdict and detail, and what to run next, for the lines below the table."""
+    out = []
+    for peer in peers:
         out.append(f"  {peer.subnet} ({_cell(peer.public_ip)}): {peer.verdict}: "
                    f"{peer.detail}")
         if peer.next_step:
             out.append(f"    next: {peer.next_step}")
-    return "\n".join(out)
+    return out
 
 
 def cmd_check(args: CheckOptions) -> int:
