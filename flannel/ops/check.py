@@ -196,7 +196,9 @@ def _from_flanneld(ctx: Context, row: PeerResult, key: str) -> bool:
         row.detail = said
         return True
     if fresh.result in UNANSWERED:
-        row.verdict, row.sent = "unreachable", 1
+        # No answer over the overlay, as check's own echoes would find: the verdict is the
+        # same whoever probed (``unreachable`` is an ICMP error to check's own echo).
+        row.verdict, row.sent = "timeout", 1
         row.detail = f"{fresh.detail or fresh.result} ({said})"
         row.next_step = f"{DOCTOR_HERE} (--max-age=0 to probe from here)"
         return True

@@ -310,7 +310,7 @@ def test_rows_that_answer_are_not_listed_as_not_answering():
     peers = [row("10.244.2.0/24", "192.168.111.12", target="10.244.2.0", sent=1,
                  rtts=(0.0002,), verdict="ok", detail="flanneld's own probe, 3s ago"),
              row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0", sent=1,
-                 verdict="unreachable", detail="node 192.168.111.13 answers ping but VXLAN "
+                 verdict="timeout", detail="node 192.168.111.13 answers ping but VXLAN "
                  "traffic to UDP 8472 gets no answer (flanneld's own probe, 8s ago)",
                  next_step="run flannelctl doctor on this node (--max-age=0 to probe from "
                  "here)")]
@@ -318,7 +318,7 @@ def test_rows_that_answer_are_not_listed_as_not_answering():
                       peers)
     assert render(check).splitlines()[4:] == [
         "1 of 2 peers do not answer:",
-        "  10.244.3.0/24 (192.168.111.13): unreachable: node 192.168.111.13 answers ping but "
+        "  10.244.3.0/24 (192.168.111.13): timeout: node 192.168.111.13 answers ping but "
         "VXLAN traffic to UDP 8472 gets no answer (flanneld's own probe, 8s ago)",
         "    next: run flannelctl doctor on this node (--max-age=0 to probe from here)",
         "of those that answer:",
