@@ -73,6 +73,8 @@ class PeerResult:
     family: int = 4
     node_ip: str = ""
     carrier: Carrier | None = None
+    #: Judged from flanneld's own fresh probe, not from echoes this check sent.
+    by_flanneld: bool = False
 
     @property
     def answers(self) -> bool:
@@ -190,6 +192,7 @@ def _from_flanneld(ctx: Context, row: PeerResult, key: str) -> bool:
     if fresh is None:
         return False
     said = f"flanneld's own probe, {fresh.age:.0f}s ago"
+    row.by_flanneld = True
     if fresh.result == "reached":
         row.verdict, row.sent = "ok", 1
         row.rtts = (fresh.rtt,) if fresh.rtt is not None else ()
@@ -339,9 +342,11 @@ def ms_text(rtts: tuple[float, ...], pick: Any) -> str:
 def render(check: NodeCheck) -> str:
     """The table, one row per peer, failing verdicts in capitals, then what to do."""
     source = check.source or "the address the kernel picks"
+    sent = any(p.sent and not p.by_flanneld for p in check.peers)
     head = (f"this node: {check.subnet} ({_cell(check.public_ip)}, {_cell(check.backend)}), "
-            + (f"echoes from {source}" if any(p.sent for p in check.peers)
-               else "no echoes sent"))
+            + (f"echoes from {source}" if sent else "no echoes sent")
+            + (", rows judged from flanneld's own probes noted so"
+               if any(p.by_flanneld for p in check.peers) else ""))
     if check.note:
         head += f"\nnote: {check.note}"
     if not check.peers:
