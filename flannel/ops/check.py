@@ -28,6 +28,7 @@ import asyncio
 import json
 import statistics
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_address
 from pathlib import Path
@@ -72,6 +73,8 @@ class PeerResult:
     family: int = 4
     node_ip: str = ""
     carrier: Carrier | None = None
+    #: Judged from flanneld's own fresh probe, not from echoes this check sent.
+    by_flanneld: bool = False
 
     @property
     def answers(self) -> bool:
@@ -189,13 +192,16 @@ def _from_flanneld(ctx: Context, row: PeerResult, key: str) -> bool:
     if fresh is None:
         return False
     said = f"flanneld's own probe, {fresh.age:.0f}s ago"
+    row.by_flanneld = True
     if fresh.result == "reached":
         row.verdict, row.sent = "ok", 1
         row.rtts = (fresh.rtt,) if fresh.rtt is not None else ()
         row.detail = said
         return True
     if fresh.result in UNANSWERED:
-        row.verdict, row.sent = "unreachable", 1
+        # No answer over the overlay, as check's own echoes would find: the verdict is the
+        # same whoever probed (``unreachable`` is an ICMP error to check's own echo).
+        row.verdict, row.sent = "timeout", 1
         row.detail = f"{fresh.detail or fresh.result} ({said})"
         row.next_step = f"{DOCTOR_HERE} (--max-age=0 to probe from here)"
         return True
@@ -336,9 +342,11 @@ def ms_text(rtts: tuple[float, ...], pick: Any) -> str:
 def render(check: NodeCheck) -> str:
     """The table, one row per peer, failing verdicts in capitals, then what to do."""
     source = check.source or "the address the kernel picks"
+    sent = any(p.sent and not p.by_flanneld for p in check.peers)
     head = (f"this node: {check.subnet} ({_cell(check.public_ip)}, {_cell(check.backend)}), "
-            + (f"echoes from {source}" if any(p.sent for p in check.peers)
-               else "no echoes sent"))
+            + (f"echoes from {source}" if sent else "no echoes sent")
+            + (", rows judged from flanneld's own probes noted so"
+               if any(p.by_flanneld for p in check.peers) else ""))
     if check.note:
         head += f"\nnote: {check.note}"
     if not check.peers:
@@ -361,16 +369,31 @@ def render(check: NodeCheck) -> str:
     rows = "peers" if all(peer.family == 4 for peer in check.peers) else "peer rows"
     if failing:
         out.append(f"{len(failing)} of {len(check.peers)} {rows} do not answer:")
-    elif any(peer.verdict in ANSWERING for peer in check.peers):
+        out += _notes(peer for peer in noted if not peer.answers)
+        # Rows that answer with a note (flanneld's own probe, some echoes lost) are not
+        # listed under "do not answer".
+        answering = [peer for peer in noted if peer.answers]
+        if answering:
+            out.append("of those that answer:")
+            out += _notes(answering)
+        return "\n".join(out)
+    if any(peer.verdict in ANSWERING for peer in check.peers):
         out.append(f"every peer answers ({len(check.peers)})")
     else:
         out.append(f"{len(check.peers)} peers, no data path to probe")
-    for peer in noted:
+    out += _notes(noted)
+    return "\n".join(out)
+
+
+def _notes(peers: Iterable[PeerResult]) -> list[str]:
+    """A row's verdict and detail, and what to run next, for the lines below the table."""
+    out = []
+    for peer in peers:
         out.append(f"  {peer.subnet} ({_cell(peer.public_ip)}): {peer.verdict}: "
                    f"{peer.detail}")
         if peer.next_step:
             out.append(f"    next: {peer.next_step}")
-    return "\n".join(out)
+    return out
 
 
 def cmd_check(args: CheckOptions) -> int:

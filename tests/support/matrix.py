@@ -44,9 +44,6 @@ class LabSpec:
     nodes: int = 2
     second_underlay: int = 0
     title: str = ""
-    #: The pods' MTU may not fit what carries them in this lab (a data path flanneld does
-    #: not size itself: charon's kernel-libipsec TUN, the extension example's vxlan).
-    mtu_may_misfit: bool = False
 
     @property
     def name(self) -> str:
@@ -58,13 +55,17 @@ LABS: dict[str, LabSpec] = {
     "vxlan-dual": LabSpec("vxlan", ipv6=True),
     "vxlan-dr": LabSpec("vxlan", direct_routing=True, nodes=3, second_underlay=3,
                         title="vxlan DirectRouting (n2 on n1's segment, n3 routed)"),
+    "vxlan-dr-dual": LabSpec("vxlan", ipv6=True, direct_routing=True, nodes=3,
+                             second_underlay=3,
+                             title="vxlan DirectRouting dual-stack (n2 on n1's segment, n3 "
+                                   "routed)"),
     "host-gw": LabSpec("host-gw"),
     "host-gw-dual": LabSpec("host-gw", ipv6=True),
     "udp": LabSpec("udp"),
     "wireguard": LabSpec("wireguard"),
     "wireguard-dual": LabSpec("wireguard", ipv6=True),
-    "ipsec": LabSpec("ipsec", mtu_may_misfit=True),
-    "extension": LabSpec("extension", mtu_may_misfit=True),
+    "ipsec": LabSpec("ipsec"),
+    "extension": LabSpec("extension"),
     "aws-vpc": LabSpec("aws-vpc"),
     "gce": LabSpec("gce"),
     "ali-vpc": LabSpec("ali-vpc"),
@@ -105,8 +106,6 @@ class Matrix:
 
     lab: object  # flannel_lab.cluster.Lab (the lab is imported only by the lab tests)
     spec: LabSpec
-    #: Findings (their text) the lab holds whatever the situation (see ``mtu_fits``).
-    standing: frozenset[str] = frozenset()
 
     @property
     def endpoint(self) -> str:
@@ -177,16 +176,6 @@ class Matrix:
         proc = self.run_in(index, *FLANNELCTL, "status", "--json", check=False)
         peers = json.loads(proc.stdout).get("peers") or {} if proc.stdout else {}
         return dict(peers.get("refused_kinds") or {})
-
-    def mtu_fits(self) -> bool:
-        """Whether a don't-fragment echo of the pods' MTU crosses the overlay from n1 to
-        n2 (what the pods' MTU promises)."""
-        env = self.lab.wait_subnet_env(1)  # type: ignore[attr-defined]
-        size = int(env["FLANNEL_MTU"]) - 28
-        proc = self.run_in(1, "ping", "-4", "-c", "1", "-W", "1", "-M", "do", "-s", str(size),
-                           "-I", self.lab.pod_address(1),  # type: ignore[attr-defined]
-                           self.lab.pod_address(2), check=False)  # type: ignore[attr-defined]
-        return proc.returncode == 0
 
     def healthy(self, peer: int, v6: bool, timeout: float = 30.0) -> None:
         """Wait until n1 and ``peer`` reach each other over the overlay again (after undo)."""
@@ -662,6 +651,7 @@ def _cells() -> list[Cell]:
         (*firewall_own, "iptables-legacy table filter chain INPUT", "--dport 500 -j DROP"),
         "timeout")
     add("ipsec", "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
+    add("ipsec", "underlay-mtu", 1, "path-mtu", ("{peer}", "does not carry 1500-byte"), "ok")
     add("ipsec", "ike-sa-deleted", 1, "engine", ("IKE SA", "{peer}"), "not-programmed")
     add("ipsec", "device-mtu", 1, "mtu", ("pods get MTU", f"ipsec0 carries {NARROW}"), "ok")
     add("ipsec", "peer-stopped", 1, "flanneld", ("is not running",), "ok", node=2)
@@ -685,6 +675,11 @@ def _cells() -> list[Cell]:
         peer=3)
     add("vxlan-dr", "peer-port-nft", 1, "encap", ("{peer}", "UDP 8472"), "timeout", peer=3)
     add("vxlan-dr", "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
+    # DirectRouting over IPv6: n2 has a direct IPv6 route only, n3 the vxlan triple.
+    add("vxlan-dr-dual", "healthy", family=6)
+    add("vxlan-dr-dual", "healthy", peer=3, family=6)
+    add("vxlan-dr-dual", "route-deleted", 1, "routes", ("no route to {subnet}",),
+        "not-programmed", family=6)
     # Dual-stack: the IPv6 half cut alone is named over IPv6.
     for lab in ("vxlan-dual", "host-gw-dual", "wireguard-dual"):
         add(lab, "healthy", family=6)
@@ -700,6 +695,8 @@ def _cells() -> list[Cell]:
     # extension: its own scripts (a vxlan) carry the pods, doctor cannot probe what.
     add("extension", "healthy", 0, "", ("not checked",))
     add("extension", "underlay-cut", 1, "underlay", ("{peer}",), "timeout")
+    add("extension", "underlay-mtu", 1, "path-mtu", ("{peer}", "does not carry 1500-byte"),
+        "ok")
     add("extension", "peer-stopped", 1, "flanneld", ("is not running",), "ok", node=2)
     # cloud routes: the VPC's router carries the pods.
     for lab in ("aws-vpc", "gce", "ali-vpc"):
@@ -724,7 +721,6 @@ def table() -> str:
     """The matrix as docs/operations.md shows it: a row per situation and outcome, the labs
     that give it in one cell."""
     groups: dict[tuple[str, str, int, str, str, int], list[str]] = {}
-    misfit = False
     for cell in CELLS:
         situation = SITUATIONS[cell.situation].title
         peer = f" (n1 -> n{cell.peer})" if cell.peer != 2 else ""
@@ -734,25 +730,14 @@ def table() -> str:
             verdict += f"; the lease: {cell.lease.upper()}"
         key = (situation + peer, "n1" if cell.node == 1 else f"n{cell.node}", cell.rc,
                cell.first or "-", verdict, cell.family)
-        mark = "*" if LABS[cell.lab].mtu_may_misfit else ""
-        misfit |= bool(mark)
-        groups.setdefault(key, []).append(LABS[cell.lab].name + mark)
+        groups.setdefault(key, []).append(LABS[cell.lab].name)
     lines = ["| situation | labs | doctor on | exit | first finding | check n1 -> peer |",
              "|---|---|---|---|---|---|"]
     for (situation, node, rc, first, verdict, family), labs in groups.items():
         over = " (IPv6 row)" if family == 6 else ""
         lines.append(f"| {situation} | {', '.join(labs)} | {node} | {rc} | {first} | "
                      f"{verdict}{over} |")
-    if misfit:
-        lines += ["", MISFIT]
     return "\n".join(lines)
-
-
-MISFIT = ("\\* While the pods' MTU does not fit what carries them there (charon's "
-          "kernel-libipsec TUN `ipsec0` carries 1400 bytes; the extension example's vxlan "
-          "carries 1450), doctor says so (`mtu`, `path-mtu`) and exits 1, whatever else; the "
-          "finding shown is the first besides it. Once the pods' MTU fits, the row holds as "
-          "it is.")
 
 
 def fill(text: str, m: Matrix, cell: Cell) -> str:

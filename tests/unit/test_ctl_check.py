@@ -305,6 +305,40 @@ PEER SUBNET    PUBLIC IP       BACKEND  TARGET      P50     MAX     LOSS  VERDIC
     assert render(alone).splitlines()[1] == "no peers: this node holds the only lease"
 
 
+def test_rows_flanneld_judged_are_said_so_and_answering_ones_not_listed_as_failing():
+    # flanneld's own probes give every row a note, the rows that answer too.
+    peers = [row("10.244.2.0/24", "192.168.111.12", target="10.244.2.0", sent=1,
+                 rtts=(0.0002,), verdict="ok", detail="flanneld's own probe, 3s ago",
+                 by_flanneld=True),
+             row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0", sent=1,
+                 verdict="timeout", detail="node 192.168.111.13 answers ping but VXLAN "
+                 "traffic to UDP 8472 gets no answer (flanneld's own probe, 8s ago)",
+                 next_step="run flannelctl doctor on this node (--max-age=0 to probe from "
+                 "here)", by_flanneld=True)]
+    check = NodeCheck(IPv4Network("10.244.1.0/24"), "192.168.111.11", "vxlan", "", peers)
+    # This check sent no echo: it does not say where its echoes left from.
+    assert render(check).splitlines()[0] == (
+        "this node: 10.244.1.0/24 (192.168.111.11, vxlan), no echoes sent, rows judged from "
+        "flanneld's own probes noted so")
+    assert render(check).splitlines()[4:] == [
+        "1 of 2 peers do not answer:",
+        "  10.244.3.0/24 (192.168.111.13): timeout: node 192.168.111.13 answers ping but "
+        "VXLAN traffic to UDP 8472 gets no answer (flanneld's own probe, 8s ago)",
+        "    next: run flannelctl doctor on this node (--max-age=0 to probe from here)",
+        "of those that answer:",
+        "  10.244.2.0/24 (192.168.111.12): ok: flanneld's own probe, 3s ago"]
+    peers[1] = row("10.244.3.0/24", "192.168.111.13", target="10.244.3.0", sent=3,
+                   rtts=(0.0003, 0.0003, 0.0003), verdict="ok")
+    check = NodeCheck(IPv4Network("10.244.1.0/24"), "192.168.111.11", "vxlan", "10.244.1.0",
+                      peers)
+    assert render(check).splitlines()[0] == (
+        "this node: 10.244.1.0/24 (192.168.111.11, vxlan), echoes from 10.244.1.0, rows "
+        "judged from flanneld's own probes noted so")
+    assert render(check).splitlines()[4:] == [
+        "every peer answers (2)",
+        "  10.244.2.0/24 (192.168.111.12): ok: flanneld's own probe, 3s ago"]
+
+
 def outcome(index: int, subnet: str, peers: list[dict]) -> NodeOutcome:
     node = LabNode(index, f"lab-n{index}", f"192.168.111.{10 + index}",
                    f"/run/lab/n{index}/subnet.env")

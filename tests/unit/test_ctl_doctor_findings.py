@@ -411,7 +411,7 @@ def test_check_takes_flanneld_fresh_result_and_probes_a_stale_one():
     from flannel.ops.check import plan
 
     for document, max_age, verdict in (
-            (_probed("encap_blocked", 20, BLOCKED), None, "unreachable"),
+            (_probed("encap_blocked", 20, BLOCKED), None, "timeout"),
             (_probed("reached", 33, ""), None, "ok"),
             (_probed("encap_blocked", 34, BLOCKED), None, None),  # older than fresh_seconds
             (_probed("encap_blocked", 20, BLOCKED), 10.0, None),  # older than --max-age
@@ -428,7 +428,7 @@ def test_check_takes_flanneld_fresh_result_and_probes_a_stale_one():
             assert row in probe, (document, max_age)
             continue
         assert row in decided and row.verdict == verdict, (document, max_age, row)
-        if verdict == "unreachable":
+        if verdict == "timeout":
             assert row.detail == f"{BLOCKED} (flanneld's own probe, 20s ago)"
 
 
