@@ -195,6 +195,11 @@ class IpsecBackend(Backend):
     def appliers(self) -> Sequence[ConnectionApplier]:
         return (self._applier,)
 
+    def interrupt(self) -> None:
+        super().interrupt()
+        if self.charon is not None:  # a VICI request under way must not hold the exit
+            self.charon.interrupt()
+
     @classmethod
     def carriers(cls, config: NetworkConfig) -> tuple[Carrier, ...]:
         return (CARRIER,)

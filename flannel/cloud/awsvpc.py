@@ -15,7 +15,11 @@ pointed back at us only from a flannel node's ENI (or a blackhole): an admin's r
 instance is never touched. Routes made before the tag are adopted when their node tags its
 ENI (at its first pass). Throttled calls are retried with backoff.
 
-Every method blocks (boto3) and is meant for a worker thread; calls are serialised. The
+Every method blocks (boto3) and is meant for a worker thread; calls are serialised. boto3
+builds and signs each request and parses its answer; the exchange itself goes through
+``flannel.cloud.sdkfetch`` (botocore's ``before-send`` hook): the whole answer within
+``API_TIMEOUT`` and ``MAX_ANSWER`` bytes, at most ``MAX_TAGS`` XML tags before botocore
+parses it, never a redirect followed, cut at once when flanneld stops. The
 credentials are boto3's default chain and are never logged. Must not touch: the store, the
 kernel, routes outside the Network, routes whose target does not carry the mark.
 """
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
@@ -40,6 +44,7 @@ from flannel.cloud.base import (
     route_in_network,
 )
 from flannel.cloud.metadata import AwsIdentity, MetadataClient, aws_identity
+from flannel.cloud.sdkfetch import SdkSender
 from flannel.untrusted import gojson
 
 log = logging.getLogger(__name__)
@@ -47,8 +52,14 @@ log = logging.getLogger(__name__)
 _ROUTE_TABLE_ID = re.compile(r"rtb-[0-9a-f]{8,32}", re.ASCII)
 _THROTTLE_CODES = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
 _MAX_ROUTE_TABLES = 16
-#: Seconds one API request may take: a pass never waits longer on one call (and its retries).
+#: Seconds one API request may take, its whole answer included: a pass never waits longer
+#: on one call (and its retries).
 API_TIMEOUT = 10
+#: An answer's bytes and XML tags (``<``, counted before botocore parses it: tiny elements
+#: cost far more parsed than sent). The largest answer, DescribeRouteTables of 16 tables of
+#: 1000 routes (EC2's most), is ~4.5 MB and ~230,000 tags.
+MAX_ANSWER = 8 * 1024 * 1024
+MAX_TAGS = 300_000
 #: The tag on a node's ENI that marks the routes to it as flannel's: its value is the
 #: node's subnet, the destination of its one route.
 MARK = "flannel.io/pod-subnet"
@@ -110,6 +121,9 @@ class AwsVpcRoutes(RouteEngineBase):
         self.tables: tuple[str, ...] = ()
         self._marked = ""  # the subnet our ENI's tag names, once written
         self._unmarked: set[tuple[str, str]] = set()  # (destination, target), logged once
+        self._sender = SdkSender("EC2", self.stopper, timeout=API_TIMEOUT,
+                                 max_bytes=MAX_ANSWER,
+                                 endpoint_hint="set AWS_ENDPOINT_URL_EC2 to the API's own URL")
 
     # --- calls -------------------------------------------------------------------------
 
@@ -122,8 +136,26 @@ class AwsVpcRoutes(RouteEngineBase):
         # Our own retry loop handles throttling (and logs it); botocore's would hide it.
         config = Config(retries={"total_max_attempts": 1}, connect_timeout=5,
                         read_timeout=API_TIMEOUT)
-        return boto3.session.Session().client("ec2", region_name=region,
-                                              endpoint_url=self.endpoint_url, config=config)
+        client = boto3.session.Session().client("ec2", region_name=region,
+                                                endpoint_url=self.endpoint_url, config=config)
+        client.meta.events.register("before-send.ec2", self._send)
+        return client
+
+    def _send(self, request: Any, event_name: str = "", **_: Any) -> Any:
+        """One signed request, sent through the bounded fetch instead of botocore's own
+        sender; its answer goes back to botocore to parse, once within its bounds."""
+        from botocore.awsrequest import AWSResponse
+
+        action = event_name.rsplit(".", 1)[-1]
+        body = request.body
+        if body is not None and not isinstance(body, (bytes, str)):
+            body = body.read()
+        reply = self._sender.exchange(action, request.method, request.url, body,
+                                      dict(request.headers.items()))
+        if reply.body.count(b"<") > MAX_TAGS:
+            raise CloudError(f"EC2 {action}: the answer holds more than {MAX_TAGS} XML tags; "
+                             "not read")
+        return AWSResponse(request.url, reply.status, reply.headers, _Body(reply.body))
 
     def _call(self, action: str, method: str, **params: Any) -> dict[str, Any]:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -164,7 +196,7 @@ class AwsVpcRoutes(RouteEngineBase):
                 for route in table.get("Routes", []):
                     destination = self._inside_network(route)
                     if destination is not None and route.get("State") == "blackhole":
-                        changes.append(self._delete(table["RouteTableId"], destination,
+                        changes.append(self._delete(_table_id(table), destination,
                                                     _target_of(route)))
             return changes
 
@@ -186,7 +218,7 @@ class AwsVpcRoutes(RouteEngineBase):
             found = self._call("DescribeRouteTables", "describe_route_tables",
                                Filters=filters).get("RouteTables", [])
             if found:
-                table = str(found[0]["RouteTableId"])
+                table = _table_id(found[0])
                 log.info("aws-vpc: using route table %s (no RouteTableID configured)", table)
                 return table
         raise CloudError(f"no route table is associated with subnet {identity.subnet_id} and "
@@ -224,7 +256,7 @@ class AwsVpcRoutes(RouteEngineBase):
         if collect:
             self._orphans.begin()
         for table in self._describe_tables():
-            table_id = str(table["RouteTableId"])
+            table_id = _table_id(table)
             ours = None
             for route in table.get("Routes", []):
                 destination = self._inside_network(route)
@@ -355,6 +387,26 @@ class AwsVpcRoutes(RouteEngineBase):
         change = RouteChange("delete", table, str(destination), target)
         log.info("aws-vpc: %s", change)
         return change
+
+
+class _Body:
+    """An answer's body as botocore reads it (``AWSResponse.raw``)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self._data
+
+
+def _table_id(table: dict[str, Any]) -> str:
+    """A described route table's ID; botocore types the fields it finds, but any may be
+    missing."""
+    value = table.get("RouteTableId")
+    if not isinstance(value, str) or not value:
+        raise CloudError("EC2 DescribeRouteTables answered a route table without its "
+                         "routeTableId")
+    return value
 
 
 def _target_of(route: dict[str, Any]) -> str:

@@ -12,8 +12,13 @@ us) and deletes marked routes of vanished leases - only ``NORMAL_CVM`` user rout
 inside the Network - and throttled calls are retried with backoff.
 
 Every method blocks (the Tencent SDK) and is meant for a worker thread; calls are
-serialised. The secret is held out of ``repr`` and never logged. Must not touch: the store,
-the kernel, routes without the mark, routes outside the Network or of other gateway types.
+serialised. The SDK builds and signs each request and decodes its answer; the exchange
+itself goes through ``flannel.cloud.sdkfetch`` (``_Connection``, in place of the SDK's
+own): the whole answer within ``API_TIMEOUT`` and ``MAX_ANSWER`` bytes, at most
+``MAX_ELEMENTS`` JSON elements before the SDK decodes it, never a redirect followed, cut at
+once when flanneld stops. The secret is held out of ``repr`` and never logged. Must not
+touch: the store, the kernel, routes without the mark, routes outside the Network or of
+other gateway types.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ from flannel.cloud.metadata import (
     tencent_identity,
 )
 from flannel.cloud.options import KEY_OPTIONS, access_key, endpoint_url, string_members
+from flannel.cloud.sdkfetch import SdkSender
+from flannel.untrusted.boundedjson import element_bound
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +56,13 @@ GATEWAY_TYPE = "NORMAL_CVM"
 ROUTE_TYPE = "USER"
 #: The mark of the routes flanneld makes; a route without it is never deleted.
 DESCRIPTION = "flannel pod subnet route"
-#: Seconds one API request may take: a pass never waits longer on one call (and its retries).
+#: Seconds one API request may take, its whole answer included: a pass never waits longer
+#: on one call (and its retries).
 API_TIMEOUT = 10
+#: An answer's bytes and JSON elements (counted before the SDK decodes it). A route table
+#: holds at most a few hundred routes (~250 bytes, 12 elements each).
+MAX_ANSWER = 2 * 1024 * 1024
+MAX_ELEMENTS = 100_000
 
 
 class TencentApiError(ApiError):
@@ -102,6 +114,9 @@ class TencentVpcRoutes(RouteEngineBase):
         self.table: str = ""
         self._status.target = str(config.external_address)
         self._unmarked: set[str] = set()  # unmarked routes, logged once
+        self._sender = SdkSender("Tencent VPC", self.stopper, timeout=API_TIMEOUT,
+                                 max_bytes=MAX_ANSWER,
+                                 endpoint_hint="set Backend.Endpoint to the API's own URL")
 
     def _make_client(self, region: str) -> None:
         try:
@@ -119,6 +134,7 @@ class TencentVpcRoutes(RouteEngineBase):
             http = HttpProfile(reqTimeout=API_TIMEOUT)
         cred = credential.Credential(self.config.access_key_id, self.config.access_key_secret)
         self._client = vpc_client.VpcClient(cred, region, ClientProfile(httpProfile=http))
+        self._client.request.conn = _Connection(self._sender)
         self._models = models
 
     def _call(self, action: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -133,6 +149,12 @@ class TencentVpcRoutes(RouteEngineBase):
             try:
                 answer = getattr(self._client, action)(request)
             except TencentCloudSDKException as error:
+                # The SDK wraps whatever its sender raised: flanneld stopping, or the
+                # sender's own refusal, says what it is.
+                self.stopper.check(f"Tencent VPC {action}")
+                cause = error.__context__
+                if isinstance(cause, CloudError):
+                    raise CloudError(str(cause)) from None
                 code = str(error.get_code() or "")
                 if code == "RequestLimitExceeded":
                     raise Throttled(code) from None
@@ -247,3 +269,39 @@ class TencentVpcRoutes(RouteEngineBase):
         for change in changes:
             log.info("tencent-vpc: %s", change)
         return changes
+
+
+class _Connection:
+    """What the SDK's ``ApiRequest`` sends through (its ``conn``): the request it built and
+    signed, sent by ``sender``; the answer refused when it holds more than MAX_ELEMENTS JSON
+    elements, else handed back as the SDK reads it (``_Answer``)."""
+
+    request_length = 0  # read by the SDK after each request
+
+    def __init__(self, sender: SdkSender) -> None:
+        self._sender = sender
+
+    def request(self, method: str, url: str, body: bytes | str | None = None,
+                headers: dict[str, str] | None = None) -> _Answer:
+        sent = headers or {}
+        action = sent.get("X-TC-Action", "call")
+        reply = self._sender.exchange(action, method, url, body, sent)
+        if element_bound(reply.body) > MAX_ELEMENTS:
+            raise CloudError(f"Tencent VPC {action}: the answer holds more than "
+                             f"{MAX_ELEMENTS} JSON elements; not read")
+        return _Answer(reply.status, reply.headers, reply.body)
+
+
+class _Answer:
+    """An answer as the SDK reads it: its status, headers (by their usual spelling) and
+    body."""
+
+    reason = ""
+    raw = type("Raw", (), {"version": 11})  # what the SDK's debug log reads of the exchange
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status_code = status
+        self.headers = {"-".join(part.capitalize() for part in name.split("-")): value
+                        for name, value in headers.items()}
+        self.content = body
+        self.text = body.decode("utf-8", "replace")

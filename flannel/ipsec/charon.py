@@ -27,6 +27,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -261,6 +262,21 @@ class Charon:
         self._process: subprocess.Popen[bytes] | None = None
         self._next_start = 0.0
         self._backoff = Backoff(RESTART_FIRST, RESTART_LONGEST)
+        # The sessions' sockets, shut down by interrupt() when flanneld stops.
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        self._stopping = False
+
+    def interrupt(self) -> None:
+        """flanneld is stopping: a request under way fails at once (its socket is shut
+        down: a charon that answers a byte at a time would hold a pass, and the exit, up to
+        a stream's STREAM_TIMEOUT), and every later session is refused. Any thread; never
+        blocks."""
+        with self._open_lock:
+            self._stopping = True
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
     # -- VICI -------------------------------------------------------------------------------
 
@@ -282,6 +298,11 @@ class Charon:
                     vici.exception.EventUnknownException)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         sock.settimeout(REQUEST_TIMEOUT)
+        with self._open_lock:
+            if self._stopping:
+                sock.close()
+                raise CharonError("no request to charon: flanneld is stopping")
+            self._open.add(sock)
         try:
             try:
                 sock.connect(str(self.spec.socket_path))
@@ -293,9 +314,14 @@ class Charon:
             try:
                 yield session
             except failures as err:
+                if self._stopping:
+                    raise CharonError("a request to charon cut short: flanneld is "
+                                      "stopping") from None
                 raise CharonError(f"charon on {self.spec.socket_path} failed a request: "
                                   f"{_cause(err)}") from None
         finally:
+            with self._open_lock:
+                self._open.discard(sock)
             sock.close()
 
     def answers(self) -> bool:

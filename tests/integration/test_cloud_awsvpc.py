@@ -1,10 +1,14 @@
 """The aws-vpc route engine against moto's EC2 server (through a fault-injecting relay) and
 a fake instance metadata service: several nodes, repair, garbage collection, blackholes,
-throttling, the route quota, IMDSv2/v1, and credentials kept out of the logs."""
+throttling, the route quota, IMDSv2/v1, credentials kept out of the logs, and EC2 answering
+as a broken or compromised server would (a dripping answer cut at its deadline and at once
+when flanneld stops, answers over their bytes or tags refused, redirects never followed)."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from ipaddress import IPv4Address
 
 import boto3
@@ -13,12 +17,16 @@ import botocore.session
 import pytest
 
 from flannel.backendconf.errors import BackendConfigError
+from flannel.cloud import awsvpc
 from flannel.cloud.awsvpc import MARK, AwsVpcConfig, AwsVpcRoutes
 from flannel.cloud.base import CloudError, RouteChange, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
+from flannel_lab import hostile
+from flannel_lab.hostile import Witness
 from tests.support.cloudengines import NETWORK, SUBNETS, lease
 from tests.support.ec2faults import Ec2Relay
 from tests.support.imds import FakeMetadata, aws_paths
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cloud
 
@@ -444,3 +452,107 @@ def test_without_the_tag_permissions_nothing_is_deleted_and_it_says_why(vpc, cap
     # Granted: the next passes tag our ENI and collect the marked route.
     engine.reconcile(lease(SUBNETS[0]), [])
     assert "10.244.9.0/24" not in vpc.routes()
+
+
+# -- EC2 answering as a broken or compromised server would ---------------------------------
+
+#: A byte every DRIP seconds: an answer botocore's own sender (a timeout per read) waited on
+#: for ever.
+DRIP = 5.0
+#: What a stop may take to cut a call under way: uncut, the dripping call runs on for 10 s or
+#: more; a cut that waited for the next byte would take most of DRIP (the stop comes 0.5 s in).
+STOP_CUT = 2.5
+DESCRIBED = b'<?xml version="1.0" encoding="UTF-8"?><DescribeRouteTablesResponse>' + \
+    b"<routeTableSet/>" * 100 + b"</DescribeRouteTablesResponse>"
+
+
+def prepared(vpc: Vpc) -> AwsVpcRoutes:
+    fake, info = vpc.node()
+    engine = vpc.engine(fake, info)
+    engine.prepare()
+    return engine
+
+
+def test_a_stop_cuts_a_dripping_ec2_answer_at_once(vpc):
+    engine = prepared(vpc)
+    vpc.relay.answer_with("DescribeRouteTables", hostile.drip(DESCRIBED, DRIP))
+    outcome: list[str] = []
+
+    def run() -> None:
+        try:
+            engine.reconcile(lease(SUBNETS[0]), [])
+        except CloudError as error:
+            outcome.append(str(error))
+
+    asked = vpc.relay.count("DescribeRouteTables")
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: vpc.relay.count("DescribeRouteTables") > asked, 10, what="the dripping call")
+    time.sleep(0.5)  # inside the dripping answer
+    started = time.monotonic()
+    engine.interrupt()
+    thread.join(DRIP * 2)
+    assert not thread.is_alive() and time.monotonic() - started < STOP_CUT
+    assert outcome == ["EC2 DescribeRouteTables: not done, flanneld is stopping"]
+    asked = len(vpc.relay.actions)
+    with pytest.raises(CloudError, match="flanneld is stopping"):
+        engine.reconcile(lease(SUBNETS[0]), [])
+    assert len(vpc.relay.actions) == asked  # nothing asked once stopped
+
+
+def test_a_dripping_ec2_answer_is_cut_at_the_whole_answer_deadline(vpc, monkeypatch):
+    monkeypatch.setattr(awsvpc, "API_TIMEOUT", 1)
+    engine = prepared(vpc)
+    vpc.relay.answer_with("DescribeRouteTables", hostile.drip(DESCRIBED, 0.2))
+    started = time.monotonic()
+    with pytest.raises(CloudError) as raised:
+        engine.reconcile(lease(SUBNETS[0]), [])
+    # Each byte comes well within a read's timeout: only a deadline for the whole answer ends it.
+    assert time.monotonic() - started < DRIP
+    assert str(raised.value) == ("EC2 DescribeRouteTables: no usable answer from "
+                                 f"{vpc.relay.url.removeprefix('http://')} (no whole answer "
+                                 "within 1s)")
+
+
+@pytest.mark.parametrize(("behaviour", "message"), [
+    (hostile.huge(64 * 1024 * 1024, chunk=b"<a/>" * 4096),
+     "an answer of 67108864 bytes, over the limit of 8388608"),
+    (hostile.huge(64 * 1024 * 1024, announced=False, chunk=b"<a/>" * 4096),
+     "an answer over the limit of 8388608 bytes"),
+    (hostile.verbatim(200, b"<r>" + b"<a/>" * 400_000 + b"</r>"),
+     "holds more than 300000 XML tags; not read"),
+])
+def test_an_ec2_answer_over_its_bytes_or_tags_is_refused_unparsed(vpc, behaviour, message):
+    engine = prepared(vpc)
+    vpc.relay.answer_with("DescribeRouteTables", behaviour)
+    routes = vpc.routes()
+    with pytest.raises(CloudError, match=message):
+        engine.reconcile(lease(SUBNETS[0]), [])
+    assert vpc.routes() == routes  # nothing changed on a listing refused
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_an_ec2_redirect_is_never_followed(vpc, status):
+    engine = prepared(vpc)
+    witness = Witness().start()
+    try:
+        vpc.relay.answer_with("DescribeRouteTables",
+                              hostile.redirect(status, f"{witness.url}/elsewhere"))
+        with pytest.raises(CloudError) as raised:
+            engine.reconcile(lease(SUBNETS[0]), [])
+        assert witness.requests == []  # the signed request never reached the other host
+    finally:
+        witness.stop()
+    assert str(raised.value).startswith(
+        f"EC2 DescribeRouteTables: {vpc.relay.url.removeprefix('http://')} answered HTTP "
+        f"{status}, a redirect to '{witness.url.removeprefix('http://')}'; not followed")
+
+
+def test_a_route_table_described_without_its_id_is_refused_by_name(vpc):
+    engine = prepared(vpc)
+    vpc.relay.answer_with("DescribeRouteTables", hostile.verbatim(
+        200, b"<DescribeRouteTablesResponse><routeTableSet><item><routeSet/></item>"
+             b"</routeTableSet></DescribeRouteTablesResponse>", {"Content-Type": "text/xml"}))
+    with pytest.raises(CloudError, match="EC2 DescribeRouteTables answered a route table "
+                                         "without its routeTableId"):
+        engine.reconcile(lease(SUBNETS[0]), [])

@@ -1,17 +1,24 @@
 """The tencent-vpc route engine, through the real Tencent Cloud SDK, against the VPC API
 double (tests/support/tencentapi.py: signed requests verified, documented shapes and error
-codes) and a fake metadata service."""
+codes) and a fake metadata service; and the API answering as a broken or compromised server
+would (a dripping answer cut at its deadline and at once when flanneld stops, answers over
+their bytes or elements refused, redirects never followed)."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from ipaddress import IPv4Address
 
 import pytest
 
+from flannel.cloud import tencentvpc
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from flannel.cloud.tencentvpc import DESCRIPTION, TencentVpcConfig, TencentVpcRoutes
+from flannel_lab import hostile
+from flannel_lab.hostile import Witness
 from tests.support.cloudengines import (
     FAST,
     NETWORK,
@@ -24,6 +31,7 @@ from tests.support.cloudengines import (
 )
 from tests.support.imds import FakeMetadata
 from tests.support.tencentapi import FakeTencentVpc
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cloud
 
@@ -250,3 +258,97 @@ def test_endpoint_options_default_to_tencents_services():
                                            NETWORK, IPv4Address(ADDRESSES[0]), environ={})
     assert config.endpoint == "https://vpc.internal.tencentcloudapi.com"
     assert config.metadata_url == "http://metadata.tencentyun.com"
+
+
+# -- the API answering as a broken or compromised server would ------------------------------
+
+#: A byte every DRIP seconds: an answer the SDK's own sender (a timeout per read) waited on
+#: for ever.
+DRIP = 5.0
+#: What a stop may take to cut a call under way: uncut, the dripping call runs on for 10 s or
+#: more; a cut that waited for the next byte would take most of DRIP (the stop comes 0.5 s in).
+STOP_CUT = 2.5
+ANSWER = b'{"Response": {"RouteTableSet": [], "TotalCount": 0, "RequestId": "r"}}'
+
+
+def prepared(cloud) -> TencentVpcRoutes:
+    node = engine(cloud, ADDRESSES[0])
+    node.prepare()
+    return node
+
+
+def test_a_stop_cuts_a_dripping_answer_at_once(cloud):
+    api, _ = cloud
+    node = prepared(cloud)
+    api.answer_with("DescribeRouteTables", hostile.drip(ANSWER, DRIP))
+    outcome: list[str] = []
+
+    def run() -> None:
+        try:
+            node.reconcile(lease(SUBNETS[0]), [])
+        except CloudError as error:
+            outcome.append(str(error))
+
+    asked = api.actions.count("DescribeRouteTables")
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: api.actions.count("DescribeRouteTables") > asked, 10,
+               what="the dripping call")
+    time.sleep(0.5)  # inside the dripping answer
+    started = time.monotonic()
+    node.interrupt()
+    thread.join(DRIP * 2)
+    assert not thread.is_alive() and time.monotonic() - started < STOP_CUT
+    assert outcome == ["Tencent VPC DescribeRouteTables: not done, flanneld is stopping"]
+    asked = len(api.actions)
+    with pytest.raises(CloudError, match="flanneld is stopping"):
+        node.reconcile(lease(SUBNETS[0]), [])
+    assert len(api.actions) == asked  # nothing asked once stopped
+
+
+def test_a_dripping_answer_is_cut_at_the_whole_answer_deadline(cloud, monkeypatch):
+    api, _ = cloud
+    monkeypatch.setattr(tencentvpc, "API_TIMEOUT", 1)
+    node = prepared(cloud)
+    api.answer_with("DescribeRouteTables", hostile.drip(ANSWER, 0.2))
+    started = time.monotonic()
+    with pytest.raises(CloudError) as raised:
+        node.reconcile(lease(SUBNETS[0]), [])
+    # Each byte comes well within a read's timeout: only a deadline for the whole answer ends it.
+    assert time.monotonic() - started < DRIP
+    assert str(raised.value) == ("Tencent VPC DescribeRouteTables: no usable answer from "
+                                 f"{api.endpoint} (no whole answer within 1s)")
+
+
+@pytest.mark.parametrize(("behaviour", "message"), [
+    (hostile.huge(64 * 1024 * 1024), "an answer of 67108864 bytes, over the limit of 2097152"),
+    (hostile.huge(64 * 1024 * 1024, announced=False),
+     "an answer over the limit of 2097152 bytes"),
+    (hostile.amplifying(200_000, "Response"), "holds more than 100000 JSON elements; not read"),
+])
+def test_an_answer_over_its_bytes_or_elements_is_refused_undecoded(cloud, behaviour, message):
+    api, _ = cloud
+    node = prepared(cloud)
+    api.answer_with("DescribeRouteTables", behaviour)
+    routes = api.routes(api.table)
+    with pytest.raises(CloudError, match=message):
+        node.reconcile(lease(SUBNETS[0]), [])
+    assert api.routes(api.table) == routes  # nothing changed on a listing refused
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_a_redirect_is_never_followed(cloud, status):
+    api, _ = cloud
+    node = prepared(cloud)
+    witness = Witness().start()
+    try:
+        api.answer_with("DescribeRouteTables",
+                        hostile.redirect(status, f"{witness.url}/elsewhere"))
+        with pytest.raises(CloudError) as raised:
+            node.reconcile(lease(SUBNETS[0]), [])
+        assert witness.requests == []  # the signed request never reached the other host
+    finally:
+        witness.stop()
+    assert str(raised.value).startswith(
+        f"Tencent VPC DescribeRouteTables: {api.endpoint} answered HTTP {status}, a redirect "
+        f"to '{witness.url.removeprefix('http://')}'; not followed")

@@ -12,7 +12,9 @@ unchanged and can:
   ``route_limit`` routes gets ``RouteLimitExceeded`` (HTTP 400), as EC2 does (moto has no
   quota) - the count comes from moto itself;
 - report routes whose target (ENI or instance) is in ``gone_targets`` with state
-  ``blackhole``, as EC2 does once the target is deleted (moto reports every route active).
+  ``blackhole``, as EC2 does once the target is deleted (moto reports every route active);
+- answer an action as a broken or compromised server would (``answer_with``, a behaviour of
+  ``flannel_lab.hostile``: a dripping, huge or redirecting answer).
 
 It records each action it saw in ``actions``. Not modelled: signatures (moto ignores them).
 """
@@ -28,6 +30,7 @@ from urllib.parse import parse_qs
 from moto.server import ThreadedMotoServer
 
 from flannel.kernel.host import LOCAL, Host
+from flannel_lab.hostile import Behaviour, Queued
 from flannel_lab.served import endpoint, serve, shut
 
 
@@ -54,6 +57,7 @@ class Ec2Relay:
         self.route_limit: int | None = None
         self.gone_targets: set[str] = set()
         self._faults: dict[str, list[tuple[int, str, str]]] = {}
+        self._behaviours = Queued()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
@@ -66,11 +70,17 @@ class Ec2Relay:
         with self._lock:
             self._faults.setdefault(action, []).extend([(status, code, message)] * times)
 
+    def answer_with(self, action: str, behaviour: Behaviour, times: int | None = 1) -> None:
+        """The next ``times`` requests for ``action`` (every one: None) get ``behaviour``."""
+        with self._lock:
+            self._behaviours.add(action, behaviour, times)
+
     def reset(self) -> None:
-        """Forget every fault, quota and gone target (moto's state stays: tests that share a
-        relay each make their own VPC)."""
+        """Forget every fault, behaviour, quota and gone target (moto's state stays: tests
+        that share a relay each make their own VPC)."""
         with self._lock:
             self._faults.clear()
+            self._behaviours.clear()
         self.actions.clear()
         self.route_limit = None
         self.gone_targets.clear()
@@ -130,8 +140,11 @@ class Ec2Relay:
                 headers = {name: value for name, value in self.headers.items()
                            if name.lower() not in ("host", "content-length")}
                 with relay._lock:
+                    behaviour = relay._behaviours.take(action)
                     queued = relay._faults.get(action)
-                    fault = queued.pop(0) if queued else None
+                    fault = queued.pop(0) if queued and behaviour is None else None
+                if behaviour is not None:
+                    return behaviour(self)
                 if fault is not None:
                     status, code, message = fault
                     return self._send(status, _error_document(code, message), "text/xml")

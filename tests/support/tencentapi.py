@@ -16,7 +16,9 @@ Modelled actions: ``DescribeRouteTables`` (``RouteTableIds``, ``Filters`` on ``v
 route objects carry ``RouteId``, ``DestinationCidrBlock``, ``GatewayType``, ``GatewayId``,
 ``Enabled``, ``RouteType``, ``RouteTableId``, ``RouteDescription`` (set by ``CreateRoutes``
 and ``ReplaceRoutes``, empty when not given). ``route_limit`` caps the
-routes per table (``LimitExceeded``); ``fail(action, code, times)`` queues errors. Not
+routes per table (``LimitExceeded``); ``fail(action, code, times)`` queues errors;
+``answer_with(action, behaviour)`` answers as a broken or compromised server would (a
+behaviour of ``flannel_lab.hostile``: dripping, huge, redirecting). Not
 modelled: other actions, pagination beyond one page, route conflict checks other than an
 identical destination, CAM policies.
 """
@@ -33,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from flannel.kernel.host import LOCAL, Host
+from flannel_lab.hostile import Behaviour, Queued
 from flannel_lab.served import endpoint, serve, shut
 
 VERSION = "2017-03-12"
@@ -56,6 +59,7 @@ class FakeTencentVpc:
         self.route_limit: int | None = None
         self.actions: list[str] = []
         self._faults: dict[str, list[str]] = {}
+        self._behaviours = Queued()
         self._next_route = 1000
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -97,6 +101,11 @@ class FakeTencentVpc:
     def fail(self, action: str, code: str, times: int) -> None:
         with self._lock:
             self._faults.setdefault(action, []).extend([code] * times)
+
+    def answer_with(self, action: str, behaviour: Behaviour, times: int | None = 1) -> None:
+        """The next ``times`` requests for ``action`` (every one: None) get ``behaviour``."""
+        with self._lock:
+            self._behaviours.add(action, behaviour, times)
 
     # --- the protocol ------------------------------------------------------------------
 
@@ -246,6 +255,12 @@ class FakeTencentVpc:
 
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                action = self.headers.get("X-TC-Action", "")
+                with double._lock:
+                    behaviour = double._behaviours.take(action)
+                if behaviour is not None:
+                    double.actions.append(action)
+                    return behaviour(self)
                 request_id = str(uuid.uuid4())
                 try:
                     answer = double._handle(self.headers, body)

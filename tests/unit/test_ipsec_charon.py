@@ -253,6 +253,50 @@ def test_a_vici_answer_beyond_its_bounds_is_cut(monkeypatch, tmp_path, events, c
     assert not thread.is_alive()
 
 
+def _slow_drip(conn) -> None:
+    """Events a byte every 0.5 s: each byte well within a request's timeout, the stream
+    within its 120 s only after a minute or more."""
+    event = _event("list-sa", {"x": {"state": "ESTABLISHED"}})
+    try:
+        for _ in range(5):
+            for byte in event:
+                conn.sendall(bytes([byte]))
+                time.sleep(0.5)
+    except OSError:
+        pass
+
+
+def test_an_interrupt_cuts_a_request_under_way_and_refuses_the_next(tmp_path):
+    spec = CharonSpec(libipsec=False, socket_path=tmp_path / "charon.vici", state_dir=tmp_path)
+    server, thread = _serve_once(spec.socket_path, _stream(_slow_drip))
+    node = Charon(spec)
+    outcome: list[str] = []
+
+    def ask() -> None:
+        try:
+            with node.session() as vici:
+                charon.sa_states(vici)
+        except CharonError as error:
+            outcome.append(str(error))
+
+    asking = threading.Thread(target=ask)
+    try:
+        asking.start()
+        time.sleep(1.0)  # the answer dripping
+        started = time.monotonic()
+        node.interrupt()
+        asking.join(10)
+        assert not asking.is_alive() and time.monotonic() - started < 2
+        assert outcome == ["a request to charon cut short: flanneld is stopping"]
+        with pytest.raises(CharonError, match="no request to charon: flanneld is stopping"), \
+                node.session():
+            pass
+    finally:
+        thread.join(10)
+        server.close()
+    assert not thread.is_alive()
+
+
 @pytest.mark.parametrize(("event", "message"), [
     ({"flannel-a": {"state": ["ESTABLISHED"]}},
      "charon sent the state of IKE SA flannel-a as a list, not a value"),
