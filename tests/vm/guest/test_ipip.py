@@ -3,7 +3,7 @@ and 2 share an underlay subnet, node 3 sits on a second, routed one. Pods ping e
 node 1 reaches node 2's pods directly on eth0 and node 3's through flannel.ipip (IP in IP on
 the wire); a flanneld restart loses no echo; a route deleted by hand comes back; doctor and
 check on a healthy node, and with IP-in-IP dropped on the way to a peer, which flanneld's own
-probes report too.
+probes report too; leases flanneld must refuse leave every node ready and every pod pinging.
 
 Runs wherever the kernel creates ipip devices (the vm lane's Debian kernel); elsewhere every
 scenario is skipped with the kernel's answer.
@@ -21,10 +21,11 @@ import pytest
 
 from flannel.probing.sequence import LONGEST
 from flannel_lab.cli import build, wait_for_mesh
-from flannel_lab.cluster import Lab, in_ns, ip
+from flannel_lab.cluster import ETCD_PREFIX, Lab, in_ns, ip
 from tests.support.capture import Capture, ip_packet
 from tests.support.kernelpaths import missing_ipip
 from tests.support.labcni import install_cni
+from tests.support.labnodes import free_key
 from tests.support.waiting import wait_until
 from tests.vm.guest.helpers import (
     MASQ,
@@ -189,3 +190,48 @@ def test_doctor_and_check_on_a_healthy_node_and_with_ip_in_ip_dropped(lab, tmp_p
                what="node 1's flanneld reaching node 3 again")
     record_property("seconds_to_the_drop_lifted", round(lifted - started, 1))
     record_property("seconds_to_every_peer_reached_again", round(time.monotonic() - lifted, 1))
+
+
+def test_bad_leases_leave_every_node_ready_and_every_pod_pinging(lab):
+    """A bad peer is the bad peer's problem on ipip too: leases whose public IP lies inside the
+    Network, is node 1's own address, or is a loopback or multicast address are listed with
+    their reason by every node they concern (the one naming node 1's address only by node 1;
+    the others take it as a peer at that address), no node turns unready or fails a pass, and
+    pods keep pinging through the tunnel and directly; deleted, they are forgotten."""
+    bad = {}
+    for public_ip in ("10.244.250.7", lab.node(1).address, "127.0.0.5", "224.0.0.9"):
+        key = free_key(lab)
+        bad[key] = public_ip
+        lab.etcdctl("put", f"{ETCD_PREFIX}/subnets/{key}",
+                    json.dumps({"PublicIP": public_ip, "BackendType": "ipip"}))
+    own = {key for key, public_ip in bad.items() if public_ip == lab.node(1).address}
+
+    def listed(index: int) -> set[str]:
+        peers = status(lab, index)["peers"]
+        return set(peers["skipped_reasons"]) | set(peers["refused_reasons"])
+
+    runs = [Pings(pod(lab, 1).netns, pod(lab, 3).address),  # through the tunnel
+            Pings(pod(lab, 2).netns, pod(lab, 1).address)]  # directly
+    try:
+        for index in (1, 2, 3):
+            expected = set(bad) if index == 1 else set(bad) - own
+            wait_until(lambda i=index, e=expected: e <= listed(i), 30, interval=0.5,
+                       what=f"node {index} to list the bad leases")
+        before = {r.name: len(r.replied) for r in runs}
+        wait_until(lambda: all(len(r.replied) >= before[r.name] + 10 for r in runs), 30,
+                   interval=0.2, what="echoes with the bad leases in the store")
+    finally:
+        for run in runs:
+            run.stop()
+    assert [r.lost for r in runs] == [[], []], [(r.name, r.lost[:20]) for r in runs]
+    for index in (1, 2, 3):
+        doc = status(lab, index)
+        assert doc["ready"], doc["reason"]
+        assert doc["dataplane"]["failed_passes"] == 0, doc["dataplane"]
+        # Node 1's good peers are nodes 2 and 3; the others also take the lease at node 1's
+        # address as a peer.
+        assert doc["peers"]["programmed"] == (2 if index == 1 else 3), doc["peers"]
+    for key in bad:
+        lab.etcdctl("del", f"{ETCD_PREFIX}/subnets/{key}")
+    wait_until(lambda: all(not set(bad) & listed(i) for i in (1, 2, 3)), 30, interval=0.5,
+               what="the bad leases forgotten")
