@@ -41,6 +41,23 @@ ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
 SLOW_MARKERS = frozenset({"image", "foreign", "pypi", "cloud", "render", "vm"})
 
 
+TESTS = Path(__file__).parent
+#: Where the long tests are: a lab takes 10 to 40 s, an integration test seconds, most
+#: others milliseconds.
+LONG_PLACES = ("lab", "integration")
+
+
+def longest_first(item: pytest.Item) -> int:
+    """``item``'s rank in the run: the slow tests (mypy, the cloud engines' hostile
+    servers, the image, the probes' labs...) first, then the other labs, then the other
+    integration tests, then the rest."""
+    if item.get_closest_marker("slow"):
+        return 0
+    parts = item.path.parts
+    top = parts[len(TESTS.parts)] if parts[:len(TESTS.parts)] == TESTS.parts else ""
+    return 1 + LONG_PLACES.index(top) if top in LONG_PLACES else 1 + len(LONG_PLACES)
+
+
 #: Workers ``-n auto`` (pyproject's addopts) starts at most: more were never measured.
 MAX_WORKERS = 8
 
@@ -84,6 +101,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # One VM boot per run: every vm test reads the same session's results.
         if item.get_closest_marker("vm"):
             item.add_marker(pytest.mark.xdist_group("vm"))
+    # Under -n, the workers take tests in this order: the longest first, so that the short
+    # ones fill the workers' ends instead of one worker running a lab alone at the end.
+    items.sort(key=longest_first)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
