@@ -64,7 +64,7 @@ async def baseline(clients: list[EtcdClient]) -> tuple[float, float]:
         c.create(f"{prefix}{i}".encode(), b'{"PublicIP":"0.0.0.0","PublicIPv6":null}')
         for i, c in enumerate(clients)))
     elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
-    assert all(ok for ok, _ in results)
+    assert all(created for created, _listing, _revision in results)
     return elapsed, cpu
 
 

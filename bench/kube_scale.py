@@ -19,6 +19,8 @@ a baseline from the same rounds (rounds interleave figure and baseline; medians 
   peer ends with its last published IP.
 
     .venv/bin/python -m bench.kube_scale --nodes 5000 --updates 50000 --rounds 3
+    .venv/bin/python -m bench.kube_scale --nodes 1000 --updates 20000 --modes kube \
+        --kubelet-nodes   # peers of a kubelet's size (status: conditions, 50 images)
 """
 
 from __future__ import annotations
@@ -77,17 +79,22 @@ def reply(doc: dict[str, Any]) -> None:
     print(json.dumps(doc), flush=True)
 
 
-async def serve_kube(nodes: int) -> None:
+async def serve_kube(nodes: int, kubelet: bool) -> None:
     sys.path.insert(0, str(ROOT))
-    from tests.support.kubeapi import FakeKubeAPI
+    from tests.support.kubeapi import FakeKubeAPI, kubelet_node
 
     api = FakeKubeAPI()
     api.put_node("node0", ["10.1.0.0/24"])
     for i in range(nodes):
         subnet, public_ip, mac = peer(i)
-        api.put_node(f"peer{i}", [subnet], {
+        annotations = {
             P + "kube-subnet-manager": "true", P + "backend-type": "vxlan",
-            P + "backend-data": json.dumps({"VNI": 1, "VtepMAC": mac}), P + "public-ip": public_ip})
+            P + "backend-data": json.dumps({"VNI": 1, "VtepMAC": mac}), P + "public-ip": public_ip}
+        if kubelet:  # as a kubelet reports it: labels, managedFields, conditions, 50 images
+            api.put_raw_node(f"peer{i}", kubelet_node(f"peer{i}", subnet, public_ip,
+                                                      annotations=annotations))
+        else:
+            api.put_node(f"peer{i}", [subnet], annotations)
     await api.start()
     reply({"url": api.url})
     storms = 0
@@ -393,12 +400,13 @@ def report(mode: str, nodes: int, updates: int, rounds: list[dict]) -> None:
               f"{[r[f'manager_{kind}']['storm_ips'] for r in rounds]}")
 
 
-def run_mode(mode: str, nodes: int, updates: int, rounds: int) -> list[dict]:
+def run_mode(mode: str, nodes: int, updates: int, rounds: int, kubelet: bool = False
+             ) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         etcd = None
         if mode == "kube":
-            source = Proc("--serve-kube", str(nodes))
+            source = Proc("--serve-kube", str(nodes), *(["--kubelet-nodes"] if kubelet else []))
         else:
             from flannel_lab.etcd import EtcdServer
             etcd = EtcdServer(Path(tmp))
@@ -424,12 +432,15 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=50000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", default="kube,etcd")
+    parser.add_argument("--kubelet-nodes", action="store_true",
+                        help="kube mode: peers as a kubelet reports them (15 KB each: "
+                             "managedFields, conditions, 50 images) rather than bare")
     parser.add_argument("--serve-kube", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--serve-etcd", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--drive", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_kube is not None:
-        asyncio.run(serve_kube(args.serve_kube))
+        asyncio.run(serve_kube(args.serve_kube, args.kubelet_nodes))
         return
     if args.serve_etcd:
         asyncio.run(serve_etcd(args.serve_etcd[0], int(args.serve_etcd[1])))
@@ -440,7 +451,7 @@ def main() -> None:
     print(f"load average at start: {Path('/proc/loadavg').read_text().strip()}")
     for mode in args.modes.split(","):
         report(mode, args.nodes, args.updates, run_mode(mode, args.nodes, args.updates,
-                                                        args.rounds))
+                                                        args.rounds, args.kubelet_nodes))
         print(f"load average: {Path('/proc/loadavg').read_text().strip()}")
 
 

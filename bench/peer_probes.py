@@ -1,20 +1,27 @@
-"""Benchmark: what flanneld's probes of its peers cost (CPU, RSS) with N peers, against the
-same flanneld with the probes off, in the same run; and whether every peer is probed in time.
+"""Benchmark: what a converged flanneld costs (CPU, RSS) with N peers and nothing changing,
+with its probes of its peers off and on, against the same flanneld with no peer, in the same
+run; and whether every peer is probed in time.
 
-Model: a real flanneld (etcd mode, a real etcd; host-gw, so that a peer's overlay address is
-reached through its public address on one segment) in a namespace ``P``; N synthetic leases
-in etcd. Their public addresses (172.30.X.Y) are all held by one responder namespace ``R``
-on the other end of P's veth, which also answers for every peer's gateway address (a
-``local`` route for the peers' 10.96.0.0/11, the kernel's echo replies): so each probe is
-answered, as on a healthy cluster, by a kernel, and costs flanneld one echo. P gets a
-``cni0`` bridge holding its gateway address once subnet.env is written (what the probes leave
-from), and permanent neighbour entries for the peers (the host's neighbour table limits
-would refuse 5000 dynamic ones). Once the peers are programmed and after a settling
-pause, flanneld's CPU time (utime + stime from /proc) is read over ``--window`` seconds, and
-its RSS at the end; its /status says the probe period and how many probes reached a peer.
-The two cases alternate in each round; medians are printed.
+Model: a real flanneld (etcd mode, a real etcd; ``--backend`` host-gw or vxlan) in a
+namespace ``P``; N synthetic leases in etcd. Their public addresses (172.30.X.Y) are all held
+by one responder namespace ``R`` on the other end of P's veth, which also answers for every
+peer's gateway address (a ``local`` route for the peers' 10.96.0.0/11, the kernel's echo
+replies): so each probe is answered, as on a healthy cluster, by a kernel, and costs flanneld
+one echo. host-gw reaches a peer through its public address on the segment; with vxlan, R
+holds one VXLAN device that takes every peer's encapsulated traffic in (an nftables ingress
+rule marks the frames, addressed to each peer's VTEP MAC, as its own) and sends the replies
+back to P's VTEP. P gets a ``cni0`` bridge holding its gateway address once subnet.env is
+written (what the probes leave from), and permanent neighbour entries for the peers' public
+addresses (the host's neighbour table limits would refuse 5000 dynamic ones). Once the peers
+are programmed and after a settling pause, flanneld's CPU time is read from /proc over
+``--window`` seconds: its own (utime + stime) and that of the commands it ran and reaped
+meanwhile (the rules' checks: iptables), and its RSS at the end; its /status says the probe
+period and how many probes reached a peer. The baseline is the same flanneld with no peer
+(its own etcd prefix, holding the config only), probes on. The cases alternate in each round;
+medians are printed.
 
     .venv/bin/python -m bench.peer_probes --peers 5000 --window 60 --rounds 1
+    .venv/bin/python -m bench.peer_probes --peers 5000 --backend vxlan --window 600 --rounds 1
     .venv/bin/python -m bench.peer_probes --peers 100 --window 60 --rounds 1
 """
 
@@ -30,15 +37,22 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import memory
 from bench.memory import PREFIX, ROOT, SETTLE, programmed, rss_kib, stop, wait_for
 from flannel_lab.etcd import EtcdServer
 from tests.support.checkout import FLANNELD
 
-NETWORK = {"Network": "10.0.0.0/8", "SubnetLen": 24, "SubnetMin": "10.1.0.0",
-           "SubnetMax": "10.1.0.0", "Backend": {"Type": "host-gw"}}
+#: The no-peer baseline's etcd prefix: the same config, no lease but flanneld's own.
+EMPTY_PREFIX = "/empty.coreos.com/network"
 PEERS_RANGE = "10.96.0.0/11"  # every synthetic peer's subnet (10.100.0.0 to 10.119.x)
 TICKS = os.sysconf("SC_CLK_TCK")
 RESPONDER_MAC = "02:00:00:00:00:01"
+VXLAN_PORT = "8472"  # the kernel's (and flannel's) default
+
+
+def network(backend: str) -> dict:
+    return {"Network": "10.0.0.0/8", "SubnetLen": 24, "SubnetMin": "10.1.0.0",
+            "SubnetMax": "10.1.0.0", "Backend": {"Type": backend}}
 
 
 def peer(i: int) -> tuple[str, str]:
@@ -50,7 +64,8 @@ def ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, timeout=120, capture_output=True)
 
 
-def make_namespaces(probe: str, responder: str, peers: int, workdir: Path) -> None:
+def make_namespaces(probe: str, responder: str, peers: int, workdir: Path,
+                    backend: str) -> None:
     for name in (probe, responder):
         ip("netns", "add", name)
         ip("-n", name, "link", "set", "lo", "up")
@@ -66,36 +81,68 @@ def make_namespaces(probe: str, responder: str, peers: int, workdir: Path) -> No
     ip("-n", probe, "-batch", str(ours))
     batch = workdir / "responder.batch"
     lines = [f"link set veth1 address {RESPONDER_MAC}", "addr add 172.30.0.1/16 dev veth1",
-             "link set veth1 up",
-             f"route add local {PEERS_RANGE} dev lo", "route add 10.1.0.0/24 via 172.30.0.2"]
+             "link set veth1 up", f"route add local {PEERS_RANGE} dev lo"]
+    if backend == "vxlan":
+        lines += [f"link add vx0 type vxlan id 1 dstport {VXLAN_PORT} dev veth1 nolearning",
+                  "link set vx0 up"]
+    else:
+        lines += ["route add 10.1.0.0/24 via 172.30.0.2"]
     lines += [f"addr add {peer(i)[1]}/16 dev veth1" for i in range(peers)]
     batch.write_text("\n".join(lines) + "\n")
     ip("-n", responder, "-batch", str(batch))
+    if backend == "vxlan":
+        # Each peer's frames are addressed to its own VTEP MAC, not vx0's: take them in.
+        subprocess.run(["ip", "netns", "exec", responder, "nft", "-f", "-"], check=True,
+                       timeout=60, capture_output=True, text=True, input=(
+                           "table netdev peers {\n chain in {\n  type filter hook ingress "
+                           "device vx0 priority 0;\n  meta pkttype set host\n }\n}\n"))
 
 
-def put_leases(ns: str, endpoint: str, peers: int) -> None:
+def answer_over_vxlan(probe: str, responder: str) -> None:
+    """R's way back to P's pods over VXLAN: P's VTEP (flannel.1) MAC, known once flanneld made
+    the device, as the next hop of P's subnet."""
+    mac = json.loads(subprocess.run(
+        ["ip", "-n", probe, "-j", "link", "show", "flannel.1"], capture_output=True,
+        text=True, timeout=20, check=True).stdout)[0]["address"]
+    for cmd in (["neigh", "replace", "10.1.0.0", "lladdr", mac, "dev", "vx0", "nud",
+                 "permanent"],
+                ["route", "replace", "10.1.0.0/24", "via", "10.1.0.0", "dev", "vx0", "onlink"]):
+        ip("-n", responder, *cmd)
+    subprocess.run(["bridge", "-n", responder, "fdb", "replace", mac, "dev", "vx0", "dst",
+                    "172.30.0.2", "self", "permanent"], check=True, timeout=20,
+                   capture_output=True)
+
+
+def put_leases(ns: str, endpoint: str, peers: int, backend: str) -> None:
     subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "bench.peer_probes",
-                    "--put-leases", endpoint, str(peers)], cwd=ROOT, check=True, timeout=600)
+                    "--put-leases", endpoint, str(peers), backend], cwd=ROOT, check=True,
+                   timeout=600)
 
 
-async def _put(endpoint: str, peers: int) -> None:
+async def _put(endpoint: str, peers: int, backend: str) -> None:
     from flannel.clients.etcd import EtcdClient, EtcdOptions, parse_endpoints
 
     client = EtcdClient(EtcdOptions(parse_endpoints(endpoint)))
+    config = json.dumps(network(backend)).encode()
     try:
-        await client.put(f"{PREFIX}/config".encode(), json.dumps(NETWORK).encode())
+        await client.put(f"{PREFIX}/config".encode(), config)
+        await client.put(f"{EMPTY_PREFIX}/config".encode(), config)
         for i in range(peers):
             subnet, public_ip = peer(i)
-            value = {"PublicIP": public_ip, "PublicIPv6": None, "BackendType": "host-gw"}
+            value: dict = {"PublicIP": public_ip, "PublicIPv6": None, "BackendType": backend}
+            if backend == "vxlan":
+                value["BackendData"] = {"VNI": 1, "VtepMAC": memory.peer(i)[2]}
             await client.put(f"{PREFIX}/subnets/{subnet.replace('/', '-')}".encode(),
                              json.dumps(value, separators=(",", ":")).encode())
     finally:
         await client.close()
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(the process's own CPU time, that of its children it reaped), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
+    return ((int(fields[11]) + int(fields[12])) / TICKS,
+            (int(fields[13]) + int(fields[14])) / TICKS)
 
 
 def status(workdir: Path) -> dict:
@@ -105,12 +152,14 @@ def status(workdir: Path) -> dict:
     return json.loads(out)
 
 
-def measure(ns: str, workdir: Path, endpoint: str, peers: int, window: float,
-            probes: bool) -> dict:
+def measure(ns: str, responder: str, workdir: Path, endpoint: str, peers: int,
+            window: float, probes: bool, backend: str) -> dict:
     env_file = workdir / "subnet.env"
     env_file.unlink(missing_ok=True)
     log = (workdir / "flanneld.log").open("wb")
     flags = [f"--etcd-endpoints={endpoint}", f"--subnet-file={env_file}", "--iface=veth0"]
+    if not peers:
+        flags.append(f"--etcd-prefix={EMPTY_PREFIX}")
     if not probes:
         flags.append("--peer-probe-interval=0")
     proc = subprocess.Popen(["ip", "netns", "exec", ns, *FLANNELD, *flags], stdout=log,
@@ -122,17 +171,22 @@ def measure(ns: str, workdir: Path, endpoint: str, peers: int, window: float,
                        capture_output=True, timeout=20, check=False)
         ip("-n", ns, "addr", "replace", "10.1.0.1/24", "dev", "cni0")
         ip("-n", ns, "link", "set", "cni0", "up")
+        if backend == "vxlan" and peers:
+            answer_over_vxlan(ns, responder)
         time.sleep(SETTLE)
-        before, started = cpu_seconds(proc.pid), time.monotonic()
+        (own0, children0), started = cpu_seconds(proc.pid), time.monotonic()
         first = status(workdir).get("probes") or {}
         time.sleep(window)
-        cpu = (cpu_seconds(proc.pid) - before) / (time.monotonic() - started)
+        own, children = cpu_seconds(proc.pid)
+        elapsed = time.monotonic() - started
         rss = rss_kib(proc.pid)[0]
         last = status(workdir).get("probes") or {}
         reached = (last.get("probes") or {}).get("reached", 0) - \
             (first.get("probes") or {}).get("reached", 0)
-        return {"cpu_percent": 100 * cpu, "rss_kib": rss,
-                "period": last.get("period_seconds"), "probes_per_second": reached / window,
+        return {"cpu_percent": 100 * (own - own0) / elapsed,
+                "children_percent": 100 * (children - children0) / elapsed,
+                "rss_kib": rss, "period": last.get("period_seconds"),
+                "probes_per_second": reached / window,
                 "unreachable": last.get("unreachable"), "errors": last.get("errors"),
                 "oldest": last.get("oldest_result_seconds")}
     finally:
@@ -140,48 +194,57 @@ def measure(ns: str, workdir: Path, endpoint: str, peers: int, window: float,
         log.close()
 
 
+CASES = (("no peers, probes on", False, True), ("probes off", True, False),
+         ("probes on", True, True))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--peers", type=int, default=5000)
+    parser.add_argument("--backend", choices=("host-gw", "vxlan"), default="host-gw")
     parser.add_argument("--window", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--put-leases", nargs=2, metavar=("ENDPOINT", "N"))
+    parser.add_argument("--put-leases", nargs=3, metavar=("ENDPOINT", "N", "BACKEND"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.put_leases:
         import asyncio
 
-        asyncio.run(_put(args.put_leases[0], int(args.put_leases[1])))
+        endpoint, count, backend = args.put_leases
+        asyncio.run(_put(endpoint, int(count), backend))
         return
     print(f"load average at start: {os.getloadavg()}")
     tag = f"pp{os.getpid()}"
     probe, responder = f"{tag}-p", f"{tag}-r"
-    results: dict[bool, list[dict]] = {False: [], True: []}
+    results: dict[str, list[dict]] = {name: [] for name, _, _ in CASES}
     with tempfile.TemporaryDirectory(prefix="peer-probes-") as tmp:
         workdir = Path(tmp)
         try:
-            make_namespaces(probe, responder, args.peers, workdir)
+            make_namespaces(probe, responder, args.peers, workdir, args.backend)
             with EtcdServer(workdir / "etcd", netns=probe) as server:
-                put_leases(probe, server.endpoint, args.peers)
+                put_leases(probe, server.endpoint, args.peers, args.backend)
                 for _ in range(args.rounds):
-                    for probes in (False, True):
-                        reading = measure(probe, workdir, server.endpoint, args.peers,
-                                          args.window, probes)
-                        print(("probes on " if probes else "probes off"), reading, flush=True)
-                        results[probes].append(reading)
+                    for name, with_peers, probes in CASES:
+                        reading = measure(probe, responder, workdir, server.endpoint,
+                                          args.peers if with_peers else 0, args.window,
+                                          probes, args.backend)
+                        print(f"{name:20s}", reading, flush=True)
+                        results[name].append(reading)
         finally:
             for name in (probe, responder):
                 subprocess.run(["ip", "netns", "delete", name], timeout=60,
                                capture_output=True, check=False)
-    off = {k: statistics.median(r[k] for r in results[False]) for k in ("cpu_percent",
-                                                                        "rss_kib")}
-    on = {k: statistics.median(r[k] for r in results[True]) for k in ("cpu_percent",
-                                                                      "rss_kib")}
-    print(f"{args.peers} peers, window {args.window:g}s, {args.rounds} round(s); "
-          f"load average at end: {os.getloadavg()}")
-    print(f"CPU: off {off['cpu_percent']:.2f}% of a core, on {on['cpu_percent']:.2f}% "
-          f"(+{on['cpu_percent'] - off['cpu_percent']:.2f})")
-    print(f"RSS: off {off['rss_kib'] / 1024:.1f} MiB, on {on['rss_kib'] / 1024:.1f} MiB "
-          f"(+{(on['rss_kib'] - off['rss_kib']) / 1024:.2f})")
+    medians = {name: {k: statistics.median(r[k] for r in readings)
+                      for k in ("cpu_percent", "children_percent", "rss_kib")}
+               for name, readings in results.items()}
+    base = medians["no peers, probes on"]
+    print(f"{args.peers} peers, {args.backend}, window {args.window:g}s, {args.rounds} "
+          f"round(s); load average at end: {os.getloadavg()}")
+    for name, m in medians.items():
+        print(f"{name:20s} CPU {m['cpu_percent']:.3f}% of a core "
+              f"(+{m['cpu_percent'] - base['cpu_percent']:.3f} over no peers), commands it ran "
+              f"{m['children_percent']:.3f}%, RSS {m['rss_kib'] / 1024:.1f} MiB "
+              f"(+{(m['rss_kib'] - base['rss_kib']) / 1024:.2f})")
 
 
 if __name__ == "__main__":

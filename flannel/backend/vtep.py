@@ -8,7 +8,8 @@ The desired state holds these tables through entry sets (``VtepRoutes``,
 ``VtepNeighbours``, ``VtepFdb``): the data plane's programmed state is the same object, and
 the next desired state shares every unchanged peer's lease and MAC, so that a peer costs
 its MAC's integer and two index slots rather than three entries, their texts and three set
-slots. Entries are compared with the kernel's as numbers (addresses, MAC).
+slots. Entries are compared with the kernel's as numbers (addresses, MAC), and so are the
+kernel's messages read in their plain layout (``holds_plain``), never decoded.
 Must not touch: the kernel, the store.
 """
 
@@ -19,7 +20,17 @@ from collections.abc import Iterator, Set
 from typing import Any
 
 from flannel.kernel.entryset import CompactEntries
-from flannel.kernel.rtnl import RTN_UNICAST, FdbEntry, Neighbour, Route, ip_text, mac_text
+from flannel.kernel.rtnl import (
+    RTN_UNICAST,
+    RTNH_F_ONLINK,
+    FdbEntry,
+    Neighbour,
+    PlainNeighbour,
+    PlainRoute,
+    Route,
+    ip_text,
+    mac_text,
+)
 from flannel.lease import Lease
 
 _FAMILY = {4: socket.AF_INET, 6: socket.AF_INET6}
@@ -107,13 +118,15 @@ def _mac_text(mac: int) -> str:
 class _Tables(CompactEntries[Any]):
     """Entries of every VTEP device's peers, one per peer and device."""
 
-    __slots__ = ("tables",)
+    __slots__ = ("by_index", "tables")
 
     def __init__(self, tables: tuple[VtepTable, ...]) -> None:
         self.tables = tables
+        # A pass that reads the kernel back asks for a table once per entry.
+        self.by_index = {t.index: t for t in reversed(tables)}  # the first of an index wins
 
     def table(self, index: int) -> VtepTable | None:
-        return next((t for t in self.tables if t.index == index), None)
+        return self.by_index.get(index)
 
     def __len__(self) -> int:
         return sum(len(t.by_base) for t in self.tables)
@@ -142,6 +155,12 @@ class VtepNeighbours(_Tables):
         base = table.number(entry.ip)
         mac = table.by_base.get(base) if base is not None else None
         return mac is not None and mac == mac_number(entry.mac)
+
+    def holds_plain(self, plain: PlainNeighbour) -> bool:
+        ifindex, _state, _flags, ip, mac = plain
+        table = self.by_index.get(ifindex)
+        return table is not None and table.version == 4 \
+            and table.by_base.get(int.from_bytes(ip, "big")) == int.from_bytes(mac, "big")
 
     def wants(self, identity: tuple[Any, ...]) -> bool:
         ifindex, ip = identity
@@ -176,6 +195,13 @@ class VtepFdb(_Tables):
         mac = mac_number(entry.mac)
         lease = table.by_mac.get(mac) if mac is not None else None
         return lease is not None and table._public(lease) == table.number(entry.dst)
+
+    def holds_plain(self, plain: PlainNeighbour) -> bool:
+        ifindex, _state, _flags, ip, mac = plain
+        table = self.by_index.get(ifindex)
+        lease = table.by_mac.get(int.from_bytes(mac, "big")) if table is not None else None
+        return lease is not None and table is not None and table.version == 4 \
+            and table._public(lease) == int.from_bytes(ip, "big")
 
     def wants(self, identity: tuple[Any, ...]) -> bool:
         ifindex, mac = identity
@@ -218,7 +244,7 @@ class VtepRoutes(_Tables):
     def __contains__(self, entry: object) -> bool:
         if not isinstance(entry, Route):
             return False
-        if entry in self.direct:
+        if self.direct and entry in self.direct:  # hashing a route costs more than the rest
             return True
         if not entry.onlink or entry.kind != RTN_UNICAST or entry.metric \
                 or (table := self.table(entry.oif)) is None:
@@ -226,6 +252,15 @@ class VtepRoutes(_Tables):
         base = table.route_at(entry.dst)
         return base is not None and entry.gateway is not None \
             and table.number(entry.gateway) == base
+
+    def holds_plain(self, plain: PlainRoute) -> bool:
+        _protocol, _table, kind, flags, oif, dst, dst_len, gateway = plain
+        table = self.by_index.get(oif)
+        if table is None or table.version != 4 or kind != RTN_UNICAST \
+                or not flags & RTNH_F_ONLINK or dst != gateway:
+            return False  # a DirectRouting route, or none of ours: decoded and asked
+        mac = table.by_base.get(int.from_bytes(dst, "big"))
+        return mac is not None and table._prefixlen(table.by_mac[mac]) == dst_len
 
     def wants(self, identity: tuple[Any, ...]) -> bool:
         dst, metric = identity

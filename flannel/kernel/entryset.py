@@ -28,6 +28,12 @@ class CompactEntries(Set[T]):
     def wants(self, identity: tuple[Any, ...]) -> bool:
         """Whether an entry of that identity is in the set (see the module docstring)."""
 
+    def holds_plain(self, plain: tuple[Any, ...]) -> bool:
+        """Whether the entry of a kernel message read in its plain layout (``rtnl.PlainRoute``,
+        ``rtnl.PlainNeighbour``) is in the set, told without decoding it; False (the
+        default) leaves the message to be decoded and asked about as an entry."""
+        return False
+
     @classmethod
     def _from_iterable(cls, it: Iterable[Any]) -> frozenset[Any]:
         return frozenset(it)

@@ -178,7 +178,8 @@ def read_unless_converged(sock: Netlink, desired: DesiredState) -> ActualState |
     dumps and leave pymalloc arenas pinned by whatever else was allocated meanwhile.
     The kernel holds one entry per identity (a route per destination, tos and metric in a
     table; a neighbour per device and IP; an FDB remote per device, MAC and destination),
-    so no entry is counted twice."""
+    so no entry is counted twice. Desired sets that tell their entries from a message's
+    plain reading (``CompactEntries.holds_plain``) count them before they are decoded."""
     counted = _Counted(desired)
     actual = _read(sock, desired, counted)
     if (counted.routes, counted.neighbours, counted.fdb_entries) != (
@@ -193,6 +194,10 @@ def read_unless_converged(sock: Netlink, desired: DesiredState) -> ActualState |
 
 class _Nothing:
     """Counts nothing: every entry is kept."""
+
+    route_plain: Callable[[rtnl.PlainRoute], bool] | None = None
+    neighbour_plain: Callable[[rtnl.PlainNeighbour], bool] | None = None
+    fdb_plain: Callable[[rtnl.PlainNeighbour], bool] | None = None
 
     def route(self, _entry: tuple[Route, int, int]) -> bool:
         return False
@@ -209,6 +214,35 @@ class _Counted(_Nothing):
     def __init__(self, desired: DesiredState) -> None:
         self.desired = desired
         self.routes = self.neighbours = self.fdb_entries = 0
+        # Sets that can tell their entries from the kernel's messages count them undecoded.
+        if isinstance(desired.routes, CompactEntries):
+            self.route_plain = self._route_plain
+        if isinstance(desired.neighbours, CompactEntries):
+            self.neighbour_plain = self._neighbour_plain
+        if isinstance(desired.fdb, CompactEntries):
+            self.fdb_plain = self._fdb_plain
+
+    def _route_plain(self, plain: rtnl.PlainRoute) -> bool:
+        assert isinstance(self.desired.routes, CompactEntries)
+        if plain[0] == rtnl.RTPROT_FLANNEL and self.desired.routes.holds_plain(plain):
+            self.routes += 1
+            return True
+        return False
+
+    def _neighbour_plain(self, plain: rtnl.PlainNeighbour) -> bool:
+        assert isinstance(self.desired.neighbours, CompactEntries)
+        if plain[1] & rtnl.NUD_PERMANENT and self.desired.neighbours.holds_plain(plain):
+            self.neighbours += 1
+            return True
+        return False
+
+    def _fdb_plain(self, plain: rtnl.PlainNeighbour) -> bool:
+        assert isinstance(self.desired.fdb, CompactEntries)
+        if plain[1] & rtnl.NUD_PERMANENT and plain[2] & rtnl.NTF_SELF \
+                and self.desired.fdb.holds_plain(plain):
+            self.fdb_entries += 1
+            return True
+        return False
 
     def route(self, entry: tuple[Route, int, int]) -> bool:
         if entry[1] == rtnl.RTPROT_FLANNEL and entry[0] in self.desired.routes:
@@ -240,13 +274,13 @@ def _read(sock: Netlink, desired: DesiredState, counted: _Nothing) -> ActualStat
         if sock.strict:
             routes.update(route for route, _proto, _table in sock.routes(
                 family, table=main, protocol=rtnl.RTPROT_FLANNEL, kind=unicast,
-                unless=counted.route))
+                unless=counted.route, unless_plain=counted.route_plain))
         for oif in oifs:
             # Ours were read by protocol, when the kernel can select it.
             for route, proto, _table in sock.routes(
                     family, table=main, kind=unicast, oif=oif,
                     not_protocol=rtnl.RTPROT_FLANNEL if sock.strict else None,
-                    unless=counted.route):
+                    unless=counted.route, unless_plain=counted.route_plain):
                 if proto == rtnl.RTPROT_FLANNEL:
                     routes.add(route)
                 elif adoptable(route, proto, desired):
@@ -255,11 +289,13 @@ def _read(sock: Netlink, desired: DesiredState, counted: _Nothing) -> ActualStat
     fdb: set[FdbEntry] = set()
     for device in sorted(desired.devices):
         for family in desired.families:
-            for entry, state, _flags in sock.neighbours(family, device,
-                                                        unless=counted.neighbour):
+            for entry, state, _flags in sock.neighbours(
+                    family, device, unless=counted.neighbour,
+                    unless_plain=counted.neighbour_plain):
                 if isinstance(entry, Neighbour) and state & rtnl.NUD_PERMANENT:
                     neighbours.add(entry)
-        for entry, state, flags in sock.neighbours(AF_BRIDGE, device, unless=counted.fdb):
+        for entry, state, flags in sock.neighbours(AF_BRIDGE, device, unless=counted.fdb,
+                                                   unless_plain=counted.fdb_plain):
             if isinstance(entry, FdbEntry) and state & rtnl.NUD_PERMANENT \
                     and flags & rtnl.NTF_SELF:
                 fdb.add(entry)
@@ -438,11 +474,13 @@ class Netlink(Protocol):
 
     def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
                oif: int = 0, not_protocol: int | None = None,
-               unless: Callable[[tuple[Route, int, int]], bool] | None = None
+               unless: Callable[[tuple[Route, int, int]], bool] | None = None,
+               unless_plain: Callable[[rtnl.PlainRoute], bool] | None = None
                ) -> list[tuple[Route, int, int]]: ...
 
     def neighbours(self, family: int, ifindex: int = 0, *,
-                   unless: Callable[[tuple[Neighbour | FdbEntry, int, int]], bool] | None = None
+                   unless: Callable[[tuple[Neighbour | FdbEntry, int, int]], bool] | None = None,
+                   unless_plain: Callable[[rtnl.PlainNeighbour], bool] | None = None
                    ) -> list[tuple[Neighbour | FdbEntry, int, int]]: ...
 
     def run(self, ops: Iterable[tuple[str, object]]) -> list[rtnl.NetlinkError]: ...

@@ -190,6 +190,40 @@ async def test_cut_watch_resumes_and_410_relists(api, tmp_path):
         assert any("resourceVersion" in r and "watch" in r for r in api.requests)
 
 
+async def test_heartbeats_never_fill_the_lease_loops_queue(api, tmp_path):
+    """Updates that change nothing a lease is decoded from (a heartbeat annotation, a
+    condition's heartbeat) on more nodes than the queue holds, while the lease loop is busy,
+    do not turn the next change into a whole snapshot: only that change comes."""
+    api.put_node("node1", ["10.244.1.0/24"])
+    for i in range(2, 22):
+        remote(api, f"node{i}", f"10.244.{i}.0/24", f"10.0.0.{i}")
+    sm = manager(api, tmp_path, queue_depth=10)
+    try:
+        config = await sm.get_network_config()
+        await sm.acquire_lease(config, VXLAN)
+        updates = sm.watch_leases(config)
+        first = await anext(updates)
+        assert isinstance(first, Snapshot) and len(first.leases) == 21
+        for beat in range(3):
+            stamp = f"2026-12-07T05:00:0{beat}Z"
+            for i in range(2, 22):
+                api.put_node(f"node{i}", annotations={"example.com/heartbeat": stamp},
+                             conditions=[{"type": "Ready", "status": "True",
+                                          "lastHeartbeatTime": stamp}])
+        remote(api, "node7", "10.244.7.0/24", "10.0.0.77")
+
+        async def caught_up():
+            return sm.resource_version == str(api.rv)
+        await async_wait_until(caught_up, 30, what="the watch to keep up")
+        update = await asyncio.wait_for(anext(updates), 10)
+        assert not isinstance(update, Snapshot)
+        assert [(e.type, e.lease.key, str(e.lease.attrs.public_ip)) for e in update.events] \
+            == [(EventType.ADDED, "10.244.7.0-24", "10.0.0.77")]
+        await updates.aclose()
+    finally:
+        await sm.close()
+
+
 async def test_six_thousand_quick_updates_never_block_the_watch(api, tmp_path):
     api.put_node("node1", ["10.244.1.0/24"])
     for i in range(2, 22):

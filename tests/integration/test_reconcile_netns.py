@@ -5,6 +5,7 @@ previous flannel left, accept_ra, and the errors an operator sees for an unusabl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import time
@@ -17,7 +18,7 @@ from flannel.backend.base import BackendError
 from flannel.dataplane.loop import NOT_PROGRAMMED
 from flannel.kernel import events, rtnl
 from flannel.kernel.host import Host
-from flannel.kernel.reconcile import reconcile
+from flannel.kernel.reconcile import read_unless_converged, reconcile
 from flannel.lease import Lease, LeaseAttrs
 from tests.support import netns
 from tests.support.netns_dataplane import (
@@ -126,6 +127,46 @@ async def test_tampering_is_repaired(vxlan, command, reason):
     print(f"\n{reason}: repaired in {took * 1000:.0f} ms")
     assert seen and seen[0][0] is False
     assert seen[0][1].startswith(f"{NOT_PROGRAMMED}repairing: {reason}"), seen
+
+
+# What a kernel change does to the read-back of a converged pass: the entries the vxlan
+# backend describes are told from the kernel's messages without decoding them, exactly.
+SILENT_DRIFT = [
+    ["bridge", "fdb", "replace", PEER_MAC, "dev", "flannel.1", "dst", "192.168.50.99", "self",
+     "permanent"],
+    ["bridge", "fdb", "replace", PEER_MAC, "dev", "flannel.1", "dst", "192.168.50.3", "port",
+     "9999", "self", "permanent"],
+    ["bridge", "fdb", "replace", PEER_MAC, "dev", "flannel.1", "dst", "192.168.50.3", "vni",
+     "7", "self", "permanent"],
+    ["ip", "neigh", "replace", "10.244.2.0", "lladdr", "0e:00:00:00:00:99", "dev", "flannel.1",
+     "nud", "permanent"],
+    ["ip", "route", "replace", "10.244.2.0/24", "via", "10.244.2.0", "dev", "flannel.1",
+     "onlink", "metric", "5", "proto", "151"],
+    ["ip", "route", "replace", "10.244.2.0/25", "via", "10.244.2.0", "dev", "flannel.1",
+     "onlink", "proto", "151"],
+]
+
+
+@pytest.mark.parametrize("command", SILENT_DRIFT, ids=[" ".join(c[:3] + c[5:7])
+                                                        for c in SILENT_DRIFT])
+async def test_a_converged_read_back_sees_every_difference(vxlan, command):
+    ns, plane = vxlan
+    desired = plane.dataplane.desired
+    assert desired is not None and plane.task is not None
+    plane.task.cancel()  # nothing repairs the change but the passes below
+    with contextlib.suppress(asyncio.CancelledError):
+        await plane.task
+    sock = rtnl.Rtnl(Host(ns))
+    try:
+        converged = read_unless_converged(sock, desired)
+        assert converged is not None and converged.routes == desired.routes
+        await asyncio.to_thread(netns.ip, "netns", "exec", ns, *command)
+        changed = read_unless_converged(sock, desired)
+        assert changed is None or changed.routes != desired.routes
+        assert reconcile(sock, desired)  # the difference is found and repaired
+        assert reconcile(sock, desired) == []
+    finally:
+        sock.close()
 
 
 async def test_lease_changes_apply_the_difference_and_drift_in_between_is_repaired(ns):

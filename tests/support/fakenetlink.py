@@ -57,8 +57,10 @@ class Handle:
 
     def routes(self, family: int, *, table: int = 0, protocol: int = 0, kind: int = 0,
                oif: int = 0, not_protocol: int | None = None,
-               unless: Callable[[tuple[Route, int, int]], bool] | None = None
+               unless: Callable[[tuple[Route, int, int]], bool] | None = None,
+               unless_plain: Callable[[rtnl.PlainRoute], bool] | None = None
                ) -> list[tuple[Route, int, int]]:
+        # unless_plain is not asked: these are entries, not messages (``unless`` stands).
         self._use()
         with self.kernel.lock:
             self.kernel.dumps += 1
@@ -71,7 +73,8 @@ class Handle:
         return [entry for entry in found if unless is None or not unless(entry)]
 
     def neighbours(self, family: int, ifindex: int = 0, *,
-                   unless: Callable[[tuple[Neighbour | FdbEntry, int, int]], bool] | None = None
+                   unless: Callable[[tuple[Neighbour | FdbEntry, int, int]], bool] | None = None,
+                   unless_plain: Callable[[rtnl.PlainNeighbour], bool] | None = None
                    ) -> list[tuple[Neighbour | FdbEntry, int, int]]:
         self._use()
         found: list[tuple[Neighbour | FdbEntry, int, int]]

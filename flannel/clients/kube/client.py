@@ -24,9 +24,11 @@ import asyncio
 import json
 import logging
 import random
+import re
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from json.scanner import make_scanner
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -453,7 +455,13 @@ class KubeClient:
     def _event(self, line: bytes) -> tuple[str, Any]:
         """One watch event's type and object; ApiUnreachable (``relist``) for an event over
         its budget or of another shape, naming what is wrong; ApiStatusError for an ERROR
-        event (its code 500 when it is not an integer)."""
+        event (its code 500 when it is not an integer). A node's ``status`` and what
+        follows it are not decoded when the event has the API server's shape
+        (``node_event_head``)."""
+        if boundedjson.element_bound(line) <= self.event.max_elements:
+            head = node_event_head(line.decode("utf-8", "replace"))
+            if head is not None:
+                return head
         try:
             event = self._decode(line, self.event, "a node watch event")
         except ApiUnreachable as err:
@@ -472,3 +480,53 @@ class KubeClient:
                                  _printable(str(obj.get("message") or "watch error")),
                                  "watch nodes", self.config.credentials.source)
         return kind, obj
+
+
+# -- a node event without its status ------------------------------------------------------
+
+_WS = r"[ \t\n\r]*"  # JSON's whitespace
+_EVENT_OPEN = re.compile(
+    rf'\{{{_WS}"type"{_WS}:{_WS}"(ADDED|MODIFIED|DELETED)"{_WS},{_WS}"object"{_WS}:{_WS}\{{{_WS}')
+#: The JSON value at an index of a text, and the index after it: json.loads' own scanner.
+_VALUE: Callable[[str, int], tuple[Any, int]] = make_scanner(
+    json.JSONDecoder())  # type: ignore[arg-type]  # the C scanner takes any decoder
+
+
+def _space(text: str, pos: int) -> int:
+    """The index of the first character at or after ``pos`` that is not JSON whitespace."""
+    while text[pos] in " \t\n\r":
+        pos += 1
+    return pos
+
+
+def node_event_head(text: str) -> tuple[str, dict[str, Any]] | None:
+    """(type, the node's members that come before its ``status``) of a watch event in the
+    shape the API server writes (the type first, then the object, whose ``status`` comes
+    after its ``metadata`` and ``spec``), decoded without the status and whatever follows it:
+    most of a node (conditions, images) and all that a heartbeat changes, none of which
+    flanneld reads. None when the event has another shape, or is not valid JSON up to its
+    status: the caller decodes it whole. Values are decoded as ``json.loads`` does."""
+    match = _EVENT_OPEN.match(text)
+    if match is None:
+        return None
+    members: dict[str, Any] = {}
+    pos = match.end()
+    try:
+        while text[pos] == '"':
+            key, pos = _VALUE(text, pos)
+            pos = _space(text, pos)
+            if text[pos] != ":":
+                return None
+            pos = _space(text, pos + 1)
+            if key == "status":
+                # What flanneld reads must all have come before: else it is read whole.
+                return (match[1], members) if "metadata" in members and "spec" in members \
+                    else None
+            members[key], pos = _VALUE(text, pos)
+            pos = _space(text, pos)
+            if text[pos] != ",":
+                return None  # the object ends without a status: decoded whole
+            pos = _space(text, pos + 1)
+    except (IndexError, StopIteration, ValueError, RecursionError):
+        return None  # the decoder that reads it whole says what is wrong
+    return None

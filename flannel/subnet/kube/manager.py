@@ -586,8 +586,13 @@ class KubeSubnetManager:
             if self.nodes.pop(name, None) is not None:  # what it published is void now
                 self._mark(name)
             return
+        cached = self.nodes.get(name)
         self.nodes[name] = node
-        self._mark(name)
+        # An update that changes nothing a lease is decoded from (a heartbeat, a status)
+        # wakes neither the lease loop nor keep_lease (which read only the view), and never
+        # fills the loop's queue.
+        if cached is None or cached.inputs() != node.inputs():
+            self._mark(name)
 
     def _mark(self, name: str) -> None:
         if name == self.node_name:
