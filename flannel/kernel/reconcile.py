@@ -500,8 +500,11 @@ def reconcile(sock: Netlink, desired: DesiredState,
     """
     actual = read_unless_converged(sock, desired) or read_actual(sock, desired)
     if actual.adopted:
+        # Those the plan replaces with ours or deletes, as ``plan`` chooses them.
         taken = sorted(r for r in actual.adopted
-                       if r in desired.routes and r not in actual.routes)
+                       if (r in desired.routes and r not in actual.routes)
+                       or (r not in desired.routes
+                           and not desired.wants_route_at(r.dst, r.metric)))
         if taken:
             log.info("taking over %d route(s) of another protocol that a previous flannel "
                      "left in the network, e.g. %s via %s", len(taken), taken[0].dst,

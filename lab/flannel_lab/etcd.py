@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,11 +26,36 @@ ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 ETCDCTL = shutil.which("etcdctl") or "/usr/bin/etcdctl"
 
 
+#: Where ``free_port`` looks first: below the kernel's ephemeral range, from which every
+#: outgoing connection on the machine takes its local port (one may take a port between our
+#: check and etcd's bind).
+LOWEST_PORT = 10000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback TCP port nothing is bound to now: a random one below the ephemeral range
+    when one is free there, else one the kernel picks."""
+    top = _ephemeral_start()
+    for _ in range(50 if top > LOWEST_PORT + 1000 else 0):
+        port = random.randrange(LOWEST_PORT, top)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        chosen: int = sock.getsockname()[1]
+        return chosen
 
 
 @dataclass(frozen=True)
@@ -57,6 +83,7 @@ class EtcdServer:
         self.client_port = free_port()
         self.peer_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started = False  # once it answered, its ports are known to others
         self.log_path = workdir / "etcd.log"
 
     @property
@@ -83,7 +110,9 @@ class EtcdServer:
     def _prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.netns] if self.netns else []
 
-    def start(self, timeout: float = 20.0) -> None:
+    def start(self, timeout: float = 20.0, tries: int = 3) -> None:
+        """Start etcd and wait until it answers; before it ever answered, ports taken
+        meanwhile by another process are given up for new ones (``tries`` in all)."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         peer = f"http://{self.host}:{self.peer_port}"
         cmd = [*self._prefix(), ETCD, "--name", "test", "--data-dir", str(self.data_dir),
@@ -101,14 +130,24 @@ class EtcdServer:
         if self.auth_token_ttl is not None:
             cmd += ["--auth-token-ttl", str(self.auth_token_ttl)]
         log = self.log_path.open("ab")
+        logged, had_data = log.tell(), self.data_dir.exists()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, cwd=self.socket_dir)
         log.close()
         deadline = time.monotonic() + slowness.scaled(timeout)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited: {self.log_path.read_text()[-2000:]}")
+                said = self.log_path.read_bytes()[logged:].decode(errors="replace")[-2000:]
+                if "address already in use" in said and not self.started and tries > 1:
+                    # Taken between our check and etcd's bind; nobody knows these ports yet.
+                    self.proc = None
+                    if not had_data:
+                        shutil.rmtree(self.data_dir, ignore_errors=True)
+                    self.client_port, self.peer_port = free_port(), free_port()
+                    return self.start(timeout, tries - 1)
+                raise RuntimeError(f"etcd exited: {said}")
             if self.ctl("endpoint", "health", check=False).returncode == 0:
+                self.started = True
                 return
             time.sleep(0.1)
         self.stop()

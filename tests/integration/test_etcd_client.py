@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 
 import pytest
 
@@ -307,3 +308,17 @@ async def test_a_revision_going_back_is_reported_as_a_reset(private_etcd, tmp_pa
         assert client.take_reset() is None
     finally:
         await client.close()
+
+
+def test_a_test_etcd_whose_port_was_taken_before_it_bound_starts_on_others(tmp_path):
+    """A free port checked, then taken by another process (an outgoing connection's local
+    port) before etcd binds it: the throw-away etcd of the tests and the lab starts on new
+    ports instead of failing the test that asked for it."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        server = EtcdServer(tmp_path / "etcd")
+        server.client_port = taken.getsockname()[1]
+        with server:
+            assert server.client_port != taken.getsockname()[1]
+            assert server.ctl("endpoint", "health", check=False).returncode == 0
