@@ -7,7 +7,6 @@ when flanneld stops, answers over their bytes or tags refused, redirects never f
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from ipaddress import IPv4Address
 
@@ -22,11 +21,15 @@ from flannel.cloud.awsvpc import MARK, AwsVpcConfig, AwsVpcRoutes
 from flannel.cloud.base import CloudError, RouteChange, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from flannel_lab import hostile
-from flannel_lab.hostile import Witness
-from tests.support.cloudengines import NETWORK, SUBNETS, lease
+from tests.support.cloudengines import (
+    NETWORK,
+    SUBNETS,
+    lease,
+    redirected_pass,
+    stop_while_asking,
+)
 from tests.support.ec2faults import Ec2Relay
 from tests.support.imds import FakeMetadata, aws_paths
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cloud
 
@@ -476,23 +479,9 @@ def prepared(vpc: Vpc) -> AwsVpcRoutes:
 def test_a_stop_cuts_a_dripping_ec2_answer_at_once(vpc):
     engine = prepared(vpc)
     vpc.relay.answer_with("DescribeRouteTables", hostile.drip(DESCRIBED, DRIP))
-    outcome: list[str] = []
-
-    def run() -> None:
-        try:
-            engine.reconcile(lease(SUBNETS[0]), [])
-        except CloudError as error:
-            outcome.append(str(error))
-
-    asked = vpc.relay.count("DescribeRouteTables")
-    thread = threading.Thread(target=run)
-    thread.start()
-    wait_until(lambda: vpc.relay.count("DescribeRouteTables") > asked, 10, what="the dripping call")
-    time.sleep(0.5)  # inside the dripping answer
-    started = time.monotonic()
-    engine.interrupt()
-    thread.join(DRIP * 2)
-    assert not thread.is_alive() and time.monotonic() - started < STOP_CUT
+    took, outcome = stop_while_asking(engine, lambda: vpc.relay.count("DescribeRouteTables"),
+                                      DRIP)
+    assert took < STOP_CUT
     assert outcome == ["EC2 DescribeRouteTables: not done, flanneld is stopping"]
     asked = len(vpc.relay.actions)
     with pytest.raises(CloudError, match="flanneld is stopping"):
@@ -533,19 +522,10 @@ def test_an_ec2_answer_over_its_bytes_or_tags_is_refused_unparsed(vpc, behaviour
 
 @pytest.mark.parametrize("status", [301, 302, 307, 308])
 def test_an_ec2_redirect_is_never_followed(vpc, status):
-    engine = prepared(vpc)
-    witness = Witness().start()
-    try:
-        vpc.relay.answer_with("DescribeRouteTables",
-                              hostile.redirect(status, f"{witness.url}/elsewhere"))
-        with pytest.raises(CloudError) as raised:
-            engine.reconcile(lease(SUBNETS[0]), [])
-        assert witness.requests == []  # the signed request never reached the other host
-    finally:
-        witness.stop()
-    assert str(raised.value).startswith(
+    error, elsewhere = redirected_pass(prepared(vpc), vpc.relay.answer_with, status)
+    assert error.startswith(
         f"EC2 DescribeRouteTables: {vpc.relay.url.removeprefix('http://')} answered HTTP "
-        f"{status}, a redirect to '{witness.url.removeprefix('http://')}'; not followed")
+        f"{status}, a redirect to '{elsewhere}'; not followed")
 
 
 def test_a_route_table_described_without_its_id_is_refused_by_name(vpc):

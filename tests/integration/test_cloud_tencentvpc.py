@@ -7,7 +7,6 @@ their bytes or elements refused, redirects never followed)."""
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from ipaddress import IPv4Address
 
@@ -18,7 +17,6 @@ from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.cloud.metadata import MetadataClient
 from flannel.cloud.tencentvpc import DESCRIPTION, TencentVpcConfig, TencentVpcRoutes
 from flannel_lab import hostile
-from flannel_lab.hostile import Witness
 from tests.support.cloudengines import (
     FAST,
     NETWORK,
@@ -28,10 +26,11 @@ from tests.support.cloudengines import (
     full_table_error,
     lease,
     reconcile_all,
+    redirected_pass,
+    stop_while_asking,
 )
 from tests.support.imds import FakeMetadata
 from tests.support.tencentapi import FakeTencentVpc
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.cloud
 
@@ -281,24 +280,9 @@ def test_a_stop_cuts_a_dripping_answer_at_once(cloud):
     api, _ = cloud
     node = prepared(cloud)
     api.answer_with("DescribeRouteTables", hostile.drip(ANSWER, DRIP))
-    outcome: list[str] = []
-
-    def run() -> None:
-        try:
-            node.reconcile(lease(SUBNETS[0]), [])
-        except CloudError as error:
-            outcome.append(str(error))
-
-    asked = api.actions.count("DescribeRouteTables")
-    thread = threading.Thread(target=run)
-    thread.start()
-    wait_until(lambda: api.actions.count("DescribeRouteTables") > asked, 10,
-               what="the dripping call")
-    time.sleep(0.5)  # inside the dripping answer
-    started = time.monotonic()
-    node.interrupt()
-    thread.join(DRIP * 2)
-    assert not thread.is_alive() and time.monotonic() - started < STOP_CUT
+    took, outcome = stop_while_asking(node, lambda: api.actions.count("DescribeRouteTables"),
+                                      DRIP)
+    assert took < STOP_CUT
     assert outcome == ["Tencent VPC DescribeRouteTables: not done, flanneld is stopping"]
     asked = len(api.actions)
     with pytest.raises(CloudError, match="flanneld is stopping"):
@@ -339,16 +323,7 @@ def test_an_answer_over_its_bytes_or_elements_is_refused_undecoded(cloud, behavi
 @pytest.mark.parametrize("status", [301, 302, 307, 308])
 def test_a_redirect_is_never_followed(cloud, status):
     api, _ = cloud
-    node = prepared(cloud)
-    witness = Witness().start()
-    try:
-        api.answer_with("DescribeRouteTables",
-                        hostile.redirect(status, f"{witness.url}/elsewhere"))
-        with pytest.raises(CloudError) as raised:
-            node.reconcile(lease(SUBNETS[0]), [])
-        assert witness.requests == []  # the signed request never reached the other host
-    finally:
-        witness.stop()
-    assert str(raised.value).startswith(
+    error, elsewhere = redirected_pass(prepared(cloud), api.answer_with, status)
+    assert error.startswith(
         f"Tencent VPC DescribeRouteTables: {api.endpoint} answered HTTP {status}, a redirect "
-        f"to '{witness.url.removeprefix('http://')}'; not followed")
+        f"to '{elsewhere}'; not followed")

@@ -1,9 +1,12 @@
-"""What the cloud route engines' tests share: leases, every node's pass at once, and the
-checks of the options the access-key engines (ali-vpc, tencent-vpc) read alike, each engine's
-``from_backend`` passed in as ``read(members, environ)``."""
+"""What the cloud route engines' tests share: leases, every node's pass at once, a stop in
+the middle of a hostile answer, and the checks of the options the access-key engines (ali-vpc,
+tencent-vpc) read alike, each engine's ``from_backend`` passed in as ``read(members,
+environ)``."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
 from ipaddress import IPv4Network
 from typing import Any
@@ -13,6 +16,9 @@ import pytest
 from flannel.backendconf.errors import BackendConfigError
 from flannel.cloud.base import CloudError, ThrottleRetry
 from flannel.lease import Lease
+from flannel_lab import hostile
+from flannel_lab.hostile import Witness
+from tests.support.waiting import wait_until
 
 NETWORK = IPv4Network("10.244.0.0/16")
 SUBNETS = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"]
@@ -31,6 +37,48 @@ def reconcile_all(engines: Sequence[Any], subnets: Sequence[str] = SUBNETS) -> l
     leases = [lease(cidr) for cidr in subnets]
     return [engine.reconcile(leases[i], leases[:i] + leases[i + 1:])
             for i, engine in enumerate(engines)]
+
+
+def stop_while_asking(engine: Any, asked: Callable[[], int], answer_lasts: float
+                      ) -> tuple[float, list[str]]:
+    """A pass of ``engine`` (holding SUBNETS[0], no peer) in a thread, stopped (``interrupt``)
+    once ``asked()`` counts the call whose answer takes ``answer_lasts`` seconds and half a
+    second into that answer: (seconds from the stop to the pass's end, the CloudErrors it
+    ended with). The thread is waited for twice the answer's length at most."""
+    outcome: list[str] = []
+
+    def run() -> None:
+        try:
+            engine.reconcile(lease(SUBNETS[0]), [])
+        except CloudError as error:
+            outcome.append(str(error))
+
+    before = asked()
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: asked() > before, 10, what="the hostile call")
+    time.sleep(0.5)  # inside the answer, not a bound: the stop is what is timed
+    started = time.monotonic()
+    engine.interrupt()
+    thread.join(answer_lasts * 2)
+    assert not thread.is_alive(), "the pass outlived the stop"
+    return time.monotonic() - started, outcome
+
+
+def redirected_pass(engine: Any, answer_with: Callable[[str, Any], None], status: int
+                    ) -> tuple[str, str]:
+    """A pass of ``engine`` (holding SUBNETS[0], no peer) whose DescribeRouteTables is
+    answered by a redirect with ``status`` to another host of the test's own, which must see
+    no request: (the CloudError the pass ended with, that host's address)."""
+    witness = Witness().start()
+    try:
+        answer_with("DescribeRouteTables", hostile.redirect(status, f"{witness.url}/elsewhere"))
+        with pytest.raises(CloudError) as raised:
+            engine.reconcile(lease(SUBNETS[0]), [])
+        assert witness.requests == []  # the signed request never reached the other host
+    finally:
+        witness.stop()
+    return str(raised.value), witness.url.removeprefix("http://")
 
 
 def full_table_error(engines: Sequence[Any], fill: Callable[[], None]) -> str:
