@@ -183,7 +183,8 @@ def _decoding(what: str, decode: Callable[[str], Any], text: str) -> Any:
 _SPACE = re.compile(r"[ \t\n\r]*")
 
 
-def _skip(text: str, at: int) -> int:
+def skip_space(text: str, at: int) -> int:
+    """The index of the first character at or after ``at`` that is not JSON whitespace."""
     end = _SPACE.match(text, at)
     assert end is not None  # the pattern matches the empty string
     return end.end()
@@ -192,11 +193,11 @@ def _skip(text: str, at: int) -> int:
 def _object_each(text: str, member: str, each: Callable[[Any], Any]) -> Any:
     """The top-level object of ``text``, its ``member`` array decoded an element at a time
     through ``each`` (the C decoder does every value; this only walks the outer object)."""
-    at = _skip(text, 0)
+    at = skip_space(text, 0)
     if not text.startswith("{", at):
         return _DECODER.decode(text)
     doc: dict[str, Any] = {}
-    at = _skip(text, at + 1)
+    at = skip_space(text, at + 1)
     if text.startswith("}", at):
         at += 1
     else:
@@ -205,22 +206,22 @@ def _object_each(text: str, member: str, each: Callable[[Any], Any]) -> Any:
                 raise json.JSONDecodeError("Expecting property name enclosed in double "
                                            "quotes", text, at)
             key, at = _DECODER.raw_decode(text, at)  # a string: it starts with a quote
-            at = _skip(text, at)
+            at = skip_space(text, at)
             if not text.startswith(":", at):
                 raise json.JSONDecodeError("Expecting ':' delimiter", text, at)
-            at = _skip(text, at + 1)
+            at = skip_space(text, at + 1)
             if key == member and text.startswith("[", at):
                 doc[key], at = _array_each(text, at + 1, each)
             else:
                 doc[key], at = _DECODER.raw_decode(text, at)
-            at = _skip(text, at)
+            at = skip_space(text, at)
             if text.startswith("}", at):
                 at += 1
                 break
             if not text.startswith(",", at):
                 raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-            at = _skip(text, at + 1)
-    if _skip(text, at) != len(text):
+            at = skip_space(text, at + 1)
+    if skip_space(text, at) != len(text):
         raise json.JSONDecodeError("Extra data", text, at)
     return doc
 
@@ -229,7 +230,7 @@ def _array_each(text: str, at: int, each: Callable[[Any], Any]) -> tuple[list[An
     """The array whose first element (or end) is at or after ``at``, each element passed
     through ``each`` as soon as it is decoded; and where the array ends."""
     kept: list[Any] = []
-    at = _skip(text, at)
+    at = skip_space(text, at)
     if text.startswith("]", at):
         return kept, at + 1
     while True:
@@ -239,9 +240,9 @@ def _array_each(text: str, at: int, each: Callable[[Any], Any]) -> tuple[list[An
         except (ValueError, RecursionError) as err:
             raise _Raised from err
         del value  # before the next element is decoded
-        at = _skip(text, at)
+        at = skip_space(text, at)
         if text.startswith("]", at):
             return kept, at + 1
         if not text.startswith(",", at):
             raise json.JSONDecodeError("Expecting ',' delimiter", text, at)
-        at = _skip(text, at + 1)
+        at = skip_space(text, at + 1)

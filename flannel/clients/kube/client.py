@@ -492,13 +492,6 @@ _VALUE: Callable[[str, int], tuple[Any, int]] = make_scanner(
     json.JSONDecoder())  # type: ignore[arg-type]  # the C scanner takes any decoder
 
 
-def _space(text: str, pos: int) -> int:
-    """The index of the first character at or after ``pos`` that is not JSON whitespace."""
-    while text[pos] in " \t\n\r":
-        pos += 1
-    return pos
-
-
 def node_event_head(text: str) -> tuple[str, dict[str, Any]] | None:
     """(type, the node's members that come before its ``status``) of a watch event in the
     shape the API server writes (the type first, then the object, whose ``status`` comes
@@ -514,19 +507,19 @@ def node_event_head(text: str) -> tuple[str, dict[str, Any]] | None:
     try:
         while text[pos] == '"':
             key, pos = _VALUE(text, pos)
-            pos = _space(text, pos)
+            pos = boundedjson.skip_space(text, pos)
             if text[pos] != ":":
                 return None
-            pos = _space(text, pos + 1)
+            pos = boundedjson.skip_space(text, pos + 1)
             if key == "status":
                 # What flanneld reads must all have come before: else it is read whole.
                 return (match[1], members) if "metadata" in members and "spec" in members \
                     else None
             members[key], pos = _VALUE(text, pos)
-            pos = _space(text, pos)
+            pos = boundedjson.skip_space(text, pos)
             if text[pos] != ",":
                 return None  # the object ends without a status: decoded whole
-            pos = _space(text, pos + 1)
+            pos = boundedjson.skip_space(text, pos + 1)
     except (IndexError, StopIteration, ValueError, RecursionError):
         return None  # the decoder that reads it whole says what is wrong
     return None
