@@ -423,7 +423,7 @@ def _decode(data: bytes, what: str, budget: Budget) -> Any:
     _Malformed when it is not JSON."""
     if len(data) > budget.max_bytes:
         raise _OverBudget(f"{what} is larger than its budget of {budget.max_bytes} bytes")
-    if boundedjson.element_bound(data) > budget.max_elements:
+    if boundedjson.more_elements_than(data, budget.max_elements):
         raise _OverBudget(f"{what} has more JSON elements than its budget of "
                           f"{budget.max_elements}")
     try:

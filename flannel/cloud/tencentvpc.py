@@ -48,7 +48,7 @@ from flannel.cloud.metadata import (
 )
 from flannel.cloud.options import KEY_OPTIONS, access_key, endpoint_url, string_members
 from flannel.cloud.sdkfetch import SdkSender
-from flannel.untrusted.boundedjson import element_bound
+from flannel.untrusted.boundedjson import more_elements_than
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class _Connection:
         sent = headers or {}
         action = sent.get("X-TC-Action", "call")
         reply = self._sender.exchange(action, method, url, body, sent)
-        if element_bound(reply.body) > MAX_ELEMENTS:
+        if more_elements_than(reply.body, MAX_ELEMENTS):
             raise CloudError(f"Tencent VPC {action}: the answer holds more than "
                              f"{MAX_ELEMENTS} JSON elements; not read")
         return _Answer(reply.status, reply.headers, reply.body)

@@ -82,6 +82,18 @@ def test_the_element_bound_never_undercounts(doc):
     assert boundedjson.element_bound(doc.encode()) == boundedjson.element_bound(doc)
 
 
+@pytest.mark.parametrize("doc", ["", "1", "[]", "[[]]", ",,,", "[,{", "{[,]}", '"[[[["',
+                                 "[" + "[]," * 40 + "[]]"])
+def test_the_element_check_skips_counting_only_where_the_count_cannot_exceed(doc):
+    """``more_elements_than`` answers as the count would, at every limit around the
+    document's length and bound, for text and bytes."""
+    bound = boundedjson.element_bound(doc)
+    for limit in {0, 1, bound - 1, bound, bound + 1, len(doc) - 1, len(doc), len(doc) + 1}:
+        if limit >= 0:
+            assert boundedjson.more_elements_than(doc, limit) == (bound > limit), limit
+            assert boundedjson.more_elements_than(doc.encode(), limit) == (bound > limit)
+
+
 def test_many_tiny_elements_are_refused_before_decoding():
     """60 MiB of ``[]`` decode to ~1.2 GiB of lists: the element bound refuses them first."""
     amplifying = b"[" + b"[]," * 100_000 + b"[]]"

@@ -202,7 +202,7 @@ class KubeClient:
         """An answer's JSON within ``budget``; ApiUnreachable (``too_large`` when over the
         budget: never decoded) naming the server and the bound. ``items``: a list's items
         are each passed through it as they are decoded (``Budget.decode_each``)."""
-        if boundedjson.element_bound(data) > budget.max_elements:
+        if boundedjson.more_elements_than(data, budget.max_elements):
             raise ApiUnreachable(f"{self.config.server}: {what} has more JSON elements than "
                                  f"its budget of {budget.max_elements}", too_large=True)
         try:
@@ -458,7 +458,7 @@ class KubeClient:
         event (its code 500 when it is not an integer). A node's ``status`` and what
         follows it are not decoded when the event has the API server's shape
         (``node_event_head``)."""
-        if boundedjson.element_bound(line) <= self.event.max_elements:
+        if not boundedjson.more_elements_than(line, self.event.max_elements):
             head = node_event_head(line.decode("utf-8", "replace"))
             if head is not None:
                 return head
