@@ -24,6 +24,7 @@ Must not touch: any API's objects or paths, credentials, the stores, the kernel.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -45,6 +46,9 @@ _READ = 64 * 1024  # bytes handed to h11 at a time
 KEEPALIVE = ((socket.TCP_KEEPIDLE, 30), (socket.TCP_KEEPINTVL, 10), (socket.TCP_KEEPCNT, 3))
 
 T = TypeVar("T")
+#: A chunk-size line without its CRLF, as h11 reads it: up to 20 hex digits, extensions
+#: (unread), trailing whitespace.
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,20})(?:;.*)?[ \t]*", re.DOTALL)
 
 
 class ProtocolError(Exception):
@@ -142,8 +146,9 @@ class _Stream(asyncio.Protocol):
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    async def read(self, most: int) -> bytes:
-        """At most ``most`` bytes, as soon as some are there; b"" at the end."""
+    async def read(self, most: int, through: bytes = b"") -> bytes:
+        """At most ``most`` bytes, as soon as some are there; b"" at the end. ``through``:
+        no further than the end of its first occurrence in what is there."""
         while not self.buffer:
             if self.ended:
                 if self.error is not None:
@@ -157,8 +162,14 @@ class _Stream(asyncio.Protocol):
                 await self._waiter
             finally:
                 self._waiter = None
-        data = bytes(self.buffer[:most])
-        del self.buffer[:most]
+        if through and (at := self.buffer.find(through)) >= 0:
+            most = min(most, at + len(through))
+        if len(self.buffer) <= most:  # the usual case: one copy, not two
+            data = bytes(self.buffer)
+            self.buffer.clear()
+        else:
+            data = bytes(self.buffer[:most])
+            del self.buffer[:most]
         if self._paused and len(self.buffer) <= self.limit and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()
@@ -390,8 +401,9 @@ class Connection:
 
     # -- the response -------------------------------------------------------------------
 
-    async def _event(self) -> h11.Event:
-        """h11's next event, fed from the stream only as it asks for more."""
+    async def _event(self, through: bytes = b"") -> h11.Event:
+        """h11's next event, fed from the stream only as it asks for more (``through``: as
+        ``_Stream.read``'s)."""
         while True:
             try:
                 event = self._h11.next_event()
@@ -404,7 +416,7 @@ class Connection:
                                         f"{MAX_HEAD_BYTES} bytes") from None
                 raise ProtocolError(f"not an HTTP/1.1 response we can read: {err}") from None
             if event is h11.NEED_DATA:
-                self._h11.receive_data(await self._bounded(self._stream.read(_READ)))
+                self._h11.receive_data(await self._bounded(self._stream.read(_READ, through)))
                 continue
             if event is h11.PAUSED:  # the response ended and more bytes followed
                 raise ProtocolError("the server sent more than one response")
@@ -416,7 +428,8 @@ class Connection:
         (we never ask to switch protocols) is a ProtocolError."""
         size = 0
         while True:
-            event = await self._event()
+            # h11 is fed no further than the head's end: a chunked body is left to ``lines``.
+            event = await self._event(b"\r\n\r\n")
             if isinstance(event, h11.ConnectionClosed):
                 raise ConnectionResetError("the server closed the connection")
             if not isinstance(event, h11.InformationalResponse | h11.Response):
@@ -484,21 +497,29 @@ class Connection:
         """The body's newline-terminated lines (without the newline), each at most
         ``limit`` bytes (a budget's; a longer one raises BodyTooLarge). With a budget, a
         line must also arrive within its seconds from its first byte: a slower one aborts
-        the connection (TimeoutError, naming the budget)."""
+        the connection (TimeoutError, naming the budget). A chunked body (every watch
+        stream) is unframed here rather than by h11, whose bookkeeping cost more than the
+        rest of a line's reading: the connection is not reused after it."""
         max_line, seconds = ((limit.max_bytes, limit.seconds) if isinstance(limit, Budget)
                              else (limit, None))
+        pieces = self._chunks() if self._chunked(head) else \
+            self.pieces(head, max_line, whole=False)
         pending = bytearray()
         try:
-            async for data in self.pieces(head, max_line, whole=False):
+            async for data in pieces:
                 start = 0
                 while (end := data.find(b"\n", start)) >= 0:
                     if len(pending) + end - start > max_line:
                         raise BodyTooLarge(f"a line of the response is longer than the limit "
                                            f"of {max_line} bytes")
-                    pending += data[start:end]
+                    if pending:
+                        pending += data[start:end]
+                        line = bytes(pending)
+                        pending.clear()
+                    else:
+                        line = data[start:end]
                     self._time_message(seconds, started=False)
-                    yield bytes(pending)
-                    pending.clear()
+                    yield line
                     start = end + 1
                 if len(pending) + len(data) - start > max_line:
                     raise BodyTooLarge(f"a line of the response is longer than the limit of "
@@ -509,3 +530,62 @@ class Connection:
             self._time_message(seconds, started=False)
         if pending.strip():
             yield bytes(pending)
+
+    def _chunked(self, head: Head) -> bool:
+        """Whether h11 would read this response's body as chunks (it checked the field)
+        and holds none of it yet (a head's end cut across reads may leave some there)."""
+        return "transfer-encoding" in head.headers and head.status not in (204, 304) and \
+            head.status >= 200 and self._method != "HEAD" and not self._h11.trailing_data[0]
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        """A chunked body's data, a chunk's bytes (or as much of them as has arrived) at a
+        time, as h11 would give them: the same checks of chunk-size lines (at most
+        ``MAX_HEAD_BYTES``), of the line ending each chunk's data and of the trailer
+        section's size. The last chunk and the trailer section are h11's again, so that the
+        response ends as every other does (``reusable``)."""
+        buf = b""
+        pos = 0
+
+        async def more() -> bytes:
+            data = await self._bounded(self._stream.read(_READ))
+            if not data:
+                raise ConnectionResetError("the server closed the connection mid-body")
+            self._last_data = self._loop.time()
+            return data
+
+        while True:
+            while (eol := buf.find(b"\r\n", pos, pos + MAX_HEAD_BYTES)) < 0:
+                if len(buf) - pos >= MAX_HEAD_BYTES:
+                    raise ProtocolError(f"a head or chunk-size line is longer than "
+                                        f"{MAX_HEAD_BYTES} bytes")
+                buf = buf[pos:] + await more()
+                pos = 0
+            size_line = _CHUNK_SIZE.fullmatch(buf, pos, eol)
+            if size_line is None:
+                raise ProtocolError("not an HTTP/1.1 response we can read: illegal chunk "
+                                    f"header: {buf[pos:eol + 2]!r}")
+            left = int(size_line[1], 16)
+            if not left:
+                break
+            pos = eol + 2
+            while left:
+                if pos == len(buf):
+                    buf, pos = await more(), 0
+                take = min(left, len(buf) - pos)
+                yield buf[pos:pos + take] if take < len(buf) else buf
+                pos += take
+                left -= take
+            while len(buf) - pos < 2:
+                buf = buf[pos:] + await more()
+                pos = 0
+            if buf[pos:pos + 2] != b"\r\n":
+                raise ProtocolError("not an HTTP/1.1 response we can read: malformed chunk "
+                                    f"footer: {buf[pos:pos + 2]!r} (expected b'\\r\\n')")
+            pos += 2
+        self._h11.receive_data(buf[pos:])
+        try:
+            end = await self._event()  # h11 reads the last chunk and the trailer section
+        except ConnectionResetError:
+            raise ConnectionResetError("the server closed the connection mid-body") from None
+        assert isinstance(end, h11.EndOfMessage)  # after a last chunk, nothing else
+        self._finished()

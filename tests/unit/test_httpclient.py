@@ -203,3 +203,66 @@ def test_a_budget_refuses_more_elements_than_it_allows_before_decoding():
     with pytest.raises(JSONLimitError, match="a page has more JSON elements than the limit of "
                                              "1000"):
         budget.decode(b"[" + b"[]," * 5000 + b"[]]", "a page")
+
+
+async def stream_lines(raw: bytes, *, drip: bool = False) -> tuple[list[bytes], bool]:
+    """GET from a server that answers with ``raw`` (``drip``: a byte at a time); the body's
+    lines as ``lines`` reads them, and whether the connection may carry another request."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline() not in (b"\r\n", b""):
+            pass
+        for at in range(0, len(raw), 1 if drip else len(raw)):
+            writer.write(raw[at:at + (1 if drip else len(raw))])
+            await writer.drain()
+            if drip:
+                await asyncio.sleep(0.001)
+        await reader.read()
+        writer.close()
+
+    async with connected(answer) as conn:
+        await conn.send("GET", "/watch", "127.0.0.1", {})
+        head = await conn.read_head()
+        lines = [line async for line in conn.lines(head, 1024)]
+        return lines, conn.fit_for_reuse()
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.mark.parametrize(("body", "lines", "reusable", "drip"), [
+    (b"4\r\nab\nc\r\n3\r\nd\ne\r\n0\r\n\r\n", [b"ab", b"cd", b"e"], True, False),
+    (b"4\r\nab\nc\r\n3\r\nd\ne\r\n0\r\n\r\n", [b"ab", b"cd", b"e"], True, True),
+    # Extensions and trailing blanks on a chunk-size line, upper-case digits, trailers.
+    (b"A;name=value \r\n0123456789\r\n2 \r\n\n\n\r\n0;x\r\nX-Trailer: 1\r\n\r\n",
+     [b"0123456789", b""], True, True),
+    (b"1\r\n\n\r\n0\r\n\r\nEXTRA", [b""], False, False),  # another response: not reused
+], ids=["whole", "a byte at a time", "extensions and trailers", "bytes after the end"])
+async def test_a_chunked_stream_is_read_as_lines_as_h11_would_frame_it(body, lines, reusable,
+                                                                       drip):
+    assert await stream_lines(CHUNKED + body, drip=drip) == (lines, reusable)
+
+
+@pytest.mark.parametrize(("body", "refusal"), [
+    (b"zz\r\n", "illegal chunk header: b'zz\\\\r\\\\n'"),
+    (b"-1\r\nab\r\n", "illegal chunk header"),
+    (b"2\r\nabXX0\r\n\r\n", "malformed chunk footer: b'XX'"),
+    (b"1" + b" " * MAX_HEAD_BYTES + b"\r\n", f"chunk-size line is longer than {MAX_HEAD_BYTES}"),
+    (b"1\r\na\r\n0\r\nX-Bad: " + b"a" * MAX_HEAD_BYTES, f"longer than {MAX_HEAD_BYTES}"),
+], ids=["not hex", "negative", "no CRLF after the data", "long size line", "long trailers"])
+async def test_a_chunked_stream_that_breaks_its_framing_is_refused(body, refusal):
+    with pytest.raises(ProtocolError, match=refusal):
+        await stream_lines(CHUNKED + body)
+
+
+async def test_a_chunked_stream_cut_mid_chunk_is_a_closed_connection():
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline() not in (b"\r\n", b""):
+            pass
+        writer.write(CHUNKED + b"10\r\nabc")
+        writer.close()
+
+    async with connected(answer) as conn:
+        await conn.send("GET", "/watch", "127.0.0.1", {})
+        head = await conn.read_head()
+        with pytest.raises(ConnectionResetError, match="mid-body"):
+            [line async for line in conn.lines(head, 1024)]
