@@ -52,6 +52,26 @@ def test_other_shapes_are_left_to_the_whole_decoder():
         assert node_event_head(bad) is None
 
 
+def test_keys_are_read_as_the_decoder_reads_them_escapes_quotes_and_brackets_included():
+    """A key written with escapes is the key it decodes to ("sp\\u0065c" is the spec, an
+    escaped "status" ends the head); a key or string holding quotes, colons or brackets is
+    not taken for the structure around it."""
+    spec = {"podCIDR": "10.0.0.0/24"}
+    tricky = {'a"b': 1, "c\\": "}", '{"spec":{"podCIDR":"evil"}}': '"status":{', "\u00e9": []}
+    text = ('{"type":"ADDED","object":{"metadata":' + json.dumps({"name": "n", **tricky})
+            + ',"sp\\u0065c":' + json.dumps(spec) + ',"st\\u0061tus":{"x":1}}}')
+    assert node_event_head(text) == ("ADDED", {"metadata": {"name": "n", **tricky},
+                                               "spec": spec})
+    assert node_event_head(text) == (json.loads(text)["type"], {
+        k: v for k, v in json.loads(text)["object"].items() if k != "status"})
+    # Whitespace JSON allows around colons and commas; none that it refuses.
+    spaced = '{"type":"ADDED","object":{ "metadata" :\t{"name":"n"}\n,\r"spec" : {} , "status":1}}'
+    assert node_event_head(spaced) == ("ADDED", {"metadata": {"name": "n"}, "spec": {}})
+    assert node_event_head(spaced.replace("\t", "\v")) is None
+    assert node_event_head('{"type":"ADDED","object":{"metadata":{},"spec":{},'
+                           '"stat\x01us":{},"status":{}}}') is None  # a control character
+
+
 @settings(max_examples=300, deadline=None)
 @given(kind=st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
        members=st.dictionaries(st.text(), JSON, max_size=4), status=JSON,

@@ -487,6 +487,11 @@ class KubeClient:
 _WS = r"[ \t\n\r]*"  # JSON's whitespace
 _EVENT_OPEN = re.compile(
     rf'\{{{_WS}"type"{_WS}:{_WS}"(ADDED|MODIFIED|DELETED)"{_WS},{_WS}"object"{_WS}:{_WS}\{{{_WS}')
+#: A member's key without escapes (nor control characters, which JSON refuses in a
+#: string), its colon and the whitespace around it.
+_KEY = re.compile(rf'"([^"\\\x00-\x1f]*)"{_WS}:{_WS}')
+_COLON = re.compile(rf"{_WS}:{_WS}")
+_COMMA = re.compile(rf"{_WS},{_WS}")
 #: The JSON value at an index of a text, and the index after it: json.loads' own scanner.
 _VALUE: Callable[[str, int], tuple[Any, int]] = make_scanner(
     json.JSONDecoder())  # type: ignore[arg-type]  # the C scanner takes any decoder
@@ -505,21 +510,24 @@ def node_event_head(text: str) -> tuple[str, dict[str, Any]] | None:
     members: dict[str, Any] = {}
     pos = match.end()
     try:
-        while text[pos] == '"':
-            key, pos = _VALUE(text, pos)
-            pos = boundedjson.skip_space(text, pos)
-            if text[pos] != ":":
-                return None
-            pos = boundedjson.skip_space(text, pos + 1)
+        while True:
+            # A plain key and its colon in one match; a key with escapes by the decoder.
+            if (plain := _KEY.match(text, pos)) is not None:
+                key, pos = plain[1], plain.end()
+            else:
+                if text[pos] != '"':
+                    return None
+                key, pos = _VALUE(text, pos)
+                if (colon := _COLON.match(text, pos)) is None:
+                    return None
+                pos = colon.end()
             if key == "status":
                 # What flanneld reads must all have come before: else it is read whole.
                 return (match[1], members) if "metadata" in members and "spec" in members \
                     else None
             members[key], pos = _VALUE(text, pos)
-            pos = boundedjson.skip_space(text, pos)
-            if text[pos] != ",":
+            if (comma := _COMMA.match(text, pos)) is None:
                 return None  # the object ends without a status: decoded whole
-            pos = boundedjson.skip_space(text, pos + 1)
+            pos = comma.end()
     except (IndexError, StopIteration, ValueError, RecursionError):
         return None  # the decoder that reads it whole says what is wrong
-    return None
