@@ -499,7 +499,8 @@ class Connection:
         line must also arrive within its seconds from its first byte: a slower one aborts
         the connection (TimeoutError, naming the budget). A chunked body (every watch
         stream) is unframed here rather than by h11, whose bookkeeping cost more than the
-        rest of a line's reading: the connection is not reused after it."""
+        rest of a line's reading (h11 still reads the last chunk, so the connection is
+        reusable after a clean end)."""
         max_line, seconds = ((limit.max_bytes, limit.seconds) if isinstance(limit, Budget)
                              else (limit, None))
         pieces = self._chunks() if self._chunked(head) else \
