@@ -20,8 +20,8 @@ as flanneld makes it, then the kernel's own ``ip -batch`` of the same neighbours
 neighbours, FDB entries, routes, each sorted as flanneld sorts them), plus one bare range of
 the same etcd keys through the gateway flanneld speaks to (the answer's bytes read, not
 decoded). Medians are printed, with the load average, and the CPU time each process had used
-when ready (user and system, reaped children included), which the machine's load disturbs
-less. The flannel package's bytecode is written first, as an install or the image has it
+when ready (user and system apart, reaped children included; the kernel's handling of
+flanneld's netlink requests is its system time), which the machine's load disturbs less. The flannel package's bytecode is written first, as an install or the image has it
 (``--source-only`` leaves it out).
 
     .venv/bin/python -m bench.startup --peers 5000 --rounds 5
@@ -92,11 +92,13 @@ def readyz(port: int) -> int:
     return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time of a process and its reaped children (user and system: the kernel's work
-    on our netlink requests counts as ours)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process and its reaped children (the kernel's work on
+    our netlink requests is the system time)."""
+    fields = [int(value) for value in
+              Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:15]]
+    tick = os.sysconf("SC_CLK_TCK")
+    return (fields[0] + fields[2]) / tick, (fields[1] + fields[3]) / tick
 
 
 def count_lines(*cmd: str) -> int:
@@ -127,7 +129,7 @@ def drive(endpoint: str, prefix: str, peers: int, workdir: Path, profile: str,
                 raise RuntimeError(f"flanneld not ready in {TIMEOUT:g} s")
             time.sleep(poll)
         ready = time.perf_counter() - started
-        cpu = cpu_seconds(proc.pid)
+        user, system = cpu_seconds(proc.pid)
         routes = count_lines("ip", "-4", "route", "show", "proto", "151")
         neighbours = count_lines("ip", "-4", "neigh", "show", "dev", "flannel.1", "nud",
                                  "permanent")
@@ -144,7 +146,8 @@ def drive(endpoint: str, prefix: str, peers: int, workdir: Path, profile: str,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-    return {"seconds": ready, "cpu": cpu, "subnet": subnet}
+    return {"seconds": ready, "cpu": user + system, "user": user, "system": system,
+            "subnet": subnet}
 
 
 def bare() -> dict:
@@ -152,7 +155,8 @@ def bare() -> dict:
     subprocess.run([sys.executable, "-c", "import asyncio"], check=True, timeout=60)
     elapsed = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"seconds": elapsed, "cpu": usage.ru_utime + usage.ru_stime}
+    return {"seconds": elapsed, "cpu": usage.ru_utime + usage.ru_stime,
+            "user": usage.ru_utime, "system": usage.ru_stime}
 
 
 def prefix_of(peers: int) -> str:
@@ -363,7 +367,9 @@ def main() -> None:
                         detail = ", ".join(f"{part} {result[part] * 1000:.0f}"
                                            for part in ("neigh", "fdb", "route", "range"))
                     else:
-                        detail = f"CPU {result['cpu'] * 1000:6.0f} ms"
+                        detail = (f"CPU {result['cpu'] * 1000:6.0f} ms (user "
+                                  f"{result['user'] * 1000:.0f}, system "
+                                  f"{result['system'] * 1000:.0f})")
                     print(f"round {round_no + 1}: {name:28s} {result['seconds'] * 1000:8.1f} ms"
                           f", {detail}  (load {loads[-1]:.1f})", flush=True)
                 finally:
@@ -382,7 +388,8 @@ def main() -> None:
                   f"{median(name, 'range') * 1000:.0f} ms")
         else:
             print(f"  {name:28s} {median(name) * 1000:8.1f} ms, CPU to ready "
-                  f"{median(name, 'cpu') * 1000:6.0f} ms")
+                  f"{median(name, 'cpu') * 1000:6.0f} ms (user {median(name, 'user') * 1000:.0f}"
+                  f", system {median(name, 'system') * 1000:.0f})")
     for suffix in ("", ", compared tree") if args.compare else ("",):
         for peers in sizes:
             many = f"{peers} leases"
