@@ -17,12 +17,13 @@ of the same interpreter (spawn to exit), flanneld with 0 leases, and for each N 
 programming these peers can skip, in a fresh namespace of the same shape: a vxlan device made
 as flanneld makes it, then the kernel's own ``ip -batch`` of the same neighbours, ``bridge
 -batch`` of the same FDB entries and ``ip -batch`` of the same routes (in flanneld's order:
-neighbours, FDB entries, routes, each sorted as flanneld sorts them), plus one bare range of
-the same etcd keys through the gateway flanneld speaks to (the answer's bytes read, not
-decoded). Medians are printed, with the load average, and the CPU time each process had used
-when ready (user and system apart, reaped children included; the kernel's handling of
-flanneld's netlink requests is its system time), which the machine's load disturbs less. The flannel package's bytecode is written first, as an install or the image has it
-(``--source-only`` leaves it out).
+neighbours, FDB entries, routes, each by address or MAC), plus one bare range of the same
+etcd keys through the gateway flanneld speaks to (the answer's bytes read, not decoded).
+``ip`` sends one request a datagram where flanneld sends 256. Medians are printed, with the
+load average, and the CPU time each process had used when ready (user and system apart,
+reaped children included; the kernel's handling of flanneld's netlink requests is its
+system time), which the machine's load disturbs less. The flannel package's bytecode is
+written first, as an install or the image has it (``--source-only`` leaves it out).
 
     .venv/bin/python -m bench.startup --peers 5000 --rounds 5
     .venv/bin/python -m bench.startup --peers 5000 20000 --rounds 1
@@ -166,11 +167,13 @@ def prefix_of(peers: int) -> str:
 
 def kernel_batches(peers: int, workdir: Path) -> list[list[str]]:
     """The commands the floor times: the same entries flanneld programs for ``peers``, in
-    its order (neighbours, FDB entries, routes), each kind sorted as it sorts them."""
+    its order (neighbours, FDB entries, routes), each kind by address or MAC as it orders
+    them on a first pass."""
     entries = [peer(i) for i in range(peers)]
-    neighbours = sorted((subnet.split("/")[0], mac) for subnet, _, mac in entries)
-    fdb = sorted((mac, public_ip) for _, public_ip, mac in entries)
-    routes = sorted(subnet for subnet, _, _ in entries)
+    by_address = sorted(entries, key=lambda entry: ipaddress.ip_network(entry[0]))
+    neighbours = [(subnet.split("/")[0], mac) for subnet, _, mac in by_address]
+    fdb = sorted((mac, public_ip) for _, public_ip, mac in entries)  # same width: as numbers
+    routes = [subnet for subnet, _, _ in by_address]
     batches = {
         "neigh": [f"neigh replace {ip} lladdr {mac} dev {VXLAN} nud permanent"
                   for ip, mac in neighbours],
