@@ -52,6 +52,16 @@ def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
 
     The IPv4 part of an IPv6-only key comes back as ``NO_IPV4`` (0.0.0.0/0).
     """
+    numbers = subnet_key_numbers(key)
+    if numbers is None:
+        return None
+    v4_base, v4_prefix, ipv6_subnet = numbers
+    return IPv4Network((v4_base, v4_prefix)), ipv6_subnet
+
+
+def subnet_key_numbers(key: str) -> tuple[int, int, IPv6Network | None] | None:
+    """``parse_subnet_key`` with the IPv4 subnet as its first address and prefix length
+    (0, 0 for ``NO_IPV4``), so that a listing's keys make no IPv4 network object."""
     match = _SUBNET_KEY.search(key)
     if match is None:
         return None
@@ -63,14 +73,15 @@ def parse_subnet_key(key: str) -> tuple[IPv4Network, IPv6Network | None] | None:
         v4_prefix = int(v4_len)
         if v4_prefix > 31:
             return None
-        subnet = IPv4Network((v4_addr, v4_prefix), strict=False)
+        # The network's first address, as IPv4Network(..., strict=False) makes it.
+        v4_base = v4_addr & (0xFFFFFFFF ^ (0xFFFFFFFF >> v4_prefix))
         if v6_text is None:
-            return subnet, None
+            return v4_base, v4_prefix, None
         v6_prefix = int(v6_len)
         if v6_prefix > 127:
             return None
         v6_addr = IPv6Address(v6_text)
-        return subnet, IPv6Network((v6_addr, v6_prefix), strict=False)
+        return v4_base, v4_prefix, IPv6Network((v6_addr, v6_prefix), strict=False)
     except (OSError, ValueError):
         return None
 
@@ -328,16 +339,34 @@ class Lease:
     def __init__(self, subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None = None,
                  attrs: LeaseAttrs = _NO_ATTRS, expiration: float | None = None,
                  etcd_lease_id: int = 0, created: int = 0) -> None:
-        setter = object.__setattr__
         # The network's own integer: nothing new is allocated for it.
-        setter(self, "v4_base", None if subnet is None else int(subnet.network_address))
-        setter(self, "v4_prefixlen", 0 if subnet is None else subnet.prefixlen)
+        self._fill(None if subnet is None else int(subnet.network_address),
+                   0 if subnet is None else subnet.prefixlen, ipv6_subnet, attrs, expiration,
+                   etcd_lease_id, created)
+
+    @classmethod
+    def from_numbers(cls, v4: tuple[int, int] | None, ipv6_subnet: IPv6Network | None = None,
+                     attrs: LeaseAttrs = _NO_ATTRS, expiration: float | None = None,
+                     etcd_lease_id: int = 0, created: int = 0) -> Lease:
+        """A lease whose IPv4 subnet is given as (first address, prefix length), the first
+        address masked: a decoded listing makes no network object per lease."""
+        lease = cls.__new__(cls)
+        lease._fill(None if v4 is None else v4[0], 0 if v4 is None else v4[1], ipv6_subnet,
+                    attrs, expiration, etcd_lease_id, created)
+        return lease
+
+    def _fill(self, v4_base: int | None, v4_prefixlen: int, ipv6_subnet: IPv6Network | None,
+              attrs: LeaseAttrs, expiration: float | None, etcd_lease_id: int,
+              created: int) -> None:
+        setter = object.__setattr__
+        setter(self, "v4_base", v4_base)
+        setter(self, "v4_prefixlen", v4_prefixlen)
         setter(self, "ipv6_subnet", ipv6_subnet)
         setter(self, "attrs", attrs)
         setter(self, "expiration", expiration)
         setter(self, "etcd_lease_id", etcd_lease_id)
         setter(self, "created", created)
-        setter(self, "key", _subnet_key(self.v4_base, self.v4_prefixlen, ipv6_subnet))
+        setter(self, "key", _subnet_key(v4_base, v4_prefixlen, ipv6_subnet))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a Lease is immutable (use replace() for a changed copy): {name}")
@@ -355,11 +384,11 @@ class Lease:
                 etcd_lease_id: int | _Same = _SAME, created: int | _Same = _SAME,
                 attrs: LeaseAttrs | _Same = _SAME) -> Lease:
         """A copy of this lease with the given fields changed (the subnets stay)."""
-        return Lease(self.subnet, self.ipv6_subnet,
-                     self.attrs if isinstance(attrs, _Same) else attrs,
-                     self.expiration if isinstance(expiration, _Same) else expiration,
-                     self.etcd_lease_id if isinstance(etcd_lease_id, _Same) else etcd_lease_id,
-                     self.created if isinstance(created, _Same) else created)
+        return Lease.from_numbers(
+            self.family(4), self.ipv6_subnet, self.attrs if isinstance(attrs, _Same) else attrs,
+            self.expiration if isinstance(expiration, _Same) else expiration,
+            self.etcd_lease_id if isinstance(etcd_lease_id, _Same) else etcd_lease_id,
+            self.created if isinstance(created, _Same) else created)
 
     def _fields(self) -> tuple[object, ...]:
         return (self.v4_base, self.v4_prefixlen, self.ipv6_subnet, self.attrs,

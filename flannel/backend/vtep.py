@@ -131,6 +131,18 @@ class _Tables(CompactEntries[Any]):
     def __len__(self) -> int:
         return sum(len(t.by_base) for t in self.tables)
 
+    def added_in_order(self, other: Set[Any]) -> Iterator[Any] | None:
+        # Against a set of the same kind (an incremental pass) the difference compares
+        # integers and makes the changed peers' entries only: sorted as a set.
+        if other is self or isinstance(other, _Tables):
+            return None
+        return (entry for table in self.tables for entry in self._ordered(table)
+                if entry not in other)
+
+    def _ordered(self, table: VtepTable) -> Iterator[Any]:
+        """Every entry of one device's table, in the order of the integers keeping them."""
+        raise NotImplementedError
+
     def _pairs(self, other: Set[Any]) -> Iterator[tuple[VtepTable, VtepTable | None]]:
         assert isinstance(other, _Tables)
         for table in self.tables:
@@ -148,6 +160,10 @@ class VtepNeighbours(_Tables):
         for table in self.tables:
             for base, mac in table.by_base.items():
                 yield table.neighbour(base, mac)
+
+    def _ordered(self, table: VtepTable) -> Iterator[Neighbour]:
+        by_base = table.by_base
+        return (table.neighbour(base, by_base[base]) for base in sorted(by_base))
 
     def __contains__(self, entry: object) -> bool:
         if not isinstance(entry, Neighbour) or (table := self.table(entry.ifindex)) is None:
@@ -187,6 +203,10 @@ class VtepFdb(_Tables):
         for table in self.tables:
             for mac, lease in table.by_mac.items():
                 yield table.fdb(mac, lease)
+
+    def _ordered(self, table: VtepTable) -> Iterator[FdbEntry]:
+        by_mac = table.by_mac
+        return (table.fdb(mac, by_mac[mac]) for mac in sorted(by_mac))
 
     def __contains__(self, entry: object) -> bool:
         if not isinstance(entry, FdbEntry) or entry.port or entry.vni or entry.via \
@@ -240,6 +260,14 @@ class VtepRoutes(_Tables):
         for table in self.tables:
             for base, mac in table.by_base.items():
                 yield table.route(base, table.by_mac[mac])
+
+    def added_in_order(self, other: Set[Any]) -> Iterator[Any] | None:
+        # DirectRouting's routes are entries already: the whole set is sorted.
+        return None if self.direct else super().added_in_order(other)
+
+    def _ordered(self, table: VtepTable) -> Iterator[Route]:
+        by_base, by_mac = table.by_base, table.by_mac
+        return (table.route(base, by_mac[by_base[base]]) for base in sorted(by_base))
 
     def __contains__(self, entry: object) -> bool:
         if not isinstance(entry, Route):

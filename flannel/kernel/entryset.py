@@ -12,7 +12,7 @@ Must not touch: the kernel, the store.
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Set
+from collections.abc import Iterable, Iterator, Set
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -33,6 +33,15 @@ class CompactEntries(Set[T]):
         ``rtnl.PlainNeighbour``) is in the set, told without decoding it; False (the
         default) leaves the message to be decoded and asked about as an entry."""
         return False
+
+    def added_in_order(self, other: Set[Any]) -> Iterator[T] | None:
+        """The entries of this set that ``other`` lacks, made one at a time in a stable
+        order of the set's own (its records' integers), or None when the set would rather
+        give ``self - other`` to be sorted (the default). A first pass over an empty kernel
+        then never holds every entry of a kind at once: 20,000 peers' neighbours, FDB
+        entries or routes were 4 MB made, set and sorted together, whose heap the allocator
+        kept in part once they were freed."""
+        return None
 
     @classmethod
     def _from_iterable(cls, it: Iterable[Any]) -> frozenset[Any]:

@@ -316,9 +316,9 @@ def plan(desired: DesiredState, actual: ActualState) -> Iterator[tuple[str, obje
     time, never every request of the pass (a first pass over 20,000 peers made 60,000
     entries at once, whose heap the allocator kept after they were freed).
     """
-    yield from (("replace", n) for n in _sorted(desired.neighbours - actual.neighbours))
-    yield from (("replace", f) for f in _sorted(desired.fdb - actual.fdb))
-    yield from (("replace", r) for r in _sorted(desired.routes - actual.routes))
+    yield from (("replace", n) for n in _added(desired.neighbours, actual.neighbours))
+    yield from (("replace", f) for f in _added(desired.fdb, actual.fdb))
+    yield from (("replace", r) for r in _added(desired.routes, actual.routes))
     # Each difference apart: the union of the two would copy every route.
     yield from (("delete", r) for r in _sorted((actual.routes - desired.routes)
                                                | (actual.adopted - desired.routes))
@@ -326,6 +326,16 @@ def plan(desired: DesiredState, actual: ActualState) -> Iterator[tuple[str, obje
     yield from (("delete", f) for f in _sorted(actual.fdb - desired.fdb))
     yield from (("delete", n) for n in _sorted(actual.neighbours - desired.neighbours)
                 if not desired.wants_neighbour_at(n.ifindex, n.ip))
+
+
+def _added(desired: AbstractSet[Any], actual: AbstractSet[Any]) -> Iterable[Any]:
+    """The entries of ``desired`` that ``actual`` lacks, in a stable order: made as they are
+    taken when the desired set can (``CompactEntries.added_in_order``), else sorted."""
+    if isinstance(desired, CompactEntries):
+        added = desired.added_in_order(actual)
+        if added is not None:
+            return added
+    return _sorted(desired - actual)
 
 
 _FIELDS = {cls: operator.attrgetter(*(f.name for f in dataclasses.fields(cls)))

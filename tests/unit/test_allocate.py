@@ -3,7 +3,7 @@
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from flannel.config import check_network_config, parse_config
-from flannel.subnet.etcd.candidates import free_subnet, node_seed
+from flannel.subnet.etcd.candidates import address_range, free_subnet, node_seed
 from flannel.subnet.etcd.manager import subnet_fits
 
 
@@ -15,7 +15,7 @@ def cfg(text: str):
 
 def pick(taken=(), seed=b"\x0a\x00\x00\x01", attempt=0, first="10.3.1.0", last="10.3.8.0"):
     return free_subnet(IPv4Network, 24, 32, IPv4Address(first), IPv4Address(last),
-                       [IPv4Network(n) for n in taken], seed, attempt)
+                       [address_range(IPv4Network(n)) for n in taken], seed, attempt)
 
 
 def seed_landing_at(index: int, count: int = 8) -> bytes:
@@ -73,7 +73,7 @@ def test_ipv6_by_arithmetic_over_a_huge_range():
     chosen = free_subnet(IPv6Network, 64, 128, first, last, [], seed)
     assert chosen.prefixlen == 64 and first <= chosen.network_address <= last
     taken = [chosen, IPv6Network((int(chosen.network_address) + (1 << 64), 64))]
-    after = free_subnet(IPv6Network, 64, 128, first, last, taken, seed)
+    after = free_subnet(IPv6Network, 64, 128, first, last, map(address_range, taken), seed)
     assert int(after.network_address) == int(chosen.network_address) + (2 << 64)
 
 

@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flannel.lease import Lease, LeaseAttrs, LeaseDecodeError, make_subnet_key, parse_subnet_key
+from flannel.lease import (
+    Lease,
+    LeaseAttrs,
+    LeaseDecodeError,
+    make_subnet_key,
+    parse_subnet_key,
+    subnet_key_numbers,
+)
 from flannel.untrusted import boundedjson
 
 
@@ -31,6 +38,16 @@ def test_valid_subnet_keys(key, v4, v6):
 ])
 def test_invalid_subnet_keys(key):
     assert parse_subnet_key(key) is None
+
+
+@given(st.integers(0, 2**32 - 1), st.integers(0, 31))
+def test_a_key_with_host_bits_names_the_network_as_ipaddress_masks_it(address, prefix):
+    key = f"{IPv4Address(address)}-{prefix}"
+    network = IPv4Network((address, prefix), strict=False)
+    assert parse_subnet_key(key) == (network, None)
+    numbers = subnet_key_numbers(key)
+    assert numbers == (int(network.network_address), prefix, None)
+    assert Lease.from_numbers(numbers[:2]) == Lease(network)
 
 
 def test_key_uses_canonical_ipv6_text():

@@ -241,3 +241,42 @@ def test_a_first_pass_makes_and_drops_one_kind_of_entries_at_a_time():
     assert kernel.neighbours_alive is not None
     assert 200 <= kernel.neighbours_alive - before < 210
     assert made == {"neighbour": 200, "fdb": 200, "route": 200}
+
+
+class _FirstPutKernel(FakeKernel):
+    """Keeps copies of what it is given, and counts the Neighbour objects alive in the
+    process when the first neighbour arrives, and the order the neighbours arrive in."""
+
+    neighbours_alive: int | None = None
+    order: list[str]
+
+    def put(self, obj: object, protocol: int = 0) -> None:
+        if isinstance(obj, Neighbour):
+            if self.neighbours_alive is None:
+                self.neighbours_alive = sum(type(o) is Neighbour for o in gc.get_objects())
+                self.order = []
+            self.order.append(obj.ip)
+        super().put(dataclasses.replace(obj), protocol)
+
+
+def test_a_first_pass_makes_each_entry_as_it_is_sent_in_address_order():
+    """Over a kernel without our entries, a pass makes vxlan's entries a datagram at a time
+    (a first pass over 20,000 peers made and sorted each kind's 20,000 entries at once), by
+    the peers' addresses, and skips those the kernel already holds."""
+    vxlan = backend()
+    peers = [Lease(IPv4Network(f"10.{244 + n // 250}.{n % 250}.0/24"), attrs=LeaseAttrs(
+        public_ip=IPv4Address("192.168.1.2"), backend_type="vxlan",
+        backend_data=json.dumps({"VNI": 1, "VtepMAC": f"0e:00:00:00:{n >> 8:02x}:{n & 255:02x}"})
+    )) for n in reversed(range(900))]
+    state = vxlan.desired_state(peers, lambda _ip: None)
+    kernel = _FirstPutKernel()
+    held = Neighbour(7, "10.244.5.0", "0e:00:00:00:00:05")
+    FakeKernel.put(kernel, held)
+    gc.collect()
+    before = sum(type(o) is Neighbour for o in gc.get_objects())
+    made = reconcile(kernel.open(), state)
+    assert made == {"neighbour": 899, "fdb": 900, "route": 900}
+    assert kernel.neighbours_alive is not None
+    assert kernel.neighbours_alive - before <= 300  # one datagram's, not the 899
+    expected = sorted({lease.subnet.network_address for lease in peers} - {IPv4Address(held.ip)})
+    assert kernel.order == [str(address) for address in expected]

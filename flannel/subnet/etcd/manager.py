@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from flannel.clients.etcd import (
     PAGE,
@@ -38,28 +38,30 @@ from flannel.clients.etcd import (
 )
 from flannel.config import NetworkConfig, check_network_config, parse_config
 from flannel.lease import (
-    NO_IPV4,
     Event,
     EventType,
     Lease,
     LeaseAttrs,
     LeaseDecodeError,
-    parse_subnet_key,
+    subnet_key_numbers,
 )
 from flannel.log import V1, V4
 from flannel.reporting.skips import SkippedRecords
 from flannel.settings import EtcdSettings
 from flannel.subnet.envfile import read_env, single_cidr
 from flannel.subnet.errors import OwnLeaseRevoked, RetryLog, StoreError, StoreUnavailable
-from flannel.subnet.etcd.candidates import free_subnet, node_seed
+from flannel.subnet.etcd.candidates import Range, address_range, free_subnet, node_seed
 from flannel.subnet.etcd.kv import KV, AnswerTooLarge, Compacted, EtcdKV, Refused
 from flannel.subnet.manager import StoreStatus
 from flannel.subnet.watch import Changes, LeaseUpdate, Snapshot
 from flannel.timing.backoff import Backoff
 from flannel.timing.clock import SYSTEM, Clock
 
-#: The subnets a key names: IPv4 (None for an IPv6-only lease) and IPv6 (None if absent).
-Subnets = tuple[IPv4Network | None, IPv6Network | None]
+#: The subnets a key names: IPv4 as (first address, prefix length), None for an IPv6-only
+#: lease, and IPv6 (None if absent).
+Subnets = tuple[tuple[int, int] | None, IPv6Network | None]
+#: The addresses a key takes from the allocation: IPv4 and IPv6 (first, last), or None.
+Taken = tuple[Range | None, Range | None]
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +110,12 @@ class PreviousSubnets:
     ipv6_subnet: IPv6Network | None = None
 
 
-def _clip(subnet: IPv4Network | IPv6Network | None, subnet_len: int) -> Any:
-    if subnet is None or not subnet_len or subnet.prefixlen >= subnet_len:
-        return subnet
-    return type(subnet)((subnet.network_address, subnet_len))
+def _clip(first: int, prefixlen: int, subnet_len: int, bits: int) -> Range:
+    """The addresses a key's subnet takes: a key wider than SubnetLen only its first
+    subnet of SubnetLen."""
+    if subnet_len and prefixlen < subnet_len:
+        prefixlen = subnet_len
+    return first, first | ((1 << (bits - prefixlen)) - 1)
 
 
 def subnet_fits(cfg: NetworkConfig, subnet: IPv4Network | None,
@@ -212,10 +216,12 @@ class EtcdSubnetManager:
         return kv.key[len(self.subnets_prefix):].decode(errors="replace")
 
     def _subnets(self, kv: KeyValue, key: str | None = None) -> Subnets | None:
-        subnets = parse_subnet_key(self._key_name(kv) if key is None else key)
-        if subnets is None:
+        numbers = subnet_key_numbers(self._key_name(kv) if key is None else key)
+        if numbers is None:
             return None
-        return (None if subnets[0] == NO_IPV4 else subnets[0]), subnets[1]
+        v4_base, v4_prefix, ipv6_subnet = numbers
+        # 0.0.0.0-0: an IPv6-only lease (NO_IPV4).
+        return (None if v4_base == v4_prefix == 0 else (v4_base, v4_prefix)), ipv6_subnet
 
     def _decode(self, kv: KeyValue) -> Lease | None:
         key = self._key_name(kv)
@@ -233,8 +239,8 @@ class EtcdSubnetManager:
             self.undecodable.skip(key, str(err))
             return None
         self.undecodable.forget(key)
-        return Lease(subnets[0], subnets[1], attrs, etcd_lease_id=kv.lease,
-                     created=kv.create_revision)
+        return Lease.from_numbers(subnets[0], subnets[1], attrs, etcd_lease_id=kv.lease,
+                                  created=kv.create_revision)
 
     async def list_leases(self) -> tuple[list[Lease], int]:
         """Every valid lease and the revision of the listing; bad entries are skipped."""
@@ -347,16 +353,23 @@ class EtcdSubnetManager:
             f"max retries reached trying to acquire a subnet ({ACQUIRE_ATTEMPTS} lost races); "
             "many nodes are starting at once, the process can simply be restarted")
 
-    def _taken(self, kvs: Iterable[KeyValue], cfg: NetworkConfig) -> list[Subnets]:
-        """The subnets named by keys (values are not read).
+    def _taken(self, kvs: Iterable[KeyValue], cfg: NetworkConfig) -> list[Taken]:
+        """The address ranges named by keys (values are not read), as integers: no network
+        object per key.
 
         A key wider than SubnetLen takes only the subnet at its base, as upstream counts
         base addresses: a stray ``0.0.0.0-1`` must not make the whole Network look taken.
-        The snapshot parses the keys again rather than keep these: kept, the subnets made
-        among the listing's transient objects pin ~1.6 MiB of their heap after it is freed.
         """
-        return [(_clip(subnets[0], cfg.subnet_len), _clip(subnets[1], cfg.ipv6_subnet_len))
-                for kv in kvs if (subnets := self._subnets(kv)) is not None]
+        taken: list[Taken] = []
+        for kv in kvs:
+            if (subnets := self._subnets(kv)) is None:
+                continue
+            v4, v6 = subnets
+            taken.append((
+                None if v4 is None else _clip(v4[0], v4[1], cfg.subnet_len, 32),
+                None if v6 is None else _clip(int(v6.network_address), v6.prefixlen,
+                                              cfg.ipv6_subnet_len, 128)))
+        return taken
 
     async def _reuse_by_public_ip(self, cfg: NetworkConfig, attrs: LeaseAttrs,
                                   leases: list[Lease]) -> tuple[Lease | None, set[str]]:
@@ -385,7 +398,7 @@ class EtcdSubnetManager:
             deleted.add(existing.key)
         return None, deleted
 
-    def _previous_if_free(self, cfg: NetworkConfig, taken: list[Subnets]
+    def _previous_if_free(self, cfg: NetworkConfig, taken: list[Taken]
                           ) -> tuple[IPv4Network | None, IPv6Network | None]:
         prev = self.previous
         wanted_v6 = prev.ipv6_subnet if cfg.enable_ipv6 else None
@@ -393,16 +406,16 @@ class EtcdSubnetManager:
             return None, None
         if not subnet_fits(cfg, prev.subnet if cfg.enable_ipv4 else None, wanted_v6):
             return None, None
-        for subnet, ipv6_subnet in taken:
-            if prev.subnet is not None and subnet is not None \
-                    and subnet.overlaps(prev.subnet):
-                return None, None
-            if wanted_v6 is not None and ipv6_subnet is not None \
-                    and ipv6_subnet.overlaps(wanted_v6):
-                return None, None
+        wanted = (None if prev.subnet is None else address_range(prev.subnet),
+                  None if wanted_v6 is None else address_range(wanted_v6))
+        for ranges in taken:
+            for theirs, ours in zip(ranges, wanted, strict=True):
+                if theirs is not None and ours is not None \
+                        and theirs[0] <= ours[1] and ours[0] <= theirs[1]:
+                    return None, None
         return (prev.subnet if cfg.enable_ipv4 else None), wanted_v6
 
-    def _allocate(self, cfg: NetworkConfig, taken: list[Subnets], attrs: LeaseAttrs,
+    def _allocate(self, cfg: NetworkConfig, taken: list[Taken], attrs: LeaseAttrs,
                   attempt: int) -> tuple[IPv4Network | None, IPv6Network | None]:
         """A free subnet at a point derived from our public IP and the attempt number, so
         simultaneous nodes rarely race for the same key (see flannel/subnet/etcd/candidates.py)."""
@@ -412,14 +425,15 @@ class EtcdSubnetManager:
             # parse_config sets the range of every enabled family.
             assert cfg.subnet_min is not None and cfg.subnet_max is not None
             subnet = free_subnet(IPv4Network, cfg.subnet_len, 32, cfg.subnet_min,
-                                 cfg.subnet_max, [v4 for v4, _ in taken if v4], seed, attempt)
+                                 cfg.subnet_max, [v4 for v4, _ in taken if v4 is not None],
+                                 seed, attempt)
             if subnet is None:
                 raise AcquireError(self._out_of_subnets(cfg, len(taken)))
         if cfg.enable_ipv6:
             assert cfg.ipv6_subnet_min is not None and cfg.ipv6_subnet_max is not None
             ipv6_subnet = free_subnet(IPv6Network, cfg.ipv6_subnet_len, 128,
                                       cfg.ipv6_subnet_min, cfg.ipv6_subnet_max,
-                                      [v6 for _, v6 in taken if v6], seed, attempt)
+                                      [v6 for _, v6 in taken if v6 is not None], seed, attempt)
             if ipv6_subnet is None:
                 raise AcquireError(self._out_of_subnets(cfg, len(taken), v6=True))
         return subnet, ipv6_subnet
@@ -450,7 +464,7 @@ class EtcdSubnetManager:
             subnets = self._subnets(raw.kv)
             if subnets is None:
                 return None
-            return Event(EventType.REMOVED, Lease(subnets[0], subnets[1]))
+            return Event(EventType.REMOVED, Lease.from_numbers(subnets[0], subnets[1]))
         lease = self._decode(raw.kv)
         return Event(EventType.ADDED, lease) if lease is not None else None
 
