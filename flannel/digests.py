@@ -10,6 +10,7 @@ Must not touch: anything but the bytes it is given.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from _blake2 import blake2b as _blake2b
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 _SHA256_MODULES = ("_sha2", "_sha256", "hashlib")
 
 
+@functools.cache  # found once: a failed import searches the path every time
 def _sha256_module() -> Any:
     for name in _SHA256_MODULES:
         try:
