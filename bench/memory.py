@@ -12,11 +12,15 @@ resync that reads the kernel's tables back, every ``--interval`` seconds here in
 default 30) have run ("steady"): what a converged flanneld holds, the figure the targets are
 about; "peak" is VmHWM then, the most it held at any time (in kube mode, during the node
 list). Baseline, in the same rounds: a bare ``python -c 'import asyncio'`` process of the
-same interpreter. Rounds are interleaved; medians are printed.
+same interpreter. ``--compare TREE`` also runs the flanneld of another source tree (e.g. a
+`git archive` of an earlier commit) in the same rounds, each case once per tree.
+Rounds are interleaved; medians are printed.
 
     .venv/bin/python -m bench.memory --peers 1000 --rounds 3
     .venv/bin/python -m bench.memory --peers 5000 --rounds 1 --passes 3 --interval 10
     .venv/bin/python -m bench.memory --peers 5000 --rounds 1 --modes kube --kubelet-nodes
+    .venv/bin/python -m bench.memory --peers 0 --rounds 3 --modes etcd --passes 1 \
+        --interval 10 --compare /tmp/before    # idle, against the tree before
     .venv/bin/python -m bench.memory --imports   # where import-time memory goes (kube mode)
 """
 
@@ -45,6 +49,7 @@ PASSES = 3  # --passes: periodic full passes before the steady reading
 INTERVAL = 10  # --interval: flanneld's --reconcile-interval, seconds (more than SETTLE)
 DAEMON_ENV: dict[str, str] = {}  # --daemon-env: extra environment for flanneld
 KUBELET_NODES = False  # --kubelet-nodes: kube mode's nodes as kubelets report them
+TREES = {"": FLANNELD}  # case suffix -> the flanneld command of a source tree (--compare)
 NETWORK = {"Network": "10.0.0.0/8", "SubnetLen": 24, "Backend": {"Type": "vxlan"}}
 
 
@@ -111,10 +116,11 @@ Reading = tuple[int, int, int, int, int]
 
 
 def measure_daemon(ns: str, workdir: Path, flags: list[str], peers: int,
-                   env: dict[str, str] | None = None) -> Reading:
+                   env: dict[str, str] | None = None, flanneld: list[str] = FLANNELD
+                   ) -> Reading:
     env_file = workdir / "subnet.env"
     log = (workdir / "flanneld.log").open("wb")
-    proc = subprocess.Popen(["ip", "netns", "exec", ns, *FLANNELD, *flags, "--ip-masq",
+    proc = subprocess.Popen(["ip", "netns", "exec", ns, *flanneld, *flags, "--ip-masq",
                              f"--reconcile-interval={INTERVAL}",
                              f"--subnet-file={env_file}"], stdout=log,
                             stderr=subprocess.STDOUT,
@@ -145,15 +151,16 @@ def stop(proc: subprocess.Popen[bytes], grace: float) -> None:
         proc.wait(timeout=10)
 
 
-def run_etcd(ns: str, workdir: Path, peers: int) -> Reading:
+def run_etcd(ns: str, workdir: Path, peers: int, flanneld: list[str] = FLANNELD) -> Reading:
     with EtcdServer(workdir / "etcd", netns=ns) as server:
         subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "bench.memory",
                         "--put-leases", server.endpoint, str(peers)],
                        cwd=ROOT, check=True, timeout=300)
-        return measure_daemon(ns, workdir, [f"--etcd-endpoints={server.endpoint}"], peers)
+        return measure_daemon(ns, workdir, [f"--etcd-endpoints={server.endpoint}"], peers,
+                              flanneld=flanneld)
 
 
-def run_kube(ns: str, workdir: Path, peers: int) -> Reading:
+def run_kube(ns: str, workdir: Path, peers: int, flanneld: list[str] = FLANNELD) -> Reading:
     api = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-m", "bench.memory",
                             "--serve-kubeapi", str(KUBE_PORT), str(peers),
                             str(int(KUBELET_NODES))],
@@ -166,7 +173,7 @@ def run_kube(ns: str, workdir: Path, peers: int) -> Reading:
         return measure_daemon(ns, workdir, ["--kube-subnet-mgr",
                                             f"--kube-api-url=http://127.0.0.1:{KUBE_PORT}",
                                             f"--net-config-path={conf}"], peers,
-                              env={"NODE_NAME": "node0"})
+                              env={"NODE_NAME": "node0"}, flanneld=flanneld)
     finally:
         api.terminate()
         api.wait(timeout=10)
@@ -319,6 +326,9 @@ def main() -> None:
                         help="kube mode: serve each peer as a kubelet reports its Node (~15 KB "
                              "of JSON: images, managedFields), not only what flannel reads")
     parser.add_argument("--serve-kubeapi", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--compare", default="", metavar="TREE",
+                        help="also run the flanneld of another source tree (e.g. `git "
+                             "archive` of an earlier commit) in the same rounds")
     args = parser.parse_args()
     if args.put_leases:
         asyncio.run(put_leases(args.put_leases[0], int(args.put_leases[1])))
@@ -334,13 +344,20 @@ def main() -> None:
     if args.passes < 0 or args.interval <= SETTLE:
         parser.error(f"--passes must be >= 0 and --interval more than {SETTLE:g} s")
     PASSES, INTERVAL, KUBELET_NODES = args.passes, args.interval, args.kubelet_nodes
+    if args.compare:
+        launcher = Path(args.compare).resolve() / "tests" / "support" / "launchers" / "flanneld"
+        if not launcher.is_file():
+            parser.error(f"--compare {args.compare}: no {launcher.relative_to(args.compare)}")
+        TREES[", compared tree"] = [sys.executable, str(launcher)]
     cases = {"baseline (python -c 'import asyncio')": lambda ns, d: run_baseline()}
     runners = {"etcd": run_etcd, "kube": run_kube}
     for mode in args.modes.split(","):
         runner = runners[mode]
-        for peers in (0, args.peers):
-            cases[f"{mode} mode, {peers} peers"] = (
-                lambda ns, d, runner=runner, peers=peers: runner(ns, d, peers))
+        for peers in dict.fromkeys((0, args.peers)):
+            for suffix, flanneld in TREES.items():
+                cases[f"{mode} mode, {peers} peers{suffix}"] = (
+                    lambda ns, d, runner=runner, peers=peers, flanneld=flanneld:
+                    runner(ns, d, peers, flanneld))
     results: dict[str, list[Reading]] = {name: [] for name in cases}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -361,7 +378,7 @@ def main() -> None:
     for name, values in results.items():
         rss, pss, steady, steady_pss, peak = (statistics.median(v[i] for v in values)
                                               for i in range(5))
-        print(f"{name:42s} programmed RSS {rss / 1024:5.1f} MiB PSS {pss / 1024:5.1f} MiB"
+        print(f"{name:56s} programmed RSS {rss / 1024:5.1f} MiB PSS {pss / 1024:5.1f} MiB"
               f" | steady RSS {steady / 1024:5.1f} MiB PSS {steady_pss / 1024:5.1f} MiB"
               f" | peak {peak / 1024:5.1f} MiB | steady/baseline {steady / base:4.2f}")
 

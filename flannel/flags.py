@@ -4,7 +4,10 @@ Owns the flag table (names, types, defaults of upstream's ``main.go``), the prec
 command line > environment > default, the checks that can be made before anything starts,
 and turns the result into the frozen ``flannel.settings.Settings``. Unlike Go flannel, an
 unknown flag or a bad value (on the command line or in the environment) exits non-zero with
-a message naming it.
+a message naming it. The command line is read by this module's own scanner, in argparse's
+terms and messages (``argument -x/--x: ...``, ``unrecognized arguments: ...``); argparse is
+loaded only to print ``--help``: with what it loads (gettext, shutil with bz2 and lzma) it
+would be ~1.5 MiB of every flanneld's memory for life.
 Shared by ``flannel.cli`` (flanneld's entry point) and ``flannel.ops`` (which reads the store
 flags of flannelctl commands and of a running flanneld's command line with this parser).
 Must not touch: the store, the kernel, the daemon.
@@ -12,13 +15,13 @@ Must not touch: the store, the kernel, the daemon.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 from flannel.settings import (
     DataplaneSettings,
@@ -34,6 +37,12 @@ from flannel.settings import (
     Settings,
     StoreSettings,
 )
+
+if TYPE_CHECKING:
+    import argparse
+
+#: Parsed flags: what ``parse_namespace`` gives, or a flannelctl command's own argparse result.
+Namespace: TypeAlias = "argparse.Namespace | SimpleNamespace"
 
 _UNSET = object()
 
@@ -104,14 +113,6 @@ class Flag:
             "duration": parse_go_duration,
         }
         return converters[self.kind](text)
-
-    def convert_arg(self, text: str) -> Any:
-        """``convert`` for argparse, which would otherwise replace the reason with
-        "invalid convert value"."""
-        try:
-            return self.convert(text)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
 
 
 FLAGS: tuple[Flag, ...] = (
@@ -254,7 +255,7 @@ def _unusable_address(text: str, version: int) -> str | None:
     return None
 
 
-def check_values(args: argparse.Namespace, from_env: set[str]) -> None:
+def check_values(args: Namespace, from_env: set[str]) -> None:
     """Refuse values that would hurt once running; each message names the flag and the fix."""
     for name, (low, high, unit) in _INT_RANGES.items():
         value = getattr(args, name.replace("-", "_"))
@@ -291,11 +292,6 @@ def check_values(args: argparse.Namespace, from_env: set[str]) -> None:
             "address") from None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(message)
-
-
 DESCRIPTION = """\
 flanneld runs on every host of a flannel network. It leases a subnet for the host's pods
 from etcd v3 (the default) or from the Kubernetes API (--kube-subnet-mgr), writes it to
@@ -318,28 +314,88 @@ _METAVARS = {"bool": "BOOL", "int": "N", "duration": "DURATION", "str": "VALUE",
              "list": "VALUE"}
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="flanneld", usage="%(prog)s [OPTION]...", allow_abbrev=False,
-                     description=DESCRIPTION,
-                     formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+def _print_help() -> NoReturn:
+    """Print the flags' help as argparse formats it, and exit 0."""
+    import argparse  # only here: see the module's docstring
+
+    parser = argparse.ArgumentParser(
+        prog="flanneld", usage="%(prog)s [OPTION]...", allow_abbrev=False,
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False)
     # Go's flag package takes -help as well as -h and --help.
-    parser.add_argument("-h", "-help", "--help", action="help",
-                        help="show this help message and exit")
+    parser.add_argument(*_HELP, action="help", help="show this help message and exit")
     for flag in FLAGS:
         names = [f"-{flag.name}", f"--{flag.name}"]
         common: dict[str, Any] = {"dest": flag.dest, "help": _help_text(flag),
                                   "metavar": _METAVARS[flag.kind]}
         if flag.kind == "bool":
-            parser.add_argument(*names, nargs="?", const="true", type=flag.convert_arg,
-                                default=_UNSET, **common)
+            parser.add_argument(*names, nargs="?", **common)
         elif flag.kind == "list":
-            parser.add_argument(*names, action="append", default=None, **common)
+            parser.add_argument(*names, action="append", **common)
         else:
-            parser.add_argument(*names, type=flag.convert_arg, default=_UNSET, **common)
-    return parser
+            parser.add_argument(*names, **common)
+    parser.print_help()
+    raise SystemExit(0)
 
 
-def store_settings(args: argparse.Namespace) -> StoreSettings:
+_HELP = ("-h", "-help", "--help")
+#: Every spelling of every flag: -name and --name.
+_BY_OPTION = {f"{dashes}{flag.name}": flag for flag in FLAGS for dashes in ("-", "--")}
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _takes_value(arg: str) -> bool:
+    """Whether ``arg``, following a flag, is that flag's value rather than another flag (as
+    argparse decides: ``-`` alone, a negative number or words with a space are values)."""
+    if not arg.startswith("-") or arg == "-" or _NEGATIVE_NUMBER.match(arg):
+        return True
+    return " " in arg and arg.partition("=")[0] not in _BY_OPTION
+
+
+def _scan(argv: Sequence[str]) -> SimpleNamespace:
+    """The flags given on the command line, Go's syntax (``-name`` or ``--name``, its value
+    after ``=`` or as the next argument; a bool alone is true), each flag not given left
+    ``_UNSET`` (a list: None)."""
+    args = SimpleNamespace(**{flag.dest: None if flag.kind == "list" else _UNSET
+                              for flag in FLAGS})
+    unrecognized: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        index += 1
+        if arg == "--":
+            unrecognized.extend(argv[index - 1:])
+            break
+        if arg in _HELP:
+            _print_help()
+        option, equals, attached = arg.partition("=")
+        flag = _BY_OPTION.get(option) if arg.startswith("-") else None
+        if flag is None:
+            unrecognized.append(arg)
+            continue
+        if equals:
+            text = attached
+        elif index < len(argv) and _takes_value(argv[index]):
+            text = argv[index]
+            index += 1
+        elif flag.kind == "bool":
+            text = "true"
+        else:
+            raise UsageError(f"argument -{flag.name}/--{flag.name}: expected one argument")
+        try:
+            value = flag.convert(text)
+        except ValueError as err:
+            raise UsageError(f"argument -{flag.name}/--{flag.name}: {err}") from None
+        if flag.kind == "list":
+            setattr(args, flag.dest, [*(getattr(args, flag.dest) or ()), value])
+        else:
+            setattr(args, flag.dest, value)
+    if unrecognized:
+        raise UsageError(f"unrecognized arguments: {' '.join(unrecognized)}")
+    return args
+
+
+def store_settings(args: Namespace) -> StoreSettings:
     """The store part of checked flags (also used by flannelctl's store commands)."""
     if args.kube_subnet_mgr:
         return KubeSettings(
@@ -403,7 +459,7 @@ def shown_value(flag: Flag, value: Any) -> str:
     return str(value)
 
 
-def effective_options(args: argparse.Namespace) -> tuple[OptionSource, ...]:
+def effective_options(args: Namespace) -> tuple[OptionSource, ...]:
     """Every flag's effective value and its source, as ``parse_namespace`` recorded them."""
     sources: dict[str, str] = getattr(args, "sources", {})
     return tuple(OptionSource(flag.name, shown_value(flag, getattr(args, flag.dest)),
@@ -434,7 +490,7 @@ def unknown_environment(environ: dict[str, str]) -> tuple[str, ...]:
     return tuple(warnings)
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: Namespace) -> Settings:
     """The typed settings of checked flags."""
     return Settings(
         store=store_settings(args),
@@ -465,13 +521,12 @@ def parse_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> Se
 
 
 def parse_namespace(argv: Sequence[str], environ: dict[str, str] | None = None
-                    ) -> argparse.Namespace:
-    """The flags as a Namespace, every value filled and checked (``--version`` alone is
+                    ) -> SimpleNamespace:
+    """The flags as a namespace, every value filled and checked (``--version`` alone is
     honoured before the environment and the checks)."""
     environ = dict(os.environ if environ is None else environ)
     from_env: set[str] = set()
-    parser = _build_parser()
-    args = parser.parse_args(list(argv))
+    args = _scan(argv)
     if args.version is True:
         # Honoured before the environment, as upstream: FLANNELD_VERSION has no effect.
         return args

@@ -2,8 +2,10 @@
 
 Owns: the temp-file (O_EXCL|O_NOFOLLOW, explicit mode) + fsync + rename sequence, bounded
 reads of files we only consume (O_NONBLOCK, regular files only), the helper processes' log
-files (appended to, their tail read back), and the check that no one
-but root or this process's user can change what a path leads to.
+files (appended to, their tail read back), the check that no one
+but root or this process's user can change what a path leads to, and the lookup of a
+command on PATH (``which``: the daemon's own, so it never loads ``shutil``, which brings
+bz2 and lzma along, ~1 MiB of an idle flanneld's memory).
 Must not touch: anything but the target path and a temporary sibling of it.
 """
 
@@ -16,6 +18,22 @@ import stat
 from pathlib import Path
 
 _MAX_LINKS = 40  # the kernel's own limit on symbolic links in one lookup
+
+
+def which(name: str) -> str | None:
+    """The path of the executable ``name`` as the shell finds it on ``$PATH`` (``name``
+    itself when it holds a slash), or None; what ``shutil.which`` answers on POSIX."""
+    if os.sep in name:
+        return name if _executable(name) else None
+    for directory in (os.environ.get("PATH") or os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or os.curdir, name)
+        if _executable(candidate):
+            return candidate
+    return None
+
+
+def _executable(path: str) -> bool:
+    return os.access(path, os.X_OK) and os.path.isfile(path)
 
 
 def make_dirs(path: Path, mode: int) -> None:

@@ -10,13 +10,13 @@ Must not touch: routes, neighbours, FDB entries (``kernel/reconcile.py``), other
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import socket
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
+from flannel.digests import sha256
 from flannel.kernel import links, rtnl
 from flannel.kernel.host import LOCAL, Host
 from flannel.kernel.rtnl import NetlinkError, Rtnl
@@ -37,7 +37,7 @@ def vtep_mac(vni: int, public_ip: IPv4Address | IPv6Address) -> str:
     lost state directory, and a MAC that drifted (e.g. systemd-networkd's random policy)
     can be put back.
     """
-    digest = hashlib.sha256(f"flannel-vtep|{vni}|{public_ip}".encode()).digest()
+    digest = sha256(f"flannel-vtep|{vni}|{public_ip}".encode())
     first = (digest[0] & 0xFE) | 0x02
     return ":".join(f"{b:02x}" for b in (first, *digest[1:6]))
 

@@ -23,19 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from flannel.monitor.statusdoc import (
-    STATUS_FORMAT,
-    Device,
-    Footprint,
-    LeaseInfo,
-    Network,
-    Peers,
-    Probes,
-    Rules,
-    StatusDocument,
-    Store,
-)
-from flannel.monitor.statusdoc import Dataplane as DataplaneDoc
 from flannel.reporting.readiness import Readiness
 from flannel.settings import OptionSource
 from flannel.version import __version__
@@ -46,6 +33,18 @@ if TYPE_CHECKING:
     from flannel.dataplane.loop import Dataplane
     from flannel.lease import Lease
     from flannel.monitor.health import HealthStats
+    from flannel.monitor.statusdoc import Dataplane as DataplaneDoc
+    from flannel.monitor.statusdoc import (
+        Device,
+        Footprint,
+        LeaseInfo,
+        Network,
+        Peers,
+        Probes,
+        Rules,
+        StatusDocument,
+        Store,
+    )
     from flannel.probing.prober import ProbeStatus
     from flannel.rules.manager import RulesStatus
     from flannel.subnet.manager import SubnetManager
@@ -128,6 +127,10 @@ def _text(value: object) -> str | None:
 
 def status_document(state: NodeState, now: float | None = None) -> StatusDocument:
     """This node's status as ``/status`` serves it (see docs/operations.md)."""
+    # The schema's module is the readers' (TypedDicts and their checks): loaded at the first
+    # /status, not by every flanneld.
+    from flannel.monitor.statusdoc import STATUS_FORMAT
+
     now = time.time() if now is None else now
     ready, why = state.readiness.current()
     sm = state.store

@@ -30,10 +30,10 @@ from __future__ import annotations
 import logging
 import re
 import shlex
-import shutil
 import subprocess
 from dataclasses import dataclass
 
+from flannel.files.fileutil import which
 from flannel.kernel.host import LOCAL, Host
 from flannel.log import V6
 from flannel.rules.spec import KUBE_PROXY_MARK, FamilyRules, PeerAddresses, numeric_protocols
@@ -171,7 +171,7 @@ NFT = Variant("nft")
 
 def _binary(version: int, tool: str = "", variant: Variant = PLAIN) -> str:
     name = variant.command(version, tool)
-    path = shutil.which(name)
+    path = which(name)
     if path is None:
         raise RulesError(f"{name} not found in PATH; install iptables (Debian package "
                          "'iptables'), choose another --iptables-mode, or set EnableNFTables "

@@ -12,9 +12,9 @@ Must not touch: any rule (it only reads).
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 
+from flannel.files.fileutil import which
 from flannel.kernel.host import LOCAL, Host
 from flannel.rules.iptables import (
     LEGACY,
@@ -45,7 +45,7 @@ class BackendScan:
 
 
 def installed(variant: Variant) -> bool:
-    return all(shutil.which(variant.command(4, tool)) for tool in ("", "save", "restore"))
+    return all(which(variant.command(4, tool)) for tool in ("", "save", "restore"))
 
 
 def scan(variant: Variant, host: Host = LOCAL) -> BackendScan:

@@ -24,12 +24,12 @@ Must not touch: other tables.
 from __future__ import annotations
 
 import logging
-import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv6Address
 
+from flannel.files.fileutil import which
 from flannel.kernel.host import LOCAL, Host
 from flannel.log import V6
 from flannel.rules.iptables import RulesError
@@ -131,7 +131,7 @@ def parse_table(text: str) -> TableListing:
 
 def _nft(args: list[str], data: str | None = None, host: Host = LOCAL
          ) -> subprocess.CompletedProcess[str]:
-    binary = shutil.which("nft")
+    binary = which("nft")
     if binary is None:
         raise RulesError("nft not found in PATH; install nftables (Debian package 'nftables') "
                          "or set EnableNFTables to false")

@@ -32,6 +32,13 @@ KUBE_CLIENT = ("flannel.clients.kube.client", "flannel.clients.kube.config",
                "flannel.clients.kube.auth", "flannel.subnet.kube.manager")
 CLOUD_SDKS = ("boto3", "botocore", "tencentcloud", "google.auth")
 METRICS = ("prometheus_client", "flannel.monitor.metrics")
+# What a started flanneld does without (each ~0.2 to 1 MiB of its memory for life, see
+# docs/benchmarks.md "Idle flanneld at 25 MiB"): argparse (only for --help) and what it
+# loads, shutil with bz2 and lzma, random, hashlib's OpenSSL digests; the status schema is
+# loaded at the first /status.
+IDLE_UNNEEDED = ("argparse", "gettext", "shutil", "bz2", "lzma", "random", "hashlib",
+                 "_hashlib")
+STATUS_SCHEMA = ("flannel.monitor.statusdoc",)
 # Each backend type's modules: its own, and the packages only it uses.
 BACKEND_MODULES = {
     "ali-vpc": ("flannel.backend.alivpc", "flannel.backend.cloudroutes", "flannel.cloud"),
@@ -125,8 +132,9 @@ def test_version_imports_no_store_client_backend_sdk_or_metrics():
 def test_a_running_etcd_mode_flanneld_loads_its_backend_only_and_metrics_on_first_scrape(
         ns, tmp_path):
     """vxlan against a real etcd, with --ip-masq and the health server: up to ready, nothing
-    but vxlan's backend and the etcd client; ``flannelctl status`` asked meanwhile loads no
-    store client, backend, SDK nor metrics; the first /metrics scrape loads
+    but vxlan's backend and the etcd client, none of IDLE_UNNEEDED and not the status
+    schema; ``flannelctl status`` asked meanwhile loads no store client, backend, SDK nor
+    metrics (and the daemon then loads the status schema); the first /metrics scrape loads
     prometheus_client (which shows that the probe sees a late import)."""
     netns.ip("link", "add", "veth0", "type", "veth", "peer", "name", "veth1", netns=ns)
     netns.ip("addr", "add", "10.99.0.2/24", "dev", "veth0", netns=ns)
@@ -144,6 +152,7 @@ def test_a_running_etcd_mode_flanneld_loads_its_backend_only_and_metrics_on_firs
             daemon.start()
             wait_until(lambda: http_get(ns, "http://127.0.0.1:18081/readyz")[0] == 200, 30,
                        what=f"flanneld ready:\n{daemon.log}")
+            assert loaded(imported(daemon.log), (*IDLE_UNNEEDED, *STATUS_SCHEMA)) == []
             status = subprocess.run(
                 ["ip", "netns", "exec", ns, *FLANNELCTL,
                  "status", f"--subnet-file={env_file}"], capture_output=True, text=True,
@@ -154,7 +163,7 @@ def test_a_running_etcd_mode_flanneld_loads_its_backend_only_and_metrics_on_firs
             assert loaded(ctl, (*ETCD_CLIENT, *KUBE_CLIENT, *CLOUD_SDKS, *METRICS,
                                 *other_backends("vxlan"), "flannel.backend.vxlan")) == []
             started = imported(daemon.log)
-            assert {"flannel.backend.vxlan", "flannel.clients.etcd"} <= started
+            assert {"flannel.backend.vxlan", "flannel.clients.etcd", *STATUS_SCHEMA} <= started
             assert loaded(started, (*KUBE_CLIENT, *CLOUD_SDKS, *METRICS,
                                     *other_backends("vxlan"))) == []
             assert http_get(ns, "http://127.0.0.1:18081/metrics")[0] == 200

@@ -307,3 +307,43 @@ def test_unknown_flanneld_variables_are_named_with_the_nearest_flag():
         "environment variable FLANNELD_IP_MASK is no flag's and is ignored; did you mean "
         "FLANNELD_IP_MASQ?")
     assert unknown_environment({f.env_name: "x" for f in FLAGS}) == ()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--iface"], "argument -iface/--iface: expected one argument"),
+    (["--iface", "--ip-masq"], "argument -iface/--iface: expected one argument"),
+    (["--ip-masq", "maybe"], "argument -ip-masq/--ip-masq: 'maybe' is not a boolean (use true "
+                             "or false)"),
+    (["--bogus=1", "stray", "--also"], "unrecognized arguments: --bogus=1 stray --also"),
+    (["--", "--ip-masq"], "unrecognized arguments: -- --ip-masq"),
+    # Go's flag package refuses it too (argparse took it for -v=2).
+    (["-v2"], "unrecognized arguments: -v2"),
+])
+def test_command_line_mistakes_are_refused_as_argparse_words_them(argv, message):
+    """flanneld scans its flags itself (argparse is loaded only for --help), with argparse's
+    messages, which scripts and the lab's --flanneld-arg checks already read."""
+    with pytest.raises(UsageError) as caught:
+        parse(*argv)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(("argv", "resync", "masq", "v"), [
+    (["--ip-masq", "false", "-iptables-resync", "9"], 9, False, 0),
+    (["--ip-masq", "-v", "-3"], 5, True, -3),  # a negative number is a value, as in argparse
+    (["-iptables-resync=1", "--iptables-resync", "2"], 2, False, 0),  # the last one counts
+])
+def test_values_follow_their_flag_or_its_equals_sign(argv, resync, masq, v):
+    settings = parse(*argv)
+    assert (settings.rules.resync, settings.rules.ip_masq, settings.log.v) == (resync, masq, v)
+
+
+def test_an_idle_flanneld_parses_its_flags_without_argparse():
+    import subprocess
+    import sys
+
+    probe = ("import sys; from flannel import flags; "
+             "flags.parse_args(['--ip-masq', '--iface=eth0', '-v=2'], {}); "
+             "print(sorted({'argparse', 'shutil', 'gettext'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.strip() == "[]"

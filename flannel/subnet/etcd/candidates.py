@@ -12,11 +12,12 @@ Must not touch: the store (the create-if-absent transaction decides who wins), t
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
 from collections.abc import Iterable
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import TypeVar
+
+from flannel.digests import blake2b
 
 Subnet = IPv4Network | IPv6Network
 SubnetT = TypeVar("SubnetT", IPv4Network, IPv6Network)
@@ -45,7 +46,7 @@ def merged_ranges(ranges: Iterable[Range]) -> list[Range]:
 
 def start_index(seed: bytes, attempt: int, count: int) -> int:
     """A stable index below ``count`` for this seed and attempt (uniform for any count)."""
-    digest = hashlib.blake2b(seed + attempt.to_bytes(4, "big"), digest_size=32).digest()
+    digest = blake2b(seed + attempt.to_bytes(4, "big"), digest_size=32)
     return int.from_bytes(digest, "big") % count
 
 
