@@ -4,8 +4,10 @@ Owns the cache directory (``$PYFLANNEL_TEST_CACHE``, default /var/cache/pyflanne
 the making of one cached tarball: a minbase debootstrap (from Debian's archive when the mirror
 no longer serves the suite), the caller's shaping step, then a tar
 published by an atomic rename (an interrupted run never leaves a half-made one) while older
-tarballs of the same name are removed. Callers (tests/deploy/rootfs.py,
-tests/support/debian_hosts.py) own what goes in and the key that names it.
+tarballs of the same name are removed; and what of a root no test reads (``UNREAD``), which
+the callers' shaping steps empty (``empty``). Callers (tests/deploy/rootfs.py,
+tests/support/debian_hosts.py, tests/support/foreign_roots.py) own what goes in and the key
+that names it.
 Must not touch: anything outside the cache directory and the temporary directories it makes.
 """
 
