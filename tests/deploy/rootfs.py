@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.debootstrap import MIRROR, cache_dir, cached_tarball, extract, key
+from tests.support.debootstrap import (
+    MIRROR,
+    UNREAD,
+    cache_dir,
+    cached_tarball,
+    empty,
+    extract,
+    key,
+)
 
 SUITE = "bookworm"
 
@@ -72,8 +79,7 @@ class Variant:
 
 SLIM = Variant("slim", (), slim=True)
 HOST = Variant("host", ("python3", "python3-venv", "ca-certificates"), slim=False,
-               trimmed=("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale",
-                        "var/cache/apt", "var/lib/apt/lists"))
+               trimmed=UNREAD)
 
 
 def _shape_key(variant: Variant) -> list[str]:
@@ -138,15 +144,8 @@ def _write(path: Path, text: str, mode: int) -> None:
     path.chmod(mode)
 
 
-def _empty(target: Path) -> None:
-    if target.is_dir():
-        shutil.rmtree(target)
-        target.mkdir(mode=0o755)
-
-
 def _shape(root: Path, variant: Variant) -> None:
-    for relative in variant.trimmed:
-        _empty(root / relative)
+    empty(root, variant.trimmed)
     if not variant.slim:
         return
     _slimify(root)
@@ -154,8 +153,7 @@ def _shape(root: Path, variant: Variant) -> None:
         _write(root / relative, text, mode)
     for relative in SLIM_REMOVED:
         (root / relative).unlink(missing_ok=True)
-    for relative in SLIM_EMPTIED:
-        _empty(root / relative)
+    empty(root, SLIM_EMPTIED)
     # apt recreates these on its first run; the official image ships them empty.
     (root / "var/lib/apt/lists/partial").mkdir(mode=0o700)
     (root / "var/cache/apt/archives/partial").mkdir(parents=True, mode=0o700)

@@ -1,7 +1,10 @@
 """deploy/install-host.sh on a plain Debian bookworm host: a chroot made from the cached
 debootstrap rootfs (python3, python3-venv, no systemd), so nothing touches this machine's
 /opt, /etc or systemd. The chroot runs in its own mount namespace, so its /proc mount ends
-with the process."""
+with the process.
+
+Marked slow, not image: it builds no image, so it runs on a worker of its own beside the image
+build instead of queueing behind it in the image tests' worker group."""
 
 import os
 import re
@@ -15,7 +18,7 @@ import pytest
 from flannel.version import __version__
 from tests.deploy.rootfs import HOST, ensure_base_tarball, extract
 
-pytestmark = [pytest.mark.image, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")

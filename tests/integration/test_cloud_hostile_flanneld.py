@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from flannel.clients.aliyunrpc import MAX_ANSWER
+from flannel.cloud.gce import MAX_PAGES
 from flannel.kernel.host import Host
 from flannel_lab import hostile
 from flannel_lab.etcd import EtcdServer
@@ -241,8 +242,8 @@ def test_endless_pages_of_megabytes_keep_memory_under_twice_the_steady(gce, tmp_
                                               "nextPageToken": f"t{next(pages)}"}))(handler)
 
         # Refused pages fail the pass (retried with backoff up to 5 s); pages of valid
-        # routes are read up to the bound of 50 a pass.
-        for behaviour, pages_read in ((page, 6), (valid_page, 120)):
+        # routes are read up to the bound of 50 a pass: one whole pass and into the next.
+        for behaviour, pages_read in ((page, 6), (valid_page, MAX_PAGES + 10)):
             cloud.compute.calm()
             cloud.compute.answer_with("routes.list", behaviour, times=None)
             enough = cloud.compute.actions.count("routes.list") + pages_read
@@ -283,7 +284,9 @@ def test_alibaba_answers_at_their_bounds_keep_memory_under_twice_the_steady(ali,
                 > MAX_ANSWER:
             del entries[-500:]  # the most entries the answer's bound lets through
         table = hostile.verbatim(200, body)
-        for behaviour, passes in ((amplified, 6), (table, 6)):
+        # Six passes over the megabytes of {}; three over the table, whose passes each end in
+        # a failed create and its backoff (~5 s).
+        for behaviour, passes in ((amplified, 6), (table, 3)):
             served = [0]
 
             def counted(handler: Any, behave: Any = behaviour, n: list[int] = served) -> None:

@@ -117,10 +117,10 @@ def test_a_client_reopening_every_closed_connection_at_once_costs_little_cpu(
         node, tmp_path, count, first_bytes):
     """Each connection the server closes is opened again at once, as fast as the client
     can: flanneld closes them at a bounded rate and its CPU over a window stays a small part
-    of a core (it once spent 80 % accepting and closing), and /readyz is answered: at once
-    while the client's connections send nothing (the kernel holds them), within the flood's
-    own pace while they each send the start of a request (they are closed to make room at
-    a bounded rate, a probe waiting its turn)."""
+    of a core (it once spent 80 % accepting and closing), and /readyz is answered at once
+    while the client's connections send nothing (the kernel holds them). While they each
+    send the start of a request, they are closed to make room at a bounded rate; a probe
+    then waits its turn behind them, longer than its 2 s timeout, so none is made."""
     ns, server = node
     server.ctl("put", f"{PREFIX}/config", json.dumps(CONFIG))
     proc = flanneld(tmp_path, ns, server, "--healthz-ip=127.0.0.1", f"--healthz-port={PORT}")
@@ -134,11 +134,12 @@ def test_a_client_reopening_every_closed_connection_at_once_costs_little_cpu(
             time.sleep(1)  # past the first burst
             before, started = cpu_seconds(proc.proc.pid), time.monotonic()
             first = flood.ask("stats")
-            time.sleep(8)
+            # Ticks of 10 ms: 4 s tell 5 % of a core from 80 % many times over.
+            time.sleep(4)
             window = time.monotonic() - started
             used = (cpu_seconds(proc.proc.pid) - before) / window
             stats = flood.ask("stats")
-            probes = flood.ask("probe 10 /readyz 0.2")["probes"]
+            probes = [] if first_bytes else flood.ask("probe 10 /readyz 0.2")["probes"]
         closed = stats["closed_by_server"] - first["closed_by_server"]
         print(f"\n{count} connections reopened at once: flanneld used {used:.1%} of a core; "
               f"{closed} closed in the window; /readyz {[p['ms'] for p in probes]} ms")
@@ -148,7 +149,7 @@ def test_a_client_reopening_every_closed_connection_at_once_costs_little_cpu(
         assert used < 0.25, (used, stats)
         if first_bytes:  # each one is handed over and closed to make room, at a bounded rate
             assert closed <= EVICTIONS_PER_SECOND * window + EVICTION_BURST, (closed, window)
-        if not first_bytes:
+        else:
             assert [p["status"] for p in probes] == [200] * 10, probes
         assert "Traceback" not in proc.log
     finally:

@@ -4,8 +4,10 @@ Owns the cache directory (``$PYFLANNEL_TEST_CACHE``, default /var/cache/pyflanne
 the making of one cached tarball: a minbase debootstrap (from Debian's archive when the mirror
 no longer serves the suite), the caller's shaping step, then a tar
 published by an atomic rename (an interrupted run never leaves a half-made one) while older
-tarballs of the same name are removed. Callers (tests/deploy/rootfs.py,
-tests/support/debian_hosts.py) own what goes in and the key that names it.
+tarballs of the same name are removed; and what of a root no test reads (``UNREAD``), which
+the callers' shaping steps empty (``empty``). Callers (tests/deploy/rootfs.py,
+tests/support/debian_hosts.py, tests/support/foreign_roots.py) own what goes in and the key
+that names it.
 Must not touch: anything outside the cache directory and the temporary directories it makes.
 """
 
@@ -24,6 +26,11 @@ MIRROR = "http://deb.debian.org/debian"
 # Where a suite goes once Debian stops serving it (Debian 11 when its LTS has ended).
 ARCHIVE = "http://archive.debian.org/debian"
 DEBOOTSTRAP_TIMEOUT = 900
+# What no test of a root reads, a third of a minbase root with python3: the apt lists and
+# caches debootstrap leaves, documentation and translations. Each test extracts its own root,
+# so what the tarball holds is written to disk once per test.
+UNREAD = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale",
+          "var/cache/apt", "var/lib/apt/lists")
 
 
 def cache_dir() -> Path:
@@ -74,6 +81,15 @@ def cached_tarball(name: str, suite: str, packages: Sequence[str],
         if stale != tarball:
             stale.unlink()
     return tarball
+
+
+def empty(root: Path, trees: Sequence[str]) -> None:
+    """Empty each of ``trees`` (relative to ``root``), keeping the directory itself."""
+    for relative in trees:
+        target = root / relative
+        if target.is_dir():
+            shutil.rmtree(target)
+            target.mkdir(mode=0o755)
 
 
 def extract(tarball: Path, destination: Path) -> Path:

@@ -4,8 +4,12 @@ A root is the first stage of ``debootstrap --foreign --arch=<arch>`` (its second
 the foreign maintainer scripts, which needs binfmt handlers: a machine-wide setting this
 project never registers). What the second stage would install (python3 and its libraries,
 listed in ``debootstrap/base``) is unpacked from the downloaded .debs, as ``dpkg -x`` does but
-keeping the merged-/usr directory symlinks, and no maintainer script runs. Cached by
-tests/support/debootstrap.py (keyed by architecture, suite, month and packages).
+keeping the merged-/usr directory symlinks, and no maintainer script runs but the one that
+matters to every start of the interpreter: python3.11's, which compiles the standard library's
+bytecode (py3compile); here the root's own interpreter does it once under qemu-user-static, so
+the tests do not compile it again under emulation at each start. What no test reads (apt's
+lists and caches, documentation, translations) is left out. Cached by
+tests/support/debootstrap.py (keyed by architecture, suite, month, packages and these steps).
 
 ``install_runtime`` copies pyflannel and the pure Python files of its runtime dependencies
 from this interpreter into a root; ``run`` calls the root's interpreter under qemu-user-static
@@ -19,6 +23,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from tests.support import debootstrap, runtime_dists
@@ -44,9 +49,11 @@ ARCHES = {arch.debian: arch for arch in (
 )}
 
 
-def _second_stage_unpacked(root: Path) -> None:
+def _second_stage_unpacked(arch: Arch, root: Path) -> None:
     """Unpack what the second stage would install, then drop the .debs and debootstrap's
-    own files: the root is what a host would have, minus the maintainer scripts' work."""
+    own files and what no test reads, and compile the standard library's bytecode as
+    python3.11's maintainer script would: the root is what a host would have, minus the other
+    maintainer scripts' work."""
     debs = dict(line.split(" ", 1) for line in
                 (root / "debootstrap" / "debpaths").read_text().splitlines() if " " in line)
     for package in (root / "debootstrap" / "base").read_text().split():
@@ -59,12 +66,22 @@ def _second_stage_unpacked(root: Path) -> None:
     for deb in (root / "var" / "cache" / "apt" / "archives").glob("*.deb"):
         deb.unlink()
     shutil.rmtree(root / "debootstrap")
+    debootstrap.empty(root, debootstrap.UNREAD)
+    # The host's path to the root's library, so that compileall writes its __pycache__ there
+    # (qemu's -L finds existing files in the root, but creates new ones on the host's path).
+    stdlib = f"{root}/usr/lib/python3.11"
+    compiled = run(arch, root, "-m", "compileall", "-q", "-d", "/usr/lib/python3.11", stdlib,
+                   timeout=1200)
+    if compiled.returncode != 0:
+        raise RuntimeError(f"compiling {arch.debian}'s standard library failed: "
+                           f"{compiled.stdout[-1500:]}{compiled.stderr[-1500:]}")
 
 
 def tarball(arch: Arch) -> Path:
     return debootstrap.cached_tarball(
-        f"foreign-{arch.debian}", SUITE, PACKAGES, ("second-stage-unpacked",),
-        _second_stage_unpacked, options=(f"--arch={arch.debian}", "--foreign"))
+        f"foreign-{arch.debian}", SUITE, PACKAGES,
+        ("second-stage-unpacked", *debootstrap.UNREAD, "stdlib-compiled"),
+        partial(_second_stage_unpacked, arch), options=(f"--arch={arch.debian}", "--foreign"))
 
 
 def extract(arch: Arch, destination: Path) -> Path:

@@ -3,9 +3,9 @@
 A target pairs a decoder with a hypothesis strategy of hostile inputs. ``run`` feeds one
 input to the decoder and returns when the decoder accepted it or refused it the way it is
 designed to (its own error type, a CNI error object, ...); any other exception escaping
-``run`` is a crash. The property tests run a few hundred examples per target (a fifth of
-that in the fast lane, see ``examples``); the bench command runs thousands and counts crashes
-per class.
+``run`` is a crash. The property tests run a hundred to a few hundred examples per target (a
+fifth of that in the fast lane, see ``examples``); the bench command runs thousands and counts
+crashes per class.
 """
 
 from __future__ import annotations
