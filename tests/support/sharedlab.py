@@ -1,5 +1,5 @@
-"""A lab lent to one test after another: built once, checked after every test, rebuilt when a
-test left it other than it was built.
+"""A lab lent to one test after another: built once, checked before each next test, rebuilt
+when a test left it other than it was built (or said it spoiled it).
 
 It models what a fresh lab gives each test, for the price of one build: a test borrows the lab,
 makes its fault and undoes it (flanneld repairs its own objects once it runs again; the test
@@ -21,7 +21,8 @@ What changes on its own (counters, timers, learned neighbours) is left out. When
 borrows the lab, a lab that does not come back within ``settle`` seconds (scaled by the lab's
 slowness factor) is torn down and that test gets a new one: one test's leftovers never reach
 another's verdict, they only cost a build. Not compared: the legacy iptables tables (flanneld
-programs iptables-nft) and conntrack.
+programs iptables-nft), conntrack, and what a vxlan lab has none of (WireGuard peers, charon's
+SAs): a lab of those backends needs them in its ``extra``.
 """
 
 from __future__ import annotations
