@@ -33,7 +33,7 @@ needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="needs etcd
 #: Fixtures that need root and network namespaces, or an etcd server: a test using one
 #: (directly or through another fixture) gets the marker, so that
 #: ``-m "not netns and not etcd and not slow"`` selects the fast lane that runs without root.
-NETNS_FIXTURES = frozenset({"ns", "make_lab"})
+NETNS_FIXTURES = frozenset({"ns", "make_lab", "module_labs"})
 ETCD_FIXTURES = frozenset({"etcd", "private_etcd", "client"})
 #: Tests that take minutes when cold or wait on the network (the vm lane boots a VM), and the
 #: cloud engines' and the deployment renderers' tests (a third of the fast lane's time for a

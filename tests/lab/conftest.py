@@ -1,4 +1,5 @@
-"""Lab fixtures: every lab gets a name from this test run's prefix and is always torn down.
+"""Lab fixtures: every lab gets a name from this test run's prefix and is always torn down (at
+the test's end, or the module's for the labs its tests share).
 
 A lab built by a ``flannel-lab`` process is torn down from the state file it recorded, so
 teardown removes only what the lab created, as ``flannel-lab down`` does.
@@ -47,4 +48,12 @@ def lab_factory(root: Path) -> Iterator[Callable[[], Lab]]:
 @pytest.fixture
 def make_lab(tmp_path: Path) -> Iterator[Callable[[], Lab]]:
     with lab_factory(tmp_path / "labs") as factory:
+        yield factory
+
+
+@pytest.fixture(scope="module")
+def module_labs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Lab]]:
+    """A maker of labs that live as long as the test module: for the labs its tests share
+    (tests/support/sharedlab.py)."""
+    with lab_factory(tmp_path_factory.mktemp("labs")) as factory:
         yield factory
