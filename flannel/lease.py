@@ -328,16 +328,33 @@ class Lease:
     def __init__(self, subnet: IPv4Network | None, ipv6_subnet: IPv6Network | None = None,
                  attrs: LeaseAttrs = _NO_ATTRS, expiration: float | None = None,
                  etcd_lease_id: int = 0, created: int = 0) -> None:
-        setter = object.__setattr__
         # The network's own integer: nothing new is allocated for it.
-        setter(self, "v4_base", None if subnet is None else int(subnet.network_address))
-        setter(self, "v4_prefixlen", 0 if subnet is None else subnet.prefixlen)
+        self._set(None if subnet is None else (int(subnet.network_address), subnet.prefixlen),
+                  ipv6_subnet, attrs, expiration, etcd_lease_id, created)
+
+    @classmethod
+    def of_family(cls, v4: tuple[int, int] | None, ipv6_subnet: IPv6Network | None,
+                  attrs: LeaseAttrs, created: int = 0) -> Lease:
+        """A reservation whose IPv4 subnet is given as ``family(4)`` gives it back (its first
+        address as an integer, masked, and its prefix length): no network object is made
+        for a lease decoded from text (a kube snapshot decodes thousands)."""
+        lease = cls.__new__(cls)
+        lease._set(v4, ipv6_subnet, attrs, None, 0, created)
+        return lease
+
+    def _set(self, v4: tuple[int, int] | None, ipv6_subnet: IPv6Network | None,
+             attrs: LeaseAttrs, expiration: float | None, etcd_lease_id: int,
+             created: int) -> None:
+        setter = object.__setattr__
+        base, prefixlen = (None, 0) if v4 is None else v4
+        setter(self, "v4_base", base)
+        setter(self, "v4_prefixlen", prefixlen)
         setter(self, "ipv6_subnet", ipv6_subnet)
         setter(self, "attrs", attrs)
         setter(self, "expiration", expiration)
         setter(self, "etcd_lease_id", etcd_lease_id)
         setter(self, "created", created)
-        setter(self, "key", _subnet_key(self.v4_base, self.v4_prefixlen, ipv6_subnet))
+        setter(self, "key", _subnet_key(base, prefixlen, ipv6_subnet))
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"a Lease is immutable (use replace() for a changed copy): {name}")
