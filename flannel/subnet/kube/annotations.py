@@ -12,6 +12,7 @@ import ipaddress
 import re
 import socket
 from dataclasses import dataclass
+from functools import cached_property
 from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
@@ -50,16 +51,17 @@ class Annotations:
     def name(self, suffix: str) -> str:
         return self.prefix + suffix
 
-    subnet_manager = property(lambda self: self.name("kube-subnet-manager"))
-    backend_type = property(lambda self: self.name("backend-type"))
-    backend_data = property(lambda self: self.name("backend-data"))
-    backend_v6_data = property(lambda self: self.name("backend-v6-data"))
-    public_ip = property(lambda self: self.name("public-ip"))
-    public_ipv6 = property(lambda self: self.name("public-ipv6"))
-    public_ip_overwrite = property(lambda self: self.name("public-ip-overwrite"))
-    public_ipv6_overwrite = property(lambda self: self.name("public-ipv6-overwrite"))
-    node_public_ip = property(lambda self: self.name("node-public-ip"))
-    node_public_ipv6 = property(lambda self: self.name("node-public-ipv6"))
+    # Made once: a snapshot reads four of them for every node.
+    subnet_manager = cached_property(lambda self: self.name("kube-subnet-manager"))
+    backend_type = cached_property(lambda self: self.name("backend-type"))
+    backend_data = cached_property(lambda self: self.name("backend-data"))
+    backend_v6_data = cached_property(lambda self: self.name("backend-v6-data"))
+    public_ip = cached_property(lambda self: self.name("public-ip"))
+    public_ipv6 = cached_property(lambda self: self.name("public-ipv6"))
+    public_ip_overwrite = cached_property(lambda self: self.name("public-ip-overwrite"))
+    public_ipv6_overwrite = cached_property(lambda self: self.name("public-ipv6-overwrite"))
+    node_public_ip = cached_property(lambda self: self.name("node-public-ip"))
+    node_public_ipv6 = cached_property(lambda self: self.name("node-public-ipv6"))
 
 
 def published(names: Annotations, attrs: LeaseAttrs, existing: dict[str, str],
