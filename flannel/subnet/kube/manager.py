@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from datetime import UTC, date, datetime
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, NoReturn
@@ -663,10 +663,14 @@ class KubeSubnetManager:
                     await self._relist()
                     need_list = False
                 self.status.watching = True
-                async for kind, raw in self._timed(
-                        self.client.watch_nodes(self.resource_version), backoff):
-                    self._apply(kind, raw)
-                    relisted = False
+                opened = self.clock.monotonic()
+                try:  # no generator around the events: a heartbeat costs little else
+                    async for kind, raw in self.client.watch_nodes(self.resource_version):
+                        self._apply(kind, raw)
+                        relisted = False
+                finally:
+                    if self.clock.monotonic() - opened >= self.watch_healthy:
+                        backoff.reset()  # a healthy watch: the next opens after the first delay
             except ApiUnreachable as err:
                 self.status.watching = False
                 self.status.reconnects += 1
@@ -710,18 +714,6 @@ class KubeSubnetManager:
             return  # a heartbeat, a status: the view stays as it is
         elif kind in ("ADDED", "MODIFIED"):
             self._store(raw)
-
-    async def _timed(self, events: AsyncIterator[tuple[str, Any]],
-                     backoff: Backoff) -> AsyncIterator[tuple[str, Any]]:
-        """``events``; once they end (or fail) after ``watch_healthy`` seconds, the watch
-        was healthy and ``backoff`` starts over."""
-        opened = self.clock.monotonic()
-        try:
-            async for event in events:
-                yield event
-        finally:
-            if self.clock.monotonic() - opened >= self.watch_healthy:
-                backoff.reset()
 
     def _lease_of(self, node: NodeView, config: NetworkConfig) -> Lease | None:
         name = node.name
