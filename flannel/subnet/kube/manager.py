@@ -24,8 +24,8 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from datetime import UTC, datetime
+from collections.abc import AsyncGenerator, Callable
+from datetime import UTC, date, datetime
 from ipaddress import IPv4Address, IPv6Address
 from typing import Any, NoReturn
 
@@ -41,7 +41,7 @@ from flannel.subnet.kube.annotations import (
     AnnotationError,
     Annotations,
     NotManaged,
-    node_lease,
+    lease_of,
     pod_cidrs,
     published,
 )
@@ -122,35 +122,63 @@ _SHARED = SharedStrings()
 
 
 class NodeView:
-    """What flanneld keeps of a node: name, resourceVersion, creation time, pod CIDRs and
-    the annotations under flannel's prefix. One small record per node rather than the API's
-    nested maps (four dicts a node: ~3 MiB more at 5000 nodes); ``as_node`` gives that
-    shape back to the lease decoder and this node's keeping. Replaced, never changed."""
+    """What flanneld keeps of a node: name, creationTimestamp, pod CIDRs and the annotations
+    under flannel's prefix. One small record per node rather than the API's nested maps (four
+    dicts a node: ~3 MiB more at 5000 nodes); ``as_node`` gives that shape back to this
+    node's keeping. Replaced, never changed; a newer copy of the node that ``reads_same``
+    leaves it in place (its resourceVersion is not kept: nothing reads it)."""
 
-    __slots__ = ("annotations", "created", "name", "pod_cidr", "pod_cidrs", "version")
+    __slots__ = ("annotations", "name", "pod_cidr", "pod_cidrs", "stamp")
 
-    def __init__(self, name: str, version: str, annotations: dict[str, str],
-                 pod_cidr: str | None, pod_cidrs: list[str] | None,
-                 created: int = NOT_CREATED) -> None:
+    def __init__(self, name: str, annotations: dict[str, str], pod_cidr: str | None,
+                 pod_cidrs: list[str] | None, stamp: Any = None) -> None:
         self.name = name
-        self.version = version
         self.annotations = annotations
         self.pod_cidr = pod_cidr
         self.pod_cidrs = pod_cidrs
-        self.created = created
+        self.stamp = stamp if isinstance(stamp, str) else None
+
+    @property
+    def created(self) -> int:
+        """The node's creation time in Unix seconds (``NOT_CREATED`` when unreadable)."""
+        return _created(self.stamp)
 
     def inputs(self) -> tuple[object, ...]:
         """What ``node_lease`` reads: equal inputs decode to the same lease, so heartbeats
         and status churn skip the decoding."""
         return self.pod_cidr, self.pod_cidrs, self.annotations
 
+    def reads_same(self, raw: dict[str, Any], meta: dict[str, Any], prefix: str) -> bool:
+        """Whether ``node_view`` of ``raw`` (a newer copy of this node, its ``metadata``
+        ``meta``) would give this view again, found without making anything: a heartbeat
+        costs the watch no new record. False also for a copy ``node_view`` refuses (a value
+        of a wrong type equals nothing kept here): that one goes the whole way."""
+        if meta.get("name") != self.name or meta.get("creationTimestamp") != self.stamp or \
+                not isinstance(meta.get("resourceVersion", ""), str):
+            return False
+        spec = raw.get("spec") or {}
+        if not isinstance(spec, dict) or spec.get("podCIDR") != self.pod_cidr or \
+                spec.get("podCIDRs") != self.pod_cidrs:
+            return False
+        annotations = meta.get("annotations") or {}
+        if not isinstance(annotations, dict):
+            return False
+        mine = self.annotations
+        found = 0
+        for key, value in annotations.items():
+            if isinstance(key, str) and key.startswith(prefix):
+                if mine.get(key) != value:
+                    return False
+                found += 1
+        return found == len(mine)
+
     def as_node(self) -> dict[str, Any]:
         """The node in the API's shape (new maps: the caller may keep or change them)."""
         spec = {k: v for k, v in (("podCIDR", self.pod_cidr),
                                   ("podCIDRs", None if self.pod_cidrs is None
                                    else list(self.pod_cidrs))) if v is not None}
-        return {"metadata": {"name": self.name, "resourceVersion": self.version,
-                             "annotations": dict(self.annotations)}, "spec": spec}
+        return {"metadata": {"name": self.name, "annotations": dict(self.annotations)},
+                "spec": spec}
 
 
 def node_view(raw: Any, prefix: str) -> NodeView:
@@ -188,7 +216,11 @@ def node_view(raw: Any, prefix: str) -> NodeView:
     if cidr is not None and cidrs:
         # podCIDRs[0] repeats podCIDR: one string for both.
         cidrs = [cidr if c == cidr else c for c in cidrs]
-    return NodeView(name, version, mine, cidr, cidrs, _created(meta.get("creationTimestamp")))
+    return NodeView(name, mine, cidr, cidrs, meta.get("creationTimestamp"))
+
+
+#: Day 0 of Unix time, as ``date.toordinal`` counts days.
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
 
 
 def _created(stamp: Any) -> int:
@@ -197,11 +229,13 @@ def _created(stamp: Any) -> int:
     if not isinstance(stamp, str) or len(stamp) != 20 or stamp[4::3] != "--T::Z":
         return NOT_CREATED
     try:  # by hand: strptime costs five times as much, and a relist reads every node's
-        return int(datetime(int(stamp[:4]), int(stamp[5:7]), int(stamp[8:10]),
-                            int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19]),
-                            tzinfo=UTC).timestamp())
+        day = date(int(stamp[:4]), int(stamp[5:7]), int(stamp[8:10])).toordinal()
+        hour, minute, second = int(stamp[11:13]), int(stamp[14:16]), int(stamp[17:19])
     except ValueError:
         return NOT_CREATED
+    if not (0 <= hour < 24 and 0 <= minute < 60 and 0 <= second < 60):
+        return NOT_CREATED
+    return (day - _EPOCH_DAY) * 86400 + hour * 3600 + minute * 60 + second
 
 
 def _name_of(raw: Any) -> str:
@@ -629,10 +663,14 @@ class KubeSubnetManager:
                     await self._relist()
                     need_list = False
                 self.status.watching = True
-                async for kind, raw in self._timed(
-                        self.client.watch_nodes(self.resource_version), backoff):
-                    self._apply(kind, raw)
-                    relisted = False
+                opened = self.clock.monotonic()
+                try:  # no generator around the events: a heartbeat costs little else
+                    async for kind, raw in self.client.watch_nodes(self.resource_version):
+                        self._apply(kind, raw)
+                        relisted = False
+                finally:
+                    if self.clock.monotonic() - opened >= self.watch_healthy:
+                        backoff.reset()  # a healthy watch: the next opens after the first delay
             except ApiUnreachable as err:
                 self.status.watching = False
                 self.status.reconnects += 1
@@ -670,26 +708,18 @@ class KubeSubnetManager:
             self.nodes.pop(name, None)
             self.undecodable.forget(name)
             self._mark(name)
+        elif kind == "MODIFIED" and isinstance(meta, dict) and \
+                (cached := self.nodes.get(_name_of(raw))) is not None and \
+                cached.reads_same(raw, meta, self.names.prefix):
+            return  # a heartbeat, a status: the view stays as it is
         elif kind in ("ADDED", "MODIFIED"):
             self._store(raw)
-
-    async def _timed(self, events: AsyncIterator[tuple[str, Any]],
-                     backoff: Backoff) -> AsyncIterator[tuple[str, Any]]:
-        """``events``; once they end (or fail) after ``watch_healthy`` seconds, the watch
-        was healthy and ``backoff`` starts over."""
-        opened = self.clock.monotonic()
-        try:
-            async for event in events:
-                yield event
-        finally:
-            if self.clock.monotonic() - opened >= self.watch_healthy:
-                backoff.reset()
 
     def _lease_of(self, node: NodeView, config: NetworkConfig) -> Lease | None:
         name = node.name
         try:
-            lease = node_lease(node.as_node(), self.names, config.enable_ipv4,
-                               config.enable_ipv6, created=node.created)
+            lease = lease_of(name, node.annotations, node.pod_cidr, node.pod_cidrs, self.names,
+                             config.enable_ipv4, config.enable_ipv6, node.created)
         except NotManaged:
             return None
         except AnnotationError as err:
