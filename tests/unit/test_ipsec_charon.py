@@ -127,7 +127,10 @@ def _serve_once(path, answer):
             length, = struct.unpack("!I", conn.recv(4))
             conn.recv(length)
             answer(conn)
-            conn.recv(1)  # until the client closes
+            # Until the client closes; one that cut an answer short leaves it unread, and
+            # its close then resets the connection.
+            with contextlib.suppress(ConnectionResetError):
+                conn.recv(1)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
