@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import functools
 import importlib
-from _blake2 import blake2b as _blake2b
 from typing import Any
+
+try:
+    from _blake2 import blake2b as _blake2b
+except ImportError:  # a build without CPython's own BLAKE2
+    from hashlib import blake2b as _blake2b
 
 #: Where CPython keeps its own SHA-256: ``_sha2`` from 3.12, ``_sha256`` before.
 _SHA256_MODULES = ("_sha2", "_sha256", "hashlib")
